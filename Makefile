@@ -1,0 +1,35 @@
+# Larder: `make demo` and `make test` are the two set-up commands.
+# Both install what a fresh machine lacks first (scripts/setup, idempotent).
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+BENCHES := $(sort $(wildcard bench/*_bench.exs))
+BENCH_ARGS ?=
+
+.PHONY: setup demo test bench bench-quick check format
+
+setup:
+	@scripts/setup
+
+demo: setup
+	mix compile
+	mix run examples/demo.exs
+
+test: setup
+	mix test
+
+# Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
+bench: setup
+	@mkdir -p bench/results
+	@set -e; for f in $(BENCHES); do \
+	  name=$$(basename $$f .exs); \
+	  echo "### $$f"; \
+	  mix run $$f --json bench/results/$$name.json $(BENCH_ARGS); \
+	done
+
+bench-quick:
+	@$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
+
+# What CI checks besides the tests.
+check: setup
+	mix format --check-formatted
+	mix compile --warnings-as-errors --force

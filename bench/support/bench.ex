@@ -1,0 +1,427 @@
+# The benchmark harness behind every bench/*_bench.exs script and the demo.
+# Hex is unreachable, so this stands in for Benchee: warm-up, repeated runs,
+# median and p99, N parallel runners, a side-by-side table with ratios against
+# an anchor measured in the same run, JSON output and a quick mode.
+defmodule Larder.Bench do
+  @moduledoc false
+
+  defstruct title: nil, quick?: false, json: nil, argv: [], tables: [], targets: []
+
+  @type t :: %__MODULE__{}
+
+  @typedoc """
+  One measurement. Times are in microseconds. With `ops: n`, `per_op_*` divide
+  each sample by `n` and `ops_per_s` is the throughput over all runners.
+  """
+  @type result :: %{
+          required(:kind) => :time | :value,
+          optional(atom()) => term()
+        }
+
+  ## Setup
+
+  @doc """
+  Starts a benchmark run from the script's arguments.
+
+  Understands `--quick` (short runs) and `--json PATH` (write results there);
+  other arguments are kept in `bench.argv` for the script.
+  """
+  @spec start(String.t(), [String.t()]) :: t()
+  def start(title, argv \\ System.argv()) do
+    {opts, rest, _invalid} =
+      OptionParser.parse(argv,
+        strict: [quick: :boolean, json: :string],
+        allow_nonexistent_atoms: true
+      )
+
+    bench = %__MODULE__{
+      title: title,
+      quick?: Keyword.get(opts, :quick, false),
+      json: Keyword.get(opts, :json),
+      argv: rest
+    }
+
+    IO.puts("\n# #{title}#{if bench.quick?, do: " (quick)", else: ""}")
+    IO.puts("# #{system_line()}")
+    bench
+  end
+
+  @doc "Picks `quick` when the run is `--quick`, else `full`."
+  @spec pick(t(), term(), term()) :: term()
+  def pick(%__MODULE__{quick?: true}, quick, _full), do: quick
+  def pick(%__MODULE__{}, _quick, full), do: full
+
+  ## Measuring
+
+  @doc """
+  Measures `fun`.
+
+  Options:
+
+    * `:warmup` - untimed runs first (default 1).
+    * `:runs` - timed runs (default 5).
+    * `:parallel` - runners that call `fun` at the same moment (default 1);
+      a sample is the wall time until the last runner finishes.
+    * `:ops` - operations one call of `fun` performs per runner; enables the
+      `per_op_*` and `ops_per_s` figures.
+    * `:setup` - `(-> state)` run untimed before every run; `fun` then gets
+      the state.
+    * `:teardown` - `(state -> any)` run untimed after every run.
+
+  `fun` takes no argument, `(state)`, or `(state, runner_index)`; `state` is
+  `nil` without `:setup`.
+  """
+  @spec measure((... -> any()), keyword()) :: result()
+  def measure(fun, opts \\ []) do
+    warmup = Keyword.get(opts, :warmup, 1)
+    runs = Keyword.get(opts, :runs, 5)
+    parallel = Keyword.get(opts, :parallel, 1)
+    ops = Keyword.get(opts, :ops)
+    setup = Keyword.get(opts, :setup)
+    teardown = Keyword.get(opts, :teardown, fn _ -> :ok end)
+
+    once = fn ->
+      state = if setup, do: setup.(), else: nil
+      :erlang.garbage_collect()
+      micros = timed_run(fun, state, parallel)
+      teardown.(state)
+      micros
+    end
+
+    for _ <- 1..warmup//1, do: once.()
+    samples = for _ <- 1..max(runs, 1), do: once.()
+    summarize(samples, ops, parallel)
+  end
+
+  @doc "Records a figure that is not a time, such as memory in words."
+  @spec value(number(), String.t()) :: result()
+  def value(number, unit), do: %{kind: :value, value: number, unit: unit}
+
+  defp timed_run(fun, state, 1) do
+    start = System.monotonic_time()
+    call(fun, state, 0)
+    elapsed_us(start)
+  end
+
+  defp timed_run(fun, state, parallel) do
+    parent = self()
+    go = make_ref()
+
+    pids =
+      for i <- 0..(parallel - 1) do
+        spawn_link(fn ->
+          receive do
+            ^go -> :ok
+          end
+
+          call(fun, state, i)
+          send(parent, {:done, self()})
+        end)
+      end
+
+    start = System.monotonic_time()
+    Enum.each(pids, &send(&1, go))
+    Enum.each(pids, fn pid -> receive(do: ({:done, ^pid} -> :ok)) end)
+    elapsed_us(start)
+  end
+
+  defp elapsed_us(start) do
+    System.convert_time_unit(System.monotonic_time() - start, :native, :nanosecond) / 1_000
+  end
+
+  defp call(fun, _state, _i) when is_function(fun, 0), do: fun.()
+  defp call(fun, state, _i) when is_function(fun, 1), do: fun.(state)
+  defp call(fun, state, i) when is_function(fun, 2), do: fun.(state, i)
+
+  @doc false
+  def summarize(samples, ops, parallel) do
+    sorted = Enum.sort(samples)
+    n = length(sorted)
+    median = percentile(sorted, 50)
+    p99 = percentile(sorted, 99)
+
+    base = %{
+      kind: :time,
+      runs: n,
+      parallel: parallel,
+      median_us: median,
+      p99_us: p99,
+      min_us: hd(sorted),
+      max_us: List.last(sorted),
+      mean_us: Enum.sum(sorted) / n
+    }
+
+    if ops do
+      Map.merge(base, %{
+        ops: ops,
+        per_op_median_us: median / ops,
+        per_op_p99_us: p99 / ops,
+        ops_per_s: if(median > 0, do: ops * parallel * 1_000_000 / median, else: nil)
+      })
+    else
+      base
+    end
+  end
+
+  @doc false
+  def percentile([], _), do: nil
+
+  def percentile(sorted, p) do
+    n = length(sorted)
+    rank = p / 100 * (n - 1)
+    lo = floor(rank)
+    hi = min(lo + 1, n - 1)
+    a = Enum.at(sorted, lo)
+    b = Enum.at(sorted, hi)
+    a + (b - a) * (rank - lo)
+  end
+
+  ## Tables
+
+  @doc """
+  Starts a side-by-side table: one column per contender, one row per workload.
+  Each cell shows the median and, under it, the p99; `xN` is the median over
+  the anchor column's median in the same row (below 1 is faster or smaller).
+
+  Options: `:anchor` (a column name, default the first), `:per_op` (show
+  per-operation times when measured with `:ops`, default `false`).
+  """
+  @spec table(t(), String.t(), [String.t()], keyword()) :: t()
+  def table(bench, title, columns, opts \\ []) do
+    table = %{
+      title: title,
+      columns: columns,
+      anchor: Keyword.get(opts, :anchor, hd(columns)),
+      per_op: Keyword.get(opts, :per_op, false),
+      rows: []
+    }
+
+    IO.puts("\n## #{title}   (anchor: #{table.anchor}; xN = median / anchor median)")
+    IO.puts(format_line("", columns))
+    %{bench | tables: [table | bench.tables]}
+  end
+
+  @doc """
+  Measures one row of the current table and prints it.
+
+  `cells` maps column names to a function measured with `measure_opts`, to
+  `{fun, extra_measure_opts}`, or to an already computed result (such as one
+  from `value/2`). Columns left out print as `-`. The measurement order
+  follows the table's columns.
+  """
+  @spec row(t(), String.t(), %{optional(String.t()) => term()} | keyword(), keyword()) :: t()
+  def row(%__MODULE__{tables: [table | rest]} = bench, label, cells, measure_opts \\ []) do
+    cells = Map.new(cells)
+
+    results =
+      for col <- table.columns, Map.has_key?(cells, col), into: %{} do
+        {col, run_cell(Map.fetch!(cells, col), measure_opts)}
+      end
+
+    print_row(table, label, results)
+    table = %{table | rows: table.rows ++ [%{label: label, results: results}]}
+    %{bench | tables: [table | rest]}
+  end
+
+  defp run_cell(%{kind: _} = result, _opts), do: result
+
+  defp run_cell({fun, opts}, base) when is_function(fun),
+    do: measure(fun, Keyword.merge(base, opts))
+
+  defp run_cell(fun, opts) when is_function(fun), do: measure(fun, opts)
+
+  @doc """
+  The ratio of `column`'s median over the anchor's in the row labelled
+  `label` of the table titled `title`, or `nil`.
+  """
+  @spec ratio(t(), String.t(), String.t(), String.t()) :: float() | nil
+  def ratio(bench, title, label, column) do
+    with %{} = table <- Enum.find(bench.tables, &(&1.title == title)),
+         %{} = row <- Enum.find(table.rows, &(&1.label == label)) do
+      ratio_of(table, row.results, column)
+    else
+      _ -> nil
+    end
+  end
+
+  defp ratio_of(table, results, column) do
+    anchor = results[table.anchor]
+    cell = results[column]
+
+    with %{} <- anchor, %{} <- cell, a when is_number(a) and a > 0 <- central(anchor, table) do
+      central(cell, table) / a
+    else
+      _ -> nil
+    end
+  end
+
+  defp central(%{kind: :value, value: v}, _table), do: v
+  defp central(%{per_op_median_us: v}, %{per_op: true}), do: v
+  defp central(%{median_us: v}, _table), do: v
+
+  defp tail(%{kind: :value}, _table), do: nil
+  defp tail(%{per_op_p99_us: v}, %{per_op: true}), do: v
+  defp tail(%{p99_us: v}, _table), do: v
+
+  defp print_row(table, label, results) do
+    medians =
+      for col <- table.columns do
+        case results[col] do
+          nil ->
+            "-"
+
+          result ->
+            ratio = ratio_of(table, results, col)
+            fmt_result(result, table) <> if(ratio, do: " x" <> fmt_ratio(ratio), else: "")
+        end
+      end
+
+    IO.puts(format_line(label, medians))
+
+    if Enum.any?(Map.values(results), &(&1.kind == :time)) do
+      p99s =
+        for col <- table.columns do
+          case results[col] do
+            %{kind: :time} = result -> "p99 " <> fmt_us(tail(result, table))
+            _ -> ""
+          end
+        end
+
+      IO.puts(format_line("", p99s))
+    end
+  end
+
+  defp fmt_result(%{kind: :value, value: v, unit: unit}, _), do: fmt_number(v) <> " " <> unit
+  defp fmt_result(result, table), do: fmt_us(central(result, table))
+
+  @label_width 44
+  @cell_width 26
+
+  defp format_line(label, cells) do
+    String.pad_trailing(label, @label_width) <>
+      Enum.map_join(cells, "", &String.pad_trailing(&1, @cell_width))
+  end
+
+  @doc "Formats microseconds with a unit that fits."
+  @spec fmt_us(number() | nil) :: String.t()
+  def fmt_us(nil), do: "-"
+  def fmt_us(us) when us >= 1_000_000, do: fmt_float(us / 1_000_000) <> " s"
+  def fmt_us(us) when us >= 1_000, do: fmt_float(us / 1_000) <> " ms"
+  def fmt_us(us) when us >= 1, do: fmt_float(us) <> " us"
+  def fmt_us(us), do: fmt_float(us * 1_000) <> " ns"
+
+  @doc "Formats a ratio."
+  @spec fmt_ratio(number()) :: String.t()
+  def fmt_ratio(r) when r >= 100, do: :erlang.float_to_binary(r / 1, decimals: 0)
+  def fmt_ratio(r) when r >= 10, do: :erlang.float_to_binary(r / 1, decimals: 1)
+  def fmt_ratio(r), do: :erlang.float_to_binary(r / 1, decimals: 2)
+
+  defp fmt_float(f) when f >= 100, do: :erlang.float_to_binary(f / 1, decimals: 0)
+  defp fmt_float(f) when f >= 10, do: :erlang.float_to_binary(f / 1, decimals: 1)
+  defp fmt_float(f), do: :erlang.float_to_binary(f / 1, decimals: 2)
+
+  defp fmt_number(n) when is_integer(n) and n >= 1_000_000, do: fmt_float(n / 1_000_000) <> "M"
+  defp fmt_number(n) when is_integer(n) and n >= 10_000, do: fmt_float(n / 1_000) <> "k"
+  defp fmt_number(n) when is_integer(n), do: Integer.to_string(n)
+  defp fmt_number(n), do: fmt_float(n)
+
+  ## Targets and output
+
+  @doc """
+  Prints a target check: `ok` or `MISSED`, with the measured figure. Targets
+  are reported, never asserted: benchmarks do not fail the build.
+  """
+  @spec target(t(), String.t(), number() | nil, :<= | :>=, number()) :: t()
+  def target(bench, what, measured, op, limit) do
+    status =
+      cond do
+        measured == nil -> "n/a"
+        op == :<= and measured <= limit -> "ok"
+        op == :>= and measured >= limit -> "ok"
+        true -> "MISSED"
+      end
+
+    shown = if measured, do: fmt_ratio(measured), else: "-"
+    IO.puts("target  #{String.pad_trailing(what, 60)} #{shown} (want #{op} #{limit})  #{status}")
+    entry = %{what: what, measured: measured, op: op, limit: limit, status: status}
+    %{bench | targets: bench.targets ++ [entry]}
+  end
+
+  @doc "Prints the closing line and writes `--json PATH` if given."
+  @spec finish(t()) :: t()
+  def finish(bench) do
+    if bench.json do
+      File.mkdir_p!(Path.dirname(bench.json))
+      File.write!(bench.json, Larder.Bench.JSON.encode(to_json(bench)))
+      IO.puts("\nresults written to #{bench.json}")
+    end
+
+    bench
+  end
+
+  defp to_json(bench) do
+    %{
+      title: bench.title,
+      quick: bench.quick?,
+      system: system_line(),
+      targets: bench.targets,
+      tables:
+        for table <- Enum.reverse(bench.tables) do
+          %{
+            title: table.title,
+            anchor: table.anchor,
+            columns: table.columns,
+            rows:
+              for row <- table.rows do
+                %{
+                  label: row.label,
+                  results:
+                    Map.new(row.results, fn {col, r} ->
+                      {col, Map.put(r, :ratio, ratio_of(table, row.results, col))}
+                    end)
+                }
+              end
+          }
+        end
+    }
+  end
+
+  defp system_line do
+    "OTP #{System.otp_release()}, Elixir #{System.version()}, " <>
+      "#{System.schedulers_online()} schedulers, #{:erlang.system_info(:system_architecture)}"
+  end
+end
+
+# A minimal JSON encoder for benchmark results (no Jason: Hex is unreachable).
+defmodule Larder.Bench.JSON do
+  @moduledoc false
+
+  def encode(term), do: IO.iodata_to_binary(enc(term))
+
+  defp enc(nil), do: "null"
+  defp enc(true), do: "true"
+  defp enc(false), do: "false"
+  defp enc(a) when is_atom(a), do: enc(Atom.to_string(a))
+  defp enc(n) when is_integer(n), do: Integer.to_string(n)
+  defp enc(f) when is_float(f), do: :erlang.float_to_binary(f, [:short])
+  defp enc(s) when is_binary(s), do: [?", escape(s), ?"]
+  defp enc(l) when is_list(l), do: [?[, Enum.map_intersperse(l, ?,, &enc/1), ?]]
+
+  defp enc(m) when is_map(m) do
+    [?{, Enum.map_intersperse(m, ?,, fn {k, v} -> [enc(to_string(k)), ?:, enc(v)] end), ?}]
+  end
+
+  defp enc(other), do: enc(inspect(other))
+
+  defp escape(s) do
+    for <<c::utf8 <- s>>, into: "" do
+      case c do
+        ?" -> "\\\""
+        ?\\ -> "\\\\"
+        ?\n -> "\\n"
+        c when c < 0x20 -> "\\u" <> String.pad_leading(Integer.to_string(c, 16), 4, "0")
+        c -> <<c::utf8>>
+      end
+    end
+  end
+end

@@ -1,0 +1,27 @@
+defmodule Larder.MixProject do
+  use Mix.Project
+
+  @version "0.1.0"
+
+  def project do
+    [
+      app: :larder,
+      version: @version,
+      elixir: "~> 1.14",
+      start_permanent: Mix.env() == :prod,
+      elixirc_paths: elixirc_paths(Mix.env()),
+      deps: [],
+      name: "Larder",
+      description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
+      docs: [main: "Larder"]
+    ]
+  end
+
+  # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
+  def application do
+    [extra_applications: [:logger]]
+  end
+
+  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  defp elixirc_paths(_), do: ["lib"]
+end
