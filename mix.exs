@@ -19,8 +19,12 @@ defmodule Larder.MixProject do
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
   def application do
-    [extra_applications: [:logger]]
+    [extra_applications: [:logger] ++ extra_applications(Mix.env())]
   end
+
+  # PropEr (Debian's erlang-proper) drives the model tests.
+  defp extra_applications(:test), do: [:proper]
+  defp extra_applications(_), do: []
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]
   defp elixirc_paths(_), do: ["lib"]
