@@ -1,0 +1,255 @@
+defmodule Larder.Cache.Redis do
+  @moduledoc """
+  The Redis second level of `Larder.Cache` (a `Larder.Cache.L2`).
+
+  Use it as `l2: {Larder.Cache.Redis, redis_opts}` in `Larder.Cache.start_link/1`.
+
+  ## Options
+
+    * `:host` - the server's host name or address (default `"127.0.0.1"`).
+    * `:port` - its TCP port (default `6379`).
+    * `:database` - the database index selected on connect (default `0`).
+    * `:password` - sent with `AUTH` on connect (default none).
+    * `:timeout` - the L2 timeout in milliseconds (default `1000`): no
+      caller waits longer than this for Redis, whatever state Redis is in.
+    * `:reconnect_sleep` - milliseconds between reconnection attempts
+      (default `100`).
+
+  ## Client
+
+  This uses Debian's `erlang-redis-client` (eredis 1.2.0), which we checked
+  against the fault requirements: `eredis:start_link/6` succeeds while Redis
+  is down and keeps reconnecting in the background; a command sent while it
+  is disconnected returns `{:error, :no_connection}` at once; a command to a
+  server that does not answer is bounded by the call timeout. Its pub/sub
+  client (`eredis_sub`) does reconnect mid-run but refuses to start while
+  Redis is down, so a small relay process here retries starting it every
+  `:reconnect_sleep` ms and subscribes again after every reconnection. No
+  process crashes in a loop: reconnection is a timer, not a restart.
+
+  ## Failures
+
+  Every call returns within `:timeout` ms; an unreachable, slow or failing
+  server gives `{:error, %Larder.Error{reason: :l2_unavailable}}` (or
+  `:l2_failed` for an error reply), never an exit.
+  """
+
+  @behaviour Larder.Cache.L2
+
+  require Logger
+
+  @defaults [
+    host: "127.0.0.1",
+    port: 6379,
+    database: 0,
+    password: nil,
+    timeout: 1000,
+    reconnect_sleep: 100
+  ]
+
+  @impl true
+  def init(opts, subscriber, channel) do
+    opts = validate_opts!(opts)
+    host = String.to_charlist(opts[:host])
+    password = String.to_charlist(opts[:password] || "")
+
+    {:ok, client} =
+      :eredis.start_link(
+        host,
+        opts[:port],
+        opts[:database],
+        password,
+        opts[:reconnect_sleep],
+        opts[:timeout]
+      )
+
+    owner = self()
+    sub_args = {host, opts[:port], password, opts[:reconnect_sleep]}
+    relay = spawn_link(fn -> relay_init(owner, subscriber, channel, sub_args) end)
+    {:ok, %{client: client, relay: relay, timeout: opts[:timeout]}}
+  end
+
+  @impl true
+  def get(state, key) do
+    case query(state, ["GET", key]) do
+      {:ok, :undefined} -> :miss
+      {:ok, bin} when is_binary(bin) -> {:ok, bin}
+      {:error, _} = error -> error
+    end
+  end
+
+  @impl true
+  def put(state, key, value, ttl, mode) do
+    expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
+    cond_ = if mode == :new, do: ["NX"], else: []
+
+    case query(state, ["SET", key, value | expiry ++ cond_]) do
+      {:ok, _ok_or_undefined} -> :ok
+      {:error, _} = error -> error
+    end
+  end
+
+  @impl true
+  def delete(state, key) do
+    case query(state, ["DEL", key]) do
+      {:ok, _} -> :ok
+      {:error, _} = error -> error
+    end
+  end
+
+  @impl true
+  def incr(state, key) do
+    case query(state, ["INCR", key]) do
+      {:ok, n} -> {:ok, String.to_integer(n)}
+      {:error, _} = error -> error
+    end
+  end
+
+  @impl true
+  def publish(state, channel, payload) do
+    case query(state, ["PUBLISH", channel, payload]) do
+      {:ok, _} -> :ok
+      {:error, _} = error -> error
+    end
+  end
+
+  @impl true
+  def stop(%{client: client, relay: relay}) do
+    Process.unlink(relay)
+    Process.exit(relay, :shutdown)
+    :eredis.stop(client)
+  catch
+    :exit, _ -> :ok
+  end
+
+  defp query(%{client: client, timeout: timeout}, command) do
+    case :eredis.q(client, command, timeout) do
+      {:ok, value} ->
+        {:ok, value}
+
+      {:error, reason} when reason in [:no_connection, :tcp_closed] ->
+        {:error, unavailable(reason)}
+
+      {:error, reason} when is_binary(reason) ->
+        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
+
+      {:error, reason} ->
+        {:error, unavailable(reason)}
+    end
+  catch
+    :exit, reason -> {:error, unavailable(exit_reason(reason))}
+  end
+
+  defp exit_reason({:timeout, _}), do: :timeout
+  defp exit_reason({:noproc, _}), do: :noproc
+  defp exit_reason(other), do: other
+
+  defp unavailable(reason),
+    do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
+
+  defp validate_opts!(opts) do
+    unless Keyword.keyword?(opts) do
+      raise ArgumentError, "expected Redis options to be a keyword list, got: #{inspect(opts)}"
+    end
+
+    case Keyword.keys(opts) -- Keyword.keys(@defaults) do
+      [] ->
+        :ok
+
+      unknown ->
+        raise ArgumentError,
+              "unknown Redis options #{inspect(unknown)}, valid options are: " <>
+                inspect(Keyword.keys(@defaults))
+    end
+
+    opts = Keyword.merge(@defaults, opts)
+
+    check(opts, :host, &is_binary/1, "a string")
+    check(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number")
+    check(opts, :database, &(is_integer(&1) and &1 >= 0), "a non-negative integer")
+    check(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
+    check(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
+    check(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
+    opts
+  end
+
+  defp check(opts, key, valid?, expected) do
+    value = Keyword.fetch!(opts, key)
+
+    unless valid?.(value) do
+      raise ArgumentError,
+            "expected Redis option #{inspect(key)} to be #{expected}, got: #{inspect(value)}"
+    end
+  end
+
+  ## The pub/sub relay: owns eredis_sub, acknowledges its messages and
+  ## forwards them to the subscriber; restarts it on a timer while Redis is down.
+
+  defp relay_init(owner, subscriber, channel, sub_args) do
+    Process.flag(:trap_exit, true)
+
+    relay_connect(%{
+      owner: owner,
+      subscriber: subscriber,
+      channel: channel,
+      args: sub_args,
+      sub: nil
+    })
+  end
+
+  defp relay_connect(state) do
+    {host, port, password, sleep} = state.args
+
+    case :eredis_sub.start_link(host, port, password, sleep, :infinity, :drop) do
+      {:ok, sub} ->
+        :eredis_sub.controlling_process(sub)
+        :eredis_sub.subscribe(sub, [state.channel])
+        relay_loop(%{state | sub: sub})
+
+      {:error, _reason} ->
+        Process.send_after(self(), :reconnect, sleep)
+        relay_loop(%{state | sub: nil})
+    end
+  end
+
+  defp relay_loop(%{sub: sub, owner: owner, subscriber: subscriber} = state) do
+    receive do
+      {:message, _channel, payload, ^sub} ->
+        :eredis_sub.ack_message(sub)
+        send(subscriber, {:larder_cache_l2, :message, payload})
+        relay_loop(state)
+
+      {:subscribed, _channel, ^sub} ->
+        :eredis_sub.ack_message(sub)
+        send(subscriber, {:larder_cache_l2, :connected})
+        relay_loop(state)
+
+      {:eredis_connected, ^sub} ->
+        :eredis_sub.ack_message(sub)
+        :eredis_sub.subscribe(sub, [state.channel])
+        relay_loop(state)
+
+      {tag, ^sub} when tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
+        :eredis_sub.ack_message(sub)
+        relay_loop(state)
+
+      {:eredis_reconnect_failed, ^sub, _reason} ->
+        :eredis_sub.ack_message(sub)
+        relay_loop(state)
+
+      :reconnect ->
+        relay_connect(state)
+
+      {:EXIT, ^owner, reason} ->
+        exit(reason)
+
+      {:EXIT, ^sub, reason} ->
+        Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(reason)}")
+        Process.send_after(self(), :reconnect, elem(state.args, 3))
+        relay_loop(%{state | sub: nil})
+
+      _other ->
+        relay_loop(state)
+    end
+  end
+end
