@@ -347,7 +347,7 @@ defmodule Larder.Cache do
             "expected Larder.Cache options to be a keyword list, got: #{inspect(opts)}"
     end
 
-    case Keyword.keys(opts) -- Keyword.keys(@defaults) do
+    case Enum.uniq(Keyword.keys(opts)) -- Keyword.keys(@defaults) do
       [] ->
         :ok
 

@@ -26,7 +26,7 @@ defmodule Larder.CacheModelTest do
         :proper_types.frequency([{15, op_gen([1, 2, 3, 4, 5])}, {1, :invalidate_all}])
       )
 
-    :proper_types.tuple([:proper_types.oneof([:local, :l2]), ops])
+    :proper_types.tuple([:proper_types.oneof([:local, :l2, :large]), ops])
   end
 
   # What the map model says each operation returns.
@@ -67,8 +67,9 @@ defmodule Larder.CacheModelTest do
   defp simplify_error({:error, %Larder.Error{reason: :loader_failed}}), do: :error
   defp simplify_error(other), do: other
 
-  # A fresh cache per case; with an L2, a tiny L1 (max_entries: 2) so that
-  # evictions happen and must be invisible (L2 still has the value).
+  # A fresh cache per case: local; or with an L2 and a tiny L1 (max_entries:
+  # 2) so that evictions happen and must be invisible (L2 still has the
+  # value); or with every value on the large-value path.
   defp with_cache(ctx, mode, fun) do
     name = :"#{ctx.test}.#{System.unique_integer([:positive])}"
 
@@ -76,6 +77,10 @@ defmodule Larder.CacheModelTest do
       case mode do
         :local ->
           {[], nil}
+
+        # every value takes the large-value path (own table, process copy)
+        :large ->
+          {[local_copy_min_bytes: 0], nil}
 
         :l2 ->
           {:ok, l2} = MemoryL2.start_link()
@@ -113,7 +118,10 @@ defmodule Larder.CacheModelTest do
       )
     end
 
-    gen = :proper_types.tuple([:proper_types.oneof([:local, :l2]) | Enum.map(1..4, per_process)])
+    gen =
+      :proper_types.tuple([
+        :proper_types.oneof([:local, :l2, :large]) | Enum.map(1..4, per_process)
+      ])
 
     property =
       :proper.forall(gen, fn case_ ->

@@ -29,11 +29,19 @@ defmodule Larder.Cache.Owner do
 
     index = :ets.new(:larder_cache_index, [:ordered_set, :public, write_concurrency: true])
 
+    large =
+      :ets.new(
+        :larder_cache_large,
+        [:set, :public, read_concurrency: true, write_concurrency: true] ++
+          if(opts[:compressed], do: [:compressed], else: [])
+      )
+
     cfg = %{
       name: name,
       owner: self(),
       data: data,
       index: index,
+      large: large,
       stats: Store.new_counters(),
       seq: :atomics.new(1, signed: true),
       bytes: :atomics.new(1, signed: true),

@@ -152,7 +152,7 @@ defmodule Larder.Cache.Redis do
       raise ArgumentError, "expected Redis options to be a keyword list, got: #{inspect(opts)}"
     end
 
-    case Keyword.keys(opts) -- Keyword.keys(@defaults) do
+    case Enum.uniq(Keyword.keys(opts)) -- Keyword.keys(@defaults) do
       [] ->
         :ok
 

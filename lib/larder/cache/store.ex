@@ -40,39 +40,23 @@ defmodule Larder.Cache.Store do
 
   def next_version(cfg), do: :atomics.add_get(cfg.seq, 1, 1)
 
-  @doc false
   # {:hit, value} | :miss | {:loading, pid, ref}
   def lookup(cfg, key) do
-    data = cfg.data
-
-    case Process.get({data, key}) do
-      {version, expires, value} ->
-        if current_version(data, key) == version and live?(expires) do
+    case :ets.lookup(cfg.data, key) do
+      [{_, version, expires, size, value}] when is_integer(size) ->
+        if live?(expires) do
           {:hit, value}
         else
-          Process.delete({data, key})
-          lookup_table(cfg, key)
+          delete_version(cfg, key, version)
+          :miss
         end
 
-      nil ->
-        lookup_table(cfg, key)
-    end
-  end
-
-  defp lookup_table(cfg, key) do
-    case :ets.lookup(cfg.data, key) do
-      [{_, version, expires, size, value}] when is_integer(version) ->
-        cond do
-          not live?(expires) ->
-            delete_version(cfg, key, version)
-            :miss
-
-          size >= cfg.local_copy_min_bytes ->
-            Process.put({cfg.data, key}, {version, expires, value})
-            {:hit, value}
-
-          true ->
-            {:hit, value}
+      [{_, version, expires, {:large, _}, _}] ->
+        if live?(expires) do
+          large_hit(cfg, key, version)
+        else
+          delete_version(cfg, key, version)
+          :miss
         end
 
       [{_, :loading, pid, ref, _}] ->
@@ -83,23 +67,48 @@ defmodule Larder.Cache.Store do
     end
   end
 
+  # A large value lives in its own table under {key, version}; the reading
+  # process keeps the copy it made, and reuses it while the version holds.
+  defp large_hit(cfg, key, version) do
+    case Process.get({cfg.data, key}) do
+      {^version, value} ->
+        {:hit, value}
+
+      _ ->
+        case :ets.lookup(cfg.large, {key, version}) do
+          [{_, value}] ->
+            Process.put({cfg.data, key}, {version, value})
+            {:hit, value}
+
+          [] ->
+            # replaced or deleted since we read the row
+            lookup(cfg, key)
+        end
+    end
+  end
+
   defp live?(:infinity), do: true
   defp live?(expires), do: expires > now()
 
-  defp current_version(data, key) do
-    :ets.lookup_element(data, key, 2)
-  rescue
-    # The key is absent (or the table is gone, which the caller's next ETS
-    # call reports).
-    ArgumentError -> nil
+  # The row for a value: small ones inline, large ones in the large table
+  # (written first, so a reader that sees the row finds the value).
+  defp row(cfg, key, version, ttl, value) do
+    size = :erlang.external_size(value)
+
+    if size >= cfg.local_copy_min_bytes do
+      :ets.insert(cfg.large, {{key, version}, value})
+      {{key, version, expires_at(ttl), {:large, size}, nil}, size}
+    else
+      {{key, version, expires_at(ttl), size, value}, size}
+    end
   end
 
   # Writes a value unconditionally (put).
   def write(cfg, key, value, ttl) do
     version = next_version(cfg)
-    size = :erlang.external_size(value)
     old = value_versions(cfg, key)
-    :ets.insert(cfg.data, {key, version, expires_at(ttl), size, value})
+    {row, size} = row(cfg, key, version, ttl, value)
+    :ets.insert(cfg.data, row)
     index(cfg, version, key, size)
     Enum.each(old, &drop_index(cfg, &1))
     evict(cfg)
@@ -113,9 +122,9 @@ defmodule Larder.Cache.Store do
   # put, delete or invalidation in between removed it, and wins.
   def fill(cfg, key, ref, value, ttl) do
     version = next_version(cfg)
-    size = :erlang.external_size(value)
-    row = {{:const, key}, version, expires_at(ttl), size, {:const, value}}
-    spec = [{{key, :loading, self(), ref, :_}, [], [{row}]}]
+    {{_, _, expires, size_field, stored}, size} = row(cfg, key, version, ttl, value)
+    new_row = {{:const, key}, version, expires, {:const, size_field}, {:const, stored}}
+    spec = [{{key, :loading, self(), ref, :_}, [], [{new_row}]}]
 
     case :ets.select_replace(cfg.data, spec) do
       1 ->
@@ -124,6 +133,7 @@ defmodule Larder.Cache.Store do
         true
 
       0 ->
+        :ets.delete(cfg.large, {key, version})
         false
     end
   end
@@ -144,6 +154,7 @@ defmodule Larder.Cache.Store do
   def clear(cfg) do
     :ets.delete_all_objects(cfg.data)
     :ets.delete_all_objects(cfg.index)
+    :ets.delete_all_objects(cfg.large)
     :atomics.put(cfg.bytes, 1, 0)
     :ok
   end
@@ -178,10 +189,15 @@ defmodule Larder.Cache.Store do
     :atomics.add(cfg.bytes, 1, size)
   end
 
+  # Retires a version: its index entry, its bytes, its large value if any.
   defp drop_index(cfg, version) do
     case :ets.take(cfg.index, version) do
-      [{_, _, size}] -> :atomics.sub(cfg.bytes, 1, size)
-      [] -> :ok
+      [{_, key, size}] ->
+        :atomics.sub(cfg.bytes, 1, size)
+        :ets.delete(cfg.large, {key, version})
+
+      [] ->
+        :ok
     end
   end
 
@@ -199,6 +215,7 @@ defmodule Larder.Cache.Store do
           case :ets.take(cfg.index, version) do
             [{_, key, size}] ->
               :atomics.sub(cfg.bytes, 1, size)
+              :ets.delete(cfg.large, {key, version})
 
               if :ets.select_delete(cfg.data, [{{key, version, :_, :_, :_}, [], [true]}]) == 1 do
                 count(cfg, :evictions)

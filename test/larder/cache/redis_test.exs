@@ -138,8 +138,11 @@ defmodule Larder.Cache.RedisTest do
       :ok = Cache.put(a, :k, 1)
 
       # SIGSTOP: the socket stays open but nothing answers
-      System.cmd("kill", ["-STOP", Integer.to_string(server.os_pid)])
-      on_exit(fn -> System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)]) end)
+      System.cmd("kill", ["-STOP", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
+
+      on_exit(fn ->
+        System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
+      end)
 
       {micros, result} = :timer.tc(fn -> Cache.fetch(a, :other, fn -> {:ok, :loaded} end) end)
       assert result == {:ok, :loaded}
@@ -147,7 +150,7 @@ defmodule Larder.Cache.RedisTest do
       # with generous slack for a loaded machine
       assert micros < 200_000 * 5
       assert Cache.stats(a).l2_errors == 1
-      System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)])
+      System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
     end
   end
 
