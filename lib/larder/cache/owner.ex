@@ -20,21 +20,17 @@ defmodule Larder.Cache.Owner do
     Process.flag(:trap_exit, true)
     name = opts[:name]
 
-    data =
-      :ets.new(
-        :larder_cache,
-        [:set, :public, read_concurrency: true, write_concurrency: true] ++
-          if(opts[:compressed], do: [:compressed], else: [])
-      )
+    # read_concurrency without write_concurrency: adding write_concurrency
+    # measurably slowed every lookup, and a cache is read-heavy.
+    table_opts =
+      [:set, :public, read_concurrency: true] ++
+        if(opts[:compressed], do: [:compressed], else: [])
+
+    data = :ets.new(:larder_cache, table_opts)
 
     index = :ets.new(:larder_cache_index, [:ordered_set, :public, write_concurrency: true])
 
-    large =
-      :ets.new(
-        :larder_cache_large,
-        [:set, :public, read_concurrency: true, write_concurrency: true] ++
-          if(opts[:compressed], do: [:compressed], else: [])
-      )
+    large = :ets.new(:larder_cache_large, table_opts)
 
     cfg = %{
       name: name,
