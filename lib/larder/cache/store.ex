@@ -6,6 +6,11 @@ defmodule Larder.Cache.Store do
   # Rows of the data table (a :set):
   #   {key, version, expires_at, size, value}  a value; version is a unique,
   #                                             increasing integer per write
+  #   {key, version, expires_at, {:large, size}, nil}
+  #                                            a value of at least
+  #                                            local_copy_min_bytes; the value
+  #                                            is in the large table, as
+  #                                            {{key, version}, value}
   #   {key, :loading, pid, ref, nil}           a loader is running for key
   # The index (an :ordered_set) holds {version, key, size} for every value
   # row, oldest write first: eviction pops from its head.
