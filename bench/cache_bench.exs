@@ -145,7 +145,8 @@ defmodule Larder.CacheBench do
           end
         },
         warmup: 1,
-        runs: runs
+        runs: runs,
+        interleave: true
       )
 
     :eredis.stop(client)
@@ -211,14 +212,16 @@ defmodule Larder.CacheBench do
       |> Bench.table(@small_title, ["raw ETS lookup", "Larder.Cache hit"], per_op: true)
       |> Bench.row("1 runner", %{"raw ETS lookup" => raw_loop, "Larder.Cache hit" => cache_loop},
         ops: ops,
-        runs: runs
+        runs: runs,
+        interleave: true
       )
       |> Bench.row(
         "16 runners",
         %{"raw ETS lookup" => raw_loop, "Larder.Cache hit" => cache_loop},
         ops: div(ops, 4),
         runs: runs,
-        parallel: 16
+        parallel: 16,
+        interleave: true
       )
 
     print_throughput(bench, @small_title)
@@ -363,7 +366,8 @@ defmodule Larder.CacheBench do
           end
         },
         ops: ops,
-        runs: runs
+        runs: runs,
+        interleave: true
       )
       |> Bench.row(
         "miss: L2 error + loader + L1 write",

@@ -25,10 +25,12 @@ defmodule Larder.Cache do
 
   An L1 hit is one ETS lookup, O(1), plus a copy of the value into the
   caller's heap, O(size of the value). Values whose external size is at
-  least `:local_copy_min_bytes` are also kept in the reading process's
-  dictionary, tagged with their version: a repeat hit by that process checks
-  the version (one ETS lookup of an integer) and copies nothing. A write
-  computes the value's size, O(size), and copies it into ETS.
+  least `:local_copy_min_bytes` are stored apart, and the reading process
+  keeps the copy it made in its dictionary, tagged with the value's version:
+  a repeat hit by that process reads only the key's small row (O(1)) and
+  copies nothing. That copy lives until the process reads the key again
+  after a change, or exits. A write computes the value's size, O(size), and
+  copies it into ETS; eviction is O(log n) per evicted entry.
 
   ## Concurrency
 
@@ -47,7 +49,12 @@ defmodule Larder.Cache do
       an L2 channel; every other instance sharing the L2 and namespace deletes
       it from its L1 when the message arrives. An instance ignores its own
       messages.
+    * Writes take the L1 table's lock (it is `read_concurrency` only, which
+      keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
+    * The L2 has no compare-and-set: a load that wrote L1 and is about to
+      write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
+      until its ttl. Puts are not affected (`SET NX` never overwrites).
     * A loader must not call `fetch/3` for its own key (that raises).
 
   ## Eviction and expiry
@@ -73,6 +80,9 @@ defmodule Larder.Cache do
       not know) are a miss plus a `:decode_errors` and `:l2_errors` count,
       never a crash.
     * A name that is not a running cache raises `ArgumentError`.
+
+  The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
+  meets these requirements and what it adds around it.
 
   ## Performance
 
