@@ -126,6 +126,12 @@ defmodule Larder.CacheBench do
         "#{Float.round(bin_size / 1_000_000, 2)} MB compressed (level 6)"
     )
 
+    # The repeat hits run in a process of their own, which keeps its copy
+    # of the term between runs (that is the point); kept in this process,
+    # that copy would be copied by every garbage collection of the other
+    # columns. Its figure includes a message round trip.
+    reader = start_reader(fn -> {:ok, _} = Cache.fetch(local, :catalogue, &unreachable/0) end)
+
     bench =
       bench
       |> Bench.table(@large_title, [
@@ -140,15 +146,15 @@ defmodule Larder.CacheBench do
           "Redis GET + binary_to_term" => redis_get,
           "raw ETS lookup" => fn -> [{_, _}] = :ets.lookup(raw, :catalogue) end,
           "L1 hit" => fn -> {:ok, _} = Cache.fetch(plain, :catalogue, &unreachable/0) end,
-          "repeat hit, same process" => fn ->
-            {:ok, _} = Cache.fetch(local, :catalogue, &unreachable/0)
-          end
+          "repeat hit, same process" => fn -> ask(reader) end
         },
         warmup: 1,
         runs: runs,
         interleave: true
       )
 
+    Process.unlink(reader)
+    Process.exit(reader, :kill)
     :eredis.stop(client)
     :ets.delete(raw)
     GenServer.stop(plain)
@@ -171,6 +177,27 @@ defmodule Larder.CacheBench do
   end
 
   defp unreachable, do: raise("the loader should not run on a hit")
+
+  defp start_reader(fun) do
+    spawn_link(fn -> reader_loop(fun) end)
+  end
+
+  defp reader_loop(fun) do
+    receive do
+      {:run, from} ->
+        fun.()
+        send(from, {:ran, self()})
+        reader_loop(fun)
+    end
+  end
+
+  defp ask(reader) do
+    send(reader, {:run, self()})
+
+    receive do
+      {:ran, ^reader} -> :ok
+    end
+  end
 
   # Calls fun.(n) for n in n..1 and drops the results, so that neither side
   # pays for keeping them alive through garbage collections.

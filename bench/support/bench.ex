@@ -235,6 +235,11 @@ defmodule Larder.Bench do
 
   defp run_cell(%{kind: _} = result, _opts), do: result
 
+  defp run_cell({fun, opts}, base) when is_function(fun),
+    do: measure(fun, Keyword.merge(base, opts))
+
+  defp run_cell(fun, opts) when is_function(fun), do: measure(fun, opts)
+
   defp run_interleaved(table, cells, base) do
     cols = for col <- table.columns, Map.has_key?(cells, col), do: col
     {fixed, timed} = Enum.split_with(cols, &match?(%{kind: _}, cells[&1]))
@@ -271,11 +276,6 @@ defmodule Larder.Bench do
 
     Map.merge(Map.new(fixed, &{&1, cells[&1]}), timed_results)
   end
-
-  defp run_cell({fun, opts}, base) when is_function(fun),
-    do: measure(fun, Keyword.merge(base, opts))
-
-  defp run_cell(fun, opts) when is_function(fun), do: measure(fun, opts)
 
   @doc """
   The ratio of `column`'s median over the anchor's in the row labelled

@@ -393,12 +393,14 @@ defmodule Larder.Cache do
     )
 
     case opts[:l2] do
-      {mod, _} ->
+      {mod, l2_opts} ->
         Code.ensure_loaded(mod)
 
         unless function_exported?(mod, :init, 3) and function_exported?(mod, :get, 2) do
           raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
         end
+
+        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
 
       nil ->
         :ok

@@ -69,4 +69,13 @@ defmodule Larder.Cache.L2 do
 
   @doc "Stops what `c:init/3` started."
   @callback stop(state()) :: :ok
+
+  @doc """
+  Checks the options `c:init/3` will get and raises `ArgumentError` naming
+  a bad one. `Larder.Cache.start_link/1` calls it in the caller's process,
+  so bad options fail there rather than in the cache's process.
+  """
+  @callback validate_opts!(opts :: keyword()) :: keyword()
+
+  @optional_callbacks validate_opts!: 1
 end

@@ -47,7 +47,12 @@ defmodule Larder.Cache.Redis do
     reconnect_sleep: 100
   ]
 
+  @doc """
+  Starts the eredis client and the pub/sub relay, linked to the caller, and
+  subscribes `subscriber` to `channel`. Succeeds while Redis is down.
+  """
   @impl true
+  @spec init(keyword(), pid(), binary()) :: {:ok, map()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
     host = String.to_charlist(opts[:host])
@@ -69,7 +74,9 @@ defmodule Larder.Cache.Redis do
     {:ok, %{client: client, relay: relay, timeout: opts[:timeout]}}
   end
 
+  @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
   @impl true
+  @spec get(map(), binary()) :: {:ok, binary()} | :miss | {:error, Larder.Error.t()}
   def get(state, key) do
     case query(state, ["GET", key]) do
       {:ok, :undefined} -> :miss
@@ -78,7 +85,10 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  @doc "`SET key value [PX ttl] [NX]`, within the timeout."
   @impl true
+  @spec put(map(), binary(), binary(), pos_integer() | :infinity, :always | :new) ::
+          :ok | {:error, Larder.Error.t()}
   def put(state, key, value, ttl, mode) do
     expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
     cond_ = if mode == :new, do: ["NX"], else: []
@@ -89,7 +99,9 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  @doc "`DEL key`, within the timeout."
   @impl true
+  @spec delete(map(), binary()) :: :ok | {:error, Larder.Error.t()}
   def delete(state, key) do
     case query(state, ["DEL", key]) do
       {:ok, _} -> :ok
@@ -97,7 +109,9 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  @doc "`INCR key`, within the timeout."
   @impl true
+  @spec incr(map(), binary()) :: {:ok, integer()} | {:error, Larder.Error.t()}
   def incr(state, key) do
     case query(state, ["INCR", key]) do
       {:ok, n} -> {:ok, String.to_integer(n)}
@@ -105,7 +119,9 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  @doc "`PUBLISH channel payload`, within the timeout."
   @impl true
+  @spec publish(map(), binary(), binary()) :: :ok | {:error, Larder.Error.t()}
   def publish(state, channel, payload) do
     case query(state, ["PUBLISH", channel, payload]) do
       {:ok, _} -> :ok
@@ -113,7 +129,9 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  @doc "Stops the client and the relay."
   @impl true
+  @spec stop(map()) :: :ok
   def stop(%{client: client, relay: relay}) do
     Process.unlink(relay)
     Process.exit(relay, :shutdown)
@@ -147,7 +165,10 @@ defmodule Larder.Cache.Redis do
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 
-  defp validate_opts!(opts) do
+  @doc "Checks the options above; raises `ArgumentError` naming a bad one."
+  @impl true
+  @spec validate_opts!(keyword()) :: keyword()
+  def validate_opts!(opts) do
     unless Keyword.keyword?(opts) do
       raise ArgumentError, "expected Redis options to be a keyword list, got: #{inspect(opts)}"
     end

@@ -25,6 +25,11 @@ defmodule Larder.Cache.RedisTest do
     assert_raise ArgumentError, ~r/:port to be a TCP port/, fn ->
       Larder.Cache.Redis.init([port: "x"], self(), "ch")
     end
+
+    # checked by Larder.Cache.start_link/1 in the caller, not in the cache
+    assert_raise ArgumentError, ~r/:timeout to be a positive integer/, fn ->
+      Larder.Cache.start_link(name: :bad_redis_opts, l2: {Larder.Cache.Redis, timeout: 0})
+    end
   end
 
   @tag :capture_log
