@@ -5,14 +5,67 @@ Code.require_file("../../test/support/redis_server.ex", __DIR__)
 
 defmodule Larder.Demo.Cache do
   alias Larder.Bench
+  alias Larder.Cache
   alias Larder.Test.RedisServer
 
   @title "Larder.Cache: a term of 60k small maps"
 
   def run do
     bench = Bench.start("Larder.Cache (ETS L1 + Redis L2)", ["--quick"])
+    redis = if RedisServer.available?(), do: RedisServer.start()
 
-    # the same term as bench/cache_bench.exs: ~8.7 MB raw, ~1.2 MB compressed
+    unless redis do
+      IO.puts("redis-server is not installed: Redis was skipped, showing the local-only cache.")
+    end
+
+    l2 = if redis, do: [l2: {Cache.Redis, port: redis.port}], else: []
+    # one cache copies the term out of ETS on every hit; the other lets the
+    # reading process keep its copy while the value is unchanged
+    plain =
+      start(:demo_cache_plain, l2 ++ [compression_level: 6, local_copy_min_bytes: :infinity])
+
+    local = start(:demo_cache_local, l2 ++ [compression_level: 6, namespace: "demo-local"])
+
+    try do
+      bin = Task.await(Task.async(fn -> store(plain, local) end), 60_000)
+      anchor = anchor(redis, bin)
+      # repeat hits run in a process of their own that keeps its copy; in
+      # this one, the copy would weigh on the other columns' collections
+      reader = spawn_link(fn -> reader(local) end)
+
+      label = "read it (#{Float.round(byte_size(bin) / 1_000_000, 2)} MB compressed)"
+
+      bench =
+        bench
+        |> Bench.table(@title, [elem(anchor, 0), "L1 hit", "repeat hit, same process"])
+        |> Bench.row(
+          label,
+          %{
+            elem(anchor, 0) => elem(anchor, 1),
+            "L1 hit" => fn -> Cache.fetch!(plain, :catalogue, &no_load/0) end,
+            "repeat hit, same process" => fn -> ask(reader) end
+          },
+          runs: 5,
+          interleave: true
+        )
+
+      Process.unlink(reader)
+      Process.exit(reader, :kill)
+      elem(anchor, 2).()
+      speedup = fn col -> 1 / Bench.ratio(bench, @title, label, col) end
+
+      IO.puts(
+        "L1 hit: #{Bench.fmt_ratio(speedup.("L1 hit"))}x faster than #{elem(anchor, 0)}; " <>
+          "repeat hit: #{Bench.fmt_ratio(speedup.("repeat hit, same process"))}x"
+      )
+    after
+      Enum.each([plain, local], &GenServer.stop/1)
+      if redis, do: RedisServer.stop(redis)
+    end
+  end
+
+  # The same term as bench/cache_bench.exs: ~8.7 MB raw, ~1.2 MB compressed.
+  defp store(plain, local) do
     term =
       for i <- 1..60_000 do
         %{
@@ -27,94 +80,45 @@ defmodule Larder.Demo.Cache do
         }
       end
 
-    if RedisServer.available?() do
-      redis = RedisServer.start()
-
-      try do
-        with_redis(bench, term, redis)
-      after
-        RedisServer.stop(redis)
-      end
-    else
-      IO.puts("redis-server is not installed: Redis was skipped, showing the local-only cache.")
-      local_only(bench, term)
-    end
+    :ok = Cache.put(plain, :catalogue, term)
+    :ok = Cache.put(local, :catalogue, term)
+    :erlang.term_to_binary(term, compressed: 6)
   end
 
-  defp with_redis(bench, term, redis) do
-    l2 = {Larder.Cache.Redis, port: redis.port}
+  defp anchor(nil, bin) do
+    {"binary_to_term (no Redis)", fn -> :erlang.binary_to_term(bin, [:safe]) end, fn -> :ok end}
+  end
 
-    plain =
-      start(:demo_cache_plain, l2: l2, compression_level: 6, local_copy_min_bytes: :infinity)
-
-    local = start(:demo_cache_local, l2: l2, compression_level: 6, namespace: "demo-local")
-    :ok = Larder.Cache.put(plain, :catalogue, term)
-    :ok = Larder.Cache.put(local, :catalogue, term)
+  defp anchor(redis, bin) do
     {:ok, client} = :eredis.start_link(~c"127.0.0.1", redis.port)
-    bin = :erlang.term_to_binary(term, compressed: 6)
-    {:ok, _} = :eredis.q(client, ["SET", "demo:catalogue", bin])
+    {:ok, _} = :eredis.q(client, ["SET", "demo:catalogue", bin], 10_000)
 
-    bench =
-      bench
-      |> Bench.table(@title, ["Redis GET + binary_to_term", "L1 hit", "repeat hit, same process"])
-      |> Bench.row(
-        "read it (#{Float.round(byte_size(bin) / 1_000_000, 2)} MB in Redis)",
-        %{
-          "Redis GET + binary_to_term" => fn ->
-            {:ok, got} = :eredis.q(client, ["GET", "demo:catalogue"], 10_000)
-            :erlang.binary_to_term(got, [:safe])
-          end,
-          "L1 hit" => fn -> Larder.Cache.fetch!(plain, :catalogue, &no_load/0) end,
-          "repeat hit, same process" => fn ->
-            Larder.Cache.fetch!(local, :catalogue, &no_load/0)
-          end
-        },
-        runs: 5
-      )
-
-    :eredis.stop(client)
-    Enum.each([plain, local], &GenServer.stop/1)
-
-    speedup = fn col ->
-      1 /
-        Bench.ratio(
-          bench,
-          @title,
-          "read it (#{Float.round(byte_size(bin) / 1_000_000, 2)} MB in Redis)",
-          col
-        )
-    end
-
-    IO.puts(
-      "L1 hit: #{Bench.fmt_ratio(speedup.("L1 hit"))}x faster than Redis + binary_to_term; " <>
-        "repeat hit: #{Bench.fmt_ratio(speedup.("repeat hit, same process"))}x"
-    )
+    {"Redis GET + binary_to_term",
+     fn ->
+       {:ok, got} = :eredis.q(client, ["GET", "demo:catalogue"], 10_000)
+       :erlang.binary_to_term(got, [:safe])
+     end, fn -> :eredis.stop(client) end}
   end
 
-  defp local_only(bench, term) do
-    plain = start(:demo_cache_plain, local_copy_min_bytes: :infinity)
-    local = start(:demo_cache_local, [])
-    :ok = Larder.Cache.put(plain, :catalogue, term)
-    :ok = Larder.Cache.put(local, :catalogue, term)
-    bin = :erlang.term_to_binary(term, compressed: 6)
+  defp reader(local) do
+    receive do
+      {:run, from} ->
+        Cache.fetch!(local, :catalogue, &no_load/0)
+        send(from, {:ran, self()})
+        reader(local)
+    end
+  end
 
-    bench
-    |> Bench.table(@title, ["binary_to_term (no Redis)", "L1 hit", "repeat hit, same process"])
-    |> Bench.row(
-      "read it",
-      %{
-        "binary_to_term (no Redis)" => fn -> :erlang.binary_to_term(bin, [:safe]) end,
-        "L1 hit" => fn -> Larder.Cache.fetch!(plain, :catalogue, &no_load/0) end,
-        "repeat hit, same process" => fn -> Larder.Cache.fetch!(local, :catalogue, &no_load/0) end
-      },
-      runs: 5
-    )
+  defp ask(reader) do
+    send(reader, {:run, self()})
 
-    Enum.each([plain, local], &GenServer.stop/1)
+    receive do
+      {:ran, ^reader} -> :ok
+    end
   end
 
   defp start(name, opts) do
-    {:ok, pid} = Larder.Cache.start_link([name: name] ++ opts)
+    {:ok, pid} = Cache.start_link([name: name] ++ opts)
     Process.unlink(pid)
     name
   end
@@ -122,4 +126,4 @@ defmodule Larder.Demo.Cache do
   defp no_load, do: raise("not loaded in the demo")
 end
 
-Larder.Demo.Cache.run()
+Task.await(Task.async(&Larder.Demo.Cache.run/0), :infinity)
