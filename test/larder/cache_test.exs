@@ -284,6 +284,35 @@ defmodule Larder.CacheTest do
       assert Task.await(slow) == {:ok, :slow}
     end
 
+    test "waiters send nothing to the loading process's mailbox", ctx do
+      cache = start_cache(ctx)
+      parent = self()
+
+      loading =
+        Task.async(fn ->
+          result =
+            Cache.fetch(cache, :k, fn ->
+              send(parent, :loading)
+
+              receive do
+                :go -> {:ok, :v}
+              end
+            end)
+
+          {result, Process.info(self(), :message_queue_len)}
+        end)
+
+      assert_receive :loading
+
+      waiters =
+        for _ <- 1..50, do: Task.async(fn -> Cache.fetch(cache, :k, fn -> {:ok, :other} end) end)
+
+      Process.sleep(50)
+      send(loading.pid, :go)
+      assert Task.await(loading) == {{:ok, :v}, {:message_queue_len, 0}}
+      assert Enum.uniq(Task.await_many(waiters)) == [{:ok, :v}]
+    end
+
     test "waiters recover when the loading process is killed", ctx do
       cache = start_cache(ctx)
       parent = self()

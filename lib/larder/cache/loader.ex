@@ -1,14 +1,11 @@
 # Read-through on an L1 miss: one loader per key at a time (an ETS insert_new
 # lock), the L2 then the loader function run in the caller, and waiters that
-# monitor the loading process instead of queueing behind a shared one.
+# register in an ETS bag and monitor the loading process instead of queueing
+# behind a shared one.
 defmodule Larder.Cache.Loader do
   @moduledoc false
 
   alias Larder.Cache.{Codec, Store}
-
-  # How often a waiter re-checks the lock it waits on, in case the loader's
-  # reply raced its wait request.
-  @recheck_ms 100
 
   def fetch(cfg, key, fun) do
     case Store.lookup(cfg, key) do
@@ -65,7 +62,7 @@ defmodule Larder.Cache.Loader do
            )}
       end
 
-    reply_waiters(ref, result)
+    reply_waiters(cfg, ref, result)
     result
   end
 
@@ -126,22 +123,38 @@ defmodule Larder.Cache.Loader do
     end
   end
 
-  defp reply_waiters(ref, result) do
-    receive do
-      {:"$larder_cache_wait", ^ref, pid} ->
-        send(pid, {:"$larder_cache_loaded", ref, result})
-        reply_waiters(ref, result)
-    after
-      0 -> :ok
+  # Waiters registered themselves under our ref; take them all at once
+  # (after the lock row changed) and send each the result.
+  defp reply_waiters(cfg, ref, result) do
+    for {_ref, pid} <- :ets.take(cfg.waiters, ref) do
+      send(pid, {:"$larder_cache_loaded", ref, result})
     end
+
+    :ok
   end
 
   ## Waiting for another process's load
 
+  # Register, then check that the lock is still there: if it is, the loader
+  # has not taken its waiters yet (it changes the lock row first), so the
+  # result will come. No message goes to the loading process's mailbox.
   defp wait(cfg, key, fun, pid, ref) do
     monitor = Process.monitor(pid)
-    send(pid, {:"$larder_cache_wait", ref, self()})
-    await(cfg, key, fun, pid, ref, monitor)
+    :ets.insert(cfg.waiters, {ref, self()})
+
+    case Store.lookup(cfg, key) do
+      {:loading, ^pid, ^ref} ->
+        await(cfg, key, fun, pid, ref, monitor)
+
+      _changed ->
+        if unregister(cfg, ref) do
+          Process.demonitor(monitor, [:flush])
+          retry(cfg, key, fun)
+        else
+          # the loader took us already: its result is on the way
+          await(cfg, key, fun, pid, ref, monitor)
+        end
+    end
   end
 
   defp await(cfg, key, fun, pid, ref, monitor) do
@@ -156,21 +169,16 @@ defmodule Larder.Cache.Loader do
         result
 
       {:DOWN, ^monitor, :process, _, _} ->
-        # The loader died (killed mid-load) or finished without seeing our
-        # request: clear its lock if it is still there and start over.
+        # The loading process died mid-load (a reply sent before it died
+        # would have arrived first): clear its lock and start over.
+        unregister(cfg, ref)
         Store.unlock(cfg, key, pid, ref)
         retry(cfg, key, fun)
-    after
-      @recheck_ms ->
-        case Store.lookup(cfg, key) do
-          {:loading, ^pid, ^ref} ->
-            await(cfg, key, fun, pid, ref, monitor)
-
-          _ ->
-            Process.demonitor(monitor, [:flush])
-            retry(cfg, key, fun)
-        end
     end
+  end
+
+  defp unregister(cfg, ref) do
+    :ets.select_delete(cfg.waiters, [{{ref, self()}, [], [true]}]) == 1
   end
 
   ## L2

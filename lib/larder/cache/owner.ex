@@ -32,12 +32,15 @@ defmodule Larder.Cache.Owner do
 
     large = :ets.new(:larder_cache_large, table_opts)
 
+    waiters = :ets.new(:larder_cache_waiters, [:duplicate_bag, :public, write_concurrency: true])
+
     cfg = %{
       name: name,
       owner: self(),
       data: data,
       index: index,
       large: large,
+      waiters: waiters,
       stats: Store.new_counters(),
       seq: :atomics.new(1, signed: true),
       bytes: :atomics.new(1, signed: true),
