@@ -160,6 +160,19 @@ defmodule Larder.CacheTest do
       assert Cache.get(cache, :long) == 1
     end
 
+    test "the periodic sweep removes expired entries nobody reads", ctx do
+      cache = start_cache(ctx)
+      :ok = Cache.put(cache, :short, 1, ttl: 10)
+      :ok = Cache.put(cache, :long, :binary.copy("x", 100))
+      Process.sleep(30)
+      send(Process.whereis(cache), :sweep)
+      # a call after the message: the sweep has run when it returns
+      :sys.get_state(cache)
+
+      assert %{entries: 1, bytes: bytes} = Cache.stats(cache)
+      assert bytes == :erlang.external_size(:binary.copy("x", 100))
+    end
+
     test "max_entries evicts the oldest writes", ctx do
       cache = start_cache(ctx, max_entries: 3)
       for i <- 1..5, do: :ok = Cache.put(cache, i, i)

@@ -14,6 +14,15 @@ defmodule Larder.Cache.Redis do
       caller waits longer than this for Redis, whatever state Redis is in.
     * `:reconnect_sleep` - milliseconds between reconnection attempts
       (default `100`).
+    * `:pool_size` - connections for commands (default `2`); callers are
+      spread over them by scheduler. Pub/sub uses one more connection.
+
+  ## Concurrency
+
+  Callers send their commands straight to a connection process, never
+  through the cache's process. A connection pipelines the commands of all
+  the callers that use it and answers them in order, so a slow reply (a
+  large value) delays the others on that connection only.
 
   ## Client
 
@@ -44,7 +53,8 @@ defmodule Larder.Cache.Redis do
     database: 0,
     password: nil,
     timeout: 1000,
-    reconnect_sleep: 100
+    reconnect_sleep: 100,
+    pool_size: 2
   ]
 
   @doc """
@@ -58,20 +68,25 @@ defmodule Larder.Cache.Redis do
     host = String.to_charlist(opts[:host])
     password = String.to_charlist(opts[:password] || "")
 
-    {:ok, client} =
-      :eredis.start_link(
-        host,
-        opts[:port],
-        opts[:database],
-        password,
-        opts[:reconnect_sleep],
-        opts[:timeout]
-      )
+    clients =
+      for _ <- 1..opts[:pool_size] do
+        {:ok, client} =
+          :eredis.start_link(
+            host,
+            opts[:port],
+            opts[:database],
+            password,
+            opts[:reconnect_sleep],
+            opts[:timeout]
+          )
+
+        client
+      end
 
     owner = self()
     sub_args = {host, opts[:port], password, opts[:reconnect_sleep]}
     relay = spawn_link(fn -> relay_init(owner, subscriber, channel, sub_args) end)
-    {:ok, %{client: client, relay: relay, timeout: opts[:timeout]}}
+    {:ok, %{clients: List.to_tuple(clients), relay: relay, timeout: opts[:timeout]}}
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
@@ -132,15 +147,25 @@ defmodule Larder.Cache.Redis do
   @doc "Stops the client and the relay."
   @impl true
   @spec stop(map()) :: :ok
-  def stop(%{client: client, relay: relay}) do
+  def stop(%{clients: clients, relay: relay}) do
     Process.unlink(relay)
     Process.exit(relay, :shutdown)
+    clients |> Tuple.to_list() |> Enum.each(&stop_client/1)
+  end
+
+  defp stop_client(client) do
     :eredis.stop(client)
   catch
     :exit, _ -> :ok
   end
 
-  defp query(%{client: client, timeout: timeout}, command) do
+  # Commands on one connection are answered in order, so a large value
+  # holds up whatever was sent after it: spread callers over the pool by
+  # scheduler. A caller waits for each reply, so its own commands stay in
+  # order whichever connection they take.
+  defp query(%{clients: clients, timeout: timeout}, command) do
+    client = elem(clients, rem(:erlang.system_info(:scheduler_id), tuple_size(clients)))
+
     case :eredis.q(client, command, timeout) do
       {:ok, value} ->
         {:ok, value}
@@ -191,6 +216,7 @@ defmodule Larder.Cache.Redis do
     check(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
     check(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
     check(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
+    check(opts, :pool_size, &(is_integer(&1) and &1 > 0), "a positive integer")
     opts
   end
 
