@@ -60,7 +60,8 @@ defmodule Larder.Cache do
   ## Eviction and expiry
 
   `:ttl` (and `put/4`'s `ttl:`) expire entries in L1 and L2; expired L1 rows
-  are never returned and are swept every 5 s. When `:max_entries` or
+  are never returned and are swept every 5 s. An L2 hit backfills L1 with a
+  full `:ttl`, so a value can outlive its L2 copy by up to one ttl. When `:max_entries` or
   `:max_bytes` (the sum of `:erlang.external_size/1` of the values) is
   exceeded, the oldest writes are evicted first (FIFO, not LRU: a hit writes
   nothing, which keeps hits as cheap as an ETS lookup).
