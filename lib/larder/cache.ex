@@ -46,9 +46,13 @@ defmodule Larder.Cache do
       remote invalidation that happens during the load removes the lock, so
       the older value never overwrites the newer one.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
-      an L2 channel; every other instance sharing the L2 and namespace deletes
-      it from its L1 when the message arrives. An instance ignores its own
-      messages.
+      an L2 channel; every other instance sharing the L2, namespace and
+      version deletes it from its L1 when the message arrives.
+      `invalidate_all/1` publishes the new generation, and every instance
+      clears its L1. An instance ignores its own messages. A message
+      published while an instance is disconnected is lost to it; on
+      reconnecting it re-reads the generation, but keys changed meanwhile
+      stay in its L1 until their ttl (set one if that matters).
     * Writes take the L1 table's lock (it is `read_concurrency` only, which
       keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
@@ -61,10 +65,12 @@ defmodule Larder.Cache do
 
   `:ttl` (and `put/4`'s `ttl:`) expire entries in L1 and L2; expired L1 rows
   are never returned and are swept every 5 s. An L2 hit backfills L1 with a
-  full `:ttl`, so a value can outlive its L2 copy by up to one ttl. When `:max_entries` or
-  `:max_bytes` (the sum of `:erlang.external_size/1` of the values) is
-  exceeded, the oldest writes are evicted first (FIFO, not LRU: a hit writes
-  nothing, which keeps hits as cheap as an ETS lookup).
+  full `:ttl`, so a value can outlive its L2 copy by up to one ttl.
+
+  When `:max_entries` or `:max_bytes` (the sum of `:erlang.external_size/1`
+  of the values) is exceeded, the oldest writes are evicted first (FIFO, not
+  LRU: a hit writes nothing, which keeps hits as cheap as an ETS lookup). A
+  single value larger than `:max_bytes` is evicted as soon as it is written.
 
   ## Failures
 
