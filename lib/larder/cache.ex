@@ -49,10 +49,10 @@ defmodule Larder.Cache do
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
       `invalidate_all/1` publishes the new generation, and every instance
-      clears its L1. An instance ignores its own messages. A message
-      published while an instance is disconnected is lost to it; on
-      reconnecting it re-reads the generation, but keys changed meanwhile
-      stay in its L1 until their ttl (set one if that matters).
+      clears its L1. An instance ignores its own messages. Messages
+      published while an instance is disconnected are lost to it, so when
+      its subscription comes back it clears its L1 and re-reads the
+      generation.
     * Writes take the L1 table's lock (it is `read_concurrency` only, which
       keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.

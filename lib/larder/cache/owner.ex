@@ -95,9 +95,12 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info({:larder_cache_l2, :connected}, cfg) do
-    # We may have missed an invalidate_all while disconnected.
+    # A re-connection: invalidations published while we were away are lost
+    # to us, so our L1 may hold stale keys; drop it. Then pick up any
+    # invalidate_all we missed.
+    if Map.get(cfg, :subscribed_before, false), do: Store.clear(cfg)
     read_generation(cfg)
-    {:noreply, cfg}
+    {:noreply, Map.put(cfg, :subscribed_before, true)}
   end
 
   def handle_info(:sweep, cfg) do

@@ -94,6 +94,7 @@ defmodule Larder.Cache.RedisTest do
       owner = Process.whereis(a)
 
       :ok = Cache.put(a, :cached, 1)
+      assert Cache.get(b, :cached) == 1
       :ok = RedisServer.kill(server)
 
       assert Cache.fetch(a, :cached, fn -> {:ok, :never} end) == {:ok, 1}
@@ -106,6 +107,10 @@ defmodule Larder.Cache.RedisTest do
       on_exit(fn -> RedisServer.stop(server) end)
 
       eventually(fn -> Cache.put(a, :back, 1) == :ok end)
+
+      # b may have missed invalidations while away: it dropped its L1 (the
+      # restarted Redis is empty, so :cached is gone everywhere)
+      eventually(fn -> Cache.get(b, :cached) == nil end)
       # the subscription is back too: b's copy is evicted by a's put
       eventually(fn ->
         :ok = Cache.put(a, :shared, :old)
