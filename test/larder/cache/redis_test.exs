@@ -93,8 +93,12 @@ defmodule Larder.Cache.RedisTest do
       await_subscribed([a, b])
       owner = Process.whereis(a)
 
+      seen = Cache.stats(b).invalidations
       :ok = Cache.put(a, :cached, 1)
+      # once b has heard of that put, a read puts :cached in b's L1
+      eventually(fn -> Cache.stats(b).invalidations > seen end)
       assert Cache.get(b, :cached) == 1
+      assert Cache.stats(b).entries == 1
       :ok = RedisServer.kill(server)
 
       assert Cache.fetch(a, :cached, fn -> {:ok, :never} end) == {:ok, 1}
