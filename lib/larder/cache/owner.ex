@@ -95,12 +95,13 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info({:larder_cache_l2, :connected}, cfg) do
-    # A re-connection: invalidations published while we were away are lost
-    # to us, so our L1 may hold stale keys; drop it. Then pick up any
-    # invalidate_all we missed.
-    if Map.get(cfg, :subscribed_before, false), do: Store.clear(cfg)
+    # Invalidations published while we were not subscribed (a Redis outage,
+    # or Redis down when we started) never reach us, so L1 may hold keys
+    # other nodes changed: drop it (at first start it is about empty), and
+    # pick up any invalidate_all we missed.
+    Store.clear(cfg)
     read_generation(cfg)
-    {:noreply, Map.put(cfg, :subscribed_before, true)}
+    {:noreply, cfg}
   end
 
   def handle_info(:sweep, cfg) do
