@@ -218,10 +218,13 @@ defmodule Larder.CacheBench do
     runs = Bench.pick(bench, 5, 15)
     raw = :ets.new(:bench_raw, [:set, :public, read_concurrency: true])
     cache = start_cache(:bench_small, [])
+    # the same, with a ttl: every hit also reads the clock
+    ttl_cache = start_cache(:bench_small_ttl, ttl: :timer.hours(1))
 
     for i <- 1..keys do
       :ets.insert(raw, {i, small_map(i)})
       :ok = Cache.put(cache, i, small_map(i))
+      :ok = Cache.put(ttl_cache, i, small_map(i))
     end
 
     raw_loop = fn _state, r ->
@@ -232,19 +235,35 @@ defmodule Larder.CacheBench do
       repeat(ops, fn n -> Cache.fetch(cache, rem(n + r, keys) + 1, &unreachable/0) end)
     end
 
+    ttl_loop = fn _state, r ->
+      repeat(ops, fn n -> Cache.fetch(ttl_cache, rem(n + r, keys) + 1, &unreachable/0) end)
+    end
+
     IO.puts("\nvalue: #{:erlang.external_size(small_map(1))} bytes (external size), #{keys} keys")
 
     bench =
       bench
-      |> Bench.table(@small_title, ["raw ETS lookup", "Larder.Cache hit"], per_op: true)
-      |> Bench.row("1 runner", %{"raw ETS lookup" => raw_loop, "Larder.Cache hit" => cache_loop},
+      |> Bench.table(@small_title, ["raw ETS lookup", "Larder.Cache hit", "hit, ttl set"],
+        per_op: true
+      )
+      |> Bench.row(
+        "1 runner",
+        %{
+          "raw ETS lookup" => raw_loop,
+          "Larder.Cache hit" => cache_loop,
+          "hit, ttl set" => ttl_loop
+        },
         ops: ops,
         runs: runs,
         interleave: true
       )
       |> Bench.row(
         "16 runners",
-        %{"raw ETS lookup" => raw_loop, "Larder.Cache hit" => cache_loop},
+        %{
+          "raw ETS lookup" => raw_loop,
+          "Larder.Cache hit" => cache_loop,
+          "hit, ttl set" => ttl_loop
+        },
         ops: div(ops, 4),
         runs: runs,
         parallel: 16,
@@ -253,6 +272,7 @@ defmodule Larder.CacheBench do
 
     print_throughput(bench, @small_title)
     GenServer.stop(cache)
+    GenServer.stop(ttl_cache)
     :ets.delete(raw)
 
     bench

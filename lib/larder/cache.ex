@@ -63,8 +63,11 @@ defmodule Larder.Cache do
 
   ## Eviction and expiry
 
-  `:ttl` (and `put/4`'s `ttl:`) expire entries in L1 and L2; expired L1 rows
-  are never returned and are swept every 5 s. An L2 hit backfills L1 with a
+  `:ttl` (and `put/4`'s `ttl:`) expire entries in L1 and L2. A hit checks
+  expiry against a clock the cache's process moves forward every 10 ms
+  (reading the system clock on every hit is slower than the rest of the
+  hit), so an L1 entry may be served up to about 10 ms past its ttl, never
+  before; expired L1 rows are swept every 5 s. An L2 hit backfills L1 with a
   full `:ttl`, so a value can outlive its L2 copy by up to one ttl.
 
   When `:max_entries` or `:max_bytes` (the sum of `:erlang.external_size/1`

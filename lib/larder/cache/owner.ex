@@ -45,6 +45,7 @@ defmodule Larder.Cache.Owner do
       seq: :atomics.new(1, signed: true),
       bytes: :atomics.new(1, signed: true),
       generation: :atomics.new(1, signed: true),
+      clock: :atomics.new(1, signed: true),
       node_id: :crypto.strong_rand_bytes(16),
       prefix: Codec.prefix(opts[:namespace], opts[:version]),
       ttl: opts[:ttl],
@@ -65,9 +66,11 @@ defmodule Larder.Cache.Owner do
           %{cfg | l2: {mod, state}}
       end
 
+    Store.tick(cfg)
     :persistent_term.put(config_key(name), cfg)
     read_generation(cfg)
     Process.send_after(self(), :sweep, @sweep_ms)
+    Process.send_after(self(), :tick, Store.tick_ms())
     {:ok, cfg}
   end
 
@@ -101,6 +104,12 @@ defmodule Larder.Cache.Owner do
     # pick up any invalidate_all we missed.
     Store.clear(cfg)
     read_generation(cfg)
+    {:noreply, cfg}
+  end
+
+  def handle_info(:tick, cfg) do
+    Store.tick(cfg)
+    Process.send_after(self(), :tick, Store.tick_ms())
     {:noreply, cfg}
   end
 
