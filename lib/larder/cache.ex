@@ -51,8 +51,8 @@ defmodule Larder.Cache do
       `invalidate_all/1` publishes the new generation, and every instance
       clears its L1. An instance ignores its own messages. Messages
       published while an instance is disconnected are lost to it, so when
-      its subscription comes back it clears its L1 and re-reads the
-      generation.
+      its subscription comes back (or first comes up after Redis was
+      unreachable at start) it clears its L1 and re-reads the generation.
     * Writes take the L1 table's lock (it is `read_concurrency` only, which
       keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.

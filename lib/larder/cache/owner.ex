@@ -100,11 +100,16 @@ defmodule Larder.Cache.Owner do
   def handle_info({:larder_cache_l2, :connected}, cfg) do
     # Invalidations published while we were not subscribed (a Redis outage,
     # or Redis down when we started) never reach us, so L1 may hold keys
-    # other nodes changed: drop it (at first start it is about empty), and
-    # pick up any invalidate_all we missed.
-    Store.clear(cfg)
+    # other nodes changed: drop it, and pick up any invalidate_all we
+    # missed. The first subscription after a start during which Redis
+    # answered everything closes a window of milliseconds; L1 stays.
+    missed? =
+      Map.get(cfg, :subscribed_before, false) or
+        :counters.get(cfg.stats, Store.stat_index(:l2_errors)) > 0
+
+    if missed?, do: Store.clear(cfg)
     read_generation(cfg)
-    {:noreply, cfg}
+    {:noreply, Map.put(cfg, :subscribed_before, true)}
   end
 
   def handle_info(:tick, cfg) do
