@@ -120,7 +120,7 @@ defmodule Larder.Cache do
   the 1 KB ratios move by about 0.1 from run to run.
   """
 
-  alias Larder.Cache.{Codec, Loader, Owner, Store}
+  alias Larder.Cache.{Codec, Loader, Options, Owner, Store}
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
@@ -382,40 +382,25 @@ defmodule Larder.Cache do
   end
 
   defp validate_opts!(opts) do
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError,
-            "expected Larder.Cache options to be a keyword list, got: #{inspect(opts)}"
-    end
+    opts = Options.merge!(opts, @defaults, "Larder.Cache")
+    check!(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
 
-    case Enum.uniq(Keyword.keys(opts)) -- Keyword.keys(@defaults) do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown Larder.Cache options #{inspect(unknown)}, valid options are: " <>
-                inspect(Keyword.keys(@defaults))
-    end
-
-    opts = Keyword.merge(@defaults, opts)
-    check(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
-
-    check(
+    check!(
       opts,
       :l2,
       &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1)),
       "nil or {module, opts}"
     )
 
-    check(opts, :ttl, &pos_or_infinity?/1, "a positive integer (ms) or :infinity")
-    check(opts, :max_bytes, &pos_or_infinity?/1, "a positive integer or :infinity")
-    check(opts, :max_entries, &pos_or_infinity?/1, "a positive integer or :infinity")
-    check(opts, :compressed, &is_boolean/1, "a boolean")
-    check(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-    check(opts, :namespace, &(is_binary(&1) and &1 != ""), "a non-empty string")
-    check(opts, :version, &(is_integer(&1) or is_binary(&1)), "an integer or a string")
+    check!(opts, :ttl, &pos_or_infinity?/1, "a positive integer (ms) or :infinity")
+    check!(opts, :max_bytes, &pos_or_infinity?/1, "a positive integer or :infinity")
+    check!(opts, :max_entries, &pos_or_infinity?/1, "a positive integer or :infinity")
+    check!(opts, :compressed, &is_boolean/1, "a boolean")
+    check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
+    check!(opts, :namespace, &(is_binary(&1) and &1 != ""), "a non-empty string")
+    check!(opts, :version, &(is_integer(&1) or is_binary(&1)), "an integer or a string")
 
-    check(
+    check!(
       opts,
       :local_copy_min_bytes,
       &(&1 == :infinity or (is_integer(&1) and &1 >= 0)),
@@ -439,14 +424,8 @@ defmodule Larder.Cache do
     opts
   end
 
+  defp check!(opts, key, valid?, expected),
+    do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
+
   defp pos_or_infinity?(value), do: value == :infinity or (is_integer(value) and value > 0)
-
-  defp check(opts, key, valid?, expected) do
-    value = Keyword.fetch!(opts, key)
-
-    unless valid?.(value) do
-      raise ArgumentError,
-            "expected Larder.Cache option #{inspect(key)} to be #{expected}, got: #{inspect(value)}"
-    end
-  end
 end

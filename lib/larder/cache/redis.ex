@@ -47,6 +47,8 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
+  alias Larder.Cache.Options
+
   @defaults [
     host: "127.0.0.1",
     port: 6379,
@@ -108,20 +110,15 @@ defmodule Larder.Cache.Redis do
     expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
     cond_ = if mode == :new, do: ["NX"], else: []
 
-    case query(state, ["SET", key, value | expiry ++ cond_]) do
-      {:ok, _ok_or_undefined} -> :ok
-      {:error, _} = error -> error
-    end
+    # "OK", or nil when NX found the key: both are :ok
+    state |> query(["SET", key, value | expiry ++ cond_]) |> ok()
   end
 
   @doc "`DEL key`, within the timeout."
   @impl true
   @spec delete(map(), binary()) :: :ok | {:error, Larder.Error.t()}
   def delete(state, key) do
-    case query(state, ["DEL", key]) do
-      {:ok, _} -> :ok
-      {:error, _} = error -> error
-    end
+    state |> query(["DEL", key]) |> ok()
   end
 
   @doc "`INCR key`, within the timeout."
@@ -138,10 +135,7 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec publish(map(), binary(), binary()) :: :ok | {:error, Larder.Error.t()}
   def publish(state, channel, payload) do
-    case query(state, ["PUBLISH", channel, payload]) do
-      {:ok, _} -> :ok
-      {:error, _} = error -> error
-    end
+    state |> query(["PUBLISH", channel, payload]) |> ok()
   end
 
   @doc "Stops the client and the relay."
@@ -183,6 +177,9 @@ defmodule Larder.Cache.Redis do
     :exit, reason -> {:error, unavailable(exit_reason(reason))}
   end
 
+  defp ok({:ok, _reply}), do: :ok
+  defp ok({:error, _} = error), do: error
+
   defp exit_reason({:timeout, _}), do: :timeout
   defp exit_reason({:noproc, _}), do: :noproc
   defp exit_reason(other), do: other
@@ -194,40 +191,20 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec validate_opts!(keyword()) :: keyword()
   def validate_opts!(opts) do
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "expected Redis options to be a keyword list, got: #{inspect(opts)}"
-    end
+    opts = Options.merge!(opts, @defaults, "Redis")
 
-    case Enum.uniq(Keyword.keys(opts)) -- Keyword.keys(@defaults) do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown Redis options #{inspect(unknown)}, valid options are: " <>
-                inspect(Keyword.keys(@defaults))
-    end
-
-    opts = Keyword.merge(@defaults, opts)
-
-    check(opts, :host, &is_binary/1, "a string")
-    check(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number")
-    check(opts, :database, &(is_integer(&1) and &1 >= 0), "a non-negative integer")
-    check(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
-    check(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check(opts, :pool_size, &(is_integer(&1) and &1 > 0), "a positive integer")
+    check!(opts, :host, &is_binary/1, "a string")
+    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number")
+    check!(opts, :database, &(is_integer(&1) and &1 >= 0), "a non-negative integer")
+    check!(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
+    check!(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
+    check!(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
+    check!(opts, :pool_size, &(is_integer(&1) and &1 > 0), "a positive integer")
     opts
   end
 
-  defp check(opts, key, valid?, expected) do
-    value = Keyword.fetch!(opts, key)
-
-    unless valid?.(value) do
-      raise ArgumentError,
-            "expected Redis option #{inspect(key)} to be #{expected}, got: #{inspect(value)}"
-    end
-  end
+  defp check!(opts, key, valid?, expected),
+    do: Options.check!(opts, key, valid?, expected, "Redis")
 
   ## The pub/sub relay: owns eredis_sub, acknowledges its messages and
   ## forwards them to the subscriber; restarts it on a timer while Redis is down.
