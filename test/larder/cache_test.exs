@@ -4,6 +4,8 @@ defmodule Larder.CacheTest do
   alias Larder.Cache
   alias Larder.Test.MemoryL2
 
+  import Larder.Test.Eventually
+
   doctest Larder.Cache
 
   defp start_cache(ctx, opts \\ []) do
@@ -354,20 +356,7 @@ defmodule Larder.CacheTest do
   describe "backfill guard" do
     test "a load that started before a put does not overwrite it", ctx do
       cache = start_cache(ctx)
-      parent = self()
-
-      loading =
-        Task.async(fn ->
-          Cache.fetch(cache, :k, fn ->
-            send(parent, :loading)
-
-            receive do
-              :go -> {:ok, :stale}
-            end
-          end)
-        end)
-
-      assert_receive :loading
+      loading = blocked_load(cache, :k, :stale)
       :ok = Cache.put(cache, :k, :fresh)
       send(loading.pid, :go)
       # the loader's caller gets what it loaded; the cache keeps the put
@@ -378,20 +367,7 @@ defmodule Larder.CacheTest do
     test "a load that started before a delete does not bring the value back", ctx do
       l2 = start_l2(ctx)
       cache = start_cache(ctx, l2: {MemoryL2, server: l2})
-      parent = self()
-
-      loading =
-        Task.async(fn ->
-          Cache.fetch(cache, :k, fn ->
-            send(parent, :loading)
-
-            receive do
-              :go -> {:ok, :stale}
-            end
-          end)
-        end)
-
-      assert_receive :loading
+      loading = blocked_load(cache, :k, :stale)
       :ok = Cache.delete(cache, :k)
       send(loading.pid, :go)
       assert Task.await(loading) == {:ok, :stale}
@@ -427,9 +403,9 @@ defmodule Larder.CacheTest do
       :ok = Cache.put(a, :k, 1)
       assert Cache.get(b, :k) == 1
       :ok = Cache.put(a, :k, 2)
-      eventually(fn -> Cache.get(b, :k) == 2 end)
+      eventually(fn -> Cache.get(b, :k) == 2 end, 50, 10)
       :ok = Cache.delete(b, :k)
-      eventually(fn -> Cache.get(a, :k) == nil end)
+      eventually(fn -> Cache.get(a, :k) == nil end, 50, 10)
       assert Cache.stats(a).invalidations >= 1
     end
 
@@ -441,7 +417,7 @@ defmodule Larder.CacheTest do
       assert Cache.get(b, :k) == 1
       :ok = Cache.invalidate_all(a)
       assert Cache.get(a, :k) == nil
-      eventually(fn -> Cache.get(b, :k) == nil end)
+      eventually(fn -> Cache.get(b, :k) == nil end, 50, 10)
       # a node started later reads the current generation
       c = start_cache(ctx, l2: {MemoryL2, server: l2})
       :ok = Cache.put(a, :k2, 2)
@@ -498,11 +474,23 @@ defmodule Larder.CacheTest do
     end
   end
 
-  defp eventually(fun, tries \\ 50) do
-    cond do
-      fun.() -> :ok
-      tries == 0 -> flunk("condition never became true")
-      true -> Process.sleep(10) && eventually(fun, tries - 1)
-    end
+  # A fetch of key whose loader has started and waits for :go to return
+  # {:ok, value}.
+  defp blocked_load(cache, key, value) do
+    parent = self()
+
+    loading =
+      Task.async(fn ->
+        Cache.fetch(cache, key, fn ->
+          send(parent, {:loading, key})
+
+          receive do
+            :go -> {:ok, value}
+          end
+        end)
+      end)
+
+    assert_receive {:loading, ^key}
+    loading
   end
 end

@@ -46,7 +46,7 @@ defmodule Larder.Cache.L2Conformance do
           key = C.key(ctx, "k")
           :ok = mod.put(state, key, "v", 50, :always)
           assert mod.get(state, key) == {:ok, "v"}
-          C.eventually(fn -> mod.get(state, key) == :miss end)
+          Larder.Test.Eventually.eventually(fn -> mod.get(state, key) == :miss end)
         end
 
         test "incr counts from 1", ctx do
@@ -71,8 +71,6 @@ defmodule Larder.Cache.L2Conformance do
       end
     end
   end
-
-  import ExUnit.Assertions
 
   def init(ctx, channel \\ nil) do
     mod = ctx.l2_module
@@ -101,12 +99,4 @@ defmodule Larder.Cache.L2Conformance do
   end
 
   def key(ctx, suffix), do: "#{inspect(ctx.module)}:#{ctx.test}:" <> suffix
-
-  def eventually(fun, tries \\ 100) do
-    cond do
-      fun.() -> :ok
-      tries == 0 -> flunk("condition never became true")
-      true -> Process.sleep(20) && eventually(fun, tries - 1)
-    end
-  end
 end

@@ -5,6 +5,8 @@ defmodule Larder.Cache.RedisTest do
   alias Larder.Cache
   alias Larder.Test.RedisServer
 
+  import Larder.Test.Eventually
+
   @moduletag :redis
 
   setup_all do
@@ -188,14 +190,6 @@ defmodule Larder.Cache.RedisTest do
         Process.sleep(20)
         Cache.stats(cache).invalidations > before
       end)
-    end
-  end
-
-  defp eventually(fun, tries \\ 100) do
-    cond do
-      fun.() -> :ok
-      tries == 0 -> flunk("condition never became true")
-      true -> Process.sleep(20) && eventually(fun, tries - 1)
     end
   end
 end
