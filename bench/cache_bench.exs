@@ -12,28 +12,13 @@
 # Starts its own redis-server on a free loopback port (skips the Redis
 # workloads, saying so, if none is installed).
 Code.require_file("support/bench.ex", __DIR__)
+Code.require_file("support/cache.ex", __DIR__)
 Code.require_file("../test/support/redis_server.ex", __DIR__)
 
 defmodule Larder.CacheBench do
   alias Larder.Bench
   alias Larder.Cache
   alias Larder.Test.RedisServer
-
-  # 60k small maps: ~8.7 MB raw, ~1.2 MB with term_to_binary(compressed: 6).
-  def large_term do
-    for i <- 1..60_000 do
-      %{
-        id: i,
-        sku: "SKU-#{Integer.to_string(i, 36)}",
-        price: rem(i * 7919, 100_000),
-        stock: rem(i * 31, 977),
-        name: "item #{rem(i * 131, 10_007)}",
-        tags: [rem(i, 7), rem(i, 11)],
-        category: "category-#{rem(i, 20)}",
-        warehouse: "warehouse-#{rem(i, 5)}"
-      }
-    end
-  end
 
   # A map of ~1 KB (external size).
   def small_map(i) do
@@ -105,7 +90,7 @@ defmodule Larder.CacheBench do
     {maps, raw_size, bin_size} =
       Task.await(
         Task.async(fn ->
-          term = large_term()
+          term = Larder.Bench.Cache.large_term()
           :ok = Cache.put(plain, :catalogue, term)
           :ok = Cache.put(local, :catalogue, term)
           :ets.insert(raw, {:catalogue, term})
@@ -130,7 +115,10 @@ defmodule Larder.CacheBench do
     # of the term between runs (that is the point); kept in this process,
     # that copy would be copied by every garbage collection of the other
     # columns. Its figure includes a message round trip.
-    reader = start_reader(fn -> {:ok, _} = Cache.fetch(local, :catalogue, &unreachable/0) end)
+    reader =
+      Larder.Bench.Cache.start_reader(fn ->
+        {:ok, _} = Cache.fetch(local, :catalogue, &unreachable/0)
+      end)
 
     bench =
       bench
@@ -146,15 +134,14 @@ defmodule Larder.CacheBench do
           "Redis GET + binary_to_term" => redis_get,
           "raw ETS lookup" => fn -> [{_, _}] = :ets.lookup(raw, :catalogue) end,
           "L1 hit" => fn -> {:ok, _} = Cache.fetch(plain, :catalogue, &unreachable/0) end,
-          "repeat hit, same process" => fn -> ask(reader) end
+          "repeat hit, same process" => fn -> Larder.Bench.Cache.ask(reader) end
         },
         warmup: 1,
         runs: runs,
         interleave: true
       )
 
-    Process.unlink(reader)
-    Process.exit(reader, :kill)
+    Larder.Bench.Cache.stop_reader(reader)
     :eredis.stop(client)
     :ets.delete(raw)
     GenServer.stop(plain)
@@ -179,27 +166,6 @@ defmodule Larder.CacheBench do
   # A hit loop that missed would get {:error, _} back and fail its match:
   # the hit columns measure hits only.
   defp unreachable, do: raise("the loader should not run on a hit")
-
-  defp start_reader(fun) do
-    spawn_link(fn -> reader_loop(fun) end)
-  end
-
-  defp reader_loop(fun) do
-    receive do
-      {:run, from} ->
-        fun.()
-        send(from, {:ran, self()})
-        reader_loop(fun)
-    end
-  end
-
-  defp ask(reader) do
-    send(reader, {:run, self()})
-
-    receive do
-      {:ran, ^reader} -> :ok
-    end
-  end
 
   # Calls fun.(n) for n in n..1 and drops the results, so that neither side
   # pays for keeping them alive through garbage collections.

@@ -2,6 +2,7 @@
 # (what a service without an L1 pays), an L1 hit and a repeat hit by the same
 # process; local-only when redis-server is not installed.
 Code.require_file("../../test/support/redis_server.ex", __DIR__)
+Code.require_file("../../bench/support/cache.ex", __DIR__)
 
 defmodule Larder.Demo.Cache do
   alias Larder.Bench
@@ -31,7 +32,8 @@ defmodule Larder.Demo.Cache do
       anchor = anchor(redis, bin)
       # repeat hits run in a process of their own that keeps its copy; in
       # this one, the copy would weigh on the other columns' collections
-      reader = spawn_link(fn -> reader(local) end)
+      reader =
+        Larder.Bench.Cache.start_reader(fn -> Cache.fetch!(local, :catalogue, &no_load/0) end)
 
       label = "read it (#{Float.round(byte_size(bin) / 1_000_000, 2)} MB compressed)"
 
@@ -43,14 +45,13 @@ defmodule Larder.Demo.Cache do
           %{
             elem(anchor, 0) => elem(anchor, 1),
             "L1 hit" => fn -> Cache.fetch!(plain, :catalogue, &no_load/0) end,
-            "repeat hit, same process" => fn -> ask(reader) end
+            "repeat hit, same process" => fn -> Larder.Bench.Cache.ask(reader) end
           },
           runs: 5,
           interleave: true
         )
 
-      Process.unlink(reader)
-      Process.exit(reader, :kill)
+      Larder.Bench.Cache.stop_reader(reader)
       elem(anchor, 2).()
       speedup = fn col -> 1 / Bench.ratio(bench, @title, label, col) end
 
@@ -64,22 +65,8 @@ defmodule Larder.Demo.Cache do
     end
   end
 
-  # The same term as bench/cache_bench.exs: ~8.7 MB raw, ~1.2 MB compressed.
   defp store(plain, local) do
-    term =
-      for i <- 1..60_000 do
-        %{
-          id: i,
-          sku: "SKU-#{Integer.to_string(i, 36)}",
-          price: rem(i * 7919, 100_000),
-          stock: rem(i * 31, 977),
-          name: "item #{rem(i * 131, 10_007)}",
-          tags: [rem(i, 7), rem(i, 11)],
-          category: "category-#{rem(i, 20)}",
-          warehouse: "warehouse-#{rem(i, 5)}"
-        }
-      end
-
+    term = Larder.Bench.Cache.large_term()
     :ok = Cache.put(plain, :catalogue, term)
     :ok = Cache.put(local, :catalogue, term)
     :erlang.term_to_binary(term, compressed: 6)
@@ -98,23 +85,6 @@ defmodule Larder.Demo.Cache do
        {:ok, got} = :eredis.q(client, ["GET", "demo:catalogue"], 10_000)
        :erlang.binary_to_term(got, [:safe])
      end, fn -> :eredis.stop(client) end}
-  end
-
-  defp reader(local) do
-    receive do
-      {:run, from} ->
-        Cache.fetch!(local, :catalogue, &no_load/0)
-        send(from, {:ran, self()})
-        reader(local)
-    end
-  end
-
-  defp ask(reader) do
-    send(reader, {:run, self()})
-
-    receive do
-      {:ran, ^reader} -> :ok
-    end
   end
 
   defp start(name, opts) do
