@@ -19,7 +19,7 @@ defmodule Larder.MixProject do
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
   def application do
-    [extra_applications: [:logger] ++ extra_applications(Mix.env())]
+    [extra_applications: [:logger, :eredis, :crypto] ++ extra_applications(Mix.env())]
   end
 
   # PropEr (Debian's erlang-proper) drives the model tests.

@@ -9,6 +9,10 @@ defmodule Larder do
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
       stored at most once, at close to ETS `:duplicate_bag` speed, with disk
       snapshots for fast restarts.
+    * `Larder.Cache` - a read-through cache: an ETS L1 in every node in front
+      of a Redis L2, with miss collapsing, a per-key version that keeps
+      backfills from overwriting newer writes, and cross-node L1
+      invalidation through Redis pub/sub.
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the

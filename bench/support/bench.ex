@@ -208,14 +208,24 @@ defmodule Larder.Bench do
   `{fun, extra_measure_opts}`, or to an already computed result (such as one
   from `value/2`). Columns left out print as `-`. The measurement order
   follows the table's columns.
+
+  With `interleave: true` in `measure_opts`, the columns take turns run by
+  run (warm-ups first, then one timed run of each column, rotating which
+  goes first), so that a change in the machine's load during the row hits
+  every column alike instead of the ones measured last.
   """
   @spec row(t(), String.t(), %{optional(String.t()) => term()} | keyword(), keyword()) :: t()
   def row(%__MODULE__{tables: [table | rest]} = bench, label, cells, measure_opts \\ []) do
     cells = Map.new(cells)
+    {interleave?, measure_opts} = Keyword.pop(measure_opts, :interleave, false)
 
     results =
-      for col <- table.columns, Map.has_key?(cells, col), into: %{} do
-        {col, run_cell(Map.fetch!(cells, col), measure_opts)}
+      if interleave? do
+        run_interleaved(table, cells, measure_opts)
+      else
+        for col <- table.columns, Map.has_key?(cells, col), into: %{} do
+          {col, run_cell(Map.fetch!(cells, col), measure_opts)}
+        end
       end
 
     print_row(table, label, results)
@@ -229,6 +239,43 @@ defmodule Larder.Bench do
     do: measure(fun, Keyword.merge(base, opts))
 
   defp run_cell(fun, opts) when is_function(fun), do: measure(fun, opts)
+
+  defp run_interleaved(table, cells, base) do
+    cols = for col <- table.columns, Map.has_key?(cells, col), do: col
+    {fixed, timed} = Enum.split_with(cols, &match?(%{kind: _}, cells[&1]))
+
+    opts =
+      Map.new(timed, fn col ->
+        case cells[col] do
+          {fun, extra} -> {col, {fun, Keyword.merge(base, extra)}}
+          fun -> {col, {fun, base}}
+        end
+      end)
+
+    one = fn col ->
+      {fun, o} = opts[col]
+      measure(fun, Keyword.merge(o, warmup: 0, runs: 1)).median_us
+    end
+
+    for col <- timed, _ <- 1..Keyword.get(opts[col] |> elem(1), :warmup, 1)//1, do: one.(col)
+    runs = max(Keyword.get(base, :runs, 5), 1)
+    n = length(timed)
+
+    samples =
+      for i <- 0..(runs - 1),
+          col <- Enum.drop(timed, rem(i, max(n, 1))) ++ Enum.take(timed, rem(i, max(n, 1))) do
+        {col, one.(col)}
+      end
+
+    timed_results =
+      Map.new(timed, fn col ->
+        {_fun, o} = opts[col]
+        col_samples = for {^col, us} <- samples, do: us
+        {col, summarize(col_samples, Keyword.get(o, :ops), Keyword.get(o, :parallel, 1))}
+      end)
+
+    Map.merge(Map.new(fixed, &{&1, cells[&1]}), timed_results)
+  end
 
   @doc """
   The ratio of `column`'s median over the anchor's in the row labelled

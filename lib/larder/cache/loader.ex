@@ -1,0 +1,227 @@
+# Read-through on an L1 miss: one loader per key at a time (an ETS insert_new
+# lock), the L2 then the loader function run in the caller, and waiters that
+# register in an ETS bag and monitor the loading process instead of queueing
+# behind a shared one.
+defmodule Larder.Cache.Loader do
+  @moduledoc false
+
+  alias Larder.Cache.{Codec, Store}
+
+  def fetch(cfg, key, fun) do
+    case Store.lookup(cfg, key) do
+      {:hit, value} ->
+        Store.count(cfg, :l1_hits)
+        {:ok, value}
+
+      other ->
+        Store.count(cfg, :l1_misses)
+        miss(cfg, key, fun, other)
+    end
+  end
+
+  defp miss(cfg, key, fun, :miss) do
+    ref = make_ref()
+
+    if Store.lock(cfg, key, ref) do
+      lead(cfg, key, ref, fun)
+    else
+      retry(cfg, key, fun)
+    end
+  end
+
+  defp miss(_cfg, key, _fun, {:loading, pid, _ref}) when pid == self() do
+    raise ArgumentError,
+          "Larder.Cache.fetch/3 called for key #{inspect(key)} from inside its own loader"
+  end
+
+  defp miss(cfg, key, fun, {:loading, pid, ref}), do: wait(cfg, key, fun, pid, ref)
+
+  defp retry(cfg, key, fun) do
+    case Store.lookup(cfg, key) do
+      {:hit, value} -> {:ok, value}
+      other -> miss(cfg, key, fun, other)
+    end
+  end
+
+  ## The loading process
+
+  defp lead(cfg, key, ref, fun) do
+    result =
+      try do
+        load(cfg, key, ref, fun)
+      catch
+        kind, reason ->
+          Store.unlock(cfg, key, self(), ref)
+          Store.count(cfg, :load_errors)
+
+          {:error,
+           Larder.Error.new(:loader_failed, "the loader raised",
+             kind: kind,
+             reason: reason,
+             key: key
+           )}
+      end
+
+    reply_waiters(cfg, ref, result)
+    result
+  end
+
+  defp load(cfg, key, ref, fun) do
+    case l2_get(cfg, key) do
+      {:ok, value} ->
+        Store.fill(cfg, key, ref, value, cfg.ttl)
+        {:ok, value}
+
+      l2_state ->
+        run_loader(cfg, key, ref, fun, l2_state)
+    end
+  end
+
+  # get/3 reads through the levels without a loader.
+  defp run_loader(cfg, key, ref, nil, _l2_state) do
+    Store.unlock(cfg, key, self(), ref)
+    :none
+  end
+
+  defp run_loader(cfg, key, ref, fun, l2_state) do
+    Store.count(cfg, :loads)
+
+    case fun.() do
+      {:ok, value} ->
+        # Only the load that still holds its lock writes, to L1 then to L2:
+        # a put or delete that came in between has the last word.
+        # SET NX on a miss, so a concurrent put's SET is never overwritten;
+        # a corrupt value is replaced; an unreachable L2 is left alone.
+        if Store.fill(cfg, key, ref, value, cfg.ttl) do
+          case l2_state do
+            :miss -> l2_put(cfg, key, value, cfg.ttl, :new)
+            :corrupt -> l2_put(cfg, key, value, cfg.ttl, :always)
+            _none_or_error -> :ok
+          end
+        end
+
+        {:ok, value}
+
+      {:error, reason} ->
+        Store.unlock(cfg, key, self(), ref)
+        Store.count(cfg, :load_errors)
+
+        {:error,
+         Larder.Error.new(:loader_failed, "the loader returned an error", reason: reason, key: key)}
+
+      other ->
+        Store.unlock(cfg, key, self(), ref)
+        Store.count(cfg, :load_errors)
+
+        {:error,
+         Larder.Error.new(
+           :loader_failed,
+           "the loader must return {:ok, value} or {:error, reason}",
+           returned: other,
+           key: key
+         )}
+    end
+  end
+
+  # Waiters registered themselves under our ref; take them all at once
+  # (after the lock row changed) and send each the result.
+  defp reply_waiters(cfg, ref, result) do
+    for {_ref, pid} <- :ets.take(cfg.waiters, ref) do
+      send(pid, {:"$larder_cache_loaded", ref, result})
+    end
+
+    :ok
+  end
+
+  ## Waiting for another process's load
+
+  # Register, then check that the lock is still there: if it is, the loader
+  # has not taken its waiters yet (it changes the lock row first), so the
+  # result will come. No message goes to the loading process's mailbox.
+  defp wait(cfg, key, fun, pid, ref) do
+    monitor = Process.monitor(pid)
+    :ets.insert(cfg.waiters, {ref, self()})
+
+    case Store.lookup(cfg, key) do
+      {:loading, ^pid, ^ref} ->
+        await(cfg, key, fun, pid, ref, monitor)
+
+      _changed ->
+        if unregister(cfg, ref) do
+          Process.demonitor(monitor, [:flush])
+          retry(cfg, key, fun)
+        else
+          # the loader took us already: its result is on the way
+          await(cfg, key, fun, pid, ref, monitor)
+        end
+    end
+  end
+
+  defp await(cfg, key, fun, pid, ref, monitor) do
+    receive do
+      {:"$larder_cache_loaded", ^ref, :none} ->
+        # The loading process had no loader (get/3): load ourselves.
+        Process.demonitor(monitor, [:flush])
+        retry(cfg, key, fun)
+
+      {:"$larder_cache_loaded", ^ref, result} ->
+        Process.demonitor(monitor, [:flush])
+        result
+
+      {:DOWN, ^monitor, :process, _, _} ->
+        # The loading process died mid-load (a reply sent before it died
+        # would have arrived first): clear its lock and start over.
+        unregister(cfg, ref)
+        Store.unlock(cfg, key, pid, ref)
+        retry(cfg, key, fun)
+    end
+  end
+
+  defp unregister(cfg, ref) do
+    :ets.select_delete(cfg.waiters, [{{ref, self()}, [], [true]}]) == 1
+  end
+
+  ## L2
+
+  defp l2_get(%{l2: nil}, _key), do: :none
+
+  defp l2_get(%{l2: {mod, state}} = cfg, key) do
+    case mod.get(state, Codec.l2_key(cfg, key)) do
+      {:ok, bin} ->
+        case Codec.decode_value(bin) do
+          {:ok, value} ->
+            Store.count(cfg, :l2_hits)
+            {:ok, value}
+
+          :error ->
+            Store.count(cfg, :l2_misses)
+            Store.count(cfg, :decode_errors)
+            Store.count(cfg, :l2_errors)
+            :corrupt
+        end
+
+      :miss ->
+        Store.count(cfg, :l2_misses)
+        :miss
+
+      {:error, _} ->
+        Store.count(cfg, :l2_errors)
+        :error
+    end
+  end
+
+  def l2_put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
+
+  def l2_put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
+    bin = Codec.encode_value(value, cfg.compression_level)
+
+    case mod.put(state, Codec.l2_key(cfg, key), bin, ttl, mode) do
+      :ok ->
+        :ok
+
+      {:error, _} = error ->
+        Store.count(cfg, :l2_errors)
+        error
+    end
+  end
+end

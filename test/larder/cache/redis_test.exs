@@ -1,0 +1,195 @@
+defmodule Larder.Cache.RedisTest do
+  use ExUnit.Case, async: true
+  use Larder.Cache.L2Conformance
+
+  alias Larder.Cache
+  alias Larder.Test.RedisServer
+
+  import Larder.Test.Eventually
+
+  @moduletag :redis
+
+  setup_all do
+    server = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(server) end)
+    %{server: server}
+  end
+
+  setup %{server: server} do
+    %{l2_module: Larder.Cache.Redis, l2_opts: [port: server.port, timeout: 500]}
+  end
+
+  test "unknown and invalid options raise ArgumentError naming them" do
+    assert_raise ArgumentError, ~r/unknown Redis options \[:bogus\].*:host/, fn ->
+      Larder.Cache.Redis.init([bogus: 1], self(), "ch")
+    end
+
+    assert_raise ArgumentError, ~r/:port to be a TCP port/, fn ->
+      Larder.Cache.Redis.init([port: "x"], self(), "ch")
+    end
+
+    # checked by Larder.Cache.start_link/1 in the caller, not in the cache
+    assert_raise ArgumentError, ~r/:timeout to be a positive integer/, fn ->
+      Larder.Cache.start_link(name: :bad_redis_opts, l2: {Larder.Cache.Redis, timeout: 0})
+    end
+  end
+
+  @tag :capture_log
+  test "calls to a server that is down return :l2_unavailable within the timeout" do
+    port = RedisServer.free_port()
+    {:ok, state} = Larder.Cache.Redis.init([port: port, timeout: 200], self(), "ch")
+
+    assert {:error, %Larder.Error{reason: :l2_unavailable}} = Larder.Cache.Redis.get(state, "k")
+
+    assert {:error, %Larder.Error{reason: :l2_unavailable}} =
+             Larder.Cache.Redis.put(state, "k", "v", :infinity, :always)
+
+    Larder.Cache.Redis.stop(state)
+  end
+
+  describe "Larder.Cache on a real Redis" do
+    setup ctx do
+      prefix = "#{ctx.module}.#{ctx.test}"
+      %{cache_opts: [namespace: prefix]}
+    end
+
+    test "two instances playing two nodes: put and delete evict the other's L1", ctx do
+      a = start_cache(ctx, :a, ctx.server.port)
+      b = start_cache(ctx, :b, ctx.server.port)
+      await_subscribed([a, b])
+      seen_a = Cache.stats(a).invalidations
+      seen_b = Cache.stats(b).invalidations
+
+      :ok = Cache.put(a, :k, %{v: 1})
+      assert Cache.fetch(b, :k, fn -> {:ok, :never} end) == {:ok, %{v: 1}}
+      assert Cache.stats(b).l2_hits == 1
+
+      :ok = Cache.put(a, :k, %{v: 2})
+      eventually(fn -> Cache.get(b, :k) == %{v: 2} end)
+      :ok = Cache.delete(b, :k)
+      eventually(fn -> Cache.get(a, :k) == nil end)
+
+      # an instance ignores its own messages: b heard two puts, a one delete
+      assert Cache.stats(a).invalidations - seen_a == 1
+      assert Cache.stats(b).invalidations - seen_b == 2
+    end
+
+    test "invalidate_all moves every node to a new generation", ctx do
+      a = start_cache(ctx, :a, ctx.server.port)
+      b = start_cache(ctx, :b, ctx.server.port)
+      await_subscribed([a, b])
+      :ok = Cache.put(a, :k, 1)
+      assert Cache.get(b, :k) == 1
+      :ok = Cache.invalidate_all(b)
+      eventually(fn -> Cache.get(a, :k) == nil end)
+      assert Cache.get(b, :k) == nil
+    end
+
+    @tag :capture_log
+    test "Redis killed mid-run and restarted: L1 serves, loads run, errors count, it reconnects",
+         ctx do
+      server = RedisServer.start()
+      on_exit(fn -> RedisServer.stop(server) end)
+      a = start_cache(ctx, :a, server.port)
+      b = start_cache(ctx, :b, server.port)
+      await_subscribed([a, b])
+      owner = Process.whereis(a)
+
+      seen = Cache.stats(b).invalidations
+      :ok = Cache.put(a, :cached, 1)
+      # once b has heard of that put, a read puts :cached in b's L1
+      eventually(fn -> Cache.stats(b).invalidations > seen end)
+      assert Cache.get(b, :cached) == 1
+      assert Cache.stats(b).entries == 1
+      :ok = RedisServer.kill(server)
+
+      assert Cache.fetch(a, :cached, fn -> {:ok, :never} end) == {:ok, 1}
+      assert Cache.fetch(a, :new, fn -> {:ok, 2} end) == {:ok, 2}
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.put(a, :p, 3)
+      assert Cache.get(a, :p) == 3
+      assert Cache.stats(a).l2_errors >= 2
+
+      server = RedisServer.restart(server)
+      on_exit(fn -> RedisServer.stop(server) end)
+
+      eventually(fn -> Cache.put(a, :back, 1) == :ok end)
+
+      # b may have missed invalidations while away: it dropped its L1 (the
+      # restarted Redis is empty, so :cached is gone everywhere)
+      eventually(fn -> Cache.get(b, :cached) == nil end)
+      # the subscription is back too: b's copy is evicted by a's put
+      eventually(fn ->
+        :ok = Cache.put(a, :shared, :old)
+        Cache.get(b, :shared)
+        :ok = Cache.put(a, :shared, :new)
+        Process.sleep(50)
+        Cache.get(b, :shared) == :new
+      end)
+
+      # the same owner process throughout: nothing crashed or restarted
+      assert Process.whereis(a) == owner
+    end
+
+    @tag :capture_log
+    test "Redis down at start: the cache starts and works, then uses Redis once it is up", ctx do
+      port = RedisServer.free_port()
+      a = start_cache(ctx, :a, port)
+
+      assert Cache.fetch(a, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      assert Cache.stats(a).l2_errors >= 1
+
+      server = RedisServer.start(port: port)
+      on_exit(fn -> RedisServer.stop(server) end)
+      # what a loaded during the outage may be stale: once subscribed, it
+      # drops its L1
+      eventually(fn -> Cache.stats(a).entries == 0 end)
+      eventually(fn -> Cache.put(a, :k, 2) == :ok end)
+
+      b = start_cache(ctx, :b, port)
+      assert Cache.get(b, :k) == 2
+    end
+
+    @tag :capture_log
+    test "no caller waits longer than the L2 timeout on a server that does not answer", ctx do
+      server = RedisServer.start()
+      on_exit(fn -> RedisServer.stop(server) end)
+      a = start_cache(ctx, :a, server.port, timeout: 200)
+      :ok = Cache.put(a, :k, 1)
+
+      # SIGSTOP: the socket stays open but nothing answers
+      System.cmd("kill", ["-STOP", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
+
+      on_exit(fn ->
+        System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
+      end)
+
+      {micros, result} = :timer.tc(fn -> Cache.fetch(a, :other, fn -> {:ok, :loaded} end) end)
+      assert result == {:ok, :loaded}
+      # one L2 read and no write (the read failed): bounded by one timeout,
+      # with generous slack for a loaded machine
+      assert micros < 200_000 * 5
+      assert Cache.stats(a).l2_errors == 1
+      System.cmd("kill", ["-CONT", Integer.to_string(server.os_pid)], stderr_to_stdout: true)
+    end
+  end
+
+  defp start_cache(ctx, suffix, port, redis_opts \\ []) do
+    name = :"#{ctx.module}.#{ctx.test}.#{suffix}"
+    l2 = {Larder.Cache.Redis, Keyword.merge([port: port, timeout: 500], redis_opts)}
+    start_supervised!({Cache, [name: name, l2: l2] ++ ctx.cache_opts}, id: name)
+    name
+  end
+
+  # Subscriptions are asynchronous: wait until each instance hears a message.
+  defp await_subscribed(caches) do
+    for cache <- caches do
+      eventually(fn ->
+        before = Cache.stats(cache).invalidations
+        other = Enum.find(caches, &(&1 != cache))
+        :ok = Cache.delete(other, {:probe, cache})
+        Process.sleep(20)
+        Cache.stats(cache).invalidations > before
+      end)
+    end
+  end
+end

@@ -1,0 +1,496 @@
+defmodule Larder.CacheTest do
+  use ExUnit.Case, async: true
+
+  alias Larder.Cache
+  alias Larder.Test.MemoryL2
+
+  import Larder.Test.Eventually
+
+  doctest Larder.Cache
+
+  defp start_cache(ctx, opts \\ []) do
+    name = :"#{ctx.module}.#{ctx.test}.#{System.unique_integer([:positive])}"
+    start_supervised!({Cache, Keyword.put(opts, :name, name)}, id: name)
+    name
+  end
+
+  defp start_l2(_ctx), do: start_supervised!(MemoryL2, id: {MemoryL2, make_ref()})
+
+  defp counting_loader(value, delay \\ 0) do
+    counter = :counters.new(1, [])
+
+    loader = fn ->
+      :counters.add(counter, 1, 1)
+      Process.sleep(delay)
+      {:ok, value}
+    end
+
+    {loader, fn -> :counters.get(counter, 1) end}
+  end
+
+  describe "start_link/1 options" do
+    test "unknown options raise ArgumentError listing the valid ones" do
+      assert_raise ArgumentError, ~r/unknown Larder.Cache options \[:bogus\].*:max_entries/, fn ->
+        Cache.start_link(name: :x, bogus: 1)
+      end
+    end
+
+    test "invalid values raise ArgumentError naming the option" do
+      assert_raise ArgumentError, ~r/option :name to be an atom/, fn -> Cache.start_link([]) end
+
+      assert_raise ArgumentError, ~r/option :ttl/, fn -> Cache.start_link(name: :x, ttl: 0) end
+
+      assert_raise ArgumentError, ~r/option :compression_level/, fn ->
+        Cache.start_link(name: :x, compression_level: 10)
+      end
+
+      assert_raise ArgumentError, ~r/implement Larder.Cache.L2/, fn ->
+        Cache.start_link(name: :x, l2: {String, []})
+      end
+    end
+  end
+
+  describe "unknown caches" do
+    test "a name that was never started raises a clear ArgumentError", ctx do
+      assert_raise ArgumentError, ~r/unknown cache: :nope_#{ctx.line}/, fn ->
+        Cache.fetch(:"nope_#{ctx.line}", :k, fn -> {:ok, 1} end)
+      end
+    end
+
+    test "a stopped cache raises a clear ArgumentError, not a bare badarg", ctx do
+      name = start_cache(ctx)
+      :ok = stop_supervised(name)
+
+      for fun <- [
+            fn -> Cache.get(name, :k) end,
+            fn -> Cache.put(name, :k, 1) end,
+            fn -> Cache.delete(name, :k) end,
+            fn -> Cache.stats(name) end,
+            fn -> Cache.invalidate_all(name) end
+          ] do
+        assert_raise ArgumentError, ~r/unknown cache/, fun
+      end
+    end
+
+    test "a killed cache raises a clear ArgumentError", ctx do
+      name = :"#{ctx.test}"
+      {:ok, pid} = Cache.start_link(name: name)
+      Process.unlink(pid)
+      ref = Process.monitor(pid)
+      Process.exit(pid, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+
+      assert_raise ArgumentError, ~r/unknown cache.*no longer running/, fn ->
+        Cache.fetch(name, :k, fn -> {:ok, 1} end)
+      end
+    end
+  end
+
+  describe "fetch/3 and friends, local only" do
+    test "fetch loads once, then hits", ctx do
+      cache = start_cache(ctx)
+      {loader, calls} = counting_loader(:v)
+      assert Cache.fetch(cache, :k, loader) == {:ok, :v}
+      assert Cache.fetch(cache, :k, loader) == {:ok, :v}
+      assert calls.() == 1
+      assert %{l1_hits: 1, l1_misses: 1, loads: 1} = Cache.stats(cache)
+    end
+
+    test "a failing loader is an error, not cached, and counted", ctx do
+      cache = start_cache(ctx)
+
+      assert {:error, %Larder.Error{reason: :loader_failed, details: %{reason: :nope}}} =
+               Cache.fetch(cache, :k, fn -> {:error, :nope} end)
+
+      assert {:error, %Larder.Error{reason: :loader_failed}} =
+               Cache.fetch(cache, :k, fn -> raise "boom" end)
+
+      assert {:error, %Larder.Error{reason: :loader_failed}} =
+               Cache.fetch(cache, :k, fn -> :not_a_tuple end)
+
+      assert Cache.fetch(cache, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      assert %{load_errors: 3, loads: 4} = Cache.stats(cache)
+    end
+
+    test "fetch! returns the value or raises the error", ctx do
+      cache = start_cache(ctx)
+      assert Cache.fetch!(cache, :k, fn -> {:ok, 1} end) == 1
+
+      assert_raise Larder.Error, ~r/loader_failed/, fn ->
+        Cache.fetch!(cache, :other, fn -> {:error, :x} end)
+      end
+    end
+
+    test "a loader must be a 0-arity function", ctx do
+      cache = start_cache(ctx)
+      assert_raise ArgumentError, ~r/loader/, fn -> Cache.fetch(cache, :k, :nope) end
+    end
+
+    test "a loader fetching its own key raises instead of deadlocking", ctx do
+      cache = start_cache(ctx)
+
+      assert {:error, %Larder.Error{details: %{reason: %ArgumentError{}}}} =
+               Cache.fetch(cache, :k, fn -> Cache.fetch(cache, :k, fn -> {:ok, 1} end) end)
+    end
+
+    test "get, put, delete", ctx do
+      cache = start_cache(ctx)
+      assert Cache.get(cache, :k) == nil
+      assert Cache.get(cache, :k, :default) == :default
+      assert Cache.put(cache, :k, 1) == :ok
+      assert Cache.get(cache, :k) == 1
+      assert Cache.put(cache, :k, 2) == :ok
+      assert Cache.get(cache, :k) == 2
+      assert Cache.delete(cache, :k) == :ok
+      assert Cache.get(cache, :k) == nil
+      assert %{entries: 0, bytes: 0} = Cache.stats(cache)
+    end
+
+    test "put/4 validates its options", ctx do
+      cache = start_cache(ctx)
+      assert_raise ArgumentError, ~r/ttl/, fn -> Cache.put(cache, :k, 1, ttl: -1) end
+      assert_raise ArgumentError, ~r/ttl/, fn -> Cache.put(cache, :k, 1, bogus: 1) end
+    end
+
+    test "entries expire after their ttl", ctx do
+      cache = start_cache(ctx, ttl: 30)
+      :ok = Cache.put(cache, :short, 1)
+      :ok = Cache.put(cache, :long, 1, ttl: :infinity)
+      assert Cache.get(cache, :short) == 1
+      # past the ttl plus the owner's clock tick, with room for a busy machine
+      Process.sleep(100)
+      assert Cache.get(cache, :short) == nil
+      assert Cache.get(cache, :long) == 1
+    end
+
+    test "the periodic sweep removes expired entries nobody reads", ctx do
+      cache = start_cache(ctx)
+      :ok = Cache.put(cache, :short, 1, ttl: 10)
+      :ok = Cache.put(cache, :long, :binary.copy("x", 100))
+      Process.sleep(30)
+      send(Process.whereis(cache), :sweep)
+      # a call after the message: the sweep has run when it returns
+      :sys.get_state(cache)
+
+      assert %{entries: 1, bytes: bytes} = Cache.stats(cache)
+      assert bytes == :erlang.external_size(:binary.copy("x", 100))
+    end
+
+    test "max_entries evicts the oldest writes", ctx do
+      cache = start_cache(ctx, max_entries: 3)
+      for i <- 1..5, do: :ok = Cache.put(cache, i, i)
+      assert Enum.map(1..5, &Cache.get(cache, &1)) == [nil, nil, 3, 4, 5]
+      assert %{evictions: 2, entries: 3} = Cache.stats(cache)
+    end
+
+    test "max_bytes evicts until the values fit", ctx do
+      cache = start_cache(ctx, max_bytes: 3_000)
+      value = :binary.copy("x", 900)
+      size = :erlang.external_size(value)
+      for i <- 1..5, do: :ok = Cache.put(cache, i, value)
+      stats = Cache.stats(cache)
+      assert stats.bytes <= 3_000
+      assert stats.entries == div(3_000, size)
+      assert Cache.get(cache, 5) == value
+      assert Cache.get(cache, 1) == nil
+    end
+
+    test "overwrites do not count twice towards max_entries", ctx do
+      cache = start_cache(ctx, max_entries: 2)
+      for _ <- 1..10, do: :ok = Cache.put(cache, :a, 1)
+      :ok = Cache.put(cache, :b, 2)
+      assert Cache.get(cache, :a) == 1
+      assert %{evictions: 0, entries: 2} = Cache.stats(cache)
+    end
+
+    test "invalidate_all clears everything", ctx do
+      cache = start_cache(ctx)
+      for i <- 1..10, do: Cache.put(cache, i, i)
+      assert Cache.invalidate_all(cache) == :ok
+      assert Enum.all?(1..10, &(Cache.get(cache, &1) == nil))
+      assert %{entries: 0} = Cache.stats(cache)
+    end
+
+    test "a compressed L1 returns the same values", ctx do
+      cache = start_cache(ctx, compressed: true)
+      value = %{list: Enum.to_list(1..1000), text: String.duplicate("abc", 100)}
+      :ok = Cache.put(cache, :k, value)
+      assert Cache.get(cache, :k) == value
+    end
+  end
+
+  describe "large values" do
+    test "a repeat hit is served from the process, and sees every change", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      big = Enum.to_list(1..1_000)
+      :ok = Cache.put(cache, :big, big)
+      assert Cache.get(cache, :big) == big
+      assert {_version, ^big} = Process.get(local_copy_key(cache, :big))
+      assert Cache.get(cache, :big) == big
+
+      # another process changes it: the next hit here sees the new value
+      Task.await(Task.async(fn -> Cache.put(cache, :big, [:new | big]) end))
+      assert Cache.get(cache, :big) == [:new | big]
+
+      Task.await(Task.async(fn -> Cache.delete(cache, :big) end))
+      assert Cache.get(cache, :big) == nil
+    end
+
+    test "small values are not kept in the process", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      :ok = Cache.put(cache, :small, [1, 2, 3])
+      assert Cache.get(cache, :small) == [1, 2, 3]
+      assert Process.get(local_copy_key(cache, :small)) == nil
+    end
+
+    defp local_copy_key(cache, key) do
+      {:persistent_term.get({Larder.Cache, cache}).data, key}
+    end
+  end
+
+  describe "miss collapsing" do
+    test "1,000 concurrent misses on one key run the loader once", ctx do
+      cache = start_cache(ctx)
+      {loader, calls} = counting_loader(:v, 50)
+
+      results =
+        1..1_000
+        |> Enum.map(fn _ -> Task.async(fn -> Cache.fetch(cache, :k, loader) end) end)
+        |> Task.await_many(10_000)
+
+      assert Enum.uniq(results) == [{:ok, :v}]
+      assert calls.() == 1
+    end
+
+    test "waiters get the loader's error", ctx do
+      cache = start_cache(ctx)
+
+      loader = fn ->
+        Process.sleep(50)
+        {:error, :down}
+      end
+
+      results =
+        1..20
+        |> Enum.map(fn _ -> Task.async(fn -> Cache.fetch(cache, :k, loader) end) end)
+        |> Task.await_many()
+
+      assert Enum.all?(results, &match?({:error, %Larder.Error{reason: :loader_failed}}, &1))
+      assert Cache.stats(cache).loads == 1
+    end
+
+    test "a slow key does not hold up other keys", ctx do
+      cache = start_cache(ctx)
+      parent = self()
+
+      slow =
+        Task.async(fn ->
+          Cache.fetch(cache, :slow, fn ->
+            send(parent, :slow_started)
+
+            receive do
+              :release -> {:ok, :slow}
+            end
+          end)
+        end)
+
+      assert_receive :slow_started
+      assert Cache.fetch(cache, :fast, fn -> {:ok, :fast} end) == {:ok, :fast}
+      send(slow.pid, :release)
+      assert Task.await(slow) == {:ok, :slow}
+    end
+
+    test "waiters send nothing to the loading process's mailbox", ctx do
+      cache = start_cache(ctx)
+      parent = self()
+
+      loading =
+        Task.async(fn ->
+          result =
+            Cache.fetch(cache, :k, fn ->
+              send(parent, :loading)
+
+              receive do
+                :go -> {:ok, :v}
+              end
+            end)
+
+          {result, Process.info(self(), :message_queue_len)}
+        end)
+
+      assert_receive :loading
+
+      waiters =
+        for _ <- 1..50, do: Task.async(fn -> Cache.fetch(cache, :k, fn -> {:ok, :other} end) end)
+
+      Process.sleep(50)
+      send(loading.pid, :go)
+      assert Task.await(loading) == {{:ok, :v}, {:message_queue_len, 0}}
+      assert Enum.uniq(Task.await_many(waiters)) == [{:ok, :v}]
+    end
+
+    test "waiters recover when the loading process is killed", ctx do
+      cache = start_cache(ctx)
+      parent = self()
+
+      loading =
+        spawn(fn ->
+          Cache.fetch(cache, :k, fn ->
+            send(parent, :loading)
+            Process.sleep(:infinity)
+          end)
+        end)
+
+      assert_receive :loading
+
+      waiters =
+        for _ <- 1..10, do: Task.async(fn -> Cache.fetch(cache, :k, fn -> {:ok, :second} end) end)
+
+      Process.sleep(20)
+      Process.exit(loading, :kill)
+      assert Enum.uniq(Task.await_many(waiters)) == [{:ok, :second}]
+      assert Cache.stats(cache).loads == 2
+    end
+  end
+
+  describe "backfill guard" do
+    test "a load that started before a put does not overwrite it", ctx do
+      cache = start_cache(ctx)
+      loading = blocked_load(cache, :k, :stale)
+      :ok = Cache.put(cache, :k, :fresh)
+      send(loading.pid, :go)
+      # the loader's caller gets what it loaded; the cache keeps the put
+      assert Task.await(loading) == {:ok, :stale}
+      assert Cache.get(cache, :k) == :fresh
+    end
+
+    test "a load that started before a delete does not bring the value back", ctx do
+      l2 = start_l2(ctx)
+      cache = start_cache(ctx, l2: {MemoryL2, server: l2})
+      loading = blocked_load(cache, :k, :stale)
+      :ok = Cache.delete(cache, :k)
+      send(loading.pid, :go)
+      assert Task.await(loading) == {:ok, :stale}
+      assert Cache.get(cache, :k) == nil
+    end
+  end
+
+  describe "with an L2" do
+    test "an L2 hit backfills L1 and does not call the loader", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2})
+      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(a, :k, %{v: 1})
+      {loader, calls} = counting_loader(:never)
+      assert Cache.fetch(b, :k, loader) == {:ok, %{v: 1}}
+      assert Cache.fetch(b, :k, loader) == {:ok, %{v: 1}}
+      assert calls.() == 0
+      assert %{l2_hits: 1, l1_hits: 1, l1_misses: 1} = Cache.stats(b)
+    end
+
+    test "a loaded value is written to L2 for the other nodes", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2})
+      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      assert Cache.fetch(a, :k, fn -> {:ok, :loaded} end) == {:ok, :loaded}
+      assert Cache.get(b, :k) == :loaded
+    end
+
+    test "put and delete on one node evict the key from the other's L1", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2})
+      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(a, :k, 1)
+      assert Cache.get(b, :k) == 1
+      :ok = Cache.put(a, :k, 2)
+      eventually(fn -> Cache.get(b, :k) == 2 end, 50, 10)
+      :ok = Cache.delete(b, :k)
+      eventually(fn -> Cache.get(a, :k) == nil end, 50, 10)
+      assert Cache.stats(a).invalidations >= 1
+    end
+
+    test "invalidate_all on one node clears every node", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2})
+      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(a, :k, 1)
+      assert Cache.get(b, :k) == 1
+      :ok = Cache.invalidate_all(a)
+      assert Cache.get(a, :k) == nil
+      eventually(fn -> Cache.get(b, :k) == nil end, 50, 10)
+      # a node started later reads the current generation
+      c = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(a, :k2, 2)
+      assert Cache.get(c, :k2) == 2
+    end
+
+    test "different namespaces and versions do not share keys", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2}, namespace: "a")
+      b = start_cache(ctx, l2: {MemoryL2, server: l2}, namespace: "b")
+      a2 = start_cache(ctx, l2: {MemoryL2, server: l2}, namespace: "a", version: 2)
+      :ok = Cache.put(a, :k, 1)
+      assert Cache.get(b, :k) == nil
+      assert Cache.get(a2, :k) == nil
+    end
+
+    test "corrupt or foreign bytes in L2 are a miss plus an error, never a crash", ctx do
+      l2 = start_l2(ctx)
+      writer = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(writer, :k, :original)
+      [key] = MemoryL2.keys(l2)
+
+      # corrupt bytes
+      :ok = MemoryL2.raw_put(l2, key, <<131, 0, 1, 2, 3>>)
+      reader = start_cache(ctx, l2: {MemoryL2, server: l2})
+      assert Cache.fetch(reader, :k, fn -> {:ok, :reloaded} end) == {:ok, :reloaded}
+      assert %{decode_errors: 1, l2_errors: 1, loads: 1} = Cache.stats(reader)
+      # the load repaired L2
+      assert {:ok, bin} = MemoryL2.get(l2, key)
+      assert :erlang.binary_to_term(bin) == :reloaded
+
+      # a term naming an atom this node has never seen is refused by [:safe]
+      name = "larder_test_unknown_atom_#{System.unique_integer([:positive])}"
+      :ok = MemoryL2.raw_put(l2, key, <<131, 119, byte_size(name)>> <> name)
+      other = start_cache(ctx, l2: {MemoryL2, server: l2})
+      assert Cache.fetch(other, :k, fn -> {:ok, :again} end) == {:ok, :again}
+      assert %{decode_errors: 1, l2_errors: 1} = Cache.stats(other)
+      assert_raise ArgumentError, fn -> String.to_existing_atom(name) end
+    end
+
+    test "an L2 that is down: L1 still serves, the loader runs, errors are counted", ctx do
+      l2 = start_l2(ctx)
+      cache = start_cache(ctx, l2: {MemoryL2, server: l2})
+      :ok = Cache.put(cache, :cached, 1)
+      :ok = MemoryL2.set_down(l2, true)
+      assert Cache.fetch(cache, :cached, fn -> {:ok, :never} end) == {:ok, 1}
+      assert Cache.fetch(cache, :new, fn -> {:ok, 2} end) == {:ok, 2}
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.put(cache, :p, 3)
+      assert Cache.get(cache, :p) == 3
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.invalidate_all(cache)
+      assert Cache.stats(cache).l2_errors >= 3
+      :ok = MemoryL2.set_down(l2, false)
+      assert :ok = Cache.put(cache, :p, 4)
+    end
+  end
+
+  # A fetch of key whose loader has started and waits for :go to return
+  # {:ok, value}.
+  defp blocked_load(cache, key, value) do
+    parent = self()
+
+    loading =
+      Task.async(fn ->
+        Cache.fetch(cache, key, fn ->
+          send(parent, {:loading, key})
+
+          receive do
+            :go -> {:ok, value}
+          end
+        end)
+      end)
+
+    assert_receive {:loading, ^key}
+    loading
+  end
+end

@@ -1,0 +1,126 @@
+# Starts a throwaway redis-server on a free loopback port for integration
+# tests (no persistence, a temp dir), and kills or restarts it on demand.
+defmodule Larder.Test.RedisServer do
+  @moduledoc false
+
+  defstruct [:port, :dir, :os_pid, :erl_port]
+
+  @doc "True when a redis-server binary is on the PATH."
+  def available?, do: System.find_executable("redis-server") != nil
+
+  @doc """
+  Starts redis-server on `port` (default: a free one). The server is killed
+  when the returned handle's owner exits, even if the VM dies (it watches
+  its stdin).
+  """
+  def start(opts \\ []) do
+    port = Keyword.get_lazy(opts, :port, &free_port/0)
+    dir = Keyword.get_lazy(opts, :dir, fn -> tmp_dir(port) end)
+    File.mkdir_p!(dir)
+    redis = System.find_executable("redis-server") || raise "redis-server is not installed"
+
+    args =
+      ~w(--port #{port} --bind 127.0.0.1 --save "" --appendonly no --dir #{dir}) ++
+        ~w(--logfile #{Path.join(dir, "redis.log")})
+
+    script = ~s(#{redis} #{Enum.join(args, " ")} & echo "pid $!"; read _; kill -9 $! 2>/dev/null)
+
+    erl_port =
+      Port.open({:spawn_executable, "/bin/sh"}, [:binary, :exit_status, args: ["-c", script]])
+
+    os_pid =
+      receive do
+        {^erl_port, {:data, "pid " <> rest}} -> rest |> String.trim() |> String.to_integer()
+      after
+        5_000 -> raise "redis-server did not start"
+      end
+
+    server = %__MODULE__{port: port, dir: dir, os_pid: os_pid, erl_port: erl_port}
+    wait_ready(server, 100)
+    server
+  end
+
+  @doc "Kills the server at once (SIGKILL), as a crash would."
+  def kill(%__MODULE__{os_pid: os_pid, erl_port: erl_port} = server) do
+    System.cmd("kill", ["-9", Integer.to_string(os_pid)], stderr_to_stdout: true)
+    wait_down(server, 100)
+
+    if Port.info(erl_port) do
+      Port.close(erl_port)
+    end
+
+    :ok
+  catch
+    _, _ -> :ok
+  end
+
+  @doc "Starts a new server on the same port and dir."
+  def restart(%__MODULE__{} = server), do: start(port: server.port, dir: server.dir)
+
+  @doc "Kills the server and removes its dir."
+  def stop(%__MODULE__{} = server) do
+    kill(server)
+    File.rm_rf(server.dir)
+    :ok
+  end
+
+  @doc "A TCP port nothing listens on right now."
+  def free_port do
+    {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
+    {:ok, port} = :inet.port(socket)
+    :gen_tcp.close(socket)
+    port
+  end
+
+  @doc "Sends one command over a fresh connection (RESP) and returns the raw reply."
+  def command(%__MODULE__{port: port}, args) do
+    {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 1_000)
+    payload = ["*#{length(args)}\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")]
+    :ok = :gen_tcp.send(socket, payload)
+    {:ok, reply} = :gen_tcp.recv(socket, 0, 1_000)
+    :gen_tcp.close(socket)
+    reply
+  end
+
+  defp tmp_dir(port) do
+    Path.join(System.tmp_dir!(), "larder-redis-#{port}-#{System.unique_integer([:positive])}")
+  end
+
+  defp wait_ready(_server, 0), do: raise("redis-server did not become ready")
+
+  defp wait_ready(server, tries) do
+    case :gen_tcp.connect(~c"127.0.0.1", server.port, [:binary, active: false], 200) do
+      {:ok, socket} ->
+        :gen_tcp.send(socket, "PING\r\n")
+        reply = :gen_tcp.recv(socket, 0, 500)
+        :gen_tcp.close(socket)
+
+        case reply do
+          {:ok, "+PONG\r\n"} -> :ok
+          _ -> retry_ready(server, tries)
+        end
+
+      {:error, _} ->
+        retry_ready(server, tries)
+    end
+  end
+
+  defp retry_ready(server, tries) do
+    Process.sleep(20)
+    wait_ready(server, tries - 1)
+  end
+
+  defp wait_down(_server, 0), do: :ok
+
+  defp wait_down(server, tries) do
+    case :gen_tcp.connect(~c"127.0.0.1", server.port, [:binary, active: false], 100) do
+      {:ok, socket} ->
+        :gen_tcp.close(socket)
+        Process.sleep(20)
+        wait_down(server, tries - 1)
+
+      {:error, _} ->
+        :ok
+    end
+  end
+end
