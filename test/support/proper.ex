@@ -42,8 +42,13 @@ defmodule Larder.Test.PropEr do
     end
   end
 
-  # PropEr prints a dot per test; keep test output readable, but show what it
-  # says on failure.
-  defp quiet_output(".", _args), do: :ok
-  defp quiet_output(format, args), do: IO.write(:io_lib.format(format, args))
+  # PropEr prints a dot per test and a line when all pass (its formats are
+  # charlists); keep test output readable, but show what it says on failure.
+  defp quiet_output(~c".", _args), do: :ok
+  defp quiet_output(~c"~n", _args), do: :ok
+
+  defp quiet_output(format, args) do
+    text = IO.iodata_to_binary(:io_lib.format(format, args))
+    unless text =~ "OK: Passed", do: IO.write(text)
+  end
 end
