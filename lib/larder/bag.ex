@@ -449,6 +449,22 @@ defmodule Larder.Bag do
   def size(name), do: size(resolve(name))
 
   @doc """
+  The memory the bag takes, in words (as `:ets.info(table, :memory)`), in
+  constant time.
+  """
+  @spec memory(bag()) :: non_neg_integer()
+  def memory(%__MODULE__{tab: tab} = bag) do
+    case :ets.info(tab, :memory) do
+      :undefined -> raise gone(bag, nil)
+      words -> words
+    end
+  rescue
+    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+  end
+
+  def memory(name), do: memory(resolve(name))
+
+  @doc """
   The distinct keys of the bag, in no particular order. Scans the whole bag.
 
       iex> bag = Larder.Bag.new()
