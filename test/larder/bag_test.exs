@@ -88,6 +88,14 @@ defmodule Larder.BagTest do
       assert :ets.info(ets, :size) == 2
     end
 
+    test "memory/1 is the table's size in words and grows with the pairs" do
+      bag = Bag.new()
+      empty = Bag.memory(bag)
+      assert is_integer(empty) and empty > 0
+      Bag.insert_many(bag, for(v <- 1..1_000, do: {:k, v}))
+      assert Bag.memory(bag) > empty + 1_000
+    end
+
     test "keys/1 lists each key once" do
       bag = Bag.new()
       Bag.insert_many(bag, for(k <- 1..50, v <- 1..30, do: {k, v}))
@@ -202,6 +210,7 @@ defmodule Larder.BagTest do
           fn -> Bag.delete(bag, 1, 1) end,
           fn -> Bag.count(bag, 1) end,
           fn -> Bag.size(bag) end,
+          fn -> Bag.memory(bag) end,
           fn -> Bag.keys(bag) end,
           fn -> Enum.to_list(Bag.stream(bag)) end,
           fn -> Bag.dump(bag, "/tmp/never-written") end,
