@@ -56,9 +56,12 @@ defmodule Larder.Bag do
   | `size/1` | `O(1)` |
   | `keys/1`, `stream/1` (fully consumed), `dump/2`, `load/2` | `O(n)` |
 
-  A key that contains the atom `:_` or an atom whose name starts with `$`
-  cannot be written literally into an ETS match pattern; `lookup/2`,
-  `count/2` and `delete/2` on such a key scan the whole bag (`O(n)`).
+  `lookup/2`, `count/2` and `delete/2` find a key's range through an ETS
+  match pattern. A key that contains a map, the atom `:_` or an atom whose
+  name starts with `$` cannot be written literally into a pattern (a map in
+  a pattern matches larger maps too); on such a key these three functions
+  scan the whole bag (`O(n)`), comparing keys with `===`. Prefer keys
+  without maps on large bags.
 
   ## Concurrency
 
@@ -646,16 +649,17 @@ defmodule Larder.Bag do
   end
 
   # Whether `term` can stand literally in a match pattern: it holds no atom
-  # that ETS would read as a variable (`:_`, `:"$1"`, ...). Literal keys let
-  # the ordered_set visit only the key's range instead of the whole table.
+  # that ETS would read as a variable (`:_`, `:"$1"`, ...) and no map. Literal
+  # keys let the ordered_set visit only the key's range instead of the whole
+  # table.
   defp literal?(term) when is_integer(term) or is_binary(term), do: true
   defp literal?(:_), do: false
   defp literal?(term) when is_atom(term), do: not match?("$" <> _, Atom.to_string(term))
   defp literal?([head | tail]), do: literal?(head) and literal?(tail)
   defp literal?(term) when is_tuple(term), do: literal?(Tuple.to_list(term))
 
-  defp literal?(term) when is_map(term),
-    do: Enum.all?(term, fn {k, v} -> literal?(k) and literal?(v) end)
+  # A map in a pattern matches any map holding those pairs, and bounds no range.
+  defp literal?(term) when is_map(term), do: false
 
   defp literal?(_term), do: true
 

@@ -63,6 +63,21 @@ defmodule Larder.BagTest do
       assert Bag.size(bag) == 8
     end
 
+    test "a map key matches only that map, not larger ones" do
+      bag = Bag.new()
+      Bag.insert(bag, %{a: 1}, :small)
+      Bag.insert(bag, %{a: 1, b: 2}, :large)
+      Bag.insert(bag, {:user, %{a: 1}}, :nested)
+      Bag.insert(bag, {:user, %{a: 1, b: 2}}, :nested_large)
+
+      assert Bag.lookup(bag, %{a: 1}) == [:small]
+      assert Bag.lookup(bag, {:user, %{a: 1}}) == [:nested]
+      assert Bag.count(bag, %{a: 1}) == 1
+      Bag.delete(bag, %{a: 1})
+      assert Bag.lookup(bag, %{a: 1, b: 2}) == [:large]
+      assert Bag.size(bag) == 3
+    end
+
     test "keys and values of any shape, including lists as values" do
       bag = Bag.new()
       pairs = [{"k", [1, 2]}, {"k", [1 | 2]}, {"k", []}, {{1, "x"}, %{a: [1]}}, {[], self()}]
