@@ -140,7 +140,11 @@ defmodule Larder.Bag do
   Options:
 
     * `:name` - an atom; the bag is then also reachable by that name from
-      any process. Default: unnamed.
+      any process. Default: unnamed. The name maps to the handle through
+      `:persistent_term`, so using a name costs no more than using the
+      handle; `delete_table/1` erases that entry, which makes the runtime
+      scan every process once (cheap for long-lived bags, a cost if named
+      bags are created and deleted at a high rate).
     * `:dedup` - `true` (default) stores each `{key, value}` pair at most
       once; `false` gives `:duplicate_bag` semantics.
     * `:read_concurrency` - the ETS option. Default `false`.
@@ -590,7 +594,8 @@ defmodule Larder.Bag do
   pairs) before the bag is created. A missing file returns
   `{:error, %Larder.Error{reason: :file_error}}`; a truncated or corrupt one
   returns `{:error, %Larder.Error{reason: :corrupt_snapshot}}`. On error no
-  table is left behind.
+  table is left behind. Raises `ArgumentError` for bad options, or if a
+  bag or ETS table with the given `:name` exists.
 
   Snapshots are decoded with `:erlang.binary_to_term/1`: load only files
   that your own service wrote.
