@@ -512,16 +512,14 @@ defmodule Larder.Bag do
   def stream(%__MODULE__{dedup: false} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
   def stream(name), do: stream(resolve(name))
 
-  @doc false
   # Streams the match spec's results over the whole table, one element at a
   # time.
-  def stream_spec(bag, spec), do: bag |> chunks(spec, @stream_chunk) |> Stream.concat()
+  defp stream_spec(bag, spec), do: bag |> chunks(spec, @stream_chunk) |> Stream.concat()
 
-  @doc false
   # Streams the match spec's results over the whole table as lists of up to
   # `size` elements. Hash tables are fixed while the stream runs so that a
   # concurrent insert or delete cannot make the traversal skip or repeat pairs.
-  def chunks(%__MODULE__{tab: tab, dedup: dedup} = bag, spec, size) do
+  defp chunks(%__MODULE__{tab: tab, dedup: dedup} = bag, spec, size) do
     Stream.resource(
       fn ->
         try do

@@ -72,7 +72,7 @@ defmodule Larder.BagModelTest do
       property =
         :proper.forall(program_gen(), fn programs -> run(programs, dedup, model_type) end)
 
-      PropEr.check(property, numtests: 150)
+      PropEr.check(property, numtests: 400)
     end
   end
 
