@@ -485,8 +485,10 @@ defmodule Larder.Bag do
   """
   @spec keys(bag()) :: [key()]
   def keys(%__MODULE__{dedup: true} = bag) do
-    # The ordered_set keeps the pairs of one key next to each other.
-    bag |> stream_spec([{{[:"$1" | :_]}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.to_list()
+    # The ordered_set keeps the pairs of one key next to each other, so dedup
+    # collapses nearly all repeats; uniq catches keys equal by == but not ===
+    # (1 and 1.0), whose pairs can interleave.
+    bag |> stream_spec([{{[:"$1" | :_]}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
   end
 
   def keys(%__MODULE__{dedup: false} = bag) do

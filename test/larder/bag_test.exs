@@ -115,6 +115,11 @@ defmodule Larder.BagTest do
       bag = Bag.new()
       Bag.insert_many(bag, for(k <- 1..50, v <- 1..30, do: {k, v}))
       assert Enum.sort(Bag.keys(bag)) == Enum.to_list(1..50)
+
+      # 1 and 1.0 are different keys; their pairs sort interleaved.
+      other = Bag.new()
+      Bag.insert_many(other, [{1, :a}, {1.0, :b}, {1, :c}])
+      assert Enum.sort(Bag.keys(other)) == [1, 1.0]
     end
 
     test "stream/1 is lazy and covers more than one chunk" do
