@@ -94,26 +94,27 @@ defmodule Larder.Bag do
 
   ## Performance
 
-  Figures from one full run of `mix run bench/bag_bench.exs` (not
+  Figures from the latest full run of `mix run bench/bag_bench.exs` (not
   `--quick`) on a shared 2-core machine under load from other jobs; each is
   a ratio of medians measured in the same run, with the issue's target in
   parentheses. Rerun the command for figures on your machine.
 
-    * Fill of 1M pairs over 10k keys with `insert/3`: 2.91x ETS
-      `:duplicate_bag` (target `<= 2.0x`, missed) and 4.6x faster than
-      ETS `:bag` (target 7x, missed). With `insert_many/2` in batches of
-      1,000: 2.89x `:duplicate_bag`.
-    * 10k inserts into a prefilled 1M bag: 3.82x `:duplicate_bag`
+    * Fill of 1M pairs over 10k keys with `insert/3`: 2.63x ETS
+      `:duplicate_bag` (target `<= 2.0x`, missed) and 9.2x faster than
+      ETS `:bag` (target 7x; an earlier run measured 4.6x). With
+      `insert_many/2` in batches of 1,000: 2.88x `:duplicate_bag`.
+    * 10k inserts into a prefilled 1M bag: 3.94x `:duplicate_bag`
       (target `<= 2.0x`, missed). A tree insert costs cache misses that a
       hash insert does not.
-    * `lookup/2` of 10k random keys holding ~100 values each: 1.15x an ETS
+    * `lookup/2` of 10k random keys holding ~100 values each: 1.12x an ETS
       `:bag` `:ets.lookup/2` (target `<= 1.5x`).
     * Memory: 1.12x an ETS `:bag` holding the same 1M pairs, in words
       (target `<= 1.5x`).
-    * `dedup: false`: 0.99x `:duplicate_bag` for the 1M fill (target
+    * `dedup: false`: 1.02x `:duplicate_bag` for the 1M fill (target
       `<= 1.1x`).
-    * Restart from a 1M-pair snapshot with `load/2`: 5.3x faster than
-      re-inserting the pairs with `insert/3` (target `>= 5x`).
+    * Restart from a 1M-pair snapshot with `load/2`: 4.2x faster than
+      re-inserting the pairs with `insert/3` (target `>= 5x`, missed; an
+      earlier run measured 5.3x).
 
   """
 
