@@ -188,6 +188,14 @@ defmodule Larder.BagTest do
       assert name == context.test
     end
 
+    test "start_link/1 returns an error when the name is taken", context do
+      Bag.new(name: context.test)
+      Process.flag(:trap_exit, true)
+
+      assert {:error, %ArgumentError{message: message}} = Bag.start_link(name: context.test)
+      assert message =~ "already exists"
+    end
+
     test "start_link/1 requires a name" do
       assert_raise ArgumentError, ~r/requires the :name option/, fn -> Bag.start_link([]) end
     end
@@ -384,6 +392,30 @@ defmodule Larder.BagTest do
       loaded = Bag.load!(path, name: context.test, read_concurrency: true)
       assert Bag.lookup(context.test, :a) == [1]
       assert Bag.lookup(loaded, :a) == [1]
+    end
+
+    test "a dump taken while another process writes holds every pair present throughout",
+         context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      stable = for k <- 1..200, v <- 1..50, do: {k, v}
+      Bag.insert_many(bag, stable)
+
+      parent = self()
+
+      writer =
+        Task.async(fn ->
+          Bag.insert(bag, 0, :first)
+          send(parent, :writing)
+          for i <- 1..20_000, do: Bag.insert(bag, rem(i, 300), {:new, i})
+        end)
+
+      assert_receive :writing
+      Bag.dump!(bag, path)
+      Task.await(writer)
+
+      loaded = Bag.stream(Bag.load!(path)) |> MapSet.new()
+      assert MapSet.subset?(MapSet.new([{0, :first} | stable]), loaded)
     end
 
     test "an empty bag round-trips", context do
