@@ -7,8 +7,8 @@ defmodule Larder do
   public module:
 
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
-      stored at most once, at close to ETS `:duplicate_bag` speed, with disk
-      snapshots for fast restarts.
+      stored at most once, without the insert cost of ETS `:bag` that grows
+      with every value a key holds, with disk snapshots for fast restarts.
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the

@@ -1,7 +1,8 @@
 defmodule Larder.Bag do
   @moduledoc """
   A multi-value table with set semantics: a `{key, value}` pair is stored at
-  most once, like an ETS `:bag`, at close to ETS `:duplicate_bag` speed.
+  most once, like an ETS `:bag`, without the insert cost of `:bag` that grows
+  with every value a key holds.
 
   ETS `:bag` deduplicates each insert by comparing the new object with every
   object already stored under its key, so filling it slows down as keys gain
