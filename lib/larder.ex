@@ -7,8 +7,8 @@ defmodule Larder do
   public module:
 
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
-      stored at most once, at close to ETS `:duplicate_bag` speed, with disk
-      snapshots for fast restarts.
+      stored at most once, without the insert cost of ETS `:bag` that grows
+      with every value a key holds, with disk snapshots for fast restarts.
     * `Larder.Cache` - a read-through cache: an ETS L1 in every node in front
       of a Redis L2, with miss collapsing, a per-key version that keeps
       backfills from overwriting newer writes, and cross-node L1

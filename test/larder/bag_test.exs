@@ -1,0 +1,486 @@
+defmodule Larder.BagTest do
+  use ExUnit.Case, async: true
+
+  alias Larder.Bag
+
+  doctest Larder.Bag
+
+  defp tmp_path(context) do
+    dir = Path.join(System.tmp_dir!(), "larder_bag_test_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+    Path.join(dir, "#{context.test}.bag" |> String.replace(~r/[^\w.]+/, "_"))
+  end
+
+  defp own_tables, do: Enum.filter(:ets.all(), &(:ets.info(&1, :owner) == self()))
+
+  describe "set semantics" do
+    test "a pair is stored once, values of a key come back without repeats" do
+      bag = Bag.new()
+      for _ <- 1..3, v <- [3, 1, 2], do: Bag.insert(bag, :k, v)
+      Bag.insert(bag, :other, 1)
+
+      assert Bag.lookup(bag, :k) == [1, 2, 3]
+      assert Bag.count(bag, :k) == 3
+      assert Bag.size(bag) == 4
+      assert Bag.lookup(bag, :missing) == []
+      assert Bag.count(bag, :missing) == 0
+    end
+
+    test "insert_many deduplicates within the batch and against the bag" do
+      bag = Bag.new()
+      Bag.insert(bag, :a, 1)
+      assert Bag.insert_many(bag, [{:a, 1}, {:a, 2}, {:a, 2}, {:b, 1}]) == :ok
+      assert Bag.insert_many(bag, []) == :ok
+      assert Enum.sort(Bag.stream(bag)) == [a: 1, a: 2, b: 1]
+    end
+
+    test "delete/2 removes a key, delete/3 one pair" do
+      bag = Bag.new()
+      Bag.insert_many(bag, [{:a, 1}, {:a, 2}, {:b, 1}, {:b, 2}])
+      assert Bag.delete(bag, :a) == :ok
+      assert Bag.delete(bag, :b, 1) == :ok
+      assert Bag.delete(bag, :nothing) == :ok
+      assert Bag.delete(bag, :b, :nothing) == :ok
+      assert Enum.to_list(Bag.stream(bag)) == [b: 2]
+      refute Bag.member?(bag, :b, 1)
+      assert Bag.member?(bag, :b, 2)
+    end
+
+    test "keys that look like match-spec variables are matched literally" do
+      bag = Bag.new()
+      keys = [:_, :"$1", {:"$2", :_}, [:_ | :"$3"], %{:_ => :"$4"}, :plain]
+      for k <- keys, v <- [1, 2], do: Bag.insert(bag, k, v)
+
+      for k <- keys do
+        assert Bag.lookup(bag, k) == [1, 2], "lookup of #{inspect(k)}"
+        assert Bag.count(bag, k) == 2
+      end
+
+      Bag.delete(bag, :_)
+      Bag.delete(bag, {:"$2", :_})
+      assert Enum.sort(Bag.keys(bag)) == Enum.sort(keys -- [:_, {:"$2", :_}])
+      assert Bag.size(bag) == 8
+    end
+
+    test "a map key matches only that map, not larger ones" do
+      bag = Bag.new()
+      Bag.insert(bag, %{a: 1}, :small)
+      Bag.insert(bag, %{a: 1, b: 2}, :large)
+      Bag.insert(bag, {:user, %{a: 1}}, :nested)
+      Bag.insert(bag, {:user, %{a: 1, b: 2}}, :nested_large)
+
+      assert Bag.lookup(bag, %{a: 1}) == [:small]
+      assert Bag.lookup(bag, {:user, %{a: 1}}) == [:nested]
+      assert Bag.count(bag, %{a: 1}) == 1
+      Bag.delete(bag, %{a: 1})
+      assert Bag.lookup(bag, %{a: 1, b: 2}) == [:large]
+      assert Bag.size(bag) == 3
+    end
+
+    test "keys and values of any shape, including lists as values" do
+      bag = Bag.new()
+      pairs = [{"k", [1, 2]}, {"k", [1 | 2]}, {"k", []}, {{1, "x"}, %{a: [1]}}, {[], self()}]
+      Bag.insert_many(bag, pairs)
+      assert Enum.sort(Bag.lookup(bag, "k")) == Enum.sort([[1, 2], [1 | 2], []])
+      assert Bag.lookup(bag, {1, "x"}) == [%{a: [1]}]
+      assert Bag.lookup(bag, []) == [self()]
+      assert Enum.sort(Bag.stream(bag)) == Enum.sort(pairs)
+    end
+
+    test "pairs equal by == but not === are one pair; reads are exact (documented)" do
+      bag = Bag.new()
+      Bag.insert(bag, 1, :a)
+      Bag.insert(bag, 1.0, :a)
+      assert Bag.size(bag) == 1
+      assert Bag.lookup(bag, 1.0) == [:a]
+      assert Bag.lookup(bag, 1) == []
+      refute Bag.member?(bag, 1, :a)
+      assert Bag.member?(bag, 1.0, :a)
+      # An ETS :bag keeps both, which is the documented difference.
+      ets = :ets.new(:model, [:bag])
+      :ets.insert(ets, [{1, :a}, {1.0, :a}])
+      assert :ets.info(ets, :size) == 2
+    end
+
+    test "memory/1 is the table's size in words and grows with the pairs" do
+      bag = Bag.new()
+      empty = Bag.memory(bag)
+      assert is_integer(empty) and empty > 0
+      Bag.insert_many(bag, for(v <- 1..1_000, do: {:k, v}))
+      assert Bag.memory(bag) > empty + 1_000
+    end
+
+    test "keys/1 lists each key once" do
+      bag = Bag.new()
+      Bag.insert_many(bag, for(k <- 1..50, v <- 1..30, do: {k, v}))
+      assert Enum.sort(Bag.keys(bag)) == Enum.to_list(1..50)
+
+      # 1 and 1.0 are different keys; their pairs sort interleaved.
+      other = Bag.new()
+      Bag.insert_many(other, [{1, :a}, {1.0, :b}, {1, :c}])
+      assert Enum.sort(Bag.keys(other)) == [1, 1.0]
+    end
+
+    test "stream/1 is lazy and covers more than one chunk" do
+      bag = Bag.new()
+      pairs = for k <- 1..30, v <- 1..100, do: {k, v}
+      Bag.insert_many(bag, pairs)
+      assert bag |> Bag.stream() |> Enum.take(5) |> length() == 5
+      assert Enum.sort(Bag.stream(bag)) == pairs
+    end
+  end
+
+  describe "dedup: false" do
+    test "behaves like a duplicate_bag" do
+      bag = Bag.new(dedup: false)
+      Bag.insert(bag, :a, 1)
+      Bag.insert(bag, :a, 1)
+      Bag.insert_many(bag, [{:a, 2}, {:a, 1}, {:b, 1}])
+      assert Bag.lookup(bag, :a) == [1, 1, 2, 1]
+      assert Bag.count(bag, :a) == 4
+      assert Bag.size(bag) == 5
+      assert Bag.member?(bag, :a, 2)
+      refute Bag.member?(bag, :a, 3)
+      assert Enum.sort(Bag.keys(bag)) == [:a, :b]
+      Bag.delete(bag, :a, 1)
+      assert Bag.lookup(bag, :a) == [2]
+      Bag.delete(bag, :a)
+      assert Enum.to_list(Bag.stream(bag)) == [b: 1]
+    end
+  end
+
+  describe "named bags" do
+    test "are reachable by name from other processes", context do
+      name = context.test
+      bag = Bag.new(name: name)
+      Task.async(fn -> Bag.insert(name, :k, :from_task) end) |> Task.await()
+      assert Bag.lookup(bag, :k) == [:from_task]
+      assert Bag.lookup(name, :k) == [:from_task]
+      assert Bag.size(name) == 1
+      assert Bag.delete_table(name) == :ok
+      assert_raise ArgumentError, ~r/no Larder.Bag named/, fn -> Bag.lookup(name, :k) end
+      assert_raise ArgumentError, ~r/does not exist/, fn -> Bag.lookup(bag, :k) end
+    end
+
+    test "a second bag with the same name is refused", context do
+      Bag.new(name: context.test)
+
+      assert_raise ArgumentError, ~r/already exists/, fn ->
+        Bag.new(name: context.test, dedup: false)
+      end
+    end
+
+    test "a supervised bag outlives the processes that use it", context do
+      name = context.test
+      pid = start_supervised!({Bag, name: name, dedup: false})
+
+      {:ok, writer} = Task.start(fn -> Bag.insert(name, :k, 1) end)
+      ref = Process.monitor(writer)
+      assert_receive {:DOWN, ^ref, _, _, _}
+
+      assert Bag.lookup(name, :k) == [1]
+      assert :ets.info(name, :owner) == pid
+    end
+
+    test "child_spec/1 ids the child by name", context do
+      assert %{id: {Bag, name}} = Bag.child_spec(name: context.test)
+      assert name == context.test
+    end
+
+    test "start_link/1 returns an error when the name is taken", context do
+      Bag.new(name: context.test)
+      Process.flag(:trap_exit, true)
+
+      assert {:error, %ArgumentError{message: message}} = Bag.start_link(name: context.test)
+      assert message =~ "already exists"
+    end
+
+    test "start_link/1 requires a name" do
+      assert_raise ArgumentError, ~r/requires the :name option/, fn -> Bag.start_link([]) end
+    end
+
+    test "a bag whose owner exited raises a clear error", context do
+      name = context.test
+
+      {:ok, owner} =
+        Task.start(fn ->
+          Bag.new(name: name)
+
+          receive do
+            :stop -> :ok
+          end
+        end)
+
+      wait_until(fn -> :ets.whereis(name) != :undefined end)
+      ref = Process.monitor(owner)
+      send(owner, :stop)
+      assert_receive {:DOWN, ^ref, _, _, _}
+
+      assert_raise ArgumentError, ~r/does not exist.*owned it exited/, fn ->
+        Bag.insert(name, 1, 1)
+      end
+    end
+  end
+
+  describe "bad input" do
+    test "a deleted bag raises ArgumentError from every function" do
+      for dedup <- [true, false] do
+        bag = Bag.new(dedup: dedup)
+        assert Bag.delete_table(bag) == :ok
+
+        calls = [
+          fn -> Bag.insert(bag, 1, 1) end,
+          fn -> Bag.insert_many(bag, [{1, 1}]) end,
+          fn -> Bag.lookup(bag, 1) end,
+          fn -> Bag.member?(bag, 1, 1) end,
+          fn -> Bag.delete(bag, 1) end,
+          fn -> Bag.delete(bag, 1, 1) end,
+          fn -> Bag.count(bag, 1) end,
+          fn -> Bag.size(bag) end,
+          fn -> Bag.memory(bag) end,
+          fn -> Bag.keys(bag) end,
+          fn -> Enum.to_list(Bag.stream(bag)) end,
+          fn -> Bag.dump(bag, "/tmp/never-written") end,
+          fn -> Bag.delete_table(bag) end
+        ]
+
+        for call <- calls do
+          assert_raise ArgumentError, ~r/Larder.Bag .* does not exist/, call
+        end
+      end
+    end
+
+    test "something that is not a bag raises ArgumentError" do
+      for handle <- ["bag", 42, make_ref(), %{tab: :x}] do
+        assert_raise ArgumentError, ~r/expected a Larder.Bag handle/, fn ->
+          Bag.lookup(handle, 1)
+        end
+
+        assert_raise ArgumentError, ~r/expected a Larder.Bag handle/, fn ->
+          Bag.insert(handle, 1, 1)
+        end
+      end
+
+      assert_raise ArgumentError, ~r/no Larder.Bag named :no_such_bag/, fn ->
+        Bag.size(:no_such_bag)
+      end
+    end
+
+    test "insert_many rejects anything but a list of pairs" do
+      bag = Bag.new()
+
+      assert_raise ArgumentError, ~r/expected pairs to be a list/, fn ->
+        Bag.insert_many(bag, %{a: 1})
+      end
+
+      assert_raise ArgumentError, ~r/got an element: \{:a, 1, 2\}/, fn ->
+        Bag.insert_many(bag, [{:b, 1}, {:a, 1, 2}])
+      end
+
+      assert_raise ArgumentError, ~r/proper list/, fn -> Bag.insert_many(bag, [{:b, 1} | :x]) end
+      assert Bag.size(bag) == 0
+
+      dup = Bag.new(dedup: false)
+      assert_raise ArgumentError, ~r/got an element: :x/, fn -> Bag.insert_many(dup, [:x]) end
+    end
+
+    test "options are validated" do
+      assert_raise ArgumentError,
+                   ~r/unknown options \[:bogus\]; valid options are: \[:name/,
+                   fn ->
+                     Bag.new(bogus: 1)
+                   end
+
+      assert_raise ArgumentError, ~r/invalid value for option :dedup/, fn ->
+        Bag.new(dedup: :yes)
+      end
+
+      assert_raise ArgumentError, ~r/invalid value for option :name/, fn -> Bag.new(name: "x") end
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.new(:oops) end
+
+      assert_raise ArgumentError, ~r/unknown options \[:dedup\]/, fn ->
+        Bag.load("x", dedup: true)
+      end
+
+      bag = Bag.new(read_concurrency: true, write_concurrency: :auto, compressed: true)
+      Bag.insert(bag, :a, 1)
+      assert Bag.lookup(bag, :a) == [1]
+    end
+  end
+
+  describe "concurrency" do
+    test "processes inserting the same pairs at once leave exactly one copy of each" do
+      for dedup_many <- [false, true] do
+        bag = Bag.new(write_concurrency: true)
+        pairs = for k <- 1..50, v <- 1..40, do: {k, v}
+        parent = self()
+
+        tasks =
+          for i <- 1..8 do
+            Task.async(fn ->
+              send(parent, {:ready, self()})
+              receive(do: (:go -> :ok))
+              mine = if rem(i, 2) == 0, do: Enum.reverse(pairs), else: pairs
+
+              if dedup_many,
+                do: Enum.each(Enum.chunk_every(mine, 100), &Bag.insert_many(bag, &1)),
+                else: Enum.each(mine, fn {k, v} -> Bag.insert(bag, k, v) end)
+            end)
+          end
+
+        for t <- tasks, do: assert_receive({:ready, pid} when pid == t.pid)
+        Enum.each(tasks, &send(&1.pid, :go))
+        Enum.each(tasks, &Task.await/1)
+
+        assert Bag.size(bag) == length(pairs)
+        for k <- 1..50, do: assert(Bag.lookup(bag, k) == Enum.to_list(1..40))
+      end
+    end
+
+    test "a concurrent reader sees none or all of an insert_many batch" do
+      bag = Bag.new()
+      batches = for b <- 0..49, do: for(v <- 1..100, do: {:k, b * 100 + v})
+
+      writer =
+        Task.async(fn ->
+          Enum.each(batches, &Bag.insert_many(bag, &1))
+        end)
+
+      counts = read_until_done(bag, writer, [])
+      assert Enum.all?(counts, &(rem(&1, 100) == 0)), "partial batch seen: #{inspect(counts)}"
+      assert Bag.count(bag, :k) == 5_000
+    end
+  end
+
+  defp read_until_done(bag, writer, acc) do
+    acc = [Bag.count(bag, :k), length(Bag.lookup(bag, :k)) | acc]
+
+    case Task.yield(writer, 0) do
+      nil -> read_until_done(bag, writer, acc)
+      {:ok, _} -> acc
+    end
+  end
+
+  describe "snapshots" do
+    test "dump and load round-trip both modes", context do
+      path = tmp_path(context)
+
+      for dedup <- [true, false] do
+        bag = Bag.new(dedup: dedup)
+        pairs = for k <- 1..200, v <- 1..30, do: {k, {v, "v#{v}"}}
+        Bag.insert_many(bag, pairs ++ [{:dup, 1}, {:dup, 1}])
+        assert Bag.dump(bag, path) == :ok
+
+        assert {:ok, copy} = Bag.load(path)
+        assert Enum.sort(Bag.stream(copy)) == Enum.sort(Bag.stream(bag))
+        assert Bag.size(copy) == Bag.size(bag)
+        # The mode travels with the file.
+        Bag.insert(copy, :dup, 1)
+        assert Bag.count(copy, :dup) == if(dedup, do: 1, else: 3)
+      end
+
+      # Only the snapshot is left in the directory: no temporary file.
+      assert File.ls!(Path.dirname(path)) == [Path.basename(path)]
+    end
+
+    test "load takes new/1 options, including a name", context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      Bag.insert(bag, :a, 1)
+      Bag.dump!(bag, path)
+      loaded = Bag.load!(path, name: context.test, read_concurrency: true)
+      assert Bag.lookup(context.test, :a) == [1]
+      assert Bag.lookup(loaded, :a) == [1]
+    end
+
+    test "a dump taken while another process writes holds every pair present throughout",
+         context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      stable = for k <- 1..200, v <- 1..50, do: {k, v}
+      Bag.insert_many(bag, stable)
+
+      parent = self()
+
+      writer =
+        Task.async(fn ->
+          Bag.insert(bag, 0, :first)
+          send(parent, :writing)
+          for i <- 1..20_000, do: Bag.insert(bag, rem(i, 300), {:new, i})
+        end)
+
+      assert_receive :writing
+      Bag.dump!(bag, path)
+      Task.await(writer)
+
+      loaded = Bag.stream(Bag.load!(path)) |> MapSet.new()
+      assert MapSet.subset?(MapSet.new([{0, :first} | stable]), loaded)
+    end
+
+    test "an empty bag round-trips", context do
+      path = tmp_path(context)
+      Bag.dump!(Bag.new(), path)
+      assert Bag.size(Bag.load!(path)) == 0
+    end
+
+    test "a flipped byte or a cut-off file is an error and leaves no table", context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      Bag.insert_many(bag, for(k <- 1..100, v <- 1..100, do: {k, v}))
+      Bag.dump!(bag, path)
+      good = File.read!(path)
+      size = byte_size(good)
+      before = own_tables()
+
+      corruptions =
+        [
+          {"flipped byte in the middle", flip(good, div(size, 2))},
+          {"flipped byte in a chunk header", flip(good, 13)},
+          {"flipped byte in the trailer", flip(good, size - 2)},
+          {"flipped magic", flip(good, 0)},
+          {"extra byte", good <> <<0>>},
+          {"empty", ""}
+        ] ++
+          for cut <- [1, 11, 20, div(size, 3), size - 12, size - 1] do
+            {"cut at #{cut} of #{size}", binary_part(good, 0, cut)}
+          end
+
+      for {what, data} <- corruptions do
+        File.write!(path, data)
+
+        assert {:error, %Larder.Error{reason: :corrupt_snapshot}} =
+                 Bag.load(path, name: context.test),
+               what
+
+        assert :ets.whereis(context.test) == :undefined, what
+        assert own_tables() == before, what
+      end
+
+      File.write!(path, good)
+      assert Bag.size(Bag.load!(path)) == 10_000
+    end
+
+    test "file system failures are Larder.Errors", context do
+      path = tmp_path(context)
+      assert {:error, %Larder.Error{reason: :file_error}} = Bag.load(path)
+
+      assert {:error, %Larder.Error{reason: :file_error, details: %{posix: :enoent}}} =
+               Bag.dump(Bag.new(), Path.join([path, "no", "such", "dir"]))
+
+      assert_raise Larder.Error, ~r/file_error/, fn -> Bag.load!(path) end
+    end
+  end
+
+  defp flip(data, at) do
+    <<before::binary-size(at), byte, rest::binary>> = data
+    <<before::binary, Bitwise.bxor(byte, 0xFF), rest::binary>>
+  end
+
+  defp wait_until(fun) do
+    unless fun.() do
+      Process.sleep(5)
+      wait_until(fun)
+    end
+  end
+end
