@@ -1,0 +1,82 @@
+# The owner of a register: holds its ETS table and, in :versioned mode, is the
+# only process that writes it, so a caller killed mid-write cannot leave a
+# half-done write behind.
+defmodule Larder.Register.Server do
+  @moduledoc false
+
+  use GenServer
+
+  alias Larder.Register.Store
+
+  @spec start({keyword(), pid() | nil}) :: GenServer.on_start()
+  def start({opts, _owner} = arg), do: GenServer.start(__MODULE__, arg, gen_opts(opts))
+
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts), do: GenServer.start_link(__MODULE__, {opts, nil}, gen_opts(opts))
+
+  defp gen_opts(opts) do
+    case Keyword.fetch!(opts, :name) do
+      nil -> []
+      name -> [name: name]
+    end
+  end
+
+  @impl true
+  def init({opts, owner}) do
+    Process.flag(:trap_exit, true)
+    # Writers wait on this process; let it run ahead of the readers it serves.
+    Process.flag(:priority, Keyword.fetch!(opts, :priority))
+    if owner, do: Process.monitor(owner)
+
+    reg = Store.create(opts, self())
+
+    if name = Keyword.fetch!(opts, :name) do
+      :persistent_term.put({Larder.Register, name}, reg)
+    end
+
+    {:ok, %{reg: reg, owner: owner}}
+  end
+
+  @impl true
+  def handle_call(:handle, _from, state), do: {:reply, state.reg, state}
+
+  def handle_call({:put, key, value}, _from, state) do
+    {:reply, Store.write(state.reg, key, value), state}
+  end
+
+  def handle_call({:cas, key, expected, value}, _from, state) do
+    if Store.current_version(state.reg, key) == expected do
+      {:reply, Store.write(state.reg, key, value), state}
+    else
+      {:reply, :conflict, state}
+    end
+  end
+
+  def handle_call({:delete, key}, _from, state) do
+    {:reply, Store.remove(state.reg, key), state}
+  end
+
+  def handle_call(:delete_register, _from, state) do
+    shutdown(state.reg)
+    {:stop, :normal, :ok, %{state | reg: nil}}
+  end
+
+  @impl true
+  def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state) do
+    {:stop, :normal, state}
+  end
+
+  def handle_info(_msg, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, %{reg: nil}), do: :ok
+  def terminate(_reason, %{reg: reg}), do: shutdown(reg)
+
+  # Marks the register dead before its table goes, so that no process-local
+  # copy can be served after delete_register/1 returns.
+  defp shutdown(reg) do
+    Store.kill(reg)
+    if name = Store.name(reg), do: :persistent_term.erase({Larder.Register, name})
+    :ok
+  end
+end
