@@ -97,7 +97,7 @@ defmodule Larder.Register do
 
   alias Larder.Register.{Local, Plain, Server, Store}
 
-  @enforce_keys [:mode, :tab, :versions, :slots, :id, :server, :name, :max_cached]
+  @enforce_keys [:mode, :tab, :versions, :slots, :local, :server, :name, :max_cached]
   defstruct @enforce_keys
 
   @typedoc "A register handle (from `new/1`) or the name of a named register."
@@ -173,7 +173,7 @@ defmodule Larder.Register do
   def delete_register(reg) do
     reg = resolve(reg)
     call(reg, :delete_register)
-    Local.drop(reg.id)
+    Local.drop(reg.local)
   end
 
   @doc """
@@ -181,7 +181,7 @@ defmodule Larder.Register do
   fetch them again.
   """
   @spec forget(register()) :: :ok
-  def forget(reg), do: Local.drop(resolve(reg).id)
+  def forget(reg), do: Local.drop(resolve(reg).local)
 
   ## Reads
 
@@ -194,26 +194,17 @@ defmodule Larder.Register do
   @spec get(register(), key(), value()) :: value()
   def get(reg, key, default \\ nil)
 
-  def get(
-        %__MODULE__{mode: :versioned, versions: versions, slots: slots, id: id} = reg,
-        key,
-        default
-      ) do
-    slot = :erlang.phash2(key, slots) + 1
-    tag = :atomics.get(versions, slot)
+  # The hot path allocates nothing: a served copy is returned as is.
+  def get(%__MODULE__{mode: :versioned, versions: versions, local: local} = reg, key, default) do
+    case Process.get(local) do
+      %{^key => {slot, tag, _version, value}} ->
+        if :atomics.get(versions, slot) == tag, do: value, else: fresh_get(reg, key, default)
 
-    case Process.get({__MODULE__, id, key}) do
-      {^tag, _version, value} ->
-        value
-
-      {^tag} ->
-        default
+      %{^key => {slot, tag}} ->
+        if :atomics.get(versions, slot) == tag, do: default, else: fresh_get(reg, key, default)
 
       _ ->
-        case Store.read(reg, key, slot, tag) do
-          {:ok, _version, value} -> value
-          :error -> default
-        end
+        fresh_get(reg, key, default)
     end
   end
 
@@ -246,12 +237,18 @@ defmodule Larder.Register do
   @spec keys(register()) :: [key()]
   def keys(reg) do
     reg = resolve(reg)
-    :ets.select(reg.tab, [{{:"$1", :_, :_}, [], [:"$1"]}])
-  rescue
-    ArgumentError -> unknown!(reg)
+
+    try do
+      :ets.select(reg.tab, [{{:"$1", :_, :_}, [], [:"$1"]}])
+    rescue
+      ArgumentError -> unknown!(reg)
+    end
   end
 
-  @doc "The number of keys present (O(1))."
+  @doc """
+  The number of keys present (O(1)); a key being deleted concurrently may
+  still be counted.
+  """
   @spec size(register()) :: non_neg_integer()
   def size(reg) do
     reg = resolve(reg)
@@ -262,17 +259,31 @@ defmodule Larder.Register do
     end
   end
 
+  defp fresh_get(reg, key, default) do
+    case Store.read(reg, key) do
+      {:ok, _version, value} -> value
+      :error -> default
+    end
+  end
+
   defp read(%__MODULE__{mode: :ets} = reg, key), do: Plain.fetch(reg, key)
 
-  defp read(%__MODULE__{id: id} = reg, key) do
-    slot = Store.slot(reg, key)
-    tag = :atomics.get(reg.versions, slot)
-
-    case Process.get({__MODULE__, id, key}) do
-      {^tag, version, value} -> {:ok, version, value}
-      {^tag} -> :error
-      _ -> Store.read(reg, key, slot, tag)
+  defp read(%__MODULE__{versions: versions, local: local} = reg, key) do
+    with %{^key => entry} <- Process.get(local),
+         {:hit, found} <- served(entry, versions) do
+      found
+    else
+      _ -> Store.read(reg, key)
     end
+  end
+
+  # A local copy is served while its slot's counter has not moved.
+  defp served({slot, tag, version, value}, versions) do
+    if :atomics.get(versions, slot) == tag, do: {:hit, {:ok, version, value}}, else: :miss
+  end
+
+  defp served({slot, tag}, versions) do
+    if :atomics.get(versions, slot) == tag, do: {:hit, :error}, else: :miss
   end
 
   ## Writes
@@ -284,12 +295,8 @@ defmodule Larder.Register do
   @spec put(register(), key(), value()) :: :ok
   def put(reg, key, value) do
     case resolve(reg) do
-      %__MODULE__{mode: :ets} = reg ->
-        Plain.put(reg, key, value)
-
-      reg ->
-        {:ok, tag, version} = call(reg, {:put, key, value})
-        Local.remember(reg, key, {tag, version, value})
+      %__MODULE__{mode: :ets} = reg -> Plain.put(reg, key, value)
+      reg -> Local.remember(reg, key, written(call(reg, {:put, key, value}), value))
     end
   end
 
@@ -325,18 +332,21 @@ defmodule Larder.Register do
 
     new = fun.(current)
 
-    case call(reg, {:cas, key, expected, new}) do
-      {:ok, tag, version} -> Local.remember(reg, key, {tag, version, new})
+    case call(reg, {:swap, key, expected, new}) do
       :conflict -> update_versioned(reg, key, default, fun)
+      written -> Local.remember(reg, key, written(written, new))
     end
   end
+
+  # The writer's own copy, built from the value it already holds.
+  defp written({slot, version}, value), do: {slot, version, version, value}
 
   @doc "Removes `key`. Removing an absent key is a no-op."
   @spec delete(register(), key()) :: :ok
   def delete(reg, key) do
     case resolve(reg) do
       %__MODULE__{mode: :ets} = reg -> Plain.delete(reg, key)
-      reg -> call(reg, {:delete, key})
+      reg -> Local.remember(reg, key, call(reg, {:delete, key}))
     end
   end
 
@@ -344,8 +354,8 @@ defmodule Larder.Register do
 
   @doc false
   @spec unknown!(t() | atom()) :: no_return()
-  def unknown!(%__MODULE__{id: id} = reg) do
-    Local.drop(id)
+  def unknown!(%__MODULE__{local: local} = reg) do
+    Local.drop(local)
     raise ArgumentError, "unknown register: #{describe(reg)} (deleted, or its owner exited)"
   end
 
@@ -358,7 +368,7 @@ defmodule Larder.Register do
   @spec __table__(register()) :: :ets.tid()
   def __table__(reg), do: resolve(reg).tab
 
-  defp describe(%__MODULE__{name: nil, id: id}), do: "#Larder.Register<#{id}>"
+  defp describe(%__MODULE__{name: nil, local: {_, id}}), do: "#Larder.Register<#{id}>"
   defp describe(%__MODULE__{name: name}), do: inspect(name)
 
   defp resolve(%__MODULE__{} = reg), do: reg
@@ -421,11 +431,11 @@ defmodule Larder.Register do
             "expected :max_cached to be a positive integer, got: #{inspect(max_cached)}"
     end
 
-    [mode: mode, name: name, slots: slots, max_cached: max_cached, priority: :high]
+    [mode: mode, name: name, slots: slots, max_cached: max_cached]
   end
 
   defimpl Inspect do
-    def inspect(%{name: nil, id: id, mode: mode}, _opts),
+    def inspect(%{name: nil, local: {_, id}, mode: mode}, _opts),
       do: "#Larder.Register<#{id}, #{mode}>"
 
     def inspect(%{name: name, mode: mode}, _opts),

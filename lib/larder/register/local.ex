@@ -1,49 +1,45 @@
-# The per-process copy: committed values kept in the caller's process
-# dictionary, tagged with the slot counter they were read under, bounded per
-# register.
+# The per-process copy: one map per register in the caller's process
+# dictionary, from key to the committed value read under a slot counter,
+# bounded per register.
 defmodule Larder.Register.Local do
   @moduledoc false
 
   alias Larder.Register
 
-  # A copy lives under {Larder.Register, id, key}; Larder.Register.get/3
-  # builds that key inline on its hot path.
+  # Under the register's `local` key ({Larder.Register, id}) the process
+  # dictionary holds %{key => entry}, where entry is
+  # {slot, tag, version, value} for a present key or {slot, tag} for an
+  # absent one: valid while the slot's counter still equals tag.
+
   @doc """
-  Stores `entry` (`{tag, version, value}`, or `{tag}` for an absent key). When the
-  register already has `max_cached` copies in this process, they are all
-  dropped first: the bound holds and eviction costs O(1) amortised.
+  Stores `entry` for `key`. A register whose copies reach `max_cached` keys
+  in this process drops them all first, so the bound holds at O(1)
+  amortised cost.
   """
   @spec remember(Register.t(), term(), tuple()) :: :ok
-  def remember(%Register{id: id, max_cached: max}, key, entry) do
-    case Process.put({Larder.Register, id, key}, entry) do
-      nil ->
-        count_key = {Larder.Register, id}
-        count = (Process.get(count_key) || 0) + 1
-
-        if count > max do
-          drop(id)
-          Process.put({Larder.Register, id, key}, entry)
-          Process.put(count_key, 1)
-        else
-          Process.put(count_key, count)
-        end
-
-      _old ->
-        :ok
+  def remember(%Register{local: local, max_cached: max}, key, entry) do
+    case Process.get(local) do
+      %{^key => _} = copies -> Process.put(local, %{copies | key => entry})
+      %{} = copies when map_size(copies) < max -> Process.put(local, Map.put(copies, key, entry))
+      _none_or_full -> Process.put(local, %{key => entry})
     end
 
     :ok
   end
 
-  @doc "Drops every copy of register `id` from this process."
-  @spec drop(pos_integer()) :: :ok
-  def drop(id) do
-    for {{Larder.Register, ^id, _} = k, _} <- Process.get(), do: Process.delete(k)
-    Process.delete({Larder.Register, id})
+  @doc "Drops this process's copies of the register under `local`."
+  @spec drop(term()) :: :ok
+  def drop(local) do
+    Process.delete(local)
     :ok
   end
 
-  @doc "How many copies of register `id` this process holds."
-  @spec count(pos_integer()) :: non_neg_integer()
-  def count(id), do: Process.get({Larder.Register, id}) || 0
+  @doc "How many keys this process holds copies of for the register under `local`."
+  @spec count(term()) :: non_neg_integer()
+  def count(local) do
+    case Process.get(local) do
+      nil -> 0
+      copies -> map_size(copies)
+    end
+  end
 end

@@ -68,19 +68,12 @@ defmodule Larder.Register.Plain do
   defp cas_spec(key, version, new) do
     body = [{{{:const, key}, new_version(), {:const, new}}}]
 
-    if literal?(key) do
+    if Larder.Register.Store.literal?(key) do
       [{{key, version, :_}, [], body}]
     else
       [{{:"$1", version, :_}, [{:"=:=", :"$1", {:const, key}}], body}]
     end
   end
-
-  defp literal?(:_), do: false
-  defp literal?(a) when is_atom(a), do: not String.starts_with?(Atom.to_string(a), "$")
-  defp literal?(t) when is_tuple(t), do: literal?(Tuple.to_list(t))
-  defp literal?([h | t]), do: literal?(h) and literal?(t)
-  defp literal?(m) when is_map(m), do: literal?(Map.to_list(m))
-  defp literal?(_), do: true
 
   defp new_version, do: :erlang.unique_integer([:monotonic, :positive])
 end

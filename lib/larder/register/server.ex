@@ -1,6 +1,7 @@
-# The owner of a register: holds its ETS table and, in :versioned mode, is the
-# only process that writes it, so a caller killed mid-write cannot leave a
-# half-done write behind.
+# The owner of a register: creates its table and publishes its name; in
+# :versioned mode it performs every write, so a caller killed mid-write cannot
+# leave half a write behind; it marks the register dead and drops the table on
+# delete_register/1, owner exit or shutdown.
 defmodule Larder.Register.Server do
   @moduledoc false
 
@@ -24,8 +25,8 @@ defmodule Larder.Register.Server do
   @impl true
   def init({opts, owner}) do
     Process.flag(:trap_exit, true)
-    # Writers wait on this process; let it run ahead of the readers it serves.
-    Process.flag(:priority, Keyword.fetch!(opts, :priority))
+    # Writers wait on this process; let it run ahead of the readers.
+    Process.flag(:priority, :high)
     if owner, do: Process.monitor(owner)
 
     reg = Store.create(opts, self())
@@ -44,7 +45,7 @@ defmodule Larder.Register.Server do
     {:reply, Store.write(state.reg, key, value), state}
   end
 
-  def handle_call({:cas, key, expected, value}, _from, state) do
+  def handle_call({:swap, key, expected, value}, _from, state) do
     if Store.current_version(state.reg, key) == expected do
       {:reply, Store.write(state.reg, key, value), state}
     else
@@ -76,7 +77,7 @@ defmodule Larder.Register.Server do
   # copy can be served after delete_register/1 returns.
   defp shutdown(reg) do
     Store.kill(reg)
-    if name = Store.name(reg), do: :persistent_term.erase({Larder.Register, name})
+    if name = reg.name, do: :persistent_term.erase({Larder.Register, name})
     :ok
   end
 end
