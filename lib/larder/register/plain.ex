@@ -63,17 +63,27 @@ defmodule Larder.Register.Plain do
   end
 
   # A key is matched literally in a match-spec head (a direct lookup) unless
-  # it holds atoms that a head would read as variables; those keys fall back
-  # to a guard, which scans the table.
+  # it holds atoms that a head would read as variables, or maps (which a head
+  # matches partially); those keys fall back to a guard, which scans the table.
   defp cas_spec(key, version, new) do
-    body = [{{{:const, key}, new_version(), {:const, new}}}]
-
-    if Larder.Register.Store.literal?(key) do
-      [{{key, version, :_}, [], body}]
+    if literal?(key) do
+      [{{key, version, :_}, [], [{{{:const, key}, new_version(), {:const, new}}}]}]
     else
-      [{{:"$1", version, :_}, [{:"=:=", :"$1", {:const, key}}], body}]
+      [
+        {{:"$1", version, :_}, [{:"=:=", :"$1", {:const, key}}],
+         [{{:"$1", new_version(), {:const, new}}}]}
+      ]
     end
   end
+
+  # Whether `term` can stand literally in a match-spec head: no atoms that a
+  # head would read as variables, and no maps, which a head matches partially.
+  defp literal?(:_), do: false
+  defp literal?(a) when is_atom(a), do: not String.starts_with?(Atom.to_string(a), "$")
+  defp literal?(t) when is_tuple(t), do: literal?(Tuple.to_list(t))
+  defp literal?([h | t]), do: literal?(h) and literal?(t)
+  defp literal?(m) when is_map(m), do: false
+  defp literal?(_), do: true
 
   defp new_version, do: :erlang.unique_integer([:monotonic, :positive])
 end

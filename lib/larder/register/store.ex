@@ -128,15 +128,4 @@ defmodule Larder.Register.Store do
   rescue
     ArgumentError -> Register.unknown!(reg)
   end
-
-  @doc false
-  # Whether `term` can stand literally in a match-spec head (no atoms that a
-  # head would read as variables).
-  @spec literal?(term()) :: boolean()
-  def literal?(:_), do: false
-  def literal?(a) when is_atom(a), do: not String.starts_with?(Atom.to_string(a), "$")
-  def literal?(t) when is_tuple(t), do: literal?(Tuple.to_list(t))
-  def literal?([h | t]), do: literal?(h) and literal?(t)
-  def literal?(m) when is_map(m), do: literal?(Map.to_list(m))
-  def literal?(_), do: true
 end

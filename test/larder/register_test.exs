@@ -1,0 +1,295 @@
+defmodule Larder.RegisterTest do
+  use ExUnit.Case, async: true
+
+  alias Larder.Register
+
+  doctest Register
+
+  # The local copies this process holds, per register: %{key => entry} maps
+  # under {Larder.Register, id}.
+  defp local_copies do
+    for {{Register, _id}, copies} when is_map(copies) <- Process.get(),
+        into: %{},
+        do: {:ok, copies}
+  end
+
+  defp name_of(context), do: :"#{inspect(__MODULE__)}.#{context.test}"
+
+  for mode <- [:versioned, :ets] do
+    describe "mode: #{mode}" do
+      setup do
+        reg = Register.new(mode: unquote(mode))
+        on_exit(fn -> :ok end)
+        %{reg: reg, mode: unquote(mode)}
+      end
+
+      test "put, get, fetch, delete", %{reg: reg} do
+        assert Register.get(reg, :a) == nil
+        assert Register.get(reg, :a, :dflt) == :dflt
+        assert Register.fetch(reg, :a) == :error
+        assert Register.put(reg, :a, 1) == :ok
+        assert Register.get(reg, :a) == 1
+        assert Register.fetch(reg, :a) == {:ok, 1}
+        assert Register.put(reg, :a, nil) == :ok
+        assert Register.fetch(reg, :a) == {:ok, nil}
+        assert Register.get(reg, :a, :dflt) == nil
+        assert Register.delete(reg, :a) == :ok
+        assert Register.get(reg, :a, :dflt) == :dflt
+        assert Register.fetch(reg, :a) == :error
+        assert Register.delete(reg, :never_there) == :ok
+      end
+
+      test "keys are arbitrary terms", %{reg: reg} do
+        keys = [
+          1,
+          1.0,
+          "bin",
+          {:tuple, [1, 2]},
+          %{map: true},
+          [:_],
+          :_,
+          :"$1",
+          {:"$2", :_},
+          self(),
+          make_ref()
+        ]
+
+        for {key, i} <- Enum.with_index(keys), do: :ok = Register.put(reg, key, i)
+        for {key, i} <- Enum.with_index(keys), do: assert(Register.get(reg, key) == i)
+        assert Enum.sort(Register.keys(reg)) == Enum.sort(keys)
+        assert Register.size(reg) == length(keys)
+
+        for key <- keys, do: :ok = Register.update(reg, key, 0, &(&1 + 100))
+        for {key, i} <- Enum.with_index(keys), do: assert(Register.get(reg, key) == i + 100)
+      end
+
+      test "update is a read-modify-write with a default", %{reg: reg} do
+        assert Register.update(reg, :n, 10, &(&1 + 1)) == :ok
+        assert Register.get(reg, :n) == 11
+        assert Register.update(reg, :n, 10, &(&1 * 2)) == :ok
+        assert Register.get(reg, :n) == 22
+        assert_raise RuntimeError, fn -> Register.update(reg, :n, 0, fn _ -> raise "boom" end) end
+        assert Register.get(reg, :n) == 22
+        assert_raise ArgumentError, ~r/fun/, fn -> Register.update(reg, :n, 0, :not_a_fun) end
+      end
+
+      test "version grows with every write and is nil when absent", %{reg: reg} do
+        assert Register.version(reg, :k) == nil
+        :ok = Register.put(reg, :k, :a)
+        v1 = Register.version(reg, :k)
+        assert is_integer(v1)
+        assert Register.version(reg, :k) == v1
+        :ok = Register.put(reg, :other, :x)
+        :ok = Register.put(reg, :k, :a)
+        v2 = Register.version(reg, :k)
+        assert v2 > v1
+        :ok = Register.update(reg, :k, nil, fn _ -> :b end)
+        assert Register.version(reg, :k) > v2
+        :ok = Register.delete(reg, :k)
+        assert Register.version(reg, :k) == nil
+      end
+
+      test "concurrent updates never lose a write", %{reg: reg} do
+        tasks =
+          for _ <- 1..4 do
+            Task.async(fn -> for _ <- 1..250, do: Register.update(reg, :count, 0, &(&1 + 1)) end)
+          end
+
+        Enum.each(tasks, &Task.await(&1, 30_000))
+        assert Register.get(reg, :count) == 1000
+      end
+
+      test "a write is seen at once by a process holding a copy", %{reg: reg} do
+        :ok = Register.put(reg, :k, 1)
+        parent = self()
+
+        reader =
+          spawn_link(fn ->
+            loop = fn loop ->
+              receive do
+                :read ->
+                  send(parent, {:read, Register.get(reg, :k)})
+                  loop.(loop)
+              end
+            end
+
+            loop.(loop)
+          end)
+
+        for i <- 2..50 do
+          send(reader, :read)
+          assert_receive {:read, seen}
+          assert seen == i - 1
+          :ok = Register.put(reg, :k, i)
+        end
+      end
+
+      test "a deleted register raises ArgumentError naming it", %{reg: reg} do
+        :ok = Register.put(reg, :k, 1)
+        assert Register.get(reg, :k) == 1
+        assert Register.delete_register(reg) == :ok
+
+        for call <- [
+              fn -> Register.get(reg, :k) end,
+              fn -> Register.fetch(reg, :k) end,
+              fn -> Register.version(reg, :k) end,
+              fn -> Register.put(reg, :k, 2) end,
+              fn -> Register.update(reg, :k, 0, &(&1 + 1)) end,
+              fn -> Register.delete(reg, :k) end,
+              fn -> Register.keys(reg) end,
+              fn -> Register.size(reg) end,
+              fn -> Register.delete_register(reg) end
+            ] do
+          assert_raise ArgumentError, ~r/unknown register: #Larder.Register</, call
+        end
+      end
+
+      test "a named register resolves by name and raises once deleted", %{mode: mode} = context do
+        name = name_of(context)
+        reg = Register.new(name: name, mode: mode)
+        :ok = Register.put(name, :k, 1)
+        assert Register.get(reg, :k) == 1
+        assert Register.get(name, :k) == 1
+        assert Register.size(name) == 1
+        assert_raise ArgumentError, ~r/already in use/, fn -> Register.new(name: name) end
+        :ok = Register.delete_register(name)
+        message = "unknown register: #{inspect(name)}"
+        assert_raise ArgumentError, message, fn -> Register.get(name, :k) end
+        assert_raise ArgumentError, message, fn -> Register.put(name, :k, 1) end
+
+        # The name can be reused, and copies of the old register do not leak in.
+        reg2 = Register.new(name: name, mode: mode)
+        assert Register.get(name, :k) == nil
+        :ok = Register.put(reg2, :k, 2)
+        assert Register.get(name, :k) == 2
+        :ok = Register.delete_register(reg2)
+      end
+    end
+  end
+
+  describe "local copies (mode: :versioned)" do
+    test "an unchanged value is returned as the very same term, without growing the heap" do
+      reg = Register.new()
+      value = Enum.to_list(1..100)
+      :ok = Register.put(reg, :k, value)
+      Register.forget(reg)
+      first = Register.get(reg, :k)
+      assert first == value
+      assert :erts_debug.same(first, Register.get(reg, :k))
+
+      # The put kept the writer's own term as its copy.
+      :ok = Register.put(reg, :k2, value)
+      assert :erts_debug.same(Register.get(reg, :k2), value)
+
+      # After a write elsewhere the copy is refreshed, then shared again.
+      parent = self()
+      spawn_link(fn -> send(parent, Register.put(reg, :k, [0 | value])) end)
+      assert_receive :ok
+      fresh = Register.get(reg, :k)
+      assert fresh == [0 | value]
+      refute :erts_debug.same(fresh, first)
+      assert :erts_debug.same(fresh, Register.get(reg, :k))
+    end
+
+    test "copies are bounded by :max_cached and released by forget/1" do
+      reg = Register.new(max_cached: 8)
+      for i <- 1..100, do: :ok = Register.put(reg, i, i)
+      for i <- 1..100, do: assert(Register.get(reg, i) == i)
+      [copies] = Map.values(local_copies())
+      assert map_size(copies) in 1..8
+      assert Register.forget(reg) == :ok
+      assert local_copies() == %{}
+      assert Register.get(reg, 5) == 5
+    end
+
+    test "delete_register/1 releases this process's copies" do
+      reg = Register.new()
+      :ok = Register.put(reg, :k, 1)
+      assert Register.get(reg, :k) == 1
+      assert local_copies() != %{}
+      :ok = Register.delete_register(reg)
+      assert local_copies() == %{}
+    end
+
+    test "keys sharing a slot never see each other's values" do
+      reg = Register.new(slots: 1)
+      for i <- 1..50, do: :ok = Register.put(reg, i, {:v, i})
+
+      for round <- 1..3, i <- 1..50 do
+        assert Register.get(reg, i) == {:v, i}
+        if rem(i, 7) == round, do: :ok = Register.put(reg, i, {:v, i})
+      end
+    end
+  end
+
+  describe "lifecycle and options" do
+    test "a register made with new/1 dies with its owner" do
+      parent = self()
+
+      owner =
+        spawn(fn ->
+          send(parent, {:reg, Register.new()})
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive {:reg, reg}
+      :ok = Register.put(reg, :k, 1)
+      assert Register.get(reg, :k) == 1
+      ref = Process.monitor(owner)
+      Process.exit(owner, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      assert_eventually(fn -> raises_argument_error?(fn -> Register.put(reg, :k, 2) end) end)
+      assert_raise ArgumentError, ~r/unknown register/, fn -> Register.get(reg, :k) end
+    end
+
+    test "start_link/1 and child_spec/1 run a named register under a supervisor", context do
+      name = name_of(context)
+      {:ok, sup} = Supervisor.start_link([{Register, name: name}], strategy: :one_for_one)
+      :ok = Register.put(name, :k, 1)
+      assert Register.get(name, :k) == 1
+      :ok = Supervisor.stop(sup)
+      assert_raise ArgumentError, ~r/unknown register/, fn -> Register.get(name, :k) end
+    end
+
+    test "start_link/1 needs a name" do
+      assert_raise ArgumentError, ~r/:name/, fn -> Register.start_link([]) end
+    end
+
+    test "options are validated" do
+      assert_raise ArgumentError, ~r/unknown options \[:bogus\].*valid options: \[:mode/, fn ->
+        Register.new(bogus: 1)
+      end
+
+      assert_raise ArgumentError, ~r/:mode/, fn -> Register.new(mode: :fast) end
+      assert_raise ArgumentError, ~r/:slots/, fn -> Register.new(slots: 0) end
+      assert_raise ArgumentError, ~r/:max_cached/, fn -> Register.new(max_cached: -1) end
+      assert_raise ArgumentError, ~r/:name/, fn -> Register.new(name: "str") end
+      assert_raise ArgumentError, ~r/keyword/, fn -> Register.new([:x]) end
+    end
+
+    test "something that is not a register raises ArgumentError" do
+      assert_raise ArgumentError, ~r/expected a register handle or name, got: "nope"/, fn ->
+        Register.get("nope", :k)
+      end
+
+      assert_raise ArgumentError, "unknown register: :no_such_register", fn ->
+        Register.put(:no_such_register, :k, 1)
+      end
+    end
+  end
+
+  defp raises_argument_error?(fun) do
+    fun.()
+    false
+  rescue
+    ArgumentError -> true
+  end
+
+  defp assert_eventually(fun, tries \\ 100) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("condition never became true")
+      true -> Process.sleep(10) && assert_eventually(fun, tries - 1)
+    end
+  end
+end
