@@ -278,6 +278,168 @@ defmodule Larder.RegisterTest do
     end
   end
 
+  describe "model" do
+    # Random operation sequences, each operation run by one of three
+    # processes (so their local copies must follow each other's writes),
+    # checked step by step against a map.
+    @keys [:a, :b, {:c, 1}, "d", :_, 5]
+
+    defp op_gen do
+      key = :proper_types.elements(@keys)
+      small = :proper_types.integer(0, 20)
+
+      :proper_types.tuple([
+        :proper_types.integer(0, 2),
+        :proper_types.oneof([
+          :proper_types.tuple([:proper_types.exactly(:put), key, small]),
+          :proper_types.tuple([:proper_types.exactly(:get), key]),
+          :proper_types.tuple([:proper_types.exactly(:fetch), key]),
+          :proper_types.tuple([:proper_types.exactly(:update), key, small]),
+          :proper_types.tuple([:proper_types.exactly(:delete), key]),
+          :proper_types.tuple([:proper_types.exactly(:version), key]),
+          :proper_types.exactly({:keys}),
+          :proper_types.exactly({:size}),
+          :proper_types.exactly({:forget})
+        ])
+      ])
+    end
+
+    defp run_op(reg, {:put, k, v}), do: Register.put(reg, k, v)
+    defp run_op(reg, {:get, k}), do: Register.get(reg, k, :default)
+    defp run_op(reg, {:fetch, k}), do: Register.fetch(reg, k)
+    defp run_op(reg, {:update, k, d}), do: Register.update(reg, k, d, &(&1 + 1))
+    defp run_op(reg, {:delete, k}), do: Register.delete(reg, k)
+    defp run_op(reg, {:version, k}), do: Register.version(reg, k)
+    defp run_op(reg, {:keys}), do: Enum.sort(Register.keys(reg))
+    defp run_op(reg, {:size}), do: Register.size(reg)
+    defp run_op(reg, {:forget}), do: Register.forget(reg)
+
+    # Returns {expected result or :any, new model}; versions are checked for
+    # presence only, and for growth in check_versions/3.
+    defp model_op(m, {:put, k, v}), do: {:ok, Map.put(m, k, v)}
+    defp model_op(m, {:get, k}), do: {Map.get(m, k, :default), m}
+    defp model_op(m, {:fetch, k}), do: {Map.fetch(m, k), m}
+    defp model_op(m, {:update, k, d}), do: {:ok, Map.put(m, k, Map.get(m, k, d) + 1)}
+    defp model_op(m, {:delete, k}), do: {:ok, Map.delete(m, k)}
+    defp model_op(m, {:version, k}), do: {{:version, Map.has_key?(m, k)}, m}
+    defp model_op(m, {:keys}), do: {Enum.sort(Map.keys(m)), m}
+    defp model_op(m, {:size}), do: {map_size(m), m}
+    defp model_op(m, {:forget}), do: {:ok, m}
+
+    defp matches?({:version, present?}, got),
+      do: is_integer(got) == present? and (present? or got == nil)
+
+    defp matches?(expected, got), do: expected == got
+
+    defp worker do
+      receive do
+        {:run, from, fun} ->
+          send(from, {:ran, fun.()})
+          worker()
+      end
+    end
+
+    defp in_worker(pid, fun) do
+      send(pid, {:run, self(), fun})
+
+      receive do
+        {:ran, result} -> result
+      end
+    end
+
+    for mode <- [:versioned, :ets] do
+      test "random operations from several processes agree with a map (#{mode})" do
+        mode = unquote(mode)
+        workers = for _ <- 1..3, do: spawn_link(&worker/0)
+
+        property =
+          :proper.forall(:proper_types.list(op_gen()), fn ops ->
+            reg = Register.new(mode: mode, slots: 4, max_cached: 3)
+
+            {ok?, _model} =
+              Enum.reduce_while(ops, {true, %{}}, fn {who, op}, {true, model} ->
+                {expected, model} = model_op(model, op)
+                got = in_worker(Enum.at(workers, who), fn -> run_op(reg, op) end)
+
+                if matches?(expected, got),
+                  do: {:cont, {true, model}},
+                  else: {:halt, {false, model}}
+              end)
+
+            Register.delete_register(reg)
+            ok?
+          end)
+
+        Larder.Test.PropEr.check(property, numtests: 200)
+      end
+    end
+  end
+
+  describe "concurrency" do
+    # Writers increment one key; readers check that no read returns a value
+    # older than one any reader had already returned before it started.
+    test "reads never go backwards across processes, and no update is lost" do
+      reg = Register.new()
+      :ok = Register.put(reg, :k, 0)
+      seen = :atomics.new(1, signed: true)
+      writers = 2
+      per_writer = 2_000
+
+      readers =
+        for _ <- 1..4 do
+          Task.async(fn -> read_forward(reg, seen, 0, 0) end)
+        end
+
+      for _ <- 1..writers do
+        Task.async(fn -> for _ <- 1..per_writer, do: Register.update(reg, :k, 0, &(&1 + 1)) end)
+      end
+      |> Enum.each(&Task.await(&1, 60_000))
+
+      :ok = Register.put(reg, :k, :done)
+      reads = Enum.map(readers, &Task.await(&1, 60_000))
+      assert Enum.all?(reads, &(&1 > 0))
+      assert :atomics.get(seen, 1) == writers * per_writer
+    end
+
+    test "a single writer's increasing puts are seen in order" do
+      reg = Register.new()
+      :ok = Register.put(reg, :k, 0)
+      seen = :atomics.new(1, signed: true)
+      readers = for _ <- 1..3, do: Task.async(fn -> read_forward(reg, seen, 0, 0) end)
+      for i <- 1..5_000, do: :ok = Register.put(reg, :k, i)
+      :ok = Register.put(reg, :k, :done)
+      assert Enum.all?(Enum.map(readers, &Task.await(&1, 60_000)), &(&1 > 0))
+      assert :atomics.get(seen, 1) == 5_000
+    end
+  end
+
+  # Reads until :done; every value must be >= the highest value any reader
+  # had returned before this read began, and >= this reader's previous one.
+  defp read_forward(reg, seen, last, reads) do
+    floor = :atomics.get(seen, 1)
+
+    case Register.get(reg, :k) do
+      :done ->
+        reads
+
+      value ->
+        if value < floor or value < last do
+          raise "went backwards: read #{value} after #{max(floor, last)} was returned"
+        end
+
+        raise_max(seen, value)
+        read_forward(reg, seen, value, reads + 1)
+    end
+  end
+
+  defp raise_max(seen, value) do
+    current = :atomics.get(seen, 1)
+
+    if value > current and :atomics.compare_exchange(seen, 1, current, value) != :ok do
+      raise_max(seen, value)
+    end
+  end
+
   defp raises_argument_error?(fun) do
     fun.()
     false
