@@ -413,6 +413,112 @@ defmodule Larder.RegisterTest do
     end
   end
 
+  describe "killed writers" do
+    # Writers put and update values {:v, key, n}, recording each n before
+    # writing it, and are killed at arbitrary points by Process.exit(:kill)
+    # while readers check every value they see.
+    for {mode, cycles} <- [versioned: 10_000, ets: 2_000] do
+      test "leave no garbage, no stuck key and no broken invariant (#{mode}, #{cycles} kills)" do
+        reg = Register.new(mode: unquote(mode), slots: 4)
+        tab = Register.__table__(reg)
+        owner = :ets.info(tab, :owner)
+        keys = for i <- 1..8, do: {:key, i}
+        attempted = :ets.new(:attempted, [:set, :public, write_concurrency: true])
+        :ets.insert(attempted, {0})
+        for k <- keys, do: :ok = Register.put(reg, k, {:v, k, 0})
+        stop = :atomics.new(1, [])
+
+        readers =
+          for _ <- 1..2, do: Task.async(fn -> check_reads(reg, keys, attempted, stop, 0) end)
+
+        warmup = div(unquote(cycles), 10)
+        for i <- 1..warmup, do: kill_cycle(reg, keys, attempted, i)
+        before = footprint(tab, owner)
+        for i <- (warmup + 1)..(warmup + unquote(cycles)), do: kill_cycle(reg, keys, attempted, i)
+        after_kills = footprint(tab, owner)
+        :atomics.put(stop, 1, 1)
+        assert Enum.all?(Enum.map(readers, &Task.await(&1, 60_000)), &(&1 > 0))
+
+        # Exactly one committed object per key, holding a value really put.
+        objects = :ets.tab2list(tab)
+        assert length(objects) == length(keys)
+        assert Register.size(reg) == length(keys)
+        assert Enum.sort(Register.keys(reg)) == Enum.sort(keys)
+
+        for {key, version, {:v, vkey, n}} <- objects do
+          assert vkey == key
+          assert :ets.member(attempted, n)
+          assert Register.version(reg, key) == version
+          assert Register.get(reg, key) == {:v, key, n}
+        end
+
+        # No stuck key: every key still takes a put and an update.
+        for key <- keys do
+          :ok = Register.put(reg, key, {:v, key, -1})
+          :ok = Register.update(reg, key, nil, fn {:v, ^key, n} -> {:v, key, n - 1} end)
+          assert Register.get(reg, key) == {:v, key, -2}
+        end
+
+        # Memory does not grow with the kills.
+        assert after_kills.table <= before.table
+        assert after_kills.owner <= before.owner + 1_000
+        assert after_kills.queue == 0
+        :ok = Register.delete_register(reg)
+      end
+    end
+  end
+
+  defp kill_cycle(reg, keys, attempted, i) do
+    pid = spawn(fn -> write_forever(reg, keys, attempted, i * 1_000) end)
+    spin(rem(i * 7919, 2_000))
+    Process.exit(pid, :kill)
+  end
+
+  defp write_forever(reg, keys, attempted, n) do
+    key = Enum.at(keys, rem(n, length(keys)))
+
+    if rem(n, 2) == 0 do
+      :ets.insert(attempted, {n})
+      :ok = Register.put(reg, key, {:v, key, n})
+    else
+      :ok =
+        Register.update(reg, key, nil, fn {:v, ^key, _} ->
+          :ets.insert(attempted, {n})
+          {:v, key, n}
+        end)
+    end
+
+    write_forever(reg, keys, attempted, n + 1)
+  end
+
+  defp spin(0), do: :ok
+  defp spin(n), do: spin(n - 1)
+
+  defp check_reads(reg, keys, attempted, stop, reads) do
+    if :atomics.get(stop, 1) == 1 do
+      reads
+    else
+      for key <- keys do
+        {:v, ^key, n} = Register.get(reg, key)
+        true = :ets.member(attempted, n)
+      end
+
+      check_reads(reg, keys, attempted, stop, reads + 1)
+    end
+  end
+
+  defp footprint(tab, owner) do
+    # A call through the owner flushes any write still in its queue.
+    _ = :sys.get_state(owner)
+    :erlang.garbage_collect(owner)
+
+    %{
+      table: :ets.info(tab, :memory),
+      owner: elem(:erlang.process_info(owner, :memory), 1),
+      queue: elem(:erlang.process_info(owner, :message_queue_len), 1)
+    }
+  end
+
   # Reads until :done; every value must be >= the highest value any reader
   # had returned before this read began, and >= this reader's previous one.
   defp read_forward(reg, seen, last, reads) do
