@@ -9,6 +9,9 @@ defmodule Larder do
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
       stored at most once, at close to ETS `:duplicate_bag` speed, with disk
       snapshots for fast restarts.
+    * `Larder.Register` - versioned hot-key values for any key: a process
+      re-reading an unchanged value gets its own copy back after one atomics
+      read, with no ETS lookup and no copy, and never a stale one.
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the

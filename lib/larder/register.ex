@@ -29,11 +29,14 @@ defmodule Larder.Register do
   term, so the caller's heap does not grow); otherwise the reader looks the
   key up in ETS and refreshes its copy.
 
-  All writes of a `:versioned` register are performed by the register's
-  owner process, one at a time: the caller sends the write and waits for the
-  reply. The owner inserts the record with the slot's next version, which
-  readers treat as not yet committed, and then bumps the slot counter, which
-  commits it for cached and fresh readers at the same instant.
+  A writer (the calling process itself) takes its slot's lock, inserts the
+  record with the slot's next counter value, which readers treat as not yet
+  committed, then bumps the counter, which commits it for cached and fresh
+  readers at the same instant, and releases the lock. A lock whose holder has
+  died is taken over by the next writer of the slot; a record its dead writer
+  left uncommitted is committed by that writer's bump, or by the first reader
+  that meets it. Writes to one slot are serialised; writes to different
+  slots run in parallel.
 
   `mode: :ets` keeps the same API on the same table but without counters or
   copies: readers look up ETS every time and callers write ETS directly. It
@@ -44,9 +47,10 @@ defmodule Larder.Register do
     * `get/3`, `fetch/2`, `version/2`: O(1). Unchanged key: no ETS access, no
       copy. Changed key (or first read in this process): one ETS lookup, which
       copies the value into the caller's heap.
-    * `put/3`, `delete/2`: O(1) plus, in `:versioned` mode, a message round
-      trip to the owner. `update/4`: a read, the function, and a
-      compare-and-swap, retried while other writers win.
+    * `put/3`, `delete/2`: O(1): in `:versioned` mode, a lock insert and
+      delete in a small ETS table around the record insert and the bump.
+      `update/4`: a read, the function, and a compare-and-swap, retried while
+      other writers win.
     * `keys/1`: O(n). `size/1`: O(1).
     * Keys are arbitrary terms and the number of keys is unbounded: slots are
       shared by hashing. Two keys in one slot are never confused; a write to
@@ -70,9 +74,13 @@ defmodule Larder.Register do
       has not changed meanwhile (otherwise it runs again), so concurrent
       updates never lose a write. The function may run more than once.
     * A caller killed at any point of `put/3`, `update/4` or `delete/2`
-      (`Process.exit(pid, :kill)`) cannot leave a half-done write: the owner
-      either performs the whole write or none of it. There is nothing to
-      clean up and no key can get stuck.
+      (`Process.exit(pid, :kill)`) leaves at most an uncommitted record and a
+      lock held by a dead process. No reader returns the uncommitted value
+      before it is committed; the next writer of the slot takes the lock
+      over, and a reader that meets the record commits it, so the key never
+      gets stuck, nobody has to clean up, and no reader stays on the old
+      value while another sees the new one. Each key keeps exactly one
+      record.
     * `keys/1` and `size/1` are snapshots that may or may not include writes
       running concurrently with them.
 
@@ -97,7 +105,7 @@ defmodule Larder.Register do
 
   alias Larder.Register.{Local, Plain, Server, Store}
 
-  @enforce_keys [:mode, :tab, :versions, :slots, :local, :server, :name, :max_cached]
+  @enforce_keys [:mode, :tab, :locks, :versions, :slots, :local, :server, :name, :max_cached]
   defstruct @enforce_keys
 
   @typedoc "A register handle (from `new/1`) or the name of a named register."
@@ -296,7 +304,7 @@ defmodule Larder.Register do
   def put(reg, key, value) do
     case resolve(reg) do
       %__MODULE__{mode: :ets} = reg -> Plain.put(reg, key, value)
-      reg -> Local.remember(reg, key, written(call(reg, {:put, key, value}), value))
+      reg -> Local.remember(reg, key, written(Store.write(reg, key, value), value))
     end
   end
 
@@ -332,7 +340,7 @@ defmodule Larder.Register do
 
     new = fun.(current)
 
-    case call(reg, {:swap, key, expected, new}) do
+    case Store.swap(reg, key, expected, new) do
       :conflict -> update_versioned(reg, key, default, fun)
       written -> Local.remember(reg, key, written(written, new))
     end
@@ -346,7 +354,7 @@ defmodule Larder.Register do
   def delete(reg, key) do
     case resolve(reg) do
       %__MODULE__{mode: :ets} = reg -> Plain.delete(reg, key)
-      reg -> Local.remember(reg, key, call(reg, {:delete, key}))
+      reg -> Local.remember(reg, key, Store.remove(reg, key))
     end
   end
 

@@ -1,7 +1,6 @@
-# The owner of a register: creates its table and publishes its name; in
-# :versioned mode it performs every write, so a caller killed mid-write cannot
-# leave half a write behind; it marks the register dead and drops the table on
-# delete_register/1, owner exit or shutdown.
+# The owner of a register: creates its tables and publishes its name; marks
+# the register dead and drops the tables on delete_register/1, owner exit or
+# shutdown.
 defmodule Larder.Register.Server do
   @moduledoc false
 
@@ -25,8 +24,6 @@ defmodule Larder.Register.Server do
   @impl true
   def init({opts, owner}) do
     Process.flag(:trap_exit, true)
-    # Writers wait on this process; let it run ahead of the readers.
-    Process.flag(:priority, :high)
     if owner, do: Process.monitor(owner)
 
     reg = Store.create(opts, self())
@@ -40,22 +37,6 @@ defmodule Larder.Register.Server do
 
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.reg, state}
-
-  def handle_call({:put, key, value}, _from, state) do
-    {:reply, Store.write(state.reg, key, value), state}
-  end
-
-  def handle_call({:swap, key, expected, value}, _from, state) do
-    if Store.current_version(state.reg, key) == expected do
-      {:reply, Store.write(state.reg, key, value), state}
-    else
-      {:reply, :conflict, state}
-    end
-  end
-
-  def handle_call({:delete, key}, _from, state) do
-    {:reply, Store.remove(state.reg, key), state}
-  end
 
   def handle_call(:delete_register, _from, state) do
     shutdown(state.reg)

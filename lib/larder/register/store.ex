@@ -1,6 +1,7 @@
 # The :versioned storage protocol: one ETS record per key plus an atomics
-# array of per-slot commit counters. The owner process performs every write
-# (insert, then bump); any process reads, and waits out the instant between.
+# array of per-slot commit counters. A writer takes its slot's lock, inserts,
+# bumps, and unlocks; a lock whose holder died is taken over, and a write the
+# dead holder left half done is committed by whoever finds it.
 defmodule Larder.Register.Store do
   @moduledoc false
 
@@ -18,13 +19,8 @@ defmodule Larder.Register.Store do
 
     %Register{
       mode: mode,
-      tab:
-        :ets.new(Register, [
-          :set,
-          :public,
-          read_concurrency: true,
-          write_concurrency: mode == :ets
-        ]),
+      tab: :ets.new(Register, [:set, :public, read_concurrency: true, write_concurrency: true]),
+      locks: :ets.new(Register.Locks, [:set, :public, write_concurrency: true]),
       versions: :atomics.new(Keyword.fetch!(opts, :slots), signed: true),
       slots: Keyword.fetch!(opts, :slots),
       local: {Register, :erlang.unique_integer([:positive])},
@@ -42,51 +38,135 @@ defmodule Larder.Register.Store do
   #   {key, version, value}  the key's value
   #   {key, version}         a tombstone: the key is being deleted
   #
-  # The owner writes a record with its slot's next counter value, then bumps
-  # the slot to it. A record whose version is above its slot's counter is not
-  # committed yet: readers wait for the bump rather than return it, so cached
-  # and fresh readers switch values at the same instant.
+  # Under its slot's lock, a writer inserts a record with the slot's next
+  # counter value, then bumps the slot to it. A record whose version is above
+  # its slot's counter is not committed yet: readers never return it, so
+  # cached and fresh readers switch values at the same bump. If its writer is
+  # alive, readers wait; if it died, they take the lock and bump for it.
 
-  @doc "Writes `key` (owner only); returns its slot and new version."
+  @doc "Writes `key`; returns its slot and new version."
   @spec write(Register.t(), term(), term()) :: {pos_integer(), pos_integer()}
-  def write(%Register{tab: tab, versions: versions} = reg, key, value) do
-    slot = slot(reg, key)
-    version = :atomics.get(versions, slot) + 1
-    :ets.insert(tab, {key, version, value})
-    :atomics.put(versions, slot, version)
-    {slot, version}
-  end
-
-  @doc "Removes `key` (owner only); returns the local-copy entry for the writer."
-  @spec remove(Register.t(), term()) :: tuple()
-  def remove(%Register{tab: tab, versions: versions} = reg, key) do
+  def write(reg, key, value) do
     slot = slot(reg, key)
 
-    if :ets.member(tab, key) do
-      version = :atomics.get(versions, slot) + 1
-      :ets.insert(tab, {key, version})
-      :atomics.put(versions, slot, version)
-      :ets.delete(tab, key)
+    locked(reg, slot, fn tag ->
+      version = tag + 1
+      :ets.insert(reg.tab, {key, version, value})
+      commit(reg, slot, tag, version)
       {slot, version}
-    else
-      {slot, :atomics.get(versions, slot)}
+    end)
+  end
+
+  @doc """
+  Writes `key` only if its committed version is still `expected` (nil: the
+  key is absent); returns its slot and new version, or `:conflict`.
+  """
+  @spec swap(Register.t(), term(), pos_integer() | nil, term()) ::
+          {pos_integer(), pos_integer()} | :conflict
+  def swap(%Register{tab: tab} = reg, key, expected, value) do
+    slot = slot(reg, key)
+
+    locked(reg, slot, fn tag ->
+      current =
+        case :ets.lookup(tab, key) do
+          [{_, version, _}] when version <= tag -> version
+          [{_, version}] when version <= tag -> nil
+          [] -> nil
+          _left_by_a_dead_writer -> :uncommitted
+        end
+
+      cond do
+        current == :uncommitted ->
+          commit(reg, slot, tag, tag + 1)
+          :conflict
+
+        current == expected ->
+          version = tag + 1
+          :ets.insert(tab, {key, version, value})
+          commit(reg, slot, tag, version)
+          {slot, version}
+
+        true ->
+          :conflict
+      end
+    end)
+  end
+
+  @doc "Removes `key`; returns the writer's local-copy entry."
+  @spec remove(Register.t(), term()) :: tuple()
+  def remove(%Register{tab: tab} = reg, key) do
+    slot = slot(reg, key)
+
+    locked(reg, slot, fn tag ->
+      if :ets.member(tab, key) do
+        version = tag + 1
+        :ets.insert(tab, {key, version})
+        commit(reg, slot, tag, version)
+        :ets.delete(tab, key)
+        {slot, version}
+      else
+        {slot, tag}
+      end
+    end)
+  end
+
+  # Runs fun.(tag) holding the slot's lock, tag being the slot's counter.
+  defp locked(%Register{locks: locks, versions: versions} = reg, slot, fun) do
+    lock(locks, slot)
+
+    try do
+      case :atomics.get(versions, slot) do
+        tag when tag < 0 -> Register.unknown!(reg)
+        tag -> fun.(tag)
+      end
+    after
+      unlock(locks, slot)
+    end
+  rescue
+    # The table or the locks went with the register.
+    ArgumentError -> Register.unknown!(reg)
+  end
+
+  defp lock(locks, slot) do
+    unless :ets.insert_new(locks, {slot, self()}) do
+      case :ets.lookup(locks, slot) do
+        [{_, holder}] ->
+          if Process.alive?(holder) do
+            :erlang.yield()
+          else
+            # Take over a dead holder's lock; whatever it left half done is
+            # a record above the counter, which the next bump commits.
+            :ets.delete_object(locks, {slot, holder})
+          end
+
+        [] ->
+          :ok
+      end
+
+      lock(locks, slot)
     end
   end
 
-  @doc "The key's version as the owner sees it (owner only: all committed)."
-  @spec current_version(Register.t(), term()) :: pos_integer() | nil
-  def current_version(%Register{tab: tab}, key) do
-    case :ets.lookup(tab, key) do
-      [{_, version, _}] -> version
-      _ -> nil
+  defp unlock(locks, slot) do
+    :ets.delete_object(locks, {slot, self()})
+  catch
+    :error, :badarg -> :ok
+  end
+
+  # Under the lock only the register's death can move the counter.
+  defp commit(reg, slot, tag, version) do
+    case :atomics.compare_exchange(reg.versions, slot, tag, version) do
+      :ok -> :ok
+      _dead -> Register.unknown!(reg)
     end
   end
 
-  @doc "Marks every slot dead, then drops the table (owner only)."
+  @doc "Marks every slot dead, then drops the tables (owner only)."
   @spec kill(Register.t()) :: :ok
-  def kill(%Register{tab: tab, versions: versions, slots: slots}) do
+  def kill(%Register{tab: tab, locks: locks, versions: versions, slots: slots}) do
     for slot <- 1..slots, do: :atomics.put(versions, slot, @dead)
     :ets.delete(tab)
+    :ets.delete(locks)
     :ok
   end
 
@@ -117,10 +197,28 @@ defmodule Larder.Register.Store do
         :error
 
       _uncommitted ->
-        # The owner is between its insert and its bump: let it finish.
-        :erlang.yield()
+        settle(reg, slot)
         read(reg, key, slot, :atomics.get(versions, slot))
     end
+  end
+
+  # A record above its slot's counter: its writer holds the lock. Wait for a
+  # live writer; for a dead one, take the lock and commit its write (under
+  # the lock, any record above the counter is a dead writer's).
+  defp settle(%Register{locks: locks} = reg, slot) do
+    case :ets.lookup(locks, slot) do
+      [{_, holder}] ->
+        if Process.alive?(holder) do
+          :erlang.yield()
+        else
+          locked(reg, slot, fn tag -> commit(reg, slot, tag, tag + 1) end)
+        end
+
+      [] ->
+        :ok
+    end
+  rescue
+    ArgumentError -> Register.unknown!(reg)
   end
 
   defp lookup(reg, tab, key) do
