@@ -127,23 +127,27 @@ defmodule Larder.Register.Store do
     ArgumentError -> Register.unknown!(reg)
   end
 
-  defp lock(locks, slot) do
+  # A held lock is retried a few times at once (its holder is most likely
+  # running on another scheduler and about to release it), then with yields.
+  @spins 20
+
+  defp lock(locks, slot, tries \\ 0) do
     unless :ets.insert_new(locks, {slot, self()}) do
       case :ets.lookup(locks, slot) do
         [{_, holder}] ->
-          if Process.alive?(holder) do
-            :erlang.yield()
-          else
+          cond do
+            tries < @spins -> :ok
+            Process.alive?(holder) -> :erlang.yield()
             # Take over a dead holder's lock; whatever it left half done is
             # a record above the counter, which the next bump commits.
-            :ets.delete_object(locks, {slot, holder})
+            true -> :ets.delete_object(locks, {slot, holder})
           end
 
         [] ->
           :ok
       end
 
-      lock(locks, slot)
+      lock(locks, slot, tries + 1)
     end
   end
 
