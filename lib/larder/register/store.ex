@@ -8,6 +8,11 @@ defmodule Larder.Register.Store do
   alias Larder.Register
   alias Larder.Register.Local
 
+  import Bitwise, only: [<<<: 2]
+
+  @self_id {Larder.Register, :self_id}
+  @serial_range 1 <<< 32
+
   # Slot counters start at 0 and only grow; a dead register has every slot at
   # @dead, which no local copy is ever tagged with.
   @dead -1
@@ -20,7 +25,7 @@ defmodule Larder.Register.Store do
     %Register{
       mode: mode,
       tab: :ets.new(Register, [:set, :public, read_concurrency: true, write_concurrency: true]),
-      locks: :ets.new(Register.Locks, [:set, :public, write_concurrency: true]),
+      locks: :atomics.new(Keyword.fetch!(opts, :slots), signed: true),
       versions: :atomics.new(Keyword.fetch!(opts, :slots), signed: true),
       slots: Keyword.fetch!(opts, :slots),
       local: {Register, :erlang.unique_integer([:positive])},
@@ -123,38 +128,59 @@ defmodule Larder.Register.Store do
       unlock(locks, slot)
     end
   rescue
-    # The table or the locks went with the register.
+    # The table went with the register.
     ArgumentError -> Register.unknown!(reg)
   end
 
-  # A held lock is retried a few times at once (its holder is most likely
-  # running on another scheduler and about to release it), then with yields.
+  # A slot's lock is an atomic holding 0 (free) or its holder's pid as an
+  # integer, so that a waiter can tell a live holder from a dead one. A held
+  # lock is retried a few times at once (its holder is most likely running on
+  # another scheduler and about to release it), then with yields.
   @spins 20
 
-  defp lock(locks, slot, tries \\ 0) do
-    unless :ets.insert_new(locks, {slot, self()}) do
-      case :ets.lookup(locks, slot) do
-        [{_, holder}] ->
-          cond do
-            tries < @spins -> :ok
-            Process.alive?(holder) -> :erlang.yield()
-            # Take over a dead holder's lock; whatever it left half done is
-            # a record above the counter, which the next bump commits.
-            true -> :ets.delete_object(locks, {slot, holder})
-          end
+  defp lock(locks, slot, me \\ self_id(), tries \\ 0) do
+    case :atomics.compare_exchange(locks, slot, 0, me) do
+      :ok ->
+        :ok
 
-        [] ->
-          :ok
-      end
+      holder when tries < @spins ->
+        _ = holder
+        lock(locks, slot, me, tries + 1)
 
-      lock(locks, slot, tries + 1)
+      holder ->
+        if alive?(holder) do
+          :erlang.yield()
+        else
+          # Take over a dead holder's lock; whatever it left half done is a
+          # record above the counter, which the next bump commits.
+          :atomics.compare_exchange(locks, slot, holder, 0)
+        end
+
+        lock(locks, slot, me, tries + 1)
     end
   end
 
-  defp unlock(locks, slot) do
-    :ets.delete_object(locks, {slot, self()})
-  catch
-    :error, :badarg -> :ok
+  defp unlock(locks, slot), do: :atomics.compare_exchange(locks, slot, self_id(), 0)
+
+  # This process's pid as a positive integer, computed once per process.
+  defp self_id do
+    case Process.get(@self_id) do
+      nil ->
+        '<0.' ++ rest = :erlang.pid_to_list(self())
+        [number, serial] = rest |> List.delete_at(-1) |> List.to_string() |> String.split(".")
+        id = String.to_integer(number) * @serial_range + String.to_integer(serial) + 1
+        Process.put(@self_id, id)
+        id
+
+      id ->
+        id
+    end
+  end
+
+  defp alive?(id) do
+    number = div(id - 1, @serial_range)
+    serial = rem(id - 1, @serial_range)
+    Process.alive?(:erlang.list_to_pid('<0.#{number}.#{serial}>'))
   end
 
   # Under the lock only the register's death can move the counter.
@@ -167,10 +193,9 @@ defmodule Larder.Register.Store do
 
   @doc "Marks every slot dead, then drops the tables (owner only)."
   @spec kill(Register.t()) :: :ok
-  def kill(%Register{tab: tab, locks: locks, versions: versions, slots: slots}) do
+  def kill(%Register{tab: tab, versions: versions, slots: slots}) do
     for slot <- 1..slots, do: :atomics.put(versions, slot, @dead)
     :ets.delete(tab)
-    :ets.delete(locks)
     :ok
   end
 
@@ -210,19 +235,17 @@ defmodule Larder.Register.Store do
   # live writer; for a dead one, take the lock and commit its write (under
   # the lock, any record above the counter is a dead writer's).
   defp settle(%Register{locks: locks} = reg, slot) do
-    case :ets.lookup(locks, slot) do
-      [{_, holder}] ->
-        if Process.alive?(holder) do
+    case :atomics.get(locks, slot) do
+      0 ->
+        :ok
+
+      holder ->
+        if alive?(holder) do
           :erlang.yield()
         else
           locked(reg, slot, fn tag -> commit(reg, slot, tag, tag + 1) end)
         end
-
-      [] ->
-        :ok
     end
-  rescue
-    ArgumentError -> Register.unknown!(reg)
   end
 
   defp lookup(reg, tab, key) do
