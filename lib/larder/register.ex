@@ -29,14 +29,15 @@ defmodule Larder.Register do
   term, so the caller's heap does not grow); otherwise the reader looks the
   key up in ETS and refreshes its copy.
 
-  A writer (the calling process itself) takes its slot's lock, inserts the
-  record with the slot's next counter value, which readers treat as not yet
-  committed, then bumps the counter, which commits it for cached and fresh
-  readers at the same instant, and releases the lock. A lock whose holder has
-  died is taken over by the next writer of the slot; a record its dead writer
-  left uncommitted is committed by that writer's bump, or by the first reader
-  that meets it. Writes to one slot are serialised; writes to different
-  slots run in parallel.
+  A writer (the calling process itself) takes its slot's lock (a
+  compare-and-swap of its pid, as an integer, into a second atomics array),
+  inserts the record with the slot's next counter value, which readers treat
+  as not yet committed, then bumps the counter, which commits it for cached
+  and fresh readers at the same instant, and releases the lock. A lock whose
+  holder has died is taken over by the next writer of the slot; a record the
+  dead writer left uncommitted is committed by that writer's bump, or by the
+  first reader that meets it. Writes to one slot are serialised; writes to
+  different slots run in parallel.
 
   `mode: :ets` keeps the same API on the same table but without counters or
   copies: readers look up ETS every time and callers write ETS directly. It
@@ -47,19 +48,22 @@ defmodule Larder.Register do
     * `get/3`, `fetch/2`, `version/2`: O(1). Unchanged key: no ETS access, no
       copy. Changed key (or first read in this process): one ETS lookup, which
       copies the value into the caller's heap.
-    * `put/3`, `delete/2`: O(1): in `:versioned` mode, a lock insert and
-      delete in a small ETS table around the record insert and the bump.
-      `update/4`: a read, the function, and a compare-and-swap, retried while
-      other writers win.
+    * `put/3`, `delete/2`: O(1): in `:versioned` mode, two atomics
+      compare-and-swaps (lock, unlock) around one ETS insert and the bump.
+      A writer that finds its slot locked retries at once a few times, then
+      yields between tries. `update/4`: a read, the function, and a
+      compare-and-swap under the lock, retried while other writers win.
     * `keys/1`: O(n). `size/1`: O(1).
     * Keys are arbitrary terms and the number of keys is unbounded: slots are
       shared by hashing. Two keys in one slot are never confused; a write to
       one only makes the other's cached copies miss once. Choose `:slots`
       around the number of hot keys (default 1024; 8 bytes each).
     * Local copies are bounded by `:max_cached` entries per register per
-      process (default 1024). When a process exceeds it, all of its copies of
-      that register are dropped at once (amortised O(1) per miss).
-      `forget/1` drops them on demand.
+      process (default 1024), kept in one process-dictionary entry per
+      register. When a process exceeds it, all of its copies of that register
+      are dropped at once (amortised O(1) per miss). `forget/1` drops them on
+      demand. A process that has written also keeps one entry, shared by all
+      registers, with its pid encoded for the slot locks.
 
   ## Concurrency
 
@@ -75,7 +79,7 @@ defmodule Larder.Register do
       updates never lose a write. The function may run more than once.
     * A caller killed at any point of `put/3`, `update/4` or `delete/2`
       (`Process.exit(pid, :kill)`) leaves at most an uncommitted record and a
-      lock held by a dead process. No reader returns the uncommitted value
+      slot lock naming a dead process. No reader returns the uncommitted value
       before it is committed; the next writer of the slot takes the lock
       over, and a reader that meets the record commits it, so the key never
       gets stuck, nobody has to clean up, and no reader stays on the old
@@ -100,7 +104,32 @@ defmodule Larder.Register do
 
   ## Performance
 
-  PERFORMANCE_SECTION
+  Every figure comes from `mix run bench/register_bench.exs` (full run, not
+  `--quick`): 16 parallel runners on a 2-core machine, values of 100
+  integers, medians, measured side by side with an ETS `:set` with
+  `read_concurrency` and `write_concurrency` in the same run. Speed-up is
+  the ETS median over the Register median; three full runs, the first two
+  while other benchmarks loaded the machine:
+
+  | workload | speed-up over ETS (run 3) | runs 1 and 2 |
+  |---|---|---|
+  | 1 key, 90% get / 10% put (hot key) | 3.70x | 1.36x, 1.19x |
+  | 16 keys, 90/10 | 2.42x | 1.71x, 1.69x |
+  | 1 key, 99/1 | 3.98x | 4.47x, 7.78x |
+  | 16 keys, 99/1 | 1.73x | 3.31x, 2.94x |
+  | 1 key, 50/50 | 3.04x | 0.70x, 1.79x |
+  | 16 keys, 50/50 | 0.74x | 0.75x, 0.73x |
+
+  One process re-reading an unchanged 100-integer list: 72 ns per `get`
+  (ETS: 324 ns), and 0 minor garbage collections over 100,000 reads with a
+  10k-word heap, where an ETS read does 1,785: the cached value is returned
+  without a copy.
+
+  Writers of one slot take turns on a spin-then-yield lock, so a writer
+  whose scheduler thread is descheduled by the operating system while it
+  holds the lock stalls the slot's other writers: on a machine shared with
+  other CPU-heavy work the hot-key figure drops (runs 1 and 2). Write-heavy
+  workloads spread over many keys (16 keys, 50/50) are slower than ETS.
   """
 
   alias Larder.Register.{Local, Plain, Server, Store}
