@@ -33,13 +33,4 @@ defmodule Larder.Register.Local do
     Process.delete(local)
     :ok
   end
-
-  @doc "How many keys this process holds copies of for the register under `local`."
-  @spec count(term()) :: non_neg_integer()
-  def count(local) do
-    case Process.get(local) do
-      nil -> 0
-      copies -> map_size(copies)
-    end
-  end
 end
