@@ -433,12 +433,23 @@ defmodule Larder.RegisterTest do
           for _ <- 1..2, do: Task.async(fn -> check_reads(reg, keys, attempted, stop, 0) end)
 
         warmup = div(unquote(cycles), 10)
-        for i <- 1..warmup, do: kill_cycle(reg, keys, attempted, i)
+        for i <- 1..warmup, do: kill_cycle(reg, keys, attempted, readers, i)
         before = footprint(tab, owner)
-        for i <- (warmup + 1)..(warmup + unquote(cycles)), do: kill_cycle(reg, keys, attempted, i)
+
+        for i <- (warmup + 1)..(warmup + unquote(cycles)),
+            do: kill_cycle(reg, keys, attempted, readers, i)
+
         after_kills = footprint(tab, owner)
+        # No reader is left behind: a fresh process reads every key (and
+        # commits whatever a killed writer left uncommitted), then the
+        # readers, which hold copies from before, must read the same.
+        fresh = Task.await(Task.async(fn -> Enum.map(keys, &Register.get(reg, &1)) end))
         :atomics.put(stop, 1, 1)
-        assert Enum.all?(Enum.map(readers, &Task.await(&1, 60_000)), &(&1 > 0))
+
+        for {reads, view} <- Enum.map(readers, &Task.await(&1, 60_000)) do
+          assert reads > 0
+          assert view == fresh
+        end
 
         # Exactly one committed object per key, holding a value really put.
         objects = :ets.tab2list(tab)
@@ -473,7 +484,7 @@ defmodule Larder.RegisterTest do
   # 0-2 yields of this process, at whatever point suspend_process/1 stops
   # it (inside a write most of the time: a bare kill is handled at the
   # writer's next scheduling point, which rarely falls inside one).
-  defp kill_cycle(reg, keys, attempted, i) do
+  defp kill_cycle(reg, keys, attempted, readers, i) do
     parent = self()
 
     pid =
@@ -488,6 +499,19 @@ defmodule Larder.RegisterTest do
 
     :erlang.suspend_process(pid)
     Process.exit(pid, :kill)
+
+    # No permanent staleness: whatever the kill left, once a fresh process
+    # has read every key, the readers, which hold copies from just before the
+    # kill, read the same values (every 10th cycle, to keep the test fast).
+    if rem(i, 10) == 0 do
+      fresh = Task.await(Task.async(fn -> Enum.map(keys, &Register.get(reg, &1)) end))
+
+      for %Task{pid: reader} <- readers do
+        send(reader, {:view, self()})
+        assert_receive {:view, ^reader, view}, 10_000
+        assert view == fresh
+      end
+    end
   end
 
   defp write_forever(reg, keys, attempted, n) do
@@ -516,7 +540,7 @@ defmodule Larder.RegisterTest do
 
   defp check_reads(reg, keys, attempted, stop, reads) do
     if :atomics.get(stop, 1) == 1 do
-      reads
+      {reads, Enum.map(keys, &Register.get(reg, &1))}
     else
       for key <- keys do
         {:v, ^key, n} = Register.get(reg, key)
@@ -526,6 +550,12 @@ defmodule Larder.RegisterTest do
 
           raise "read #{inspect({key, n})} never written (recorded 50 ms later: #{:ets.member(attempted, n)}; table: #{inspect(:ets.lookup(Register.__table__(reg), key))}; attempted size #{:ets.info(attempted, :size)})"
         end
+      end
+
+      receive do
+        {:view, from} -> send(from, {:view, self(), Enum.map(keys, &Register.get(reg, &1))})
+      after
+        0 -> :ok
       end
 
       check_reads(reg, keys, attempted, stop, reads + 1)
