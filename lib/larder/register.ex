@@ -34,10 +34,11 @@ defmodule Larder.Register do
   inserts the record with the slot's next counter value, which readers treat
   as not yet committed, then bumps the counter, which commits it for cached
   and fresh readers at the same instant, and releases the lock. A lock whose
-  holder has died is taken over by the next writer of the slot; a record the
-  dead writer left uncommitted is committed by that writer's bump, or by the
-  first reader that meets it. Writes to one slot are serialised; writes to
-  different slots run in parallel.
+  holder has died is taken over, by the next writer of the slot or by the
+  first reader that meets the dead holder's uncommitted record, and the new
+  holder bumps the counter first, which commits that record. A tombstone left
+  by a killed `delete/2` is dropped by the next reader of its key. Writes to
+  one slot are serialised; writes to different slots run in parallel.
 
   `mode: :ets` keeps the same API on the same table but without counters or
   copies: readers look up ETS every time and callers write ETS directly. It

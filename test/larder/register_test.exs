@@ -1,6 +1,8 @@
 defmodule Larder.RegisterTest do
   use ExUnit.Case, async: true
 
+  import Bitwise, only: [<<<: 2]
+
   alias Larder.Register
 
   doctest Register
@@ -209,6 +211,49 @@ defmodule Larder.RegisterTest do
       assert local_copies() != %{}
       :ok = Register.delete_register(reg)
       assert local_copies() == %{}
+    end
+
+    test "a tombstone left by a killed delete reads as absent and is dropped" do
+      reg = Register.new()
+      :ok = Register.put(reg, :k, 1)
+      tab = Register.__table__(reg)
+      # What delete/2 leaves when killed after committing its tombstone
+      # (version 1, at or below the slot counter) and before dropping it.
+      :ets.insert(tab, {:k, 1})
+      Register.forget(reg)
+      assert Register.get(reg, :k, :none) == :none
+      assert :ets.lookup(tab, :k) == []
+      assert Register.size(reg) == 0
+      assert Register.keys(reg) == []
+    end
+
+    test "a write left half done by a dead lock holder is committed by the next lock holder" do
+      reg = Register.new(slots: 1)
+      :ok = Register.put(reg, :a, :old)
+      assert Register.get(reg, :a) == :old
+      # White box: what a writer killed between its insert and its bump
+      # leaves - a record above the slot counter, and the slot locked by a
+      # dead pid (encoded as Larder.Register.Store encodes it).
+      %{tab: tab, locks: locks, versions: versions} = reg
+      dead = spawn(fn -> :ok end)
+      ref = Process.monitor(dead)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      '<0.' ++ rest = :erlang.pid_to_list(dead)
+      [number, serial] = rest |> List.delete_at(-1) |> List.to_string() |> String.split(".")
+      dead_id = String.to_integer(number) * (1 <<< 32) + String.to_integer(serial) + 1
+      tag = :atomics.get(versions, 1)
+      :ets.insert(tab, {:a, tag + 1, :new})
+      :atomics.put(locks, 1, dead_id)
+
+      # The half-done write is not visible to a process holding a copy...
+      assert Register.get(reg, :a) == :old
+      # ...until a writer of the slot takes the lock over, even one that
+      # then writes nothing (deleting an absent key).
+      :ok = Register.delete(reg, :absent)
+      task = Task.async(fn -> Register.get(reg, :a) end)
+      assert Task.await(task, 5_000) == :new
+      assert Register.get(reg, :a) == :new
+      assert :atomics.get(locks, 1) == 0
     end
 
     test "keys sharing a slot never see each other's values" do

@@ -1,7 +1,7 @@
 # The :versioned storage protocol: one ETS record per key plus an atomics
 # array of per-slot commit counters. A writer takes its slot's lock, inserts,
-# bumps, and unlocks; a lock whose holder died is taken over, and a write the
-# dead holder left half done is committed by whoever finds it.
+# bumps, and unlocks; whoever takes over a dead holder's lock bumps first,
+# which commits any write the dead holder left half done.
 defmodule Larder.Register.Store do
   @moduledoc false
 
@@ -47,7 +47,7 @@ defmodule Larder.Register.Store do
   # counter value, then bumps the slot to it. A record whose version is above
   # its slot's counter is not committed yet: readers never return it, so
   # cached and fresh readers switch values at the same bump. If its writer is
-  # alive, readers wait; if it died, they take the lock and bump for it.
+  # alive, readers wait; if it died, they take the lock over, which bumps.
 
   @doc "Writes `key`; returns its slot and new version."
   @spec write(Register.t(), term(), term()) :: {pos_integer(), pos_integer()}
@@ -117,12 +117,22 @@ defmodule Larder.Register.Store do
 
   # Runs fun.(tag) holding the slot's lock, tag being the slot's counter.
   defp locked(%Register{locks: locks, versions: versions} = reg, slot, fun) do
-    lock(locks, slot)
+    taken = lock(locks, slot)
 
     try do
-      case :atomics.get(versions, slot) do
-        tag when tag < 0 -> Register.unknown!(reg)
-        tag -> fun.(tag)
+      case {:atomics.get(versions, slot), taken} do
+        {tag, _} when tag < 0 ->
+          Register.unknown!(reg)
+
+        {tag, :acquired} ->
+          fun.(tag)
+
+        {tag, :taken_over} ->
+          # The dead holder may have left a record above the counter: commit
+          # it before anything else, since fun may release the lock without
+          # bumping (a conflicting swap, removing an absent key).
+          commit(reg, slot, tag, tag + 1)
+          fun.(tag + 1)
       end
     after
       unlock(locks, slot)
@@ -141,22 +151,25 @@ defmodule Larder.Register.Store do
   defp lock(locks, slot, me \\ self_id(), tries \\ 0) do
     case :atomics.compare_exchange(locks, slot, 0, me) do
       :ok ->
-        :ok
+        :acquired
 
       holder when tries < @spins ->
         _ = holder
         lock(locks, slot, me, tries + 1)
 
       holder ->
-        if alive?(holder) do
-          :erlang.yield()
-        else
-          # Take over a dead holder's lock; whatever it left half done is a
-          # record above the counter, which the next bump commits.
-          :atomics.compare_exchange(locks, slot, holder, 0)
-        end
+        cond do
+          alive?(holder) ->
+            :erlang.yield()
+            lock(locks, slot, me, tries + 1)
 
-        lock(locks, slot, me, tries + 1)
+          # Take over a dead holder's lock in one step.
+          :atomics.compare_exchange(locks, slot, holder, me) == :ok ->
+            :taken_over
+
+          true ->
+            lock(locks, slot, me, tries + 1)
+        end
     end
   end
 
@@ -218,6 +231,9 @@ defmodule Larder.Register.Store do
         {:ok, version, value}
 
       [{_, version}] when version <= tag ->
+        # A committed tombstone means absent; its remover was killed before
+        # dropping it. Drop exactly this one (a newer record stays).
+        :ets.delete_object(tab, {key, version})
         Local.remember(reg, key, {slot, tag})
         :error
 
@@ -243,7 +259,7 @@ defmodule Larder.Register.Store do
         if alive?(holder) do
           :erlang.yield()
         else
-          locked(reg, slot, fn tag -> commit(reg, slot, tag, tag + 1) end)
+          locked(reg, slot, fn _tag -> :ok end)
         end
     end
   end
