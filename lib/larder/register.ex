@@ -272,7 +272,10 @@ defmodule Larder.Register do
     end
   end
 
-  @doc "Lists the keys present (a snapshot; O(n))."
+  @doc """
+  Lists the keys present (a snapshot; O(n)). A key whose first write was cut
+  short by a kill may be listed before any reader has seen it.
+  """
   @spec keys(register()) :: [key()]
   def keys(reg) do
     reg = resolve(reg)

@@ -1,5 +1,5 @@
-# The owner of a register: creates its tables and publishes its name; marks
-# the register dead and drops the tables on delete_register/1, owner exit or
+# The owner of a register: creates its table and publishes its name; marks
+# the register dead and drops the table on delete_register/1, owner exit or
 # shutdown.
 defmodule Larder.Register.Server do
   @moduledoc false

@@ -204,7 +204,7 @@ defmodule Larder.Register.Store do
     end
   end
 
-  @doc "Marks every slot dead, then drops the tables (owner only)."
+  @doc "Marks every slot dead, then drops the table (owner only)."
   @spec kill(Register.t()) :: :ok
   def kill(%Register{tab: tab, versions: versions, slots: slots}) do
     for slot <- 1..slots, do: :atomics.put(versions, slot, @dead)
