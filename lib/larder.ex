@@ -9,6 +9,9 @@ defmodule Larder do
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
       stored at most once, without the insert cost of ETS `:bag` that grows
       with every value a key holds, with disk snapshots for fast restarts.
+    * `Larder.Register` - versioned hot-key values for any key: a process
+      re-reading an unchanged value gets its own copy back after one atomics
+      read, with no ETS lookup and no copy, and never a stale one.
     * `Larder.Cache` - a read-through cache: an ETS L1 in every node in front
       of a Redis L2, with miss collapsing, a per-key version that keeps
       backfills from overwriting newer writes, and cross-node L1

@@ -291,6 +291,20 @@ defmodule Larder.Bench do
     end
   end
 
+  @doc """
+  The result measured for `column` in the row labelled `label` of the table
+  titled `title` (a map as returned by `measure/2` or `value/2`), or `nil`.
+  """
+  @spec result(t(), String.t(), String.t(), String.t()) :: result() | nil
+  def result(bench, title, label, column) do
+    with %{} = table <- Enum.find(bench.tables, &(&1.title == title)),
+         %{} = row <- Enum.find(table.rows, &(&1.label == label)) do
+      row.results[column]
+    else
+      _ -> nil
+    end
+  end
+
   defp ratio_of(table, results, column) do
     anchor = results[table.anchor]
     cell = results[column]
