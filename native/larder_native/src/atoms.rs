@@ -1,0 +1,16 @@
+//! Atoms shared by the NIF functions.
+
+rustler::atoms! {
+    ok,
+    add,
+    remove,
+    and,
+    or,
+    not,
+    term,
+    dirty,
+    bad_expr,
+    bad_op,
+    bad_ids,
+    poisoned,
+}
