@@ -23,7 +23,7 @@ defmodule Larder.MixProject do
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
   def application do
-    [extra_applications: [:logger]]
+    [extra_applications: [:logger, :jiffy]]
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

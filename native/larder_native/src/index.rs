@@ -8,6 +8,7 @@ use crate::expr::{estimate, eval, term_key, Bitmaps, Expr};
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, ListIterator, NifResult, ResourceArc, Term};
+use std::collections::HashMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Past this many containers touched, a query leaves the normal scheduler.
@@ -128,7 +129,15 @@ fn index_query_many_dirty<'a>(env: Env<'a>, index: Index, exprs: Term<'a>) -> Ni
 }
 
 // Writes: a list of `{:add | :remove, term, ids}` applied in order under one
-// write lock. Decoding happens before the lock is taken.
+// write lock. Decoding happens before the lock is taken: consecutive
+// operations of the same kind commute, so each run of them is grouped by term
+// (hashing and comparing terms in place) and each distinct term is encoded
+// once per run.
+
+struct Run<'a> {
+    add: bool,
+    ids_by_term: HashMap<Term<'a>, Vec<u32>>,
+}
 
 struct Op {
     add: bool,
@@ -136,42 +145,63 @@ struct Op {
     ids: Vec<u32>,
 }
 
-fn decode_ids(term: Term) -> Result<Vec<u32>, NativeError> {
+fn decode_ids(term: Term, into: &mut Vec<u32>) -> Result<(), NativeError> {
     if let Ok(id) = term.decode::<u32>() {
-        return Ok(vec![id]);
+        into.push(id);
+        return Ok(());
     }
-    term.decode::<Vec<u32>>().map_err(|_| NativeError::BadIds)
+    let iter: ListIterator = term.decode().map_err(|_| NativeError::BadIds)?;
+    for id in iter {
+        into.push(id.decode::<u32>().map_err(|_| NativeError::BadIds)?);
+    }
+    Ok(())
 }
 
-fn decode_op(term: Term) -> Result<Op, NativeError> {
-    let elems = get_tuple(term).map_err(|_| NativeError::BadOp)?;
-    if elems.len() != 3 {
-        return Err(NativeError::BadOp);
+fn decode_ops(ops: Term) -> Result<Vec<Op>, NativeError> {
+    let iter: ListIterator = ops.decode().map_err(|_| NativeError::BadOp)?;
+    let env = ops.get_env();
+    let (add_atom, remove_atom) = (atoms::add().to_term(env), atoms::remove().to_term(env));
+    let mut runs: Vec<Run> = Vec::new();
+    for op in iter {
+        let elems = get_tuple(op).map_err(|_| NativeError::BadOp)?;
+        if elems.len() != 3 {
+            return Err(NativeError::BadOp);
+        }
+        let add = if elems[0] == add_atom {
+            true
+        } else if elems[0] == remove_atom {
+            false
+        } else {
+            return Err(NativeError::BadOp);
+        };
+        if runs.last().map(|run| run.add) != Some(add) {
+            runs.push(Run {
+                add,
+                ids_by_term: HashMap::new(),
+            });
+        }
+        let run = runs.last_mut().expect("a run was just pushed");
+        decode_ids(elems[2], run.ids_by_term.entry(elems[1]).or_default())?;
     }
-    let add = if elems[0] == atoms::add().to_term(term.get_env()) {
-        true
-    } else if elems[0] == atoms::remove().to_term(term.get_env()) {
-        false
-    } else {
-        return Err(NativeError::BadOp);
-    };
-    Ok(Op {
-        add,
-        key: term_key(elems[1]),
-        ids: decode_ids(elems[2])?,
-    })
+    Ok(runs
+        .into_iter()
+        .flat_map(|run| {
+            let add = run.add;
+            run.ids_by_term.into_iter().map(move |(term, ids)| Op {
+                add,
+                key: term_key(term),
+                ids,
+            })
+        })
+        .collect())
 }
 
 fn apply(index: &Index, ops: Term) -> NifResult<rustler::Atom> {
-    let iter: ListIterator = ops.decode().map_err(|_| NativeError::BadOp)?;
-    let ops = iter.map(decode_op).collect::<Result<Vec<_>, _>>()?;
+    let ops = decode_ops(ops)?;
     let mut bitmaps = index.write()?;
     for op in ops {
         if op.add && !op.ids.is_empty() {
-            let bitmap = bitmaps.entry(op.key).or_default();
-            for id in op.ids {
-                bitmap.insert(id);
-            }
+            bitmaps.entry(op.key).or_default().extend(op.ids);
         } else if op.add {
             continue;
         } else if let Some(bitmap) = bitmaps.get_mut(&op.key) {

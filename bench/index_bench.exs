@@ -1,0 +1,233 @@
+# Larder.Table search on the 487,200-price catalogue, side by side with a
+# Go-style map index (offering -> list of its prices, scanned) and an ETS
+# match-spec select, all in this run. Every answer is checked against the
+# expected price computed by a plain filter over the loaded catalogue.
+#
+#   mix run bench/index_bench.exs [--quick] [--json PATH]
+Code.require_file("support/bench.ex", __DIR__)
+
+alias Larder.{Bench, Table}
+alias Larder.Table.Catalogue
+
+bench = Bench.start("Larder.Table: price search on the catalogue")
+{source, prices, requests} = Catalogue.reference_or_generated()
+IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
+
+# Expected answers by a plain filter: each request matches exactly one price.
+expected =
+  Enum.map(requests, fn conditions ->
+    case Catalogue.filter(prices, conditions) do
+      [price] -> price.value
+      other -> raise "request #{inspect(conditions)} matches #{length(other)} prices, not one"
+    end
+  end)
+
+## The contenders
+
+# Go's map variant: offering -> its prices; a search scans that list.
+build_map_index = fn -> Enum.group_by(prices, & &1.offering_id) end
+
+map_search = fn map_index, conditions ->
+  {o, g, s, chars} =
+    Enum.reduce(conditions, {nil, nil, nil, []}, fn
+      {:offering_id, v}, {_, g, s, c} -> {v, g, s, c}
+      {:group_id, v}, {o, _, s, c} -> {o, v, s, c}
+      {:spec, v}, {o, g, _, c} -> {o, g, v, c}
+      {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
+    end)
+
+  map_index
+  |> Map.get(o, [])
+  |> Enum.filter(fn p ->
+    p.group_id == g and p.spec == s and
+      Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
+  end)
+end
+
+store = [:idx, :spec, :value, :currency]
+
+build_table = fn opts ->
+  table = Table.new(Catalogue.table_opts(opts))
+  :ok = Table.insert_many(table, prices)
+  table
+end
+
+# ETS with a match spec: chars become a map so a partial map pattern matches them.
+build_ets = fn ->
+  tab = :ets.new(:prices_select, [:set, :public, read_concurrency: true])
+
+  :ets.insert(
+    tab,
+    for(p <- prices, do: {p.idx, %{p | chars: Map.new(p.chars, &{&1.char, &1.value})}})
+  )
+
+  tab
+end
+
+ets_search = fn tab, conditions ->
+  pattern =
+    Enum.reduce(conditions, %{chars: %{}}, fn
+      {:char, {c, v}}, acc -> put_in(acc, [:chars, c], v)
+      {field, v}, acc -> Map.put(acc, field, v)
+    end)
+
+  :ets.select(tab, [{{:_, pattern}, [], [{:element, 2, :"$_"}]}])
+end
+
+## Check every contender's answers before timing them
+
+map_index = build_map_index.()
+table = build_table.(store: store)
+full_table = build_table.([])
+ets = build_ets.()
+
+check = fn name, answers ->
+  bad =
+    Enum.zip(answers, expected)
+    |> Enum.count(fn
+      {[%{value: v}], v} -> false
+      _ -> true
+    end)
+
+  IO.puts(
+    "# checked #{name}: #{length(answers) - bad}/#{length(answers)} answers are the expected price"
+  )
+
+  if bad > 0, do: raise("#{name} returned #{bad} wrong answers")
+end
+
+ets_requests = Bench.pick(bench, Enum.take(requests, 3), Enum.take(requests, 10))
+check.("map index", Enum.map(requests, &map_search.(map_index, &1)))
+check.("Table store:", Enum.map(requests, &Table.search(table, &1)))
+check.("Table full", Enum.map(requests, &Table.search(full_table, &1)))
+check.("Table search_many", Table.search_many(table, requests))
+
+for {conditions, [%{value: v}]} <-
+      Enum.zip(ets_requests, Enum.map(ets_requests, &ets_search.(ets, &1))),
+    do:
+      if(v != Enum.at(expected, Enum.find_index(requests, &(&1 == conditions))),
+        do: raise("ETS select answered wrong")
+      )
+
+IO.puts("# checked ETS select: #{length(ets_requests)} requests (a full scan each)")
+
+## Build, memory
+
+columns = ["map index", "Table store:", "Table full", "ETS select"]
+build_runs = [warmup: 0, runs: Bench.pick(bench, 1, 3)]
+
+bench =
+  bench
+  |> Bench.table("build from records in memory", columns)
+  |> Bench.row(
+    "build (#{length(prices)} records)",
+    %{
+      "map index" => build_map_index,
+      "Table store:" => {fn -> build_table.(store: store) end, []},
+      "Table full" => fn -> build_table.([]) end,
+      "ETS select" => fn -> build_ets.() end
+    },
+    build_runs
+  )
+
+mb = fn bytes -> Bench.value(Float.round(bytes / 1_000_000, 1), "MB") end
+words = :erlang.system_info(:wordsize)
+
+# The map index's live heap, like the Go figure: a fresh process loads the
+# catalogue, builds the index, drops everything else and reports its memory.
+map_heap =
+  Task.async(fn ->
+    {_, loaded, _} = Catalogue.reference_or_generated()
+    index = Enum.group_by(loaded, & &1.offering_id)
+    loaded = nil
+    :erlang.garbage_collect()
+    {:memory, bytes} = Process.info(self(), :memory)
+    {map_size(index), loaded, bytes}
+  end)
+  |> Task.await(:infinity)
+  |> elem(2)
+
+bench =
+  bench
+  |> Bench.table(
+    "memory: ETS words x #{words} + NIF bytes (map index: its process heap)",
+    columns
+  )
+  |> Bench.row("memory", %{
+    "map index" => mb.(map_heap),
+    "Table store:" => mb.(Table.memory(table)),
+    "Table full" => mb.(Table.memory(full_table)),
+    "ETS select" => mb.(:ets.info(ets, :memory) * words)
+  })
+
+## Searches
+
+n = length(requests)
+many = requests |> Stream.cycle() |> Enum.take(1000)
+many_check = Table.search_many(table, many)
+check.("Table search_many x1000", many_check |> Enum.take(n))
+
+bench =
+  bench
+  |> Bench.table("search, per request (#{n} reference requests per run)", columns, per_op: true)
+  |> Bench.row(
+    "search (one request)",
+    %{
+      "map index" => fn -> Enum.each(requests, &map_search.(map_index, &1)) end,
+      "Table store:" => fn -> Enum.each(requests, &Table.search(table, &1)) end,
+      "Table full" => fn -> Enum.each(requests, &Table.search(full_table, &1)) end,
+      "ETS select" =>
+        {fn -> Enum.each(ets_requests, &ets_search.(ets, &1)) end,
+         [ops: length(ets_requests), runs: Bench.pick(bench, 1, 3)]}
+    },
+    warmup: 1,
+    runs: Bench.pick(bench, 15, 51),
+    ops: n
+  )
+  |> Bench.row(
+    "1,000 searches in one call (search_many)",
+    %{
+      "map index" => fn -> Enum.map(many, &map_search.(map_index, &1)) end,
+      "Table store:" => fn -> Table.search_many(table, many) end,
+      "Table full" => fn -> Table.search_many(full_table, many) end
+    },
+    warmup: 1,
+    runs: Bench.pick(bench, 5, 21),
+    ops: 1000
+  )
+
+## Targets
+
+[search_row, many_row] = hd(bench.tables).rows
+[build_row] = Enum.find(bench.tables, &(&1.title =~ "build")).rows
+[mem_row] = Enum.find(bench.tables, &(&1.title =~ "memory")).rows
+
+IO.puts("")
+
+bench
+|> Bench.target(
+  "Table store: search median (us)",
+  search_row.results["Table store:"].per_op_median_us,
+  :<=,
+  5
+)
+|> Bench.target(
+  "Table store: search_many (searches/s)",
+  many_row.results["Table store:"].ops_per_s,
+  :>=,
+  300_000
+)
+|> Bench.target("Table store: memory (MB)", mem_row.results["Table store:"].value, :<=, 127)
+|> Bench.target(
+  "Table store: build (s)",
+  build_row.results["Table store:"].median_us / 1_000_000,
+  :<=,
+  2
+)
+|> Bench.target(
+  "Table full: build (s)",
+  build_row.results["Table full"].median_us / 1_000_000,
+  :<=,
+  2
+)
+|> Bench.finish()
