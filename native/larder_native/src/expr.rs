@@ -4,24 +4,20 @@
 
 use crate::atoms;
 use crate::error::NativeError;
+use crate::key::term_key;
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{ListIterator, Term};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
-/// A decoded expression; leaves hold the term's external format.
+/// A decoded expression; leaves hold their term's key.
 pub enum Expr {
     Leaf(Vec<u8>),
     And(Vec<Expr>),
     Or(Vec<Expr>),
     Not(Box<Expr>),
-}
-
-/// The key under which a term's bitmap is stored: its external term format,
-/// so two terms share a bitmap exactly when they are `===`.
-pub fn term_key(term: Term) -> Vec<u8> {
-    term.to_binary().as_slice().to_vec()
 }
 
 impl Expr {
@@ -52,7 +48,48 @@ impl Expr {
     }
 }
 
-pub type Bitmaps = HashMap<Vec<u8>, RoaringBitmap>;
+/// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
+/// encoded terms and the table is private, so SipHash's DoS resistance buys
+/// nothing and costs a good part of a lookup.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+        }
+        for &byte in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type Bitmaps = HashMap<Vec<u8>, RoaringBitmap, BuildHasherDefault<KeyHasher>>;
+
+/// An expression whose leaves are resolved to their bitmaps (looked up once).
+pub enum Plan<'b> {
+    Leaf(Option<&'b RoaringBitmap>),
+    And(Vec<Plan<'b>>),
+    Or(Vec<Plan<'b>>),
+    Not(Box<Plan<'b>>),
+}
+
+pub fn resolve<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Plan<'b> {
+    match expr {
+        Expr::Leaf(key) => Plan::Leaf(bitmaps.get(key.as_slice())),
+        Expr::And(children) => Plan::And(children.iter().map(|c| resolve(bitmaps, c)).collect()),
+        Expr::Or(children) => Plan::Or(children.iter().map(|c| resolve(bitmaps, c)).collect()),
+        Expr::Not(inner) => Plan::Not(Box::new(resolve(bitmaps, inner))),
+    }
+}
 
 /// The ids of every term: the complement's universe for a `not` outside an `and`.
 fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
@@ -63,40 +100,36 @@ fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
     all
 }
 
-pub fn eval<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Cow<'b, RoaringBitmap> {
-    match expr {
-        Expr::Leaf(key) => match bitmaps.get(key) {
-            Some(bitmap) => Cow::Borrowed(bitmap),
-            None => Cow::Owned(RoaringBitmap::new()),
-        },
-        Expr::Or(children) => {
+pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
+    match plan {
+        Plan::Leaf(Some(bitmap)) => Cow::Borrowed(*bitmap),
+        Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
+        Plan::Or(children) => {
             let mut acc = RoaringBitmap::new();
             for child in children {
                 acc |= eval(bitmaps, child).as_ref();
             }
             Cow::Owned(acc)
         }
-        Expr::Not(inner) => {
+        Plan::Not(inner) => {
             let mut all = universe(bitmaps);
             all -= eval(bitmaps, inner).as_ref();
             Cow::Owned(all)
         }
-        Expr::And(children) => Cow::Owned(eval_and(bitmaps, children)),
+        Plan::And(children) => Cow::Owned(eval_and(bitmaps, children)),
     }
 }
 
 /// Intersects the positive children smallest first, stopping as soon as the
 /// running result is empty, then subtracts the negated ones.
-fn eval_and(bitmaps: &Bitmaps, children: &[Expr]) -> RoaringBitmap {
+fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
     let mut positives: Vec<Cow<RoaringBitmap>> = Vec::with_capacity(children.len());
-    let mut negatives: Vec<&Expr> = Vec::new();
+    let mut negatives: Vec<&Plan> = Vec::new();
     for child in children {
         match child {
-            Expr::Not(inner) => negatives.push(inner),
-            Expr::Leaf(key) => match bitmaps.get(key) {
-                Some(bitmap) => positives.push(Cow::Borrowed(bitmap)),
-                None => return RoaringBitmap::new(),
-            },
+            Plan::Not(inner) => negatives.push(inner),
+            Plan::Leaf(Some(bitmap)) => positives.push(Cow::Borrowed(*bitmap)),
+            Plan::Leaf(None) => return RoaringBitmap::new(),
             other => positives.push(eval(bitmaps, other)),
         }
     }
@@ -105,7 +138,13 @@ fn eval_and(bitmaps: &Bitmaps, children: &[Expr]) -> RoaringBitmap {
     } else {
         positives.sort_by_key(|bitmap| bitmap.len());
         let mut iter = positives.into_iter();
-        let mut acc = iter.next().map(Cow::into_owned).unwrap_or_default();
+        let first = iter.next().expect("positives is not empty");
+        // The two smallest make a fresh (small) bitmap instead of a clone of
+        // the smallest one; later intersections then work on that.
+        let mut acc = match iter.next() {
+            Some(second) => first.as_ref() & second.as_ref(),
+            None => first.into_owned(),
+        };
         for bitmap in iter {
             if acc.is_empty() {
                 return acc;
@@ -131,31 +170,29 @@ fn chunks(bitmap: &RoaringBitmap) -> u64 {
     }
 }
 
-/// An upper bound on the work an expression costs: `(containers touched, ids returned)`.
-pub fn estimate(bitmaps: &Bitmaps, expr: &Expr) -> (u64, u64) {
-    match expr {
-        Expr::Leaf(key) => bitmaps
-            .get(key)
-            .map(|bitmap| (chunks(bitmap), bitmap.len()))
-            .unwrap_or((0, 0)),
-        Expr::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
+/// An upper bound on the work a plan costs: `(containers touched, ids returned)`.
+pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
+    match plan {
+        Plan::Leaf(Some(bitmap)) => (chunks(bitmap), bitmap.len()),
+        Plan::Leaf(None) => (0, 0),
+        Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
             let (cw, cn) = estimate(bitmaps, child);
             (w + cw, n + cn)
         }),
-        Expr::Not(inner) => {
+        Plan::Not(inner) => {
             let (w, _) = estimate(bitmaps, inner);
             let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), bitmap| {
                 (w + chunks(bitmap), n + bitmap.len())
             });
             (w + uw, un)
         }
-        Expr::And(children) => {
+        Plan::And(children) => {
             let mut work = 0;
             let mut bound = u64::MAX;
             for child in children {
                 match child {
                     // Inside an `and`, a `not` is a difference: no universe is built.
-                    Expr::Not(inner) => work += estimate(bitmaps, inner).0,
+                    Plan::Not(inner) => work += estimate(bitmaps, inner).0,
                     _ => {
                         let (cw, cn) = estimate(bitmaps, child);
                         work += cw;

@@ -4,7 +4,8 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::expr::{estimate, eval, term_key, Bitmaps, Expr};
+use crate::expr::{estimate, eval, resolve, Bitmaps, Expr};
+use crate::key::{key_term, term_key};
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, ListIterator, NifResult, ResourceArc, Term};
@@ -58,10 +59,11 @@ fn index_new() -> Index {
 fn query<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
     let expr = Expr::decode(expr)?;
     let bitmaps = index.read()?;
-    if check && too_costly(estimate(&bitmaps, &expr)) {
+    let plan = resolve(&bitmaps, &expr);
+    if check && too_costly(estimate(&bitmaps, &plan)) {
         return Ok(atoms::dirty().encode(env));
     }
-    Ok(encode_ids(env, &eval(&bitmaps, &expr)))
+    Ok(encode_ids(env, &eval(&bitmaps, &plan)))
 }
 
 #[rustler::nif]
@@ -77,10 +79,11 @@ fn index_query_dirty<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResul
 fn count<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
     let expr = Expr::decode(expr)?;
     let bitmaps = index.read()?;
-    if check && estimate(&bitmaps, &expr).0 > DIRTY_CONTAINERS {
+    let plan = resolve(&bitmaps, &expr);
+    if check && estimate(&bitmaps, &plan).0 > DIRTY_CONTAINERS {
         return Ok(atoms::dirty().encode(env));
     }
-    Ok(eval(&bitmaps, &expr).len().encode(env))
+    Ok(eval(&bitmaps, &plan).len().encode(env))
 }
 
 #[rustler::nif]
@@ -102,18 +105,19 @@ fn query_many<'a>(
     let iter: ListIterator = exprs.decode().map_err(|_| NativeError::BadExpr)?;
     let exprs = iter.map(Expr::decode).collect::<Result<Vec<_>, _>>()?;
     let bitmaps = index.read()?;
+    let plans: Vec<_> = exprs.iter().map(|expr| resolve(&bitmaps, expr)).collect();
     if check {
-        let total = exprs.iter().fold((0, 0), |(w, n), expr| {
-            let (ew, en) = estimate(&bitmaps, expr);
+        let total = plans.iter().fold((0, 0), |(w, n), plan| {
+            let (ew, en) = estimate(&bitmaps, plan);
             (w + ew, n + en)
         });
         if too_costly(total) {
             return Ok(atoms::dirty().encode(env));
         }
     }
-    let results: Vec<Term<'a>> = exprs
+    let results: Vec<Term<'a>> = plans
         .iter()
-        .map(|expr| encode_ids(env, &eval(&bitmaps, expr)))
+        .map(|plan| encode_ids(env, &eval(&bitmaps, plan)))
         .collect();
     Ok(results.encode(env))
 }
@@ -228,17 +232,10 @@ fn index_apply_dirty(index: Index, ops: Term) -> NifResult<rustler::Atom> {
 
 // Introspection.
 
-fn decode_key<'a>(env: Env<'a>, key: &[u8]) -> Term<'a> {
-    // Keys are produced by term_to_binary, so decoding cannot fail.
-    env.binary_to_term(key)
-        .map(|(term, _)| term)
-        .expect("index keys are external term format")
-}
-
 #[rustler::nif(schedule = "DirtyCpu")]
 fn index_terms<'a>(env: Env<'a>, index: Index) -> NifResult<Term<'a>> {
     let bitmaps = index.read()?;
-    let terms: Vec<Term<'a>> = bitmaps.keys().map(|key| decode_key(env, key)).collect();
+    let terms: Vec<Term<'a>> = bitmaps.keys().map(|key| key_term(env, key)).collect();
     Ok(terms.encode(env))
 }
 
@@ -250,7 +247,7 @@ fn terms_of<'a>(env: Env<'a>, index: &Index, id: u32, check: bool) -> NifResult<
     let terms: Vec<Term<'a>> = bitmaps
         .iter()
         .filter(|(_, bitmap)| bitmap.contains(id))
-        .map(|(key, _)| decode_key(env, key))
+        .map(|(key, _)| key_term(env, key))
         .collect();
     Ok(terms.encode(env))
 }

@@ -6,5 +6,6 @@ mod atoms;
 mod error;
 mod expr;
 mod index;
+mod key;
 
 rustler::init!("Elixir.Larder.Native");
