@@ -25,24 +25,8 @@ expected =
 ## The contenders
 
 # Go's map variant: offering -> its prices; a search scans that list.
-build_map_index = fn -> Enum.group_by(prices, & &1.offering_id) end
-
-map_search = fn map_index, conditions ->
-  {o, g, s, chars} =
-    Enum.reduce(conditions, {nil, nil, nil, []}, fn
-      {:offering_id, v}, {_, g, s, c} -> {v, g, s, c}
-      {:group_id, v}, {o, _, s, c} -> {o, v, s, c}
-      {:spec, v}, {o, g, _, c} -> {o, g, v, c}
-      {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
-    end)
-
-  map_index
-  |> Map.get(o, [])
-  |> Enum.filter(fn p ->
-    p.group_id == g and p.spec == s and
-      Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
-  end)
-end
+build_map_index = fn -> Catalogue.map_index(prices) end
+map_search = &Catalogue.map_search/2
 
 store = [:idx, :spec, :value, :currency]
 
@@ -138,7 +122,7 @@ words = :erlang.system_info(:wordsize)
 map_heap =
   Task.async(fn ->
     {_, loaded, _} = Catalogue.reference_or_generated()
-    index = Enum.group_by(loaded, & &1.offering_id)
+    index = Catalogue.map_index(loaded)
     loaded = nil
     :erlang.garbage_collect()
     {:memory, bytes} = Process.info(self(), :memory)

@@ -84,6 +84,7 @@ defmodule Larder.Index do
   @type op :: {:add, term(), ids()} | {:remove, term(), ids()}
 
   @dirty_writes 500
+  @dirty_many 64
 
   @doc """
   Creates an empty index. Takes no options yet; an unknown option raises.
@@ -180,9 +181,15 @@ defmodule Larder.Index do
   def query_many(index, exprs) when is_list(exprs) do
     ref = ref!(index)
 
-    case Native.index_query_many(ref, exprs) do
-      :dirty -> Native.index_query_many_dirty(ref, exprs)
-      other -> other
+    # Past a few dozen expressions the call is long anyway: go to a dirty
+    # scheduler at once rather than decode everything twice.
+    if length(exprs) > @dirty_many do
+      Native.index_query_many_dirty(ref, exprs)
+    else
+      case Native.index_query_many(ref, exprs) do
+        :dirty -> Native.index_query_many_dirty(ref, exprs)
+        other -> other
+      end
     end
     |> check_expr(exprs)
   end

@@ -285,4 +285,30 @@ defmodule Larder.Table.Catalogue do
       {field, value} -> Map.fetch!(price, field) == value
     end)
   end
+
+  @doc """
+  The Go service's map index, the baseline of the benchmark and the demo:
+  offering -> the list of its prices.
+  """
+  @spec map_index([price()]) :: %{String.t() => [price()]}
+  def map_index(prices), do: Enum.group_by(prices, & &1.offering_id)
+
+  @doc "Searches a `map_index/1` as the Go map variant does: fetch the offering, scan its prices."
+  @spec map_search(%{String.t() => [price()]}, keyword()) :: [price()]
+  def map_search(map_index, conditions) do
+    {o, g, s, chars} =
+      Enum.reduce(conditions, {nil, nil, nil, []}, fn
+        {:offering_id, v}, {_, g, s, c} -> {v, g, s, c}
+        {:group_id, v}, {o, _, s, c} -> {o, v, s, c}
+        {:spec, v}, {o, g, _, c} -> {o, g, v, c}
+        {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
+      end)
+
+    map_index
+    |> Map.get(o, [])
+    |> Enum.filter(fn p ->
+      p.group_id == g and p.spec == s and
+        Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
+    end)
+  end
 end

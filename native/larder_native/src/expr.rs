@@ -4,9 +4,8 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::key::term_key;
+use crate::key::{elem, term_key, tuple_elems};
 use roaring::RoaringBitmap;
-use rustler::types::tuple::get_tuple;
 use rustler::{ListIterator, Term};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -22,20 +21,20 @@ pub enum Expr {
 
 impl Expr {
     pub fn decode(term: Term) -> Result<Expr, NativeError> {
-        if let Ok(elems) = get_tuple(term) {
-            if elems.len() == 2 && elems[0].is_atom() {
-                let op = elems[0];
+        if let Some(&[op, arg]) = tuple_elems(term) {
+            let (op, arg) = (elem(term, op), elem(term, arg));
+            if op.is_atom() {
                 if op == atoms::and().to_term(term.get_env()) {
-                    return Ok(Expr::And(Self::decode_list(elems[1])?));
+                    return Ok(Expr::And(Self::decode_list(arg)?));
                 }
                 if op == atoms::or().to_term(term.get_env()) {
-                    return Ok(Expr::Or(Self::decode_list(elems[1])?));
+                    return Ok(Expr::Or(Self::decode_list(arg)?));
                 }
                 if op == atoms::not().to_term(term.get_env()) {
-                    return Ok(Expr::Not(Box::new(Self::decode(elems[1])?)));
+                    return Ok(Expr::Not(Box::new(Self::decode(arg)?)));
                 }
                 if op == atoms::term().to_term(term.get_env()) {
-                    return Ok(Expr::Leaf(term_key(elems[1])));
+                    return Ok(Expr::Leaf(term_key(arg)));
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! cheaper than `term_to_binary`; any other term falls back to its external
 //! format under its own tag.
 
-use rustler::types::tuple::{get_tuple, make_tuple};
+use rustler::sys::{enif_get_tuple, ERL_NIF_TERM};
+use rustler::types::tuple::make_tuple;
 use rustler::{Binary, Encoder, Env, OwnedBinary, Term};
 
 const ATOM: u8 = b'a';
@@ -13,6 +14,32 @@ const INT: u8 = b'i';
 const BIN: u8 = b'b';
 const TUPLE: u8 = b't';
 const OTHER: u8 = b'x';
+
+/// The elements of a tuple, read in place (`get_tuple` would allocate a Vec).
+pub fn tuple_elems<'a>(term: Term<'a>) -> Option<&'a [ERL_NIF_TERM]> {
+    let mut arity = 0;
+    let mut array: *const ERL_NIF_TERM = std::ptr::null();
+    // SAFETY: enif_get_tuple only reads the term; on success `array` points at
+    // `arity` elements that live as long as the term's env.
+    unsafe {
+        if enif_get_tuple(
+            term.get_env().as_c_arg(),
+            term.as_c_arg(),
+            &mut arity,
+            &mut array,
+        ) != 1
+        {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(array, arity as usize))
+    }
+}
+
+/// A term of `like`'s env from a raw element of a tuple in that env.
+pub fn elem<'a>(like: Term<'a>, raw: ERL_NIF_TERM) -> Term<'a> {
+    // SAFETY: `raw` comes from `tuple_elems(like)`, so it belongs to like's env.
+    unsafe { Term::new(like.get_env(), raw) }
+}
 
 /// The key of `term`.
 pub fn term_key(term: Term) -> Vec<u8> {
@@ -32,11 +59,11 @@ fn encode(term: Term, out: &mut Vec<u8>) {
         out.push(BIN);
         out.extend_from_slice(&(bin.len() as u64).to_le_bytes());
         out.extend_from_slice(bin.as_slice());
-    } else if let Ok(elems) = get_tuple(term) {
+    } else if let Some(elems) = tuple_elems(term) {
         out.push(TUPLE);
         out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
-        for elem in elems {
-            encode(elem, out);
+        for &raw in elems {
+            encode(elem(term, raw), out);
         }
     } else {
         let external = term.to_binary();
@@ -66,7 +93,7 @@ fn decode<'a>(env: Env<'a>, rest: &mut &[u8]) -> Term<'a> {
     let tag = take(rest, 1)[0];
     match tag {
         // SAFETY: the value is an atom's immediate term, valid in every env.
-        ATOM => unsafe { Term::new(env, take_u64(rest) as rustler::sys::ERL_NIF_TERM) },
+        ATOM => unsafe { Term::new(env, take_u64(rest) as ERL_NIF_TERM) },
         INT => (take_u64(rest) as i64).encode(env),
         BIN => {
             let len = take_u64(rest) as usize;
