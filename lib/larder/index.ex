@@ -80,8 +80,12 @@ defmodule Larder.Index do
   @type expr ::
           {:and, [expr()]} | {:or, [expr()]} | {:not, expr()} | {:term, term()} | term()
 
-  @typedoc "A write for `batch/2`."
-  @type op :: {:add, term(), ids()} | {:remove, term(), ids()}
+  @typedoc "A write for `batch/2`; the `_terms` forms apply to each term of a list."
+  @type op ::
+          {:add, term(), ids()}
+          | {:remove, term(), ids()}
+          | {:add_terms, [term()], ids()}
+          | {:remove_terms, [term()], ids()}
 
   @dirty_writes 500
   @dirty_many 64
@@ -113,7 +117,8 @@ defmodule Larder.Index do
 
   @doc """
   Applies `ops` in order, atomically: a concurrent reader sees all of them or
-  none.
+  none. `{:add_terms, terms, ids}` and `{:remove_terms, terms, ids}` do the
+  same to each of `terms` (one operation per record instead of one per term).
 
       iex> index = Larder.Index.new()
       iex> Larder.Index.batch(index, [{:add, :a, [1, 2]}, {:remove, :a, 1}, {:add, :b, 7}])
@@ -140,7 +145,7 @@ defmodule Larder.Index do
 
       {:error, :bad_op} ->
         raise ArgumentError,
-              "ops must be a list of {:add | :remove, term, ids}, got: #{inspect(ops, limit: 10)}"
+              "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: #{inspect(ops, limit: 10)}"
     end
   end
 

@@ -168,11 +168,11 @@ defmodule Larder.Table do
         ops =
           case old_terms(table, id) do
             [] ->
-              Enum.reduce(new_terms, ops, &[{:add, &1, id} | &2])
+              [{:add_terms, new_terms, id} | ops]
 
             old ->
-              ops = Enum.reduce(old -- new_terms, ops, &[{:remove, &1, id} | &2])
-              Enum.reduce(new_terms -- old, ops, &[{:add, &1, id} | &2])
+              {old, new_terms} = {Enum.uniq(old), Enum.uniq(new_terms)}
+              [{:add_terms, new_terms -- old, id}, {:remove_terms, old -- new_terms, id} | ops]
           end
 
         {[{id, stored(table, record)} | rows], ops}
@@ -242,7 +242,8 @@ defmodule Larder.Table do
                 do: for({^name, _} = term <- old_terms, do: term),
                 else: entry_terms(entry, old)
 
-            now = entry_terms(entry, new)
+            before = Enum.uniq(before)
+            now = Enum.uniq(entry_terms(entry, new))
 
             for(t <- before -- now, do: {:remove, t, id}) ++
               for(t <- now -- before, do: {:add, t, id})
@@ -275,8 +276,7 @@ defmodule Larder.Table do
     guard(table, fn ->
       Lock.with_lock(table.meta, fn ->
         with id when id != nil <- row_id(table, key) do
-          ops = for t <- old_terms(table, id), do: {:remove, t, id}
-          Index.batch(table.index, ops)
+          Index.batch(table.index, [{:remove_terms, old_terms(table, id), id}])
           :ets.delete(table.rows, id)
           unless direct?(key), do: :ets.delete(table.keys, key)
         end
@@ -445,7 +445,8 @@ defmodule Larder.Table do
 
   defp entry_terms({name, fun}, record) do
     case fun.(record) do
-      values when is_list(values) -> values |> Enum.uniq() |> Enum.map(&{name, &1})
+      # Duplicates are harmless to an add; diffs (replace, update) dedupe first.
+      values when is_list(values) -> Enum.map(values, &{name, &1})
       value -> [{name, value}]
     end
   end

@@ -59,6 +59,16 @@ defmodule Larder.IndexTest do
       assert Index.terms_of(index, 1) == []
     end
 
+    test "add_terms and remove_terms apply to each term of a list" do
+      index = Index.new()
+      :ok = Index.batch(index, [{:add_terms, [:a, :b, :a], [1, 2]}, {:remove_terms, [:b], 2}])
+      assert {Index.query(index, :a), Index.query(index, :b)} == {[1, 2], [1]}
+
+      assert_raise ArgumentError, ~r/ops must be/, fn ->
+        Index.batch(index, [{:add_terms, :a, 1}])
+      end
+    end
+
     test "memory grows with the bitmaps" do
       index = Index.new()
       empty = Index.memory(index)

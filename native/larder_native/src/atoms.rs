@@ -4,6 +4,8 @@ rustler::atoms! {
     ok,
     add,
     remove,
+    add_terms,
+    remove_terms,
     and,
     or,
     not,

@@ -165,16 +165,25 @@ fn decode_ops(ops: Term) -> Result<Vec<Op>, NativeError> {
     let iter: ListIterator = ops.decode().map_err(|_| NativeError::BadOp)?;
     let env = ops.get_env();
     let (add_atom, remove_atom) = (atoms::add().to_term(env), atoms::remove().to_term(env));
+    let (add_terms, remove_terms) = (
+        atoms::add_terms().to_term(env),
+        atoms::remove_terms().to_term(env),
+    );
     let mut runs: Vec<Run> = Vec::new();
     for op in iter {
         let elems = get_tuple(op).map_err(|_| NativeError::BadOp)?;
         if elems.len() != 3 {
             return Err(NativeError::BadOp);
         }
-        let add = if elems[0] == add_atom {
-            true
+        // `{:add_terms, [term], ids}` is `{:add, term, ids}` for each term.
+        let (add, many) = if elems[0] == add_atom {
+            (true, false)
         } else if elems[0] == remove_atom {
-            false
+            (false, false)
+        } else if elems[0] == add_terms {
+            (true, true)
+        } else if elems[0] == remove_terms {
+            (false, true)
         } else {
             return Err(NativeError::BadOp);
         };
@@ -185,7 +194,14 @@ fn decode_ops(ops: Term) -> Result<Vec<Op>, NativeError> {
             });
         }
         let run = runs.last_mut().expect("a run was just pushed");
-        decode_ids(elems[2], run.ids_by_term.entry(elems[1]).or_default())?;
+        if many {
+            let terms: ListIterator = elems[1].decode().map_err(|_| NativeError::BadOp)?;
+            for term in terms {
+                decode_ids(elems[2], run.ids_by_term.entry(term).or_default())?;
+            }
+        } else {
+            decode_ids(elems[2], run.ids_by_term.entry(elems[1]).or_default())?;
+        }
     }
     Ok(runs
         .into_iter()
