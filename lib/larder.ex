@@ -9,6 +9,9 @@ defmodule Larder do
     * `Larder.Bag` - set-semantic multi-value tables: a `{key, value}` pair is
       stored at most once, at close to ETS `:duplicate_bag` speed, with disk
       snapshots for fast restarts.
+    * `Larder.Table` - map records keyed by a primary key in ETS, with
+      secondary indexes held as Roaring bitmaps by a Rust NIF
+      (`Larder.Index`), searched by ANDing the bitmaps smallest first.
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the
