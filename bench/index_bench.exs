@@ -189,12 +189,8 @@ bench =
     "search (one request)",
     %{
       "map index" => fn -> Loops.map_searches(map_index, requests) end,
-      "Table store:" => fn ->
-        Loops.in_fresh_process(fn -> Loops.table_searches(table, requests) end)
-      end,
-      "Table full" => fn ->
-        Loops.in_fresh_process(fn -> Loops.table_searches(full_table, requests) end)
-      end,
+      "Table store:" => fn -> Loops.table_searches(table, requests) end,
+      "Table full" => fn -> Loops.table_searches(full_table, requests) end,
       "ETS select" =>
         {fn -> Loops.ets_searches(ets, ets_requests) end,
          [ops: length(ets_requests), runs: Bench.pick(bench, 1, 3)]}
@@ -208,9 +204,7 @@ bench =
     %{
       "map index" => fn -> Loops.map_searches(map_index, many) end,
       "Table store:" => fn -> Table.search_many(table, many) end,
-      "Table full" => fn ->
-        Loops.in_fresh_process(fn -> Table.search_many(full_table, many) end)
-      end
+      "Table full" => fn -> Table.search_many(full_table, many) end
     },
     warmup: 1,
     runs: Bench.pick(bench, 5, 21),
