@@ -54,7 +54,7 @@ demo
   ops: length(requests)
 )
 |> Bench.table("memory after load", ["map index", "Larder.Table"])
-|> Bench.row("map heap vs ETS + NIF (store: id, spec, value, currency)", %{
+|> Bench.row("memory (Table: store: 4 fields)", %{
   "map index" => mb.(map_bytes),
   "Larder.Table" => mb.(Table.memory(table))
 })
