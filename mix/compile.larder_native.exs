@@ -35,9 +35,16 @@ defmodule Mix.Tasks.Compile.LarderNative do
     home_cargo = Path.expand("~/.cargo/bin/cargo")
 
     cond do
-      path = System.find_executable("cargo") -> path
-      File.exists?(home_cargo) -> home_cargo
-      true -> Mix.raise("cargo not found: install Rust with scripts/setup (rustup), then run mix compile")
+      path = System.find_executable("cargo") ->
+        path
+
+      File.exists?(home_cargo) ->
+        home_cargo
+
+      true ->
+        Mix.raise(
+          "cargo not found: install Rust with scripts/setup (rustup), then run mix compile"
+        )
     end
   end
 

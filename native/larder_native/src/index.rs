@@ -284,8 +284,8 @@ fn index_term_count(index: Index) -> NifResult<usize> {
 }
 
 /// Bytes held: each bitmap's serialized size (which tracks its containers),
-/// each key, and the hash table's slots.
-#[rustler::nif]
+/// each key, and the hash table's slots. O(terms), so on a dirty scheduler.
+#[rustler::nif(schedule = "DirtyCpu")]
 fn index_memory(index: Index) -> NifResult<usize> {
     let bitmaps = index.read()?;
     let payload: usize = bitmaps
