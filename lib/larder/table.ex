@@ -67,8 +67,8 @@ defmodule Larder.Table do
   Raises `ArgumentError` for a condition on a field that has no index (the
   message lists the indexed ones), a record without the key field, bad
   options, and a table that was dropped or whose owner exited ("unknown
-  Larder.Table"). An index function that raises makes the write raise before
-  anything is written.
+  Larder.Table"). An index function that raises makes the write raise: the
+  chunk it was in is not written (earlier chunks of an `insert_many/2` are).
 
   ## Performance
 

@@ -139,6 +139,17 @@ defmodule Larder.TableTest do
       assert Table.size(table) == 0
     end
 
+    test "an index function that raises leaves its chunk unwritten" do
+      table = Table.new(key: :id, index: [{:n, fn %{n: n} when n > 0 -> n end}])
+
+      assert_raise FunctionClauseError, fn ->
+        Table.insert_many(table, [%{id: 1, n: 1}, %{id: 2, n: 0}])
+      end
+
+      assert Table.size(table) == 0
+      assert Table.search(table, n: 1) == []
+    end
+
     test "options are validated" do
       assert_raise ArgumentError,
                    ~r/unknown options \[:keys\]; valid options: \[:key, :index, :store\]/,
