@@ -33,3 +33,4 @@ bench-quick:
 check: setup
 	mix format --check-formatted
 	mix compile --warnings-as-errors --force
+	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings

@@ -1,3 +1,5 @@
+Code.require_file("mix/compile.larder_native.exs", __DIR__)
+
 defmodule Larder.MixProject do
   use Mix.Project
 
@@ -10,6 +12,8 @@ defmodule Larder.MixProject do
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
       elixirc_paths: elixirc_paths(Mix.env()),
+      # The Rust NIF is built first, so Larder.Native can load it.
+      compilers: [:larder_native | Mix.compilers()],
       deps: [],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
@@ -19,7 +23,7 @@ defmodule Larder.MixProject do
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
   def application do
-    [extra_applications: [:logger, :eredis, :crypto] ++ extra_applications(Mix.env())]
+    [extra_applications: [:logger, :eredis, :crypto, :jiffy] ++ extra_applications(Mix.env())]
   end
 
   # PropEr (Debian's erlang-proper) drives the model tests.

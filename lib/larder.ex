@@ -16,6 +16,9 @@ defmodule Larder do
       of a Redis L2, with miss collapsing, a per-key version that keeps
       backfills from overwriting newer writes, and cross-node L1
       invalidation through Redis pub/sub.
+    * `Larder.Table` - map records keyed by a primary key in ETS, with
+      secondary indexes held as Roaring bitmaps by a Rust NIF
+      (`Larder.Index`), searched by ANDing the bitmaps smallest first.
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the

@@ -1,0 +1,248 @@
+# Larder.Table search on the 487,200-price catalogue, side by side with a
+# Go-style map index (offering -> list of its prices, scanned) and an ETS
+# match-spec select, all in this run. Every answer is checked against the
+# expected price computed by a plain filter over the loaded catalogue.
+#
+#   mix run bench/index_bench.exs [--quick] [--json PATH]
+Code.require_file("support/bench.ex", __DIR__)
+
+alias Larder.{Bench, Table}
+alias Larder.Table.Catalogue
+
+# The timed loops live in a compiled module: a closure written at the top
+# level of a script is interpreted, which would add microseconds per call.
+defmodule IndexBench.Loops do
+  alias Larder.Table.Catalogue
+
+  def table_searches(table, requests), do: Enum.each(requests, &Larder.Table.search(table, &1))
+
+  def map_searches(map_index, requests),
+    do: Enum.each(requests, &Catalogue.map_search(map_index, &1))
+
+  def ets_searches(tab, requests), do: Enum.each(requests, &ets_search(tab, &1))
+
+  # A partial map pattern; chars are a map in this table so it can match them.
+  def ets_search(tab, conditions) do
+    pattern =
+      Enum.reduce(conditions, %{chars: %{}}, fn
+        {:char, {c, v}}, acc -> put_in(acc, [:chars, c], v)
+        {field, v}, acc -> Map.put(acc, field, v)
+      end)
+
+    :ets.select(tab, [{{:_, pattern}, [], [{:element, 2, :"$_"}]}])
+  end
+end
+
+alias IndexBench.Loops
+
+bench = Bench.start("Larder.Table: price search on the catalogue")
+{source, prices, requests} = Catalogue.reference_or_generated()
+IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
+
+# Expected answers by a plain filter: each request matches exactly one price.
+expected =
+  Enum.map(requests, fn conditions ->
+    case Catalogue.filter(prices, conditions) do
+      [price] -> price.value
+      other -> raise "request #{inspect(conditions)} matches #{length(other)} prices, not one"
+    end
+  end)
+
+## The contenders
+
+# Go's map variant: offering -> its prices; a search scans that list.
+build_map_index = fn -> Catalogue.map_index(prices) end
+map_search = &Catalogue.map_search/2
+
+store = [:idx, :spec, :value, :currency]
+
+build_table = fn opts ->
+  table = Table.new(Catalogue.table_opts(opts))
+  :ok = Table.insert_many(table, prices)
+  table
+end
+
+# ETS with a match spec: chars become a map so a partial map pattern matches them.
+build_ets = fn ->
+  tab = :ets.new(:prices_select, [:set, :public, read_concurrency: true])
+
+  :ets.insert(
+    tab,
+    for(p <- prices, do: {p.idx, %{p | chars: Map.new(p.chars, &{&1.char, &1.value})}})
+  )
+
+  tab
+end
+
+ets_search = &Loops.ets_search/2
+
+## Check every contender's answers before timing them
+
+map_index = build_map_index.()
+table = build_table.(store: store)
+full_table = build_table.([])
+ets = build_ets.()
+
+check = fn name, answers ->
+  bad =
+    Enum.zip(answers, expected)
+    |> Enum.count(fn
+      {[%{value: v}], v} -> false
+      _ -> true
+    end)
+
+  IO.puts(
+    "# checked #{name}: #{length(answers) - bad}/#{length(answers)} answers are the expected price"
+  )
+
+  if bad > 0, do: raise("#{name} returned #{bad} wrong answers")
+end
+
+ets_requests = Bench.pick(bench, Enum.take(requests, 3), Enum.take(requests, 10))
+check.("map index", Enum.map(requests, &map_search.(map_index, &1)))
+check.("Table store:", Enum.map(requests, &Table.search(table, &1)))
+check.("Table full", Enum.map(requests, &Table.search(full_table, &1)))
+check.("Table search_many", Table.search_many(table, requests))
+
+for {conditions, [%{value: v}]} <-
+      Enum.zip(ets_requests, Enum.map(ets_requests, &ets_search.(ets, &1))),
+    do:
+      if(v != Enum.at(expected, Enum.find_index(requests, &(&1 == conditions))),
+        do: raise("ETS select answered wrong")
+      )
+
+IO.puts("# checked ETS select: #{length(ets_requests)} requests (a full scan each)")
+
+## Build, memory
+
+columns = ["map index", "Table store:", "Table full", "ETS select"]
+
+# What a build run made is dropped after the run, untimed, so the builds do
+# not pile up gigabytes of ETS while the searches are measured.
+built = fn value -> Process.put(:built, value) end
+
+drop_built = fn _ ->
+  case Process.delete(:built) do
+    %Table{} = t -> Table.drop(t)
+    tab when is_reference(tab) -> :ets.delete(tab)
+    _ -> :ok
+  end
+end
+
+build_runs = [warmup: 0, runs: Bench.pick(bench, 1, 3), teardown: drop_built]
+
+bench =
+  bench
+  |> Bench.table("build from records in memory", columns)
+  |> Bench.row(
+    "build (#{length(prices)} records)",
+    %{
+      "map index" => build_map_index,
+      "Table store:" => fn -> built.(build_table.(store: store)) end,
+      "Table full" => fn -> built.(build_table.([])) end,
+      "ETS select" => fn -> built.(build_ets.()) end
+    },
+    build_runs
+  )
+
+mb = fn bytes -> Bench.value(Float.round(bytes / 1_000_000, 1), "MB") end
+words = :erlang.system_info(:wordsize)
+
+# The map index's live heap, like the Go figure: a fresh process loads the
+# catalogue, builds the index, drops everything else and reports its memory.
+map_heap =
+  Task.async(fn ->
+    {_, loaded, _} = Catalogue.reference_or_generated()
+    index = Catalogue.map_index(loaded)
+    loaded = nil
+    :erlang.garbage_collect()
+    {:memory, bytes} = Process.info(self(), :memory)
+    {map_size(index), loaded, bytes}
+  end)
+  |> Task.await(:infinity)
+  |> elem(2)
+
+bench =
+  bench
+  |> Bench.table(
+    "memory: ETS words x #{words} + NIF bytes (map index: its process heap)",
+    columns
+  )
+  |> Bench.row("memory", %{
+    "map index" => mb.(map_heap),
+    "Table store:" => mb.(Table.memory(table)),
+    "Table full" => mb.(Table.memory(full_table)),
+    "ETS select" => mb.(:ets.info(ets, :memory) * words)
+  })
+
+## Searches
+
+n = length(requests)
+many = requests |> Stream.cycle() |> Enum.take(1000)
+many_check = Table.search_many(table, many)
+check.("Table search_many x1000", many_check |> Enum.take(n))
+
+bench =
+  bench
+  |> Bench.table("search, per request (#{n} reference requests per run)", columns, per_op: true)
+  |> Bench.row(
+    "search (one request)",
+    %{
+      "map index" => fn -> Loops.map_searches(map_index, requests) end,
+      "Table store:" => fn -> Loops.table_searches(table, requests) end,
+      "Table full" => fn -> Loops.table_searches(full_table, requests) end,
+      "ETS select" =>
+        {fn -> Loops.ets_searches(ets, ets_requests) end,
+         [ops: length(ets_requests), runs: Bench.pick(bench, 1, 3)]}
+    },
+    warmup: 1,
+    runs: Bench.pick(bench, 15, 51),
+    ops: n
+  )
+  |> Bench.row(
+    "1,000 searches in one call (search_many)",
+    %{
+      "map index" => fn -> Loops.map_searches(map_index, many) end,
+      "Table store:" => fn -> Table.search_many(table, many) end,
+      "Table full" => fn -> Table.search_many(full_table, many) end
+    },
+    warmup: 1,
+    runs: Bench.pick(bench, 5, 21),
+    ops: 1000
+  )
+
+## Targets
+
+[search_row, many_row] = hd(bench.tables).rows
+[build_row] = Enum.find(bench.tables, &(&1.title =~ "build")).rows
+[mem_row] = Enum.find(bench.tables, &(&1.title =~ "memory")).rows
+
+IO.puts("")
+
+bench
+|> Bench.target(
+  "Table store: search median (us)",
+  search_row.results["Table store:"].per_op_median_us,
+  :<=,
+  5
+)
+|> Bench.target(
+  "Table store: search_many (searches/s)",
+  many_row.results["Table store:"].ops_per_s,
+  :>=,
+  300_000
+)
+|> Bench.target("Table store: memory (MB)", mem_row.results["Table store:"].value, :<=, 127)
+|> Bench.target(
+  "Table store: build (s)",
+  build_row.results["Table store:"].median_us / 1_000_000,
+  :<=,
+  2
+)
+|> Bench.target(
+  "Table full: build (s)",
+  build_row.results["Table full"].median_us / 1_000_000,
+  :<=,
+  2
+)
+|> Bench.finish()

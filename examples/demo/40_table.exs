@@ -1,0 +1,62 @@
+# Larder.Table: price search on the 487,200-price catalogue (the shared file,
+# or the generated one), against the Go-style map index, measured now.
+alias Larder.{Bench, Table}
+alias Larder.Table.Catalogue
+
+# Compiled loops: closures at a script's top level are interpreted.
+defmodule Demo.TableLoops do
+  def table_searches(table, requests), do: Enum.each(requests, &Larder.Table.search(table, &1))
+  def map_searches(index, requests), do: Enum.each(requests, &Catalogue.map_search(index, &1))
+end
+
+demo = Bench.start("Larder.Table: price search, map index vs Larder.Table", ["--quick"])
+{source, prices, requests} = Catalogue.reference_or_generated()
+IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
+
+map_index = Catalogue.map_index(prices)
+table = Table.new(Catalogue.table_opts(store: [:idx, :spec, :value, :currency]))
+:ok = Table.insert_many(table, prices)
+
+# Both must give the same single price for every request.
+for conditions <- requests do
+  [%{value: v}] = Catalogue.map_search(map_index, conditions)
+  [%{value: ^v}] = Table.search(table, conditions)
+end
+
+IO.puts("# all #{length(requests)} answers agree (one price each)")
+
+# The map index's live heap: a fresh process loads and indexes, then reports.
+map_bytes =
+  Task.async(fn ->
+    {_, loaded, _} = Catalogue.reference_or_generated()
+    index = Catalogue.map_index(loaded)
+    loaded = nil
+    :erlang.garbage_collect()
+    {:memory, bytes} = Process.info(self(), :memory)
+    {map_size(index), loaded, bytes}
+  end)
+  |> Task.await(:infinity)
+  |> elem(2)
+
+mb = fn bytes -> Bench.value(Float.round(bytes / 1_000_000, 1), "MB") end
+
+demo
+|> Bench.table("search on the catalogue (per request)", ["map index", "Larder.Table"],
+  per_op: true
+)
+|> Bench.row(
+  "search, #{length(requests)} reference requests",
+  %{
+    "map index" => fn -> Demo.TableLoops.map_searches(map_index, requests) end,
+    "Larder.Table" => fn -> Demo.TableLoops.table_searches(table, requests) end
+  },
+  runs: 9,
+  ops: length(requests)
+)
+|> Bench.table("memory after load", ["map index", "Larder.Table"])
+|> Bench.row("memory (Table: store: 4 fields)", %{
+  "map index" => mb.(map_bytes),
+  "Larder.Table" => mb.(Table.memory(table))
+})
+
+Table.drop(table)

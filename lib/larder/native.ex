@@ -1,0 +1,69 @@
+defmodule Larder.Native do
+  # NIF stubs for native/larder_native (Roaring-bitmap indexes), loaded on load.
+  @moduledoc false
+
+  @on_load :load_nif
+  @lib "native/liblarder_native"
+
+  @doc false
+  def load_nif do
+    case load(Path.join(:code.priv_dir(:larder), @lib)) do
+      :ok ->
+        :ok
+
+      {:error, message} ->
+        :persistent_term.put({__MODULE__, :load_error}, message)
+        IO.warn(message, [])
+        # The module still loads, so every stub can say what went wrong.
+        :ok
+    end
+  end
+
+  @doc false
+  # Loads the library at `path` (without extension); the error says why and what to run.
+  @spec load(Path.t()) :: :ok | {:error, String.t()}
+  def load(path), do: explain(:erlang.load_nif(String.to_charlist(path), 0), path)
+
+  @doc false
+  # Turns load_nif's answer into :ok or a message that says why and what to run.
+  @spec explain(:ok | {:error, {atom(), charlist()}}, Path.t()) :: :ok | {:error, String.t()}
+  def explain(result, path) do
+    case result do
+      :ok ->
+        :ok
+
+      {:error, {:reload, _}} ->
+        :ok
+
+      {:error, {reason, text}} ->
+        {:error,
+         "Larder.Native: could not load the NIF library #{path}.so (#{reason}: #{text}). " <>
+           "Build it with `mix compile` (it runs cargo; install Rust with scripts/setup if cargo is missing)."}
+    end
+  end
+
+  defp not_loaded do
+    message =
+      :persistent_term.get(
+        {__MODULE__, :load_error},
+        "Larder.Native: the NIF library is not loaded; run `mix compile`"
+      )
+
+    :erlang.nif_error({:nif_not_loaded, message})
+  end
+
+  def index_new, do: not_loaded()
+  def index_query(_index, _expr), do: not_loaded()
+  def index_query_dirty(_index, _expr), do: not_loaded()
+  def index_count(_index, _expr), do: not_loaded()
+  def index_count_dirty(_index, _expr), do: not_loaded()
+  def index_query_many(_index, _exprs), do: not_loaded()
+  def index_query_many_dirty(_index, _exprs), do: not_loaded()
+  def index_apply(_index, _ops), do: not_loaded()
+  def index_apply_dirty(_index, _ops), do: not_loaded()
+  def index_terms(_index), do: not_loaded()
+  def index_terms_of(_index, _id), do: not_loaded()
+  def index_terms_of_dirty(_index, _id), do: not_loaded()
+  def index_term_count(_index), do: not_loaded()
+  def index_memory(_index), do: not_loaded()
+end

@@ -1,0 +1,314 @@
+defmodule Larder.Table.Catalogue do
+  # The price catalogue behind the Table benchmark and demo: the CSV loader,
+  # a deterministic generator of the same shape, and the reference requests.
+  @moduledoc false
+
+  import Bitwise
+
+  @default_dir "../shared/data/price-catalogue"
+
+  @terms ~w(12 18 24 36 48 60)
+  @traffic ~w(1GB 2GB 5GB 10GB 20GB 50GB 100GB)
+  @bandwidth ~w(1Mbps 5Mbps 10Mbps 20Mbps 25Mbps 30Mbps 50Mbps 75Mbps 100Mbps 125Mbps
+                150Mbps 175Mbps 200Mbps 250Mbps 300Mbps 350Mbps 400Mbps 450Mbps 500Mbps
+                550Mbps 600Mbps 650Mbps 700Mbps 750Mbps 800Mbps 850Mbps 900Mbps 950Mbps 1Gbps)
+  @router ["Included", "Not Included"]
+
+  @typedoc "A price: the CSV row as a map, characteristics as a list of maps."
+  @type price :: %{
+          idx: non_neg_integer(),
+          offering_id: String.t(),
+          group_id: String.t(),
+          spec: String.t(),
+          chars: [%{char: String.t(), value: String.t()}],
+          value: non_neg_integer(),
+          is_default: boolean(),
+          currency: String.t()
+        }
+
+  @doc "The directory of the shared reference data, relative to the project root."
+  @spec default_dir() :: Path.t()
+  def default_dir, do: @default_dir
+
+  @doc """
+  The `Larder.Table.new/1` options for the catalogue: the Go service's
+  indexes (offering, group, spec, one term per characteristic value), plus
+  `store:` when given.
+  """
+  @spec table_opts(keyword()) :: keyword()
+  def table_opts(extra \\ []) do
+    [
+      key: :idx,
+      index: [:offering_id, :group_id, :spec, {:char, &char_terms/1}]
+    ] ++ extra
+  end
+
+  @doc "The `{char, value}` terms of a price."
+  @spec char_terms(price()) :: [{String.t(), String.t()}]
+  def char_terms(price), do: Enum.map(price.chars, &{&1.char, &1.value})
+
+  @doc """
+  The shared catalogue when `dir` has it, else the generated one:
+  `{source, prices, requests}`, where requests are `Larder.Table` conditions.
+  """
+  @spec reference_or_generated(Path.t()) :: {String.t(), [price()], [keyword()]}
+  def reference_or_generated(dir \\ @default_dir) do
+    csv = Path.join(dir, "prices-487k.csv.gz")
+    jsonl = Path.join(dir, "requests-100.jsonl")
+
+    with true <- File.exists?(csv) and File.exists?(jsonl),
+         {:ok, prices} <- load(csv),
+         {:ok, requests} <- requests(jsonl) do
+      {csv, prices, requests}
+    else
+      _ ->
+        prices = generate()
+        {"generated (seed 1)", prices, sample_requests(prices, 100)}
+    end
+  end
+
+  @doc """
+  Loads the CSV catalogue (`.csv` or `.csv.gz`). Repeated strings (ids,
+  groups, characteristics) share one binary, as a loader keeping them in
+  memory would.
+  """
+  @spec load(Path.t()) :: {:ok, [price()]} | {:error, Larder.Error.t()}
+  def load(path) do
+    with {:ok, data} <- File.read(path),
+         {:ok, text} <- maybe_gunzip(data, path) do
+      [_header | lines] = :binary.split(text, "\n", [:global])
+      {prices, _} = Enum.flat_map_reduce(lines, %{}, &parse_line/2)
+      {:ok, prices}
+    else
+      {:error, %Larder.Error{}} = error ->
+        error
+
+      {:error, reason} ->
+        {:error,
+         Larder.Error.new(:loader_failed, "cannot read the catalogue", path: path, reason: reason)}
+    end
+  rescue
+    error in [MatchError, ArgumentError, CaseClauseError] ->
+      {:error,
+       Larder.Error.new(:loader_failed, "malformed catalogue",
+         path: path,
+         error: Exception.message(error)
+       )}
+  end
+
+  defp maybe_gunzip(data, path) do
+    if String.ends_with?(path, ".gz") do
+      try do
+        {:ok, :zlib.gunzip(data)}
+      rescue
+        ErlangError -> {:error, Larder.Error.new(:loader_failed, "not a gzip file", path: path)}
+      end
+    else
+      {:ok, data}
+    end
+  end
+
+  defp parse_line("", cache), do: {[], cache}
+
+  defp parse_line(line, cache) do
+    [idx, offering, group, spec, chars, values, value, default, currency] =
+      :binary.split(line, ",", [:global])
+
+    {offering, cache} = intern(offering, cache)
+    {group, cache} = intern(group, cache)
+    {spec, cache} = intern(spec, cache)
+    {currency, cache} = intern(currency, cache)
+    {chars, cache} = intern_chars({chars, values}, cache)
+
+    price = %{
+      idx: String.to_integer(idx),
+      offering_id: offering,
+      group_id: group,
+      spec: spec,
+      chars: chars,
+      value: String.to_integer(value),
+      is_default: default == "true",
+      currency: currency
+    }
+
+    {[price], cache}
+  end
+
+  defp intern(binary, cache) do
+    case cache do
+      %{^binary => shared} ->
+        {shared, cache}
+
+      _ ->
+        # A copy, so the price does not keep the whole decompressed file alive.
+        shared = :binary.copy(binary)
+        {shared, Map.put(cache, shared, shared)}
+    end
+  end
+
+  defp intern_chars({chars, values} = key, cache) do
+    case cache do
+      %{^key => shared} ->
+        {shared, cache}
+
+      _ ->
+        {list, cache} =
+          Enum.zip(:binary.split(chars, "|", [:global]), :binary.split(values, "|", [:global]))
+          |> Enum.map_reduce(cache, fn {c, v}, cache ->
+            {c, cache} = intern(c, cache)
+            {v, cache} = intern(v, cache)
+            {%{char: c, value: v}, cache}
+          end)
+
+        {list, Map.put(cache, key, list)}
+    end
+  end
+
+  @doc """
+  Generates a catalogue of the reference's shape, the same for the same
+  options: `offerings` (default 50) offerings of 9,744 prices, every
+  combination of Term (6 values), B2B Traffic (7), VPN (4), B2B Bandwidth (29)
+  and Router (2) once per offering; spec alternating MRC/NRC by row; group
+  `group1`..`group5` drawn from a generator seeded with `seed` (default 1).
+  """
+  @spec generate(keyword()) :: [price()]
+  def generate(opts \\ []) do
+    offerings = Keyword.get(opts, :offerings, 50)
+    rand = :rand.seed_s(:exsss, Keyword.get(opts, :seed, 1))
+    {offering_ids, rand} = Enum.map_reduce(1..offerings, rand, fn _, r -> uuid(r) end)
+    {vpns, rand} = Enum.map_reduce(1..4, rand, fn _, r -> uuid(r) end)
+
+    combos =
+      for t <- @terms, tr <- @traffic, v <- vpns, b <- @bandwidth, ro <- @router do
+        Enum.zip_with(
+          ["Term", "B2B Traffic", "VPN", "B2B Bandwidth", "Router"],
+          [t, tr, v, b, ro],
+          &%{char: &1, value: &2}
+        )
+      end
+
+    groups = List.to_tuple(for g <- 1..5, do: "group#{g}")
+    rows = for offering <- offering_ids, chars <- combos, do: {offering, chars}
+
+    {prices, _} =
+      rows
+      |> Enum.with_index()
+      |> Enum.map_reduce(rand, fn {{offering, chars}, idx}, rand ->
+        {g, rand} = :rand.uniform_s(5, rand)
+
+        price = %{
+          idx: idx,
+          offering_id: offering,
+          group_id: elem(groups, g - 1),
+          spec: if(rem(idx, 2) == 0, do: "MRC", else: "NRC"),
+          chars: chars,
+          value: idx,
+          is_default: false,
+          currency: ""
+        }
+
+        {price, rand}
+      end)
+
+    prices
+  end
+
+  defp uuid(rand) do
+    {n, rand} = :rand.uniform_s(1 <<< 122, rand)
+    <<a::32, b::16, c::12, d::14, e::48>> = <<n - 1::122>>
+
+    hex = fn int, bits ->
+      int |> Integer.to_string(16) |> String.downcase() |> String.pad_leading(div(bits, 4), "0")
+    end
+
+    {"#{hex.(a, 32)}-#{hex.(b, 16)}-4#{hex.(c, 12)}-#{hex.(0x8000 + d, 16)}-#{hex.(e, 48)}", rand}
+  end
+
+  @doc "The `Larder.Table` conditions of one reference request (a decoded JSON map)."
+  @spec conditions(map()) :: keyword()
+  def conditions(request) do
+    [
+      offering_id: request["offeringId"],
+      group_id: request["groupId"],
+      spec: request["priceSpecId"]
+    ] ++ for(cv <- request["charValues"], do: {:char, {cv["char"], cv["value"]}})
+  end
+
+  @doc "Reads `requests-100.jsonl` into `Larder.Table` conditions."
+  @spec requests(Path.t()) :: {:ok, [keyword()]} | {:error, Larder.Error.t()}
+  def requests(path) do
+    case File.read(path) do
+      {:ok, text} ->
+        requests =
+          for line <- String.split(text, "\n", trim: true) do
+            line |> :jiffy.decode([:return_maps]) |> conditions()
+          end
+
+        {:ok, requests}
+
+      {:error, reason} ->
+        {:error,
+         Larder.Error.new(:loader_failed, "cannot read the requests", path: path, reason: reason)}
+    end
+  end
+
+  @doc "Conditions that match `n` prices picked with a seeded generator, one each."
+  @spec sample_requests([price()], pos_integer()) :: [keyword()]
+  def sample_requests(prices, n) do
+    tuple = List.to_tuple(prices)
+
+    {picks, _} =
+      Enum.map_reduce(1..n, :rand.seed_s(:exsss, 2), fn _, r ->
+        :rand.uniform_s(tuple_size(tuple), r)
+      end)
+
+    for i <- picks do
+      p = elem(tuple, i - 1)
+
+      [offering_id: p.offering_id, group_id: p.group_id, spec: p.spec] ++
+        for({c, v} <- char_terms(p), do: {:char, {c, v}})
+    end
+  end
+
+  @doc """
+  The expected answer to `conditions` by a plain filter over `prices`: the
+  prices for which every condition holds, in order.
+  """
+  @spec filter([price()], keyword()) :: [price()]
+  def filter(prices, conditions), do: Enum.filter(prices, &matches?(&1, conditions))
+
+  @doc "Whether every condition holds for `price`."
+  @spec matches?(price(), keyword()) :: boolean()
+  def matches?(price, conditions) do
+    Enum.all?(conditions, fn
+      {:char, {c, v}} -> Enum.any?(price.chars, &(&1.char == c and &1.value == v))
+      {field, value} -> Map.fetch!(price, field) == value
+    end)
+  end
+
+  @doc """
+  The Go service's map index, the baseline of the benchmark and the demo:
+  offering -> the list of its prices.
+  """
+  @spec map_index([price()]) :: %{String.t() => [price()]}
+  def map_index(prices), do: Enum.group_by(prices, & &1.offering_id)
+
+  @doc "Searches a `map_index/1` as the Go map variant does: fetch the offering, scan its prices."
+  @spec map_search(%{String.t() => [price()]}, keyword()) :: [price()]
+  def map_search(map_index, conditions) do
+    {o, g, s, chars} =
+      Enum.reduce(conditions, {nil, nil, nil, []}, fn
+        {:offering_id, v}, {_, g, s, c} -> {v, g, s, c}
+        {:group_id, v}, {o, _, s, c} -> {o, v, s, c}
+        {:spec, v}, {o, g, _, c} -> {o, g, v, c}
+        {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
+      end)
+
+    map_index
+    |> Map.get(o, [])
+    |> Enum.filter(fn p ->
+      p.group_id == g and p.spec == s and
+        Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
+    end)
+  end
+end

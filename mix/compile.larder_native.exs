@@ -1,0 +1,69 @@
+# The Mix compiler step that builds native/larder_native with cargo (release
+# mode) and installs the library as priv/native/liblarder_native.so. It runs
+# before the Elixir compiler, so Larder.Native finds the library when loaded.
+defmodule Mix.Tasks.Compile.LarderNative do
+  @moduledoc false
+  use Mix.Task.Compiler
+
+  @crate "native/larder_native"
+  @lib "larder_native"
+
+  @impl true
+  def run(_args) do
+    cargo = find_cargo()
+    manifest = Path.join(@crate, "Cargo.toml")
+    env = [{"PATH", Path.dirname(cargo) <> ":" <> (System.get_env("PATH") || "")}]
+
+    case System.cmd(cargo, ["build", "--release", "--quiet", "--manifest-path", manifest],
+           env: env,
+           stderr_to_stdout: true
+         ) do
+      {_out, 0} ->
+        result = install()
+        # Links priv/ into _build now: the Elixir compiler loads Larder.Native
+        # (running its @on_load) before Mix would otherwise do it.
+        Mix.Project.build_structure()
+        result
+
+      {out, status} ->
+        Mix.shell().error(out)
+        Mix.raise("cargo build of #{@crate} failed (exit status #{status}); see the output above")
+    end
+  end
+
+  defp find_cargo do
+    home_cargo = Path.expand("~/.cargo/bin/cargo")
+
+    cond do
+      path = System.find_executable("cargo") ->
+        path
+
+      File.exists?(home_cargo) ->
+        home_cargo
+
+      true ->
+        Mix.raise(
+          "cargo not found: install Rust with scripts/setup (rustup), then run mix compile"
+        )
+    end
+  end
+
+  # Copies through a temporary file and a rename, so a VM that has the old
+  # library mapped keeps a valid file.
+  defp install do
+    ext = if match?({:unix, :darwin}, :os.type()), do: "dylib", else: "so"
+    built = Path.join([@crate, "target", "release", "lib#{@lib}.#{ext}"])
+    dest = Path.join(["priv", "native", "lib#{@lib}.so"])
+
+    if File.exists?(dest) and File.read!(dest) == File.read!(built) do
+      {:noop, []}
+    else
+      File.mkdir_p!(Path.dirname(dest))
+      tmp = dest <> ".tmp"
+      File.cp!(built, tmp)
+      File.rename!(tmp, dest)
+      Mix.shell().info("Compiled #{@crate} -> #{dest}")
+      {:ok, []}
+    end
+  end
+end

@@ -1,0 +1,18 @@
+//! Atoms shared by the NIF functions.
+
+rustler::atoms! {
+    ok,
+    add,
+    remove,
+    add_terms,
+    remove_terms,
+    and,
+    or,
+    not,
+    term,
+    dirty,
+    bad_expr,
+    bad_op,
+    bad_ids,
+    poisoned,
+}

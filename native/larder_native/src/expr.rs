@@ -1,0 +1,208 @@
+//! Query expressions: decoding `{:and, [..]}`, `{:or, [..]}`, `{:not, e}`,
+//! `{:term, t}` and bare terms, and evaluating them over the bitmaps with the
+//! smallest bitmap intersected first.
+
+use crate::atoms;
+use crate::error::NativeError;
+use crate::key::{elem, term_key, tuple_elems};
+use roaring::RoaringBitmap;
+use rustler::{ListIterator, Term};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A decoded expression; leaves hold their term's key.
+pub enum Expr {
+    Leaf(Vec<u8>),
+    And(Vec<Expr>),
+    Or(Vec<Expr>),
+    Not(Box<Expr>),
+}
+
+impl Expr {
+    pub fn decode(term: Term) -> Result<Expr, NativeError> {
+        if let Some(&[op, arg]) = tuple_elems(term) {
+            let (op, arg) = (elem(term, op), elem(term, arg));
+            if op.is_atom() {
+                if op == atoms::and().to_term(term.get_env()) {
+                    return Ok(Expr::And(Self::decode_list(arg)?));
+                }
+                if op == atoms::or().to_term(term.get_env()) {
+                    return Ok(Expr::Or(Self::decode_list(arg)?));
+                }
+                if op == atoms::not().to_term(term.get_env()) {
+                    return Ok(Expr::Not(Box::new(Self::decode(arg)?)));
+                }
+                if op == atoms::term().to_term(term.get_env()) {
+                    return Ok(Expr::Leaf(term_key(arg)));
+                }
+            }
+        }
+        Ok(Expr::Leaf(term_key(term)))
+    }
+
+    fn decode_list(term: Term) -> Result<Vec<Expr>, NativeError> {
+        let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
+        iter.map(Self::decode).collect()
+    }
+}
+
+/// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
+/// encoded terms and the table is private, so SipHash's DoS resistance buys
+/// nothing and costs a good part of a lookup.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
+        }
+        for &byte in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type Bitmaps = HashMap<Vec<u8>, RoaringBitmap, BuildHasherDefault<KeyHasher>>;
+
+/// An expression whose leaves are resolved to their bitmaps (looked up once).
+pub enum Plan<'b> {
+    Leaf(Option<&'b RoaringBitmap>),
+    And(Vec<Plan<'b>>),
+    Or(Vec<Plan<'b>>),
+    Not(Box<Plan<'b>>),
+}
+
+pub fn resolve<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Plan<'b> {
+    match expr {
+        Expr::Leaf(key) => Plan::Leaf(bitmaps.get(key.as_slice())),
+        Expr::And(children) => Plan::And(children.iter().map(|c| resolve(bitmaps, c)).collect()),
+        Expr::Or(children) => Plan::Or(children.iter().map(|c| resolve(bitmaps, c)).collect()),
+        Expr::Not(inner) => Plan::Not(Box::new(resolve(bitmaps, inner))),
+    }
+}
+
+/// The ids of every term: the complement's universe for a `not` outside an `and`.
+fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
+    let mut all = RoaringBitmap::new();
+    for bitmap in bitmaps.values() {
+        all |= bitmap;
+    }
+    all
+}
+
+pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
+    match plan {
+        Plan::Leaf(Some(bitmap)) => Cow::Borrowed(*bitmap),
+        Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
+        Plan::Or(children) => {
+            let mut acc = RoaringBitmap::new();
+            for child in children {
+                acc |= eval(bitmaps, child).as_ref();
+            }
+            Cow::Owned(acc)
+        }
+        Plan::Not(inner) => {
+            let mut all = universe(bitmaps);
+            all -= eval(bitmaps, inner).as_ref();
+            Cow::Owned(all)
+        }
+        Plan::And(children) => Cow::Owned(eval_and(bitmaps, children)),
+    }
+}
+
+/// Intersects the positive children smallest first, stopping as soon as the
+/// running result is empty, then subtracts the negated ones.
+fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
+    let mut positives: Vec<Cow<RoaringBitmap>> = Vec::with_capacity(children.len());
+    let mut negatives: Vec<&Plan> = Vec::new();
+    for child in children {
+        match child {
+            Plan::Not(inner) => negatives.push(inner),
+            Plan::Leaf(Some(bitmap)) => positives.push(Cow::Borrowed(*bitmap)),
+            Plan::Leaf(None) => return RoaringBitmap::new(),
+            other => positives.push(eval(bitmaps, other)),
+        }
+    }
+    let mut acc = if positives.is_empty() {
+        universe(bitmaps)
+    } else {
+        positives.sort_by_key(|bitmap| bitmap.len());
+        let mut iter = positives.into_iter();
+        let first = iter.next().expect("positives is not empty");
+        // The two smallest make a fresh (small) bitmap instead of a clone of
+        // the smallest one; later intersections then work on that.
+        let mut acc = match iter.next() {
+            Some(second) => first.as_ref() & second.as_ref(),
+            None => first.into_owned(),
+        };
+        for bitmap in iter {
+            if acc.is_empty() {
+                return acc;
+            }
+            acc &= bitmap.as_ref();
+        }
+        acc
+    };
+    for negative in negatives {
+        if acc.is_empty() {
+            break;
+        }
+        acc -= eval(bitmaps, negative).as_ref();
+    }
+    acc
+}
+
+/// Number of 64Ki-id chunks a bitmap spans: an upper bound on its containers.
+fn chunks(bitmap: &RoaringBitmap) -> u64 {
+    match (bitmap.min(), bitmap.max()) {
+        (Some(lo), Some(hi)) => u64::from((hi >> 16) - (lo >> 16)) + 1,
+        _ => 0,
+    }
+}
+
+/// An upper bound on the work a plan costs: `(containers touched, ids returned)`.
+pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
+    match plan {
+        Plan::Leaf(Some(bitmap)) => (chunks(bitmap), bitmap.len()),
+        Plan::Leaf(None) => (0, 0),
+        Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
+            let (cw, cn) = estimate(bitmaps, child);
+            (w + cw, n + cn)
+        }),
+        Plan::Not(inner) => {
+            let (w, _) = estimate(bitmaps, inner);
+            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), bitmap| {
+                (w + chunks(bitmap), n + bitmap.len())
+            });
+            (w + uw, un)
+        }
+        Plan::And(children) => {
+            let mut work = 0;
+            let mut bound = u64::MAX;
+            for child in children {
+                match child {
+                    // Inside an `and`, a `not` is a difference: no universe is built.
+                    Plan::Not(inner) => work += estimate(bitmaps, inner).0,
+                    _ => {
+                        let (cw, cn) = estimate(bitmaps, child);
+                        work += cw;
+                        bound = bound.min(cn);
+                    }
+                }
+            }
+            if bound == u64::MAX {
+                bound = bitmaps.values().map(RoaringBitmap::len).sum();
+            }
+            (work, bound)
+        }
+    }
+}

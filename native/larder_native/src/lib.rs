@@ -1,0 +1,11 @@
+//! Larder's NIF: Roaring-bitmap secondary indexes behind `Larder.Index` and
+//! `Larder.Table`. Each resource lives in its own module; `rustler::init!`
+//! registers every `#[rustler::nif]` function under `Larder.Native`.
+
+mod atoms;
+mod error;
+mod expr;
+mod index;
+mod key;
+
+rustler::init!("Elixir.Larder.Native");

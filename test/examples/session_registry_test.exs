@@ -1,0 +1,49 @@
+Code.require_file("../../examples/session_registry/session_registry.ex", __DIR__)
+
+defmodule SessionRegistryTest do
+  use ExUnit.Case, async: true
+
+  for kind <- [:map, :proplist] do
+    test "#{kind} info: sessions by user, merged info, close" do
+      reg = SessionRegistry.new(info: unquote(kind))
+      :ok = SessionRegistry.create_session(reg, "s1", "alice", "phone", 1, a: 1, b: 2)
+      :ok = SessionRegistry.create_session(reg, "s2", "alice", "laptop", 2, a: 9)
+      :ok = SessionRegistry.create_session(reg, "s3", "bob", "phone", 1, [])
+      :ok = SessionRegistry.create_session(reg, "s1", "alice", "phone", 1, b: 3, c: 4)
+
+      assert reg |> SessionRegistry.get_sessions("alice") |> Enum.map(& &1.sid) |> Enum.sort() ==
+               ["s1", "s2"]
+
+      assert {SessionRegistry.get_info(reg, "s1", :a), SessionRegistry.get_info(reg, "s1", :b),
+              SessionRegistry.get_info(reg, "s1", :c)} == {1, 3, 4}
+
+      assert SessionRegistry.get_info(reg, "s2", :b) == nil
+      assert SessionRegistry.get_info(reg, "nope", :a) == nil
+
+      :ok = SessionRegistry.close_session(reg, "s2")
+      assert Enum.map(SessionRegistry.get_sessions(reg, "alice"), & &1.sid) == ["s1"]
+      assert SessionRegistry.memory(reg) > 0
+    end
+  end
+
+  test "map and proplist merges agree" do
+    old = [a: 1, b: 2, c: 3]
+    new = [b: 20, d: 4]
+
+    assert SessionRegistry.merge_info(
+             :proplist,
+             SessionRegistry.merge_info(:proplist, [], old),
+             new
+           )
+           |> Map.new() ==
+             SessionRegistry.merge_info(:map, Map.new(old), new)
+  end
+
+  test "options are validated" do
+    assert_raise ArgumentError, ~r/unknown options \[:x\]; valid options: \[:info\]/, fn ->
+      SessionRegistry.new(x: 1)
+    end
+
+    assert_raise ArgumentError, ~r/:info must be/, fn -> SessionRegistry.new(info: :tuple) end
+  end
+end

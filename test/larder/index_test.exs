@@ -1,0 +1,232 @@
+defmodule Larder.IndexTest do
+  use ExUnit.Case, async: true
+
+  alias Larder.Index
+  alias Larder.Test.PropEr
+
+  doctest Larder.Index
+
+  describe "queries" do
+    test "and intersects, or unites, not subtracts" do
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2, 3, 100_000])
+      :ok = Index.add(index, :b, [2, 3, 4, 100_000])
+      :ok = Index.add(index, :c, [3, 5])
+
+      assert Index.query(index, {:and, [:a, :b]}) == [2, 3, 100_000]
+      assert Index.query(index, {:and, [:a, :b, {:not, :c}]}) == [2, 100_000]
+      assert Index.query(index, {:or, [:a, :c]}) == [1, 2, 3, 5, 100_000]
+      assert Index.query(index, {:not, :a}) == [4, 5]
+      assert Index.query(index, {:and, [:a, :missing]}) == []
+      assert Index.query(index, {:and, []}) == [1, 2, 3, 4, 5, 100_000]
+      assert Index.count(index, {:and, [:a, :b]}) == 3
+    end
+
+    test "{:term, t} matches a term that looks like an operator" do
+      index = Index.new()
+      :ok = Index.add(index, {:not, :x}, [9])
+      :ok = Index.add(index, :x, [1])
+      assert Index.query(index, {:term, {:not, :x}}) == [9]
+      assert Index.query(index, {:not, :x}) == [9]
+    end
+
+    test "terms are matched by ===" do
+      index = Index.new()
+      :ok = Index.add(index, 1, [1])
+      :ok = Index.add(index, 1.0, [2])
+      assert Index.query(index, 1) == [1]
+      assert Index.query(index, 1.0) == [2]
+    end
+
+    test "large answers take the dirty scheduler path and stay correct" do
+      index = Index.new()
+      :ok = Index.add(index, :all, Enum.to_list(0..199_999))
+      :ok = Index.add(index, :even, Enum.to_list(0..199_999//2))
+      assert Index.count(index, {:and, [:all, {:not, :even}]}) == 100_000
+      assert length(Index.query(index, :all)) == 200_000
+      assert [evens, _] = Index.query_many(index, [:even, :all])
+      assert length(evens) == 100_000
+    end
+  end
+
+  describe "writes" do
+    test "removing the last id drops the term" do
+      index = Index.new()
+      :ok = Index.add(index, :a, 1)
+      assert Index.terms(index) == [:a]
+      :ok = Index.remove(index, :a, [1, 2])
+      assert Index.terms(index) == []
+      assert Index.terms_of(index, 1) == []
+    end
+
+    test "add_terms and remove_terms apply to each term of a list" do
+      index = Index.new()
+      :ok = Index.batch(index, [{:add_terms, [:a, :b, :a], [1, 2]}, {:remove_terms, [:b], 2}])
+      assert {Index.query(index, :a), Index.query(index, :b)} == {[1, 2], [1]}
+
+      assert_raise ArgumentError, ~r/ops must be/, fn ->
+        Index.batch(index, [{:add_terms, :a, 1}])
+      end
+    end
+
+    test "memory grows with the bitmaps" do
+      index = Index.new()
+      empty = Index.memory(index)
+      :ok = Index.add(index, :a, Enum.to_list(0..10_000))
+      assert Index.memory(index) > empty
+    end
+
+    test "a batch is never seen half-applied by concurrent readers" do
+      index = Index.new()
+      ids = Enum.to_list(0..999)
+      :ok = Index.add(index, :left, ids)
+
+      writer =
+        Task.async(fn ->
+          for round <- 1..200 do
+            {from, to} = if rem(round, 2) == 1, do: {:left, :right}, else: {:right, :left}
+            :ok = Index.batch(index, [{:remove, from, ids}, {:add, to, ids}])
+          end
+        end)
+
+      readers =
+        for _ <- 1..3 do
+          Task.async(fn ->
+            for _ <- 1..300, do: Index.count(index, {:or, [:left, :right]})
+          end)
+        end
+
+      Task.await(writer, 30_000)
+      counts = readers |> Enum.flat_map(&Task.await(&1, 30_000)) |> Enum.uniq()
+      assert counts == [1000]
+    end
+  end
+
+  describe "bad input" do
+    test "raises ArgumentError naming the argument" do
+      index = Index.new()
+
+      assert_raise ArgumentError, ~r/ids must be/, fn -> Index.add(index, :a, [-1]) end
+      assert_raise ArgumentError, ~r/ids must be/, fn -> Index.add(index, :a, 2 ** 32) end
+      assert_raise ArgumentError, ~r/ops must be/, fn -> Index.batch(index, [{:put, :a, 1}]) end
+      assert_raise ArgumentError, ~r/expr must/, fn -> Index.query(index, {:and, :a}) end
+      assert_raise ArgumentError, ~r/expr must/, fn -> Index.count(index, {:or, 1}) end
+
+      assert_raise ArgumentError, ~r/index must be a Larder.Index/, fn ->
+        Index.query(:nope, :a)
+      end
+
+      assert_raise ArgumentError, ~r/unknown options \[:size\]/, fn -> Index.new(size: 1) end
+    end
+
+    test "a missing library explains what to run" do
+      failure = {:error, {:load_failed, ~c"cannot open shared object file"}}
+      assert {:error, message} = Larder.Native.explain(failure, "/nonexistent/liblarder_native")
+      assert message =~ "cannot open shared object file"
+      assert message =~ "mix compile"
+      assert message =~ "/nonexistent/liblarder_native"
+    end
+  end
+
+  describe "model (PropEr)" do
+    # Random writes from several processes, each on its own terms, then random
+    # expressions checked against a map of MapSets.
+    test "queries agree with a map of sets after concurrent writes" do
+      PropEr.check(:proper.forall(scenario(), &scenario_holds?/1), numtests: 60)
+    end
+  end
+
+  @procs 3
+
+  defp scenario do
+    ops = :proper_types.list(op())
+    exprs = :proper_types.list(expr(2))
+    :proper_types.tuple([ops, exprs])
+  end
+
+  defp op do
+    ids =
+      :proper_types.list(
+        :proper_types.oneof([:proper_types.range(0, 40), :proper_types.range(65_530, 65_545)])
+      )
+
+    :proper_types.tuple([
+      :proper_types.oneof([:add, :add, :remove]),
+      :proper_types.range(0, 5),
+      ids
+    ])
+  end
+
+  defp expr(0), do: leaf()
+
+  defp expr(depth) do
+    sub = :proper_types.list(expr(depth - 1))
+
+    :proper_types.frequency([
+      {4, leaf()},
+      {2, :proper_types.tuple([:proper_types.exactly(:and), sub])},
+      {2, :proper_types.tuple([:proper_types.exactly(:or), sub])},
+      {1, :proper_types.tuple([:proper_types.exactly(:not), expr(depth - 1)])}
+    ])
+  end
+
+  defp leaf do
+    :proper_types.tuple([:proper_types.range(0, @procs - 1), :proper_types.range(0, 5)])
+  end
+
+  defp scenario_holds?({ops, exprs}) do
+    index = Index.new()
+    # Operation i goes to process rem(i, @procs), which owns terms {proc, n}.
+    per_proc =
+      ops
+      |> Enum.with_index()
+      |> Enum.group_by(fn {_, i} -> rem(i, @procs) end, fn {op, _} -> op end)
+
+    per_proc
+    |> Enum.map(fn {proc, proc_ops} ->
+      Task.async(fn ->
+        for {kind, n, ids} <- proc_ops, do: :ok = Index.batch(index, [{kind, {proc, n}, ids}])
+      end)
+    end)
+    |> Enum.each(&Task.await/1)
+
+    model =
+      Enum.reduce(per_proc, %{}, fn {proc, proc_ops}, model ->
+        Enum.reduce(proc_ops, model, fn {kind, n, ids}, model ->
+          set = Map.get(model, {proc, n}, MapSet.new())
+
+          set =
+            if kind == :add,
+              do: MapSet.union(set, MapSet.new(ids)),
+              else: MapSet.difference(set, MapSet.new(ids))
+
+          if MapSet.size(set) == 0,
+            do: Map.delete(model, {proc, n}),
+            else: Map.put(model, {proc, n}, set)
+        end)
+      end)
+
+    Enum.sort(Index.terms(index)) == Enum.sort(Map.keys(model)) and
+      Enum.all?(exprs, fn expr ->
+        expected = model_eval(model, expr)
+
+        Index.query(index, expr) == Enum.sort(MapSet.to_list(expected)) and
+          Index.count(index, expr) == MapSet.size(expected)
+      end)
+  end
+
+  defp universe(model), do: Enum.reduce(Map.values(model), MapSet.new(), &MapSet.union/2)
+
+  defp model_eval(model, {:and, []}), do: universe(model)
+
+  defp model_eval(model, {:and, exprs}),
+    do: exprs |> Enum.map(&model_eval(model, &1)) |> Enum.reduce(&MapSet.intersection/2)
+
+  defp model_eval(model, {:or, exprs}),
+    do: Enum.reduce(exprs, MapSet.new(), &MapSet.union(model_eval(model, &1), &2))
+
+  defp model_eval(model, {:not, expr}),
+    do: MapSet.difference(universe(model), model_eval(model, expr))
+
+  defp model_eval(model, term), do: Map.get(model, term, MapSet.new())
+end

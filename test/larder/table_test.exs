@@ -1,0 +1,342 @@
+defmodule Larder.TableTest do
+  use ExUnit.Case, async: true
+
+  alias Larder.Table
+  alias Larder.Test.PropEr
+
+  doctest Larder.Table
+
+  defp catalogue_like do
+    Table.new(
+      key: :idx,
+      index: [:offering_id, :spec, {:char, fn r -> Enum.map(r.chars, &{&1.char, &1.value}) end}]
+    )
+  end
+
+  defp price(idx, offering, spec, term, router) do
+    %{
+      idx: idx,
+      offering_id: offering,
+      spec: spec,
+      value: idx * 10,
+      chars: [%{char: "Term", value: term}, %{char: "Router", value: router}]
+    }
+  end
+
+  describe "search" do
+    test "names a multi-valued index several times, and {:in, values}" do
+      table = catalogue_like()
+
+      :ok =
+        Table.insert_many(table, [
+          price(0, "o1", "MRC", "12", "Included"),
+          price(1, "o1", "NRC", "18", "Included"),
+          price(2, "o1", "MRC", "18", "Included"),
+          price(3, "o2", "MRC", "18", "Not Included")
+        ])
+
+      assert [%{idx: 2}] =
+               Table.search(table, offering_id: "o1", spec: "MRC", char: {"Term", "18"})
+
+      assert Table.search_ids(table, char: {"Term", "18"}, char: {"Router", "Included"}) == [1, 2]
+      assert Table.search_ids(table, spec: {:in, ["NRC", "XRC"]}) == [1]
+      assert Table.search_ids(table, spec: {:in, []}) == []
+      assert Table.count(table, %{char: {"Term", "18"}}) == 3
+      assert Table.search_ids(table, []) == [0, 1, 2, 3]
+
+      assert Table.search_many(table, [[spec: "NRC"], [offering_id: "o2"]]) == [
+               [Table.get(table, 1)],
+               [Table.get(table, 3)]
+             ]
+    end
+
+    test "replacing a record by its key re-indexes it" do
+      table = catalogue_like()
+      :ok = Table.insert(table, price(5, "o1", "MRC", "12", "Included"))
+      :ok = Table.insert(table, price(5, "o2", "NRC", "12", "Included"))
+      assert Table.search_ids(table, offering_id: "o1") == []
+      assert Table.search_ids(table, offering_id: "o2") == [5]
+      assert Table.size(table) == 1
+    end
+
+    test "with :store, only the stored fields stay in ETS and the rest still index" do
+      table =
+        Table.new(
+          key: :idx,
+          index: [
+            :offering_id,
+            :spec,
+            {:char, fn r -> Enum.map(r.chars, &{&1.char, &1.value}) end}
+          ],
+          store: [:spec, :value]
+        )
+
+      :ok = Table.insert(table, price(1, "o1", "MRC", "12", "Included"))
+      :ok = Table.insert(table, price(2, "o1", "NRC", "12", "Included"))
+
+      assert Table.search(table, offering_id: "o1", char: {"Term", "12"}, spec: "MRC") == [
+               %{idx: 1, spec: "MRC", value: 10}
+             ]
+
+      # Replacing finds the old terms in the index, since ETS does not hold them.
+      :ok = Table.insert(table, price(1, "o9", "MRC", "48", "Included"))
+      assert Table.search_ids(table, offering_id: "o1") == [2]
+      assert Table.search_ids(table, char: {"Term", "48"}) == [1]
+
+      # update/3 re-indexes field indexes; function indexes keep their terms.
+      {:ok, _} = Table.update(table, 2, %{offering_id: "o9"})
+      assert Table.search_ids(table, offering_id: "o9") == [1, 2]
+      assert Table.search_ids(table, char: {"Term", "12"}) == [2]
+      :ok = Table.delete(table, 1)
+      assert Table.search_ids(table, char: {"Term", "48"}) == []
+      assert Table.memory(table) > 0
+    end
+
+    test "non-integer keys get row ids of their own" do
+      table = Table.new(key: :name, index: [:team])
+
+      :ok =
+        Table.insert_many(table, [
+          %{name: "ann", team: 1},
+          %{name: {:bob, 2}, team: 1},
+          %{name: 7, team: 2}
+        ])
+
+      assert Enum.sort(Table.search_ids(table, team: 1)) == [{:bob, 2}, "ann"] |> Enum.sort()
+      assert Table.get(table, {:bob, 2}) == %{name: {:bob, 2}, team: 1}
+      :ok = Table.delete(table, "ann")
+      assert Table.get(table, "ann") == nil
+      assert Table.get(table, "ann", :none) == :none
+      assert Table.search_ids(table, team: 1) == [{:bob, 2}]
+      assert table |> Table.stream() |> Enum.count() == 2
+    end
+  end
+
+  describe "bad input" do
+    test "a condition on a field without an index names it and lists the indexed ones" do
+      table = catalogue_like()
+
+      assert_raise ArgumentError,
+                   ~r/no index named :group_id.*\[:offering_id, :spec, :char\]/,
+                   fn ->
+                     Table.search(table, group_id: "g1")
+                   end
+
+      assert_raise ArgumentError, ~r/no index named :nope/, fn ->
+        Table.count(table, %{nope: 1})
+      end
+
+      assert_raise ArgumentError, ~r/each condition/, fn -> Table.search(table, [:spec]) end
+    end
+
+    test "a record without the key raises, and nothing is written" do
+      table = catalogue_like()
+
+      assert_raise ArgumentError, ~r/record must have the key field :idx/, fn ->
+        Table.insert_many(table, [price(1, "o", "MRC", "1", "x"), %{spec: "MRC"}])
+      end
+
+      assert Table.size(table) == 0
+    end
+
+    test "an index function that raises leaves its chunk unwritten" do
+      table = Table.new(key: :id, index: [{:n, fn %{n: n} when n > 0 -> n end}])
+
+      assert_raise FunctionClauseError, fn ->
+        Table.insert_many(table, [%{id: 1, n: 1}, %{id: 2, n: 0}])
+      end
+
+      assert Table.size(table) == 0
+      assert Table.search(table, n: 1) == []
+    end
+
+    test "options are validated" do
+      assert_raise ArgumentError,
+                   ~r/unknown options \[:keys\]; valid options: \[:key, :index, :store\]/,
+                   fn ->
+                     Table.new(keys: :id)
+                   end
+
+      assert_raise ArgumentError, ~r/option :key is required/, fn -> Table.new(index: []) end
+      assert_raise ArgumentError, ~r/reserved/, fn -> Table.new(key: :id, index: [:and]) end
+      assert_raise ArgumentError, ~r/:index entry/, fn -> Table.new(key: :id, index: ["s"]) end
+    end
+
+    test "a dropped table or one whose owner exited raises a clear ArgumentError", context do
+      table = Table.new(key: :id, index: [:a])
+      :ok = Table.insert(table, %{id: 1, a: 1, test: context.test})
+      :ok = Table.drop(table)
+
+      for call <- [
+            fn -> Table.get(table, 1) end,
+            fn -> Table.search(table, a: 1) end,
+            fn -> Table.search(table, a: 2) end,
+            fn -> Table.count(table, a: 1) end,
+            fn -> Table.search_ids(table, a: 1) end,
+            fn -> Table.insert(table, %{id: 2, a: 1}) end,
+            fn -> Table.delete(table, 1) end,
+            fn -> Table.size(table) end,
+            fn -> Table.memory(table) end,
+            fn -> Table.update(table, 1, %{a: 2}) end
+          ] do
+        assert_raise ArgumentError, ~r/unknown Larder.Table/, call
+      end
+
+      orphan = Task.async(fn -> Table.new(key: :id, index: [:a]) end) |> Task.await()
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.get(orphan, 1) end
+      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get(:nope, 1) end
+    end
+  end
+
+  describe "model (PropEr)" do
+    # Random inserts, updates and deletes from several processes, each on its
+    # own keys but sharing every index term; afterwards each search must equal
+    # a plain filter over a map of the records.
+    test "search equals a plain filter after concurrent writes (full records)" do
+      PropEr.check(:proper.forall(scenario(), &holds?(&1, nil)), numtests: 50)
+    end
+
+    test "search equals a plain filter after concurrent writes (store: limited)" do
+      PropEr.check(:proper.forall(scenario(), &holds?(&1, [:a, :tags])), numtests: 50)
+    end
+  end
+
+  @procs 3
+
+  defp scenario do
+    :proper_types.tuple([:proper_types.list(op()), :proper_types.list(conditions())])
+  end
+
+  defp key,
+    do:
+      :proper_types.oneof([:proper_types.range(0, 4), :proper_types.oneof(["k1", "k2", {:k, 3}])])
+
+  defp small, do: :proper_types.range(0, 3)
+
+  defp fields do
+    :proper_types.tuple([
+      small(),
+      :proper_types.oneof([small(), :none]),
+      :proper_types.list(small())
+    ])
+  end
+
+  defp op do
+    :proper_types.oneof([
+      :proper_types.tuple([:proper_types.exactly(:insert), key(), fields()]),
+      :proper_types.tuple([
+        :proper_types.exactly(:insert_many),
+        :proper_types.list(:proper_types.tuple([key(), fields()]))
+      ]),
+      :proper_types.tuple([
+        :proper_types.exactly(:update),
+        key(),
+        :proper_types.oneof([:a, :b]),
+        small()
+      ]),
+      :proper_types.tuple([:proper_types.exactly(:delete), key()])
+    ])
+  end
+
+  defp conditions do
+    value =
+      :proper_types.oneof([
+        small(),
+        :proper_types.tuple([:proper_types.exactly(:in), :proper_types.list(small())])
+      ])
+
+    :proper_types.list(:proper_types.tuple([:proper_types.oneof([:a, :b, :m]), value]))
+  end
+
+  defp record(proc, key, {a, b, tags}) do
+    base = %{id: {proc, key}, a: a, tags: tags}
+    if b == :none, do: base, else: Map.put(base, :b, b)
+  end
+
+  # Keys are {proc, key}; they are not integers, so they get assigned row ids.
+  # Integer keys go straight in as row ids: proc * 100 + key.
+  defp table_key(proc, key) when is_integer(key), do: proc * 100 + key
+  defp table_key(proc, key), do: {proc, key}
+
+  defp holds?({ops, queries}, store) do
+    table = Table.new(key: :id, index: [:a, :b, {:m, & &1.tags}], store: store)
+
+    per_proc =
+      ops |> Enum.with_index() |> Enum.group_by(fn {_, i} -> rem(i, @procs) end, &elem(&1, 0))
+
+    per_proc
+    |> Enum.map(fn {proc, proc_ops} ->
+      Task.async(fn -> Enum.each(proc_ops, &run(table, proc, &1)) end)
+    end)
+    |> Enum.each(&Task.await(&1, 30_000))
+
+    model =
+      Enum.reduce(per_proc, %{}, fn {proc, proc_ops}, m ->
+        Enum.reduce(proc_ops, m, &model(&2, proc, &1))
+      end)
+
+    project = fn r -> if store, do: Map.take(r, [:id | store]), else: r end
+    sort = fn rs -> Enum.sort_by(rs, & &1.id) end
+
+    answers = Table.search_many(table, queries)
+
+    Table.size(table) == map_size(model) and
+      Enum.all?(model, fn {k, r} -> Table.get(table, k) == project.(r) end) and
+      Enum.zip(queries, answers)
+      |> Enum.all?(fn {conditions, many_answer} ->
+        expected =
+          model
+          |> Map.values()
+          |> Enum.filter(&matches?(&1, conditions))
+          |> Enum.map(project)
+          |> sort.()
+
+        found = Table.search(table, conditions)
+
+        sort.(found) == expected and found == many_answer and
+          Table.count(table, conditions) == length(expected) and
+          Enum.sort(Table.search_ids(table, conditions)) == Enum.sort(Enum.map(expected, & &1.id))
+      end)
+  end
+
+  defp run(table, proc, {:insert, key, fields}),
+    do: :ok = Table.insert(table, with_key(record(proc, key, fields), proc, key))
+
+  defp run(table, proc, {:insert_many, entries}) do
+    :ok =
+      Table.insert_many(
+        table,
+        for({key, fields} <- entries, do: with_key(record(proc, key, fields), proc, key))
+      )
+  end
+
+  defp run(table, proc, {:update, key, field, value}),
+    do: Table.update(table, table_key(proc, key), %{field => value})
+
+  defp run(table, proc, {:delete, key}), do: :ok = Table.delete(table, table_key(proc, key))
+
+  defp with_key(record, proc, key), do: %{record | id: table_key(proc, key)}
+
+  defp model(m, proc, {:insert, key, fields}),
+    do: Map.put(m, table_key(proc, key), with_key(record(proc, key, fields), proc, key))
+
+  defp model(m, proc, {:insert_many, entries}),
+    do: Enum.reduce(entries, m, fn {key, fields}, m -> model(m, proc, {:insert, key, fields}) end)
+
+  defp model(m, proc, {:update, key, field, value}) do
+    k = table_key(proc, key)
+    if Map.has_key?(m, k), do: Map.update!(m, k, &Map.put(&1, field, value)), else: m
+  end
+
+  defp model(m, proc, {:delete, key}), do: Map.delete(m, table_key(proc, key))
+
+  defp matches?(record, conditions), do: Enum.all?(conditions, &holds_for?(record, &1))
+
+  defp holds_for?(record, {name, {:in, values}}),
+    do: Enum.any?(values, &holds_for?(record, {name, &1}))
+
+  defp holds_for?(record, {:m, v}), do: Enum.any?(record.tags, &(&1 === v))
+
+  defp holds_for?(record, {field, v}),
+    do: Map.has_key?(record, field) and Map.fetch!(record, field) === v
+end
