@@ -375,7 +375,13 @@ defmodule Larder.Bench do
   @spec fmt_ratio(number()) :: String.t()
   def fmt_ratio(r) when r >= 100, do: :erlang.float_to_binary(r / 1, decimals: 0)
   def fmt_ratio(r) when r >= 10, do: :erlang.float_to_binary(r / 1, decimals: 1)
-  def fmt_ratio(r), do: :erlang.float_to_binary(r / 1, decimals: 2)
+  def fmt_ratio(r) when r >= 0.1 or r == 0, do: :erlang.float_to_binary(r / 1, decimals: 2)
+  # Small ratios (a contender hundreds of times faster) keep two significant
+  # digits, so 0.0054 does not print as 0.01.
+  def fmt_ratio(r) do
+    decimals = 1 - floor(:math.log10(abs(r)))
+    :erlang.float_to_binary(r / 1, decimals: decimals)
+  end
 
   defp fmt_float(f) when f >= 100, do: :erlang.float_to_binary(f / 1, decimals: 0)
   defp fmt_float(f) when f >= 10, do: :erlang.float_to_binary(f / 1, decimals: 1)
