@@ -704,18 +704,7 @@ defmodule Larder.Bag do
   end
 
   defp validate_opts!(opts, valid) do
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "expected opts to be a keyword list, got: #{inspect(opts)}"
-    end
-
-    case Keyword.keys(opts) -- valid do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown options #{inspect(unknown)}; valid options are: #{inspect(valid)}"
-    end
+    Larder.Options.check_keys!(opts, valid, "Larder.Bag")
 
     defaults = [dedup: true, read_concurrency: false, write_concurrency: false, compressed: false]
 

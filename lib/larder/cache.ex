@@ -120,7 +120,8 @@ defmodule Larder.Cache do
   the 1 KB ratios move by about 0.1 from run to run.
   """
 
-  alias Larder.Cache.{Codec, Loader, Options, Owner, Store}
+  alias Larder.Cache.{Codec, Loader, Owner, Store}
+  alias Larder.Options
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()

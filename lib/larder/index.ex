@@ -273,18 +273,6 @@ defmodule Larder.Index do
 
   defp validate_opts!(opts) do
     valid = []
-
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "options must be a keyword list, got: #{inspect(opts)}"
-    end
-
-    case Keyword.keys(opts) -- valid do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown options #{inspect(unknown)}; valid options: #{inspect(valid)}"
-    end
+    Larder.Options.check_keys!(opts, valid, "Larder.Index")
   end
 end

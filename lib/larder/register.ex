@@ -438,18 +438,7 @@ defmodule Larder.Register do
   end
 
   defp validate_opts!(opts) do
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "expected opts to be a keyword list, got: #{inspect(opts)}"
-    end
-
-    case Keyword.keys(opts) -- @valid_opts do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown options #{inspect(unknown)} for Larder.Register; valid options: #{inspect(@valid_opts)}"
-    end
+    Larder.Options.check_keys!(opts, @valid_opts, "Larder.Register")
 
     mode = Keyword.get(opts, :mode, :versioned)
     name = Keyword.get(opts, :name)

@@ -633,19 +633,7 @@ defmodule Larder.Table do
 
   defp validate_opts!(opts) do
     valid = [:key, :index, :store]
-
-    unless Keyword.keyword?(opts) do
-      raise ArgumentError, "options must be a keyword list, got: #{inspect(opts)}"
-    end
-
-    case Keyword.keys(opts) -- valid do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError,
-              "unknown options #{inspect(unknown)}; valid options: #{inspect(valid)}"
-    end
+    Larder.Options.check_keys!(opts, valid, "Larder.Table")
 
     unless Keyword.has_key?(opts, :key), do: raise(ArgumentError, "option :key is required")
 

@@ -287,7 +287,7 @@ defmodule Larder.BagTest do
 
     test "options are validated" do
       assert_raise ArgumentError,
-                   ~r/unknown options \[:bogus\]; valid options are: \[:name/,
+                   ~r/unknown Larder.Bag options \[:bogus\]; valid options are: \[:name/,
                    fn ->
                      Bag.new(bogus: 1)
                    end
@@ -299,7 +299,7 @@ defmodule Larder.BagTest do
       assert_raise ArgumentError, ~r/invalid value for option :name/, fn -> Bag.new(name: "x") end
       assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.new(:oops) end
 
-      assert_raise ArgumentError, ~r/unknown options \[:dedup\]/, fn ->
+      assert_raise ArgumentError, ~r/unknown Larder.Bag options \[:dedup\]/, fn ->
         Bag.load("x", dedup: true)
       end
 

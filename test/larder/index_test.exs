@@ -116,7 +116,9 @@ defmodule Larder.IndexTest do
         Index.query(:nope, :a)
       end
 
-      assert_raise ArgumentError, ~r/unknown options \[:size\]/, fn -> Index.new(size: 1) end
+      assert_raise ArgumentError,
+                   ~r/unknown Larder.Index options \[:size\]; valid options are: \[\]/,
+                   fn -> Index.new(size: 1) end
     end
 
     test "a missing library explains what to run" do

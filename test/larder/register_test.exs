@@ -301,9 +301,11 @@ defmodule Larder.RegisterTest do
     end
 
     test "options are validated" do
-      assert_raise ArgumentError, ~r/unknown options \[:bogus\].*valid options: \[:mode/, fn ->
-        Register.new(bogus: 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/unknown Larder.Register options \[:bogus\]; valid options are: \[:mode/,
+                   fn ->
+                     Register.new(bogus: 1)
+                   end
 
       assert_raise ArgumentError, ~r/:mode/, fn -> Register.new(mode: :fast) end
       assert_raise ArgumentError, ~r/:slots/, fn -> Register.new(slots: 0) end

@@ -152,7 +152,7 @@ defmodule Larder.TableTest do
 
     test "options are validated" do
       assert_raise ArgumentError,
-                   ~r/unknown options \[:keys\]; valid options: \[:key, :index, :store\]/,
+                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store\]/,
                    fn ->
                      Table.new(keys: :id)
                    end

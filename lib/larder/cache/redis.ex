@@ -47,7 +47,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Options
+  alias Larder.Options
 
   @defaults [
     host: "127.0.0.1",
