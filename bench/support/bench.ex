@@ -197,7 +197,7 @@ defmodule Larder.Bench do
     }
 
     IO.puts("\n## #{title}   (anchor: #{table.anchor}; xN = median / anchor median)")
-    IO.puts(format_line("", columns))
+    IO.puts(format_line(table, "", columns))
     %{bench | tables: [table | bench.tables]}
   end
 
@@ -337,7 +337,7 @@ defmodule Larder.Bench do
         end
       end
 
-    IO.puts(format_line(label, medians))
+    IO.puts(format_line(table, label, medians))
 
     if Enum.any?(Map.values(results), &(&1.kind == :time)) do
       p99s =
@@ -348,7 +348,7 @@ defmodule Larder.Bench do
           end
         end
 
-      IO.puts(format_line("", p99s))
+      IO.puts(format_line(table, "", p99s))
     end
   end
 
@@ -358,9 +358,12 @@ defmodule Larder.Bench do
   @label_width 44
   @cell_width 26
 
-  defp format_line(label, cells) do
+  # Cells are as wide as the longest column name, at least @cell_width.
+  defp format_line(table, label, cells) do
+    width = Enum.reduce(table.columns, @cell_width, &max(&2, String.length(&1) + 2))
+
     String.pad_trailing(label, @label_width) <>
-      Enum.map_join(cells, "", &String.pad_trailing(&1, @cell_width))
+      Enum.map_join(cells, "", &String.pad_trailing(&1, width))
   end
 
   @doc "Formats microseconds with a unit that fits."
