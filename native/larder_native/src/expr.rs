@@ -71,11 +71,38 @@ impl Hasher for KeyHasher {
     }
 }
 
-pub type Bitmaps = HashMap<Vec<u8>, RoaringBitmap, BuildHasherDefault<KeyHasher>>;
+/// One term's ids, with their smallest and largest kept up to date by the
+/// writer: a query's cost estimate and its intersections read them instead of
+/// scanning the first and last containers (`min()` and `max()` do).
+#[derive(Default)]
+pub struct Posting {
+    pub ids: RoaringBitmap,
+    pub min: u32,
+    pub max: u32,
+}
 
-/// An expression whose leaves are resolved to their bitmaps (looked up once).
+impl Posting {
+    /// Recomputes the bounds after a write.
+    pub fn refresh(&mut self) {
+        self.min = self.ids.min().unwrap_or(0);
+        self.max = self.ids.max().unwrap_or(0);
+    }
+
+    /// Number of 64Ki-id chunks the ids span: an upper bound on their containers.
+    fn chunks(&self) -> u64 {
+        if self.ids.is_empty() {
+            0
+        } else {
+            u64::from((self.max >> 16) - (self.min >> 16)) + 1
+        }
+    }
+}
+
+pub type Bitmaps = HashMap<Vec<u8>, Posting, BuildHasherDefault<KeyHasher>>;
+
+/// An expression whose leaves are resolved to their postings (looked up once).
 pub enum Plan<'b> {
-    Leaf(Option<&'b RoaringBitmap>),
+    Leaf(Option<&'b Posting>),
     And(Vec<Plan<'b>>),
     Or(Vec<Plan<'b>>),
     Not(Box<Plan<'b>>),
@@ -93,15 +120,15 @@ pub fn resolve<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Plan<'b> {
 /// The ids of every term: the complement's universe for a `not` outside an `and`.
 fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
     let mut all = RoaringBitmap::new();
-    for bitmap in bitmaps.values() {
-        all |= bitmap;
+    for posting in bitmaps.values() {
+        all |= &posting.ids;
     }
     all
 }
 
 pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
     match plan {
-        Plan::Leaf(Some(bitmap)) => Cow::Borrowed(*bitmap),
+        Plan::Leaf(Some(posting)) => Cow::Borrowed(&posting.ids),
         Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
         Plan::Or(children) => {
             let mut acc = RoaringBitmap::new();
@@ -127,7 +154,7 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
     for child in children {
         match child {
             Plan::Not(inner) => negatives.push(inner),
-            Plan::Leaf(Some(bitmap)) => positives.push(Cow::Borrowed(*bitmap)),
+            Plan::Leaf(Some(posting)) => positives.push(Cow::Borrowed(&posting.ids)),
             Plan::Leaf(None) => return RoaringBitmap::new(),
             other => positives.push(eval(bitmaps, other)),
         }
@@ -161,18 +188,10 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
     acc
 }
 
-/// Number of 64Ki-id chunks a bitmap spans: an upper bound on its containers.
-fn chunks(bitmap: &RoaringBitmap) -> u64 {
-    match (bitmap.min(), bitmap.max()) {
-        (Some(lo), Some(hi)) => u64::from((hi >> 16) - (lo >> 16)) + 1,
-        _ => 0,
-    }
-}
-
 /// An upper bound on the work a plan costs: `(containers touched, ids returned)`.
 pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
     match plan {
-        Plan::Leaf(Some(bitmap)) => (chunks(bitmap), bitmap.len()),
+        Plan::Leaf(Some(posting)) => (posting.chunks(), posting.ids.len()),
         Plan::Leaf(None) => (0, 0),
         Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
             let (cw, cn) = estimate(bitmaps, child);
@@ -180,8 +199,8 @@ pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
         }),
         Plan::Not(inner) => {
             let (w, _) = estimate(bitmaps, inner);
-            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), bitmap| {
-                (w + chunks(bitmap), n + bitmap.len())
+            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), posting| {
+                (w + posting.chunks(), n + posting.ids.len())
             });
             (w + uw, un)
         }
@@ -200,7 +219,7 @@ pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
                 }
             }
             if bound == u64::MAX {
-                bound = bitmaps.values().map(RoaringBitmap::len).sum();
+                bound = bitmaps.values().map(|posting| posting.ids.len()).sum();
             }
             (work, bound)
         }

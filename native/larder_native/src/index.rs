@@ -4,7 +4,7 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::expr::{estimate, eval, resolve, Bitmaps, Expr};
+use crate::expr::{estimate, eval, resolve, Bitmaps, Expr, Posting};
 use crate::key::{key_term, term_key};
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
@@ -221,15 +221,19 @@ fn apply(index: &Index, ops: Term) -> NifResult<rustler::Atom> {
     let mut bitmaps = index.write()?;
     for op in ops {
         if op.add && !op.ids.is_empty() {
-            bitmaps.entry(op.key).or_default().extend(op.ids);
+            let posting = bitmaps.entry(op.key).or_default();
+            posting.ids.extend(op.ids);
+            posting.refresh();
         } else if op.add {
             continue;
-        } else if let Some(bitmap) = bitmaps.get_mut(&op.key) {
+        } else if let Some(posting) = bitmaps.get_mut(&op.key) {
             for id in op.ids {
-                bitmap.remove(id);
+                posting.ids.remove(id);
             }
-            if bitmap.is_empty() {
+            if posting.ids.is_empty() {
                 bitmaps.remove(&op.key);
+            } else {
+                posting.refresh();
             }
         }
     }
@@ -262,7 +266,7 @@ fn terms_of<'a>(env: Env<'a>, index: &Index, id: u32, check: bool) -> NifResult<
     }
     let terms: Vec<Term<'a>> = bitmaps
         .iter()
-        .filter(|(_, bitmap)| bitmap.contains(id))
+        .filter(|(_, posting)| posting.ids.contains(id))
         .map(|(key, _)| key_term(env, key))
         .collect();
     Ok(terms.encode(env))
@@ -290,8 +294,8 @@ fn index_memory(index: Index) -> NifResult<usize> {
     let bitmaps = index.read()?;
     let payload: usize = bitmaps
         .iter()
-        .map(|(key, bitmap)| key.capacity() + bitmap.serialized_size())
+        .map(|(key, posting)| key.capacity() + posting.ids.serialized_size())
         .sum();
-    let slot = std::mem::size_of::<(Vec<u8>, RoaringBitmap)>() + 1;
+    let slot = std::mem::size_of::<(Vec<u8>, Posting)>() + 1;
     Ok(std::mem::size_of::<IndexResource>() + payload + bitmaps.capacity() * slot)
 }
