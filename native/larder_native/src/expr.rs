@@ -4,48 +4,12 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::key::{elem, term_key, tuple_elems};
+use crate::key::{elem, encode, tuple_elems};
 use roaring::RoaringBitmap;
 use rustler::{ListIterator, Term};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-
-/// A decoded expression; leaves hold their term's key.
-pub enum Expr {
-    Leaf(Vec<u8>),
-    And(Vec<Expr>),
-    Or(Vec<Expr>),
-    Not(Box<Expr>),
-}
-
-impl Expr {
-    pub fn decode(term: Term) -> Result<Expr, NativeError> {
-        if let Some(&[op, arg]) = tuple_elems(term) {
-            let (op, arg) = (elem(term, op), elem(term, arg));
-            if op.is_atom() {
-                if op == atoms::and().to_term(term.get_env()) {
-                    return Ok(Expr::And(Self::decode_list(arg)?));
-                }
-                if op == atoms::or().to_term(term.get_env()) {
-                    return Ok(Expr::Or(Self::decode_list(arg)?));
-                }
-                if op == atoms::not().to_term(term.get_env()) {
-                    return Ok(Expr::Not(Box::new(Self::decode(arg)?)));
-                }
-                if op == atoms::term().to_term(term.get_env()) {
-                    return Ok(Expr::Leaf(term_key(arg)));
-                }
-            }
-        }
-        Ok(Expr::Leaf(term_key(term)))
-    }
-
-    fn decode_list(term: Term) -> Result<Vec<Expr>, NativeError> {
-        let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
-        iter.map(Self::decode).collect()
-    }
-}
 
 /// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
 /// encoded terms and the table is private, so SipHash's DoS resistance buys
@@ -108,13 +72,47 @@ pub enum Plan<'b> {
     Not(Box<Plan<'b>>),
 }
 
-pub fn resolve<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Plan<'b> {
-    match expr {
-        Expr::Leaf(key) => Plan::Leaf(bitmaps.get(key.as_slice())),
-        Expr::And(children) => Plan::And(children.iter().map(|c| resolve(bitmaps, c)).collect()),
-        Expr::Or(children) => Plan::Or(children.iter().map(|c| resolve(bitmaps, c)).collect()),
-        Expr::Not(inner) => Plan::Not(Box::new(resolve(bitmaps, inner))),
+/// Decodes `term` and looks its leaves up at once. `key` is a scratch buffer
+/// for the leaves' keys, so a query allocates no key.
+pub fn plan<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+) -> Result<Plan<'b>, NativeError> {
+    if let Some(&[op, arg]) = tuple_elems(term) {
+        let (op, arg) = (elem(term, op), elem(term, arg));
+        if op.is_atom() {
+            let env = term.get_env();
+            if op == atoms::and().to_term(env) {
+                return Ok(Plan::And(plan_list(bitmaps, arg, key)?));
+            }
+            if op == atoms::or().to_term(env) {
+                return Ok(Plan::Or(plan_list(bitmaps, arg, key)?));
+            }
+            if op == atoms::not().to_term(env) {
+                return Ok(Plan::Not(Box::new(plan(bitmaps, arg, key)?)));
+            }
+            if op == atoms::term().to_term(env) {
+                return Ok(leaf(bitmaps, arg, key));
+            }
+        }
     }
+    Ok(leaf(bitmaps, term, key))
+}
+
+fn plan_list<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+) -> Result<Vec<Plan<'b>>, NativeError> {
+    let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
+    iter.map(|child| plan(bitmaps, child, key)).collect()
+}
+
+fn leaf<'b>(bitmaps: &'b Bitmaps, term: Term, key: &mut Vec<u8>) -> Plan<'b> {
+    key.clear();
+    encode(term, key);
+    Plan::Leaf(bitmaps.get(key.as_slice()))
 }
 
 /// The ids of every term: the complement's universe for a `not` outside an `and`.
