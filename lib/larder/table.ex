@@ -480,7 +480,7 @@ defmodule Larder.Table do
     do: expr!(table, Map.to_list(conditions))
 
   defp expr!(%__MODULE__{} = table, conditions) when is_list(conditions),
-    do: {:and, Enum.map(conditions, &condition!(table, &1))}
+    do: {:and, conditions!(table, conditions, conditions)}
 
   defp expr!(table, conditions) do
     check!(table)
@@ -489,18 +489,27 @@ defmodule Larder.Table do
           "conditions must be a map or a list of {index, value} pairs, got: #{inspect(conditions)}"
   end
 
-  defp condition!(table, {name, {:in, values}}) when is_list(values) do
+  # A direct recursion rather than Enum.map with a closure: this runs once per
+  # condition of every search.
+  defp conditions!(table, [{name, {:in, values}} | rest], all) when is_list(values) do
     indexed!(table, name)
-    {:or, for(v <- values, do: {name, v})}
+    [{:or, for(v <- values, do: {name, v})} | conditions!(table, rest, all)]
   end
 
-  defp condition!(table, {name, _value} = condition) do
+  defp conditions!(table, [{name, _value} = condition | rest], all) do
     indexed!(table, name)
-    condition
+    [condition | conditions!(table, rest, all)]
   end
 
-  defp condition!(_table, other) do
+  defp conditions!(_table, [], _all), do: []
+
+  defp conditions!(_table, [other | _], _all) do
     raise ArgumentError, "each condition must be {index, value}, got: #{inspect(other)}"
+  end
+
+  defp conditions!(_table, _improper, all) do
+    raise ArgumentError,
+          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(all)}"
   end
 
   defp indexed!(%{names: names}, name) when is_map_key(names, name), do: :ok
@@ -520,16 +529,19 @@ defmodule Larder.Table do
     if empty?(conditions) do
       all_rows(table)
     else
-      rows = table.rows
-
-      Enum.flat_map(ids, fn id ->
-        case :ets.lookup(rows, id) do
-          [{_, record}] -> [record]
-          [] -> []
-        end
-      end)
+      lookup_rows(table.rows, ids)
     end
   end
+
+  # A row deleted since the index answered is skipped (see "Concurrency").
+  defp lookup_rows(rows, [id | ids]) do
+    case :ets.lookup(rows, id) do
+      [{_, record}] -> [record | lookup_rows(rows, ids)]
+      [] -> lookup_rows(rows, ids)
+    end
+  end
+
+  defp lookup_rows(_rows, []), do: []
 
   defp all_rows(table) do
     table.rows
