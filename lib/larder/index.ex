@@ -60,7 +60,7 @@ defmodule Larder.Index do
   ## Performance
 
   The index is measured through `Larder.Table` by
-  `mix run bench/index_bench.exs`: 6.85 us median per search of 8 terms on
+  `mix run bench/index_bench.exs`: 5.47 us median per search of 8 terms on
   the 487,200-price catalogue, in one full run (see `Larder.Table`'s
   "Performance" for the side-by-side figures).
   """

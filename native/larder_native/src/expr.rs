@@ -4,48 +4,12 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::key::{elem, term_key, tuple_elems};
+use crate::key::{elem, encode, tuple_elems};
 use roaring::RoaringBitmap;
 use rustler::{ListIterator, Term};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-
-/// A decoded expression; leaves hold their term's key.
-pub enum Expr {
-    Leaf(Vec<u8>),
-    And(Vec<Expr>),
-    Or(Vec<Expr>),
-    Not(Box<Expr>),
-}
-
-impl Expr {
-    pub fn decode(term: Term) -> Result<Expr, NativeError> {
-        if let Some(&[op, arg]) = tuple_elems(term) {
-            let (op, arg) = (elem(term, op), elem(term, arg));
-            if op.is_atom() {
-                if op == atoms::and().to_term(term.get_env()) {
-                    return Ok(Expr::And(Self::decode_list(arg)?));
-                }
-                if op == atoms::or().to_term(term.get_env()) {
-                    return Ok(Expr::Or(Self::decode_list(arg)?));
-                }
-                if op == atoms::not().to_term(term.get_env()) {
-                    return Ok(Expr::Not(Box::new(Self::decode(arg)?)));
-                }
-                if op == atoms::term().to_term(term.get_env()) {
-                    return Ok(Expr::Leaf(term_key(arg)));
-                }
-            }
-        }
-        Ok(Expr::Leaf(term_key(term)))
-    }
-
-    fn decode_list(term: Term) -> Result<Vec<Expr>, NativeError> {
-        let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
-        iter.map(Self::decode).collect()
-    }
-}
 
 /// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
 /// encoded terms and the table is private, so SipHash's DoS resistance buys
@@ -71,37 +35,98 @@ impl Hasher for KeyHasher {
     }
 }
 
-pub type Bitmaps = HashMap<Vec<u8>, RoaringBitmap, BuildHasherDefault<KeyHasher>>;
+/// One term's ids, with their smallest and largest kept up to date by the
+/// writer: a query's cost estimate and its intersections read them instead of
+/// scanning the first and last containers (`min()` and `max()` do).
+#[derive(Default)]
+pub struct Posting {
+    pub ids: RoaringBitmap,
+    pub min: u32,
+    pub max: u32,
+}
 
-/// An expression whose leaves are resolved to their bitmaps (looked up once).
+impl Posting {
+    /// Recomputes the bounds after a write.
+    pub fn refresh(&mut self) {
+        self.min = self.ids.min().unwrap_or(0);
+        self.max = self.ids.max().unwrap_or(0);
+    }
+
+    /// Number of 64Ki-id chunks the ids span: an upper bound on their containers.
+    fn chunks(&self) -> u64 {
+        if self.ids.is_empty() {
+            0
+        } else {
+            u64::from((self.max >> 16) - (self.min >> 16)) + 1
+        }
+    }
+}
+
+pub type Bitmaps = HashMap<Vec<u8>, Posting, BuildHasherDefault<KeyHasher>>;
+
+/// An expression whose leaves are resolved to their postings (looked up once).
 pub enum Plan<'b> {
-    Leaf(Option<&'b RoaringBitmap>),
+    Leaf(Option<&'b Posting>),
     And(Vec<Plan<'b>>),
     Or(Vec<Plan<'b>>),
     Not(Box<Plan<'b>>),
 }
 
-pub fn resolve<'b>(bitmaps: &'b Bitmaps, expr: &Expr) -> Plan<'b> {
-    match expr {
-        Expr::Leaf(key) => Plan::Leaf(bitmaps.get(key.as_slice())),
-        Expr::And(children) => Plan::And(children.iter().map(|c| resolve(bitmaps, c)).collect()),
-        Expr::Or(children) => Plan::Or(children.iter().map(|c| resolve(bitmaps, c)).collect()),
-        Expr::Not(inner) => Plan::Not(Box::new(resolve(bitmaps, inner))),
+/// Decodes `term` and looks its leaves up at once. `key` is a scratch buffer
+/// for the leaves' keys, so a query allocates no key.
+pub fn plan<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+) -> Result<Plan<'b>, NativeError> {
+    if let Some(&[op, arg]) = tuple_elems(term) {
+        let (op, arg) = (elem(term, op), elem(term, arg));
+        if op.is_atom() {
+            let env = term.get_env();
+            if op == atoms::and().to_term(env) {
+                return Ok(Plan::And(plan_list(bitmaps, arg, key)?));
+            }
+            if op == atoms::or().to_term(env) {
+                return Ok(Plan::Or(plan_list(bitmaps, arg, key)?));
+            }
+            if op == atoms::not().to_term(env) {
+                return Ok(Plan::Not(Box::new(plan(bitmaps, arg, key)?)));
+            }
+            if op == atoms::term().to_term(env) {
+                return Ok(leaf(bitmaps, arg, key));
+            }
+        }
     }
+    Ok(leaf(bitmaps, term, key))
+}
+
+fn plan_list<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+) -> Result<Vec<Plan<'b>>, NativeError> {
+    let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
+    iter.map(|child| plan(bitmaps, child, key)).collect()
+}
+
+fn leaf<'b>(bitmaps: &'b Bitmaps, term: Term, key: &mut Vec<u8>) -> Plan<'b> {
+    key.clear();
+    encode(term, key);
+    Plan::Leaf(bitmaps.get(key.as_slice()))
 }
 
 /// The ids of every term: the complement's universe for a `not` outside an `and`.
 fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
     let mut all = RoaringBitmap::new();
-    for bitmap in bitmaps.values() {
-        all |= bitmap;
+    for posting in bitmaps.values() {
+        all |= &posting.ids;
     }
     all
 }
 
 pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
     match plan {
-        Plan::Leaf(Some(bitmap)) => Cow::Borrowed(*bitmap),
+        Plan::Leaf(Some(posting)) => Cow::Borrowed(&posting.ids),
         Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
         Plan::Or(children) => {
             let mut acc = RoaringBitmap::new();
@@ -127,7 +152,7 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
     for child in children {
         match child {
             Plan::Not(inner) => negatives.push(inner),
-            Plan::Leaf(Some(bitmap)) => positives.push(Cow::Borrowed(*bitmap)),
+            Plan::Leaf(Some(posting)) => positives.push(Cow::Borrowed(&posting.ids)),
             Plan::Leaf(None) => return RoaringBitmap::new(),
             other => positives.push(eval(bitmaps, other)),
         }
@@ -161,18 +186,10 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
     acc
 }
 
-/// Number of 64Ki-id chunks a bitmap spans: an upper bound on its containers.
-fn chunks(bitmap: &RoaringBitmap) -> u64 {
-    match (bitmap.min(), bitmap.max()) {
-        (Some(lo), Some(hi)) => u64::from((hi >> 16) - (lo >> 16)) + 1,
-        _ => 0,
-    }
-}
-
 /// An upper bound on the work a plan costs: `(containers touched, ids returned)`.
 pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
     match plan {
-        Plan::Leaf(Some(bitmap)) => (chunks(bitmap), bitmap.len()),
+        Plan::Leaf(Some(posting)) => (posting.chunks(), posting.ids.len()),
         Plan::Leaf(None) => (0, 0),
         Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
             let (cw, cn) = estimate(bitmaps, child);
@@ -180,8 +197,8 @@ pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
         }),
         Plan::Not(inner) => {
             let (w, _) = estimate(bitmaps, inner);
-            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), bitmap| {
-                (w + chunks(bitmap), n + bitmap.len())
+            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), posting| {
+                (w + posting.chunks(), n + posting.ids.len())
             });
             (w + uw, un)
         }
@@ -200,7 +217,7 @@ pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
                 }
             }
             if bound == u64::MAX {
-                bound = bitmaps.values().map(RoaringBitmap::len).sum();
+                bound = bitmaps.values().map(|posting| posting.ids.len()).sum();
             }
             (work, bound)
         }

@@ -4,7 +4,7 @@
 
 use crate::atoms;
 use crate::error::NativeError;
-use crate::expr::{estimate, eval, resolve, Bitmaps, Expr};
+use crate::expr::{estimate, eval, plan, Bitmaps, Posting};
 use crate::key::{key_term, term_key};
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
@@ -57,9 +57,10 @@ fn index_new() -> Index {
 // the dirty variant.
 
 fn query<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
-    let expr = Expr::decode(expr)?;
+    // Decoding under the read lock looks each term up as it is read; readers
+    // share the lock, so this only delays a writer by the decoding.
     let bitmaps = index.read()?;
-    let plan = resolve(&bitmaps, &expr);
+    let plan = plan(&bitmaps, expr, &mut Vec::with_capacity(64))?;
     if check && too_costly(estimate(&bitmaps, &plan)) {
         return Ok(atoms::dirty().encode(env));
     }
@@ -77,9 +78,8 @@ fn index_query_dirty<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResul
 }
 
 fn count<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
-    let expr = Expr::decode(expr)?;
     let bitmaps = index.read()?;
-    let plan = resolve(&bitmaps, &expr);
+    let plan = plan(&bitmaps, expr, &mut Vec::with_capacity(64))?;
     if check && estimate(&bitmaps, &plan).0 > DIRTY_CONTAINERS {
         return Ok(atoms::dirty().encode(env));
     }
@@ -103,9 +103,11 @@ fn query_many<'a>(
     check: bool,
 ) -> NifResult<Term<'a>> {
     let iter: ListIterator = exprs.decode().map_err(|_| NativeError::BadExpr)?;
-    let exprs = iter.map(Expr::decode).collect::<Result<Vec<_>, _>>()?;
     let bitmaps = index.read()?;
-    let plans: Vec<_> = exprs.iter().map(|expr| resolve(&bitmaps, expr)).collect();
+    let mut key = Vec::with_capacity(64);
+    let plans = iter
+        .map(|expr| plan(&bitmaps, expr, &mut key))
+        .collect::<Result<Vec<_>, _>>()?;
     if check {
         let total = plans.iter().fold((0, 0), |(w, n), plan| {
             let (ew, en) = estimate(&bitmaps, plan);
@@ -221,15 +223,19 @@ fn apply(index: &Index, ops: Term) -> NifResult<rustler::Atom> {
     let mut bitmaps = index.write()?;
     for op in ops {
         if op.add && !op.ids.is_empty() {
-            bitmaps.entry(op.key).or_default().extend(op.ids);
+            let posting = bitmaps.entry(op.key).or_default();
+            posting.ids.extend(op.ids);
+            posting.refresh();
         } else if op.add {
             continue;
-        } else if let Some(bitmap) = bitmaps.get_mut(&op.key) {
+        } else if let Some(posting) = bitmaps.get_mut(&op.key) {
             for id in op.ids {
-                bitmap.remove(id);
+                posting.ids.remove(id);
             }
-            if bitmap.is_empty() {
+            if posting.ids.is_empty() {
                 bitmaps.remove(&op.key);
+            } else {
+                posting.refresh();
             }
         }
     }
@@ -262,7 +268,7 @@ fn terms_of<'a>(env: Env<'a>, index: &Index, id: u32, check: bool) -> NifResult<
     }
     let terms: Vec<Term<'a>> = bitmaps
         .iter()
-        .filter(|(_, bitmap)| bitmap.contains(id))
+        .filter(|(_, posting)| posting.ids.contains(id))
         .map(|(key, _)| key_term(env, key))
         .collect();
     Ok(terms.encode(env))
@@ -290,8 +296,8 @@ fn index_memory(index: Index) -> NifResult<usize> {
     let bitmaps = index.read()?;
     let payload: usize = bitmaps
         .iter()
-        .map(|(key, bitmap)| key.capacity() + bitmap.serialized_size())
+        .map(|(key, posting)| key.capacity() + posting.ids.serialized_size())
         .sum();
-    let slot = std::mem::size_of::<(Vec<u8>, RoaringBitmap)>() + 1;
+    let slot = std::mem::size_of::<(Vec<u8>, Posting)>() + 1;
     Ok(std::mem::size_of::<IndexResource>() + payload + bitmaps.capacity() * slot)
 }

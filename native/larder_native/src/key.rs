@@ -7,7 +7,7 @@
 
 use rustler::sys::{enif_get_tuple, ERL_NIF_TERM};
 use rustler::types::tuple::make_tuple;
-use rustler::{Binary, Encoder, Env, OwnedBinary, Term};
+use rustler::{Binary, Encoder, Env, OwnedBinary, Term, TermType};
 
 const ATOM: u8 = b'a';
 const INT: u8 = b'i';
@@ -48,29 +48,50 @@ pub fn term_key(term: Term) -> Vec<u8> {
     out
 }
 
-fn encode(term: Term, out: &mut Vec<u8>) {
-    if term.is_atom() {
-        out.push(ATOM);
-        out.extend_from_slice(&(term.as_c_arg() as u64).to_le_bytes());
-    } else if let Ok(int) = term.decode::<i64>() {
-        out.push(INT);
-        out.extend_from_slice(&int.to_le_bytes());
-    } else if let Ok(bin) = term.decode::<Binary>() {
-        out.push(BIN);
-        out.extend_from_slice(&(bin.len() as u64).to_le_bytes());
-        out.extend_from_slice(bin.as_slice());
-    } else if let Some(elems) = tuple_elems(term) {
-        out.push(TUPLE);
-        out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
-        for &raw in elems {
-            encode(elem(term, raw), out);
+/// Appends the key of `term` to `out` (a query reuses one buffer for all its
+/// terms). One type check picks the encoding, instead of trying each decoder
+/// in turn and building an error for every miss.
+pub fn encode(term: Term, out: &mut Vec<u8>) {
+    match term.get_type() {
+        TermType::Atom => {
+            out.push(ATOM);
+            out.extend_from_slice(&(term.as_c_arg() as u64).to_le_bytes());
         }
-    } else {
-        let external = term.to_binary();
-        out.push(OTHER);
-        out.extend_from_slice(&(external.len() as u64).to_le_bytes());
-        out.extend_from_slice(external.as_slice());
+        TermType::Integer => match term.decode::<i64>() {
+            Ok(int) => {
+                out.push(INT);
+                out.extend_from_slice(&int.to_le_bytes());
+            }
+            Err(_) => encode_other(term, out),
+        },
+        // A bitstring that is not whole bytes is no Binary: external format.
+        TermType::Binary => match term.decode::<Binary>() {
+            Ok(bin) => {
+                out.push(BIN);
+                out.extend_from_slice(&(bin.len() as u64).to_le_bytes());
+                out.extend_from_slice(bin.as_slice());
+            }
+            Err(_) => encode_other(term, out),
+        },
+        TermType::Tuple => match tuple_elems(term) {
+            Some(elems) => {
+                out.push(TUPLE);
+                out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
+                for &raw in elems {
+                    encode(elem(term, raw), out);
+                }
+            }
+            None => encode_other(term, out),
+        },
+        _ => encode_other(term, out),
     }
+}
+
+fn encode_other(term: Term, out: &mut Vec<u8>) {
+    let external = term.to_binary();
+    out.push(OTHER);
+    out.extend_from_slice(&(external.len() as u64).to_le_bytes());
+    out.extend_from_slice(external.as_slice());
 }
 
 /// The term a key was made from. Keys come from `term_key`, so they are well formed.
