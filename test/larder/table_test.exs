@@ -189,6 +189,11 @@ defmodule Larder.TableTest do
   end
 
   describe "model (PropEr)" do
+    # About 0.2 s each on a quiet machine; when both cores are saturated, each
+    # write's hop to a dirty scheduler can wait for an OS time slice, and the
+    # 50 cases have taken over a minute. The limit guards against a hang only.
+    @describetag timeout: :timer.minutes(10)
+
     # Random inserts, updates and deletes from several processes, each on its
     # own keys but sharing every index term; afterwards each search must equal
     # a plain filter over a map of the records.
