@@ -25,18 +25,8 @@ end
 
 IO.puts("# all #{length(requests)} answers agree (one price each)")
 
-# The map index's live heap: a fresh process loads and indexes, then reports.
-map_bytes =
-  Task.async(fn ->
-    {_, loaded, _} = Catalogue.reference_or_generated()
-    index = Catalogue.map_index(loaded)
-    loaded = nil
-    :erlang.garbage_collect()
-    {:memory, bytes} = Process.info(self(), :memory)
-    {map_size(index), loaded, bytes}
-  end)
-  |> Task.await(:infinity)
-  |> elem(2)
+# The map index's live heap, like the Go figure.
+map_bytes = Catalogue.map_index_heap_bytes()
 
 mb = fn bytes -> Bench.value(Float.round(bytes / 1_000_000, 1), "MB") end
 

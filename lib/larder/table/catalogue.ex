@@ -293,6 +293,26 @@ defmodule Larder.Table.Catalogue do
   @spec map_index([price()]) :: %{String.t() => [price()]}
   def map_index(prices), do: Enum.group_by(prices, & &1.offering_id)
 
+  @doc """
+  The map index's live heap in bytes, comparable with the Go service's live
+  heap: a fresh process loads the catalogue (as `reference_or_generated/1`
+  does), builds the index, drops everything else and reports its memory.
+  """
+  @spec map_index_heap_bytes(Path.t()) :: non_neg_integer()
+  def map_index_heap_bytes(dir \\ @default_dir) do
+    Task.async(fn ->
+      {_, loaded, _} = reference_or_generated(dir)
+      index = map_index(loaded)
+      loaded = nil
+      :erlang.garbage_collect()
+      {:memory, bytes} = Process.info(self(), :memory)
+      # Returning the index keeps it alive until the memory is read.
+      {map_size(index), loaded, bytes}
+    end)
+    |> Task.await(:infinity)
+    |> elem(2)
+  end
+
   @doc "Searches a `map_index/1` as the Go map variant does: fetch the offering, scan its prices."
   @spec map_search(%{String.t() => [price()]}, keyword()) :: [price()]
   def map_search(map_index, conditions) do
