@@ -1,0 +1,49 @@
+# Runs crash-class test cases (VM aborts, segfaults, allocator failures) in a
+# separate OS process: a peer VM with the suite's code paths, so that a
+# regression fails the test instead of killing the whole suite.
+defmodule Larder.Test.Isolated do
+  @moduledoc false
+
+  @doc """
+  Evaluates `quoted` (from `quote do ... end` in the test, so aliases
+  resolve as they do there) in a fresh peer VM and returns `{:ok, result}`,
+  `{:raised, exception}` when it raised, or `{:vm_died, reason}` when the
+  peer VM went away (crashed, aborted, or ran past `timeout` ms). Code
+  compiled only in the test process (the test module itself) is not there.
+  """
+  @spec run(Macro.t(), timeout()) ::
+          {:ok, term()} | {:raised, Exception.t()} | {:vm_died, term()}
+  def run(quoted, timeout \\ 30_000) do
+    paths = Enum.flat_map(:code.get_path(), &["-pa", &1])
+
+    # Not linked: the peer's death must reach the test as a value.
+    {:ok, peer, _node} =
+      :peer.start(%{connection: :standard_io, args: Enum.map(paths, &to_charlist/1)})
+
+    try do
+      case :peer.call(peer, __MODULE__, :__run__, [quoted], timeout) do
+        {:ok, _} = ok -> ok
+        {:raised, _} = raised -> raised
+      end
+    catch
+      # The call's own arguments are in the reason; keep only why it ended.
+      :exit, {reason, {:gen_server, :call, _}} -> {:vm_died, reason}
+      :exit, reason -> {:vm_died, reason}
+    after
+      try do
+        :peer.stop(peer)
+      catch
+        :exit, _ -> :ok
+      end
+    end
+  end
+
+  @doc false
+  def __run__(quoted) do
+    {:ok, _} = Application.ensure_all_started(:larder)
+    {result, _binding} = Code.eval_quoted(quoted)
+    {:ok, result}
+  rescue
+    exception -> {:raised, exception}
+  end
+end
