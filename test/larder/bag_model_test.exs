@@ -267,9 +267,12 @@ defmodule Larder.BagBadInputTest do
     ])
   end
 
+  # A hostile binary would be a real path (relative to the working
+  # directory, or absolute): it is turned into a file name in the test's
+  # directory. Every other hostile term is passed as it is.
   defp path_gen do
     :proper_types.frequency([
-      {2, hostile_gen()},
+      {2, let(hostile_gen(), &if(is_binary(&1), do: {:"$path", {:named, &1}}, else: &1))},
       {3, {:"$path", :proper_types.oneof([:file, :dir, :missing_dir, :null])}},
       {2, {:"$path", {:named, :proper_types.binary()}}}
     ])
@@ -453,6 +456,9 @@ defmodule Larder.BagBadInputTest do
   defp resolve({:"$path", :dir}, env), do: env.dir
   defp resolve({:"$path", :missing_dir}, env), do: Path.join([env.dir, "gone", "x.bag"])
   defp resolve({:"$path", :null}, env), do: Path.join(env.dir, "a\0b")
+
+  defp resolve({:"$path", {:named, bin}}, env) when not is_binary(bin),
+    do: resolve({:"$path", {:named, inspect(bin)}}, env)
 
   defp resolve({:"$path", {:named, bin}}, env),
     do:

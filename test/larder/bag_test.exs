@@ -307,9 +307,138 @@ defmodule Larder.BagTest do
       Bag.insert(bag, :a, 1)
       assert Bag.lookup(bag, :a) == [1]
     end
+
+    test "paths must be strings without null bytes" do
+      bag = Bag.new()
+
+      for path <- ["a\0b", ~c"x.bag", 42, nil, {:path}] do
+        assert_raise ArgumentError, ~r/expected path to be a string without null bytes/, fn ->
+          Bag.dump(bag, path)
+        end
+
+        assert_raise ArgumentError, ~r/expected path to be a string without null bytes/, fn ->
+          Bag.load(path)
+        end
+      end
+    end
+
+    test "child_spec/1 checks its options like start_link/1" do
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec(:oops) end
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec([{:name, :a} | :x]) end
+
+      assert_raise ArgumentError, ~r/invalid value for option :name/, fn ->
+        Bag.child_spec(name: "x")
+      end
+
+      assert_raise ArgumentError, ~r/unknown Larder.Bag options \[:bogus\]/, fn ->
+        Bag.child_spec(name: :x, bogus: 1)
+      end
+    end
+
+    test "a forged handle raises ArgumentError naming the bag argument" do
+      owner = spawn_link(fn -> receive(do: (:never -> :ok)) end)
+      foreign = :ets.new(:foreign, [:set, :protected])
+      :ets.give_away(foreign, owner, nil)
+
+      for dedup <- [true, false] do
+        forged = struct(Bag, tab: foreign, dedup: dedup)
+
+        for call <- [
+              fn -> Bag.insert(forged, 1, 1) end,
+              fn -> Bag.insert_many(forged, [{1, 1}]) end,
+              fn -> Bag.delete(forged, 1) end,
+              fn -> Bag.delete(forged, 1, 1) end,
+              fn -> Bag.delete_table(forged) end
+            ] do
+          assert_raise ArgumentError, ~r/bag argument .* is not a usable Larder.Bag/, call
+        end
+      end
+
+      for forged <- [struct(Bag, tab: 42, dedup: true), struct(Bag, tab: make_ref(), dedup: 1)] do
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.insert(forged, 1, 1) end
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.dump(forged, "x") end
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.keys(forged) end
+      end
+
+      assert :ets.info(foreign, :size) == 0
+    end
   end
 
   describe "concurrency" do
+    test "16 writers on one key: the bag equals the model, memory what the content needs" do
+      for dedup <- [true, false], write_concurrency <- [false, true] do
+        bag = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        empty = Bag.memory(bag)
+        parent = self()
+        rounds = 300
+
+        tasks =
+          for i <- 1..16 do
+            Task.async(fn ->
+              send(parent, {:ready, self()})
+              receive(do: (:go -> :ok))
+
+              for r <- 1..rounds do
+                Bag.insert(bag, :hot, {i, r})
+                if dedup, do: Bag.insert(bag, :hot, {:shared, rem(r, 10)})
+                batch = for b <- 1..5, do: {:hot, {i, r, b}}
+                Bag.insert_many(bag, batch)
+                Bag.delete(bag, :hot, {i, r - 1})
+                Enum.each(batch, fn {k, v} -> Bag.delete(bag, k, v) end)
+              end
+            end)
+          end
+
+        for t <- tasks, do: assert_receive({:ready, pid} when pid == t.pid)
+        Enum.each(tasks, &send(&1.pid, :go))
+        Enum.each(tasks, &Task.await(&1, 60_000))
+
+        model =
+          for(i <- 1..16, do: {:hot, {i, rounds}}) ++
+            if dedup, do: for(s <- 0..9, do: {:hot, {:shared, s}}), else: []
+
+        what = "dedup: #{dedup}, write_concurrency: #{write_concurrency}"
+        assert Enum.sort(Bag.stream(bag)) == Enum.sort(model), what
+        assert Bag.size(bag) == length(model), what
+
+        fresh = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        Bag.insert_many(fresh, model)
+        assert_memory(bag, fresh, what)
+
+        Bag.delete(bag, :hot)
+        assert Bag.memory(bag) <= empty + tree_slack(bag, write_concurrency), what
+      end
+    end
+
+    test "writers killed mid-insert_many leave all or none of each batch, and no leak" do
+      for dedup <- [true, false], write_concurrency <- [false, true] do
+        bag = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        batch = 50_000
+
+        writers =
+          for i <- 1..16 do
+            pairs = for v <- 1..batch, do: {:hot, {i, v}}
+            pid = spawn(fn -> Bag.insert_many(bag, pairs) end)
+            ref = Process.monitor(pid)
+            # Kill at a random moment: before, during or after the insert.
+            Process.sleep(:rand.uniform(30) - 1)
+            Process.exit(pid, :kill)
+            {i, ref}
+          end
+
+        for {_, ref} <- writers, do: assert_receive({:DOWN, ^ref, _, _, _}, 30_000)
+
+        counts = Enum.frequencies_by(Bag.lookup(bag, :hot), fn {i, _} -> i end)
+        what = "dedup: #{dedup}, write_concurrency: #{write_concurrency}: #{inspect(counts)}"
+        assert Enum.all?(counts, fn {_, n} -> n == batch end), what
+
+        content = Enum.to_list(Bag.stream(bag))
+        fresh = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        Bag.insert_many(fresh, content)
+        assert_memory(bag, fresh, what)
+      end
+    end
+
     test "processes inserting the same pairs at once leave exactly one copy of each" do
       for dedup_many <- [false, true] do
         bag = Bag.new(write_concurrency: true)
@@ -352,6 +481,23 @@ defmodule Larder.BagTest do
       assert Bag.count(bag, :k) == 5_000
     end
   end
+
+  # The bag's ETS memory is what a fresh bag with the same content takes:
+  # nothing leaked. A contention-adapting tree (ordered_set with
+  # write_concurrency) may keep routing nodes that contention split off.
+  defp assert_memory(bag, fresh, what) do
+    got = Bag.memory(bag)
+    want = Bag.memory(fresh)
+    slack = tree_slack(bag, match?(%{write_concurrency: true}, ets_opts(bag)))
+    assert got >= want - slack and got <= want + slack, "#{what}: #{got} words, want #{want}"
+  end
+
+  defp tree_slack(%Bag{tab: tab}, write_concurrency) do
+    if write_concurrency and :ets.info(tab, :type) == :ordered_set, do: 4_096, else: 0
+  end
+
+  defp ets_opts(%Bag{tab: tab}),
+    do: %{write_concurrency: :ets.info(tab, :write_concurrency) == true}
 
   defp read_until_done(bag, writer, acc) do
     acc = [Bag.count(bag, :k), length(Bag.lookup(bag, :k)) | acc]
