@@ -266,7 +266,9 @@ defmodule Larder.Bag.Snapshot do
         count_pairs(term, 0)
     end
   rescue
-    ArgumentError ->
+    # binary_to_term/2 raises ArgumentError on a bad or unsafe term; nothing
+    # a payload holds may escape as another exception either.
+    _ ->
       {:error,
        "is not a valid external term, or holds an atom this VM does not know " <>
          "(see load/2's :create_atoms option)"}
