@@ -201,45 +201,53 @@ defmodule Larder.BagBadInputTest do
   end
 
   # Lists, tuples and maps nested up to 100,000 deep.
+  # Deep, improper and huge terms are generated as small descriptors and
+  # built just before the call: PropEr walks every generated value, which
+  # would cost more than the calls themselves on terms of this size.
+
+  # Lists, tuples and maps nested up to 100,000 deep.
   defp deep_gen do
-    let(
-      {:proper_types.integer(1, 100_000), :proper_types.oneof([:list, :tuple, :map, :mixed])},
-      fn {depth, kind} ->
-        Enum.reduce(1..depth, :leaf, fn i, acc ->
-          case {kind, rem(i, 3)} do
-            {:list, _} -> [acc]
-            {:tuple, _} -> {acc}
-            {:map, _} -> %{k: acc}
-            {:mixed, 0} -> [acc | :tail]
-            {:mixed, 1} -> {:k, acc}
-            {:mixed, 2} -> %{acc => 1}
-          end
-        end)
-      end
-    )
+    {:"$deep", :proper_types.integer(1, 100_000),
+     :proper_types.oneof([:list, :tuple, :map, :mixed])}
   end
 
+  # Improper lists, short or with up to 50,000 pairs before the bad tail.
   defp improper_gen do
-    let(
-      {:proper_types.list(:proper_types.any()), :proper_types.any(),
-       :proper_types.integer(0, 50_000)},
-      fn {list, tail, pairs} ->
-        case tail do
-          [] -> [{:k, 1} | :tail]
-          _ -> list ++ [{:k, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:k, &1} | &2])]
-        end
-      end
-    )
+    {:"$improper", :proper_types.list(:proper_types.any()), :proper_types.any(),
+     :proper_types.integer(0, 50_000)}
   end
 
   defp huge_gen do
     :proper_types.oneof([
-      let(:proper_types.integer(1, 4_000_000), &:binary.copy(<<7>>, &1)),
-      let(:proper_types.integer(1, 200_000), &for(i <- 1..&1, do: {i, i})),
-      let(:proper_types.integer(1, 200_000), &List.duplicate(:x, &1)),
-      :proper_types.exactly(2 ** 100_000)
+      {:"$huge", :binary, :proper_types.integer(1, 4_000_000)},
+      {:"$huge", :pairs, :proper_types.integer(1, 200_000)},
+      {:"$huge", :atoms, :proper_types.integer(1, 200_000)},
+      {:"$huge", :integer, :proper_types.integer(1, 100_000)}
     ])
   end
+
+  defp build({:"$deep", depth, kind}) do
+    Enum.reduce(1..depth, :leaf, fn i, acc ->
+      case {kind, rem(i, 3)} do
+        {:list, _} -> [acc]
+        {:tuple, _} -> {acc}
+        {:map, _} -> %{k: acc}
+        {:mixed, 0} -> [acc | :tail]
+        {:mixed, 1} -> {:k, acc}
+        {:mixed, 2} -> %{acc => 1}
+      end
+    end)
+  end
+
+  defp build({:"$improper", _list, [], _pairs}), do: [{:k, 1} | :tail]
+
+  defp build({:"$improper", list, tail, pairs}),
+    do: list ++ [{:k, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:k, &1} | &2])]
+
+  defp build({:"$huge", :binary, n}), do: :binary.copy(<<7>>, n)
+  defp build({:"$huge", :pairs, n}), do: for(i <- 1..n, do: {i, i})
+  defp build({:"$huge", :atoms, n}), do: List.duplicate(:x, n)
+  defp build({:"$huge", :integer, bits}), do: Bitwise.bsl(1, bits)
 
   defp opts_gen do
     key =
@@ -268,11 +276,11 @@ defmodule Larder.BagBadInputTest do
   end
 
   # A hostile binary would be a real path (relative to the working
-  # directory, or absolute): it is turned into a file name in the test's
+  # directory, or absolute): call/2 turns it into a file name in the test's
   # directory. Every other hostile term is passed as it is.
   defp path_gen do
     :proper_types.frequency([
-      {2, let(hostile_gen(), &if(is_binary(&1), do: {:"$path", {:named, &1}}, else: &1))},
+      {2, hostile_gen()},
       {3, {:"$path", :proper_types.oneof([:file, :dir, :missing_dir, :null])}},
       {2, {:"$path", {:named, :proper_types.binary()}}}
     ])
@@ -361,7 +369,7 @@ defmodule Larder.BagBadInputTest do
         end
       )
 
-    PropEr.check(property, numtests: 200, max_size: 12)
+    PropEr.check(property, numtests: 300, max_size: 12)
   end
 
   defp run(calls, dedup, dir, foreign, test) do
@@ -406,7 +414,7 @@ defmodule Larder.BagBadInputTest do
     do: call({:delete_table, [{:"$bag", :deleted}]}, env)
 
   defp call({fun, args}, env) do
-    args = Enum.map(args, &resolve(&1, env))
+    args = fun |> path_position() |> confine(Enum.map(args, &resolve(&1, env)), env)
 
     try do
       apply(Bag, fun, args) |> force() |> check(fun)
@@ -470,18 +478,43 @@ defmodule Larder.BagBadInputTest do
 
   defp resolve({:"$file", content}, env) do
     path = Path.join(env.dir, "file-#{System.unique_integer([:positive])}.bag")
-    File.write!(path, file_bytes(content))
+    File.write!(path, file_bytes(resolve(content, env)))
     path
   end
 
-  defp resolve(opts, env) when is_list(opts) do
-    if proper_list?(opts), do: Enum.map(opts, &resolve_opt(&1, env)), else: opts
-  end
+  defp resolve({tag, _, _} = spec, _env) when tag == :"$deep" or tag == :"$huge",
+    do: build(spec)
 
+  defp resolve({:"$improper", list, tail, pairs}, env),
+    do: build({:"$improper", resolve(list, env), tail, pairs})
+
+  # Placeholders may sit inside generated lists and tuples (pairs, options).
+  defp resolve([head | tail], env), do: [resolve(head, env) | resolve(tail, env)]
+  defp resolve(tuple, env) when is_tuple(tuple), do: resolve_tuple(tuple, env)
   defp resolve(other, _env), do: other
 
-  defp resolve_opt({key, value}, env), do: {key, resolve(value, env)}
-  defp resolve_opt(other, _env), do: other
+  defp resolve_tuple(tuple, env),
+    do: tuple |> Tuple.to_list() |> Enum.map(&resolve(&1, env)) |> List.to_tuple()
+
+  # Which argument of `fun` is a path (0-based), if any.
+  defp path_position(fun) when fun in [:dump, :dump!], do: 1
+  defp path_position(fun) when fun in [:load, :load!], do: 0
+  defp path_position(_fun), do: nil
+
+  # A binary path outside the test's directory is moved into it.
+  defp confine(nil, args, _env), do: args
+
+  defp confine(at, args, env) do
+    List.update_at(args, at, fn
+      path when is_binary(path) ->
+        if String.starts_with?(path, env.dir),
+          do: path,
+          else: resolve({:"$path", {:named, path}}, env)
+
+      other ->
+        other
+    end)
+  end
 
   defp proper_list?([_ | tail]), do: proper_list?(tail)
   defp proper_list?([]), do: true
