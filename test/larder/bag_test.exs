@@ -844,6 +844,13 @@ defmodule Larder.BagTest do
       forge(path, 1, [objects])
       assert_corrupt(path, context.test, "65,537 pairs in one chunk")
 
+      # Many values under one key (one hash bucket with dedup: false) still
+      # dump in chunks within the bound, so they load.
+      one_key = Bag.new(dedup: false)
+      Bag.insert_many(one_key, for(v <- 1..100_000, do: {:one, v}))
+      Bag.dump!(one_key, path)
+      assert Bag.count(Bag.load!(path), :one) == 100_000
+
       # A count that lies about the payload.
       forge(path, 1, [{:raw, 3, :erlang.term_to_binary([{[:k | 1]}])}])
       assert_corrupt(path, context.test, "count 3, one object")

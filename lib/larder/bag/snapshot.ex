@@ -1,5 +1,6 @@
-# The snapshot file format of Larder.Bag: checksummed chunks, atomic writes,
-# and a load that checks the whole file before it creates the table.
+# The snapshot file format of Larder.Bag: checksummed chunks, atomic and
+# durable writes, and a load that checks the file's framing before it creates
+# the table and the shape of every object before it inserts it.
 defmodule Larder.Bag.Snapshot do
   @moduledoc false
 
