@@ -876,6 +876,40 @@ defmodule Larder.BagTest do
         Bag.load(path, create_atoms: :yes)
       end
     end
+
+    # Crash class: the atom table is never collected and its overflow aborts
+    # the VM. A file of 1.1M distinct unknown atoms (valid checksums) must be
+    # refused, in a peer VM so that a regression does not kill the suite.
+    test "a snapshot holding more atoms than the atom table is refused, the VM lives",
+         context do
+      path = tmp_path(context)
+      prefix = "lx#{System.unique_integer([:positive])}_"
+      chunk = 65_536
+
+      payloads =
+        for c <- 0..16 do
+          objects =
+            for i <- (c * chunk)..(c * chunk + chunk - 1) do
+              name = prefix <> Integer.to_string(i)
+              # {[:k | atom]}: SMALL_TUPLE, LIST of one with an atom tail.
+              [104, 1, 108, <<1::32>>, 119, 1, "k", 119, byte_size(name), name]
+            end
+
+          {:raw, chunk, IO.iodata_to_binary([131, 108, <<chunk::32>>, objects, 106])}
+        end
+
+      forge(path, 1, payloads)
+
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            Larder.Bag.load(unquote(path))
+          end,
+          120_000
+        )
+
+      assert {:ok, {:error, %Larder.Error{reason: :corrupt_snapshot}}} = result
+    end
   end
 
   defp flip(data, at) do
