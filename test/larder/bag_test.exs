@@ -662,6 +662,7 @@ defmodule Larder.BagTest do
           Port.open({:spawn_executable, strace}, [
             :binary,
             :stderr_to_stdout,
+            :exit_status,
             args: ~w(-f -e trace=openat,fsync,fdatasync,rename -o #{trace} -p #{System.pid()})
           ])
 
