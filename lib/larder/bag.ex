@@ -86,12 +86,24 @@ defmodule Larder.Bag do
     * A handle that is not a bag, a name that no bag was created under, or a
       bag that was deleted (by `delete_table/1`, or because its owner
       exited) raises `ArgumentError` saying so.
-    * Bad arguments (a batch that is not a list of pairs, unknown options)
-      raise `ArgumentError` naming the argument.
+    * Bad arguments (a batch that is not a proper list of pairs, a path that
+      is not a string or holds a null byte, unknown options or option
+      values) raise `ArgumentError` naming the argument. Keys and values may
+      be any term. No option is numeric, so none needs an upper bound.
     * `dump/2` and `load/2` return `{:error, %Larder.Error{}}` for failures
-      of the file system (`reason: :file_error`) and for a snapshot that is
-      truncated or corrupt (`reason: :corrupt_snapshot`); a failed `load/2`
-      leaves no table behind.
+      of the file system (`reason: :file_error`, including a failed fsync)
+      and for a snapshot that is truncated, corrupt or not in the shape
+      `dump/2` writes (`reason: :corrupt_snapshot`).
+    * A snapshot file is untrusted input: `load/2` checks every chunk's
+      length and checksum, decodes with `binary_to_term/2`'s `:safe` option
+      (no new atoms, unless `create_atoms: true`), rejects compressed terms,
+      and checks that every object has the shape of the bag's mode, so a
+      foreign or hostile file gives `:corrupt_snapshot` and the memory it can
+      make the loader take is bounded by a small multiple of its size. A
+      failed `load/2` leaves no table behind.
+    * `dump/2` returns `:ok` only once the file and its directory are
+      fsynced: after a crash or power loss, `path` holds the previous
+      snapshot or the complete new one.
 
   ## Performance
 
@@ -116,6 +128,8 @@ defmodule Larder.Bag do
     * Restart from a 1M-pair snapshot with `load/2`: 4.2x faster than
       re-inserting the pairs with `insert/3` (target `>= 5x`, missed; an
       earlier run measured 5.3x).
+    * `dump/2` waits for two fsyncs (the file, then its directory), whose
+      cost depends on the storage rather than on Larder.
 
   """
 
@@ -133,7 +147,7 @@ defmodule Larder.Bag do
   @type value :: term()
 
   @new_opts [:name, :dedup, :read_concurrency, :write_concurrency, :compressed]
-  @load_opts [:name, :read_concurrency, :write_concurrency, :compressed]
+  @load_opts [:name, :read_concurrency, :write_concurrency, :compressed, :create_atoms]
 
   @stream_chunk 1_000
   @dump_chunk 4_096
@@ -196,6 +210,8 @@ defmodule Larder.Bag do
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
+    validate_opts!(opts, @new_opts)
+
     %{
       id: {__MODULE__, Keyword.get(opts, :name)},
       start: {__MODULE__, :start_link, [opts]},
@@ -561,22 +577,23 @@ defmodule Larder.Bag do
   ## Snapshots
 
   @doc """
-  Writes the bag to `path`, atomically: the pairs go to a temporary file in
-  the same directory, which is then renamed over `path`. A reader of `path`
-  sees the old file or the new one, never a partial one.
+  Writes the bag to `path`, atomically and durably: the pairs go to a
+  temporary file in the same directory, which is fsynced, renamed over
+  `path`, and then the directory is fsynced. A reader of `path` sees the old
+  file or the new one, never a partial one, and once `dump/2` returns `:ok`
+  the new file survives a crash or power loss.
 
   The bag stays usable meanwhile; the file holds each pair present during the
   whole dump, and may or may not hold pairs changed during it. Returns
   `{:error, %Larder.Error{reason: :file_error}}` if the file cannot be
-  written.
+  written or synced; if only the final sync of the directory fails, `path`
+  already holds the new file, but it may not survive a power loss. Raises
+  `ArgumentError` if `path` is not a string or holds a null byte.
   """
   @spec dump(bag(), Path.t()) :: :ok | {:error, Larder.Error.t()}
-  def dump(%__MODULE__{dedup: dedup} = bag, path) when is_binary(path) do
+  def dump(%__MODULE__{dedup: dedup} = bag, path) when is_boolean(dedup) do
+    check_path!(path)
     Snapshot.dump(chunks(bag, [{:_, [], [:"$_"]}], @dump_chunk), dedup, path)
-  end
-
-  def dump(%__MODULE__{}, path) do
-    raise ArgumentError, "expected path to be a string, got: #{inspect(path)}"
   end
 
   def dump(name, path), do: dump(resolve(name), path)
@@ -594,17 +611,27 @@ defmodule Larder.Bag do
   process. The deduplication mode is the one of the dumped bag.
 
   Options: `:name`, `:read_concurrency`, `:write_concurrency` and
-  `:compressed`, as for `new/1`.
+  `:compressed`, as for `new/1`, and:
+
+    * `:create_atoms` - `false` (default) decodes with
+      `:erlang.binary_to_term/2`'s `:safe` option: a file holding an atom
+      this VM does not know yet is rejected as `:corrupt_snapshot`, so no
+      file can fill the atom table (which is never garbage collected and
+      whose overflow aborts the VM). `true` lets the file create atoms; use
+      it only for files your own service wrote, for instance when a bag's
+      keys are atoms of modules that are not loaded yet.
 
   The whole file is checked (length and checksum of every chunk, count of
-  pairs) before the bag is created. A missing file returns
-  `{:error, %Larder.Error{reason: :file_error}}`; a truncated or corrupt one
-  returns `{:error, %Larder.Error{reason: :corrupt_snapshot}}`. On error no
-  table is left behind. Raises `ArgumentError` for bad options, or if a
-  bag or ETS table with the given `:name` exists.
-
-  Snapshots are decoded with `:erlang.binary_to_term/1`: load only files
-  that your own service wrote.
+  pairs, at most 65,536 pairs per chunk) before the bag is created; then
+  each chunk is decoded and must be a list of objects of the shape the file's
+  mode announces. A missing file returns
+  `{:error, %Larder.Error{reason: :file_error}}`; a truncated, corrupt,
+  compressed or wrongly shaped one returns
+  `{:error, %Larder.Error{reason: :corrupt_snapshot}}`. The table is
+  created once the framing checks out and filled chunk by chunk; on an error
+  it is deleted, so none is left behind (a `:name` is taken meanwhile).
+  Raises `ArgumentError` for a bad `path` or bad options, or if
+  a bag or ETS table with the given `:name` exists.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert_many(bag, [{:a, 1}, {:a, 2}])
@@ -619,13 +646,10 @@ defmodule Larder.Bag do
   @spec load(Path.t(), keyword()) :: {:ok, t()} | {:error, Larder.Error.t()}
   def load(path, opts \\ [])
 
-  def load(path, opts) when is_binary(path) do
+  def load(path, opts) do
+    check_path!(path)
     opts = validate_opts!(opts, @load_opts)
     Snapshot.load(path, opts)
-  end
-
-  def load(path, _opts) do
-    raise ArgumentError, "expected path to be a string, got: #{inspect(path)}"
   end
 
   @doc """
@@ -688,7 +712,8 @@ defmodule Larder.Bag do
   end
 
   # The error to raise when ETS rejected an operation on `bag`: if the table
-  # is gone, say so; otherwise keep ETS's own explanation.
+  # is gone, say so; otherwise (a forged handle naming some other ETS table)
+  # say which bag argument ETS refused, with its explanation.
   defp gone(%__MODULE__{tab: tab}, original) do
     if :ets.info(tab, :type) == :undefined or original == nil do
       ArgumentError.exception(
@@ -696,11 +721,21 @@ defmodule Larder.Bag do
           "delete_table/1, or the process that owned it exited"
       )
     else
-      original
+      ArgumentError.exception(
+        "the bag argument #{inspect(tab)} is not a usable Larder.Bag: " <>
+          Exception.message(original)
+      )
     end
   rescue
     ArgumentError ->
       ArgumentError.exception("the Larder.Bag #{inspect(tab)} does not exist")
+  end
+
+  defp check_path!(path) do
+    unless is_binary(path) and not String.contains?(path, <<0>>) do
+      raise ArgumentError,
+            "expected path to be a string without null bytes, got: #{inspect(path)}"
+    end
   end
 
   defp validate_opts!(opts, valid) do

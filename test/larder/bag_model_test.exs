@@ -150,3 +150,396 @@ defmodule Larder.BagModelTest do
     end
   end
 end
+
+defmodule Larder.BagBadInputTest do
+  # PropEr bad-input property: every public function of Larder.Bag gets
+  # arbitrary terms (deep, improper, huge, maps, funs, forged and deleted
+  # handles, hostile paths, options and snapshot files) for each argument.
+  # Only a normal result, an ArgumentError or an {:error, %Larder.Error{}}
+  # may come back (the bang variants may raise the Larder.Error), and the
+  # bags under test still hold their data afterwards.
+  use ExUnit.Case, async: true
+
+  alias Larder.Bag
+  alias Larder.Test.PropEr
+
+  @bang [:dump!, :load!]
+
+  ## Generators
+
+  # PropEr's ?LET: a generator of fun.(value) for values of `gen`.
+  defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
+
+  defp hostile_gen do
+    :proper_types.frequency([
+      {6, :proper_types.any()},
+      {2, deep_gen()},
+      {2, improper_gen()},
+      {1, huge_gen()},
+      {2,
+       :proper_types.oneof([
+         %{},
+         %{a: %{b: [1 | 2]}},
+         self(),
+         make_ref(),
+         fn -> :f end,
+         &Enum.map/2,
+         :_,
+         :"$1",
+         :"$_",
+         nil,
+         true,
+         -0.0,
+         2 ** 200,
+         "a\0b",
+         <<1::3>>,
+         {:const, :_},
+         [{:_, [], [:"$_"]}]
+       ])},
+      {2, {:"$bag", :proper_types.oneof([:live, :named, :deleted, :forged_ref, :foreign])}}
+    ])
+  end
+
+  # Lists, tuples and maps nested up to 100,000 deep.
+  # Deep, improper and huge terms are generated as small descriptors and
+  # built just before the call: PropEr walks every generated value, which
+  # would cost more than the calls themselves on terms of this size.
+
+  # Lists, tuples and maps nested up to 100,000 deep.
+  defp deep_gen do
+    {:"$deep", :proper_types.integer(1, 100_000),
+     :proper_types.oneof([:list, :tuple, :map, :mixed])}
+  end
+
+  # Improper lists, short or with up to 50,000 pairs before the bad tail.
+  defp improper_gen do
+    {:"$improper", :proper_types.list(:proper_types.any()), :proper_types.any(),
+     :proper_types.integer(0, 50_000)}
+  end
+
+  defp huge_gen do
+    :proper_types.oneof([
+      {:"$huge", :binary, :proper_types.integer(1, 4_000_000)},
+      {:"$huge", :pairs, :proper_types.integer(1, 200_000)},
+      {:"$huge", :atoms, :proper_types.integer(1, 200_000)},
+      {:"$huge", :integer, :proper_types.integer(1, 100_000)}
+    ])
+  end
+
+  defp build({:"$deep", depth, kind}) do
+    Enum.reduce(1..depth, :leaf, fn i, acc ->
+      case {kind, rem(i, 3)} do
+        {:list, _} -> [acc]
+        {:tuple, _} -> {acc}
+        {:map, _} -> %{k: acc}
+        {:mixed, 0} -> [acc | :tail]
+        {:mixed, 1} -> {:k, acc}
+        {:mixed, 2} -> %{acc => 1}
+      end
+    end)
+  end
+
+  defp build({:"$improper", _list, [], _pairs}), do: [{:k, 1} | :tail]
+
+  defp build({:"$improper", list, tail, pairs}),
+    do: list ++ [{:k, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:k, &1} | &2])]
+
+  defp build({:"$huge", :binary, n}), do: :binary.copy(<<7>>, n)
+  defp build({:"$huge", :pairs, n}), do: for(i <- 1..n, do: {i, i})
+  defp build({:"$huge", :atoms, n}), do: List.duplicate(:x, n)
+  defp build({:"$huge", :integer, bits}), do: Bitwise.bsl(1, bits)
+
+  defp opts_gen do
+    key =
+      :proper_types.oneof([
+        :name,
+        :dedup,
+        :read_concurrency,
+        :write_concurrency,
+        :compressed,
+        :create_atoms,
+        :bogus
+      ])
+
+    value =
+      :proper_types.frequency([
+        {3, :proper_types.oneof([true, false, :auto, nil, 0, -1, 2 ** 64, "x"])},
+        {1, {:"$name"}},
+        {2, hostile_gen()}
+      ])
+
+    :proper_types.frequency([
+      {4, :proper_types.list({key, value})},
+      {1, hostile_gen()},
+      {1, let(:proper_types.list({key, value}), &(&1 ++ :tail))}
+    ])
+  end
+
+  # A hostile binary would be a real path (relative to the working
+  # directory, or absolute): call/2 turns it into a file name in the test's
+  # directory. Every other hostile term is passed as it is.
+  defp path_gen do
+    :proper_types.frequency([
+      {2, hostile_gen()},
+      {3, {:"$path", :proper_types.oneof([:file, :dir, :missing_dir, :null])}},
+      {2, {:"$path", {:named, :proper_types.binary()}}}
+    ])
+  end
+
+  # Snapshot files: random bytes, or a forged file with valid checksums.
+  defp file_gen do
+    :proper_types.oneof([
+      {:"$file", :proper_types.binary()},
+      {:"$file",
+       {:forged, :proper_types.integer(0, 3),
+        :proper_types.list(
+          :proper_types.oneof([hostile_gen(), :proper_types.list(hostile_gen())])
+        )}}
+    ])
+  end
+
+  defp handle_gen do
+    :proper_types.frequency([
+      {4, {:"$bag", :proper_types.oneof([:live, :named])}},
+      {2, {:"$bag", :proper_types.oneof([:deleted, :forged_ref, :foreign, :unknown_name])}},
+      {1, hostile_gen()}
+    ])
+  end
+
+  defp call_gen do
+    h = handle_gen()
+    t = hostile_gen()
+
+    :proper_types.oneof([
+      {:new, [opts_gen()]},
+      {:start_link, [opts_gen()]},
+      {:child_spec, [opts_gen()]},
+      {:insert, [h, t, t]},
+      {:insert_many,
+       [h, :proper_types.oneof([t, :proper_types.list({t, t}), :proper_types.list(t)])]},
+      {:delete, [h, t]},
+      {:delete, [h, t, t]},
+      # Never the bags under test: deleting them is legitimate.
+      {:delete_table,
+       [
+         :proper_types.oneof([
+           t,
+           {:"$bag", :proper_types.oneof([:deleted, :forged_ref, :foreign, :unknown_name])}
+         ])
+       ]},
+      {:lookup, [h, t]},
+      {:member?, [h, t, t]},
+      {:count, [h, t]},
+      {:size, [h]},
+      {:memory, [h]},
+      {:keys, [h]},
+      {:stream, [h]},
+      {:dump, [h, path_gen()]},
+      {:dump!, [h, path_gen()]},
+      {:load, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]},
+      {:load!, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]}
+    ])
+  end
+
+  ## The property
+
+  test "bad input to any public function gives ArgumentError or a Larder.Error, and loses nothing",
+       context do
+    dir =
+      Path.join(System.tmp_dir!(), "larder_bag_bad_input_#{System.unique_integer([:positive])}")
+
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+
+    Process.flag(:trap_exit, true)
+    holder = spawn_link(fn -> receive(do: (:never -> :ok)) end)
+    foreign = :ets.new(:foreign, [:set, :protected, heir: :none])
+    :ets.give_away(foreign, holder, nil)
+
+    property =
+      :proper.forall(
+        {:proper_types.bool(), :proper_types.non_empty(:proper_types.list(call_gen()))},
+        fn {dedup, calls} ->
+          try do
+            run(calls, dedup, dir, foreign, context.test)
+          rescue
+            # PropEr 1.2 cannot report an exception on this OTP: return it.
+            e -> :proper.equals({:raised, e, __STACKTRACE__}, :ok)
+          end
+        end
+      )
+
+    PropEr.check(property, numtests: 300, max_size: 12)
+  end
+
+  defp run(calls, dedup, dir, foreign, test) do
+    n = System.unique_integer([:positive])
+    name = :"#{test} #{n}"
+    live = Bag.new(dedup: dedup)
+    named = Bag.new(dedup: dedup, name: name)
+    deleted = Bag.new()
+    Bag.delete_table(deleted)
+    reserved = {:reserved, make_ref()}
+    data = for v <- 1..20, do: {reserved, v}
+    Bag.insert_many(live, data)
+    Bag.insert_many(named, data)
+
+    env = %{
+      live: live,
+      named: name,
+      deleted: deleted,
+      forged_ref: struct(Bag, tab: make_ref(), dedup: true),
+      foreign: struct(Bag, tab: foreign, dedup: dedup),
+      unknown_name: :"no bag #{n}",
+      dir: dir,
+      n: n
+    }
+
+    failures = Enum.flat_map(calls, &call(&1, env))
+    flush_exits()
+
+    failures =
+      for bag <- [live, name],
+          Bag.lookup(bag, reserved) != Enum.to_list(1..20),
+          into: failures,
+          do: {:lost_data, bag}
+
+    Bag.delete_table(live)
+    Bag.delete_table(name)
+    :proper.equals(failures, [])
+  end
+
+  # Deleting the bags under test is legitimate: delete_table gets others.
+  defp call({:delete_table, [{:"$bag", which}]}, env) when which in [:live, :named],
+    do: call({:delete_table, [{:"$bag", :deleted}]}, env)
+
+  defp call({fun, args}, env) do
+    args = fun |> path_position() |> confine(Enum.map(args, &resolve(&1, env)), env)
+
+    try do
+      apply(Bag, fun, args) |> force() |> check(fun)
+    rescue
+      # Ours name the argument; a BIF's bare badarg does not.
+      e in ArgumentError ->
+        message = Exception.message(e)
+
+        if message =~ ~r/^(errors were found at the given arguments|argument error)/,
+          do: [{fun, args_summary(args), :bare_badarg, message}],
+          else: []
+
+      e in Larder.Error ->
+        if fun in @bang, do: [], else: [{fun, :raised, e}]
+
+      e ->
+        [{fun, args_summary(args), e}]
+    catch
+      kind, reason -> [{fun, args_summary(args), kind, reason}]
+    end
+  end
+
+  defp force(%Stream{} = stream), do: Enum.to_list(stream)
+  defp force(fun) when is_function(fun), do: Enum.to_list(fun)
+  defp force(other), do: other
+
+  # What a call returned; cleans up what it created. Returns failures.
+  defp check({:error, %Larder.Error{}}, fun) when fun in [:dump, :load], do: []
+  defp check({:error, other}, fun) when fun in [:dump, :load], do: [{fun, :error, other}]
+  defp check({:ok, %Bag{} = bag}, :load), do: Bag.delete_table(bag) && []
+  defp check(%Bag{} = bag, fun) when fun in [:new, :load!], do: Bag.delete_table(bag) && []
+
+  defp check({:ok, pid}, :start_link) do
+    GenServer.stop(pid)
+    []
+  end
+
+  # A taken name: GenServer's {:error, reason} with the ArgumentError.
+  defp check({:error, %ArgumentError{}}, :start_link), do: []
+  defp check(_result, _fun), do: []
+
+  defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
+
+  defp resolve({:"$bag", which}, env), do: Map.fetch!(env, which)
+  defp resolve({:"$name"}, env), do: :"larder_bad_input_#{env.n}"
+  defp resolve({:"$path", :file}, env), do: Path.join(env.dir, "snap.bag")
+  defp resolve({:"$path", :dir}, env), do: env.dir
+  defp resolve({:"$path", :missing_dir}, env), do: Path.join([env.dir, "gone", "x.bag"])
+  defp resolve({:"$path", :null}, env), do: Path.join(env.dir, "a\0b")
+
+  defp resolve({:"$path", {:named, bin}}, env) when not is_binary(bin),
+    do: resolve({:"$path", {:named, inspect(bin)}}, env)
+
+  defp resolve({:"$path", {:named, bin}}, env),
+    do:
+      Path.join(
+        env.dir,
+        binary_part(Base.url_encode64(bin), 0, min(byte_size(Base.url_encode64(bin)), 100)) <>
+          ".bag"
+      )
+
+  defp resolve({:"$file", content}, env) do
+    path = Path.join(env.dir, "file-#{System.unique_integer([:positive])}.bag")
+    File.write!(path, file_bytes(resolve(content, env)))
+    path
+  end
+
+  defp resolve({tag, _, _} = spec, _env) when tag == :"$deep" or tag == :"$huge",
+    do: build(spec)
+
+  defp resolve({:"$improper", list, tail, pairs}, env),
+    do: build({:"$improper", resolve(list, env), tail, pairs})
+
+  # Placeholders may sit inside generated lists and tuples (pairs, options).
+  defp resolve([head | tail], env), do: [resolve(head, env) | resolve(tail, env)]
+  defp resolve(tuple, env) when is_tuple(tuple), do: resolve_tuple(tuple, env)
+  defp resolve(other, _env), do: other
+
+  defp resolve_tuple(tuple, env),
+    do: tuple |> Tuple.to_list() |> Enum.map(&resolve(&1, env)) |> List.to_tuple()
+
+  # Which argument of `fun` is a path (0-based), if any.
+  defp path_position(fun) when fun in [:dump, :dump!], do: 1
+  defp path_position(fun) when fun in [:load, :load!], do: 0
+  defp path_position(_fun), do: nil
+
+  # A binary path outside the test's directory is moved into it.
+  defp confine(nil, args, _env), do: args
+
+  defp confine(at, args, env) do
+    List.update_at(args, at, fn
+      path when is_binary(path) ->
+        if String.starts_with?(path, env.dir),
+          do: path,
+          else: resolve({:"$path", {:named, path}}, env)
+
+      other ->
+        other
+    end)
+  end
+
+  defp proper_list?([_ | tail]), do: proper_list?(tail)
+  defp proper_list?([]), do: true
+  defp proper_list?(_), do: false
+
+  defp file_bytes({:forged, dedup, payloads}) do
+    chunks =
+      for term <- payloads do
+        bin = :erlang.term_to_binary(term)
+        count = if proper_list?(term), do: length(term), else: 1
+        [<<byte_size(bin)::32, count::32, :erlang.crc32(bin)::32>>, bin]
+      end
+
+    total = payloads |> Enum.map(&if(proper_list?(&1), do: length(&1), else: 1)) |> Enum.sum()
+
+    ["LARDERBAG", 1, dedup, chunks, <<0::32, total::64>>]
+  end
+
+  defp file_bytes(bytes), do: bytes
+
+  defp flush_exits do
+    receive do
+      {:EXIT, _, _} -> flush_exits()
+    after
+      0 -> :ok
+    end
+  end
+end

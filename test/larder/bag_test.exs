@@ -307,9 +307,138 @@ defmodule Larder.BagTest do
       Bag.insert(bag, :a, 1)
       assert Bag.lookup(bag, :a) == [1]
     end
+
+    test "paths must be strings without null bytes" do
+      bag = Bag.new()
+
+      for path <- ["a\0b", ~c"x.bag", 42, nil, {:path}] do
+        assert_raise ArgumentError, ~r/expected path to be a string without null bytes/, fn ->
+          Bag.dump(bag, path)
+        end
+
+        assert_raise ArgumentError, ~r/expected path to be a string without null bytes/, fn ->
+          Bag.load(path)
+        end
+      end
+    end
+
+    test "child_spec/1 checks its options like start_link/1" do
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec(:oops) end
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec([{:name, :a} | :x]) end
+
+      assert_raise ArgumentError, ~r/invalid value for option :name/, fn ->
+        Bag.child_spec(name: "x")
+      end
+
+      assert_raise ArgumentError, ~r/unknown Larder.Bag options \[:bogus\]/, fn ->
+        Bag.child_spec(name: :x, bogus: 1)
+      end
+    end
+
+    test "a forged handle raises ArgumentError naming the bag argument" do
+      owner = spawn_link(fn -> receive(do: (:never -> :ok)) end)
+      foreign = :ets.new(:foreign, [:set, :protected])
+      :ets.give_away(foreign, owner, nil)
+
+      for dedup <- [true, false] do
+        forged = struct(Bag, tab: foreign, dedup: dedup)
+
+        for call <- [
+              fn -> Bag.insert(forged, 1, 1) end,
+              fn -> Bag.insert_many(forged, [{1, 1}]) end,
+              fn -> Bag.delete(forged, 1) end,
+              fn -> Bag.delete(forged, 1, 1) end,
+              fn -> Bag.delete_table(forged) end
+            ] do
+          assert_raise ArgumentError, ~r/bag argument .* is not a usable Larder.Bag/, call
+        end
+      end
+
+      for forged <- [struct(Bag, tab: 42, dedup: true), struct(Bag, tab: make_ref(), dedup: 1)] do
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.insert(forged, 1, 1) end
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.dump(forged, "x") end
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.keys(forged) end
+      end
+
+      assert :ets.info(foreign, :size) == 0
+    end
   end
 
   describe "concurrency" do
+    test "16 writers on one key: the bag equals the model, memory what the content needs" do
+      for dedup <- [true, false], write_concurrency <- [false, true] do
+        bag = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        empty = Bag.memory(bag)
+        parent = self()
+        rounds = 300
+
+        tasks =
+          for i <- 1..16 do
+            Task.async(fn ->
+              send(parent, {:ready, self()})
+              receive(do: (:go -> :ok))
+
+              for r <- 1..rounds do
+                Bag.insert(bag, :hot, {i, r})
+                if dedup, do: Bag.insert(bag, :hot, {:shared, rem(r, 10)})
+                batch = for b <- 1..5, do: {:hot, {i, r, b}}
+                Bag.insert_many(bag, batch)
+                Bag.delete(bag, :hot, {i, r - 1})
+                Enum.each(batch, fn {k, v} -> Bag.delete(bag, k, v) end)
+              end
+            end)
+          end
+
+        for t <- tasks, do: assert_receive({:ready, pid} when pid == t.pid)
+        Enum.each(tasks, &send(&1.pid, :go))
+        Enum.each(tasks, &Task.await(&1, 60_000))
+
+        model =
+          for(i <- 1..16, do: {:hot, {i, rounds}}) ++
+            if dedup, do: for(s <- 0..9, do: {:hot, {:shared, s}}), else: []
+
+        what = "dedup: #{dedup}, write_concurrency: #{write_concurrency}"
+        assert Enum.sort(Bag.stream(bag)) == Enum.sort(model), what
+        assert Bag.size(bag) == length(model), what
+
+        fresh = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        Bag.insert_many(fresh, model)
+        assert_memory(bag, fresh, what)
+
+        Bag.delete(bag, :hot)
+        assert Bag.memory(bag) <= empty + tree_slack(bag, write_concurrency), what
+      end
+    end
+
+    test "writers killed mid-insert_many leave all or none of each batch, and no leak" do
+      for dedup <- [true, false], write_concurrency <- [false, true] do
+        bag = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        batch = 50_000
+
+        writers =
+          for i <- 1..16 do
+            pairs = for v <- 1..batch, do: {:hot, {i, v}}
+            pid = spawn(fn -> Bag.insert_many(bag, pairs) end)
+            ref = Process.monitor(pid)
+            # Kill at a random moment: before, during or after the insert.
+            Process.sleep(:rand.uniform(30) - 1)
+            Process.exit(pid, :kill)
+            {i, ref}
+          end
+
+        for {_, ref} <- writers, do: assert_receive({:DOWN, ^ref, _, _, _}, 30_000)
+
+        counts = Enum.frequencies_by(Bag.lookup(bag, :hot), fn {i, _} -> i end)
+        what = "dedup: #{dedup}, write_concurrency: #{write_concurrency}: #{inspect(counts)}"
+        assert Enum.all?(counts, fn {_, n} -> n == batch end), what
+
+        content = Enum.to_list(Bag.stream(bag))
+        fresh = Bag.new(dedup: dedup, write_concurrency: write_concurrency)
+        Bag.insert_many(fresh, content)
+        assert_memory(bag, fresh, what)
+      end
+    end
+
     test "processes inserting the same pairs at once leave exactly one copy of each" do
       for dedup_many <- [false, true] do
         bag = Bag.new(write_concurrency: true)
@@ -352,6 +481,23 @@ defmodule Larder.BagTest do
       assert Bag.count(bag, :k) == 5_000
     end
   end
+
+  # The bag's ETS memory is what a fresh bag with the same content takes:
+  # nothing leaked. A contention-adapting tree (ordered_set with
+  # write_concurrency) may keep routing nodes that contention split off.
+  defp assert_memory(bag, fresh, what) do
+    got = Bag.memory(bag)
+    want = Bag.memory(fresh)
+    slack = tree_slack(bag, match?(%{write_concurrency: true}, ets_opts(bag)))
+    assert got >= want - slack and got <= want + slack, "#{what}: #{got} words, want #{want}"
+  end
+
+  defp tree_slack(%Bag{tab: tab}, write_concurrency) do
+    if write_concurrency and :ets.info(tab, :type) == :ordered_set, do: 4_096, else: 0
+  end
+
+  defp ets_opts(%Bag{tab: tab}),
+    do: %{write_concurrency: :ets.info(tab, :write_concurrency) == true}
 
   defp read_until_done(bag, writer, acc) do
     acc = [Bag.count(bag, :k), length(Bag.lookup(bag, :k)) | acc]
@@ -469,6 +615,301 @@ defmodule Larder.BagTest do
                Bag.dump(Bag.new(), Path.join([path, "no", "such", "dir"]))
 
       assert_raise Larder.Error, ~r/file_error/, fn -> Bag.load!(path) end
+    end
+  end
+
+  describe "durable dumps" do
+    test "sync_dir/1 fsyncs a directory and reports a missing one as a Larder.Error",
+         context do
+      dir = Path.dirname(tmp_path(context))
+      assert Larder.Bag.Snapshot.sync_dir(dir) == :ok
+
+      File.rm_rf!(dir)
+
+      assert {:error, %Larder.Error{reason: :file_error, details: %{posix: :enoent}}} =
+               Larder.Bag.Snapshot.sync_dir(dir)
+
+      assert {:error, %Larder.Error{reason: :file_error, details: %{posix: :enotdir}}} =
+               Larder.Bag.Snapshot.sync_dir(Path.join(File.cwd!(), "mix.exs"))
+    end
+
+    test "a synced dump loads back; a dump into a removed directory leaves nothing", context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      Bag.insert_many(bag, for(k <- 1..50, v <- 1..50, do: {k, v}))
+      assert Bag.dump(bag, path) == :ok
+      assert Bag.size(Bag.load!(path)) == 2_500
+      assert File.ls!(Path.dirname(path)) == [Path.basename(path)]
+
+      File.rm_rf!(Path.dirname(path))
+      assert {:error, %Larder.Error{reason: :file_error}} = Bag.dump(bag, path)
+      refute File.exists?(Path.dirname(path))
+    end
+
+    # Seen by the kernel: fsync of the temporary file before the rename, then
+    # fsync of the directory. Needs strace and ptrace rights; skipped otherwise.
+    @tag :strace
+    test "dump fsyncs the file, renames it, then fsyncs the directory", context do
+      strace = System.find_executable("strace")
+      path = tmp_path(context)
+      trace = Path.join(System.tmp_dir!(), "larder_strace_#{System.unique_integer([:positive])}")
+      on_exit(fn -> File.rm(trace) end)
+
+      if strace == nil do
+        IO.puts("skipped: strace is not installed")
+      else
+        port =
+          Port.open({:spawn_executable, strace}, [
+            :binary,
+            :stderr_to_stdout,
+            :exit_status,
+            args: ~w(-f -e trace=openat,fsync,fdatasync,rename -o #{trace} -p #{System.pid()})
+          ])
+
+        {:os_pid, os_pid} = Port.info(port, :os_pid)
+        on_exit(fn -> System.cmd("kill", [to_string(os_pid)], stderr_to_stdout: true) end)
+        marker = path <> ".marker"
+        threads = length(File.ls!("/proc/#{System.pid()}/task"))
+
+        if all_attached?(port, threads, "") and attached?(marker, trace, 2_000) do
+          bag = Bag.new()
+          Bag.insert(bag, :a, 1)
+          assert Bag.dump(bag, path) == :ok
+          # The dump's syscalls are in the trace once a later marker is.
+          assert attached?(marker <> "2", trace, 2_000)
+          System.cmd("kill", [to_string(os_pid)])
+
+          calls =
+            trace
+            |> File.read!()
+            |> String.split("\n")
+            |> Enum.filter(&(&1 =~ Path.dirname(path) or &1 =~ ~r/fd?a?t?a?sync\(/))
+
+          assert_order(calls, path)
+        else
+          IO.puts("skipped: strace cannot attach to this VM")
+        end
+      end
+    end
+  end
+
+  # Whether strace reports every thread of the VM attached ("Process N
+  # attached with T threads", or one line per thread).
+  defp all_attached?(port, threads, seen) do
+    if seen =~ "attached with" or length(String.split(seen, " attached")) > threads do
+      true
+    else
+      receive do
+        {^port, {:data, data}} -> all_attached?(port, threads, seen <> data)
+        {^port, {:exit_status, _}} -> false
+      after
+        5_000 -> false
+      end
+    end
+  end
+
+  # Opens `marker` (which does not exist) until its openat shows up in the
+  # strace output, proving the tracer is attached.
+  defp attached?(marker, trace, tries) do
+    File.read(marker)
+
+    cond do
+      File.exists?(trace) and File.read!(trace) =~ marker -> true
+      tries == 0 -> false
+      true -> Process.sleep(1) || attached?(marker, trace, tries - 1)
+    end
+  end
+
+  # The trace holds, in this order: the temporary file's open, an fsync, the
+  # rename over `path`, the directory's open, an fsync.
+  defp assert_order(calls, path) do
+    dir = Regex.escape(Path.dirname(path))
+    tmp = Regex.escape(path) <> "\\.tmp-\\d+\""
+
+    kinds =
+      Enum.flat_map(calls, fn line ->
+        cond do
+          line =~ ~r/rename\(\"#{tmp}, \"#{Regex.escape(path)}\"/ -> [:rename]
+          line =~ ~r/openat\(.*\"#{tmp}/ -> [:open_tmp]
+          line =~ ~r/openat\(.*\"#{dir}\", O_RDONLY\|O_DIRECTORY/ -> [:open_dir]
+          line =~ ~r/ f(data)?sync\(/ -> [:fsync]
+          true -> []
+        end
+      end)
+
+    expected = [:open_tmp, :fsync, :rename, :open_dir, :fsync]
+    assert subsequence?(expected, kinds), inspect(calls, pretty: true)
+  end
+
+  defp subsequence?([], _), do: true
+  defp subsequence?(_, []), do: false
+  defp subsequence?([x | want], [x | got]), do: subsequence?(want, got)
+  defp subsequence?(want, [_ | got]), do: subsequence?(want, got)
+
+  describe "untrusted snapshots" do
+    # A snapshot with valid checksums whose chunks are term_to_binary of each
+    # element of `terms` (or the binary itself, if given {:raw, binary}).
+    defp forge(path, dedup, payloads) do
+      chunks =
+        for payload <- payloads do
+          {count, bin} =
+            case payload do
+              {:raw, count, bin} ->
+                {count, bin}
+
+              term ->
+                {if(is_list(term), do: length_or_1(term), else: 1), :erlang.term_to_binary(term)}
+            end
+
+          {count, [<<byte_size(bin)::32, count::32, :erlang.crc32(bin)::32>>, bin]}
+        end
+
+      total = chunks |> Enum.map(&elem(&1, 0)) |> Enum.sum()
+      data = ["LARDERBAG", 1, dedup, Enum.map(chunks, &elem(&1, 1)), <<0::32, total::64>>]
+      File.write!(path, data)
+    end
+
+    defp length_or_1(list) do
+      length(list)
+    rescue
+      ArgumentError -> 1
+    end
+
+    defp assert_corrupt(path, name, what) do
+      before = own_tables()
+
+      assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = Bag.load(path, name: name),
+             what
+
+      assert :ets.whereis(name) == :undefined, what
+      assert own_tables() == before, what
+      assert :persistent_term.get({Larder.Bag, name}, nil) == nil, what
+    end
+
+    test "objects of the wrong shape are rejected, whatever the mode byte says", context do
+      path = tmp_path(context)
+
+      cases = [
+        # dedup files hold {[key | value]} objects only
+        {"dedup: a 1-tuple whose key is not a pair", 1, [[{[:k | 1]}, {:k}]]},
+        {"dedup: an empty-list key", 1, [[{[]}]]},
+        {"dedup: {key, value} tuples (mode byte says dedup)", 1, [[{:k, 1}, {:k, 2}]]},
+        {"dedup: a 3-tuple", 1, [[{[:k | 1], 2, 3}]]},
+        {"dedup: non-tuples", 1, [[1, 2]]},
+        {"dedup: not a list", 1, [%{a: 1}]},
+        {"dedup: an improper list", 1, [[{[:k | 1]} | :tail]]},
+        {"dedup: a good chunk, then a bad one", 1, [[{[:k | 1]}], [{:k, 1}]]},
+        # duplicate-bag files hold {key, value} tuples only
+        {"dup: ordered_set objects (mode byte says dedup: false)", 0, [[{[:k | 1]}]]},
+        {"dup: a 3-tuple", 0, [[{:k, 1, 2}]]},
+        {"dup: a 1-tuple", 0, [[{:k}]]},
+        {"dup: non-tuples", 0, [[:a, :b]]},
+        {"dup: an improper list", 0, [[{:k, 1} | {:k, 2}]]}
+      ]
+
+      for {what, dedup, payloads} <- cases do
+        forge(path, dedup, payloads)
+        assert_corrupt(path, context.test, what)
+      end
+
+      # The same forge with well-shaped objects loads.
+      forge(path, 1, [[{[:k | 1]}, {[:k | 2]}]])
+      assert Bag.lookup(Bag.load!(path), :k) == [1, 2]
+      forge(path, 0, [[{:k, 1}, {:k, 1}]])
+      assert Bag.lookup(Bag.load!(path), :k) == [1, 1]
+    end
+
+    test "a chunk must be exactly one uncompressed term", context do
+      path = tmp_path(context)
+      good = :erlang.term_to_binary([{[:k | 1]}])
+
+      # Trailing bytes after the term, inside a checksummed chunk.
+      forge(path, 1, [{:raw, 1, good <> <<0, 1, 2>>}])
+      assert_corrupt(path, context.test, "trailing bytes")
+
+      # Not an external term at all.
+      forge(path, 1, [{:raw, 1, "garbage"}])
+      assert_corrupt(path, context.test, "garbage")
+
+      # A compressed term: 1 MB of zeros in a payload of about a kilobyte.
+      # A compressed chunk can declare gigabytes; the loader refuses them all.
+      bomb = :erlang.term_to_binary([{[:k | <<0::size(8_000_000)>>]}], compressed: 9)
+      assert byte_size(bomb) < 10_000
+      forge(path, 1, [{:raw, 1, bomb}])
+      assert_corrupt(path, context.test, "compressed")
+    end
+
+    test "header counts are bounded before anything is decoded", context do
+      path = tmp_path(context)
+      objects = for v <- 1..65_537, do: {[:k | v]}
+      forge(path, 1, [objects])
+      assert_corrupt(path, context.test, "65,537 pairs in one chunk")
+
+      # Many values under one key (one hash bucket with dedup: false) still
+      # dump in chunks within the bound, so they load.
+      one_key = Bag.new(dedup: false)
+      Bag.insert_many(one_key, for(v <- 1..100_000, do: {:one, v}))
+      Bag.dump!(one_key, path)
+      assert Bag.count(Bag.load!(path), :one) == 100_000
+
+      # A count that lies about the payload.
+      forge(path, 1, [{:raw, 3, :erlang.term_to_binary([{[:k | 1]}])}])
+      assert_corrupt(path, context.test, "count 3, one object")
+    end
+
+    test "a snapshot cannot create atoms unless create_atoms: true", context do
+      path = tmp_path(context)
+      # An atom that exists nowhere in this VM: spelled out in the external
+      # format (ATOM_UTF8_EXT), never written as an atom literal here.
+      name = "larder_never_#{System.unique_integer([:positive])}"
+      atom_ext = <<118, byte_size(name)::16, name::binary>>
+      # [{[:k | atom]}] in the external format.
+      payload = <<131, 108, 1::32, 104, 1, 108, 1::32, 100, 1::16, "k", atom_ext::binary, 106>>
+
+      forge(path, 1, [{:raw, 1, payload}])
+      assert_corrupt(path, context.test, "unknown atom")
+      assert_raise ArgumentError, fn -> String.to_existing_atom(name) end
+
+      assert {:ok, bag} = Bag.load(path, create_atoms: true)
+      assert Bag.lookup(bag, :k) == [String.to_existing_atom(name)]
+
+      assert_raise ArgumentError, ~r/invalid value for option :create_atoms/, fn ->
+        Bag.load(path, create_atoms: :yes)
+      end
+    end
+
+    # Crash class: the atom table is never collected and its overflow aborts
+    # the VM. A file of 1.1M distinct unknown atoms (valid checksums) must be
+    # refused, in a peer VM so that a regression does not kill the suite.
+    test "a snapshot holding more atoms than the atom table is refused, the VM lives",
+         context do
+      path = tmp_path(context)
+      prefix = "lx#{System.unique_integer([:positive])}_"
+      chunk = 65_536
+
+      payloads =
+        for c <- 0..16 do
+          objects =
+            for i <- (c * chunk)..(c * chunk + chunk - 1) do
+              name = prefix <> Integer.to_string(i)
+              # {[:k | atom]}: SMALL_TUPLE, LIST of one with an atom tail.
+              [104, 1, 108, <<1::32>>, 119, 1, "k", 119, byte_size(name), name]
+            end
+
+          {:raw, chunk, IO.iodata_to_binary([131, 108, <<chunk::32>>, objects, 106])}
+        end
+
+      forge(path, 1, payloads)
+
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            Larder.Bag.load(unquote(path))
+          end,
+          120_000
+        )
+
+      assert {:ok, {:error, %Larder.Error{reason: :corrupt_snapshot}}} = result
     end
   end
 

@@ -1,5 +1,6 @@
-# The snapshot file format of Larder.Bag: checksummed chunks, atomic writes,
-# and a load that checks the whole file before it creates the table.
+# The snapshot file format of Larder.Bag: checksummed chunks, atomic and
+# durable writes, and a load that checks the file's framing before it creates
+# the table and the shape of every object before it inserts it.
 defmodule Larder.Bag.Snapshot do
   @moduledoc false
 
@@ -9,16 +10,36 @@ defmodule Larder.Bag.Snapshot do
   #   chunk*      <<size::32, count::32, crc32::32, payload::binary-size(size)>>
   #   trailer     <<0::32, total::64>>
   #
-  # `payload` is term_to_binary/1 of a list of `count` ETS objects; `crc32`
-  # covers it. The trailer holds the total number of objects, so a file cut
-  # at a chunk boundary is caught too. Nothing may follow the trailer.
+  # `payload` is term_to_binary/1 (uncompressed) of a list of `count` ETS
+  # objects; `crc32` covers it. With dedup = 1 every object is `{[key | value]}`
+  # (the ordered_set layout of Larder.Bag), with dedup = 0 it is `{key, value}`.
+  # The trailer holds the total number of objects, so a file cut at a chunk
+  # boundary is caught too. Nothing may follow the trailer.
+  #
+  # A file is not trusted on load. Before anything is decoded, every chunk's
+  # length, checksum and `count` (at most @max_chunk_count) are checked against
+  # the bytes actually read, so header fields never size an allocation. A
+  # payload is decoded with binary_to_term(payload, [:safe, :used]): it must be
+  # one uncompressed term (a compressed one could declare gigabytes) that fills
+  # the payload exactly and creates no atom (unless `create_atoms: true`), so
+  # decoding allocates at most a small constant times the file's size. The
+  # decoded term must be a proper list of `count` objects of the shape the
+  # dedup byte announces; otherwise the load fails and the table is deleted.
+  #
+  # A dump is durable when it returns :ok: the temporary file is fsynced before
+  # the rename, and the directory after it, so a power loss leaves the old file
+  # or the complete new one.
 
   @magic "LARDERBAG"
   @version 1
 
+  # No chunk that dump/3 writes holds more objects than Larder.Bag's dump
+  # chunk (4,096); the bound leaves room while rejecting absurd counts.
+  @max_chunk_count 65_536
+
   @doc """
   Writes the chunks (lists of ETS objects) to a temporary file next to
-  `path`, then renames it over `path`.
+  `path`, fsyncs it, renames it over `path` and fsyncs the directory.
   """
   @spec dump(Enumerable.t(), boolean(), Path.t()) :: :ok | {:error, Larder.Error.t()}
   def dump(chunks, dedup, path) do
@@ -30,16 +51,42 @@ defmodule Larder.Bag.Snapshot do
           with :ok <- write(io, tmp, [@magic, @version, if(dedup, do: 1, else: 0)]),
                {:ok, total} <- write_chunks(io, tmp, chunks),
                :ok <- write(io, tmp, <<0::32, total::64>>),
-               :ok <- close(io, tmp) do
-            rename(tmp, path)
+               :ok <- sync(io, tmp),
+               :ok <- close(io, tmp),
+               :ok <- rename(tmp, path) do
+            sync_dir(Path.dirname(path))
           end
         after
           # Closing twice is harmless; this also closes on a raise.
           File.close(io)
         end
 
+      # After a failed directory sync the file is already renamed: rm is a no-op.
       if result != :ok, do: File.rm(tmp)
       result
+    end
+  end
+
+  @doc """
+  Flushes the directory `dir` to disk (its entries, such as a rename into
+  it), like fsync(2) on the directory.
+  """
+  @spec sync_dir(Path.t()) :: :ok | {:error, Larder.Error.t()}
+  def sync_dir(dir) do
+    # The :directory mode (OTP 22+) lets file:open/2 open a directory; sync/1
+    # is then fsync(2) on it.
+    case :file.open(dir, [:read, :raw, :directory]) do
+      {:ok, fd} ->
+        result = :file.sync(fd)
+        :file.close(fd)
+
+        case result do
+          :ok -> :ok
+          {:error, posix} -> file_error("cannot sync the directory", dir, nil, posix)
+        end
+
+      {:error, posix} ->
+        file_error("cannot open the directory to sync it", dir, nil, posix)
     end
   end
 
@@ -76,6 +123,13 @@ defmodule Larder.Bag.Snapshot do
     end
   end
 
+  defp sync(io, tmp) do
+    case :file.sync(io) do
+      :ok -> :ok
+      {:error, posix} -> file_error("cannot sync", tmp, tmp, posix)
+    end
+  end
+
   defp close(io, tmp) do
     case File.close(io) do
       :ok -> :ok
@@ -91,24 +145,24 @@ defmodule Larder.Bag.Snapshot do
   end
 
   defp file_error(message, path, tmp, posix) do
-    {:error,
-     Larder.Error.new(:file_error, "#{message}: #{:file.format_error(posix)}",
-       path: path,
-       tmp: tmp,
-       posix: posix
-     )}
+    details = if tmp, do: [path: path, tmp: tmp, posix: posix], else: [path: path, posix: posix]
+    {:error, Larder.Error.new(:file_error, "#{message}: #{:file.format_error(posix)}", details)}
   end
 
   @doc """
   Reads the snapshot at `path` into a new bag created with `opts` (validated
-  `Larder.Bag.new/1` options without `:dedup`).
+  `Larder.Bag.load/2` options). With `create_atoms: false` a payload that
+  holds an atom this VM does not know is corrupt.
   """
   @spec load(Path.t(), keyword()) :: {:ok, Larder.Bag.t()} | {:error, Larder.Error.t()}
   def load(path, opts) do
+    {create_atoms, opts} = Keyword.pop(opts, :create_atoms, false)
+    decode_opts = if create_atoms, do: [:used], else: [:safe, :used]
+
     with {:ok, data} <- read(path),
          {:ok, dedup, chunks} <- parse(data, path) do
       bag = Larder.Bag.create(Keyword.put(opts, :dedup, dedup))
-      fill(bag, chunks, path)
+      fill(bag, dedup, chunks, decode_opts, path)
     end
   end
 
@@ -144,6 +198,10 @@ defmodule Larder.Bag.Snapshot do
   defp parse_chunks(<<0::32, _::64, _extra, _::binary>>, _acc, _seen, path),
     do: corrupt("unexpected bytes after the trailer", path)
 
+  defp parse_chunks(<<size::32, count::32, _::binary>>, _acc, seen, path)
+       when size > 0 and count > @max_chunk_count,
+       do: corrupt("the chunk at pair #{seen} announces #{count} pairs", path)
+
   defp parse_chunks(
          <<size::32, count::32, crc::32, payload::binary-size(size), rest::binary>>,
          acc,
@@ -161,25 +219,74 @@ defmodule Larder.Bag.Snapshot do
   defp parse_chunks(_rest, _acc, seen, path),
     do: corrupt("truncated after #{seen} pairs", path)
 
-  defp fill(bag, chunks, path) do
-    Enum.each(chunks, fn {count, payload} ->
-      objects = :erlang.binary_to_term(payload)
-      length(objects) == count || throw(:count_mismatch)
-      Larder.Bag.insert_objects(bag, objects)
-    end)
+  # Decodes, checks and inserts one chunk at a time (a decoded chunk is
+  # garbage once inserted); on the first bad chunk the table is deleted.
+  defp fill(bag, dedup, chunks, decode_opts, path) do
+    Enum.reduce_while(chunks, 0, fn {count, payload}, seen ->
+      case decode(payload, dedup, decode_opts) do
+        {:ok, objects, ^count} ->
+          Larder.Bag.insert_objects(bag, objects)
+          {:cont, seen + count}
 
-    {:ok, bag}
+        {:ok, _objects, actual} ->
+          {:halt, {:bad, seen, "holds #{actual} pairs, its header says #{count}"}}
+
+        {:error, why} ->
+          {:halt, {:bad, seen, why}}
+      end
+    end)
+    |> case do
+      {:bad, seen, why} ->
+        Larder.Bag.delete_table(bag)
+        corrupt("the chunk at pair #{seen} #{why}", path)
+
+      _total ->
+        {:ok, bag}
+    end
   catch
     kind, reason ->
       Larder.Bag.delete_table(bag)
-
-      case {kind, reason} do
-        {:throw, :count_mismatch} -> corrupt("a chunk holds a wrong number of pairs", path)
-        {:error, %ArgumentError{} = e} -> corrupt(Exception.message(e), path)
-        {:error, reason} -> corrupt(inspect(reason), path)
-        _ -> :erlang.raise(kind, reason, __STACKTRACE__)
-      end
+      :erlang.raise(kind, reason, __STACKTRACE__)
   end
+
+  # A compressed term (tag 80) declares its uncompressed size: a few bytes
+  # could ask for gigabytes. dump/3 never writes one.
+  defp decode(<<131, 80, _::binary>>, _dedup, _opts), do: {:error, "is compressed"}
+
+  defp decode(payload, dedup, opts) do
+    {term, used} = :erlang.binary_to_term(payload, opts)
+
+    cond do
+      used != byte_size(payload) ->
+        {:error, "has #{byte_size(payload) - used} bytes after its term"}
+
+      dedup ->
+        count_objects(term, 0)
+
+      true ->
+        count_pairs(term, 0)
+    end
+  rescue
+    # binary_to_term/2 raises ArgumentError on a bad or unsafe term; nothing
+    # a payload holds may escape as another exception either.
+    _ ->
+      {:error,
+       "is not a valid external term, or holds an atom this VM does not know " <>
+         "(see load/2's :create_atoms option)"}
+  end
+
+  # `{:ok, objects, n}` if `objects` is a proper list of n objects in the
+  # ordered_set layout `{[key | value]}`.
+  defp count_objects(objects, n), do: count_objects(objects, objects, n)
+  defp count_objects([{[_ | _]} | rest], all, n), do: count_objects(rest, all, n + 1)
+  defp count_objects([], all, n), do: {:ok, all, n}
+  defp count_objects(_bad, _all, n), do: {:error, "holds an object of the wrong shape at #{n}"}
+
+  # `{:ok, pairs, n}` if `pairs` is a proper list of n `{key, value}` tuples.
+  defp count_pairs(pairs, n), do: count_pairs(pairs, pairs, n)
+  defp count_pairs([{_, _} | rest], all, n), do: count_pairs(rest, all, n + 1)
+  defp count_pairs([], all, n), do: {:ok, all, n}
+  defp count_pairs(_bad, _all, n), do: {:error, "holds an object of the wrong shape at #{n}"}
 
   defp corrupt(message, path) do
     {:error, Larder.Error.new(:corrupt_snapshot, message, path: path)}
