@@ -1,0 +1,18 @@
+# Starts what Larder shares between all its structures: the holder registry
+# of Larder.Lock.
+defmodule Larder.Application do
+  @moduledoc false
+
+  use Application
+
+  @impl true
+  def start(_type, _args) do
+    # Created here so that the table outlives a restart of its registry.
+    :ok = Larder.Lock.Holders.create_table()
+
+    Supervisor.start_link([Larder.Lock.Holders],
+      strategy: :one_for_one,
+      name: Larder.Supervisor
+    )
+  end
+end
