@@ -80,6 +80,21 @@ defmodule Larder.Lock do
   def release(lock, slot), do: bad_slot!(lock, slot)
 
   @doc """
+  Who holds `slot` now: `:free`, `:alive` (a live process) or `:dead` (a
+  process that died holding it; the next acquirer takes it over). A snapshot.
+  """
+  @spec holder(t(), slot()) :: :free | :alive | :dead
+  def holder(%__MODULE__{atomics: atomics, slots: n}, slot)
+      when is_integer(slot) and slot >= 1 and slot <= n do
+    case :atomics.get(atomics, slot) do
+      0 -> :free
+      id -> if Holders.alive?(id), do: :alive, else: :dead
+    end
+  end
+
+  def holder(lock, slot), do: bad_slot!(lock, slot)
+
+  @doc """
   Runs `fun.()` holding `slot` and returns its result. When the previous
   holder died holding the slot, runs `on_takeover.()` first. Always releases
   the slot, also when either function raises.

@@ -134,10 +134,30 @@ defmodule Larder.Register do
   workloads spread over many keys (16 keys, 50/50) are slower than ETS.
   """
 
+  import Bitwise, only: [<<<: 2]
+
+  alias Larder.Lock
   alias Larder.Register.{Local, Plain, Server, Store}
 
-  @enforce_keys [:mode, :tab, :locks, :versions, :slots, :local, :server, :name, :max_cached]
+  @enforce_keys [
+    :mode,
+    :tab,
+    :lock,
+    :versions,
+    :slots,
+    :local,
+    :deaths,
+    :server,
+    :name,
+    :max_cached
+  ]
   defstruct @enforce_keys
+
+  # Upper bounds of the numeric options: 16 bytes per slot (a lock and a
+  # counter), so at most 16 MiB of atomics per register; and a process's
+  # copies of one register at most a million keys.
+  @max_slots 1 <<< 20
+  @max_cached 1 <<< 20
 
   @typedoc "A register handle (from `new/1`) or the name of a named register."
   @opaque t :: %__MODULE__{}
@@ -158,9 +178,10 @@ defmodule Larder.Register do
     * `:mode` - `:versioned` (default) or `:ets` (plain ETS, for comparison).
     * `:name` - an atom to refer to the register by (default `nil`). The name
       resolves through `:persistent_term`, set once at creation.
-    * `:slots` - number of commit counters keys are hashed to (default 1024).
-    * `:max_cached` - bound on this register's local copies per process
-      (default 1024).
+    * `:slots` - number of commit counters (and slot locks) keys are hashed
+      to, from 1 to 1,048,576 (default 1024; 16 bytes each).
+    * `:max_cached` - bound on this register's local copies per process,
+      from 1 to 1,048,576 keys (default 1024).
 
   Raises `ArgumentError` on an unknown or invalid option, or a name in use.
 
@@ -179,6 +200,7 @@ defmodule Larder.Register do
     case Server.start({opts, self()}) do
       {:ok, pid} -> GenServer.call(pid, :handle)
       {:error, {:already_started, _}} -> name_in_use!(opts)
+      {:error, reason} -> raise RuntimeError, "could not start a register: #{inspect(reason)}"
     end
   end
 
@@ -197,10 +219,19 @@ defmodule Larder.Register do
     Server.start_link(opts)
   end
 
-  @doc "A child specification for `start_link/1`."
+  @doc """
+  A child specification for `start_link/1`. Raises `ArgumentError` on the
+  options `start_link/1` rejects.
+  """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    %{id: {__MODULE__, Keyword.get(opts, :name)}, start: {__MODULE__, :start_link, [opts]}}
+    name = Keyword.fetch!(validate_opts!(opts), :name)
+
+    if name == nil do
+      raise ArgumentError, "child_spec/1 needs the :name option, got: #{inspect(opts)}"
+    end
+
+    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}}
   end
 
   @doc """
@@ -233,7 +264,8 @@ defmodule Larder.Register do
   @spec get(register(), key(), value()) :: value()
   def get(reg, key, default \\ nil)
 
-  # The hot path allocates nothing: a served copy is returned as is.
+  # The hot path allocates nothing: a served copy is returned as is. A
+  # forged handle makes :atomics.get/2 raise; it is named like a deleted one.
   def get(%__MODULE__{mode: :versioned, versions: versions, local: local} = reg, key, default) do
     case Process.get(local) do
       %{^key => {slot, tag, _version, value}} ->
@@ -245,6 +277,8 @@ defmodule Larder.Register do
       _ ->
         fresh_get(reg, key, default)
     end
+  rescue
+    ArgumentError -> unknown!(resolve(reg))
   end
 
   def get(%__MODULE__{mode: :ets} = reg, key, default), do: Plain.get(reg, key, default)
@@ -302,7 +336,7 @@ defmodule Larder.Register do
   end
 
   defp fresh_get(reg, key, default) do
-    case Store.read(reg, key) do
+    case Store.read(resolve(reg), key) do
       {:ok, _version, value} -> value
       :error -> default
     end
@@ -317,6 +351,9 @@ defmodule Larder.Register do
     else
       _ -> Store.read(reg, key)
     end
+  rescue
+    # A forged handle's counters are not atomics.
+    ArgumentError -> unknown!(reg)
   end
 
   # A local copy is served while its slot's counter has not moved.
@@ -327,6 +364,8 @@ defmodule Larder.Register do
   defp served({slot, tag}, versions) do
     if :atomics.get(versions, slot) == tag, do: {:hit, :error}, else: :miss
   end
+
+  defp served(_not_a_copy, _versions), do: :miss
 
   ## Writes
 
@@ -413,7 +452,32 @@ defmodule Larder.Register do
   defp describe(%__MODULE__{name: nil, local: {_, id}}), do: "#Larder.Register<#{id}>"
   defp describe(%__MODULE__{name: name}), do: inspect(name)
 
-  defp resolve(%__MODULE__{} = reg), do: reg
+  # A handle is checked for shape here; a forged one whose references are of
+  # the wrong kind fails at its first use, which raises unknown!/1.
+  defp resolve(
+         %__MODULE__{
+           mode: mode,
+           tab: tab,
+           lock: %Lock{},
+           versions: versions,
+           slots: slots,
+           local: {__MODULE__, id},
+           deaths: deaths,
+           server: server,
+           name: name,
+           max_cached: max_cached
+         } = reg
+       )
+       when mode in [:versioned, :ets] and is_reference(tab) and is_reference(versions) and
+              is_integer(slots) and slots > 0 and is_integer(id) and is_reference(deaths) and
+              is_pid(server) and is_atom(name) and is_integer(max_cached) and max_cached > 0,
+       do: reg
+
+  defp resolve(%__MODULE__{} = reg) do
+    raise ArgumentError,
+          "expected a register handle or name, got a forged or corrupted handle: " <>
+            inspect(Map.from_struct(reg))
+  end
 
   defp resolve(name) when is_atom(name) do
     case :persistent_term.get({__MODULE__, name}, nil) do
@@ -429,8 +493,8 @@ defmodule Larder.Register do
   defp call(%__MODULE__{server: server} = reg, msg) do
     GenServer.call(server, msg, :infinity)
   catch
-    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown, :killed] -> unknown!(reg)
-    :exit, {{:shutdown, _}, _} -> unknown!(reg)
+    # The owner is gone (or, for a forged handle, never was one).
+    :exit, _reason -> unknown!(reg)
   end
 
   defp name_in_use!(opts) do
@@ -453,13 +517,14 @@ defmodule Larder.Register do
       raise ArgumentError, "expected :name to be an atom or nil, got: #{inspect(name)}"
     end
 
-    unless is_integer(slots) and slots > 0 do
-      raise ArgumentError, "expected :slots to be a positive integer, got: #{inspect(slots)}"
+    unless is_integer(slots) and slots in 1..@max_slots do
+      raise ArgumentError,
+            "expected :slots to be an integer in 1..#{@max_slots}, got: #{inspect(slots)}"
     end
 
-    unless is_integer(max_cached) and max_cached > 0 do
+    unless is_integer(max_cached) and max_cached in 1..@max_cached do
       raise ArgumentError,
-            "expected :max_cached to be a positive integer, got: #{inspect(max_cached)}"
+            "expected :max_cached to be an integer in 1..#{@max_cached}, got: #{inspect(max_cached)}"
     end
 
     [mode: mode, name: name, slots: slots, max_cached: max_cached]
@@ -467,9 +532,11 @@ defmodule Larder.Register do
 
   defimpl Inspect do
     def inspect(%{name: nil, local: {_, id}, mode: mode}, _opts),
-      do: "#Larder.Register<#{id}, #{mode}>"
+      do: "#Larder.Register<#{Kernel.inspect(id)}, #{Kernel.inspect(mode)}>"
 
-    def inspect(%{name: name, mode: mode}, _opts),
-      do: "#Larder.Register<#{Kernel.inspect(name)}, #{mode}>"
+    def inspect(%{name: name, mode: mode}, _opts) when is_atom(name),
+      do: "#Larder.Register<#{Kernel.inspect(name)}, #{Kernel.inspect(mode)}>"
+
+    def inspect(_forged, _opts), do: "#Larder.Register<forged>"
   end
 end

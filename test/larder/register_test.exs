@@ -1,7 +1,6 @@
 defmodule Larder.RegisterTest do
   use ExUnit.Case, async: true
 
-  import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
   alias Larder.Register
@@ -11,9 +10,9 @@ defmodule Larder.RegisterTest do
   # The local copies this process holds, per register: %{key => entry} maps
   # under {Larder.Register, id}.
   defp local_copies do
-    for {{Register, _id}, copies} when is_map(copies) <- Process.get(),
+    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- Process.get(),
         into: %{},
-        do: {:ok, copies}
+        do: {id, copies}
   end
 
   defp name_of(context), do: :"#{inspect(__MODULE__)}.#{context.test}"
@@ -233,18 +232,13 @@ defmodule Larder.RegisterTest do
       :ok = Register.put(reg, :a, :old)
       assert Register.get(reg, :a) == :old
       # White box: what a writer killed between its insert and its bump
-      # leaves - a record above the slot counter, and the slot locked by a
-      # dead pid (encoded as Larder.Register.Store encodes it).
-      %{tab: tab, locks: locks, versions: versions} = reg
-      dead = spawn(fn -> :ok end)
-      ref = Process.monitor(dead)
-      assert_receive {:DOWN, ^ref, _, _, _}
-      '<0.' ++ rest = :erlang.pid_to_list(dead)
-      [number, serial] = rest |> List.delete_at(-1) |> List.to_string() |> String.split(".")
-      dead_id = String.to_integer(number) * (1 <<< 32) + String.to_integer(serial) + 1
+      # leaves - a record above the slot counter, and the slot held by the
+      # holder id of a dead process.
+      %{tab: tab, lock: lock, versions: versions} = reg
+      dead_id = Task.await(Task.async(&Larder.Lock.Holders.id/0))
       tag = :atomics.get(versions, 1)
       :ets.insert(tab, {:a, tag + 1, :new})
-      :atomics.put(locks, 1, dead_id)
+      :atomics.put(lock.atomics, 1, dead_id)
 
       # The half-done write is not visible to a process holding a copy...
       assert Register.get(reg, :a) == :old
@@ -254,7 +248,7 @@ defmodule Larder.RegisterTest do
       task = Task.async(fn -> Register.get(reg, :a) end)
       assert Task.await(task, 5_000) == :new
       assert Register.get(reg, :a) == :new
-      assert :atomics.get(locks, 1) == 0
+      assert :atomics.get(lock.atomics, 1) == 0
     end
 
     test "keys sharing a slot never see each other's values" do
