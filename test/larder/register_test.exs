@@ -15,6 +15,17 @@ defmodule Larder.RegisterTest do
         do: {id, copies}
   end
 
+  defp local_copies_of(pid) do
+    {:dictionary, dict} = Process.info(pid, :dictionary)
+    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- dict, do: copies
+  end
+
+  defp process_memory do
+    :erlang.garbage_collect()
+    {:memory, memory} = Process.info(self(), :memory)
+    memory
+  end
+
   defp name_of(context), do: :"#{inspect(__MODULE__)}.#{context.test}"
 
   for mode <- [:versioned, :ets] do
@@ -318,6 +329,121 @@ defmodule Larder.RegisterTest do
       assert_raise ArgumentError, "unknown register: :no_such_register", fn ->
         Register.put(:no_such_register, :k, 1)
       end
+    end
+  end
+
+  describe "option bounds" do
+    test ":slots and :max_cached have documented upper bounds" do
+      max = 1_048_576
+
+      for {opt, bad} <- [
+            slots: max + 1,
+            slots: 10 ** 12,
+            max_cached: max + 1,
+            max_cached: 2 ** 64
+          ] do
+        assert_raise ArgumentError,
+                     ~r/expected #{inspect(opt)} to be an integer in 1..#{max}/,
+                     fn ->
+                       Register.new([{opt, bad}])
+                     end
+      end
+
+      reg = Register.new(slots: max, max_cached: max)
+      :ok = Register.put(reg, :k, 1)
+      assert Register.get(reg, :k) == 1
+      :ok = Register.delete_register(reg)
+    end
+
+    # Issue 8: an unbounded option (slots: 10 ** 12) made the allocator abort
+    # the VM. In a peer VM, so that a regression fails instead of killing the
+    # suite.
+    test "slots: 10 ** 12 raises ArgumentError instead of aborting the VM" do
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            Larder.Register.new(slots: 10 ** 12)
+          end
+        )
+
+      assert {:raised, %ArgumentError{message: message}} = result
+      assert message =~ ":slots"
+    end
+  end
+
+  describe "copies of deleted registers" do
+    # Issue 8: a process kept its copies of registers that had since been
+    # deleted.
+    test "are reclaimed on the process's next access to any register" do
+      value = Enum.to_list(1..1_000)
+      regs = for _ <- 1..50, do: Register.new()
+      for reg <- regs, i <- 1..20, do: :ok = Register.put(reg, i, value)
+      parent = self()
+      other = Register.new()
+      :ok = Register.put(other, :k, :v)
+
+      reader =
+        spawn_link(fn ->
+          for reg <- regs, i <- 1..20, do: ^value = Register.get(reg, i)
+          send(parent, {:read, process_memory(), length(local_copies_of(self()))})
+
+          receive do
+            :access -> send(parent, {:accessed, Register.get(other, :k)})
+          end
+
+          send(parent, {:after, process_memory(), local_copies_of(self())})
+          receive do: (:stop -> :ok)
+        end)
+
+      assert_receive {:read, memory_with_copies, 50}, 30_000
+      for reg <- regs, do: :ok = Register.delete_register(reg)
+      send(reader, :access)
+      assert_receive {:accessed, :v}
+      assert_receive {:after, memory_after, [_only_other]}
+      # 50 registers x 20 copies of a 1,000-element list: about 16 MB.
+      assert memory_with_copies - memory_after > 10_000_000
+      send(reader, :stop)
+    end
+
+    test "are reclaimed on the next miss after a register is deleted" do
+      reg = Register.new()
+      other = Register.new()
+      :ok = Register.put(reg, :k, 1)
+      :ok = Register.put(other, :k, 1)
+      assert Register.get(reg, :k) == 1
+      assert Register.get(other, :k) == 1
+      # Deleted by another process, so this one keeps its copies for now.
+      Task.await(Task.async(fn -> Register.delete_register(reg) end))
+      assert map_size(local_copies()) == 2
+      # A miss on the other register (another process wrote its slot).
+      Task.await(Task.async(fn -> Register.put(other, :k, 2) end))
+      assert Register.get(other, :k) == 2
+      assert map_size(local_copies()) == 1
+    end
+
+    test "of a register whose owner was killed are reclaimed on a first copy of another" do
+      parent = self()
+
+      owner =
+        spawn(fn ->
+          reg = Register.new()
+          :ok = Register.put(reg, :k, 1)
+          send(parent, {:reg, reg})
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive {:reg, reg}
+      assert Register.get(reg, :k) == 1
+      tab = Register.__table__(reg)
+      ref = Process.monitor(owner)
+      Process.exit(owner, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      eventually(fn -> :ets.info(tab, :id) == :undefined end)
+      assert map_size(local_copies()) == 1
+      other = Register.new()
+      :ok = Register.put(other, :k, 2)
+      assert map_size(local_copies()) == 1
+      :ok = Register.delete_register(other)
     end
   end
 
