@@ -447,6 +447,219 @@ defmodule Larder.RegisterTest do
     end
   end
 
+  describe "bad input" do
+    # Arbitrary terms for every argument of every public function: PropEr
+    # terms, deep and improper ones, huge ones, unknown names, forged and
+    # deleted handles. Only ArgumentError may come back (or a result, where
+    # the argument happens to be valid: any term is a key or a value), and
+    # the registers still hold their data afterwards.
+    @seeds for i <- 1..8, do: {{:seed, i}, {:value, i}}
+
+    defp nasty(live, dead) do
+      :proper_types.oneof([
+        :proper_types.term(),
+        :proper_types.bind(:proper_types.integer(1, 20_000), &deep_tuple/1, false),
+        :proper_types.bind(:proper_types.integer(1, 20_000), &deep_list/1, false),
+        :proper_types.bind(:proper_types.list(:proper_types.term()), &improper/1, false),
+        :proper_types.exactly(:binary.copy(<<7>>, 200_000)),
+        :proper_types.exactly(Enum.to_list(1..50_000)),
+        :proper_types.oneof([:proper_types.largeint(), :proper_types.exactly(10 ** 40)]),
+        :proper_types.atom(),
+        :proper_types.exactly(dead),
+        :proper_types.exactly(%{__struct__: Register}),
+        :proper_types.bind(
+          :proper_types.tuple([
+            :proper_types.elements(Map.keys(Map.from_struct(live))),
+            :proper_types.term()
+          ]),
+          fn {field, term} -> Map.put(live, field, term) end,
+          false
+        )
+      ])
+    end
+
+    defp deep_tuple(n), do: Enum.reduce(1..n, :leaf, fn _, acc -> {acc} end)
+    defp deep_list(n), do: Enum.reduce(1..n, [], fn _, acc -> [acc] end)
+    defp improper(list), do: Enum.reduce(list, :tail, &[&1 | &2])
+
+    defp opts_gen(term) do
+      key = :proper_types.elements([:mode, :name, :slots, :max_cached, :bogus])
+
+      :proper_types.oneof([
+        term,
+        :proper_types.list(:proper_types.tuple([key, term])),
+        :proper_types.bind(
+          :proper_types.tuple([key, :proper_types.integer(-(2 ** 70), 2 ** 70)]),
+          &[&1],
+          false
+        ),
+        :proper_types.bind(
+          :proper_types.list(:proper_types.tuple([key, term])),
+          &improper/1,
+          false
+        )
+      ])
+    end
+
+    defp call_gen(live, dead) do
+      t = nasty(live, dead)
+      # A handle to call with: bad (any of the above) or one of the live ones.
+      reg = :proper_types.frequency([{3, t}, {1, :proper_types.exactly(live)}])
+
+      :proper_types.oneof([
+        :proper_types.tuple([:proper_types.exactly(:new), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:start_link), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:child_spec), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:get), reg, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:fetch), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:version), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:keys), t]),
+        :proper_types.tuple([:proper_types.exactly(:size), t]),
+        :proper_types.tuple([:proper_types.exactly(:put), reg, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:update), reg, t, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:delete), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:forget), reg]),
+        # Never on the live handle: it would delete the register under test.
+        :proper_types.tuple([:proper_types.exactly(:delete_register), t])
+      ])
+    end
+
+    # Runs a call; returns :ok when it returned or raised ArgumentError, or
+    # what else happened. Registers it made are deleted again.
+    defp bad_call({:new, opts}), do: cleanup(Register.new(opts))
+    defp bad_call({:start_link, opts}), do: cleanup(Register.start_link(opts))
+    defp bad_call({:child_spec, opts}), do: Register.child_spec(opts)
+    defp bad_call({:get, reg, key, default}), do: Register.get(reg, key, default)
+    defp bad_call({:fetch, reg, key}), do: Register.fetch(reg, key)
+    defp bad_call({:version, reg, key}), do: Register.version(reg, key)
+    defp bad_call({:keys, reg}), do: Register.keys(reg)
+    defp bad_call({:size, reg}), do: Register.size(reg)
+    defp bad_call({:put, reg, key, value}), do: Register.put(reg, key, value)
+    defp bad_call({:update, reg, key, default, fun}), do: Register.update(reg, key, default, fun)
+    defp bad_call({:delete, reg, key}), do: Register.delete(reg, key)
+    defp bad_call({:forget, reg}), do: Register.forget(reg)
+    defp bad_call({:delete_register, reg}), do: Register.delete_register(reg)
+
+    defp cleanup(%Register{} = reg), do: Register.delete_register(reg)
+
+    defp cleanup({:ok, pid}) do
+      %Register{} = reg = GenServer.call(pid, :handle)
+      Register.delete_register(reg)
+    end
+
+    # A name already in use (a registered process): OTP's start_link result.
+    defp cleanup({:error, {:already_started, pid}}) when is_pid(pid), do: :ok
+
+    defp outcome(call) do
+      bad_call(call)
+      :ok
+    rescue
+      ArgumentError -> :ok
+      other -> {:raised, other}
+    catch
+      kind, reason -> {kind, reason}
+    end
+
+    defp holds_seeds?(reg) do
+      here = Enum.all?(@seeds, fn {k, v} -> Register.get(reg, k) == v end)
+
+      elsewhere =
+        Task.await(
+          Task.async(fn ->
+            Enum.all?(@seeds, fn {k, v} -> Register.fetch(reg, k) == {:ok, v} end)
+          end)
+        )
+
+      here and elsewhere
+    end
+
+    for mode <- [:versioned, :ets] do
+      @tag timeout: :timer.minutes(5)
+      test "every public function raises only ArgumentError (#{mode})" do
+        live = Register.new(mode: unquote(mode), slots: 4, max_cached: 4)
+        for {k, v} <- @seeds, do: :ok = Register.put(live, k, v)
+        dead = Register.new(mode: unquote(mode))
+        :ok = Register.delete_register(dead)
+        seed_keys = Enum.map(@seeds, &elem(&1, 0))
+
+        property =
+          :proper.forall(:proper_types.list(call_gen(live, dead)), fn calls ->
+            try do
+              check_calls(live, calls, seed_keys)
+            rescue
+              e -> IO.puts(Exception.format(:error, e, __STACKTRACE__)) && false
+            catch
+              k, r -> IO.puts(Exception.format(k, r, __STACKTRACE__)) && false
+            end
+          end)
+
+        Larder.Test.PropEr.check(property, numtests: 150, max_size: 8)
+        :ok = Register.delete_register(live)
+      end
+    end
+
+    defp check_calls(live, calls, seed_keys) do
+      outcomes = Enum.map(calls, &outcome/1)
+
+      # Drop whatever the calls added, then check the seeds.
+      for key <- Register.keys(live), key not in seed_keys, do: Register.delete(live, key)
+
+      bad = Enum.reject(outcomes, &(&1 == :ok))
+      if bad != [], do: IO.inspect(bad, label: "outcomes other than a result or ArgumentError")
+      bad == [] and holds_seeds?(live) and Register.size(live) == length(@seeds)
+    end
+
+    test "forged handles, improper option lists and wrong funs name the argument" do
+      reg = Register.new()
+
+      assert_raise ArgumentError, ~r/forged or corrupted handle/, fn ->
+        Register.put(%{reg | slots: :x}, :k, 1)
+      end
+
+      assert_raise ArgumentError, ~r/unknown register/, fn ->
+        Register.get(%{reg | versions: make_ref()}, :k)
+      end
+
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Register.new([{:slots, 1} | :x]) end
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Register.child_spec(:x) end
+      assert_raise ArgumentError, ~r/:name/, fn -> Register.child_spec([]) end
+      assert_raise ArgumentError, ~r/fun/, fn -> Register.update(reg, :k, 0, fn -> 1 end) end
+      :ok = Register.delete_register(reg)
+    end
+  end
+
+  describe "many writers on one key" do
+    # Memory before and after a storm of writes to one key by short-lived
+    # and long-lived processes: one record, the same table memory, and no
+    # holder id left behind by the writers that exited.
+    test "leave one record, no growth in ETS and no holder entries" do
+      reg = Register.new(slots: 16)
+      tab = Register.__table__(reg)
+      value = Enum.to_list(1..100)
+      :ok = Register.put(reg, :hot, value)
+      before = {:ets.info(tab, :size), :ets.info(tab, :memory)}
+
+      writers =
+        for w <- 1..16 do
+          Task.async(fn ->
+            for i <- 1..2_000 do
+              :ok = Register.put(reg, :hot, value)
+              if rem(i, 10) == w, do: :ok = Register.update(reg, :hot, value, fn v -> v end)
+            end
+
+            Larder.Lock.Holders.id()
+          end)
+        end
+
+      ids = Enum.map(writers, &Task.await(&1, 120_000))
+      :ok = Register.put(reg, :hot, value)
+      assert {:ets.info(tab, :size), :ets.info(tab, :memory)} == before
+      assert Register.get(reg, :hot) == value
+      eventually(fn -> Enum.all?(ids, &(:ets.lookup(Larder.Lock.Holders, &1) == [])) end)
+      :ok = Register.delete_register(reg)
+    end
+  end
+
   describe "model" do
     # Random operation sequences, each operation run by one of three
     # processes (so their local copies must follow each other's writes),
