@@ -29,16 +29,25 @@ defmodule Larder.Register do
   term, so the caller's heap does not grow); otherwise the reader looks the
   key up in ETS and refreshes its copy.
 
-  A writer (the calling process itself) takes its slot's lock (a
-  compare-and-swap of its pid, as an integer, into a second atomics array),
-  inserts the record with the slot's next counter value, which readers treat
-  as not yet committed, then bumps the counter, which commits it for cached
-  and fresh readers at the same instant, and releases the lock. A lock whose
-  holder has died is taken over, by the next writer of the slot or by the
-  first reader that meets the dead holder's uncommitted record, and the new
-  holder bumps the counter first, which commits that record. A tombstone left
-  by a killed `delete/2` is dropped by the next reader of its key. Writes to
-  one slot are serialised; writes to different slots run in parallel.
+  A writer (the calling process itself) takes its slot's lock, inserts the
+  record with the slot's next counter value, which readers treat as not yet
+  committed, then bumps the counter, which commits it for cached and fresh
+  readers at the same instant, and releases the lock. The slot locks are
+  Larder's one internal lock: a compare-and-swap of the writer's holder id (a
+  small integer handed to each process once, on its first write, by a
+  registry of the `:larder` application that deletes it when the process
+  exits) into an atomics array. A slot whose holder has died is taken over,
+  by the next writer of the slot or by the first reader that meets the dead
+  holder's uncommitted record, and the new holder bumps the counter before
+  anything else, which commits that record. A tombstone left by a killed
+  `delete/2` is dropped by the next reader of its key. Writes to one slot are
+  serialised; writes to different slots run in parallel.
+
+  Every register death (`delete_register/1`, its owner's exit, its
+  supervisor's shutdown) bumps one VM-wide counter. Each process lists in
+  its process dictionary the registers it holds copies of; when it misses,
+  or makes its first copy of a register, and the counter has moved since it
+  last looked, it drops its copies of every register that is dead.
 
   `mode: :ets` keeps the same API on the same table but without counters or
   copies: readers look up ETS every time and callers write ETS directly. It
@@ -52,7 +61,9 @@ defmodule Larder.Register do
     * `put/3`, `delete/2`: O(1): in `:versioned` mode, two atomics
       compare-and-swaps (lock, unlock) around one ETS insert and the bump.
       A writer that finds its slot locked retries at once a few times, then
-      yields between tries. `update/4`: a read, the function, and a
+      yields between tries, each time checking that the holder is alive (one
+      lookup in the holders' table). A process's first write registers it
+      as a lock holder (one call to the `:larder` application's registry). `update/4`: a read, the function, and a
       compare-and-swap under the lock, retried while other writers win.
     * `keys/1`: O(n). `size/1`: O(1).
     * Keys are arbitrary terms and the number of keys is unbounded: slots are
@@ -63,8 +74,20 @@ defmodule Larder.Register do
       process (default 1024), kept in one process-dictionary entry per
       register. When a process exceeds it, all of its copies of that register
       are dropped at once (amortised O(1) per miss). `forget/1` drops them on
-      demand. A process that has written also keeps one entry, shared by all
-      registers, with its pid encoded for the slot locks.
+      demand. Copies of a deleted register are dropped at the process's next
+      miss or first copy of any register: each miss costs one more atomics
+      read and one more process-dictionary read, and after a register death
+      one sweep of the registers the process holds copies of (O(number held)).
+      A process also keeps a map of the registers it holds copies of, its
+      counter as of its last sweep and, once it has written, its holder id.
+
+  ## Options and their bounds
+
+    * `:slots`: 1 to 1,048,576 (default 1024). Each slot costs 16 bytes (a
+      commit counter and a lock), allocated at creation.
+    * `:max_cached`: 1 to 1,048,576 (default 1024) copies per process.
+    * An option out of range raises `ArgumentError` naming it, before
+      anything is allocated.
 
   ## Concurrency
 
@@ -91,8 +114,13 @@ defmodule Larder.Register do
 
   ## Failures
 
-    * An unknown name, a deleted register, or a register whose owner has
-      exited raises `ArgumentError` naming the register.
+    * Every bad argument raises `ArgumentError` naming it: an unknown name, a
+      deleted register, a register whose owner has exited, a term that is not
+      a register, a forged handle, options that are not a keyword list (an
+      improper list included), an unknown option or one out of its bounds, a
+      `fun` that is not 1-arity. Keys and values may be any term.
+    * Writes need the `:larder` application started (it runs the lock
+      holders' registry); without it they raise `RuntimeError`.
     * A register made with `new/1` belongs to the calling process and is
       deleted when it exits, like an ETS table. Registers started with
       `start_link/1` live under their supervisor.
@@ -101,7 +129,9 @@ defmodule Larder.Register do
     * The owner marks the register dead before it drops the table when it
       stops normally, on `delete_register/1`, or on its supervisor's
       shutdown. Killing the owner with `Process.exit(pid, :kill)` skips that:
-      a process may then keep serving its local copies until it misses.
+      a process may then keep serving its local copies until it misses, and
+      drops them at its next sweep (after another register's death, or at its
+      first copy of a register).
 
   ## Performance
 
@@ -207,6 +237,8 @@ defmodule Larder.Register do
   @doc """
   Starts a register under a supervisor. Takes the options of `new/1`;
   `:name` is required, since the caller gets a pid and not a handle.
+  Returns `{:error, {:already_started, pid}}` when the name is in use, like
+  any `GenServer`; raises `ArgumentError` on invalid options.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
@@ -264,8 +296,7 @@ defmodule Larder.Register do
   @spec get(register(), key(), value()) :: value()
   def get(reg, key, default \\ nil)
 
-  # The hot path allocates nothing: a served copy is returned as is. A
-  # forged handle makes :atomics.get/2 raise; it is named like a deleted one.
+  # The hot path allocates nothing: a served copy is returned as is.
   def get(%__MODULE__{mode: :versioned, versions: versions, local: local} = reg, key, default) do
     case Process.get(local) do
       %{^key => {slot, tag, _version, value}} ->
@@ -277,8 +308,6 @@ defmodule Larder.Register do
       _ ->
         fresh_get(reg, key, default)
     end
-  rescue
-    ArgumentError -> unknown!(resolve(reg))
   end
 
   def get(%__MODULE__{mode: :ets} = reg, key, default), do: Plain.get(reg, key, default)
@@ -469,8 +498,8 @@ defmodule Larder.Register do
          } = reg
        )
        when mode in [:versioned, :ets] and is_reference(tab) and is_reference(versions) and
-              is_integer(slots) and slots > 0 and is_integer(id) and is_reference(deaths) and
-              is_pid(server) and is_atom(name) and is_integer(max_cached) and max_cached > 0,
+              slots in 1..@max_slots and is_integer(id) and is_reference(deaths) and
+              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached,
        do: reg
 
   defp resolve(%__MODULE__{} = reg) do

@@ -158,15 +158,18 @@ defmodule Larder.Register.Store do
   caller's local copy, tagged with the slot counter read before the lookup.
   """
   @spec read(Register.t(), term()) :: {:ok, pos_integer(), term()} | :error
-  def read(%Register{versions: versions} = reg, key) do
+  def read(reg, key) do
     Local.reclaim(reg)
     slot = slot(reg, key)
-    read(reg, key, slot, :atomics.get(versions, slot))
+    read(reg, key, slot, counter(reg, slot))
+  rescue
+    # A forged handle's counters are not atomics of its size.
+    ArgumentError -> Register.unknown!(reg)
   end
 
   defp read(reg, _key, _slot, tag) when tag < 0, do: Register.unknown!(reg)
 
-  defp read(%Register{tab: tab, versions: versions} = reg, key, slot, tag) do
+  defp read(%Register{tab: tab} = reg, key, slot, tag) do
     case lookup(reg, tab, key) do
       [{_, version, value}] when version <= tag ->
         Local.remember(reg, key, {slot, tag, version, value})
@@ -185,9 +188,11 @@ defmodule Larder.Register.Store do
 
       _uncommitted ->
         settle(reg, slot)
-        read(reg, key, slot, :atomics.get(versions, slot))
+        read(reg, key, slot, counter(reg, slot))
     end
   end
+
+  defp counter(%Register{versions: versions}, slot), do: :atomics.get(versions, slot)
 
   # A record above its slot's counter: its writer holds the lock. Wait for a
   # live writer; for a dead one, take the lock over, which commits its write
