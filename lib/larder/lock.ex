@@ -20,8 +20,9 @@ defmodule Larder.Lock do
   # The holder of a slot taken over learns it (`:taken_over`), and
   # `with_slot/4` then runs the caller's `on_takeover` before anything else,
   # so the caller repairs whatever the dead holder left half done. A holder
-  # killed inside `on_takeover` leaves the slot to the next taker-over, which
-  # runs it again: it must be idempotent.
+  # killed inside `on_takeover` leaves the slot to the next taker-over, and
+  # one whose `on_takeover` raises hands the slot back to the dead holder's
+  # id: either way the next acquirer runs it again, so it must be idempotent.
 
   import Bitwise, only: [<<<: 2]
 
@@ -64,8 +65,12 @@ defmodule Larder.Lock do
   """
   @spec acquire(t(), slot()) :: :acquired | :taken_over
   def acquire(%__MODULE__{atomics: atomics, slots: n}, slot)
-      when is_integer(slot) and slot >= 1 and slot <= n,
-      do: take(atomics, slot, Holders.id(), 0)
+      when is_integer(slot) and slot >= 1 and slot <= n do
+    case take(atomics, slot, Holders.id(), 0) do
+      :acquired -> :acquired
+      {:taken_over, _dead} -> :taken_over
+    end
+  end
 
   def acquire(lock, slot), do: bad_slot!(lock, slot)
 
@@ -96,18 +101,23 @@ defmodule Larder.Lock do
 
   @doc """
   Runs `fun.()` holding `slot` and returns its result. When the previous
-  holder died holding the slot, runs `on_takeover.()` first. Always releases
-  the slot, also when either function raises.
+  holder died holding the slot, runs `on_takeover.()` first. Releases the
+  slot when `fun` returns or raises. When `on_takeover` raises, the slot
+  goes back to the dead holder, so that the next acquirer takes it over and
+  repairs again.
   """
   @spec with_slot(t(), slot(), (() -> term()), (() -> result)) :: result when result: var
   def with_slot(%__MODULE__{atomics: atomics, slots: n}, slot, on_takeover, fun)
       when is_integer(slot) and slot >= 1 and slot <= n and is_function(on_takeover, 0) and
              is_function(fun, 0) do
     me = Holders.id()
-    taken = take(atomics, slot, me, 0)
+
+    case take(atomics, slot, me, 0) do
+      :acquired -> :ok
+      {:taken_over, dead} -> repair(atomics, slot, me, dead, on_takeover)
+    end
 
     try do
-      if taken == :taken_over, do: on_takeover.()
       fun.()
     after
       :atomics.compare_exchange(atomics, slot, me, 0)
@@ -130,6 +140,14 @@ defmodule Larder.Lock do
 
   def with_slot(lock, _slot, _on_takeover, _fun), do: bad_lock!(lock)
 
+  defp repair(atomics, slot, me, dead, on_takeover) do
+    on_takeover.()
+  catch
+    kind, reason ->
+      _ = :atomics.compare_exchange(atomics, slot, me, dead)
+      :erlang.raise(kind, reason, __STACKTRACE__)
+  end
+
   defp take(atomics, slot, me, tries) do
     case :atomics.compare_exchange(atomics, slot, 0, me) do
       :ok ->
@@ -149,7 +167,7 @@ defmodule Larder.Lock do
             take(atomics, slot, me, tries + 1)
 
           :atomics.compare_exchange(atomics, slot, holder, me) == :ok ->
-            :taken_over
+            {:taken_over, holder}
 
           true ->
             take(atomics, slot, me, tries + 1)

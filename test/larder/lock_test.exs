@@ -111,6 +111,29 @@ defmodule Larder.LockTest do
       end
     end
 
+    test "when on_takeover raises, the next acquirer takes over and repairs again" do
+      lock = Lock.new(1)
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          :acquired = Lock.acquire(lock, 1)
+          send(parent, :holding)
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive :holding
+      kill(holder)
+
+      assert_raise RuntimeError, "repair failed", fn ->
+        Lock.with_slot(lock, 1, fn -> raise "repair failed" end, fn -> flunk("ran") end)
+      end
+
+      assert Lock.with_slot(lock, 1, fn -> send(parent, :repaired) end, fn -> :ran end) == :ran
+      assert_received :repaired
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+
     test "a holder that exits after releasing is not taken over" do
       lock = Lock.new(1)
       Task.await(Task.async(fn -> Lock.with_slot(lock, 1, fn -> :ok end, fn -> :ok end) end))
