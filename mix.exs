@@ -23,7 +23,10 @@ defmodule Larder.MixProject do
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
   def application do
-    [extra_applications: [:logger, :eredis, :crypto, :jiffy] ++ extra_applications(Mix.env())]
+    [
+      mod: {Larder.Application, []},
+      extra_applications: [:logger, :eredis, :crypto, :jiffy] ++ extra_applications(Mix.env())
+    ]
   end
 
   # PropEr (Debian's erlang-proper) drives the model tests.

@@ -29,16 +29,25 @@ defmodule Larder.Register do
   term, so the caller's heap does not grow); otherwise the reader looks the
   key up in ETS and refreshes its copy.
 
-  A writer (the calling process itself) takes its slot's lock (a
-  compare-and-swap of its pid, as an integer, into a second atomics array),
-  inserts the record with the slot's next counter value, which readers treat
-  as not yet committed, then bumps the counter, which commits it for cached
-  and fresh readers at the same instant, and releases the lock. A lock whose
-  holder has died is taken over, by the next writer of the slot or by the
-  first reader that meets the dead holder's uncommitted record, and the new
-  holder bumps the counter first, which commits that record. A tombstone left
-  by a killed `delete/2` is dropped by the next reader of its key. Writes to
-  one slot are serialised; writes to different slots run in parallel.
+  A writer (the calling process itself) takes its slot's lock, inserts the
+  record with the slot's next counter value, which readers treat as not yet
+  committed, then bumps the counter, which commits it for cached and fresh
+  readers at the same instant, and releases the lock. The slot locks are
+  Larder's one internal lock: a compare-and-swap of the writer's holder id (a
+  small integer handed to each process once, on its first write, by a
+  registry of the `:larder` application that deletes it when the process
+  exits) into an atomics array. A slot whose holder has died is taken over,
+  by the next writer of the slot or by the first reader that meets the dead
+  holder's uncommitted record, and the new holder bumps the counter before
+  anything else, which commits that record. A tombstone left by a killed
+  `delete/2` is dropped by the next reader of its key. Writes to one slot are
+  serialised; writes to different slots run in parallel.
+
+  Every register death (`delete_register/1`, its owner's exit, its
+  supervisor's shutdown) bumps one VM-wide counter. Each process lists in
+  its process dictionary the registers it holds copies of; when it misses,
+  or makes its first copy of a register, and the counter has moved since it
+  last looked, it drops its copies of every register that is dead.
 
   `mode: :ets` keeps the same API on the same table but without counters or
   copies: readers look up ETS every time and callers write ETS directly. It
@@ -52,7 +61,9 @@ defmodule Larder.Register do
     * `put/3`, `delete/2`: O(1): in `:versioned` mode, two atomics
       compare-and-swaps (lock, unlock) around one ETS insert and the bump.
       A writer that finds its slot locked retries at once a few times, then
-      yields between tries. `update/4`: a read, the function, and a
+      yields between tries, each time checking that the holder is alive (one
+      lookup in the holders' table). A process's first write registers it
+      as a lock holder (one call to the `:larder` application's registry). `update/4`: a read, the function, and a
       compare-and-swap under the lock, retried while other writers win.
     * `keys/1`: O(n). `size/1`: O(1).
     * Keys are arbitrary terms and the number of keys is unbounded: slots are
@@ -63,8 +74,20 @@ defmodule Larder.Register do
       process (default 1024), kept in one process-dictionary entry per
       register. When a process exceeds it, all of its copies of that register
       are dropped at once (amortised O(1) per miss). `forget/1` drops them on
-      demand. A process that has written also keeps one entry, shared by all
-      registers, with its pid encoded for the slot locks.
+      demand. Copies of a deleted register are dropped at the process's next
+      miss or first copy of any register: each miss costs one more atomics
+      read and one more process-dictionary read, and after a register death
+      one sweep of the registers the process holds copies of (O(number held)).
+      A process also keeps a map of the registers it holds copies of, its
+      counter as of its last sweep and, once it has written, its holder id.
+
+  ## Options and their bounds
+
+    * `:slots`: 1 to 1,048,576 (default 1024). Each slot costs 16 bytes (a
+      commit counter and a lock), allocated at creation.
+    * `:max_cached`: 1 to 1,048,576 (default 1024) copies per process.
+    * An option out of range raises `ArgumentError` naming it, before
+      anything is allocated.
 
   ## Concurrency
 
@@ -91,8 +114,13 @@ defmodule Larder.Register do
 
   ## Failures
 
-    * An unknown name, a deleted register, or a register whose owner has
-      exited raises `ArgumentError` naming the register.
+    * Every bad argument raises `ArgumentError` naming it: an unknown name, a
+      deleted register, a register whose owner has exited, a term that is not
+      a register, a forged handle, options that are not a keyword list (an
+      improper list included), an unknown option or one out of its bounds, a
+      `fun` that is not 1-arity. Keys and values may be any term.
+    * Writes need the `:larder` application started (it runs the lock
+      holders' registry); without it they raise `RuntimeError`.
     * A register made with `new/1` belongs to the calling process and is
       deleted when it exits, like an ETS table. Registers started with
       `start_link/1` live under their supervisor.
@@ -101,7 +129,9 @@ defmodule Larder.Register do
     * The owner marks the register dead before it drops the table when it
       stops normally, on `delete_register/1`, or on its supervisor's
       shutdown. Killing the owner with `Process.exit(pid, :kill)` skips that:
-      a process may then keep serving its local copies until it misses.
+      a process may then keep serving its local copies until it misses, and
+      drops them at its next sweep (after another register's death, or at its
+      first copy of a register).
 
   ## Performance
 
@@ -134,10 +164,30 @@ defmodule Larder.Register do
   workloads spread over many keys (16 keys, 50/50) are slower than ETS.
   """
 
+  import Bitwise, only: [<<<: 2]
+
+  alias Larder.Lock
   alias Larder.Register.{Local, Plain, Server, Store}
 
-  @enforce_keys [:mode, :tab, :locks, :versions, :slots, :local, :server, :name, :max_cached]
+  @enforce_keys [
+    :mode,
+    :tab,
+    :lock,
+    :versions,
+    :slots,
+    :local,
+    :deaths,
+    :server,
+    :name,
+    :max_cached
+  ]
   defstruct @enforce_keys
+
+  # Upper bounds of the numeric options: 16 bytes per slot (a lock and a
+  # counter), so at most 16 MiB of atomics per register; and a process's
+  # copies of one register at most a million keys.
+  @max_slots 1 <<< 20
+  @max_cached 1 <<< 20
 
   @typedoc "A register handle (from `new/1`) or the name of a named register."
   @opaque t :: %__MODULE__{}
@@ -158,9 +208,10 @@ defmodule Larder.Register do
     * `:mode` - `:versioned` (default) or `:ets` (plain ETS, for comparison).
     * `:name` - an atom to refer to the register by (default `nil`). The name
       resolves through `:persistent_term`, set once at creation.
-    * `:slots` - number of commit counters keys are hashed to (default 1024).
-    * `:max_cached` - bound on this register's local copies per process
-      (default 1024).
+    * `:slots` - number of commit counters (and slot locks) keys are hashed
+      to, from 1 to 1,048,576 (default 1024; 16 bytes each).
+    * `:max_cached` - bound on this register's local copies per process,
+      from 1 to 1,048,576 keys (default 1024).
 
   Raises `ArgumentError` on an unknown or invalid option, or a name in use.
 
@@ -179,12 +230,15 @@ defmodule Larder.Register do
     case Server.start({opts, self()}) do
       {:ok, pid} -> GenServer.call(pid, :handle)
       {:error, {:already_started, _}} -> name_in_use!(opts)
+      {:error, reason} -> raise RuntimeError, "could not start a register: #{inspect(reason)}"
     end
   end
 
   @doc """
   Starts a register under a supervisor. Takes the options of `new/1`;
   `:name` is required, since the caller gets a pid and not a handle.
+  Returns `{:error, {:already_started, pid}}` when the name is in use, like
+  any `GenServer`; raises `ArgumentError` on invalid options.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
@@ -197,10 +251,19 @@ defmodule Larder.Register do
     Server.start_link(opts)
   end
 
-  @doc "A child specification for `start_link/1`."
+  @doc """
+  A child specification for `start_link/1`. Raises `ArgumentError` on the
+  options `start_link/1` rejects.
+  """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    %{id: {__MODULE__, Keyword.get(opts, :name)}, start: {__MODULE__, :start_link, [opts]}}
+    name = Keyword.fetch!(validate_opts!(opts), :name)
+
+    if name == nil do
+      raise ArgumentError, "child_spec/1 needs the :name option, got: #{inspect(opts)}"
+    end
+
+    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}}
   end
 
   @doc """
@@ -302,7 +365,7 @@ defmodule Larder.Register do
   end
 
   defp fresh_get(reg, key, default) do
-    case Store.read(reg, key) do
+    case Store.read(resolve(reg), key) do
       {:ok, _version, value} -> value
       :error -> default
     end
@@ -317,6 +380,9 @@ defmodule Larder.Register do
     else
       _ -> Store.read(reg, key)
     end
+  rescue
+    # A forged handle's counters are not atomics.
+    ArgumentError -> unknown!(reg)
   end
 
   # A local copy is served while its slot's counter has not moved.
@@ -327,6 +393,8 @@ defmodule Larder.Register do
   defp served({slot, tag}, versions) do
     if :atomics.get(versions, slot) == tag, do: {:hit, :error}, else: :miss
   end
+
+  defp served(_not_a_copy, _versions), do: :miss
 
   ## Writes
 
@@ -413,7 +481,32 @@ defmodule Larder.Register do
   defp describe(%__MODULE__{name: nil, local: {_, id}}), do: "#Larder.Register<#{id}>"
   defp describe(%__MODULE__{name: name}), do: inspect(name)
 
-  defp resolve(%__MODULE__{} = reg), do: reg
+  # A handle is checked for shape here; a forged one whose references are of
+  # the wrong kind fails at its first use, which raises unknown!/1.
+  defp resolve(
+         %__MODULE__{
+           mode: mode,
+           tab: tab,
+           lock: %Lock{},
+           versions: versions,
+           slots: slots,
+           local: {__MODULE__, id},
+           deaths: deaths,
+           server: server,
+           name: name,
+           max_cached: max_cached
+         } = reg
+       )
+       when mode in [:versioned, :ets] and is_reference(tab) and is_reference(versions) and
+              slots in 1..@max_slots and is_integer(id) and is_reference(deaths) and
+              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached,
+       do: reg
+
+  defp resolve(%__MODULE__{} = reg) do
+    raise ArgumentError,
+          "expected a register handle or name, got a forged or corrupted handle: " <>
+            inspect(Map.from_struct(reg))
+  end
 
   defp resolve(name) when is_atom(name) do
     case :persistent_term.get({__MODULE__, name}, nil) do
@@ -429,8 +522,8 @@ defmodule Larder.Register do
   defp call(%__MODULE__{server: server} = reg, msg) do
     GenServer.call(server, msg, :infinity)
   catch
-    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown, :killed] -> unknown!(reg)
-    :exit, {{:shutdown, _}, _} -> unknown!(reg)
+    # The owner is gone (or, for a forged handle, never was one).
+    :exit, _reason -> unknown!(reg)
   end
 
   defp name_in_use!(opts) do
@@ -453,13 +546,14 @@ defmodule Larder.Register do
       raise ArgumentError, "expected :name to be an atom or nil, got: #{inspect(name)}"
     end
 
-    unless is_integer(slots) and slots > 0 do
-      raise ArgumentError, "expected :slots to be a positive integer, got: #{inspect(slots)}"
+    unless is_integer(slots) and slots in 1..@max_slots do
+      raise ArgumentError,
+            "expected :slots to be an integer in 1..#{@max_slots}, got: #{inspect(slots)}"
     end
 
-    unless is_integer(max_cached) and max_cached > 0 do
+    unless is_integer(max_cached) and max_cached in 1..@max_cached do
       raise ArgumentError,
-            "expected :max_cached to be a positive integer, got: #{inspect(max_cached)}"
+            "expected :max_cached to be an integer in 1..#{@max_cached}, got: #{inspect(max_cached)}"
     end
 
     [mode: mode, name: name, slots: slots, max_cached: max_cached]
@@ -467,9 +561,11 @@ defmodule Larder.Register do
 
   defimpl Inspect do
     def inspect(%{name: nil, local: {_, id}, mode: mode}, _opts),
-      do: "#Larder.Register<#{id}, #{mode}>"
+      do: "#Larder.Register<#{Kernel.inspect(id)}, #{Kernel.inspect(mode)}>"
 
-    def inspect(%{name: name, mode: mode}, _opts),
-      do: "#Larder.Register<#{Kernel.inspect(name)}, #{mode}>"
+    def inspect(%{name: name, mode: mode}, _opts) when is_atom(name),
+      do: "#Larder.Register<#{Kernel.inspect(name)}, #{Kernel.inspect(mode)}>"
+
+    def inspect(_forged, _opts), do: "#Larder.Register<forged>"
   end
 end

@@ -1,7 +1,6 @@
 defmodule Larder.RegisterTest do
   use ExUnit.Case, async: true
 
-  import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
   alias Larder.Register
@@ -11,9 +10,20 @@ defmodule Larder.RegisterTest do
   # The local copies this process holds, per register: %{key => entry} maps
   # under {Larder.Register, id}.
   defp local_copies do
-    for {{Register, _id}, copies} when is_map(copies) <- Process.get(),
+    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- Process.get(),
         into: %{},
-        do: {:ok, copies}
+        do: {id, copies}
+  end
+
+  defp local_copies_of(pid) do
+    {:dictionary, dict} = Process.info(pid, :dictionary)
+    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- dict, do: copies
+  end
+
+  defp process_memory do
+    :erlang.garbage_collect()
+    {:memory, memory} = Process.info(self(), :memory)
+    memory
   end
 
   defp name_of(context), do: :"#{inspect(__MODULE__)}.#{context.test}"
@@ -233,18 +243,13 @@ defmodule Larder.RegisterTest do
       :ok = Register.put(reg, :a, :old)
       assert Register.get(reg, :a) == :old
       # White box: what a writer killed between its insert and its bump
-      # leaves - a record above the slot counter, and the slot locked by a
-      # dead pid (encoded as Larder.Register.Store encodes it).
-      %{tab: tab, locks: locks, versions: versions} = reg
-      dead = spawn(fn -> :ok end)
-      ref = Process.monitor(dead)
-      assert_receive {:DOWN, ^ref, _, _, _}
-      '<0.' ++ rest = :erlang.pid_to_list(dead)
-      [number, serial] = rest |> List.delete_at(-1) |> List.to_string() |> String.split(".")
-      dead_id = String.to_integer(number) * (1 <<< 32) + String.to_integer(serial) + 1
+      # leaves - a record above the slot counter, and the slot held by the
+      # holder id of a dead process.
+      %{tab: tab, lock: lock, versions: versions} = reg
+      dead_id = Task.await(Task.async(&Larder.Lock.Holders.id/0))
       tag = :atomics.get(versions, 1)
       :ets.insert(tab, {:a, tag + 1, :new})
-      :atomics.put(locks, 1, dead_id)
+      :atomics.put(lock.atomics, 1, dead_id)
 
       # The half-done write is not visible to a process holding a copy...
       assert Register.get(reg, :a) == :old
@@ -254,7 +259,7 @@ defmodule Larder.RegisterTest do
       task = Task.async(fn -> Register.get(reg, :a) end)
       assert Task.await(task, 5_000) == :new
       assert Register.get(reg, :a) == :new
-      assert :atomics.get(locks, 1) == 0
+      assert :atomics.get(lock.atomics, 1) == 0
     end
 
     test "keys sharing a slot never see each other's values" do
@@ -324,6 +329,335 @@ defmodule Larder.RegisterTest do
       assert_raise ArgumentError, "unknown register: :no_such_register", fn ->
         Register.put(:no_such_register, :k, 1)
       end
+    end
+  end
+
+  describe "option bounds" do
+    test ":slots and :max_cached have documented upper bounds" do
+      max = 1_048_576
+
+      for {opt, bad} <- [
+            slots: max + 1,
+            slots: 10 ** 12,
+            max_cached: max + 1,
+            max_cached: 2 ** 64
+          ] do
+        assert_raise ArgumentError,
+                     ~r/expected #{inspect(opt)} to be an integer in 1..#{max}/,
+                     fn ->
+                       Register.new([{opt, bad}])
+                     end
+      end
+
+      reg = Register.new(slots: max, max_cached: max)
+      :ok = Register.put(reg, :k, 1)
+      assert Register.get(reg, :k) == 1
+      :ok = Register.delete_register(reg)
+    end
+
+    # Issue 8: an unbounded option (slots: 10 ** 12) made the allocator abort
+    # the VM. In a peer VM, so that a regression fails instead of killing the
+    # suite.
+    test "slots: 10 ** 12 raises ArgumentError instead of aborting the VM" do
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            Larder.Register.new(slots: 10 ** 12)
+          end
+        )
+
+      assert {:raised, %ArgumentError{message: message}} = result
+      assert message =~ ":slots"
+    end
+  end
+
+  describe "copies of deleted registers" do
+    # Issue 8: a process kept its copies of registers that had since been
+    # deleted.
+    test "are reclaimed on the process's next access to any register" do
+      value = Enum.to_list(1..1_000)
+      regs = for _ <- 1..50, do: Register.new()
+      for reg <- regs, i <- 1..20, do: :ok = Register.put(reg, i, value)
+      parent = self()
+      other = Register.new()
+      :ok = Register.put(other, :k, :v)
+
+      reader =
+        spawn_link(fn ->
+          for reg <- regs, i <- 1..20, do: ^value = Register.get(reg, i)
+          send(parent, {:read, process_memory(), length(local_copies_of(self()))})
+
+          receive do
+            :access -> send(parent, {:accessed, Register.get(other, :k)})
+          end
+
+          send(parent, {:after, process_memory(), local_copies_of(self())})
+          receive do: (:stop -> :ok)
+        end)
+
+      assert_receive {:read, memory_with_copies, 50}, 30_000
+      for reg <- regs, do: :ok = Register.delete_register(reg)
+      send(reader, :access)
+      assert_receive {:accessed, :v}
+      assert_receive {:after, memory_after, [_only_other]}
+      # 50 registers x 20 copies of a 1,000-element list: about 16 MB.
+      assert memory_with_copies - memory_after > 10_000_000
+      send(reader, :stop)
+    end
+
+    test "are reclaimed on the next miss after a register is deleted" do
+      reg = Register.new()
+      other = Register.new()
+      :ok = Register.put(reg, :k, 1)
+      :ok = Register.put(other, :k, 1)
+      assert Register.get(reg, :k) == 1
+      assert Register.get(other, :k) == 1
+      # Deleted by another process, so this one keeps its copies for now.
+      Task.await(Task.async(fn -> Register.delete_register(reg) end))
+      assert map_size(local_copies()) == 2
+      # A miss on the other register (another process wrote its slot).
+      Task.await(Task.async(fn -> Register.put(other, :k, 2) end))
+      assert Register.get(other, :k) == 2
+      assert map_size(local_copies()) == 1
+    end
+
+    test "of a register whose owner was killed are reclaimed on a first copy of another" do
+      parent = self()
+
+      owner =
+        spawn(fn ->
+          reg = Register.new()
+          :ok = Register.put(reg, :k, 1)
+          send(parent, {:reg, reg})
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive {:reg, reg}
+      assert Register.get(reg, :k) == 1
+      tab = Register.__table__(reg)
+      ref = Process.monitor(owner)
+      Process.exit(owner, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+      eventually(fn -> :ets.info(tab, :id) == :undefined end)
+      assert map_size(local_copies()) == 1
+      other = Register.new()
+      :ok = Register.put(other, :k, 2)
+      assert map_size(local_copies()) == 1
+      :ok = Register.delete_register(other)
+    end
+  end
+
+  describe "bad input" do
+    # Arbitrary terms for every argument of every public function: PropEr
+    # terms, deep and improper ones, huge ones, unknown names, forged and
+    # deleted handles. Only ArgumentError may come back (or a result, where
+    # the argument happens to be valid: any term is a key or a value), and
+    # the registers still hold their data afterwards.
+    @seeds for i <- 1..8, do: {{:seed, i}, {:value, i}}
+
+    defp nasty(live, dead) do
+      :proper_types.oneof([
+        :proper_types.term(),
+        :proper_types.bind(:proper_types.integer(1, 20_000), &deep_tuple/1, false),
+        :proper_types.bind(:proper_types.integer(1, 20_000), &deep_list/1, false),
+        :proper_types.bind(:proper_types.list(:proper_types.term()), &improper/1, false),
+        :proper_types.exactly(:binary.copy(<<7>>, 200_000)),
+        :proper_types.exactly(Enum.to_list(1..50_000)),
+        :proper_types.oneof([:proper_types.largeint(), :proper_types.exactly(10 ** 40)]),
+        :proper_types.atom(),
+        :proper_types.exactly(dead),
+        :proper_types.exactly(%{__struct__: Register}),
+        :proper_types.bind(
+          :proper_types.tuple([
+            :proper_types.elements(Map.keys(Map.from_struct(live))),
+            :proper_types.term()
+          ]),
+          fn {field, term} -> Map.put(live, field, term) end,
+          false
+        )
+      ])
+    end
+
+    defp deep_tuple(n), do: Enum.reduce(1..n, :leaf, fn _, acc -> {acc} end)
+    defp deep_list(n), do: Enum.reduce(1..n, [], fn _, acc -> [acc] end)
+    defp improper(list), do: Enum.reduce(list, :tail, &[&1 | &2])
+
+    defp opts_gen(term) do
+      key = :proper_types.elements([:mode, :name, :slots, :max_cached, :bogus])
+
+      :proper_types.oneof([
+        term,
+        :proper_types.list(:proper_types.tuple([key, term])),
+        :proper_types.bind(
+          :proper_types.tuple([key, :proper_types.integer(-(2 ** 70), 2 ** 70)]),
+          &[&1],
+          false
+        ),
+        :proper_types.bind(
+          :proper_types.list(:proper_types.tuple([key, term])),
+          &improper/1,
+          false
+        )
+      ])
+    end
+
+    defp call_gen(live, dead) do
+      t = nasty(live, dead)
+      # A handle to call with: bad (any of the above) or one of the live ones.
+      reg = :proper_types.frequency([{3, t}, {1, :proper_types.exactly(live)}])
+
+      :proper_types.oneof([
+        :proper_types.tuple([:proper_types.exactly(:new), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:start_link), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:child_spec), opts_gen(t)]),
+        :proper_types.tuple([:proper_types.exactly(:get), reg, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:fetch), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:version), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:keys), t]),
+        :proper_types.tuple([:proper_types.exactly(:size), t]),
+        :proper_types.tuple([:proper_types.exactly(:put), reg, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:update), reg, t, t, t]),
+        :proper_types.tuple([:proper_types.exactly(:delete), reg, t]),
+        :proper_types.tuple([:proper_types.exactly(:forget), reg]),
+        # Never on the live handle, nor one forged from it (a changed :name
+        # still names its owner): it would delete the register under test.
+        :proper_types.tuple([:proper_types.exactly(:delete_register), nasty(dead, dead)])
+      ])
+    end
+
+    # Runs a call; returns :ok when it returned or raised ArgumentError, or
+    # what else happened. Registers it made are deleted again.
+    defp bad_call({:new, opts}), do: cleanup(Register.new(opts))
+    defp bad_call({:start_link, opts}), do: cleanup(Register.start_link(opts))
+    defp bad_call({:child_spec, opts}), do: Register.child_spec(opts)
+    defp bad_call({:get, reg, key, default}), do: Register.get(reg, key, default)
+    defp bad_call({:fetch, reg, key}), do: Register.fetch(reg, key)
+    defp bad_call({:version, reg, key}), do: Register.version(reg, key)
+    defp bad_call({:keys, reg}), do: Register.keys(reg)
+    defp bad_call({:size, reg}), do: Register.size(reg)
+    defp bad_call({:put, reg, key, value}), do: Register.put(reg, key, value)
+    defp bad_call({:update, reg, key, default, fun}), do: Register.update(reg, key, default, fun)
+    defp bad_call({:delete, reg, key}), do: Register.delete(reg, key)
+    defp bad_call({:forget, reg}), do: Register.forget(reg)
+    defp bad_call({:delete_register, reg}), do: Register.delete_register(reg)
+
+    defp cleanup(%Register{} = reg), do: Register.delete_register(reg)
+
+    defp cleanup({:ok, pid}) do
+      %Register{} = reg = GenServer.call(pid, :handle)
+      Register.delete_register(reg)
+    end
+
+    # A name already in use (a registered process): OTP's start_link result.
+    defp cleanup({:error, {:already_started, pid}}) when is_pid(pid), do: :ok
+
+    defp outcome(call) do
+      bad_call(call)
+      :ok
+    rescue
+      ArgumentError -> :ok
+      other -> {:raised, other}
+    catch
+      kind, reason -> {kind, reason}
+    end
+
+    defp holds_seeds?(reg) do
+      here = Enum.all?(@seeds, fn {k, v} -> Register.get(reg, k) == v end)
+
+      elsewhere =
+        Task.await(
+          Task.async(fn ->
+            Enum.all?(@seeds, fn {k, v} -> Register.fetch(reg, k) == {:ok, v} end)
+          end)
+        )
+
+      here and elsewhere
+    end
+
+    for mode <- [:versioned, :ets] do
+      @tag timeout: :timer.minutes(5)
+      test "every public function raises only ArgumentError (#{mode})" do
+        live = Register.new(mode: unquote(mode), slots: 4, max_cached: 4)
+        for {k, v} <- @seeds, do: :ok = Register.put(live, k, v)
+        dead = Register.new(mode: unquote(mode))
+        :ok = Register.delete_register(dead)
+        seed_keys = Enum.map(@seeds, &elem(&1, 0))
+
+        property =
+          :proper.forall(:proper_types.list(call_gen(live, dead)), fn calls ->
+            try do
+              check_calls(live, calls, seed_keys)
+            rescue
+              e -> IO.puts(Exception.format(:error, e, __STACKTRACE__)) && false
+            catch
+              k, r -> IO.puts(Exception.format(k, r, __STACKTRACE__)) && false
+            end
+          end)
+
+        Larder.Test.PropEr.check(property, numtests: 150, max_size: 8)
+        :ok = Register.delete_register(live)
+      end
+    end
+
+    defp check_calls(live, calls, seed_keys) do
+      outcomes = Enum.map(calls, &outcome/1)
+
+      # Drop whatever the calls added, then check the seeds.
+      for key <- Register.keys(live), key not in seed_keys, do: Register.delete(live, key)
+
+      bad = Enum.reject(outcomes, &(&1 == :ok))
+      if bad != [], do: IO.inspect(bad, label: "outcomes other than a result or ArgumentError")
+      bad == [] and holds_seeds?(live) and Register.size(live) == length(@seeds)
+    end
+
+    test "forged handles, improper option lists and wrong funs name the argument" do
+      reg = Register.new()
+
+      assert_raise ArgumentError, ~r/forged or corrupted handle/, fn ->
+        Register.put(%{reg | slots: :x}, :k, 1)
+      end
+
+      assert_raise ArgumentError, ~r/unknown register/, fn ->
+        Register.get(%{reg | versions: make_ref()}, :k)
+      end
+
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Register.new([{:slots, 1} | :x]) end
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Register.child_spec(:x) end
+      assert_raise ArgumentError, ~r/:name/, fn -> Register.child_spec([]) end
+      assert_raise ArgumentError, ~r/fun/, fn -> Register.update(reg, :k, 0, fn -> 1 end) end
+      :ok = Register.delete_register(reg)
+    end
+  end
+
+  describe "many writers on one key" do
+    # Memory before and after a storm of writes to one key by short-lived
+    # and long-lived processes: one record, the same table memory, and no
+    # holder id left behind by the writers that exited.
+    test "leave one record, no growth in ETS and no holder entries" do
+      reg = Register.new(slots: 16)
+      tab = Register.__table__(reg)
+      value = Enum.to_list(1..100)
+      :ok = Register.put(reg, :hot, value)
+      before = {:ets.info(tab, :size), :ets.info(tab, :memory)}
+
+      writers =
+        for w <- 1..16 do
+          Task.async(fn ->
+            for i <- 1..2_000 do
+              :ok = Register.put(reg, :hot, value)
+              if rem(i, 10) == w, do: :ok = Register.update(reg, :hot, value, fn v -> v end)
+            end
+
+            Larder.Lock.Holders.id()
+          end)
+        end
+
+      ids = Enum.map(writers, &Task.await(&1, 120_000))
+      :ok = Register.put(reg, :hot, value)
+      assert {:ets.info(tab, :size), :ets.info(tab, :memory)} == before
+      assert Register.get(reg, :hot) == value
+      eventually(fn -> Enum.all?(ids, &(:ets.lookup(Larder.Lock.Holders, &1) == [])) end)
+      :ok = Register.delete_register(reg)
     end
   end
 
@@ -487,6 +821,7 @@ defmodule Larder.RegisterTest do
         warmup = div(unquote(cycles), 10)
         for i <- 1..warmup, do: kill_cycle(reg, keys, attempted, readers, i)
         before = footprint(tab, owner)
+        holders_before = Larder.Lock.Holders.size()
 
         for i <- (warmup + 1)..(warmup + unquote(cycles)),
             do: kill_cycle(reg, keys, attempted, readers, i)
@@ -523,7 +858,9 @@ defmodule Larder.RegisterTest do
           assert Register.get(reg, key) == {:v, key, -2}
         end
 
-        # Memory does not grow with the kills.
+        # Memory does not grow with the kills: no holder entry of a killed
+        # writer stays (the slack is for other tests' live processes).
+        eventually(fn -> Larder.Lock.Holders.size() < holders_before + 500 end)
         assert after_kills.table <= before.table
         assert after_kills.owner <= before.owner + 1_000
         assert after_kills.queue == 0

@@ -44,22 +44,29 @@ defmodule Larder.Register.Plain do
   # Compare-and-swap on the record's version: an insert_new when absent, a
   # select_replace of {key, version, _} otherwise; retried on conflict.
   @spec update(Register.t(), term(), term(), (term() -> term())) :: :ok
-  def update(%Register{tab: tab} = reg, key, default, fun) do
+  def update(reg, key, default, fun) do
     case fetch(reg, key) do
       :error ->
         new = fun.(default)
 
-        if :ets.insert_new(tab, {key, new_version(), new}),
+        if swapped?(reg, fn tab -> :ets.insert_new(tab, {key, new_version(), new}) end),
           do: :ok,
           else: update(reg, key, default, fun)
 
       {:ok, version, current} ->
         new = fun.(current)
 
-        if :ets.select_replace(tab, cas_spec(key, version, new)) == 1,
+        if swapped?(reg, fn tab -> :ets.select_replace(tab, cas_spec(key, version, new)) == 1 end),
           do: :ok,
           else: update(reg, key, default, fun)
     end
+  end
+
+  # The table may go between the read and the swap.
+  defp swapped?(%Register{tab: tab} = reg, swap) do
+    swap.(tab)
+  rescue
+    ArgumentError -> Register.unknown!(reg)
   end
 
   # A key is matched literally in a match-spec head (a direct lookup) unless

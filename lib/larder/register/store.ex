@@ -1,17 +1,14 @@
 # The :versioned storage protocol: one ETS record per key plus an atomics
-# array of per-slot commit counters. A writer takes its slot's lock, inserts,
-# bumps, and unlocks; whoever takes over a dead holder's lock bumps first,
-# which commits any write the dead holder left half done.
+# array of per-slot commit counters. A writer takes its slot's Larder.Lock,
+# inserts, bumps, and releases; whoever takes over a dead holder's slot bumps
+# first (the on_takeover of Larder.Lock.with_slot/4), which commits any write
+# the dead holder left half done.
 defmodule Larder.Register.Store do
   @moduledoc false
 
+  alias Larder.Lock
   alias Larder.Register
   alias Larder.Register.Local
-
-  import Bitwise, only: [<<<: 2]
-
-  @self_id {Larder.Register, :self_id}
-  @serial_range 1 <<< 32
 
   # Slot counters start at 0 and only grow; a dead register has every slot at
   # @dead, which no local copy is ever tagged with.
@@ -21,14 +18,16 @@ defmodule Larder.Register.Store do
   @spec create(keyword(), pid()) :: Register.t()
   def create(opts, server) do
     mode = Keyword.fetch!(opts, :mode)
+    slots = Keyword.fetch!(opts, :slots)
 
     %Register{
       mode: mode,
       tab: :ets.new(Register, [:set, :public, read_concurrency: true, write_concurrency: true]),
-      locks: :atomics.new(Keyword.fetch!(opts, :slots), signed: true),
-      versions: :atomics.new(Keyword.fetch!(opts, :slots), signed: true),
-      slots: Keyword.fetch!(opts, :slots),
+      lock: Lock.new(slots),
+      versions: :atomics.new(slots, signed: true),
+      slots: slots,
       local: {Register, :erlang.unique_integer([:positive])},
+      deaths: Local.deaths(),
       server: server,
       name: Keyword.fetch!(opts, :name),
       max_cached: Keyword.fetch!(opts, :max_cached)
@@ -116,84 +115,26 @@ defmodule Larder.Register.Store do
   end
 
   # Runs fun.(tag) holding the slot's lock, tag being the slot's counter.
-  defp locked(%Register{locks: locks, versions: versions} = reg, slot, fun) do
-    taken = lock(locks, slot)
-
-    try do
-      case {:atomics.get(versions, slot), taken} do
-        {tag, _} when tag < 0 ->
-          Register.unknown!(reg)
-
-        {tag, :acquired} ->
-          fun.(tag)
-
-        {tag, :taken_over} ->
-          # The dead holder may have left a record above the counter: commit
-          # it before anything else, since fun may release the lock without
-          # bumping (a conflicting swap, removing an absent key).
-          commit(reg, slot, tag, tag + 1)
-          fun.(tag + 1)
-      end
-    after
-      unlock(locks, slot)
-    end
+  # Taking over a dead holder's slot commits first: the dead holder may have
+  # left a record above the counter, and fun may release the slot without
+  # bumping (a conflicting swap, removing an absent key).
+  defp locked(%Register{lock: lock} = reg, slot, fun) do
+    Lock.with_slot(lock, slot, fn -> commit_next(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
   rescue
-    # The table went with the register.
+    # The table or the counters went with the register (or the handle is forged).
     ArgumentError -> Register.unknown!(reg)
   end
 
-  # A slot's lock is an atomic holding 0 (free) or its holder's pid as an
-  # integer, so that a waiter can tell a live holder from a dead one. A held
-  # lock is retried a few times at once (its holder is most likely running on
-  # another scheduler and about to release it), then with yields.
-  @spins 20
-
-  defp lock(locks, slot, me \\ self_id(), tries \\ 0) do
-    case :atomics.compare_exchange(locks, slot, 0, me) do
-      :ok ->
-        :acquired
-
-      holder when tries < @spins ->
-        _ = holder
-        lock(locks, slot, me, tries + 1)
-
-      holder ->
-        cond do
-          alive?(holder) ->
-            :erlang.yield()
-            lock(locks, slot, me, tries + 1)
-
-          # Take over a dead holder's lock in one step.
-          :atomics.compare_exchange(locks, slot, holder, me) == :ok ->
-            :taken_over
-
-          true ->
-            lock(locks, slot, me, tries + 1)
-        end
+  defp tag!(%Register{versions: versions} = reg, slot) do
+    case :atomics.get(versions, slot) do
+      tag when tag < 0 -> Register.unknown!(reg)
+      tag -> tag
     end
   end
 
-  defp unlock(locks, slot), do: :atomics.compare_exchange(locks, slot, self_id(), 0)
-
-  # This process's pid as a positive integer, computed once per process.
-  defp self_id do
-    case Process.get(@self_id) do
-      nil ->
-        '<0.' ++ rest = :erlang.pid_to_list(self())
-        [number, serial] = rest |> List.delete_at(-1) |> List.to_string() |> String.split(".")
-        id = String.to_integer(number) * @serial_range + String.to_integer(serial) + 1
-        Process.put(@self_id, id)
-        id
-
-      id ->
-        id
-    end
-  end
-
-  defp alive?(id) do
-    number = div(id - 1, @serial_range)
-    serial = rem(id - 1, @serial_range)
-    Process.alive?(:erlang.list_to_pid('<0.#{number}.#{serial}>'))
+  defp commit_next(reg, slot) do
+    tag = tag!(reg, slot)
+    commit(reg, slot, tag, tag + 1)
   end
 
   # Under the lock only the register's death can move the counter.
@@ -206,10 +147,10 @@ defmodule Larder.Register.Store do
 
   @doc "Marks every slot dead, then drops the table (owner only)."
   @spec kill(Register.t()) :: :ok
-  def kill(%Register{tab: tab, versions: versions, slots: slots}) do
+  def kill(%Register{tab: tab, versions: versions, slots: slots} = reg) do
     for slot <- 1..slots, do: :atomics.put(versions, slot, @dead)
     :ets.delete(tab)
-    :ok
+    Local.died(reg)
   end
 
   @doc """
@@ -217,14 +158,18 @@ defmodule Larder.Register.Store do
   caller's local copy, tagged with the slot counter read before the lookup.
   """
   @spec read(Register.t(), term()) :: {:ok, pos_integer(), term()} | :error
-  def read(%Register{versions: versions} = reg, key) do
+  def read(reg, key) do
+    Local.reclaim(reg)
     slot = slot(reg, key)
-    read(reg, key, slot, :atomics.get(versions, slot))
+    read(reg, key, slot, counter(reg, slot))
+  rescue
+    # A forged handle's counters are not atomics of its size.
+    ArgumentError -> Register.unknown!(reg)
   end
 
   defp read(reg, _key, _slot, tag) when tag < 0, do: Register.unknown!(reg)
 
-  defp read(%Register{tab: tab, versions: versions} = reg, key, slot, tag) do
+  defp read(%Register{tab: tab} = reg, key, slot, tag) do
     case lookup(reg, tab, key) do
       [{_, version, value}] when version <= tag ->
         Local.remember(reg, key, {slot, tag, version, value})
@@ -243,24 +188,20 @@ defmodule Larder.Register.Store do
 
       _uncommitted ->
         settle(reg, slot)
-        read(reg, key, slot, :atomics.get(versions, slot))
+        read(reg, key, slot, counter(reg, slot))
     end
   end
 
-  # A record above its slot's counter: its writer holds the lock. Wait for a
-  # live writer; for a dead one, take the lock and commit its write (under
-  # the lock, any record above the counter is a dead writer's).
-  defp settle(%Register{locks: locks} = reg, slot) do
-    case :atomics.get(locks, slot) do
-      0 ->
-        :ok
+  defp counter(%Register{versions: versions}, slot), do: :atomics.get(versions, slot)
 
-      holder ->
-        if alive?(holder) do
-          :erlang.yield()
-        else
-          locked(reg, slot, fn _tag -> :ok end)
-        end
+  # A record above its slot's counter: its writer holds the lock. Wait for a
+  # live writer; for a dead one, take the lock over, which commits its write
+  # (under the lock, any record above the counter is a dead writer's).
+  defp settle(%Register{lock: lock} = reg, slot) do
+    case Lock.holder(lock, slot) do
+      :free -> :ok
+      :alive -> :erlang.yield()
+      :dead -> locked(reg, slot, fn _tag -> :ok end)
     end
   end
 

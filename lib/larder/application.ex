@@ -1,0 +1,19 @@
+# Starts what Larder shares between all its structures: the holder registry
+# of Larder.Lock, and the register-deaths counter of Larder.Register.
+defmodule Larder.Application do
+  @moduledoc false
+
+  use Application
+
+  @impl true
+  def start(_type, _args) do
+    # Created here so that the table outlives a restart of its registry.
+    :ok = Larder.Lock.Holders.create_table()
+    :ok = Larder.Register.Local.setup()
+
+    Supervisor.start_link([Larder.Lock.Holders],
+      strategy: :one_for_one,
+      name: Larder.Supervisor
+    )
+  end
+end

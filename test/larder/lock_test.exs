@@ -1,0 +1,366 @@
+defmodule Larder.LockTest do
+  use ExUnit.Case, async: true
+
+  import Larder.Test.Eventually
+
+  alias Larder.Lock
+  alias Larder.Lock.Holders
+
+  describe "mutual exclusion" do
+    test "many processes on one slot never overlap and lose no increment" do
+      lock = Lock.new(1)
+      inside = :atomics.new(1, signed: true)
+      counter = :ets.new(:counter, [:public])
+      :ets.insert(counter, {:n, 0})
+      overlaps = :atomics.new(1, signed: true)
+
+      tasks =
+        for _ <- 1..16 do
+          Task.async(fn ->
+            for _ <- 1..500 do
+              Lock.with_slot(lock, 1, fn -> flunk("nobody died") end, fn ->
+                if :atomics.add_get(inside, 1, 1) != 1, do: :atomics.add(overlaps, 1, 1)
+                [{:n, n}] = :ets.lookup(counter, :n)
+                :erlang.yield()
+                :ets.insert(counter, {:n, n + 1})
+                :atomics.sub(inside, 1, 1)
+              end)
+            end
+          end)
+        end
+
+      Enum.each(tasks, &Task.await(&1, 120_000))
+      assert :ets.lookup(counter, :n) == [{:n, 8_000}]
+      assert :atomics.get(overlaps, 1) == 0
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+
+    test "slots are independent, and keys map to slots in range" do
+      lock = Lock.new(8)
+      for key <- [:a, 1, "b", {:c}, [1 | 2], self()], do: assert(Lock.slot(lock, key) in 1..8)
+      assert Lock.slot(lock, {:x, 1}) == Lock.slot(lock, {:x, 1})
+
+      assert Lock.acquire(lock, 1) == :acquired
+      parent = self()
+
+      spawn_link(fn ->
+        send(parent, {:other, Lock.with_slot(lock, 2, fn -> :took end, fn -> :ran end)})
+      end)
+
+      assert_receive {:other, :ran}, 5_000
+      assert Lock.release(lock, 1) == :ok
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+
+    test "acquire waits for a live holder's release" do
+      lock = Lock.new(1)
+      assert Lock.acquire(lock, 1) == :acquired
+      parent = self()
+      waiter = spawn_link(fn -> send(parent, {:got, Lock.acquire(lock, 1)}) end)
+      refute_receive {:got, _}, 50
+      assert Process.alive?(waiter)
+      :ok = Lock.release(lock, 1)
+      assert_receive {:got, :acquired}, 5_000
+    end
+
+    test "release/2 by a process that does not hold the slot leaves it held" do
+      lock = Lock.new(1)
+      :acquired = Lock.acquire(lock, 1)
+      held = :atomics.get(lock.atomics, 1)
+      assert Task.await(Task.async(fn -> Lock.release(lock, 1) end)) == :ok
+      assert :atomics.get(lock.atomics, 1) == held
+      :ok = Lock.release(lock, 1)
+    end
+
+    test "with_slot/4 releases when fun raises or throws" do
+      lock = Lock.new(1)
+
+      assert_raise RuntimeError, fn ->
+        Lock.with_slot(lock, 1, fn -> :ok end, fn -> raise "x" end)
+      end
+
+      assert :atomics.get(lock.atomics, 1) == 0
+      assert catch_throw(Lock.with_slot(lock, 1, fn -> :ok end, fn -> throw(:t) end)) == :t
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+  end
+
+  describe "takeover" do
+    test "a holder that dies holding the slot is taken over, and on_takeover runs once" do
+      lock = Lock.new(1)
+      parent = self()
+
+      for _ <- 1..200 do
+        holder =
+          spawn(fn ->
+            Lock.with_slot(lock, 1, fn -> :ok end, fn ->
+              send(parent, :holding)
+              Process.sleep(:infinity)
+            end)
+          end)
+
+        assert_receive :holding, 5_000
+        kill(holder)
+
+        assert Lock.with_slot(lock, 1, fn -> send(parent, :took_over) end, fn -> :ran end) == :ran
+        assert_received :took_over
+        refute_received :took_over
+        # The next holder finds a released slot.
+        assert Lock.with_slot(lock, 1, fn -> send(parent, :took_over) end, fn -> :ran end) == :ran
+        refute_received :took_over
+      end
+    end
+
+    test "when on_takeover raises, the next acquirer takes over and repairs again" do
+      lock = Lock.new(1)
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          :acquired = Lock.acquire(lock, 1)
+          send(parent, :holding)
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive :holding
+      kill(holder)
+
+      assert_raise RuntimeError, "repair failed", fn ->
+        Lock.with_slot(lock, 1, fn -> raise "repair failed" end, fn -> flunk("ran") end)
+      end
+
+      assert Lock.with_slot(lock, 1, fn -> send(parent, :repaired) end, fn -> :ran end) == :ran
+      assert_received :repaired
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+
+    test "a holder that exits after releasing is not taken over" do
+      lock = Lock.new(1)
+      Task.await(Task.async(fn -> Lock.with_slot(lock, 1, fn -> :ok end, fn -> :ok end) end))
+      assert Lock.acquire(lock, 1) == :acquired
+      :ok = Lock.release(lock, 1)
+    end
+
+    test "a waiter takes over when the holder is killed while it waits" do
+      lock = Lock.new(1)
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          :acquired = Lock.acquire(lock, 1)
+          send(parent, :holding)
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive :holding
+      waiter = spawn_link(fn -> send(parent, {:got, Lock.acquire(lock, 1)}) end)
+      refute_receive {:got, _}, 50
+      kill(holder)
+      assert_receive {:got, :taken_over}, 5_000
+      refute Process.alive?(waiter)
+    end
+
+    # Workers loop on one slot and are killed at arbitrary points (suspended,
+    # then killed). on_takeover must run exactly when the killed worker held
+    # the slot, which the slot itself shows while the worker is suspended.
+    test "kills at arbitrary points: on_takeover runs exactly when the dead held the slot" do
+      lock = Lock.new(1)
+      parent = self()
+      took_over = :counters.new(1, [])
+
+      {held, free} =
+        Enum.reduce(1..2_000, {0, 0}, fn i, {held, free} ->
+          worker =
+            spawn(fn ->
+              send(parent, {:id, Holders.id()})
+              loop_with_slot(lock, 0)
+            end)
+
+          assert_receive {:id, id}, 5_000
+          yields(rem(i, 4))
+          :erlang.suspend_process(worker)
+          holding? = :atomics.get(lock.atomics, 1) == id
+          kill(worker)
+
+          before = :counters.get(took_over, 1)
+          Lock.with_slot(lock, 1, fn -> :counters.add(took_over, 1, 1) end, fn -> :ok end)
+          assert :counters.get(took_over, 1) - before == if(holding?, do: 1, else: 0)
+          if holding?, do: {held + 1, free}, else: {held, free + 1}
+        end)
+
+      # Both cases happened.
+      assert held > 0
+      assert free > 0
+    end
+
+    test "concurrent waiters: exactly one takes a dead holder's slot over" do
+      lock = Lock.new(1)
+      parent = self()
+
+      for _ <- 1..50 do
+        holder =
+          spawn(fn ->
+            :acquired = Lock.acquire(lock, 1)
+            send(parent, :holding)
+            Process.sleep(:infinity)
+          end)
+
+        assert_receive :holding
+
+        waiters =
+          for _ <- 1..4 do
+            spawn_link(fn ->
+              took = fn -> send(parent, :took_over) end
+              send(parent, {:waiter, Lock.with_slot(lock, 1, took, fn -> :ran end)})
+            end)
+          end
+
+        kill(holder)
+        for _ <- waiters, do: assert_receive({:waiter, :ran}, 5_000)
+        assert_received :took_over
+        refute_received :took_over
+      end
+    end
+  end
+
+  describe "holder ids" do
+    test "each process gets its own id once, and ids are never reused" do
+      id = Holders.id()
+      assert is_integer(id) and id > 0
+      assert Holders.id() == id
+      ids = for _ <- 1..20, do: Task.await(Task.async(&Holders.id/0))
+      assert length(Enum.uniq([id | ids])) == 21
+      assert Holders.alive?(id)
+    end
+
+    test "thousands of short-lived holders leave no entry behind" do
+      lock = Lock.new(4)
+      registry = Process.whereis(Holders)
+      parent = self()
+
+      ids =
+        for i <- 1..5_000 do
+          {pid, ref} =
+            spawn_monitor(fn ->
+              Lock.with_slot(lock, rem(i, 4) + 1, fn -> :ok end, fn -> :ok end)
+              send(parent, {:id, Holders.id()})
+            end)
+
+          assert_receive {:id, id}, 5_000
+          assert_receive {:DOWN, ^ref, :process, ^pid, _}, 5_000
+          id
+        end
+
+      # The registry handles each exit asynchronously.
+      eventually(fn -> Enum.all?(ids, &(:ets.lookup(Holders, &1) == [])) end)
+      refute Enum.any?(ids, &Holders.alive?/1)
+      {:messages, []} = :erlang.process_info(registry, :messages)
+      :erlang.garbage_collect(registry)
+      {:memory, memory} = :erlang.process_info(registry, :memory)
+      assert memory < 100_000
+    end
+
+    test "a restarted registry keeps the ids of live holders and watches them again" do
+      # Isolated: killing the registry must not disturb the other tests.
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            alias Larder.Lock.Holders
+            parent = self()
+
+            live =
+              spawn(fn ->
+                send(parent, {:id, Holders.id()})
+                receive do: (:stop -> :ok)
+              end)
+
+            id = receive do: ({:id, id} -> id)
+            old = Process.whereis(Holders)
+            ref = Process.monitor(old)
+            Process.exit(old, :kill)
+            receive do: ({:DOWN, ^ref, _, _, _} -> :ok)
+
+            wait = fn wait ->
+              case Process.whereis(Holders) do
+                nil -> Process.sleep(5) && wait.(wait)
+                pid -> :sys.get_state(pid) && pid
+              end
+            end
+
+            wait.(wait)
+            alive_after_restart = Holders.alive?(id)
+            send(live, :stop)
+            mref = Process.monitor(live)
+            receive do: ({:DOWN, ^mref, _, _, _} -> :ok)
+            :sys.get_state(Holders)
+            {alive_after_restart, :ets.lookup(Holders, id)}
+          end
+        )
+
+      assert result == {:ok, {true, []}}
+    end
+  end
+
+  describe "bad arguments raise ArgumentError naming them" do
+    test "new/1" do
+      for bad <- [0, -1, :x, 1.0, nil, Lock.max_slots() + 1, 10 ** 12] do
+        assert_raise ArgumentError, ~r/slots/, fn -> Lock.new(bad) end
+      end
+
+      assert %Lock{} = Lock.new(Lock.max_slots())
+    end
+
+    test "slot/2, acquire/2, release/2, with_slot/4" do
+      lock = Lock.new(4)
+      ok = fn -> :ok end
+
+      for bad_lock <- [:x, nil, {:lock}, %{atomics: nil, slots: 1}] do
+        assert_raise ArgumentError, ~r/lock/, fn -> Lock.slot(bad_lock, :k) end
+        assert_raise ArgumentError, ~r/lock/, fn -> Lock.acquire(bad_lock, 1) end
+        assert_raise ArgumentError, ~r/lock/, fn -> Lock.release(bad_lock, 1) end
+        assert_raise ArgumentError, ~r/lock/, fn -> Lock.with_slot(bad_lock, 1, ok, ok) end
+      end
+
+      for bad_slot <- [0, 5, -1, :a, 1.0, nil, 2 ** 70] do
+        assert_raise ArgumentError, ~r/slot/, fn -> Lock.acquire(lock, bad_slot) end
+        assert_raise ArgumentError, ~r/slot/, fn -> Lock.release(lock, bad_slot) end
+        assert_raise ArgumentError, ~r/slot/, fn -> Lock.with_slot(lock, bad_slot, ok, ok) end
+      end
+
+      assert_raise ArgumentError, ~r/on_takeover/, fn -> Lock.with_slot(lock, 1, :x, ok) end
+      assert_raise ArgumentError, ~r/fun/, fn -> Lock.with_slot(lock, 1, ok, fn _ -> :ok end) end
+      for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
+    end
+
+    test "a nested acquire of a held slot raises instead of waiting for ever" do
+      lock = Lock.new(1)
+
+      assert_raise ArgumentError, ~r/already held by this process/, fn ->
+        Lock.with_slot(lock, 1, fn -> :ok end, fn -> Lock.acquire(lock, 1) end)
+      end
+
+      assert :atomics.get(lock.atomics, 1) == 0
+    end
+  end
+
+  # Yields inside the slot on even rounds, outside it on odd ones, so that a
+  # suspension finds the worker holding the slot or not.
+  defp loop_with_slot(lock, n) do
+    Lock.with_slot(lock, 1, fn -> :ok end, fn -> if rem(n, 2) == 0, do: :erlang.yield() end)
+    if rem(n, 2) == 1, do: :erlang.yield()
+    loop_with_slot(lock, n + 1)
+  end
+
+  defp kill(pid) do
+    ref = Process.monitor(pid)
+    Process.exit(pid, :kill)
+    assert_receive {:DOWN, ^ref, :process, ^pid, _}, 5_000
+  end
+
+  defp yields(0), do: :ok
+
+  defp yields(n) do
+    :erlang.yield()
+    yields(n - 1)
+  end
+end
