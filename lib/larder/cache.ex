@@ -139,8 +139,17 @@ defmodule Larder.Cache do
     compression_level: 1,
     namespace: "larder",
     version: 1,
-    local_copy_min_bytes: 65_536
+    local_copy_min_bytes: 65_536,
+    local_copy_max_bytes: 67_108_864
   ]
+
+  # Upper bounds of the numeric options (documented in start_link/1).
+  @max_ttl 3_153_600_000_000
+  @max_bytes 1_125_899_906_842_624
+  @max_entries 1_099_511_627_776
+  @max_copy_bytes 1_099_511_627_776
+  @max_version 9_223_372_036_854_775_807
+  @max_string_bytes 1_024
 
   @doc """
   Starts a cache.
@@ -151,21 +160,26 @@ defmodule Larder.Cache do
     * `:l2` - `nil` for a local-only cache (the default), or `{module, opts}`
       with a `Larder.Cache.L2` module, such as `{Larder.Cache.Redis, host:
       "127.0.0.1", port: 6379}` (see `Larder.Cache.Redis` for its options).
-    * `:ttl` - milliseconds before an entry expires, or `:infinity` (default).
-    * `:max_entries` - evict the oldest writes beyond this many L1 entries
-      (default `:infinity`).
+    * `:ttl` - milliseconds before an entry expires, at most
+      3_153_600_000_000 (100 years), or `:infinity` (default).
+    * `:max_entries` - evict the oldest writes beyond this many L1 entries,
+      at most 2^40 (default `:infinity`).
     * `:max_bytes` - evict the oldest writes while the L1 values' external
-      size exceeds this (default `:infinity`).
+      size exceeds this, at most 2^50 (default `:infinity`).
     * `:compressed` - create the L1 ETS table `:compressed` (default `false`).
     * `:compression_level` - `term_to_binary` compression for L2 values, 0
       (none) to 9 (default `1`).
-    * `:namespace` - a string prefixed to every L2 key and to the
-      invalidation channel (default `"larder"`).
-    * `:version` - an integer or string in every L2 key, to be bumped when
-      the shape of the values changes (default `1`).
-    * `:local_copy_min_bytes` - values at least this large (external size)
-      are kept in the reading process for repeat hits; `:infinity` turns that
-      off (default `65536`).
+    * `:namespace` - a string of 1 to 1024 bytes prefixed to every L2 key
+      and to the invalidation channel (default `"larder"`).
+    * `:version` - an integer of at most 2^63 - 1 in absolute value, or a
+      string of at most 1024 bytes, in every L2 key, to be bumped when the
+      shape of the values changes (default `1`).
+    * `:local_copy_min_bytes` - values at least this large (external size),
+      at most 2^40, are kept in the reading process for repeat hits;
+      `:infinity` turns that off (default `65536`).
+    * `:local_copy_max_bytes` - the most (external size) of such copies one
+      process keeps for this cache, 0 to 2^40 (default `67108864`, 64 MiB);
+      a value larger than this is copied on every hit.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts), do: Owner.start_link(validate_opts!(opts))
@@ -231,8 +245,8 @@ defmodule Larder.Cache do
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
   their copy.
 
-  Options: `:ttl` - milliseconds, or `:infinity` (default: the cache's
-  `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
+  Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
+  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
   failed (L1 holds the value either way).
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
@@ -373,12 +387,12 @@ defmodule Larder.Cache do
       [] ->
         cfg.ttl
 
-      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0) ->
+      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
         ttl
 
       _ ->
         raise ArgumentError,
-              "expected put/4 options to be [ttl: pos_integer | :infinity], got: #{inspect(opts)}"
+              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
     end
   end
 
@@ -393,19 +407,57 @@ defmodule Larder.Cache do
       "nil or {module, opts}"
     )
 
-    check!(opts, :ttl, &pos_or_infinity?/1, "a positive integer (ms) or :infinity")
-    check!(opts, :max_bytes, &pos_or_infinity?/1, "a positive integer or :infinity")
-    check!(opts, :max_entries, &pos_or_infinity?/1, "a positive integer or :infinity")
+    check!(
+      opts,
+      :ttl,
+      &pos_or_infinity?(&1, @max_ttl),
+      "an integer in 1..#{@max_ttl} (ms) or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_bytes,
+      &pos_or_infinity?(&1, @max_bytes),
+      "an integer in 1..#{@max_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_entries,
+      &pos_or_infinity?(&1, @max_entries),
+      "an integer in 1..#{@max_entries} or :infinity"
+    )
+
     check!(opts, :compressed, &is_boolean/1, "a boolean")
     check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-    check!(opts, :namespace, &(is_binary(&1) and &1 != ""), "a non-empty string")
-    check!(opts, :version, &(is_integer(&1) or is_binary(&1)), "an integer or a string")
+
+    check!(
+      opts,
+      :namespace,
+      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
+      "a string of 1 to #{@max_string_bytes} bytes"
+    )
+
+    check!(
+      opts,
+      :version,
+      &((is_integer(&1) and abs(&1) <= @max_version) or
+          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
+      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
+    )
 
     check!(
       opts,
       :local_copy_min_bytes,
-      &(&1 == :infinity or (is_integer(&1) and &1 >= 0)),
-      "a non-negative integer or :infinity"
+      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
+      "an integer in 0..#{@max_copy_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :local_copy_max_bytes,
+      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
+      "an integer in 0..#{@max_copy_bytes}"
     )
 
     case opts[:l2] do
@@ -428,5 +480,6 @@ defmodule Larder.Cache do
   defp check!(opts, key, valid?, expected),
     do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
 
-  defp pos_or_infinity?(value), do: value == :infinity or (is_integer(value) and value > 0)
+  defp pos_or_infinity?(value, max),
+    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
 end

@@ -56,6 +56,8 @@ defmodule Larder.Cache.Owner do
       l2: nil
     }
 
+    cfg = Store.setup(cfg, opts)
+
     cfg =
       case opts[:l2] do
         nil ->
@@ -73,6 +75,9 @@ defmodule Larder.Cache.Owner do
     Process.send_after(self(), :tick, Store.tick_ms())
     {:ok, cfg}
   end
+
+  @impl true
+  def handle_call(:clear_l1, _from, cfg), do: {:reply, Store.clear(cfg), cfg}
 
   @impl true
   def handle_info({:larder_cache_l2, :message, payload}, cfg) do
