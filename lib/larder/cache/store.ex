@@ -311,16 +311,32 @@ defmodule Larder.Cache.Store do
       raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
   end
 
-  # Deletes the rows whose time is up (called periodically by the owner).
+  # Called periodically by the owner: deletes the rows whose time is up,
+  # the loading markers of loaders that died (their waiters clear them too,
+  # if any), and repairs the slots whose holder died mid-write (the next
+  # writer of the slot would, but it may never come).
   def sweep(cfg) do
     now = now()
 
-    spec = [
+    expired = [
       {{:"$1", :"$2", :"$3", :_, :_}, [{:is_integer, :"$2"}, {:"=<", :"$3", now}],
        [{{:"$1", :"$2"}}]}
     ]
 
-    for {key, version} <- :ets.select(cfg.data, spec), do: delete_version(cfg, key, version)
+    for {key, version} <- :ets.select(cfg.data, expired), do: delete_version(cfg, key, version)
+
+    loading = [{{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:"$1", :"$2", :"$3"}}]}]
+
+    for {key, pid, ref} <- :ets.select(cfg.data, loading), not Process.alive?(pid) do
+      unlock(cfg, key, pid, ref)
+    end
+
+    journals = [{{:"$1", :_, :_, :_, :_, :_, :_}, [{:is_integer, :"$1"}], [:"$1"]}]
+
+    for slot <- :ets.select(cfg.meta, journals) do
+      Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> :ok end)
+    end
+
     :ok
   end
 
