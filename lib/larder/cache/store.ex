@@ -313,8 +313,9 @@ defmodule Larder.Cache.Store do
 
   # Called periodically by the owner: deletes the rows whose time is up,
   # the loading markers of loaders that died (their waiters clear them too,
-  # if any), and repairs the slots whose holder died mid-write (the next
-  # writer of the slot would, but it may never come).
+  # if any), repairs the slots whose holder died mid-write (the next writer
+  # of the slot would, but it may never come), and evicts what a writer
+  # that died before evicting left over the limits.
   def sweep(cfg) do
     now = now()
 
@@ -337,7 +338,7 @@ defmodule Larder.Cache.Store do
       Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> :ok end)
     end
 
-    :ok
+    evict(cfg)
   end
 
   def entries(cfg), do: :ets.info(cfg.index, :size)
