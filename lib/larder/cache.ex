@@ -28,23 +28,50 @@ defmodule Larder.Cache do
   least `:local_copy_min_bytes` are stored apart, and the reading process
   keeps the copy it made in its dictionary, tagged with the value's version:
   a repeat hit by that process reads only the key's small row (O(1)) and
-  copies nothing. That copy lives until the process reads the key again
-  after a change, or exits. A write computes the value's size, O(size), and
-  copies it into ETS; eviction is O(log n) per evicted entry.
+  copies nothing. The copies one process keeps of one cache add up to at
+  most `:local_copy_max_bytes` (external size): a new copy that would go
+  over drops others first, and a value larger than the bound is copied on
+  every hit. A copy is replaced when its process reads a newer version,
+  dropped when its process reads the key and finds no value, and goes with
+  the process. A write computes the value's size, O(size), and copies it
+  into ETS; eviction is O(log n) per evicted entry.
 
   ## Concurrency
 
+    * **Hits take no lock.** A hit is one `:ets.lookup/2` and an expiry
+      check (plus, for a large value, a look in the process dictionary).
+    * **Writers of a key are serialised.** Every change to a key's L1 rows
+      (`put/4`, a load's write, `delete/2`, a remote invalidation, expiry,
+      eviction) runs holding the key's slot of an internal striped lock
+      (64 slots per cache, by `:erlang.phash2/2` of the key), so one key
+      always has at most one live version, and its index, byte count and
+      large-value rows match it. Keys are only ever used in key-exact ETS
+      calls, never in a match pattern: `:_` or `:"$1"` is a key like any
+      other.
+    * **Writes are repairable.** Each change writes a small journal row
+      first and deletes it last. A process killed in the middle leaves its
+      slot and its journal row; the next process to take the slot (or the
+      cache's periodic sweep, within 5 s) repairs the change before
+      anything else: whichever version the key's row holds is kept, the
+      other version's rows are dropped, and the byte count is set from the
+      journal. `stats/1` matches the tables again once that has run.
     * **Miss collapsing.** Concurrent misses on one key run the loader once:
-      the first takes a per-key lock (an ETS `insert_new`) and runs the L2
-      read and the loader *in its own process*; the others monitor it and
-      get its result, or its error. Misses on different keys never wait for
-      each other or for a shared process. If the loading process dies, its
+      the first puts a loading marker in the key's row (an ETS
+      `insert_new`, which needs no lock) and runs the L2 read and the
+      loader *in its own process*; the others monitor it and get its
+      result, or its error. Misses on different keys never wait for each
+      other or for a shared process. If the loading process dies, its
       waiters notice at once (monitor) and one of them loads.
     * **Backfill guard.** Every write gets a new version. A backfill or load
-      writes L1 only while its lock row is still in place (an atomic
-      `ets:select_replace/2`); a `put/4`, `delete/2`, `invalidate_all/1` or
-      remote invalidation that happens during the load removes the lock, so
-      the older value never overwrites the newer one.
+      writes L1 only while its loading marker is still in place (checked
+      and replaced under the slot); a `put/4`, `delete/2`,
+      `invalidate_all/1` or remote invalidation that happens during the
+      load removes the marker, so the older value never overwrites the
+      newer one.
+    * **Clearing** (`invalidate_all/1`, a generation change, a resubscribe)
+      runs in the cache's process, which holds every slot meanwhile: no
+      write is half done when the L1 empties, and killing the caller cannot
+      stop a clear half way.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
@@ -53,8 +80,6 @@ defmodule Larder.Cache do
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
-    * Writes take the L1 table's lock (it is `read_concurrency` only, which
-      keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
     * The L2 has no compare-and-set: a load that wrote L1 and is about to
       write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
@@ -72,14 +97,25 @@ defmodule Larder.Cache do
 
   When `:max_entries` or `:max_bytes` (the sum of `:erlang.external_size/1`
   of the values) is exceeded, the oldest writes are evicted first (FIFO, not
-  LRU: a hit writes nothing, which keeps hits as cheap as an ETS lookup). A
-  single value larger than `:max_bytes` is evicted as soon as it is written.
+  LRU: a hit writes nothing, which keeps hits as cheap as an ETS lookup).
+  The writer evicts after releasing its own slot, taking each victim's slot
+  in turn (never two at once). A single value larger than `:max_bytes` is
+  evicted as soon as it is written. A writer killed before it evicted
+  leaves the L1 over its limits until the next write or sweep.
 
   ## Failures
 
     * The loader returns `{:ok, value}` or `{:error, reason}`; an error, a
       raise or anything else is `{:error, %Larder.Error{reason:
       :loader_failed}}`, is not cached, and is given to every waiter.
+    * A cache that stops or is killed while a `fetch/3` or `get/3` is
+      loading gives that caller and its waiters `{:error, %Larder.Error{reason:
+      :cache_stopped}}`. A call that starts after the cache stopped raises
+      `ArgumentError` (an unknown cache).
+    * A process killed in the middle of a write loses that write or
+      completes it, never half of it (see Concurrency); a loader killed
+      mid-load leaves no marker behind once a waiter or the sweep sees it
+      dead.
     * An L2 that is down at start or goes down mid-run is not fatal: `fetch/3`
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
