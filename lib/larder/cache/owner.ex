@@ -41,9 +41,11 @@ defmodule Larder.Cache.Owner do
       index: index,
       large: large,
       waiters: waiters,
+      meta: Store.new_meta(),
+      lock: Store.new_lock(),
+      local_copy_max_bytes: opts[:local_copy_max_bytes],
       stats: Store.new_counters(),
       seq: :atomics.new(1, signed: true),
-      bytes: :atomics.new(1, signed: true),
       generation: :atomics.new(1, signed: true),
       clock: :atomics.new(1, signed: true),
       node_id: :crypto.strong_rand_bytes(16),
@@ -55,8 +57,6 @@ defmodule Larder.Cache.Owner do
       local_copy_min_bytes: opts[:local_copy_min_bytes],
       l2: nil
     }
-
-    cfg = Store.setup(cfg, opts)
 
     cfg =
       case opts[:l2] do

@@ -65,17 +65,15 @@ defmodule Larder.Cache.Store do
 
   def count(cfg, stat), do: :counters.add(cfg.stats, stat_index(stat), 1)
 
-  # The L1's share of the cache's config, added by the owner at start.
-  def setup(cfg, opts) do
+  # The L1's byte counts and journal rows, and its lock (the owner keeps
+  # both in the cache's config).
+  def new_meta do
     meta = :ets.new(:larder_cache_meta, [:set, :public, write_concurrency: true])
     :ets.insert(meta, zero_bytes())
-
-    Map.merge(cfg, %{
-      meta: meta,
-      lock: Lock.new(@slots),
-      local_copy_max_bytes: Keyword.fetch!(opts, :local_copy_max_bytes)
-    })
+    meta
   end
+
+  def new_lock, do: Lock.new(@slots)
 
   defp zero_bytes, do: List.to_tuple([:bytes | List.duplicate(0, @slots + 1)])
 
