@@ -31,9 +31,10 @@ defmodule Larder.Cache do
   copies nothing. The copies one process keeps of one cache add up to at
   most `:local_copy_max_bytes` (external size): a new copy that would go
   over drops others first, and a value larger than the bound is copied on
-  every hit. A copy is replaced when its process reads a newer version,
-  dropped when its process reads the key and finds no value, and goes with
-  the process. A write computes the value's size, O(size), and copies it
+  every hit. A copy is replaced when its process reads a newer large
+  version, dropped when its process reads the key and finds no value (a copy
+  of a key that now holds a small value stays until the bound pushes it
+  out), and goes with the process. A write computes the value's size, O(size), and copies it
   into ETS; eviction is O(log n) per evicted entry.
 
   ## Concurrency
@@ -261,7 +262,7 @@ defmodule Larder.Cache do
 
   @doc """
   Reads `key` from L1, then L2 (backfilling L1), without loading; returns
-  `default` when neither has it.
+  `default` when neither has it (or when the cache stops during the call).
   """
   @spec get(cache(), key(), value()) :: value()
   def get(cache, key, default \\ nil) do
