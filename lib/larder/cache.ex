@@ -34,8 +34,8 @@ defmodule Larder.Cache do
   every hit. A copy is replaced when its process reads a newer large
   version, dropped when its process reads the key and finds no value (a copy
   of a key that now holds a small value stays until the bound pushes it
-  out), and goes with the process. A write computes the value's size, O(size), and copies it
-  into ETS; eviction is O(log n) per evicted entry.
+  out), and goes with the process. A write computes the value's size,
+  O(size), and copies it into ETS; eviction is O(log n) per evicted entry.
 
   ## Concurrency
 
