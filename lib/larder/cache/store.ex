@@ -287,16 +287,17 @@ defmodule Larder.Cache.Store do
 
   # Empties the L1. Runs in the owner, which holds every slot meanwhile:
   # no write is half done, and killing a caller cannot stop a clear half way.
+  # (Data rows go first, so a reader never finds a row without its value.)
   def clear(%{owner: owner} = cfg) when owner == self() do
-    slots = Enum.map(1..@slots, fn slot -> acquire(cfg, slot) end)
-
     try do
+      Enum.each(1..@slots, &acquire(cfg, &1))
       :ets.delete_all_objects(cfg.data)
       :ets.delete_all_objects(cfg.large)
       :ets.delete_all_objects(cfg.index)
       :ets.insert(cfg.meta, zero_bytes())
     after
-      Enum.each(slots, &Lock.release(cfg.lock, &1))
+      # releasing a slot we do not hold is a no-op
+      Enum.each(1..@slots, &Lock.release(cfg.lock, &1))
     end
 
     :ok
@@ -363,12 +364,8 @@ defmodule Larder.Cache.Store do
 
   defp acquire(cfg, slot) do
     case Lock.acquire(cfg.lock, slot) do
-      :acquired ->
-        slot
-
-      :taken_over ->
-        repair(cfg, slot)
-        slot
+      :acquired -> :ok
+      :taken_over -> repair(cfg, slot)
     end
   end
 
