@@ -61,8 +61,12 @@ defmodule Larder.Cache do
       `insert_new`, which needs no lock) and runs the L2 read and the
       loader *in its own process*; the others monitor it and get its
       result, or its error. Misses on different keys never wait for each
-      other or for a shared process. If the loading process dies, its
-      waiters notice at once (monitor) and one of them loads.
+      other, except when their keys share a lock slot for the few ETS
+      operations of the write. If the loading process dies, its waiters
+      notice at once (monitor) and one of them loads.
+    * The first write (or load) by a process registers it once with the
+      lock's holder registry, a process of the `:larder` application (one
+      call); hits never do.
     * **Backfill guard.** Every write gets a new version. A backfill or load
       writes L1 only while its loading marker is still in place (checked
       and replaced under the slot); a `put/4`, `delete/2`,
