@@ -1,9 +1,10 @@
 # The L1: ETS rows with a version per write, written under per-key slot
 # locks with a journal that makes every write repairable, loading markers,
-# expiry sweeps and the process-local copies of large values.
+# eviction and expiry sweeps.
 defmodule Larder.Cache.Store do
   @moduledoc false
 
+  alias Larder.Cache.LocalCopies
   alias Larder.Lock
 
   # Rows of the data table (a :set):
@@ -115,23 +116,24 @@ defmodule Larder.Cache.Store do
         end
 
       [{_, :loading, pid, ref, _}] ->
-        drop_copy(cfg, key)
+        LocalCopies.drop(cfg, key)
         {:loading, pid, ref}
 
       [] ->
-        drop_copy(cfg, key)
+        LocalCopies.drop(cfg, key)
         :miss
     end
   end
 
   defp expire(cfg, key, version) do
-    drop_copy(cfg, key)
+    LocalCopies.drop(cfg, key)
     delete_version(cfg, key, version)
     :miss
   end
 
   # A large value lives in its own table under {key, version}; the reading
-  # process keeps the copy it made, and reuses it while the version holds.
+  # process keeps the copy it made (LocalCopies), and reuses it while the
+  # version holds.
   defp large_hit(cfg, key, version, size) do
     case Process.get({cfg.data, key}) do
       {^version, value} ->
@@ -140,7 +142,7 @@ defmodule Larder.Cache.Store do
       _ ->
         case :ets.lookup(cfg.large, {key, version}) do
           [{_, value}] ->
-            keep_copy(cfg, key, version, size, value)
+            LocalCopies.keep(cfg, key, version, size, value)
             {:hit, value}
 
           [] ->
@@ -152,60 +154,6 @@ defmodule Larder.Cache.Store do
 
   defp live?(_cfg, :infinity), do: true
   defp live?(cfg, expires), do: expires > coarse_now(cfg)
-
-  ## Process-local copies of large values
-  #
-  # {cfg.data, key} => {version, value} in the reading process's dictionary,
-  # and {__MODULE__, cfg.data} => {total_size, %{key => size}}: the copies
-  # of one cache in one process never add up to more than
-  # local_copy_max_bytes (external sizes). A copy is dropped when its
-  # process reads the key and finds no value, and to make room for a newer
-  # copy.
-
-  defp keep_copy(cfg, key, version, size, value) do
-    {total, sizes} = drop_copy(cfg, key)
-    max = cfg.local_copy_max_bytes
-
-    if size <= max do
-      {total, sizes} = make_room(cfg, total, sizes, max - size)
-      Process.put({cfg.data, key}, {version, value})
-      Process.put({__MODULE__, cfg.data}, {total + size, Map.put(sizes, key, size)})
-    end
-
-    :ok
-  end
-
-  defp make_room(cfg, total, sizes, limit) do
-    if total <= limit do
-      {total, sizes}
-    else
-      Enum.reduce_while(sizes, {total, sizes}, fn {key, size}, {total, sizes} ->
-        Process.delete({cfg.data, key})
-        acc = {total - size, Map.delete(sizes, key)}
-        if total - size <= limit, do: {:halt, acc}, else: {:cont, acc}
-      end)
-    end
-  end
-
-  # Returns the bookkeeping without key's copy.
-  defp drop_copy(cfg, key) do
-    case Process.get({__MODULE__, cfg.data}) do
-      nil ->
-        {0, %{}}
-
-      {total, sizes} = copies ->
-        case Map.pop(sizes, key) do
-          {nil, _} ->
-            copies
-
-          {size, sizes} ->
-            Process.delete({cfg.data, key})
-            copies = {total - size, sizes}
-            Process.put({__MODULE__, cfg.data}, copies)
-            copies
-        end
-    end
-  end
 
   ## Writes (under the key's slot)
 
