@@ -28,23 +28,55 @@ defmodule Larder.Cache do
   least `:local_copy_min_bytes` are stored apart, and the reading process
   keeps the copy it made in its dictionary, tagged with the value's version:
   a repeat hit by that process reads only the key's small row (O(1)) and
-  copies nothing. That copy lives until the process reads the key again
-  after a change, or exits. A write computes the value's size, O(size), and
-  copies it into ETS; eviction is O(log n) per evicted entry.
+  copies nothing. The copies one process keeps of one cache add up to at
+  most `:local_copy_max_bytes` (external size): a new copy that would go
+  over drops others first, and a value larger than the bound is copied on
+  every hit. A copy is replaced when its process reads a newer large
+  version, dropped when its process reads the key and finds no value (a copy
+  of a key that now holds a small value stays until the bound pushes it
+  out), and goes with the process. A write computes the value's size,
+  O(size), and copies it into ETS; eviction is O(log n) per evicted entry.
 
   ## Concurrency
 
+    * **Hits take no lock.** A hit is one `:ets.lookup/2` and an expiry
+      check (plus, for a large value, a look in the process dictionary).
+    * **Writers of a key are serialised.** Every change to a key's L1 rows
+      (`put/4`, a load's write, `delete/2`, a remote invalidation, expiry,
+      eviction) runs holding the key's slot of an internal striped lock
+      (64 slots per cache, by `:erlang.phash2/2` of the key), so one key
+      always has at most one live version, and its index, byte count and
+      large-value rows match it. Keys are only ever used in key-exact ETS
+      calls, never in a match pattern: `:_` or `:"$1"` is a key like any
+      other.
+    * **Writes are repairable.** Each change writes a small journal row
+      first and deletes it last. A process killed in the middle leaves its
+      slot and its journal row; the next process to take the slot (or the
+      cache's periodic sweep, within 5 s) repairs the change before
+      anything else: whichever version the key's row holds is kept, the
+      other version's rows are dropped, and the byte count is set from the
+      journal. `stats/1` matches the tables again once that has run.
     * **Miss collapsing.** Concurrent misses on one key run the loader once:
-      the first takes a per-key lock (an ETS `insert_new`) and runs the L2
-      read and the loader *in its own process*; the others monitor it and
-      get its result, or its error. Misses on different keys never wait for
-      each other or for a shared process. If the loading process dies, its
-      waiters notice at once (monitor) and one of them loads.
+      the first puts a loading marker in the key's row (an ETS
+      `insert_new`, which needs no lock) and runs the L2 read and the
+      loader *in its own process*; the others monitor it and get its
+      result, or its error. Misses on different keys never wait for each
+      other, except when their keys share a lock slot for the few ETS
+      operations of the write. If the loading process dies, its waiters
+      notice at once (monitor) and one of them loads.
+    * The first write (or load) by a process registers it once with the
+      lock's holder registry, a process of the `:larder` application (one
+      call); hits never do.
     * **Backfill guard.** Every write gets a new version. A backfill or load
-      writes L1 only while its lock row is still in place (an atomic
-      `ets:select_replace/2`); a `put/4`, `delete/2`, `invalidate_all/1` or
-      remote invalidation that happens during the load removes the lock, so
-      the older value never overwrites the newer one.
+      writes L1 only while its loading marker is still in place (checked
+      and replaced under the slot); a `put/4`, `delete/2`,
+      `invalidate_all/1` or remote invalidation that happens during the
+      load removes the marker, so the older value never overwrites the
+      newer one.
+    * **Clearing** (`invalidate_all/1`, a generation change, a resubscribe)
+      runs in the cache's process, which holds every slot meanwhile: no
+      write is half done when the L1 empties, and killing the caller cannot
+      stop a clear half way.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
@@ -53,8 +85,6 @@ defmodule Larder.Cache do
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
-    * Writes take the L1 table's lock (it is `read_concurrency` only, which
-      keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
     * The L2 has no compare-and-set: a load that wrote L1 and is about to
       write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
@@ -72,14 +102,25 @@ defmodule Larder.Cache do
 
   When `:max_entries` or `:max_bytes` (the sum of `:erlang.external_size/1`
   of the values) is exceeded, the oldest writes are evicted first (FIFO, not
-  LRU: a hit writes nothing, which keeps hits as cheap as an ETS lookup). A
-  single value larger than `:max_bytes` is evicted as soon as it is written.
+  LRU: a hit writes nothing, which keeps hits as cheap as an ETS lookup).
+  The writer evicts after releasing its own slot, taking each victim's slot
+  in turn (never two at once). A single value larger than `:max_bytes` is
+  evicted as soon as it is written. A writer killed before it evicted
+  leaves the L1 over its limits until the next write or sweep.
 
   ## Failures
 
     * The loader returns `{:ok, value}` or `{:error, reason}`; an error, a
       raise or anything else is `{:error, %Larder.Error{reason:
       :loader_failed}}`, is not cached, and is given to every waiter.
+    * A cache that stops or is killed while a `fetch/3` or `get/3` is
+      loading gives that caller and its waiters `{:error, %Larder.Error{reason:
+      :cache_stopped}}`. A call that starts after the cache stopped raises
+      `ArgumentError` (an unknown cache).
+    * A process killed in the middle of a write loses that write or
+      completes it, never half of it (see Concurrency); a loader killed
+      mid-load leaves no marker behind once a waiter or the sweep sees it
+      dead.
     * An L2 that is down at start or goes down mid-run is not fatal: `fetch/3`
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
@@ -139,8 +180,17 @@ defmodule Larder.Cache do
     compression_level: 1,
     namespace: "larder",
     version: 1,
-    local_copy_min_bytes: 65_536
+    local_copy_min_bytes: 65_536,
+    local_copy_max_bytes: 67_108_864
   ]
+
+  # Upper bounds of the numeric options (documented in start_link/1).
+  @max_ttl 3_153_600_000_000
+  @max_bytes 1_125_899_906_842_624
+  @max_entries 1_099_511_627_776
+  @max_copy_bytes 1_099_511_627_776
+  @max_version 9_223_372_036_854_775_807
+  @max_string_bytes 1_024
 
   @doc """
   Starts a cache.
@@ -151,21 +201,26 @@ defmodule Larder.Cache do
     * `:l2` - `nil` for a local-only cache (the default), or `{module, opts}`
       with a `Larder.Cache.L2` module, such as `{Larder.Cache.Redis, host:
       "127.0.0.1", port: 6379}` (see `Larder.Cache.Redis` for its options).
-    * `:ttl` - milliseconds before an entry expires, or `:infinity` (default).
-    * `:max_entries` - evict the oldest writes beyond this many L1 entries
-      (default `:infinity`).
+    * `:ttl` - milliseconds before an entry expires, at most
+      3_153_600_000_000 (100 years), or `:infinity` (default).
+    * `:max_entries` - evict the oldest writes beyond this many L1 entries,
+      at most 2^40 (default `:infinity`).
     * `:max_bytes` - evict the oldest writes while the L1 values' external
-      size exceeds this (default `:infinity`).
+      size exceeds this, at most 2^50 (default `:infinity`).
     * `:compressed` - create the L1 ETS table `:compressed` (default `false`).
     * `:compression_level` - `term_to_binary` compression for L2 values, 0
       (none) to 9 (default `1`).
-    * `:namespace` - a string prefixed to every L2 key and to the
-      invalidation channel (default `"larder"`).
-    * `:version` - an integer or string in every L2 key, to be bumped when
-      the shape of the values changes (default `1`).
-    * `:local_copy_min_bytes` - values at least this large (external size)
-      are kept in the reading process for repeat hits; `:infinity` turns that
-      off (default `65536`).
+    * `:namespace` - a string of 1 to 1024 bytes prefixed to every L2 key
+      and to the invalidation channel (default `"larder"`).
+    * `:version` - an integer of at most 2^63 - 1 in absolute value, or a
+      string of at most 1024 bytes, in every L2 key, to be bumped when the
+      shape of the values changes (default `1`).
+    * `:local_copy_min_bytes` - values at least this large (external size),
+      at most 2^40, are kept in the reading process for repeat hits;
+      `:infinity` turns that off (default `65536`).
+    * `:local_copy_max_bytes` - the most (external size) of such copies one
+      process keeps for this cache, 0 to 2^40 (default `67108864`, 64 MiB);
+      a value larger than this is copied on every hit.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts), do: Owner.start_link(validate_opts!(opts))
@@ -211,7 +266,7 @@ defmodule Larder.Cache do
 
   @doc """
   Reads `key` from L1, then L2 (backfilling L1), without loading; returns
-  `default` when neither has it.
+  `default` when neither has it (or when the cache stops during the call).
   """
   @spec get(cache(), key(), value()) :: value()
   def get(cache, key, default \\ nil) do
@@ -231,8 +286,8 @@ defmodule Larder.Cache do
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
   their copy.
 
-  Options: `:ttl` - milliseconds, or `:infinity` (default: the cache's
-  `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
+  Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
+  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
   failed (L1 holds the value either way).
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
@@ -373,12 +428,12 @@ defmodule Larder.Cache do
       [] ->
         cfg.ttl
 
-      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0) ->
+      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
         ttl
 
       _ ->
         raise ArgumentError,
-              "expected put/4 options to be [ttl: pos_integer | :infinity], got: #{inspect(opts)}"
+              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
     end
   end
 
@@ -393,19 +448,57 @@ defmodule Larder.Cache do
       "nil or {module, opts}"
     )
 
-    check!(opts, :ttl, &pos_or_infinity?/1, "a positive integer (ms) or :infinity")
-    check!(opts, :max_bytes, &pos_or_infinity?/1, "a positive integer or :infinity")
-    check!(opts, :max_entries, &pos_or_infinity?/1, "a positive integer or :infinity")
+    check!(
+      opts,
+      :ttl,
+      &pos_or_infinity?(&1, @max_ttl),
+      "an integer in 1..#{@max_ttl} (ms) or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_bytes,
+      &pos_or_infinity?(&1, @max_bytes),
+      "an integer in 1..#{@max_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_entries,
+      &pos_or_infinity?(&1, @max_entries),
+      "an integer in 1..#{@max_entries} or :infinity"
+    )
+
     check!(opts, :compressed, &is_boolean/1, "a boolean")
     check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-    check!(opts, :namespace, &(is_binary(&1) and &1 != ""), "a non-empty string")
-    check!(opts, :version, &(is_integer(&1) or is_binary(&1)), "an integer or a string")
+
+    check!(
+      opts,
+      :namespace,
+      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
+      "a string of 1 to #{@max_string_bytes} bytes"
+    )
+
+    check!(
+      opts,
+      :version,
+      &((is_integer(&1) and abs(&1) <= @max_version) or
+          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
+      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
+    )
 
     check!(
       opts,
       :local_copy_min_bytes,
-      &(&1 == :infinity or (is_integer(&1) and &1 >= 0)),
-      "a non-negative integer or :infinity"
+      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
+      "an integer in 0..#{@max_copy_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :local_copy_max_bytes,
+      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
+      "an integer in 0..#{@max_copy_bytes}"
     )
 
     case opts[:l2] do
@@ -428,5 +521,6 @@ defmodule Larder.Cache do
   defp check!(opts, key, valid?, expected),
     do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
 
-  defp pos_or_infinity?(value), do: value == :infinity or (is_integer(value) and value > 0)
+  defp pos_or_infinity?(value, max),
+    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
 end

@@ -1,5 +1,5 @@
 # Read-through on an L1 miss: one loader per key at a time (an ETS insert_new
-# lock), the L2 then the loader function run in the caller, and waiters that
+# loading marker), the L2 then the loader function run in the caller, and waiters that
 # register in an ETS bag and monitor the loading process instead of queueing
 # behind a shared one.
 defmodule Larder.Cache.Loader do
@@ -15,8 +15,25 @@ defmodule Larder.Cache.Loader do
 
       other ->
         Store.count(cfg, :l1_misses)
-        miss(cfg, key, fun, other)
+
+        try do
+          miss(cfg, key, fun, other)
+        rescue
+          e in ArgumentError ->
+            if stopped?(cfg), do: stopped(cfg, key), else: reraise(e, __STACKTRACE__)
+        end
     end
+  end
+
+  # The owner took the tables with it: ETS calls on them raise badarg.
+  defp stopped?(cfg), do: :ets.info(cfg.data, :id) == :undefined
+
+  defp stopped(cfg, key) do
+    {:error,
+     Larder.Error.new(:cache_stopped, "the cache stopped during the call",
+       cache: cfg.name,
+       key: key
+     )}
   end
 
   defp miss(cfg, key, fun, :miss) do
@@ -51,15 +68,19 @@ defmodule Larder.Cache.Loader do
         load(cfg, key, ref, fun)
       catch
         kind, reason ->
-          Store.unlock(cfg, key, self(), ref)
-          Store.count(cfg, :load_errors)
+          if stopped?(cfg) do
+            stopped(cfg, key)
+          else
+            Store.unlock(cfg, key, self(), ref)
+            Store.count(cfg, :load_errors)
 
-          {:error,
-           Larder.Error.new(:loader_failed, "the loader raised",
-             kind: kind,
-             reason: reason,
-             key: key
-           )}
+            {:error,
+             Larder.Error.new(:loader_failed, "the loader raised",
+               kind: kind,
+               reason: reason,
+               key: key
+             )}
+          end
       end
 
     reply_waiters(cfg, ref, result)
@@ -135,45 +156,58 @@ defmodule Larder.Cache.Loader do
 
   ## Waiting for another process's load
 
-  # Register, then check that the lock is still there: if it is, the loader
-  # has not taken its waiters yet (it changes the lock row first), so the
-  # result will come. No message goes to the loading process's mailbox.
+  # Register, then check that the marker is still there: if it is, the
+  # loader has not taken its waiters yet (it changes the marker row first),
+  # so the result will come. No message goes to the loading process's
+  # mailbox. Waiters also watch the owner: a cache that stops mid-load
+  # answers them {:error, :cache_stopped}.
   defp wait(cfg, key, fun, pid, ref) do
-    monitor = Process.monitor(pid)
-    :ets.insert(cfg.waiters, {ref, self()})
+    loader = Process.monitor(pid)
+    owner = Process.monitor(cfg.owner)
 
-    case Store.lookup(cfg, key) do
-      {:loading, ^pid, ^ref} ->
-        await(cfg, key, fun, pid, ref, monitor)
+    outcome =
+      try do
+        :ets.insert(cfg.waiters, {ref, self()})
 
-      _changed ->
-        if unregister(cfg, ref) do
-          Process.demonitor(monitor, [:flush])
-          retry(cfg, key, fun)
-        else
-          # the loader took us already: its result is on the way
-          await(cfg, key, fun, pid, ref, monitor)
+        case Store.lookup(cfg, key) do
+          {:loading, ^pid, ^ref} ->
+            await(ref, loader, owner)
+
+          _changed ->
+            # false: the loader took us already, its result is on the way
+            if unregister(cfg, ref), do: :retry, else: await(ref, loader, owner)
         end
-    end
-  end
+      after
+        Process.demonitor(loader, [:flush])
+        Process.demonitor(owner, [:flush])
+      end
 
-  defp await(cfg, key, fun, pid, ref, monitor) do
-    receive do
-      {:"$larder_cache_loaded", ^ref, :none} ->
-        # The loading process had no loader (get/3): load ourselves.
-        Process.demonitor(monitor, [:flush])
-        retry(cfg, key, fun)
-
-      {:"$larder_cache_loaded", ^ref, result} ->
-        Process.demonitor(monitor, [:flush])
+    case outcome do
+      {:done, result} ->
         result
 
-      {:DOWN, ^monitor, :process, _, _} ->
+      :retry ->
+        retry(cfg, key, fun)
+
+      :loader_down ->
         # The loading process died mid-load (a reply sent before it died
-        # would have arrived first): clear its lock and start over.
+        # would have arrived first): clear its marker and start over.
         unregister(cfg, ref)
         Store.unlock(cfg, key, pid, ref)
         retry(cfg, key, fun)
+
+      :owner_down ->
+        stopped(cfg, key)
+    end
+  end
+
+  defp await(ref, loader, owner) do
+    receive do
+      # The loading process had no loader (get/3): load ourselves.
+      {:"$larder_cache_loaded", ^ref, :none} -> :retry
+      {:"$larder_cache_loaded", ^ref, result} -> {:done, result}
+      {:DOWN, ^loader, :process, _, _} -> :loader_down
+      {:DOWN, ^owner, :process, _, _} -> :owner_down
     end
   end
 

@@ -41,9 +41,11 @@ defmodule Larder.Cache.Owner do
       index: index,
       large: large,
       waiters: waiters,
+      meta: Store.new_meta(),
+      lock: Store.new_lock(),
+      local_copy_max_bytes: opts[:local_copy_max_bytes],
       stats: Store.new_counters(),
       seq: :atomics.new(1, signed: true),
-      bytes: :atomics.new(1, signed: true),
       generation: :atomics.new(1, signed: true),
       clock: :atomics.new(1, signed: true),
       node_id: :crypto.strong_rand_bytes(16),
@@ -73,6 +75,9 @@ defmodule Larder.Cache.Owner do
     Process.send_after(self(), :tick, Store.tick_ms())
     {:ok, cfg}
   end
+
+  @impl true
+  def handle_call(:clear_l1, _from, cfg), do: {:reply, Store.clear(cfg), cfg}
 
   @impl true
   def handle_info({:larder_cache_l2, :message, payload}, cfg) do

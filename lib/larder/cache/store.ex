@@ -1,7 +1,11 @@
-# The L1: ETS rows with a version per write, loading locks, eviction and the
-# process-local copies of large values.
+# The L1: ETS rows with a version per write, written under per-key slot
+# locks with a journal that makes every write repairable, loading markers,
+# eviction and expiry sweeps.
 defmodule Larder.Cache.Store do
   @moduledoc false
+
+  alias Larder.Cache.LocalCopies
+  alias Larder.Lock
 
   # Rows of the data table (a :set):
   #   {key, version, expires_at, size, value}  a value; version is a unique,
@@ -14,6 +18,30 @@ defmodule Larder.Cache.Store do
   #   {key, :loading, pid, ref, nil}           a loader is running for key
   # The index (an :ordered_set) holds {version, key, size} for every value
   # row, oldest write first: eviction pops from its head.
+  # The meta table (a :set) holds
+  #   {:bytes, total, bytes_of_slot_1, ..., bytes_of_slot_N}
+  #   {slot, key, old_version, old_size, new_version, new_size, slot_bytes_before}
+  #                                            the journal of the write in
+  #                                            progress under that slot
+  #
+  # Keys are never put in a match pattern: every access to a key's rows is
+  # key-exact (lookup, insert, delete, delete_object), so a key such as :_
+  # or :"$1" is just a key.
+  #
+  # Every change to a key's value rows (put, load fill, delete, expiry,
+  # eviction) happens under the key's slot of a Larder.Lock, as one
+  # journalled step: the journal row goes in first and out last. A writer
+  # killed mid-step leaves its journal row and its slot; the next holder of
+  # the slot repairs the step (repair/2): whichever version the data row
+  # holds is kept, the other one's index and large rows are dropped, and the
+  # slot's byte count is set to what it was plus the kept step's change.
+  # Byte counts live in one ETS row, total and per slot, changed together by
+  # one update_counter, so the repair can tell whether the count moved.
+  # Loading markers are taken lock-free (insert_new, only where no row
+  # exists) and removed or replaced under the slot lock.
+  # clear/1 runs in the owner, holding every slot.
+
+  @slots 64
 
   @stats [
     :l1_hits,
@@ -38,6 +66,18 @@ defmodule Larder.Cache.Store do
 
   def count(cfg, stat), do: :counters.add(cfg.stats, stat_index(stat), 1)
 
+  # The L1's byte counts and journal rows, and its lock (the owner keeps
+  # both in the cache's config).
+  def new_meta do
+    meta = :ets.new(:larder_cache_meta, [:set, :public, write_concurrency: true])
+    :ets.insert(meta, zero_bytes())
+    meta
+  end
+
+  def new_lock, do: Lock.new(@slots)
+
+  defp zero_bytes, do: List.to_tuple([:bytes | List.duplicate(0, @slots + 1)])
+
   def now, do: System.monotonic_time(:millisecond)
 
   # Hits compare expiry with the owner's clock, an atomic it moves forward
@@ -56,6 +96,8 @@ defmodule Larder.Cache.Store do
 
   def next_version(cfg), do: :atomics.add_get(cfg.seq, 1, 1)
 
+  ## Reads (lock-free)
+
   # {:hit, value} | :miss | {:loading, pid, ref}
   def lookup(cfg, key) do
     case :ets.lookup(cfg.data, key) do
@@ -63,29 +105,36 @@ defmodule Larder.Cache.Store do
         if live?(cfg, expires) do
           {:hit, value}
         else
-          delete_version(cfg, key, version)
-          :miss
+          expire(cfg, key, version)
         end
 
-      [{_, version, expires, {:large, _}, _}] ->
+      [{_, version, expires, {:large, size}, _}] ->
         if live?(cfg, expires) do
-          large_hit(cfg, key, version)
+          large_hit(cfg, key, version, size)
         else
-          delete_version(cfg, key, version)
-          :miss
+          expire(cfg, key, version)
         end
 
       [{_, :loading, pid, ref, _}] ->
+        LocalCopies.drop(cfg, key)
         {:loading, pid, ref}
 
       [] ->
+        LocalCopies.drop(cfg, key)
         :miss
     end
   end
 
+  defp expire(cfg, key, version) do
+    LocalCopies.drop(cfg, key)
+    delete_version(cfg, key, version)
+    :miss
+  end
+
   # A large value lives in its own table under {key, version}; the reading
-  # process keeps the copy it made, and reuses it while the version holds.
-  defp large_hit(cfg, key, version) do
+  # process keeps the copy it made (LocalCopies), and reuses it while the
+  # version holds.
+  defp large_hit(cfg, key, version, size) do
     case Process.get({cfg.data, key}) do
       {^version, value} ->
         {:hit, value}
@@ -93,7 +142,7 @@ defmodule Larder.Cache.Store do
       _ ->
         case :ets.lookup(cfg.large, {key, version}) do
           [{_, value}] ->
-            Process.put({cfg.data, key}, {version, value})
+            LocalCopies.keep(cfg, key, version, size, value)
             {:hit, value}
 
           [] ->
@@ -106,119 +155,250 @@ defmodule Larder.Cache.Store do
   defp live?(_cfg, :infinity), do: true
   defp live?(cfg, expires), do: expires > coarse_now(cfg)
 
-  # The row for a value: small ones inline, large ones in the large table
-  # (written first, so a reader that sees the row finds the value).
-  defp row(cfg, key, version, ttl, value) do
-    size = :erlang.external_size(value)
-
-    if size >= cfg.local_copy_min_bytes do
-      :ets.insert(cfg.large, {{key, version}, value})
-      {{key, version, expires_at(ttl), {:large, size}, nil}, size}
-    else
-      {{key, version, expires_at(ttl), size, value}, size}
-    end
-  end
+  ## Writes (under the key's slot)
 
   # Writes a value unconditionally (put).
   def write(cfg, key, value, ttl) do
-    version = next_version(cfg)
-    old = value_versions(cfg, key)
-    {row, size} = row(cfg, key, version, ttl, value)
-    :ets.insert(cfg.data, row)
-    index(cfg, version, key, size)
-    Enum.each(old, &drop_index(cfg, &1))
+    new = new_value(cfg, value, ttl)
+
+    with_key(cfg, key, fn slot ->
+      old = :ets.lookup(cfg.data, key)
+      step(cfg, slot, key, old, new)
+    end)
+
     evict(cfg)
+  end
+
+  # Takes the loading marker for key, or returns false.
+  def lock(cfg, key, ref), do: :ets.insert_new(cfg.data, {key, :loading, self(), ref, nil})
+
+  # Replaces our loading marker by the value, only if the marker is still
+  # ours: a put, delete or invalidation in between removed it, and wins.
+  def fill(cfg, key, ref, value, ttl) do
+    new = new_value(cfg, value, ttl)
+    me = self()
+
+    filled? =
+      with_key(cfg, key, fn slot ->
+        case :ets.lookup(cfg.data, key) do
+          [{_, :loading, ^me, ^ref, _}] = old ->
+            step(cfg, slot, key, old, new)
+            true
+
+          _ ->
+            false
+        end
+      end)
+
+    if filled?, do: evict(cfg)
+    filled?
+  end
+
+  # Removes the loading marker of pid's load ref, if it is still there.
+  def unlock(cfg, key, pid, ref) do
+    with_key(cfg, key, fn _slot ->
+      case :ets.lookup(cfg.data, key) do
+        [{_, :loading, ^pid, ^ref, _} = row] -> :ets.delete_object(cfg.data, row)
+        _ -> true
+      end
+    end)
+
     :ok
   end
 
-  # Takes the loading lock for key, or returns false.
-  def lock(cfg, key, ref), do: :ets.insert_new(cfg.data, {key, :loading, self(), ref, nil})
-
-  # Replaces our loading lock by the value, only if the lock is still ours: a
-  # put, delete or invalidation in between removed it, and wins.
-  def fill(cfg, key, ref, value, ttl) do
-    version = next_version(cfg)
-    {{_, _, expires, size_field, stored}, size} = row(cfg, key, version, ttl, value)
-    new_row = {{:const, key}, version, expires, {:const, size_field}, {:const, stored}}
-    spec = [{{key, :loading, self(), ref, :_}, [], [{new_row}]}]
-
-    case :ets.select_replace(cfg.data, spec) do
-      1 ->
-        index(cfg, version, key, size)
-        evict(cfg)
-        true
-
-      0 ->
-        :ets.delete(cfg.large, {key, version})
-        false
-    end
-  end
-
-  # Removes our loading lock, if it is still there.
-  def unlock(cfg, key, pid, ref) do
-    :ets.select_delete(cfg.data, [{{key, :loading, pid, ref, :_}, [], [true]}])
-  end
-
-  # Deletes key whatever its row: a value or a loading lock.
+  # Deletes key whatever its row: a value or a loading marker.
   def delete(cfg, key) do
-    old = value_versions(cfg, key)
-    :ets.delete(cfg.data, key)
-    Enum.each(old, &drop_index(cfg, &1))
+    with_key(cfg, key, fn slot ->
+      case :ets.lookup(cfg.data, key) do
+        [{_, :loading, _, _, _} = row] -> :ets.delete_object(cfg.data, row)
+        [] -> :ok
+        old -> step(cfg, slot, key, old, nil)
+      end
+    end)
+
+    :ok
+  end
+
+  # Deletes key's value if it is still the given version.
+  defp delete_version(cfg, key, version) do
+    with_key(cfg, key, fn slot ->
+      case :ets.lookup(cfg.data, key) do
+        [{_, ^version, _, _, _}] = old ->
+          step(cfg, slot, key, old, nil)
+          true
+
+        _ ->
+          false
+      end
+    end)
+  end
+
+  # Empties the L1. Runs in the owner, which holds every slot meanwhile:
+  # no write is half done, and killing a caller cannot stop a clear half way.
+  # (Data rows go first, so a reader never finds a row without its value.)
+  def clear(%{owner: owner} = cfg) when owner == self() do
+    try do
+      Enum.each(1..@slots, &acquire(cfg, &1))
+      :ets.delete_all_objects(cfg.data)
+      :ets.delete_all_objects(cfg.large)
+      :ets.delete_all_objects(cfg.index)
+      :ets.insert(cfg.meta, zero_bytes())
+    after
+      # releasing a slot we do not hold is a no-op
+      Enum.each(1..@slots, &Lock.release(cfg.lock, &1))
+    end
+
     :ok
   end
 
   def clear(cfg) do
-    :ets.delete_all_objects(cfg.data)
-    :ets.delete_all_objects(cfg.index)
-    :ets.delete_all_objects(cfg.large)
-    :atomics.put(cfg.bytes, 1, 0)
-    :ok
+    GenServer.call(cfg.owner, :clear_l1, :infinity)
+  catch
+    :exit, _ ->
+      raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
   end
 
-  # Deletes the rows whose time is up (called periodically by the owner).
+  # Called periodically by the owner: deletes the rows whose time is up,
+  # the loading markers of loaders that died (their waiters clear them too,
+  # if any), repairs the slots whose holder died mid-write (the next writer
+  # of the slot would, but it may never come), and evicts what a writer
+  # that died before evicting left over the limits.
   def sweep(cfg) do
     now = now()
 
-    spec = [
+    expired = [
       {{:"$1", :"$2", :"$3", :_, :_}, [{:is_integer, :"$2"}, {:"=<", :"$3", now}],
        [{{:"$1", :"$2"}}]}
     ]
 
-    for {key, version} <- :ets.select(cfg.data, spec), do: delete_version(cfg, key, version)
-    :ok
+    for {key, version} <- :ets.select(cfg.data, expired), do: delete_version(cfg, key, version)
+
+    loading = [{{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:"$1", :"$2", :"$3"}}]}]
+
+    for {key, pid, ref} <- :ets.select(cfg.data, loading), not Process.alive?(pid) do
+      unlock(cfg, key, pid, ref)
+    end
+
+    journals = [{{:"$1", :_, :_, :_, :_, :_, :_}, [{:is_integer, :"$1"}], [:"$1"]}]
+
+    for slot <- :ets.select(cfg.meta, journals) do
+      Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> :ok end)
+    end
+
+    evict(cfg)
   end
 
   def entries(cfg), do: :ets.info(cfg.index, :size)
-  def bytes(cfg), do: :atomics.get(cfg.bytes, 1)
+  def bytes(cfg), do: :ets.lookup_element(cfg.meta, :bytes, 2)
 
-  defp delete_version(cfg, key, version) do
-    :ets.select_delete(cfg.data, [{{key, version, :_, :_, :_}, [], [true]}])
-    drop_index(cfg, version)
+  ## The journalled step
+
+  # {row, version, size, large_value_or_nil}, made before taking the slot.
+  defp new_value(cfg, value, ttl) do
+    version = next_version(cfg)
+    size = :erlang.external_size(value)
+
+    if size >= cfg.local_copy_min_bytes do
+      {{nil, version, expires_at(ttl), {:large, size}, nil}, version, size, {value}}
+    else
+      {{nil, version, expires_at(ttl), size, value}, version, size, nil}
+    end
   end
 
-  defp value_versions(cfg, key) do
-    :ets.select(cfg.data, [{{key, :"$1", :_, :_, :_}, [{:is_integer, :"$1"}], [:"$1"]}])
+  defp with_key(cfg, key, fun) do
+    slot = Lock.slot(cfg.lock, key)
+    Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> fun.(slot) end)
   end
 
-  defp index(cfg, version, key, size) do
-    :ets.insert(cfg.index, {version, key, size})
-    :atomics.add(cfg.bytes, 1, size)
+  defp acquire(cfg, slot) do
+    case Lock.acquire(cfg.lock, slot) do
+      :acquired -> :ok
+      :taken_over -> repair(cfg, slot)
+    end
   end
 
-  # Retires a version: its index entry, its bytes, its large value if any.
-  defp drop_index(cfg, version) do
-    case :ets.take(cfg.index, version) do
-      [{_, key, size}] ->
-        :atomics.sub(cfg.bytes, 1, size)
-        :ets.delete(cfg.large, {key, version})
+  # Replaces key's rows `old` (the lookup result) by `new` (nil: none).
+  defp step(cfg, slot, key, old, new) do
+    {old_version, old_size} = version_size(old)
 
+    {new_version, new_size} =
+      case new do
+        nil -> {nil, 0}
+        {_row, version, size, _large} -> {version, size}
+      end
+
+    :ets.insert(
+      cfg.meta,
+      {slot, key, old_version, old_size, new_version, new_size, slot_bytes(cfg, slot)}
+    )
+
+    case new do
+      nil ->
+        if old_version, do: :ets.delete_object(cfg.data, hd(old))
+
+      {row, version, size, large} ->
+        if large, do: :ets.insert(cfg.large, {{key, version}, elem(large, 0)})
+        :ets.insert(cfg.data, put_elem(row, 0, key))
+        :ets.insert(cfg.index, {version, key, size})
+    end
+
+    if old_version do
+      :ets.delete(cfg.large, {key, old_version})
+      :ets.delete(cfg.index, old_version)
+    end
+
+    add_bytes(cfg, slot, new_size - old_size)
+    :ets.delete(cfg.meta, slot)
+    :ok
+  end
+
+  defp version_size([{_, version, _, {:large, size}, _}]), do: {version, size}
+  defp version_size([{_, version, _, size, _}]) when is_integer(version), do: {version, size}
+  defp version_size(_none_or_loading), do: {nil, 0}
+
+  defp slot_bytes(cfg, slot), do: :ets.lookup_element(cfg.meta, :bytes, 2 + slot)
+
+  defp add_bytes(_cfg, _slot, 0), do: :ok
+
+  defp add_bytes(cfg, slot, delta) do
+    :ets.update_counter(cfg.meta, :bytes, [{2, delta}, {2 + slot, delta}])
+    :ok
+  end
+
+  # Finishes or undoes the step a dead holder of slot left half done: the
+  # data row says which version won; the other's rows go, the winner's index
+  # row is put back, and the slot's bytes are set from the journal.
+  defp repair(cfg, slot) do
+    case :ets.lookup(cfg.meta, slot) do
       [] ->
+        :ok
+
+      [{_, key, old_version, old_size, new_version, new_size, before}] ->
+        {current, _size} = version_size(:ets.lookup(cfg.data, key))
+
+        {kept, kept_size, dropped, target} =
+          if current == new_version,
+            do: {new_version, new_size, old_version, before + new_size - old_size},
+            else: {old_version, old_size, new_version, before}
+
+        if kept, do: :ets.insert(cfg.index, {kept, key, kept_size})
+
+        if dropped do
+          :ets.delete(cfg.large, {key, dropped})
+          :ets.delete(cfg.index, dropped)
+        end
+
+        add_bytes(cfg, slot, target - slot_bytes(cfg, slot))
+        :ets.delete(cfg.meta, slot)
         :ok
     end
   end
 
-  # Oldest write first, until both limits hold. ets:take makes each index
-  # entry handled once even when writers evict concurrently.
+  ## Eviction
+
+  # Oldest write first, until both limits hold; each victim is removed under
+  # its own slot, taken after the writer released its own (never two slots
+  # at once).
   defp evict(%{max_entries: :infinity, max_bytes: :infinity}), do: :ok
 
   defp evict(cfg) do
@@ -228,17 +408,9 @@ defmodule Larder.Cache.Store do
           :ok
 
         version ->
-          case :ets.take(cfg.index, version) do
-            [{_, key, size}] ->
-              :atomics.sub(cfg.bytes, 1, size)
-              :ets.delete(cfg.large, {key, version})
-
-              if :ets.select_delete(cfg.data, [{{key, version, :_, :_, :_}, [], [true]}]) == 1 do
-                count(cfg, :evictions)
-              end
-
-            [] ->
-              :ok
+          case :ets.lookup(cfg.index, version) do
+            [{_, key, _size}] -> evict_version(cfg, key, version)
+            [] -> :ok
           end
 
           evict(cfg)
@@ -246,6 +418,28 @@ defmodule Larder.Cache.Store do
     else
       :ok
     end
+  end
+
+  defp evict_version(cfg, key, version) do
+    with_key(cfg, key, fn slot ->
+      case :ets.lookup(cfg.data, key) do
+        [{_, ^version, _, _, _}] = old ->
+          step(cfg, slot, key, old, nil)
+          count(cfg, :evictions)
+
+        _ ->
+          # An index row whose value is gone cannot outlive a repair; drop it
+          # rather than stop evicting if one ever does.
+          case :ets.take(cfg.index, version) do
+            [{_, _, size}] ->
+              :ets.delete(cfg.large, {key, version})
+              add_bytes(cfg, slot, -size)
+
+            [] ->
+              :ok
+          end
+      end
+    end)
   end
 
   defp over_limits?(cfg) do

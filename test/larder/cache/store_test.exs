@@ -1,0 +1,445 @@
+defmodule Larder.Cache.StoreTest do
+  # The L1 under hostile keys, races, kills and stops: keys that look like
+  # match patterns, many writers on one key, writers killed mid-write, a
+  # cache stopped during a load, and the bound on process-local copies.
+  # Not async: the concurrency tests measure the VM's ETS memory.
+  use ExUnit.Case, async: false
+
+  alias Larder.Cache
+
+  @pattern_keys [
+    :_,
+    :"$1",
+    :"$$",
+    {:_, :"$2"},
+    [:_ | :"$3"],
+    [:_, {:"$1"}],
+    %{:_ => :"$1"},
+    {:"$1", :loading, :_, :_, :_}
+  ]
+
+  defp start_cache(ctx, opts \\ []) do
+    name = :"#{ctx.test}"
+    {:ok, pid} = Cache.start_link([name: name] ++ opts)
+    Process.unlink(pid)
+    on_exit(fn -> if Process.alive?(pid), do: GenServer.stop(pid) end)
+    name
+  end
+
+  defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
+
+  # Runs the owner's periodic sweep now (it repairs slots whose holder died)
+  # and waits for it.
+  defp sweep(cache) do
+    owner = cfg(cache).owner
+    send(owner, :sweep)
+    :sys.get_state(owner)
+  end
+
+  # The L1's tables agree with each other and with stats/1: one data row per
+  # key (a set), an index row per value row and nothing else, a large row
+  # per large value row and nothing else, no journal left, no marker of a
+  # dead loader.
+  defp assert_consistent(cache) do
+    cfg = cfg(cache)
+    data = :ets.tab2list(cfg.data)
+
+    values =
+      for {key, version, _, size, _} <- data, is_integer(version) do
+        {version, key, with({:large, s} <- size, do: s)}
+      end
+
+    assert Enum.sort(:ets.tab2list(cfg.index)) == Enum.sort(values)
+
+    large = for {key, version, _, {:large, _}, _} <- data, do: {key, version}
+    assert Enum.sort(for {kv, _} <- :ets.tab2list(cfg.large), do: kv) == Enum.sort(large)
+
+    for {_key, :loading, pid, _, _} <- data, do: assert(Process.alive?(pid))
+    assert [bytes_row] = :ets.tab2list(cfg.meta)
+    [:bytes, total | slots] = Tuple.to_list(bytes_row)
+
+    stats = Cache.stats(cache)
+    assert stats.entries == length(values)
+    assert stats.bytes == Enum.sum(for {_, _, size} <- values, do: size)
+    assert total == stats.bytes
+    assert Enum.sum(slots) == total
+    values
+  end
+
+  defp ets_memory(cache) do
+    cfg = cfg(cache)
+
+    [cfg.data, cfg.index, cfg.large, cfg.meta, cfg.waiters]
+    |> Enum.map(&(:ets.info(&1, :memory) * :erlang.system_info(:wordsize)))
+    |> Enum.sum()
+  end
+
+  describe "keys that look like match patterns" do
+    test "deleting one leaves every other key, its index and its bytes", ctx do
+      cache = start_cache(ctx)
+
+      for key <- @pattern_keys do
+        for i <- 1..5, do: :ok = Cache.put(cache, {:other, i}, i)
+        :ok = Cache.put(cache, key, :value)
+        before = Cache.stats(cache)
+        :ok = Cache.delete(cache, key)
+
+        assert Cache.get(cache, key) == nil
+        for i <- 1..5, do: assert(Cache.get(cache, {:other, i}) == i)
+        assert Cache.stats(cache).entries == before.entries - 1
+        assert length(assert_consistent(cache)) == 5
+      end
+    end
+
+    test "put, fetch and get treat them as plain keys", ctx do
+      cache = start_cache(ctx)
+      :ok = Cache.put(cache, :plain, 0)
+
+      for {key, i} <- Enum.with_index(@pattern_keys, 1) do
+        assert Cache.fetch(cache, key, fn -> {:ok, i} end) == {:ok, i}
+        assert Cache.fetch(cache, key, fn -> {:ok, :not_called} end) == {:ok, i}
+        :ok = Cache.put(cache, key, -i)
+        assert Cache.get(cache, key) == -i
+      end
+
+      assert Cache.get(cache, :plain) == 0
+      assert length(assert_consistent(cache)) == length(@pattern_keys) + 1
+    end
+
+    test "eviction goes on working after one is deleted", ctx do
+      cache = start_cache(ctx, max_entries: 3)
+
+      for key <- @pattern_keys do
+        :ok = Cache.put(cache, key, 1)
+        :ok = Cache.delete(cache, key)
+        for i <- 1..10, do: :ok = Cache.put(cache, {:n, i}, i)
+        assert Cache.stats(cache).entries == 3
+        assert for(i <- 8..10, do: Cache.get(cache, {:n, i})) == [8, 9, 10]
+        assert_consistent(cache)
+      end
+    end
+
+    test "large values under them are read, replaced and deleted without spinning", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 0)
+      big = Enum.to_list(1..1_000)
+
+      for key <- @pattern_keys do
+        :ok = Cache.put(cache, {:other, key}, big)
+        :ok = Cache.put(cache, key, big)
+        :ok = Cache.delete(cache, key)
+
+        reader = Task.async(fn -> Cache.get(cache, {:other, key}) end)
+        assert Task.await(reader, 30_000) == big
+        assert Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end) == {:ok, [:loaded | big]}
+        :ok = Cache.put(cache, key, [:put | big])
+        assert Cache.get(cache, key) == [:put | big]
+      end
+
+      assert_consistent(cache)
+    end
+  end
+
+  describe "many writers on one key" do
+    defp hammer(cache, keys, ms) do
+      deadline = System.monotonic_time(:millisecond) + ms
+      big = Enum.to_list(1..500)
+
+      1..16
+      |> Enum.map(fn i ->
+        Task.async(fn ->
+          Stream.repeatedly(fn -> :ok end)
+          |> Enum.reduce_while(0, fn _, n ->
+            key = Enum.at(keys, rem(n + i, length(keys)))
+
+            case rem(n * 7 + i, 6) do
+              0 -> Cache.put(cache, key, {i, n})
+              1 -> Cache.put(cache, key, [i | big])
+              2 -> Cache.delete(cache, key)
+              3 -> Cache.fetch(cache, key, fn -> {:ok, {:loaded, i}} end)
+              4 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
+              5 -> Cache.get(cache, key)
+            end
+
+            if System.monotonic_time(:millisecond) < deadline,
+              do: {:cont, n + 1},
+              else: {:halt, n}
+          end)
+        end)
+      end)
+      |> Task.await_many(60_000)
+    end
+
+    test "16 writers doing put, delete and fetch on one key leave one version and no orphans",
+         ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      baseline = ets_memory(cache)
+      vm_baseline = :erlang.memory(:ets)
+
+      hammer(cache, [:hot], 1_500)
+
+      assert length(assert_consistent(cache)) <= 1
+      :ok = Cache.delete(cache, :hot)
+      assert assert_consistent(cache) == []
+      assert ets_memory(cache) - baseline < 64 * 1024
+      assert :erlang.memory(:ets) - vm_baseline < 4 * 1024 * 1024
+    end
+
+    test "with eviction, invalidations and clears in between", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000, max_entries: 2, max_bytes: 20_000)
+      keys = [:hot, :_, {:"$1"}]
+      cfg = cfg(cache)
+
+      invalidator =
+        Task.async(fn ->
+          for n <- 1..400 do
+            if rem(n, 50) == 0,
+              do: Larder.Cache.Store.clear(cfg),
+              else: Larder.Cache.Store.delete(cfg, Enum.random(keys))
+
+            Process.sleep(1)
+          end
+        end)
+
+      hammer(cache, keys, 1_500)
+      Task.await(invalidator, 60_000)
+
+      values = assert_consistent(cache)
+      assert length(values) <= 2
+      assert values |> Enum.map(&elem(&1, 1)) |> Enum.uniq() |> length() == length(values)
+    end
+
+    test "writers killed mid-write leave nothing half done once their slots are repaired",
+         ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000, max_entries: 2)
+      keys = [:hot, :_, {:a, 1}]
+      baseline = ets_memory(cache)
+      big = Enum.to_list(1..2_000)
+
+      for round <- 1..300 do
+        pids =
+          for i <- 1..4 do
+            spawn(fn ->
+              for n <- Stream.iterate(0, &(&1 + 1)) do
+                key = Enum.at(keys, rem(n + i, 3))
+
+                case rem(n + round, 4) do
+                  0 -> Cache.put(cache, key, [n | big])
+                  1 -> Cache.put(cache, key, n)
+                  2 -> Cache.delete(cache, key)
+                  3 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
+                end
+              end
+            end)
+          end
+
+        Process.sleep(rem(round, 3))
+        Enum.each(pids, &Process.exit(&1, :kill))
+      end
+
+      sweep(cache)
+      values = assert_consistent(cache)
+      assert length(values) <= 2
+
+      # every key still works
+      for key <- keys do
+        :ok = Cache.put(cache, key, :after)
+        assert Cache.get(cache, key) == :after
+        :ok = Cache.delete(cache, key)
+      end
+
+      assert assert_consistent(cache) == []
+      assert ets_memory(cache) - baseline < 64 * 1024
+    end
+
+    test "writers killed inside a journalled step are repaired by the next holder", ctx do
+      # (no max_entries: a process is suspended at its next scheduling point,
+      # and eviction's ets:info(index, :size) would be nearly all of them)
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      cfg = cfg(cache)
+      keys = [:hot, :_, {:a, 1}]
+      big = Enum.to_list(1..5_000)
+
+      writer = fn i ->
+        spawn(fn ->
+          for n <- Stream.iterate(0, &(&1 + 1)) do
+            key = Enum.at(keys, rem(n + i, 3))
+
+            case rem(n, 4) do
+              0 -> Cache.put(cache, key, [n | big])
+              1 -> Cache.put(cache, key, n)
+              2 -> Cache.delete(cache, key)
+              3 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
+            end
+          end
+        end)
+      end
+
+      # Suspend the writers until one is caught with its journal row in
+      # place (inside a step), and kill them there; let them run a moment
+      # between tries.
+      caught =
+        for round <- 1..40, reduce: 0 do
+          caught ->
+            pids = [writer.(round), writer.(round + 1)]
+
+            hit? =
+              Enum.reduce_while(1..1_000, false, fn _, false ->
+                Enum.each(pids, &:erlang.suspend_process/1)
+
+                if :ets.info(cfg.meta, :size) > 1 do
+                  {:halt, true}
+                else
+                  Enum.each(pids, &:erlang.resume_process/1)
+                  Enum.each(1..:rand.uniform(3_000), fn _ -> :ok end)
+                  {:cont, false}
+                end
+              end)
+
+            Enum.each(pids, &Process.exit(&1, :kill))
+            if hit?, do: caught + 1, else: caught
+        end
+
+      assert caught > 0
+
+      # the next write to each key repairs the slot it lands on
+      for key <- keys, do: :ok = Cache.put(cache, key, :after)
+      sweep(cache)
+      assert length(assert_consistent(cache)) == 3
+      for key <- keys, do: assert(Cache.get(cache, key) == :after)
+      for key <- keys, do: :ok = Cache.delete(cache, key)
+      assert assert_consistent(cache) == []
+    end
+  end
+
+  describe "a cache stopped during a load" do
+    defp load_and_wait(cache) do
+      parent = self()
+
+      loader =
+        Task.async(fn ->
+          Cache.fetch(cache, :slow, fn ->
+            send(parent, :loading)
+            Process.sleep(300)
+            {:ok, :late}
+          end)
+        end)
+
+      assert_receive :loading, 5_000
+
+      waiters =
+        for _ <- 1..5, do: Task.async(fn -> Cache.fetch(cache, :slow, fn -> {:ok, :w} end) end)
+
+      # the waiters register behind the loading marker
+      cfg = cfg(cache)
+      wait_until(fn -> :ets.info(cfg.waiters, :size) == 5 end)
+      [loader | waiters]
+    end
+
+    defp wait_until(fun) do
+      unless fun.() do
+        Process.sleep(5)
+        wait_until(fun)
+      end
+    end
+
+    test "GenServer.stop gives the loader and its waiters :cache_stopped", ctx do
+      cache = start_cache(ctx)
+      tasks = load_and_wait(cache)
+      :ok = GenServer.stop(cache)
+
+      for result <- Task.await_many(tasks, 10_000) do
+        assert {:error, %Larder.Error{reason: :cache_stopped}} = result
+      end
+    end
+
+    test "a kill gives the loader and its waiters :cache_stopped", ctx do
+      cache = start_cache(ctx)
+      tasks = load_and_wait(cache)
+      owner = Process.whereis(cache)
+      ref = Process.monitor(owner)
+      Process.exit(owner, :kill)
+      assert_receive {:DOWN, ^ref, _, _, _}
+
+      for result <- Task.await_many(tasks, 10_000) do
+        assert {:error, %Larder.Error{reason: :cache_stopped}} = result
+      end
+
+      assert_raise ArgumentError, ~r/no longer running/, fn -> Cache.get(cache, :slow) end
+    end
+  end
+
+  describe "process-local copies of large values" do
+    defp copies(cache) do
+      data = cfg(cache).data
+      for {{^data, _key}, {_version, value}} <- Process.get(), do: :erlang.external_size(value)
+    end
+
+    defp heap_bytes do
+      :erlang.garbage_collect()
+      {:memory, bytes} = Process.info(self(), :memory)
+      bytes
+    end
+
+    test "are bounded per process, and dropped when the key is found gone", ctx do
+      max = 200_000
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000, local_copy_max_bytes: max)
+      keys = for i <- 1..100, do: {:big, i}
+      for key <- keys, do: :ok = Cache.put(cache, key, Enum.to_list(1..(2_000 + key_n(key))))
+
+      baseline = heap_bytes()
+      for key <- keys, do: assert(length(Cache.get(cache, key)) > 2_000)
+      assert Enum.sum(copies(cache)) <= max
+      assert length(copies(cache)) > 1
+      full = heap_bytes()
+      assert full > baseline
+
+      # a repeat hit still comes from the copy
+      [last | _] = Enum.reverse(keys)
+      assert Cache.get(cache, last) == Enum.to_list(1..(2_000 + key_n(last)))
+
+      for key <- keys, do: :ok = Cache.delete(cache, key)
+      for key <- keys, do: assert(Cache.get(cache, key) == nil)
+      assert copies(cache) == []
+      assert heap_bytes() < full - div(max, 2)
+    end
+
+    test "a value above the bound is not kept", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 100, local_copy_max_bytes: 1_000)
+      :ok = Cache.put(cache, :big, Enum.to_list(1..1_000))
+      assert length(Cache.get(cache, :big)) == 1_000
+      assert copies(cache) == []
+    end
+
+    defp key_n({:big, n}), do: n
+  end
+
+  describe "numeric options have upper bounds" do
+    test "values above them raise ArgumentError naming the option" do
+      for {opt, value} <- [
+            ttl: 3_153_600_000_001,
+            max_bytes: 1_125_899_906_842_625,
+            max_entries: 1_099_511_627_777,
+            local_copy_min_bytes: 1_099_511_627_777,
+            local_copy_max_bytes: 1_099_511_627_777,
+            local_copy_max_bytes: -1,
+            version: 9_223_372_036_854_775_808,
+            version: String.duplicate("v", 1_025),
+            namespace: String.duplicate("n", 1_025)
+          ] do
+        assert_raise ArgumentError, ~r/option #{inspect(opt)}/, fn ->
+          Cache.start_link([{:name, :bounded}, {opt, value}])
+        end
+      end
+    end
+
+    test "put/4's ttl too", ctx do
+      cache = start_cache(ctx)
+
+      assert_raise ArgumentError, ~r/ttl/, fn ->
+        Cache.put(cache, :k, 1, ttl: 3_153_600_000_001)
+      end
+
+      assert :ok = Cache.put(cache, :k, 1, ttl: 3_153_600_000_000)
+    end
+  end
+end
