@@ -137,18 +137,7 @@ defmodule Larder.Index do
         do: Native.index_apply_dirty(ref, ops),
         else: Native.index_apply(ref, ops)
 
-    case result do
-      :ok ->
-        :ok
-
-      {:error, :bad_ids} ->
-        raise ArgumentError,
-              "ids must be an integer in 0..4294967295 or a list of them, in: #{inspect(ops, limit: 10)}"
-
-      {:error, :bad_op} ->
-        raise ArgumentError,
-              "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: #{inspect(ops, limit: 10)}"
-    end
+    check(result, ops)
   end
 
   def batch(_index, ops), do: raise(ArgumentError, "ops must be a list, got: #{inspect(ops)}")
@@ -172,7 +161,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_query_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
@@ -198,7 +187,7 @@ defmodule Larder.Index do
         other -> other
       end
     end
-    |> check_expr(exprs)
+    |> check(exprs)
   end
 
   def query_many(_index, exprs),
@@ -215,14 +204,14 @@ defmodule Larder.Index do
       :dirty -> Native.index_count_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
   Every term that has at least one id, in no particular order.
   """
   @spec terms(t()) :: [term()]
-  def terms(index), do: Native.index_terms(ref!(index))
+  def terms(index), do: index |> ref!() |> Native.index_terms() |> check(nil)
 
   @doc """
   The terms whose bitmap holds `id`, in no particular order. O(terms): it
@@ -241,6 +230,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_terms_of_dirty(ref, id)
       terms -> terms
     end
+    |> check(id)
   end
 
   def terms_of(_index, id),
@@ -251,7 +241,22 @@ defmodule Larder.Index do
   and the hash table's slots. This memory is outside the BEAM heaps and ETS.
   """
   @spec memory(t()) :: non_neg_integer()
-  def memory(index), do: Native.index_memory(ref!(index))
+  def memory(index), do: index |> ref!() |> Native.index_memory() |> check(nil)
+
+  @doc """
+  Frees the index's memory in the NIF at once, even while other processes
+  still hold its handle. Every later call on the index raises
+  `ArgumentError`, except `drop/1` itself, which returns `:ok` again.
+
+      iex> index = Larder.Index.new()
+      iex> :ok = Larder.Index.add(index, :a, [1])
+      iex> Larder.Index.drop(index)
+      :ok
+      iex> Larder.Index.query(index, :a)
+      ** (ArgumentError) unknown Larder.Index: it was dropped
+  """
+  @spec drop(t()) :: :ok
+  def drop(index), do: index |> ref!() |> Native.index_drop()
 
   defp ref!(%__MODULE__{ref: ref}) when is_reference(ref), do: ref
 
@@ -262,10 +267,24 @@ defmodule Larder.Index do
         "index must be a Larder.Index (from Larder.Index.new/1), got: #{inspect(other)}"
       )
 
-  defp check_expr({:error, :bad_expr}, expr), do: bad_expr!(expr)
-  defp check_expr(result, _expr), do: result
+  # Turns the NIF's `{:error, reason}` into an ArgumentError naming the argument.
+  defp check({:error, reason}, arg), do: fail!(reason, arg)
+  defp check(result, _arg), do: result
 
-  defp bad_expr!(expr) do
+  defp fail!(:dropped, _arg), do: raise(ArgumentError, "unknown Larder.Index: it was dropped")
+
+  defp fail!(:bad_ids, ops) do
+    raise ArgumentError,
+          "ids must be an integer in 0..4294967295 or a list of them, in: #{inspect(ops, limit: 10)}"
+  end
+
+  defp fail!(:bad_op, ops) do
+    raise ArgumentError,
+          "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: " <>
+            inspect(ops, limit: 10)
+  end
+
+  defp fail!(:bad_expr, expr) do
     raise ArgumentError,
           "expr must combine terms with {:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
             inspect(expr, limit: 20)

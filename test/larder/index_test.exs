@@ -102,6 +102,28 @@ defmodule Larder.IndexTest do
     end
   end
 
+  describe "drop/1" do
+    test "frees the index while handles live; later calls raise ArgumentError" do
+      index = Index.new()
+      :ok = Index.add(index, :a, Enum.to_list(0..10_000))
+      other = %Index{} = index
+      assert Index.drop(index) == :ok
+      assert Index.drop(other) == :ok
+
+      for call <- [
+            fn -> Index.query(other, :a) end,
+            fn -> Index.count(other, :a) end,
+            fn -> Index.query_many(other, [:a]) end,
+            fn -> Index.add(other, :a, 1) end,
+            fn -> Index.terms(other) end,
+            fn -> Index.terms_of(other, 1) end,
+            fn -> Index.memory(other) end
+          ] do
+        assert_raise ArgumentError, "unknown Larder.Index: it was dropped", call
+      end
+    end
+  end
+
   describe "bad input" do
     test "raises ArgumentError naming the argument" do
       index = Index.new()

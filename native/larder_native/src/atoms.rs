@@ -15,4 +15,5 @@ rustler::atoms! {
     bad_op,
     bad_ids,
     poisoned,
+    dropped,
 }

@@ -13,6 +13,8 @@ pub enum NativeError {
     BadIds,
     #[error("a writer panicked while holding the index lock")]
     Poisoned,
+    #[error("the index was dropped")]
+    Dropped,
 }
 
 impl NativeError {
@@ -22,6 +24,7 @@ impl NativeError {
             NativeError::BadOp => atoms::bad_op(),
             NativeError::BadIds => atoms::bad_ids(),
             NativeError::Poisoned => atoms::poisoned(),
+            NativeError::Dropped => atoms::dropped(),
         }
     }
 }

@@ -10,6 +10,7 @@ use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, ListIterator, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Past this many containers touched, a query leaves the normal scheduler.
@@ -22,6 +23,7 @@ const DIRTY_TERMS: usize = 5_000;
 #[derive(Default)]
 pub struct IndexResource {
     bitmaps: RwLock<Bitmaps>,
+    dropped: AtomicBool,
 }
 
 #[rustler::resource_impl]
@@ -29,11 +31,19 @@ impl rustler::Resource for IndexResource {}
 
 impl IndexResource {
     fn read(&self) -> Result<RwLockReadGuard<'_, Bitmaps>, NativeError> {
-        self.bitmaps.read().map_err(|_| NativeError::Poisoned)
+        let guard = self.bitmaps.read().map_err(|_| NativeError::Poisoned)?;
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(NativeError::Dropped);
+        }
+        Ok(guard)
     }
 
     fn write(&self) -> Result<RwLockWriteGuard<'_, Bitmaps>, NativeError> {
-        self.bitmaps.write().map_err(|_| NativeError::Poisoned)
+        let guard = self.bitmaps.write().map_err(|_| NativeError::Poisoned)?;
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(NativeError::Dropped);
+        }
+        Ok(guard)
     }
 }
 
@@ -300,4 +310,16 @@ fn index_memory(index: Index) -> NifResult<usize> {
         .sum();
     let slot = std::mem::size_of::<(Vec<u8>, Posting)>() + 1;
     Ok(std::mem::size_of::<IndexResource>() + payload + bitmaps.capacity() * slot)
+}
+
+/// Frees the bitmaps at once, whatever handles remain; later calls answer `{:error, :dropped}`.
+#[rustler::nif]
+fn index_drop(index: Index) -> rustler::Atom {
+    index.dropped.store(true, Ordering::Release);
+    let old = match index.bitmaps.write() {
+        Ok(mut guard) => std::mem::take(&mut *guard),
+        Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+    };
+    drop(old);
+    atoms::ok()
 }
