@@ -67,4 +67,5 @@ defmodule Larder.Native do
   def index_term_count(_index), do: not_loaded()
   def index_memory(_index), do: not_loaded()
   def index_drop(_index), do: not_loaded()
+  def index_live_bytes, do: not_loaded()
 end
