@@ -172,7 +172,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_query_many_dirty(ref, exprs)
       other -> other
     end
-    |> check(exprs)
+    |> check({:exprs, exprs})
   end
 
   def query_many(_index, exprs),
@@ -262,6 +262,15 @@ defmodule Larder.Index do
     raise ArgumentError,
           "index must be a Larder.Index (from Larder.Index.new/1), got a handle to something else"
   end
+
+  defp fail!(:bad_expr, {:exprs, exprs}) do
+    raise ArgumentError,
+          "exprs must be a proper list of expressions, each combining terms with " <>
+            "{:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
+            inspect(exprs, limit: 20, printable_limit: 50)
+  end
+
+  defp fail!(:too_deep, {:exprs, exprs}), do: fail!(:too_deep, exprs)
 
   defp fail!(:too_deep, expr) do
     raise ArgumentError,
