@@ -16,7 +16,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
+/// A small multiply-rotate hasher (as in rustc's FxHash, with a final mix): keys are short
 /// encoded terms and the table is private, so SipHash's DoS resistance buys
 /// nothing and costs a good part of a lookup.
 #[derive(Default)]
@@ -37,8 +37,13 @@ impl Hasher for KeyHasher {
         }
     }
 
+    /// Folds the high bits into the low ones: the persistent map keys on the
+    /// low 32 bits, which the multiply alone leaves depending on only a few
+    /// bytes of each word (small integers would collide).
     fn finish(&self) -> u64 {
-        self.0
+        let mut h = self.0;
+        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
     }
 }
 
@@ -205,7 +210,7 @@ pub fn plan<'b>(
                             stack.push(Frame::List {
                                 and,
                                 rest,
-                                done: Vec::new(),
+                                done: Vec::with_capacity(8),
                             });
                             next = head;
                         }

@@ -11,7 +11,7 @@ use crate::budget::Budget;
 use crate::error::{reply, NativeError};
 use crate::expr::{estimate, eval, plan, Posting, State, LIVE_BYTES};
 use crate::key::{key_term, next_cell, term_key};
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwapOption, Guard};
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
@@ -70,9 +70,11 @@ impl IndexResource {
     }
 }
 
-/// Loads the current snapshot of the index behind `term`.
-fn snapshot(term: Term) -> Result<Arc<State>, NativeError> {
-    index(term)?.state.load_full().ok_or(NativeError::Dropped)
+/// The current snapshot of the index behind `term`: a guard that keeps it
+/// alive without touching a shared reference count (readers on several
+/// schedulers do not contend). `as_deref()` is `None` once dropped.
+fn snapshot(term: Term) -> Result<Guard<Option<Arc<State>>>, NativeError> {
+    Ok(index(term)?.state.load())
 }
 
 fn too_costly(cost: (u64, u64)) -> bool {
@@ -110,7 +112,8 @@ fn query<'a>(
     expr: Term<'a>,
     dirty: bool,
 ) -> Result<Term<'a>, NativeError> {
-    let state = snapshot(index)?;
+    let guard = snapshot(index)?;
+    let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
     let plan = plan(
         &state.bitmaps,
@@ -118,7 +121,7 @@ fn query<'a>(
         &mut Vec::with_capacity(64),
         &mut budget,
     )?;
-    if !dirty && too_costly(estimate(&state, &plan)) {
+    if !dirty && too_costly(estimate(state, &plan)) {
         return Err(NativeError::Dirty);
     }
     Ok(encode_ids(env, &eval(&state.bitmaps, &plan)))
@@ -140,7 +143,8 @@ fn count<'a>(
     expr: Term<'a>,
     dirty: bool,
 ) -> Result<Term<'a>, NativeError> {
-    let state = snapshot(index)?;
+    let guard = snapshot(index)?;
+    let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
     let plan = plan(
         &state.bitmaps,
@@ -148,7 +152,7 @@ fn count<'a>(
         &mut Vec::with_capacity(64),
         &mut budget,
     )?;
-    if !dirty && estimate(&state, &plan).0 > DIRTY_CONTAINERS {
+    if !dirty && estimate(state, &plan).0 > DIRTY_CONTAINERS {
         return Err(NativeError::Dirty);
     }
     Ok(eval(&state.bitmaps, &plan).len().encode(env))
@@ -170,7 +174,8 @@ fn query_many<'a>(
     exprs: Term<'a>,
     dirty: bool,
 ) -> Result<Term<'a>, NativeError> {
-    let state = snapshot(index)?;
+    let guard = snapshot(index)?;
+    let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
     let mut key = Vec::with_capacity(64);
     let mut plans = Vec::new();
@@ -181,7 +186,7 @@ fn query_many<'a>(
     }
     if !dirty {
         let total = plans.iter().fold((0u64, 0u64), |(w, n), plan| {
-            let (ew, en) = estimate(&state, plan);
+            let (ew, en) = estimate(state, plan);
             (w.saturating_add(ew), n.saturating_add(en))
         });
         if too_costly(total) {
@@ -379,7 +384,8 @@ fn index_apply_dirty<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifRes
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn index_terms<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
-    let result = snapshot(index).and_then(|state| {
+    let result = snapshot(index).and_then(|guard| {
+        let state = guard.as_deref().ok_or(NativeError::Dropped)?;
         let terms = state
             .bitmaps
             .keys()
@@ -396,7 +402,8 @@ fn terms_of<'a>(
     id: Term<'a>,
     dirty: bool,
 ) -> Result<Term<'a>, NativeError> {
-    let state = snapshot(index)?;
+    let guard = snapshot(index)?;
+    let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
     if !dirty && state.bitmaps.len() > DIRTY_TERMS {
         return Err(NativeError::Dirty);
@@ -422,17 +429,19 @@ fn index_terms_of_dirty<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifR
 
 #[rustler::nif]
 fn index_term_count<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
-    reply(
-        env,
-        snapshot(index).map(|state| state.bitmaps.len().encode(env)),
-    )
+    let result = snapshot(index).and_then(|guard| {
+        let state = guard.as_deref().ok_or(NativeError::Dropped)?;
+        Ok(state.bitmaps.len().encode(env))
+    });
+    reply(env, result)
 }
 
 /// Bytes held: each posting's serialized size (which tracks its containers),
 /// each key, and a map node's share per term. O(terms), so on a dirty scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn index_memory<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
-    let result = snapshot(index).map(|state| {
+    let result = snapshot(index).and_then(|guard| {
+        let state = guard.as_deref().ok_or(NativeError::Dropped)?;
         let payload: usize = state
             .bitmaps
             .iter()
@@ -440,8 +449,8 @@ fn index_memory<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
             .sum();
         let per_term =
             std::mem::size_of::<(Arc<[u8]>, Arc<Posting>)>() + std::mem::size_of::<Posting>() + 32;
-        (std::mem::size_of::<IndexResource>() + payload + state.bitmaps.len() * per_term)
-            .encode(env)
+        let bytes = std::mem::size_of::<IndexResource>() + payload + state.bitmaps.len() * per_term;
+        Ok(bytes.encode(env))
     });
     reply(env, result)
 }

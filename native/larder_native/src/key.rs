@@ -78,12 +78,38 @@ pub fn term_key(term: Term, budget: &mut Budget) -> Result<Vec<u8>, NativeError>
 /// in turn and building an error for every miss. Elements wait on an
 /// explicit stack, inline while the term is shallow.
 pub fn encode(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<(), NativeError> {
-    let mut stack: Stack<Term, 16> = Stack::new();
-    let mut next = Some(term);
-    while let Some(term) = next.take().or_else(|| stack.pop()) {
-        if !encode_one(term, out, budget)? {
-            continue;
+    if !encode_one(term, out, budget)? {
+        return Ok(());
+    }
+    // A tuple of flat terms (the `{field, value}` of a query) needs no stack.
+    if let Some(elems) = tuple_elems(term) {
+        out.push(TUPLE);
+        out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
+        for (i, &raw) in elems.iter().enumerate() {
+            let element = elem(term, raw);
+            if encode_one(element, out, budget)? {
+                let mut stack: Stack<Term, 16> = Stack::new();
+                for &raw in elems.get(i + 1..).unwrap_or_default().iter().rev() {
+                    stack.push(elem(term, raw));
+                }
+                return encode_nested(element, stack, out, budget);
+            }
         }
+        return Ok(());
+    }
+    encode_nested(term, Stack::new(), out, budget)
+}
+
+/// Encodes `term`, a tuple or list cell whose header is not written yet, then
+/// the terms on `stack`, each whole.
+fn encode_nested<'a>(
+    term: Term<'a>,
+    mut stack: Stack<Term<'a>, 16>,
+    out: &mut Vec<u8>,
+    budget: &mut Budget,
+) -> Result<(), NativeError> {
+    let mut next = Some(term);
+    while let Some(term) = next.take() {
         if let Some(elems) = tuple_elems(term) {
             out.push(TUPLE);
             out.extend_from_slice(&(elems.len() as u64).to_le_bytes());
@@ -93,7 +119,14 @@ pub fn encode(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<(), 
         } else if let Ok((head, tail)) = term.list_get_cell() {
             out.push(CONS);
             stack.push(tail);
-            next = Some(head);
+            stack.push(head);
+        }
+        // The next term that is a tuple or a list cell; flat ones are written.
+        while let Some(term) = stack.pop() {
+            if encode_one(term, out, budget)? {
+                next = Some(term);
+                break;
+            }
         }
     }
     Ok(())
