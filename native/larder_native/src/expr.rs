@@ -6,6 +6,7 @@ use crate::atoms;
 use crate::budget::Budget;
 use crate::error::NativeError;
 use crate::key::{elem, encode, next_cell, tuple_elems};
+use crate::posting::Posting;
 use crate::stack::Stack;
 use imbl::shared_ptr::ArcK;
 use imbl::GenericHashMap;
@@ -13,7 +14,6 @@ use roaring::RoaringBitmap;
 use rustler::Term;
 use std::borrow::Cow;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A small multiply-rotate hasher (as in rustc's FxHash, with a final mix): keys are short
@@ -47,67 +47,6 @@ impl Hasher for KeyHasher {
     }
 }
 
-/// Bytes of postings alive in the whole VM (every index): each posting's
-/// serialized size, added when it is built and taken off when it is freed.
-/// Tests read it to check that dropped indexes free their memory.
-pub static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// One term's ids, with their smallest and largest kept up to date by the
-/// writer: a query's cost estimate and its intersections read them instead of
-/// scanning the first and last containers (`min()` and `max()` do).
-#[derive(Default)]
-pub struct Posting {
-    pub ids: RoaringBitmap,
-    pub min: u32,
-    pub max: u32,
-    /// This posting's share of `LIVE_BYTES`.
-    counted: usize,
-}
-
-impl Clone for Posting {
-    fn clone(&self) -> Self {
-        LIVE_BYTES.fetch_add(self.counted, Ordering::Relaxed);
-        Posting {
-            ids: self.ids.clone(),
-            min: self.min,
-            max: self.max,
-            counted: self.counted,
-        }
-    }
-}
-
-impl Drop for Posting {
-    fn drop(&mut self) {
-        LIVE_BYTES.fetch_sub(self.counted, Ordering::Relaxed);
-    }
-}
-
-impl Posting {
-    /// Recomputes the bounds and the byte count after a write.
-    pub fn refresh(&mut self) {
-        self.min = self.ids.min().unwrap_or(0);
-        self.max = self.ids.max().unwrap_or(0);
-        let size = self.ids.serialized_size();
-        LIVE_BYTES.fetch_add(size, Ordering::Relaxed);
-        LIVE_BYTES.fetch_sub(self.counted, Ordering::Relaxed);
-        self.counted = size;
-    }
-
-    /// Bytes the ids take (their serialized size, which tracks the containers).
-    pub fn bytes(&self) -> usize {
-        self.counted
-    }
-
-    /// Number of 64Ki-id chunks the ids span: an upper bound on their containers.
-    pub fn chunks(&self) -> u64 {
-        if self.ids.is_empty() {
-            0
-        } else {
-            u64::from((self.max >> 16) - (self.min >> 16)) + 1
-        }
-    }
-}
-
 /// Term key -> ids: a persistent hash map, so a writer's copy shares every
 /// posting it does not touch with the snapshot readers hold (a clone is O(1),
 /// an update copies O(log terms) nodes and the postings it changes).
@@ -117,7 +56,7 @@ pub type Bitmaps = GenericHashMap<Arc<[u8]>, Arc<Posting>, BuildHasherDefault<Ke
 #[derive(Clone, Default)]
 pub struct State {
     pub bitmaps: Bitmaps,
-    /// Sums over every posting of `chunks()` and of the ids: the cost of the
+    /// Sums over every posting of its chunks and of its ids: the cost of the
     /// universe a `not` outside an `and` builds, without a scan.
     pub chunks: u64,
     pub ids: u64,
@@ -269,70 +208,183 @@ fn leaf<'b>(
     Ok(Plan::Leaf(bitmaps.get(key.as_slice()).map(Arc::as_ref)))
 }
 
-/// The ids of every term: the complement's universe for a `not` outside an `and`.
-fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
-    let mut all = RoaringBitmap::new();
-    for posting in bitmaps.values() {
-        all |= &posting.ids;
+/// A set of ids as chunks sorted by their high 16 bits (none empty),
+/// borrowed from the postings where a chunk passes through unchanged.
+pub type Chunks<'b> = Vec<(u16, Cow<'b, RoaringBitmap>)>;
+
+/// Ids in a chunk list.
+pub fn chunks_len(chunks: &Chunks) -> u64 {
+    chunks.iter().map(|(_, ids)| ids.len()).sum()
+}
+
+/// An operand of an `and`: a posting as it is, or an evaluated sub-expression.
+enum Set<'b> {
+    Posting(&'b Posting),
+    Chunks(Chunks<'b>),
+}
+
+impl<'b> Set<'b> {
+    fn len(&self) -> u64 {
+        match self {
+            Set::Posting(posting) => posting.len,
+            Set::Chunks(chunks) => chunks_len(chunks),
+        }
     }
-    all
+
+    fn find(&self, key: u16) -> Option<&RoaringBitmap> {
+        match self {
+            Set::Posting(posting) => posting.find(key),
+            Set::Chunks(chunks) => chunks
+                .binary_search_by_key(&key, |(k, _)| *k)
+                .ok()
+                .and_then(|i| chunks.get(i))
+                .map(|(_, ids)| ids.as_ref()),
+        }
+    }
+
+    fn into_chunks(self) -> Chunks<'b> {
+        match self {
+            Set::Posting(posting) => borrow(posting),
+            Set::Chunks(chunks) => chunks,
+        }
+    }
+}
+
+fn borrow(posting: &Posting) -> Chunks<'_> {
+    posting
+        .chunks
+        .iter()
+        .map(|(key, chunk)| (*key, Cow::Borrowed(&chunk.ids)))
+        .collect()
+}
+
+fn set<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Set<'b> {
+    match plan {
+        Plan::Leaf(Some(posting)) => Set::Posting(posting),
+        other => Set::Chunks(eval(bitmaps, other)),
+    }
+}
+
+/// `a | b`, chunk by chunk.
+fn union<'b>(a: Chunks<'b>, b: Chunks<'b>) -> Chunks<'b> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len().max(b.len()));
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some((ka, _)), Some((kb, _))) if ka < kb => a.next(),
+            (Some((ka, _)), Some((kb, _))) if ka > kb => b.next(),
+            (Some(_), Some(_)) => match (a.next(), b.next()) {
+                (Some((key, mut ids)), Some((_, other))) => {
+                    *ids.to_mut() |= other.as_ref();
+                    Some((key, ids))
+                }
+                _ => None,
+            },
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => None,
+        };
+        match next {
+            Some(chunk) => out.push(chunk),
+            None => return out,
+        }
+    }
+}
+
+/// `acc - other`, chunk by chunk.
+fn subtract<'b>(acc: &mut Chunks<'b>, other: &Set) {
+    for (key, ids) in acc.iter_mut() {
+        if let Some(minus) = other.find(*key) {
+            *ids.to_mut() -= minus;
+        }
+    }
+    acc.retain(|(_, ids)| !ids.is_empty());
+}
+
+/// The ids of every term: the complement's universe for a `not` outside an `and`.
+fn universe(bitmaps: &Bitmaps) -> Chunks<'static> {
+    let mut all: std::collections::BTreeMap<u16, RoaringBitmap> = Default::default();
+    for posting in bitmaps.values() {
+        for (key, chunk) in &posting.chunks {
+            *all.entry(*key).or_default() |= &chunk.ids;
+        }
+    }
+    all.into_iter()
+        .map(|(key, ids)| (key, Cow::Owned(ids)))
+        .collect()
 }
 
 /// The ids `plan` matches. Recursion follows the plan, whose depth `plan`
 /// bounds by `MAX_DEPTH`.
-pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
+pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Chunks<'b> {
     match plan {
-        Plan::Leaf(Some(posting)) => Cow::Borrowed(&posting.ids),
-        Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
-        Plan::Or(children) => {
-            let mut acc = RoaringBitmap::new();
-            for child in children {
-                acc |= eval(bitmaps, child).as_ref();
-            }
-            Cow::Owned(acc)
-        }
+        Plan::Leaf(Some(posting)) => borrow(posting),
+        Plan::Leaf(None) => Vec::new(),
+        Plan::Or(children) => children
+            .iter()
+            .fold(Vec::new(), |acc, child| union(acc, eval(bitmaps, child))),
         Plan::Not(inner) => {
             let mut all = universe(bitmaps);
-            all -= eval(bitmaps, inner).as_ref();
-            Cow::Owned(all)
+            subtract(&mut all, &set(bitmaps, inner));
+            all
         }
-        Plan::And(children) => Cow::Owned(eval_and(bitmaps, children)),
+        Plan::And(children) => eval_and(bitmaps, children),
     }
 }
 
-/// Intersects the positive children smallest first, stopping as soon as the
-/// running result is empty, then subtracts the negated ones.
-fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
-    let mut positives: Vec<Cow<RoaringBitmap>> = Vec::with_capacity(children.len());
+/// Intersects the positive children smallest first, chunk by chunk of the
+/// smallest, dropping a chunk as soon as it is empty, then subtracts the
+/// negated ones.
+fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> Chunks<'b> {
+    let mut positives: Vec<Set<'b>> = Vec::with_capacity(children.len());
     let mut negatives: Vec<&Plan> = Vec::new();
     for child in children {
         match child {
             Plan::Not(inner) => negatives.push(inner),
-            Plan::Leaf(Some(posting)) => positives.push(Cow::Borrowed(&posting.ids)),
-            Plan::Leaf(None) => return RoaringBitmap::new(),
-            other => positives.push(eval(bitmaps, other)),
+            Plan::Leaf(None) => return Vec::new(),
+            other => positives.push(set(bitmaps, other)),
         }
     }
-    positives.sort_by_key(|bitmap| bitmap.len());
+    positives.sort_by_key(Set::len);
     let mut iter = positives.into_iter();
-    let mut acc = match (iter.next(), iter.next()) {
-        (None, _) => universe(bitmaps),
-        (Some(first), None) => first.into_owned(),
-        // The two smallest make a fresh (small) bitmap instead of a clone of
-        // the smallest one; later intersections then work on that.
-        (Some(first), Some(second)) => first.as_ref() & second.as_ref(),
-    };
-    for bitmap in iter {
-        if acc.is_empty() {
-            return acc;
+    let mut acc = match iter.next() {
+        None => universe(bitmaps),
+        Some(first) => {
+            let rest: Vec<Set<'b>> = iter.collect();
+            let mut acc = Vec::new();
+            for (key, ids) in first.into_chunks() {
+                let mut ids = Some(ids);
+                for other in &rest {
+                    ids = match (ids, other.find(key)) {
+                        (Some(Cow::Borrowed(mine)), Some(theirs)) => {
+                            Some(Cow::Owned(mine & theirs))
+                        }
+                        (Some(Cow::Owned(mut mine)), Some(theirs)) => {
+                            mine &= theirs;
+                            Some(Cow::Owned(mine))
+                        }
+                        _ => None,
+                    };
+                    if ids.as_ref().is_none_or(|ids| ids.is_empty()) {
+                        ids = None;
+                        break;
+                    }
+                }
+                if let Some(ids) = ids {
+                    acc.push((key, ids));
+                }
+            }
+            acc
         }
-        acc &= bitmap.as_ref();
-    }
+    };
     for negative in negatives {
         if acc.is_empty() {
             break;
         }
-        acc -= eval(bitmaps, negative).as_ref();
+        subtract(&mut acc, &set(bitmaps, negative));
     }
     acc
 }
@@ -341,7 +393,7 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
 /// returned)`. Recursion follows the plan, bounded by `MAX_DEPTH`.
 pub fn estimate(state: &State, plan: &Plan) -> (u64, u64) {
     match plan {
-        Plan::Leaf(Some(posting)) => (posting.chunks(), posting.ids.len()),
+        Plan::Leaf(Some(posting)) => (posting.chunks.len() as u64, posting.len),
         Plan::Leaf(None) => (0, 0),
         Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
             let (cw, cn) = estimate(state, child);

@@ -1,18 +1,19 @@
 //! The index resource: term -> Roaring bitmap of u32 ids, published as
 //! immutable snapshots. A reader loads the current snapshot (an `Arc` swap,
 //! no lock) and works on it while writers go on; a writer copies the
-//! snapshot (O(1): the map is persistent and postings are shared), applies a
-//! whole batch to its copy and swaps it in, so no reader sees half of a
+//! snapshot (O(1): the map is persistent, postings and their chunks are
+//! shared), applies a whole batch to its copy, copying only the map nodes
+//! and chunks it changes, and swaps it in, so no reader sees half of a
 //! batch. Writers serialise among themselves on one mutex, which guards no
 //! data: a writer that fails leaves nothing half-written to repair.
 
 use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
-use crate::expr::{estimate, eval, plan, Posting, State, LIVE_BYTES};
+use crate::expr::{chunks_len, estimate, eval, plan, Chunks, State};
 use crate::key::{key_term, next_cell, term_key};
+use crate::posting::{Posting, LIVE_BYTES};
 use arc_swap::{ArcSwapOption, Guard};
-use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ const DIRTY_CONTAINERS: u64 = 2_000;
 const DIRTY_IDS: u64 = 20_000;
 /// Past this many terms, a scan over every term leaves the normal scheduler.
 const DIRTY_TERMS: usize = 5_000;
-/// Budget units a write spends per container of a posting it copies.
+/// Budget units a write spends per chunk (one container) it copies.
 const COPY_UNITS: u64 = 32;
 
 pub struct IndexResource {
@@ -81,8 +82,12 @@ fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
 }
 
-fn encode_ids<'a>(env: Env<'a>, bitmap: &RoaringBitmap) -> Term<'a> {
-    bitmap.iter().collect::<Vec<u32>>().encode(env)
+fn encode_ids<'a>(env: Env<'a>, chunks: &Chunks) -> Term<'a> {
+    let mut ids = Vec::with_capacity(usize::try_from(chunks_len(chunks)).unwrap_or(0));
+    for (_, chunk) in chunks {
+        ids.extend(chunk.iter());
+    }
+    ids.encode(env)
 }
 
 #[rustler::nif]
@@ -155,7 +160,7 @@ fn count<'a>(
     if !dirty && estimate(state, &plan).0 > DIRTY_CONTAINERS {
         return Err(NativeError::Dirty);
     }
-    Ok(eval(&state.bitmaps, &plan).len().encode(env))
+    Ok(chunks_len(&eval(&state.bitmaps, &plan)).encode(env))
 }
 
 #[rustler::nif]
@@ -299,6 +304,13 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
             add_ids(terms, budget)?;
         }
     }
+    // Sorted ids let a posting apply them chunk by chunk.
+    for run in &mut runs {
+        for ids in run.ids_by_key.values_mut() {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+    }
     Ok(runs)
 }
 
@@ -311,7 +323,7 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
             }
             let key: &[u8] = &key;
             let (chunks, count) = match state.bitmaps.get(key) {
-                Some(posting) => (posting.chunks(), posting.ids.len()),
+                Some(posting) => (posting.chunks.len() as u64, posting.len),
                 None if run.add => (0, 0),
                 None => continue,
             };
@@ -322,17 +334,11 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
                     .entry(Arc::from(key))
                     .or_insert_with(|| Arc::new(Posting::default())),
             };
-            // Copies the posting unless this write already did.
+            // Copies the chunk list unless this write already did; `update`
+            // copies the chunks it changes.
             let posting = Arc::make_mut(posting);
-            if run.add {
-                posting.ids.extend(ids);
-            } else {
-                for id in ids {
-                    posting.ids.remove(id);
-                }
-            }
-            posting.refresh();
-            let (new_chunks, new_count) = (posting.chunks(), posting.ids.len());
+            posting.update(&ids, run.add);
+            let (new_chunks, new_count) = (posting.chunks.len() as u64, posting.len);
             state.chunks = state
                 .chunks
                 .saturating_sub(chunks)
@@ -356,12 +362,15 @@ fn apply<'a>(
     let runs = decode_ops(ops, &mut budget)?;
     let _writer = index.writer(dirty)?;
     let current = index.state.load_full().ok_or(NativeError::Dropped)?;
-    // Each posting the write touches is copied: count its containers.
+    // A write copies the chunk list of each posting it touches and each
+    // chunk it changes: count those.
     for run in &runs {
-        for key in run.ids_by_key.keys() {
-            if let Some(posting) = current.bitmaps.get(key.as_slice()) {
-                budget.spend(posting.chunks().saturating_mul(COPY_UNITS))?;
-            }
+        for (key, ids) in &run.ids_by_key {
+            let listed = current
+                .bitmaps
+                .get(key.as_slice())
+                .map_or(0, |posting| posting.chunks.len() as u64);
+            budget.spend(listed / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
         }
     }
     let mut next = State::clone(&current);
@@ -411,7 +420,7 @@ fn terms_of<'a>(
     let terms = state
         .bitmaps
         .iter()
-        .filter(|(_, posting)| posting.ids.contains(id))
+        .filter(|(_, posting)| posting.contains(id))
         .map(|(key, _)| key_term(env, key))
         .collect::<Result<Vec<Term<'a>>, _>>()?;
     Ok(terms.encode(env))

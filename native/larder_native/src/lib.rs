@@ -8,6 +8,7 @@ mod error;
 mod expr;
 mod index;
 mod key;
+mod posting;
 mod stack;
 
 rustler::init!("Elixir.Larder.Native");
