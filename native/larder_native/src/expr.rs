@@ -241,13 +241,6 @@ impl<'b> Set<'b> {
                 .map(|(_, ids)| ids.as_ref()),
         }
     }
-
-    fn into_chunks(self) -> Chunks<'b> {
-        match self {
-            Set::Posting(posting) => borrow(posting),
-            Set::Chunks(chunks) => chunks,
-        }
-    }
 }
 
 fn borrow(posting: &Posting) -> Chunks<'_> {
@@ -349,42 +342,50 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> Chunks<'b> {
         }
     }
     positives.sort_by_key(Set::len);
-    let mut iter = positives.into_iter();
-    let mut acc = match iter.next() {
+    let mut acc = match positives.split_first_mut() {
         None => universe(bitmaps),
-        Some(first) => {
-            let rest: Vec<Set<'b>> = iter.collect();
-            let mut acc = Vec::new();
-            for (key, ids) in first.into_chunks() {
-                let mut ids = Some(ids);
-                for other in &rest {
-                    ids = match (ids, other.find(key)) {
-                        (Some(Cow::Borrowed(mine)), Some(theirs)) => {
-                            Some(Cow::Owned(mine & theirs))
-                        }
-                        (Some(Cow::Owned(mut mine)), Some(theirs)) => {
-                            mine &= theirs;
-                            Some(Cow::Owned(mine))
-                        }
-                        _ => None,
-                    };
-                    if ids.as_ref().is_none_or(|ids| ids.is_empty()) {
-                        ids = None;
-                        break;
-                    }
-                }
-                if let Some(ids) = ids {
-                    acc.push((key, ids));
-                }
-            }
-            acc
+        Some((Set::Posting(first), rest)) => {
+            let first = first
+                .chunks
+                .iter()
+                .map(|(key, chunk)| (*key, Cow::Borrowed(&chunk.ids)));
+            intersect(first, rest)
         }
+        Some((Set::Chunks(first), rest)) => intersect(std::mem::take(first).into_iter(), rest),
     };
     for negative in negatives {
         if acc.is_empty() {
             break;
         }
         subtract(&mut acc, &set(bitmaps, negative));
+    }
+    acc
+}
+
+/// The chunks of `first` that every set of `rest` also holds, intersected in
+/// order; a chunk is dropped as soon as it is empty.
+fn intersect<'b>(
+    first: impl Iterator<Item = (u16, Cow<'b, RoaringBitmap>)>,
+    rest: &[Set<'b>],
+) -> Chunks<'b> {
+    let mut acc = Vec::new();
+    'chunks: for (key, mut ids) in first {
+        for other in rest {
+            let Some(theirs) = other.find(key) else {
+                continue 'chunks;
+            };
+            ids = match ids {
+                Cow::Borrowed(mine) => Cow::Owned(mine & theirs),
+                Cow::Owned(mut mine) => {
+                    mine &= theirs;
+                    Cow::Owned(mine)
+                }
+            };
+            if ids.is_empty() {
+                continue 'chunks;
+            }
+        }
+        acc.push((key, ids));
     }
     acc
 }

@@ -26,6 +26,8 @@ const DIRTY_CONTAINERS: u64 = 2_000;
 const DIRTY_IDS: u64 = 20_000;
 /// Past this many terms, a scan over every term leaves the normal scheduler.
 const DIRTY_TERMS: usize = 5_000;
+/// Past this many expressions, `query_many` leaves the normal scheduler.
+const DIRTY_EXPRS: usize = 64;
 /// Budget units a write spends per chunk (one container) it copies.
 const COPY_UNITS: u64 = 32;
 
@@ -184,19 +186,25 @@ fn query_many<'a>(
     let mut budget = Budget::new(dirty);
     let mut key = Vec::with_capacity(64);
     let mut plans = Vec::new();
+    let mut total = (0u64, 0u64);
     let mut rest = exprs;
     while let Some(expr) = next_cell(&mut rest) {
         let expr = expr.map_err(|()| NativeError::BadExpr)?;
-        plans.push(plan(&state.bitmaps, expr, &mut key, &mut budget)?);
-    }
-    if !dirty {
-        let total = plans.iter().fold((0u64, 0u64), |(w, n), plan| {
-            let (ew, en) = estimate(state, plan);
-            (w.saturating_add(ew), n.saturating_add(en))
-        });
-        if too_costly(total) {
+        // Each expression costs at least a lookup per term, an evaluation
+        // and its answer list (several microseconds): past `DIRTY_EXPRS` the
+        // call is long whatever the estimate says, so it leaves at once.
+        if !dirty && plans.len() >= DIRTY_EXPRS {
             return Err(NativeError::Dirty);
         }
+        let plan = plan(&state.bitmaps, expr, &mut key, &mut budget)?;
+        if !dirty {
+            let (w, n) = estimate(state, &plan);
+            total = (total.0.saturating_add(w), total.1.saturating_add(n));
+            if too_costly(total) {
+                return Err(NativeError::Dirty);
+            }
+        }
+        plans.push(plan);
     }
     let results: Vec<Term<'a>> = plans
         .iter()
