@@ -13,8 +13,10 @@ defmodule Larder.Index do
       iex> Larder.Index.count(index, {:or, [{:color, :red}, {:size, :xl}]})
       4
 
-  Two terms share a bitmap exactly when they are `===` (the key is the term's
-  external format), so `1` and `1.0` are different terms.
+  Two terms share a bitmap exactly when they are `===` (the key is a
+  canonical encoding of the term), so `1` and `1.0` are different terms. Any
+  term can be an index term, however deep or long: the NIF walks terms with
+  an explicit stack, never by recursion.
 
   ## Expressions
 
@@ -29,33 +31,55 @@ defmodule Larder.Index do
     * `{:term, term}` - `term` itself, even when it looks like an operator.
     * any other term - that term.
 
+  `:and`, `:or` and `:not` nest at most 100 levels deep; the lists of
+  `:and` and `:or` are proper lists of any length.
+
   ## Complexity
 
-  With `c` the containers (64Ki-id chunks) of the bitmaps involved, `query/2`
-  costs O(c) plus O(r) to return `r` ids; `count/2` costs O(c). `add/3` and
-  `remove/3` cost O(k log c) for `k` ids. `terms/1` is O(terms). `memory/1`
-  is O(terms).
+  Each term's ids are kept in chunks of 64Ki ids (one Roaring container
+  each). With `c` the chunks of the bitmaps involved, `query/2` costs O(c)
+  plus O(r) to return `r` ids; `count/2` costs O(c). A write of `k` ids to
+  a term costs O(k log k) plus a copy of each chunk it changes (at most about
+  8 KB each) and of the term's list of chunks, plus O(log terms) for the map
+  of terms; it never copies the untouched terms or chunks, so building an
+  index in many small batches stays linear. `terms/1`, `terms_of/2` and
+  `memory/1` are O(terms).
 
   ## Concurrency
 
-  The bitmaps sit behind one reader-writer lock in the NIF. Readers
-  (`query/2`, `count/2`, `query_many/2`, `terms/1`) share it and never block
-  each other; every id list an answer is built from comes from one consistent
-  state. A write (`add/3`, `remove/3`, and all the operations of one
-  `batch/2`) is applied whole under the write lock: no reader sees half of it.
-  A writer waits for the readers in flight, and readers wait for the write.
+  Readers never wait for writers. The NIF publishes the index as immutable
+  snapshots: `query/2`, `count/2`, `query_many/2`, `terms/1` and
+  `terms_of/2` load the current snapshot (an atomic pointer load) and
+  evaluate on it holding no lock, so every id list an answer is built from
+  comes from one consistent state. A write (`add/3`, `remove/3`, and all
+  the operations of one `batch/2`) is applied to a copy that shares every
+  untouched term and chunk with the snapshot, then swapped in whole: no
+  reader sees half of it. Writers serialise among themselves only.
 
-  Calls that can take over about a millisecond run on dirty CPU schedulers:
-  a query first estimates its cost (containers touched, ids returned) on the
-  normal scheduler and moves to a dirty scheduler when that estimate is large;
-  writes with more than 500 ids or operations always do.
+  Calls that can take over about a millisecond run on dirty CPU schedulers.
+  The NIF decides, from the work it counts while it decodes: a read
+  estimates the containers it touches and the ids it returns, a write counts
+  terms x ids and the chunks it copies, and a `query_many/2` of more than
+  64 expressions always moves. Past the budget, the normal-scheduler call
+  stops at once and the same call runs again on a dirty scheduler. A write
+  that finds another write in progress also moves to a dirty scheduler to
+  wait there.
 
   ## Failures
 
-  Functions raise `ArgumentError` when the index is not a `Larder.Index`,
-  when ids are not integers in `0..4_294_967_295`, or when an expression's
-  `:and`/`:or` does not take a list. An index lives as long as some process
-  holds its handle; there is nothing to delete.
+  Functions raise `ArgumentError`, with a message naming the argument, when
+  the index is not a handle from `new/1` (a forged or foreign reference
+  included), when it was dropped ("unknown Larder.Index: it was dropped"),
+  when ids are not integers in `0..4_294_967_295` or a proper list of them,
+  when `ops` or `exprs` are not proper lists of the documented shapes, or
+  when an expression nests deeper than 100 levels. A failed write applies
+  none of its operations. The NIF never panics and holds no lock a failure
+  could poison (the writers' mutex guards no data). A stored term that
+  could not be rebuilt (never expected) raises `Larder.Error` with reason
+  `:internal`.
+
+  An index's memory is freed when the last process holding its handle lets
+  go of it, or at once by `drop/1`.
 
   ## Performance
 
@@ -156,7 +180,7 @@ defmodule Larder.Index do
   end
 
   @doc """
-  The answers to several expressions, in one call under one read lock (so
+  The answers to several expressions, in one call on one snapshot (so
   they all see the same state).
 
       iex> index = Larder.Index.new()

@@ -352,6 +352,63 @@ defmodule Larder.IndexTest do
       assert held > 20 * 8_000
     end
 
+    test "many writers on one term, some killed mid-write, lose nothing and leak nothing (isolated VM)" do
+      result =
+        Isolated.run(
+          quote do
+            before = Larder.Native.index_live_bytes()
+            index = Larder.Index.new()
+
+            writers =
+              for w <- 0..7 do
+                Task.async(fn ->
+                  ids = Enum.to_list((w * 10_000)..(w * 10_000 + 9_999))
+
+                  for _ <- 1..30 do
+                    :ok = Larder.Index.batch(index, [{:add, :hot, ids}, {:add, {:w, w}, ids}])
+                    :ok = Larder.Index.remove(index, :hot, Enum.take(ids, 5_000))
+                  end
+
+                  :ok = Larder.Index.add(index, :hot, ids)
+                end)
+              end
+
+            # Killed while its big batch may be in the NIF: all of it or none.
+            victims =
+              for v <- 1..4 do
+                spawn(fn ->
+                  Larder.Index.batch(index, [
+                    {:add, {:victim, v}, Enum.to_list(0..300_000)},
+                    {:add, :victims, v}
+                  ])
+                end)
+              end
+
+            Enum.each(victims, &Process.exit(&1, :kill))
+            Enum.each(writers, &Task.await(&1, 60_000))
+
+            whole =
+              Enum.all?(1..4, fn v ->
+                count = Larder.Index.count(index, {:victim, v})
+
+                count in [0, 300_001] and
+                  count == 300_001 == v in Larder.Index.query(index, :victims)
+              end)
+
+            hot = Larder.Index.count(index, :hot)
+
+            for term <- Larder.Index.terms(index) do
+              :ok = Larder.Index.remove(index, term, Larder.Index.query(index, {:term, term}))
+            end
+
+            {whole, hot, Larder.Index.terms(index), Larder.Native.index_live_bytes() - before}
+          end,
+          120_000
+        )
+
+      assert result == {:ok, {true, 80_000, [], 0}}
+    end
+
     test "memory/1 follows writes and drops" do
       index = Index.new()
       empty = Index.memory(index)
