@@ -187,15 +187,22 @@ fn query_many<'a>(
     let mut key = Vec::with_capacity(64);
     let mut plans = Vec::new();
     let mut total = (0u64, 0u64);
+    // Each expression costs at least a lookup per term, an evaluation and
+    // its answer list (several microseconds): past `DIRTY_EXPRS` the call is
+    // long whatever the estimate says, so it leaves before planning any.
+    if !dirty {
+        let mut rest = exprs;
+        let mut count = 0;
+        while let Some(Ok(_)) = next_cell(&mut rest) {
+            count += 1;
+            if count > DIRTY_EXPRS {
+                return Err(NativeError::Dirty);
+            }
+        }
+    }
     let mut rest = exprs;
     while let Some(expr) = next_cell(&mut rest) {
         let expr = expr.map_err(|()| NativeError::BadExpr)?;
-        // Each expression costs at least a lookup per term, an evaluation
-        // and its answer list (several microseconds): past `DIRTY_EXPRS` the
-        // call is long whatever the estimate says, so it leaves at once.
-        if !dirty && plans.len() >= DIRTY_EXPRS {
-            return Err(NativeError::Dirty);
-        }
         let plan = plan(&state.bitmaps, expr, &mut key, &mut budget)?;
         if !dirty {
             let (w, n) = estimate(state, &plan);
@@ -368,6 +375,16 @@ fn apply<'a>(
     let index = index(index_term)?;
     let mut budget = Budget::new(dirty);
     let runs = decode_ops(ops, &mut budget)?;
+    if runs
+        .iter()
+        .all(|run| run.ids_by_key.values().all(Vec::is_empty))
+    {
+        // Nothing to change (a re-insert with the same terms): no new snapshot.
+        return match index.state.load().as_deref() {
+            Some(_) => Ok(atoms::ok().encode(env)),
+            None => Err(NativeError::Dropped),
+        };
+    }
     let _writer = index.writer(dirty)?;
     let current = index.state.load_full().ok_or(NativeError::Dropped)?;
     // A write copies the chunk list of each posting it touches and each
