@@ -323,6 +323,16 @@ defmodule Larder.IndexTest do
       assert Native.index_query(ref, {:term, %{a: 1}}) == :dirty
       assert Index.query(index, {:term, %{a: 1}}) == []
       assert length(Index.query_many(index, List.duplicate(:few, 50_000))) == 50_000
+
+      # Rebuilding a large stored term for terms_of/2 counts too.
+      deep = Enum.reduce(1..100_000, :x, fn _, e -> {e} end)
+      :ok = Index.add(index, deep, 5)
+      assert Native.index_terms_of(ref, 5) == :dirty
+
+      assert Native.index_terms_of(ref, 1) == [:all, :few] or
+               Native.index_terms_of(ref, 1) == [:few, :all]
+
+      assert Index.terms_of(index, 5) -- [:all] == [deep]
     end
   end
 

@@ -439,6 +439,7 @@ fn terms_of<'a>(
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
+    let mut budget = Budget::new(dirty);
     if !dirty && state.bitmaps.len() > DIRTY_TERMS {
         return Err(NativeError::Dirty);
     }
@@ -446,7 +447,11 @@ fn terms_of<'a>(
         .bitmaps
         .iter()
         .filter(|(_, posting)| posting.contains(id))
-        .map(|(key, _)| key_term(env, key))
+        .map(|(key, _)| {
+            // Rebuilding a term costs about a unit per node (9 key bytes or more).
+            budget.spend(1 + key.len() as u64 / 16)?;
+            key_term(env, key)
+        })
         .collect::<Result<Vec<Term<'a>>, _>>()?;
     Ok(terms.encode(env))
 }
