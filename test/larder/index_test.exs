@@ -38,6 +38,34 @@ defmodule Larder.IndexTest do
       assert Index.query(index, 1.0) == [2]
     end
 
+    test "every kind of term round-trips through terms/1 and terms_of/2" do
+      index = Index.new()
+
+      terms = [
+        fn x -> x end,
+        &Enum.map/2,
+        %{a: [1 | 2]},
+        self(),
+        make_ref(),
+        2 ** 100,
+        -(2 ** 70),
+        1.5,
+        <<1::3>>,
+        "bin",
+        [],
+        {},
+        [1, [2, {3}] | "t"],
+        ~c"chars"
+      ]
+
+      for {term, id} <- Enum.with_index(terms), do: :ok = Index.add(index, term, [id, 100])
+      assert Enum.sort(Index.terms(index)) == Enum.sort(terms)
+      assert Enum.sort(Index.terms_of(index, 100)) == Enum.sort(terms)
+
+      for {term, id} <- Enum.with_index(terms),
+          do: assert(Index.query(index, {:term, term}) == [id, 100])
+    end
+
     test "large answers take the dirty scheduler path and stay correct" do
       index = Index.new()
       :ok = Index.add(index, :all, Enum.to_list(0..199_999))

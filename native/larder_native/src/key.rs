@@ -12,9 +12,10 @@
 use crate::budget::Budget;
 use crate::error::NativeError;
 use crate::stack::Stack;
-use rustler::sys::{enif_get_tuple, ERL_NIF_TERM};
+use rustler::sys::{enif_get_tuple, enif_term_to_binary, ErlNifBinary, ERL_NIF_TERM};
 use rustler::types::tuple::make_tuple;
 use rustler::{Binary, Encoder, Env, OwnedBinary, Term, TermType};
+use std::mem::MaybeUninit;
 
 const ATOM: u8 = b'a';
 const INT: u8 = b'i';
@@ -177,7 +178,16 @@ fn encode_other(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<()
     if !bounded && !budget.dirty() {
         return Err(NativeError::Dirty);
     }
-    let external = term.to_binary();
+    let mut raw = MaybeUninit::<ErlNifBinary>::uninit();
+    // SAFETY: enif_term_to_binary fills `raw` when it answers non-zero; the
+    // binary is then ours, and OwnedBinary releases it. (`Term::to_binary`
+    // would panic on failure.)
+    let external = unsafe {
+        if enif_term_to_binary(term.get_env().as_c_arg(), term.as_c_arg(), raw.as_mut_ptr()) == 0 {
+            return Err(NativeError::Internal);
+        }
+        OwnedBinary::from_raw(raw.assume_init())
+    };
     budget.spend(external.len() as u64 / BYTES_PER_UNIT)?;
     out.push(OTHER);
     out.extend_from_slice(&(external.len() as u64).to_le_bytes());
@@ -215,7 +225,11 @@ pub fn key_term<'a>(env: Env<'a>, key: &[u8]) -> Result<Term<'a>, NativeError> {
             OTHER => {
                 let len =
                     usize::try_from(take_u64(&mut rest)?).map_err(|_| NativeError::Internal)?;
-                env.binary_to_term(take(&mut rest, len)?)
+                let bytes = take(&mut rest, len)?;
+                // SAFETY: the bytes are what enif_term_to_binary made of a
+                // term of this VM (keys are never persisted); the trusted
+                // decoder also takes the funs and atoms that safe mode refuses.
+                unsafe { env.binary_to_term_trusted(bytes) }
                     .map(|(term, _)| term)
                     .ok_or(NativeError::Internal)?
             }
