@@ -60,7 +60,9 @@ defmodule Larder.Index do
   The NIF decides, from the work it counts while it decodes: a read
   estimates the containers it touches and the ids it returns, a write counts
   terms x ids and the chunks it copies, and a `query_many/2` of more than
-  64 expressions always moves. Past the budget, the normal-scheduler call
+  64 expressions always moves, and so does a call whose terms hold a map, a
+  fun or a bitstring that is not whole bytes (their encoding's size is only
+  known once it is built). Past the budget, the normal-scheduler call
   stops at once and the same call runs again on a dirty scheduler. A write
   that finds another write in progress also moves to a dirty scheduler to
   wait there.
