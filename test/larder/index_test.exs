@@ -130,6 +130,37 @@ defmodule Larder.IndexTest do
     end
   end
 
+  describe "readers never wait for writers" do
+    # A normal-scheduler write answers :dirty while another write holds the
+    # writers' mutex: a read that completes between two such answers ran
+    # while the long write was in progress, without waiting for it.
+    test "a query completes while a long write holds the writers' mutex" do
+      index = Index.new()
+      ref = index.ref
+      :ok = Index.add(index, :other, [1, 2])
+      ids = Enum.to_list(0..199_999)
+      terms = for t <- 1..50, do: {:big, t}
+      writer = Task.async(fn -> Index.batch(index, [{:add_terms, terms, ids}]) end)
+
+      overlapped =
+        Enum.reduce_while(1..2_000_000, false, fn _, _ ->
+          before = Native.index_apply(ref, [{:add, :probe, 1}])
+          answer = Native.index_query(ref, :other)
+          later = Native.index_apply(ref, [{:add, :probe, 1}])
+
+          cond do
+            before == :dirty and later == :dirty and answer == [1, 2] -> {:halt, true}
+            Process.info(writer.pid) == nil -> {:halt, false}
+            true -> {:cont, false}
+          end
+        end)
+
+      assert Task.await(writer, 60_000) == :ok
+      assert overlapped
+      assert Index.count(index, {:big, 50}) == 200_000
+    end
+  end
+
   describe "drop/1" do
     test "frees the index while handles live; later calls raise ArgumentError" do
       index = Index.new()
