@@ -13,8 +13,10 @@ defmodule Larder.Index do
       iex> Larder.Index.count(index, {:or, [{:color, :red}, {:size, :xl}]})
       4
 
-  Two terms share a bitmap exactly when they are `===` (the key is the term's
-  external format), so `1` and `1.0` are different terms.
+  Two terms share a bitmap exactly when they are `===` (the key is a
+  canonical encoding of the term), so `1` and `1.0` are different terms. Any
+  term can be an index term, however deep or long: the NIF walks terms with
+  an explicit stack, never by recursion.
 
   ## Expressions
 
@@ -29,33 +31,57 @@ defmodule Larder.Index do
     * `{:term, term}` - `term` itself, even when it looks like an operator.
     * any other term - that term.
 
+  `:and`, `:or` and `:not` nest at most 100 levels deep; the lists of
+  `:and` and `:or` are proper lists of any length.
+
   ## Complexity
 
-  With `c` the containers (64Ki-id chunks) of the bitmaps involved, `query/2`
-  costs O(c) plus O(r) to return `r` ids; `count/2` costs O(c). `add/3` and
-  `remove/3` cost O(k log c) for `k` ids. `terms/1` is O(terms). `memory/1`
-  is O(terms).
+  Each term's ids are kept in chunks of 64Ki ids (one Roaring container
+  each). With `c` the chunks of the bitmaps involved, `query/2` costs O(c)
+  plus O(r) to return `r` ids; `count/2` costs O(c). A write of `k` ids to
+  a term costs O(k log k) plus a copy of each chunk it changes (at most about
+  8 KB each) and of the term's list of chunks, plus O(log terms) for the map
+  of terms; it never copies the untouched terms or chunks, so building an
+  index in many small batches stays linear. `terms/1`, `terms_of/2` and
+  `memory/1` are O(terms).
 
   ## Concurrency
 
-  The bitmaps sit behind one reader-writer lock in the NIF. Readers
-  (`query/2`, `count/2`, `query_many/2`, `terms/1`) share it and never block
-  each other; every id list an answer is built from comes from one consistent
-  state. A write (`add/3`, `remove/3`, and all the operations of one
-  `batch/2`) is applied whole under the write lock: no reader sees half of it.
-  A writer waits for the readers in flight, and readers wait for the write.
+  Readers never wait for writers. The NIF publishes the index as immutable
+  snapshots: `query/2`, `count/2`, `query_many/2`, `terms/1` and
+  `terms_of/2` load the current snapshot (an atomic pointer load) and
+  evaluate on it holding no lock, so every id list an answer is built from
+  comes from one consistent state. A write (`add/3`, `remove/3`, and all
+  the operations of one `batch/2`) is applied to a copy that shares every
+  untouched term and chunk with the snapshot, then swapped in whole: no
+  reader sees half of it. Writers serialise among themselves only.
 
-  Calls that can take over about a millisecond run on dirty CPU schedulers:
-  a query first estimates its cost (containers touched, ids returned) on the
-  normal scheduler and moves to a dirty scheduler when that estimate is large;
-  writes with more than 500 ids or operations always do.
+  Calls that can take over about a millisecond run on dirty CPU schedulers.
+  The NIF decides, from the work it counts while it decodes: a read
+  estimates the containers it touches and the ids it returns, a write counts
+  terms x ids and the chunks it copies, and a `query_many/2` of more than
+  64 expressions always moves, and so does a call whose terms hold a map, a
+  fun or a bitstring that is not whole bytes (their encoding's size is only
+  known once it is built). Past the budget, the normal-scheduler call
+  stops at once and the same call runs again on a dirty scheduler. A write
+  that finds another write in progress also moves to a dirty scheduler to
+  wait there.
 
   ## Failures
 
-  Functions raise `ArgumentError` when the index is not a `Larder.Index`,
-  when ids are not integers in `0..4_294_967_295`, or when an expression's
-  `:and`/`:or` does not take a list. An index lives as long as some process
-  holds its handle; there is nothing to delete.
+  Functions raise `ArgumentError`, with a message naming the argument, when
+  the index is not a handle from `new/1` (a forged or foreign reference
+  included), when it was dropped ("unknown Larder.Index: it was dropped"),
+  when ids are not integers in `0..4_294_967_295` or a proper list of them,
+  when `ops` or `exprs` are not proper lists of the documented shapes, or
+  when an expression nests deeper than 100 levels. A failed write applies
+  none of its operations. The NIF never panics and holds no lock a failure
+  could poison (the writers' mutex guards no data). A stored term that
+  could not be rebuilt (never expected) raises `Larder.Error` with reason
+  `:internal`.
+
+  An index's memory is freed when the last process holding its handle lets
+  go of it, or at once by `drop/1`.
 
   ## Performance
 
@@ -66,6 +92,9 @@ defmodule Larder.Index do
   """
 
   alias Larder.Native
+
+  # The NIF's nesting limit for :and, :or and :not (expr.rs, MAX_DEPTH).
+  @max_depth 100
 
   @enforce_keys [:ref]
   defstruct [:ref]
@@ -88,9 +117,6 @@ defmodule Larder.Index do
           | {:remove, term(), ids()}
           | {:add_terms, [term()], ids()}
           | {:remove_terms, [term()], ids()}
-
-  @dirty_writes 500
-  @dirty_many 64
 
   @doc """
   Creates an empty index. Takes no options yet; an unknown option raises.
@@ -132,34 +158,14 @@ defmodule Larder.Index do
   def batch(index, ops) when is_list(ops) do
     ref = ref!(index)
 
-    result =
-      if write_size(ops, 0) > @dirty_writes,
-        do: Native.index_apply_dirty(ref, ops),
-        else: Native.index_apply(ref, ops)
-
-    case result do
-      :ok ->
-        :ok
-
-      {:error, :bad_ids} ->
-        raise ArgumentError,
-              "ids must be an integer in 0..4294967295 or a list of them, in: #{inspect(ops, limit: 10)}"
-
-      {:error, :bad_op} ->
-        raise ArgumentError,
-              "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: #{inspect(ops, limit: 10)}"
+    case Native.index_apply(ref, ops) do
+      :dirty -> Native.index_apply_dirty(ref, ops)
+      other -> other
     end
+    |> check(ops)
   end
 
   def batch(_index, ops), do: raise(ArgumentError, "ops must be a list, got: #{inspect(ops)}")
-
-  defp write_size(_ops, acc) when acc > @dirty_writes, do: acc
-
-  defp write_size([{_, _, ids} | rest], acc) when is_list(ids),
-    do: write_size(rest, acc + length(ids))
-
-  defp write_size([_ | rest], acc), do: write_size(rest, acc + 1)
-  defp write_size(_, acc), do: acc
 
   @doc """
   The ids that `expr` matches, in ascending order.
@@ -172,11 +178,11 @@ defmodule Larder.Index do
       :dirty -> Native.index_query_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
-  The answers to several expressions, in one call under one read lock (so
+  The answers to several expressions, in one call on one snapshot (so
   they all see the same state).
 
       iex> index = Larder.Index.new()
@@ -188,17 +194,11 @@ defmodule Larder.Index do
   def query_many(index, exprs) when is_list(exprs) do
     ref = ref!(index)
 
-    # Past a few dozen expressions the call is long anyway: go to a dirty
-    # scheduler at once rather than decode everything twice.
-    if length(exprs) > @dirty_many do
-      Native.index_query_many_dirty(ref, exprs)
-    else
-      case Native.index_query_many(ref, exprs) do
-        :dirty -> Native.index_query_many_dirty(ref, exprs)
-        other -> other
-      end
+    case Native.index_query_many(ref, exprs) do
+      :dirty -> Native.index_query_many_dirty(ref, exprs)
+      other -> other
     end
-    |> check_expr(exprs)
+    |> check({:exprs, exprs})
   end
 
   def query_many(_index, exprs),
@@ -215,14 +215,14 @@ defmodule Larder.Index do
       :dirty -> Native.index_count_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
   Every term that has at least one id, in no particular order.
   """
   @spec terms(t()) :: [term()]
-  def terms(index), do: Native.index_terms(ref!(index))
+  def terms(index), do: index |> ref!() |> Native.index_terms() |> check(nil)
 
   @doc """
   The terms whose bitmap holds `id`, in no particular order. O(terms): it
@@ -241,6 +241,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_terms_of_dirty(ref, id)
       terms -> terms
     end
+    |> check(id)
   end
 
   def terms_of(_index, id),
@@ -251,7 +252,22 @@ defmodule Larder.Index do
   and the hash table's slots. This memory is outside the BEAM heaps and ETS.
   """
   @spec memory(t()) :: non_neg_integer()
-  def memory(index), do: Native.index_memory(ref!(index))
+  def memory(index), do: index |> ref!() |> Native.index_memory() |> check(nil)
+
+  @doc """
+  Frees the index's memory in the NIF at once, even while other processes
+  still hold its handle. Every later call on the index raises
+  `ArgumentError`, except `drop/1` itself, which returns `:ok` again.
+
+      iex> index = Larder.Index.new()
+      iex> :ok = Larder.Index.add(index, :a, [1])
+      iex> Larder.Index.drop(index)
+      :ok
+      iex> Larder.Index.query(index, :a)
+      ** (ArgumentError) unknown Larder.Index: it was dropped
+  """
+  @spec drop(t()) :: :ok
+  def drop(index), do: index |> ref!() |> Native.index_drop() |> check(nil)
 
   defp ref!(%__MODULE__{ref: ref}) when is_reference(ref), do: ref
 
@@ -262,13 +278,55 @@ defmodule Larder.Index do
         "index must be a Larder.Index (from Larder.Index.new/1), got: #{inspect(other)}"
       )
 
-  defp check_expr({:error, :bad_expr}, expr), do: bad_expr!(expr)
-  defp check_expr(result, _expr), do: result
+  # Turns the NIF's `{:error, reason}` into an ArgumentError naming the argument.
+  defp check({:error, reason}, arg), do: fail!(reason, arg)
+  defp check(result, _arg), do: result
 
-  defp bad_expr!(expr) do
+  defp fail!(:dropped, _arg), do: raise(ArgumentError, "unknown Larder.Index: it was dropped")
+
+  defp fail!(:bad_index, _arg) do
+    raise ArgumentError,
+          "index must be a Larder.Index (from Larder.Index.new/1), got a handle to something else"
+  end
+
+  defp fail!(:bad_expr, {:exprs, exprs}) do
+    raise ArgumentError,
+          "exprs must be a proper list of expressions, each combining terms with " <>
+            "{:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
+            inspect(exprs, limit: 20, printable_limit: 50)
+  end
+
+  defp fail!(:too_deep, {:exprs, exprs}), do: fail!(:too_deep, exprs)
+
+  defp fail!(:too_deep, expr) do
+    raise ArgumentError,
+          "expr nests :and, :or and :not deeper than #{@max_depth} levels, got: " <>
+            inspect(expr, limit: 5, printable_limit: 50)
+  end
+
+  defp fail!(:internal, _arg) do
+    raise Larder.Error.new(:internal, "the index NIF could not rebuild a stored term")
+  end
+
+  defp fail!(:bad_ids, id) when is_integer(id),
+    do: raise(ArgumentError, "id must be an integer in 0..4294967295, got: #{inspect(id)}")
+
+  defp fail!(:bad_ids, ops) do
+    raise ArgumentError,
+          "ids must be an integer in 0..4294967295 or a proper list of them, in: " <>
+            inspect(ops, limit: 10, printable_limit: 50)
+  end
+
+  defp fail!(:bad_op, ops) do
+    raise ArgumentError,
+          "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: " <>
+            inspect(ops, limit: 10, printable_limit: 50)
+  end
+
+  defp fail!(:bad_expr, expr) do
     raise ArgumentError,
           "expr must combine terms with {:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
-            inspect(expr, limit: 20)
+            inspect(expr, limit: 20, printable_limit: 50)
   end
 
   defp validate_opts!(opts) do

@@ -1,8 +1,8 @@
 defmodule Larder.IndexTest do
   use ExUnit.Case, async: true
 
-  alias Larder.Index
-  alias Larder.Test.PropEr
+  alias Larder.{Index, Native}
+  alias Larder.Test.{Isolated, PropEr}
 
   doctest Larder.Index
 
@@ -36,6 +36,34 @@ defmodule Larder.IndexTest do
       :ok = Index.add(index, 1.0, [2])
       assert Index.query(index, 1) == [1]
       assert Index.query(index, 1.0) == [2]
+    end
+
+    test "every kind of term round-trips through terms/1 and terms_of/2" do
+      index = Index.new()
+
+      terms = [
+        fn x -> x end,
+        &Enum.map/2,
+        %{a: [1 | 2]},
+        self(),
+        make_ref(),
+        2 ** 100,
+        -(2 ** 70),
+        1.5,
+        <<1::3>>,
+        "bin",
+        [],
+        {},
+        [1, [2, {3}] | "t"],
+        ~c"chars"
+      ]
+
+      for {term, id} <- Enum.with_index(terms), do: :ok = Index.add(index, term, [id, 100])
+      assert Enum.sort(Index.terms(index)) == Enum.sort(terms)
+      assert Enum.sort(Index.terms_of(index, 100)) == Enum.sort(terms)
+
+      for {term, id} <- Enum.with_index(terms),
+          do: assert(Index.query(index, {:term, term}) == [id, 100])
     end
 
     test "large answers take the dirty scheduler path and stay correct" do
@@ -102,6 +130,59 @@ defmodule Larder.IndexTest do
     end
   end
 
+  describe "readers never wait for writers" do
+    # A normal-scheduler write answers :dirty while another write holds the
+    # writers' mutex: a read that completes between two such answers ran
+    # while the long write was in progress, without waiting for it.
+    test "a query completes while a long write holds the writers' mutex" do
+      index = Index.new()
+      ref = index.ref
+      :ok = Index.add(index, :other, [1, 2])
+      ids = Enum.to_list(0..199_999)
+      terms = for t <- 1..50, do: {:big, t}
+      writer = Task.async(fn -> Index.batch(index, [{:add_terms, terms, ids}]) end)
+
+      overlapped =
+        Enum.reduce_while(1..2_000_000, false, fn _, _ ->
+          before = Native.index_apply(ref, [{:add, :probe, 1}])
+          answer = Native.index_query(ref, :other)
+          later = Native.index_apply(ref, [{:add, :probe, 1}])
+
+          cond do
+            before == :dirty and later == :dirty and answer == [1, 2] -> {:halt, true}
+            Process.info(writer.pid) == nil -> {:halt, false}
+            true -> {:cont, false}
+          end
+        end)
+
+      assert Task.await(writer, 60_000) == :ok
+      assert overlapped
+      assert Index.count(index, {:big, 50}) == 200_000
+    end
+  end
+
+  describe "drop/1" do
+    test "frees the index while handles live; later calls raise ArgumentError" do
+      index = Index.new()
+      :ok = Index.add(index, :a, Enum.to_list(0..10_000))
+      other = %Index{} = index
+      assert Index.drop(index) == :ok
+      assert Index.drop(other) == :ok
+
+      for call <- [
+            fn -> Index.query(other, :a) end,
+            fn -> Index.count(other, :a) end,
+            fn -> Index.query_many(other, [:a]) end,
+            fn -> Index.add(other, :a, 1) end,
+            fn -> Index.terms(other) end,
+            fn -> Index.terms_of(other, 1) end,
+            fn -> Index.memory(other) end
+          ] do
+        assert_raise ArgumentError, "unknown Larder.Index: it was dropped", call
+      end
+    end
+  end
+
   describe "bad input" do
     test "raises ArgumentError naming the argument" do
       index = Index.new()
@@ -121,6 +202,75 @@ defmodule Larder.IndexTest do
                    fn -> Index.new(size: 1) end
     end
 
+    test "forged handles raise ArgumentError naming the index, never a bare :badarg" do
+      for forged <- [%Index{ref: make_ref()}, %Index{ref: :atomics.new(1, [])}] do
+        for call <- [
+              fn -> Index.query(forged, :a) end,
+              fn -> Index.count(forged, :a) end,
+              fn -> Index.query_many(forged, [:a]) end,
+              fn -> Index.add(forged, :a, 1) end,
+              fn -> Index.batch(forged, []) end,
+              fn -> Index.terms(forged) end,
+              fn -> Index.terms_of(forged, 1) end,
+              fn -> Index.memory(forged) end,
+              fn -> Index.drop(forged) end
+            ] do
+          assert_raise ArgumentError, ~r/index must be a Larder.Index/, call
+        end
+      end
+    end
+
+    test "improper lists raise ArgumentError naming the argument" do
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2])
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, [{:add, :d, 1} | :x])
+      end
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, [{:add_terms, [:d | :e], 1}])
+      end
+
+      assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.add(index, :d, [1 | 2]) end
+      assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.remove(index, :a, [1, 2 | 3]) end
+      assert_raise ArgumentError, ~r/^expr must/, fn -> Index.query(index, {:and, [:a | :b]}) end
+      assert_raise ArgumentError, ~r/^expr must/, fn -> Index.count(index, {:or, [:a | :b]}) end
+      assert_raise ArgumentError, ~r/^exprs must/, fn -> Index.query_many(index, [:a | :b]) end
+
+      assert_raise ArgumentError, ~r/^exprs must/, fn ->
+        Index.query_many(index, [{:and, [:a | :b]}])
+      end
+
+      # Nothing was applied by the failed writes.
+      assert Index.terms(index) == [:a]
+      assert Index.query(index, :a) == [1, 2]
+    end
+
+    test "ids outside the u32 range raise ArgumentError" do
+      index = Index.new()
+
+      for ids <- [-1, 2 ** 32, [0, 2 ** 64], [1.0], :one] do
+        assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.add(index, :a, ids) end
+      end
+
+      assert_raise ArgumentError, ~r/^id must be/, fn -> Index.terms_of(index, 2 ** 32) end
+      assert Index.terms(index) == []
+    end
+
+    test "an expression deeper than 100 levels raises ArgumentError; 99 levels answer" do
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2])
+      :ok = Index.add(index, :b, [3])
+      nots = fn n -> Enum.reduce(1..n, :a, fn _, e -> {:not, e} end) end
+      assert Index.query(index, nots.(99)) == [3]
+      assert Index.query(index, nots.(98)) == [1, 2]
+
+      assert_raise ArgumentError, ~r/deeper than 100 levels/, fn ->
+        Index.query(index, nots.(100))
+      end
+    end
+
     test "a missing library explains what to run" do
       failure = {:error, {:load_failed, ~c"cannot open shared object file"}}
       assert {:error, message} = Larder.Native.explain(failure, "/nonexistent/liblarder_native")
@@ -130,12 +280,368 @@ defmodule Larder.IndexTest do
     end
   end
 
+  describe "deep terms (isolated VM)" do
+    # Each of these recursed on the scheduler's stack and killed the VM.
+    test "deep :not, :and and :or chains raise ArgumentError" do
+      result =
+        Isolated.run(
+          quote do
+            index = Larder.Index.new()
+            :ok = Larder.Index.add(index, :a, [1, 2])
+
+            exprs = [
+              Enum.reduce(1..2_000, :a, fn _, e -> {:not, e} end),
+              Enum.reduce(1..200_000, :a, fn _, e -> {:and, [e]} end),
+              Enum.reduce(1..200_000, :a, fn _, e -> {:or, [:b, e]} end)
+            ]
+
+            calls = [
+              &Larder.Index.query(index, &1),
+              &Larder.Index.count(index, &1),
+              &Larder.Index.query_many(index, [:a, &1])
+            ]
+
+            for expr <- exprs, call <- calls do
+              try do
+                {:answered, call.(expr)}
+              rescue
+                error in ArgumentError -> {:argument_error, error.message =~ "deeper than"}
+              end
+            end
+            |> Enum.uniq()
+            |> Kernel.++([Larder.Index.query(index, :a)])
+          end
+        )
+
+      assert result == {:ok, [{:argument_error, true}, [1, 2]]}
+    end
+
+    test "deep tuples and lists are index terms like any other" do
+      result =
+        Isolated.run(
+          quote do
+            index = Larder.Index.new()
+            tuple = Enum.reduce(1..1_000_000, :x, fn _, e -> {e} end)
+            list = Enum.reduce(1..300_000, [], fn _, e -> [e] end)
+            long = [Enum.to_list(1..300_000) | :improper]
+
+            :ok = Larder.Index.add(index, tuple, [1, 2])
+            :ok = Larder.Index.batch(index, [{:add, list, 2}, {:add_terms, [long, tuple], [3]}])
+
+            {
+              Larder.Index.query(index, {:term, tuple}),
+              Larder.Index.query(index, {:and, [list, {:term, long}]}),
+              Larder.Index.count(index, {:or, [tuple, list]}),
+              Larder.Index.terms_of(index, 3) |> Enum.sort() == Enum.sort([long, tuple]),
+              Larder.Index.terms(index) |> Enum.sort() == Enum.sort([tuple, list, long]),
+              Larder.Index.query_many(index, [{:term, list}, {:term, tuple}])
+            }
+          end,
+          120_000
+        )
+
+      assert result == {:ok, {[1, 2, 3], [], 3, true, true, [[2], [1, 2, 3]]}}
+    end
+  end
+
+  describe "scheduling: Rust picks the dirty variant from the real work" do
+    test "writes of many terms x ids answer :dirty on the normal scheduler" do
+      index = Index.new()
+      ref = index.ref
+      # One record with 300,000 tags, and one term added to a million ids.
+      tags = [{:add_terms, Enum.to_list(1..300_000), 9}]
+      million = [{:add, :all, Enum.to_list(0..999_999)}]
+      assert Native.index_apply(ref, tags) == :dirty
+      assert Native.index_apply(ref, million) == :dirty
+      assert Index.terms(index) == []
+
+      :ok = Index.batch(index, tags)
+      :ok = Index.batch(index, million)
+      assert Index.count(index, :all) == 1_000_000
+      assert Index.count(index, 300_000) == 1
+
+      # A write copies each chunk (container) it changes: a thousand ids in a
+      # thousand chunks is real work, one id in a large posting is not.
+      sparse = for id <- 0..1_000, do: id * 65_536
+      assert Native.index_apply(ref, [{:add, :sparse, sparse}]) == :dirty
+      :ok = Index.add(index, :sparse, sparse)
+      assert Native.index_apply(ref, [{:add, :sparse, 7}]) == :ok
+      assert Index.count(index, :sparse) == 1_002
+    end
+
+    test "reads answer :dirty past their budget and not before" do
+      index = Index.new()
+      ref = index.ref
+      :ok = Index.add(index, :all, Enum.to_list(0..99_999))
+      :ok = Index.add(index, :few, [1, 2])
+      assert Native.index_query(ref, :all) == :dirty
+      assert Native.index_query(ref, :few) == [1, 2]
+      assert Native.index_query(ref, {:or, List.duplicate(:few, 50_000)}) == :dirty
+      assert Native.index_query_many(ref, List.duplicate(:few, 50_000)) == :dirty
+      assert Native.index_query(ref, {:term, :binary.copy("x", 10_000_000)}) == :dirty
+      assert Native.index_query(ref, {:term, %{a: 1}}) == :dirty
+      assert Index.query(index, {:term, %{a: 1}}) == []
+      assert length(Index.query_many(index, List.duplicate(:few, 50_000))) == 50_000
+
+      # Rebuilding a large stored term for terms_of/2 counts too.
+      deep = Enum.reduce(1..100_000, :x, fn _, e -> {e} end)
+      :ok = Index.add(index, deep, 5)
+      assert Native.index_terms_of(ref, 5) == :dirty
+
+      assert Native.index_terms_of(ref, 1) == [:all, :few] or
+               Native.index_terms_of(ref, 1) == [:few, :all]
+
+      assert Index.terms_of(index, 5) -- [:all] == [deep]
+    end
+  end
+
+  describe "memory" do
+    test "dropped indexes free their memory while their handles live (isolated VM)" do
+      result =
+        Isolated.run(
+          quote do
+            before = Larder.Native.index_live_bytes()
+
+            indexes =
+              for n <- 1..20 do
+                index = Larder.Index.new()
+                :ok = Larder.Index.add(index, {:n, n}, Enum.to_list(0..200_000//3))
+                :ok = Larder.Index.add(index, :every, Enum.to_list(n..2_000_000//1000))
+                index
+              end
+
+            held = Larder.Native.index_live_bytes() - before
+            Enum.each(indexes, &Larder.Index.drop/1)
+            # The handles are still alive here.
+            {held, Larder.Native.index_live_bytes() - before, length(indexes)}
+          end
+        )
+
+      assert {:ok, {held, 0, 20}} = result
+      assert held > 20 * 8_000
+    end
+
+    test "many writers on one term, some killed mid-write, lose nothing and leak nothing (isolated VM)" do
+      result =
+        Isolated.run(
+          quote do
+            before = Larder.Native.index_live_bytes()
+            index = Larder.Index.new()
+
+            writers =
+              for w <- 0..7 do
+                Task.async(fn ->
+                  ids = Enum.to_list((w * 10_000)..(w * 10_000 + 9_999))
+
+                  for _ <- 1..30 do
+                    :ok = Larder.Index.batch(index, [{:add, :hot, ids}, {:add, {:w, w}, ids}])
+                    :ok = Larder.Index.remove(index, :hot, Enum.take(ids, 5_000))
+                  end
+
+                  :ok = Larder.Index.add(index, :hot, ids)
+                end)
+              end
+
+            # Killed while its big batch may be in the NIF: all of it or none.
+            victims =
+              for v <- 1..4 do
+                spawn(fn ->
+                  Larder.Index.batch(index, [
+                    {:add, {:victim, v}, Enum.to_list(0..300_000)},
+                    {:add, :victims, v}
+                  ])
+                end)
+              end
+
+            Enum.each(victims, &Process.exit(&1, :kill))
+            Enum.each(writers, &Task.await(&1, 60_000))
+
+            whole =
+              Enum.all?(1..4, fn v ->
+                count = Larder.Index.count(index, {:victim, v})
+
+                count in [0, 300_001] and
+                  count == 300_001 == v in Larder.Index.query(index, :victims)
+              end)
+
+            hot = Larder.Index.count(index, :hot)
+
+            for term <- Larder.Index.terms(index) do
+              :ok = Larder.Index.remove(index, term, Larder.Index.query(index, {:term, term}))
+            end
+
+            {whole, hot, Larder.Index.terms(index), Larder.Native.index_live_bytes() - before}
+          end,
+          120_000
+        )
+
+      assert result == {:ok, {true, 80_000, [], 0}}
+    end
+
+    test "memory/1 follows writes and drops" do
+      index = Index.new()
+      empty = Index.memory(index)
+      :ok = Index.add(index, :a, Enum.to_list(0..100_000))
+      full = Index.memory(index)
+      assert full > empty + 8_000
+      :ok = Index.remove(index, :a, Enum.to_list(0..100_000))
+      assert Index.memory(index) < full
+    end
+  end
+
   describe "model (PropEr)" do
     # Random writes from several processes, each on its own terms, then random
     # expressions checked against a map of MapSets.
     test "queries agree with a map of sets after concurrent writes" do
       PropEr.check(:proper.forall(scenario(), &scenario_holds?/1), numtests: 60)
     end
+  end
+
+  describe "bad input (PropEr)" do
+    # Every public function with arbitrary, deep, improper, huge and forged
+    # arguments: only ArgumentError comes back, and the index still answers
+    # for a term no generated call can name.
+    test "only ArgumentError comes back and the index keeps its data" do
+      index = Index.new()
+      sentinel = make_ref()
+      :ok = Index.add(index, {:term, sentinel}, [1, 2, 70_000])
+
+      PropEr.check(
+        :proper.forall(bad_call(), fn {fun, use_index?, args} ->
+          args = if use_index? and fun not in [:new, :drop], do: [index | tl(args)], else: args
+
+          outcome =
+            try do
+              apply(Index, fun, args)
+              :ok
+            rescue
+              ArgumentError -> :ok
+              other -> {:unexpected, other}
+            end
+
+          outcome == :ok and
+            Index.query(index, {:term, {:term, sentinel}}) == [1, 2, 70_000] and
+            Index.count(index, {:and, [{:term, {:term, sentinel}}, {:not, :nothing}]}) == 3 and
+            {:term, sentinel} in Index.terms_of(index, 70_000)
+        end),
+        numtests: 200
+      )
+
+      assert Index.query(index, {:term, {:term, sentinel}}) == [1, 2, 70_000]
+    end
+  end
+
+  @calls [
+    new: 1,
+    add: 3,
+    remove: 3,
+    batch: 2,
+    query: 2,
+    query_many: 2,
+    count: 2,
+    terms: 1,
+    terms_of: 2,
+    memory: 1,
+    drop: 1
+  ]
+
+  defp bad_call do
+    :proper_types.bind(
+      :proper_types.oneof(Enum.map(@calls, &:proper_types.exactly/1)),
+      fn {fun, arity} ->
+        :proper_types.tuple([
+          :proper_types.exactly(fun),
+          :proper_types.boolean(),
+          :proper_types.vector(arity, bad_arg())
+        ])
+      end,
+      false
+    )
+  end
+
+  defp bad_arg do
+    :proper_types.frequency([
+      {4, :proper_types.any()},
+      {2, deep()},
+      {2, improper()},
+      {1, huge()},
+      {2, ops()},
+      {2, ids()},
+      {1, :proper_types.exactly(%Index{ref: make_ref()})},
+      {1, :proper_types.exactly(%Index{ref: :atomics.new(1, [])})}
+    ])
+  end
+
+  defp deep do
+    :proper_types.bind(
+      :proper_types.tuple([
+        :proper_types.oneof([:not, :and, :or, :tuple, :list]),
+        :proper_types.range(90, 3_000)
+      ]),
+      fn
+        {:not, n} -> Enum.reduce(1..n, :a, fn _, e -> {:not, e} end)
+        {:and, n} -> Enum.reduce(1..n, :a, fn _, e -> {:and, [e, :b]} end)
+        {:or, n} -> Enum.reduce(1..n, :a, fn _, e -> {:or, [:b, e]} end)
+        {:tuple, n} -> Enum.reduce(1..n, :a, fn _, e -> {e, 1} end)
+        {:list, n} -> Enum.reduce(1..n, [], fn _, e -> [e] end)
+      end,
+      false
+    )
+  end
+
+  defp improper do
+    :proper_types.bind(
+      :proper_types.tuple([
+        :proper_types.non_empty(
+          :proper_types.list(:proper_types.oneof([ops(), :proper_types.any()]))
+        ),
+        :proper_types.oneof([:proper_types.atom(), :proper_types.integer()])
+      ]),
+      fn {list, tail} -> list ++ tail end,
+      false
+    )
+  end
+
+  defp huge do
+    :proper_types.bind(
+      :proper_types.tuple([
+        :proper_types.oneof([:ids, :binary, :ops, :exprs]),
+        :proper_types.range(0, 50_000)
+      ]),
+      fn
+        {:ids, n} -> Enum.to_list(0..n)
+        {:binary, n} -> :binary.copy("x", n * 10)
+        {:ops, n} -> List.duplicate({:add_terms, [:h, {:h, n}], [n, 5]}, n)
+        {:exprs, n} -> List.duplicate({:and, [:h, {:not, :x}]}, n)
+      end,
+      false
+    )
+  end
+
+  defp ops do
+    kind = :proper_types.oneof([:add, :remove, :add_terms, :remove_terms, :proper_types.atom()])
+
+    :proper_types.list(
+      :proper_types.oneof([
+        :proper_types.tuple([kind, :proper_types.any(), ids()]),
+        :proper_types.tuple([kind, :proper_types.list(:proper_types.any()), ids()]),
+        :proper_types.any()
+      ])
+    )
+  end
+
+  defp ids do
+    id =
+      :proper_types.oneof([
+        :proper_types.range(0, 200_000),
+        :proper_types.exactly(4_294_967_295),
+        :proper_types.exactly(4_294_967_296),
+        :proper_types.exactly(-1),
+        :proper_types.exactly(2 ** 64),
+        :proper_types.float()
+      ])
+
+    :proper_types.oneof([id, :proper_types.list(id)])
   end
 
   @procs 3

@@ -3,15 +3,20 @@
 //! smallest bitmap intersected first.
 
 use crate::atoms;
+use crate::budget::Budget;
 use crate::error::NativeError;
-use crate::key::{elem, encode, tuple_elems};
+use crate::key::{elem, encode, next_cell, tuple_elems};
+use crate::posting::Posting;
+use crate::stack::Stack;
+use imbl::shared_ptr::ArcK;
+use imbl::GenericHashMap;
 use roaring::RoaringBitmap;
-use rustler::{ListIterator, Term};
+use rustler::Term;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
-/// A small multiply-rotate hasher (as in rustc's FxHash): keys are short
+/// A small multiply-rotate hasher (as in rustc's FxHash, with a final mix): keys are short
 /// encoded terms and the table is private, so SipHash's DoS resistance buys
 /// nothing and costs a good part of a lookup.
 #[derive(Default)]
@@ -22,7 +27,9 @@ impl Hasher for KeyHasher {
         const K: u64 = 0x517c_c1b7_2722_0a95;
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
-            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            let word = u64::from_le_bytes(word);
             self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
         }
         for &byte in chunks.remainder() {
@@ -30,39 +37,34 @@ impl Hasher for KeyHasher {
         }
     }
 
+    /// Folds the high bits into the low ones: the persistent map keys on the
+    /// low 32 bits, which the multiply alone leaves depending on only a few
+    /// bytes of each word (small integers would collide).
     fn finish(&self) -> u64 {
-        self.0
+        let mut h = self.0;
+        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
     }
 }
 
-/// One term's ids, with their smallest and largest kept up to date by the
-/// writer: a query's cost estimate and its intersections read them instead of
-/// scanning the first and last containers (`min()` and `max()` do).
-#[derive(Default)]
-pub struct Posting {
-    pub ids: RoaringBitmap,
-    pub min: u32,
-    pub max: u32,
+/// Term key -> ids: a persistent hash map, so a writer's copy shares every
+/// posting it does not touch with the snapshot readers hold (a clone is O(1),
+/// an update copies O(log terms) nodes and the postings it changes).
+pub type Bitmaps = GenericHashMap<Arc<[u8]>, Arc<Posting>, BuildHasherDefault<KeyHasher>, ArcK>;
+
+/// One immutable state of an index, as readers see it.
+#[derive(Clone, Default)]
+pub struct State {
+    pub bitmaps: Bitmaps,
+    /// Sums over every posting of its chunks and of its ids: the cost of the
+    /// universe a `not` outside an `and` builds, without a scan.
+    pub chunks: u64,
+    pub ids: u64,
 }
 
-impl Posting {
-    /// Recomputes the bounds after a write.
-    pub fn refresh(&mut self) {
-        self.min = self.ids.min().unwrap_or(0);
-        self.max = self.ids.max().unwrap_or(0);
-    }
-
-    /// Number of 64Ki-id chunks the ids span: an upper bound on their containers.
-    fn chunks(&self) -> u64 {
-        if self.ids.is_empty() {
-            0
-        } else {
-            u64::from((self.max >> 16) - (self.min >> 16)) + 1
-        }
-    }
-}
-
-pub type Bitmaps = HashMap<Vec<u8>, Posting, BuildHasherDefault<KeyHasher>>;
+/// Nesting of `:and`, `:or` and `:not` a query may have: evaluation recurses
+/// over the decoded plan (never over the term), bounded by this.
+pub const MAX_DEPTH: usize = 100;
 
 /// An expression whose leaves are resolved to their postings (looked up once).
 pub enum Plan<'b> {
@@ -72,152 +74,353 @@ pub enum Plan<'b> {
     Not(Box<Plan<'b>>),
 }
 
-/// Decodes `term` and looks its leaves up at once. `key` is a scratch buffer
-/// for the leaves' keys, so a query allocates no key.
-pub fn plan<'b>(
-    bitmaps: &'b Bitmaps,
-    term: Term,
-    key: &mut Vec<u8>,
-) -> Result<Plan<'b>, NativeError> {
+enum Node<'a> {
+    List { and: bool, list: Term<'a> },
+    Not(Term<'a>),
+    Leaf(Term<'a>),
+}
+
+fn node(term: Term) -> Node {
     if let Some(&[op, arg]) = tuple_elems(term) {
         let (op, arg) = (elem(term, op), elem(term, arg));
         if op.is_atom() {
             let env = term.get_env();
             if op == atoms::and().to_term(env) {
-                return Ok(Plan::And(plan_list(bitmaps, arg, key)?));
+                return Node::List {
+                    and: true,
+                    list: arg,
+                };
             }
             if op == atoms::or().to_term(env) {
-                return Ok(Plan::Or(plan_list(bitmaps, arg, key)?));
+                return Node::List {
+                    and: false,
+                    list: arg,
+                };
             }
             if op == atoms::not().to_term(env) {
-                return Ok(Plan::Not(Box::new(plan(bitmaps, arg, key)?)));
+                return Node::Not(arg);
             }
             if op == atoms::term().to_term(env) {
-                return Ok(leaf(bitmaps, arg, key));
+                return Node::Leaf(arg);
             }
         }
     }
-    Ok(leaf(bitmaps, term, key))
+    Node::Leaf(term)
 }
 
-fn plan_list<'b>(
+/// An operator whose operands are being decoded.
+enum Frame<'a, 'b> {
+    List {
+        and: bool,
+        rest: Term<'a>,
+        done: Vec<Plan<'b>>,
+    },
+    Not,
+}
+
+/// Decodes `term` and looks its leaves up at once, with an explicit stack of
+/// operators (deeper than `MAX_DEPTH` is `TooDeep`). `key` is a scratch
+/// buffer for the leaves' keys, so a query allocates no key.
+pub fn plan<'b>(
     bitmaps: &'b Bitmaps,
     term: Term,
     key: &mut Vec<u8>,
-) -> Result<Vec<Plan<'b>>, NativeError> {
-    let iter: ListIterator = term.decode().map_err(|_| NativeError::BadExpr)?;
-    iter.map(|child| plan(bitmaps, child, key)).collect()
+    budget: &mut Budget,
+) -> Result<Plan<'b>, NativeError> {
+    let mut stack: Stack<Frame, 4> = Stack::new();
+    let mut next = term;
+    loop {
+        // Descend to the first operand that is not an operator.
+        let mut done = loop {
+            budget.spend(1)?;
+            if stack.len() >= MAX_DEPTH {
+                return Err(NativeError::TooDeep);
+            }
+            match node(next) {
+                Node::Leaf(term) => break leaf(bitmaps, term, key, budget)?,
+                Node::Not(arg) => {
+                    stack.push(Frame::Not);
+                    next = arg;
+                }
+                Node::List { and, list } => {
+                    let mut rest = list;
+                    match next_cell(&mut rest) {
+                        Some(Ok(head)) => {
+                            stack.push(Frame::List {
+                                and,
+                                rest,
+                                done: Vec::with_capacity(8),
+                            });
+                            next = head;
+                        }
+                        None if and => break Plan::And(Vec::new()),
+                        None => break Plan::Or(Vec::new()),
+                        Some(Err(())) => return Err(NativeError::BadExpr),
+                    }
+                }
+            }
+        };
+        // Hand `done` to its operator, closing each operator it completes.
+        loop {
+            match stack.last_mut() {
+                None => return Ok(done),
+                Some(Frame::Not) => {
+                    stack.pop();
+                    done = Plan::Not(Box::new(done));
+                }
+                Some(Frame::List {
+                    and,
+                    rest,
+                    done: children,
+                }) => {
+                    children.push(done);
+                    match next_cell(rest) {
+                        Some(Ok(head)) => {
+                            next = head;
+                            break;
+                        }
+                        Some(Err(())) => return Err(NativeError::BadExpr),
+                        None => {
+                            let and = *and;
+                            let children = std::mem::take(children);
+                            stack.pop();
+                            done = if and {
+                                Plan::And(children)
+                            } else {
+                                Plan::Or(children)
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
-fn leaf<'b>(bitmaps: &'b Bitmaps, term: Term, key: &mut Vec<u8>) -> Plan<'b> {
+fn leaf<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+    budget: &mut Budget,
+) -> Result<Plan<'b>, NativeError> {
     key.clear();
-    encode(term, key);
-    Plan::Leaf(bitmaps.get(key.as_slice()))
+    encode(term, key, budget)?;
+    Ok(Plan::Leaf(bitmaps.get(key.as_slice()).map(Arc::as_ref)))
+}
+
+/// A set of ids as chunks sorted by their high 16 bits (none empty),
+/// borrowed from the postings where a chunk passes through unchanged.
+pub type Chunks<'b> = Vec<(u16, Cow<'b, RoaringBitmap>)>;
+
+/// Ids in a chunk list.
+pub fn chunks_len(chunks: &Chunks) -> u64 {
+    chunks.iter().map(|(_, ids)| ids.len()).sum()
+}
+
+/// An operand of an `and`: a posting as it is, or an evaluated sub-expression.
+enum Set<'b> {
+    Posting(&'b Posting),
+    Chunks(Chunks<'b>),
+}
+
+impl<'b> Set<'b> {
+    fn len(&self) -> u64 {
+        match self {
+            Set::Posting(posting) => posting.len,
+            Set::Chunks(chunks) => chunks_len(chunks),
+        }
+    }
+
+    fn find(&self, key: u16) -> Option<&RoaringBitmap> {
+        match self {
+            Set::Posting(posting) => posting.find(key),
+            Set::Chunks(chunks) => chunks
+                .binary_search_by_key(&key, |(k, _)| *k)
+                .ok()
+                .and_then(|i| chunks.get(i))
+                .map(|(_, ids)| ids.as_ref()),
+        }
+    }
+}
+
+fn borrow(posting: &Posting) -> Chunks<'_> {
+    posting
+        .chunks
+        .iter()
+        .map(|(key, chunk)| (*key, Cow::Borrowed(&chunk.ids)))
+        .collect()
+}
+
+fn set<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Set<'b> {
+    match plan {
+        Plan::Leaf(Some(posting)) => Set::Posting(posting),
+        other => Set::Chunks(eval(bitmaps, other)),
+    }
+}
+
+/// `a | b`, chunk by chunk.
+fn union<'b>(a: Chunks<'b>, b: Chunks<'b>) -> Chunks<'b> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len().max(b.len()));
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some((ka, _)), Some((kb, _))) if ka < kb => a.next(),
+            (Some((ka, _)), Some((kb, _))) if ka > kb => b.next(),
+            (Some(_), Some(_)) => match (a.next(), b.next()) {
+                (Some((key, mut ids)), Some((_, other))) => {
+                    *ids.to_mut() |= other.as_ref();
+                    Some((key, ids))
+                }
+                _ => None,
+            },
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => None,
+        };
+        match next {
+            Some(chunk) => out.push(chunk),
+            None => return out,
+        }
+    }
+}
+
+/// `acc - other`, chunk by chunk.
+fn subtract<'b>(acc: &mut Chunks<'b>, other: &Set) {
+    for (key, ids) in acc.iter_mut() {
+        if let Some(minus) = other.find(*key) {
+            *ids.to_mut() -= minus;
+        }
+    }
+    acc.retain(|(_, ids)| !ids.is_empty());
 }
 
 /// The ids of every term: the complement's universe for a `not` outside an `and`.
-fn universe(bitmaps: &Bitmaps) -> RoaringBitmap {
-    let mut all = RoaringBitmap::new();
+fn universe(bitmaps: &Bitmaps) -> Chunks<'static> {
+    let mut all: std::collections::BTreeMap<u16, RoaringBitmap> = Default::default();
     for posting in bitmaps.values() {
-        all |= &posting.ids;
+        for (key, chunk) in &posting.chunks {
+            *all.entry(*key).or_default() |= &chunk.ids;
+        }
     }
-    all
+    all.into_iter()
+        .map(|(key, ids)| (key, Cow::Owned(ids)))
+        .collect()
 }
 
-pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Cow<'b, RoaringBitmap> {
+/// The ids `plan` matches. Recursion follows the plan, whose depth `plan`
+/// bounds by `MAX_DEPTH`.
+pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Chunks<'b> {
     match plan {
-        Plan::Leaf(Some(posting)) => Cow::Borrowed(&posting.ids),
-        Plan::Leaf(None) => Cow::Owned(RoaringBitmap::new()),
-        Plan::Or(children) => {
-            let mut acc = RoaringBitmap::new();
-            for child in children {
-                acc |= eval(bitmaps, child).as_ref();
-            }
-            Cow::Owned(acc)
-        }
+        Plan::Leaf(Some(posting)) => borrow(posting),
+        Plan::Leaf(None) => Vec::new(),
+        Plan::Or(children) => children
+            .iter()
+            .fold(Vec::new(), |acc, child| union(acc, eval(bitmaps, child))),
         Plan::Not(inner) => {
             let mut all = universe(bitmaps);
-            all -= eval(bitmaps, inner).as_ref();
-            Cow::Owned(all)
+            subtract(&mut all, &set(bitmaps, inner));
+            all
         }
-        Plan::And(children) => Cow::Owned(eval_and(bitmaps, children)),
+        Plan::And(children) => eval_and(bitmaps, children),
     }
 }
 
-/// Intersects the positive children smallest first, stopping as soon as the
-/// running result is empty, then subtracts the negated ones.
-fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> RoaringBitmap {
-    let mut positives: Vec<Cow<RoaringBitmap>> = Vec::with_capacity(children.len());
+/// Intersects the positive children smallest first, chunk by chunk of the
+/// smallest, dropping a chunk as soon as it is empty, then subtracts the
+/// negated ones.
+fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> Chunks<'b> {
+    let mut positives: Vec<Set<'b>> = Vec::with_capacity(children.len());
     let mut negatives: Vec<&Plan> = Vec::new();
     for child in children {
         match child {
             Plan::Not(inner) => negatives.push(inner),
-            Plan::Leaf(Some(posting)) => positives.push(Cow::Borrowed(&posting.ids)),
-            Plan::Leaf(None) => return RoaringBitmap::new(),
-            other => positives.push(eval(bitmaps, other)),
+            Plan::Leaf(None) => return Vec::new(),
+            other => positives.push(set(bitmaps, other)),
         }
     }
-    let mut acc = if positives.is_empty() {
-        universe(bitmaps)
-    } else {
-        positives.sort_by_key(|bitmap| bitmap.len());
-        let mut iter = positives.into_iter();
-        let first = iter.next().expect("positives is not empty");
-        // The two smallest make a fresh (small) bitmap instead of a clone of
-        // the smallest one; later intersections then work on that.
-        let mut acc = match iter.next() {
-            Some(second) => first.as_ref() & second.as_ref(),
-            None => first.into_owned(),
-        };
-        for bitmap in iter {
-            if acc.is_empty() {
-                return acc;
-            }
-            acc &= bitmap.as_ref();
+    positives.sort_by_key(Set::len);
+    let mut acc = match positives.split_first_mut() {
+        None => universe(bitmaps),
+        Some((Set::Posting(first), rest)) => {
+            let first = first
+                .chunks
+                .iter()
+                .map(|(key, chunk)| (*key, Cow::Borrowed(&chunk.ids)));
+            intersect(first, rest)
         }
-        acc
+        Some((Set::Chunks(first), rest)) => intersect(std::mem::take(first).into_iter(), rest),
     };
     for negative in negatives {
         if acc.is_empty() {
             break;
         }
-        acc -= eval(bitmaps, negative).as_ref();
+        subtract(&mut acc, &set(bitmaps, negative));
     }
     acc
 }
 
-/// An upper bound on the work a plan costs: `(containers touched, ids returned)`.
-pub fn estimate(bitmaps: &Bitmaps, plan: &Plan) -> (u64, u64) {
+/// The chunks of `first` that every set of `rest` also holds, intersected in
+/// order; a chunk is dropped as soon as it is empty.
+fn intersect<'b>(
+    first: impl Iterator<Item = (u16, Cow<'b, RoaringBitmap>)>,
+    rest: &[Set<'b>],
+) -> Chunks<'b> {
+    let mut acc = Vec::new();
+    'chunks: for (key, mut ids) in first {
+        for other in rest {
+            let Some(theirs) = other.find(key) else {
+                continue 'chunks;
+            };
+            ids = match ids {
+                Cow::Borrowed(mine) => Cow::Owned(mine & theirs),
+                Cow::Owned(mut mine) => {
+                    mine &= theirs;
+                    Cow::Owned(mine)
+                }
+            };
+            if ids.is_empty() {
+                continue 'chunks;
+            }
+        }
+        acc.push((key, ids));
+    }
+    acc
+}
+
+/// An upper bound on the work a plan costs: `(containers touched, ids
+/// returned)`. Recursion follows the plan, bounded by `MAX_DEPTH`.
+pub fn estimate(state: &State, plan: &Plan) -> (u64, u64) {
     match plan {
-        Plan::Leaf(Some(posting)) => (posting.chunks(), posting.ids.len()),
+        Plan::Leaf(Some(posting)) => (posting.chunks.len() as u64, posting.len),
         Plan::Leaf(None) => (0, 0),
         Plan::Or(children) => children.iter().fold((0, 0), |(w, n), child| {
-            let (cw, cn) = estimate(bitmaps, child);
-            (w + cw, n + cn)
+            let (cw, cn) = estimate(state, child);
+            (w.saturating_add(cw), n.saturating_add(cn))
         }),
         Plan::Not(inner) => {
-            let (w, _) = estimate(bitmaps, inner);
-            let (uw, un) = bitmaps.values().fold((0, 0), |(w, n), posting| {
-                (w + posting.chunks(), n + posting.ids.len())
-            });
-            (w + uw, un)
+            let (w, _) = estimate(state, inner);
+            (w.saturating_add(state.chunks), state.ids)
         }
         Plan::And(children) => {
-            let mut work = 0;
+            let mut work: u64 = 0;
             let mut bound = u64::MAX;
             for child in children {
                 match child {
                     // Inside an `and`, a `not` is a difference: no universe is built.
-                    Plan::Not(inner) => work += estimate(bitmaps, inner).0,
+                    Plan::Not(inner) => work = work.saturating_add(estimate(state, inner).0),
                     _ => {
-                        let (cw, cn) = estimate(bitmaps, child);
-                        work += cw;
+                        let (cw, cn) = estimate(state, child);
+                        work = work.saturating_add(cw);
                         bound = bound.min(cn);
                     }
                 }
             }
             if bound == u64::MAX {
-                bound = bitmaps.values().map(|posting| posting.ids.len()).sum();
+                work = work.saturating_add(state.chunks);
+                bound = state.ids;
             }
             (work, bound)
         }
