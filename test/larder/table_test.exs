@@ -152,7 +152,7 @@ defmodule Larder.TableTest do
 
     test "options are validated" do
       assert_raise ArgumentError,
-                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store\]/,
+                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store, :name\]/,
                    fn ->
                      Table.new(keys: :id)
                    end
@@ -184,7 +184,8 @@ defmodule Larder.TableTest do
 
       orphan = Task.async(fn -> Table.new(key: :id, index: [:a]) end) |> Task.await()
       assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.get(orphan, 1) end
-      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get(:nope, 1) end
+      assert_raise ArgumentError, ~r/no Larder.Table named :nope/, fn -> Table.get(:nope, 1) end
+      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get("nope", 1) end
     end
   end
 
