@@ -67,6 +67,9 @@ defmodule Larder.Index do
 
   alias Larder.Native
 
+  # The NIF's nesting limit for :and, :or and :not (expr.rs, MAX_DEPTH).
+  @max_depth 100
+
   @enforce_keys [:ref]
   defstruct [:ref]
 
@@ -88,9 +91,6 @@ defmodule Larder.Index do
           | {:remove, term(), ids()}
           | {:add_terms, [term()], ids()}
           | {:remove_terms, [term()], ids()}
-
-  @dirty_writes 500
-  @dirty_many 64
 
   @doc """
   Creates an empty index. Takes no options yet; an unknown option raises.
@@ -132,34 +132,14 @@ defmodule Larder.Index do
   def batch(index, ops) when is_list(ops) do
     ref = ref!(index)
 
-    result =
-      if write_size(ops, 0) > @dirty_writes,
-        do: Native.index_apply_dirty(ref, ops),
-        else: Native.index_apply(ref, ops)
-
-    case result do
-      :ok ->
-        :ok
-
-      {:error, :bad_ids} ->
-        raise ArgumentError,
-              "ids must be an integer in 0..4294967295 or a list of them, in: #{inspect(ops, limit: 10)}"
-
-      {:error, :bad_op} ->
-        raise ArgumentError,
-              "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: #{inspect(ops, limit: 10)}"
+    case Native.index_apply(ref, ops) do
+      :dirty -> Native.index_apply_dirty(ref, ops)
+      other -> other
     end
+    |> check(ops)
   end
 
   def batch(_index, ops), do: raise(ArgumentError, "ops must be a list, got: #{inspect(ops)}")
-
-  defp write_size(_ops, acc) when acc > @dirty_writes, do: acc
-
-  defp write_size([{_, _, ids} | rest], acc) when is_list(ids),
-    do: write_size(rest, acc + length(ids))
-
-  defp write_size([_ | rest], acc), do: write_size(rest, acc + 1)
-  defp write_size(_, acc), do: acc
 
   @doc """
   The ids that `expr` matches, in ascending order.
@@ -172,7 +152,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_query_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
@@ -188,17 +168,11 @@ defmodule Larder.Index do
   def query_many(index, exprs) when is_list(exprs) do
     ref = ref!(index)
 
-    # Past a few dozen expressions the call is long anyway: go to a dirty
-    # scheduler at once rather than decode everything twice.
-    if length(exprs) > @dirty_many do
-      Native.index_query_many_dirty(ref, exprs)
-    else
-      case Native.index_query_many(ref, exprs) do
-        :dirty -> Native.index_query_many_dirty(ref, exprs)
-        other -> other
-      end
+    case Native.index_query_many(ref, exprs) do
+      :dirty -> Native.index_query_many_dirty(ref, exprs)
+      other -> other
     end
-    |> check_expr(exprs)
+    |> check({:exprs, exprs})
   end
 
   def query_many(_index, exprs),
@@ -215,14 +189,14 @@ defmodule Larder.Index do
       :dirty -> Native.index_count_dirty(ref, expr)
       other -> other
     end
-    |> check_expr(expr)
+    |> check(expr)
   end
 
   @doc """
   Every term that has at least one id, in no particular order.
   """
   @spec terms(t()) :: [term()]
-  def terms(index), do: Native.index_terms(ref!(index))
+  def terms(index), do: index |> ref!() |> Native.index_terms() |> check(nil)
 
   @doc """
   The terms whose bitmap holds `id`, in no particular order. O(terms): it
@@ -241,6 +215,7 @@ defmodule Larder.Index do
       :dirty -> Native.index_terms_of_dirty(ref, id)
       terms -> terms
     end
+    |> check(id)
   end
 
   def terms_of(_index, id),
@@ -251,7 +226,22 @@ defmodule Larder.Index do
   and the hash table's slots. This memory is outside the BEAM heaps and ETS.
   """
   @spec memory(t()) :: non_neg_integer()
-  def memory(index), do: Native.index_memory(ref!(index))
+  def memory(index), do: index |> ref!() |> Native.index_memory() |> check(nil)
+
+  @doc """
+  Frees the index's memory in the NIF at once, even while other processes
+  still hold its handle. Every later call on the index raises
+  `ArgumentError`, except `drop/1` itself, which returns `:ok` again.
+
+      iex> index = Larder.Index.new()
+      iex> :ok = Larder.Index.add(index, :a, [1])
+      iex> Larder.Index.drop(index)
+      :ok
+      iex> Larder.Index.query(index, :a)
+      ** (ArgumentError) unknown Larder.Index: it was dropped
+  """
+  @spec drop(t()) :: :ok
+  def drop(index), do: index |> ref!() |> Native.index_drop() |> check(nil)
 
   defp ref!(%__MODULE__{ref: ref}) when is_reference(ref), do: ref
 
@@ -262,13 +252,55 @@ defmodule Larder.Index do
         "index must be a Larder.Index (from Larder.Index.new/1), got: #{inspect(other)}"
       )
 
-  defp check_expr({:error, :bad_expr}, expr), do: bad_expr!(expr)
-  defp check_expr(result, _expr), do: result
+  # Turns the NIF's `{:error, reason}` into an ArgumentError naming the argument.
+  defp check({:error, reason}, arg), do: fail!(reason, arg)
+  defp check(result, _arg), do: result
 
-  defp bad_expr!(expr) do
+  defp fail!(:dropped, _arg), do: raise(ArgumentError, "unknown Larder.Index: it was dropped")
+
+  defp fail!(:bad_index, _arg) do
+    raise ArgumentError,
+          "index must be a Larder.Index (from Larder.Index.new/1), got a handle to something else"
+  end
+
+  defp fail!(:bad_expr, {:exprs, exprs}) do
+    raise ArgumentError,
+          "exprs must be a proper list of expressions, each combining terms with " <>
+            "{:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
+            inspect(exprs, limit: 20, printable_limit: 50)
+  end
+
+  defp fail!(:too_deep, {:exprs, exprs}), do: fail!(:too_deep, exprs)
+
+  defp fail!(:too_deep, expr) do
+    raise ArgumentError,
+          "expr nests :and, :or and :not deeper than #{@max_depth} levels, got: " <>
+            inspect(expr, limit: 5, printable_limit: 50)
+  end
+
+  defp fail!(:internal, _arg) do
+    raise Larder.Error.new(:internal, "the index NIF could not rebuild a stored term")
+  end
+
+  defp fail!(:bad_ids, id) when is_integer(id),
+    do: raise(ArgumentError, "id must be an integer in 0..4294967295, got: #{inspect(id)}")
+
+  defp fail!(:bad_ids, ops) do
+    raise ArgumentError,
+          "ids must be an integer in 0..4294967295 or a proper list of them, in: " <>
+            inspect(ops, limit: 10, printable_limit: 50)
+  end
+
+  defp fail!(:bad_op, ops) do
+    raise ArgumentError,
+          "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: " <>
+            inspect(ops, limit: 10, printable_limit: 50)
+  end
+
+  defp fail!(:bad_expr, expr) do
     raise ArgumentError,
           "expr must combine terms with {:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
-            inspect(expr, limit: 20)
+            inspect(expr, limit: 20, printable_limit: 50)
   end
 
   defp validate_opts!(opts) do

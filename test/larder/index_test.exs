@@ -1,8 +1,8 @@
 defmodule Larder.IndexTest do
   use ExUnit.Case, async: true
 
-  alias Larder.Index
-  alias Larder.Test.PropEr
+  alias Larder.{Index, Native}
+  alias Larder.Test.{Isolated, PropEr}
 
   doctest Larder.Index
 
@@ -102,6 +102,28 @@ defmodule Larder.IndexTest do
     end
   end
 
+  describe "drop/1" do
+    test "frees the index while handles live; later calls raise ArgumentError" do
+      index = Index.new()
+      :ok = Index.add(index, :a, Enum.to_list(0..10_000))
+      other = %Index{} = index
+      assert Index.drop(index) == :ok
+      assert Index.drop(other) == :ok
+
+      for call <- [
+            fn -> Index.query(other, :a) end,
+            fn -> Index.count(other, :a) end,
+            fn -> Index.query_many(other, [:a]) end,
+            fn -> Index.add(other, :a, 1) end,
+            fn -> Index.terms(other) end,
+            fn -> Index.terms_of(other, 1) end,
+            fn -> Index.memory(other) end
+          ] do
+        assert_raise ArgumentError, "unknown Larder.Index: it was dropped", call
+      end
+    end
+  end
+
   describe "bad input" do
     test "raises ArgumentError naming the argument" do
       index = Index.new()
@@ -121,12 +143,221 @@ defmodule Larder.IndexTest do
                    fn -> Index.new(size: 1) end
     end
 
+    test "forged handles raise ArgumentError naming the index, never a bare :badarg" do
+      for forged <- [%Index{ref: make_ref()}, %Index{ref: :atomics.new(1, [])}] do
+        for call <- [
+              fn -> Index.query(forged, :a) end,
+              fn -> Index.count(forged, :a) end,
+              fn -> Index.query_many(forged, [:a]) end,
+              fn -> Index.add(forged, :a, 1) end,
+              fn -> Index.batch(forged, []) end,
+              fn -> Index.terms(forged) end,
+              fn -> Index.terms_of(forged, 1) end,
+              fn -> Index.memory(forged) end,
+              fn -> Index.drop(forged) end
+            ] do
+          assert_raise ArgumentError, ~r/index must be a Larder.Index/, call
+        end
+      end
+    end
+
+    test "improper lists raise ArgumentError naming the argument" do
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2])
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, [{:add, :d, 1} | :x])
+      end
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, [{:add_terms, [:d | :e], 1}])
+      end
+
+      assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.add(index, :d, [1 | 2]) end
+      assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.remove(index, :a, [1, 2 | 3]) end
+      assert_raise ArgumentError, ~r/^expr must/, fn -> Index.query(index, {:and, [:a | :b]}) end
+      assert_raise ArgumentError, ~r/^expr must/, fn -> Index.count(index, {:or, [:a | :b]}) end
+      assert_raise ArgumentError, ~r/^exprs must/, fn -> Index.query_many(index, [:a | :b]) end
+
+      assert_raise ArgumentError, ~r/^exprs must/, fn ->
+        Index.query_many(index, [{:and, [:a | :b]}])
+      end
+
+      # Nothing was applied by the failed writes.
+      assert Index.terms(index) == [:a]
+      assert Index.query(index, :a) == [1, 2]
+    end
+
+    test "ids outside the u32 range raise ArgumentError" do
+      index = Index.new()
+
+      for ids <- [-1, 2 ** 32, [0, 2 ** 64], [1.0], :one] do
+        assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.add(index, :a, ids) end
+      end
+
+      assert_raise ArgumentError, ~r/^id must be/, fn -> Index.terms_of(index, 2 ** 32) end
+      assert Index.terms(index) == []
+    end
+
+    test "an expression deeper than 100 levels raises ArgumentError; 99 levels answer" do
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2])
+      :ok = Index.add(index, :b, [3])
+      nots = fn n -> Enum.reduce(1..n, :a, fn _, e -> {:not, e} end) end
+      assert Index.query(index, nots.(99)) == [3]
+      assert Index.query(index, nots.(98)) == [1, 2]
+
+      assert_raise ArgumentError, ~r/deeper than 100 levels/, fn ->
+        Index.query(index, nots.(100))
+      end
+    end
+
     test "a missing library explains what to run" do
       failure = {:error, {:load_failed, ~c"cannot open shared object file"}}
       assert {:error, message} = Larder.Native.explain(failure, "/nonexistent/liblarder_native")
       assert message =~ "cannot open shared object file"
       assert message =~ "mix compile"
       assert message =~ "/nonexistent/liblarder_native"
+    end
+  end
+
+  describe "deep terms (isolated VM)" do
+    # Each of these recursed on the scheduler's stack and killed the VM.
+    test "deep :not, :and and :or chains raise ArgumentError" do
+      result =
+        Isolated.run(
+          quote do
+            index = Larder.Index.new()
+            :ok = Larder.Index.add(index, :a, [1, 2])
+
+            exprs = [
+              Enum.reduce(1..2_000, :a, fn _, e -> {:not, e} end),
+              Enum.reduce(1..200_000, :a, fn _, e -> {:and, [e]} end),
+              Enum.reduce(1..200_000, :a, fn _, e -> {:or, [:b, e]} end)
+            ]
+
+            calls = [
+              &Larder.Index.query(index, &1),
+              &Larder.Index.count(index, &1),
+              &Larder.Index.query_many(index, [:a, &1])
+            ]
+
+            for expr <- exprs, call <- calls do
+              try do
+                {:answered, call.(expr)}
+              rescue
+                error in ArgumentError -> {:argument_error, error.message =~ "deeper than"}
+              end
+            end
+            |> Enum.uniq()
+            |> Kernel.++([Larder.Index.query(index, :a)])
+          end
+        )
+
+      assert result == {:ok, [{:argument_error, true}, [1, 2]]}
+    end
+
+    test "deep tuples and lists are index terms like any other" do
+      result =
+        Isolated.run(
+          quote do
+            index = Larder.Index.new()
+            tuple = Enum.reduce(1..1_000_000, :x, fn _, e -> {e} end)
+            list = Enum.reduce(1..300_000, [], fn _, e -> [e] end)
+            long = [Enum.to_list(1..300_000) | :improper]
+
+            :ok = Larder.Index.add(index, tuple, [1, 2])
+            :ok = Larder.Index.batch(index, [{:add, list, 2}, {:add_terms, [long, tuple], [3]}])
+
+            {
+              Larder.Index.query(index, {:term, tuple}),
+              Larder.Index.query(index, {:and, [list, {:term, long}]}),
+              Larder.Index.count(index, {:or, [tuple, list]}),
+              Larder.Index.terms_of(index, 3) |> Enum.sort() == Enum.sort([long, tuple]),
+              Larder.Index.terms(index) |> Enum.sort() == Enum.sort([tuple, list, long]),
+              Larder.Index.query_many(index, [{:term, list}, {:term, tuple}])
+            }
+          end,
+          120_000
+        )
+
+      assert result == {:ok, {[1, 2, 3], [], 3, true, true, [[2], [1, 2, 3]]}}
+    end
+  end
+
+  describe "scheduling: Rust picks the dirty variant from the real work" do
+    test "writes of many terms x ids answer :dirty on the normal scheduler" do
+      index = Index.new()
+      ref = index.ref
+      # One record with 300,000 tags, and one term added to a million ids.
+      tags = [{:add_terms, Enum.to_list(1..300_000), 9}]
+      million = [{:add, :all, Enum.to_list(0..999_999)}]
+      assert Native.index_apply(ref, tags) == :dirty
+      assert Native.index_apply(ref, million) == :dirty
+      assert Index.terms(index) == []
+
+      :ok = Index.batch(index, tags)
+      :ok = Index.batch(index, million)
+      assert Index.count(index, :all) == 1_000_000
+      assert Index.count(index, 300_000) == 1
+
+      # A small write that copies a large posting counts the copy.
+      sparse = for id <- 0..1_000, do: id * 65_536
+      :ok = Index.add(index, :sparse, sparse)
+      assert Native.index_apply(ref, [{:add, :sparse, 7}]) == :dirty
+      assert Native.index_apply(ref, [{:add, :small, 7}]) == :ok
+    end
+
+    test "reads answer :dirty past their budget and not before" do
+      index = Index.new()
+      ref = index.ref
+      :ok = Index.add(index, :all, Enum.to_list(0..99_999))
+      :ok = Index.add(index, :few, [1, 2])
+      assert Native.index_query(ref, :all) == :dirty
+      assert Native.index_query(ref, :few) == [1, 2]
+      assert Native.index_query(ref, {:or, List.duplicate(:few, 50_000)}) == :dirty
+      assert Native.index_query_many(ref, List.duplicate(:few, 50_000)) == :dirty
+      assert Native.index_query(ref, {:term, :binary.copy("x", 10_000_000)}) == :dirty
+      assert Native.index_query(ref, {:term, %{a: 1}}) == :dirty
+      assert Index.query(index, {:term, %{a: 1}}) == []
+      assert length(Index.query_many(index, List.duplicate(:few, 50_000))) == 50_000
+    end
+  end
+
+  describe "memory" do
+    test "dropped indexes free their memory while their handles live (isolated VM)" do
+      result =
+        Isolated.run(
+          quote do
+            before = Larder.Native.index_live_bytes()
+
+            indexes =
+              for n <- 1..20 do
+                index = Larder.Index.new()
+                :ok = Larder.Index.add(index, {:n, n}, Enum.to_list(0..200_000//3))
+                :ok = Larder.Index.add(index, :every, Enum.to_list(n..2_000_000//1000))
+                index
+              end
+
+            held = Larder.Native.index_live_bytes() - before
+            Enum.each(indexes, &Larder.Index.drop/1)
+            # The handles are still alive here.
+            {held, Larder.Native.index_live_bytes() - before, length(indexes)}
+          end
+        )
+
+      assert {:ok, {held, 0, 20}} = result
+      assert held > 20 * 8_000
+    end
+
+    test "memory/1 follows writes and drops" do
+      index = Index.new()
+      empty = Index.memory(index)
+      :ok = Index.add(index, :a, Enum.to_list(0..100_000))
+      full = Index.memory(index)
+      assert full > empty + 8_000
+      :ok = Index.remove(index, :a, Enum.to_list(0..100_000))
+      assert Index.memory(index) < full
     end
   end
 

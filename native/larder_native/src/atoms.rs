@@ -14,5 +14,8 @@ rustler::atoms! {
     bad_expr,
     bad_op,
     bad_ids,
-    poisoned,
+    bad_index,
+    dropped,
+    too_deep,
+    internal,
 }

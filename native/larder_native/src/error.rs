@@ -1,7 +1,9 @@
-//! The NIF's error type: every variant reaches Elixir as `{:error, atom}`.
+//! The NIF's error type: every variant but `Dirty` reaches Elixir as
+//! `{:error, atom}`; `Dirty` is the bare atom `:dirty`, which asks Elixir to
+//! call the dirty-scheduler variant of the same function.
 
 use crate::atoms;
-use rustler::{Atom, Encoder, Env, Term};
+use rustler::{Atom, Encoder, Env, NifResult, Term};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NativeError {
@@ -9,10 +11,18 @@ pub enum NativeError {
     BadExpr,
     #[error("an operation is not {{:add | :remove, term, ids}}")]
     BadOp,
-    #[error("ids must be a u32 or a list of u32")]
+    #[error("ids must be a u32 or a proper list of u32")]
     BadIds,
-    #[error("a writer panicked while holding the index lock")]
-    Poisoned,
+    #[error("the handle is not a Larder.Index resource")]
+    BadIndex,
+    #[error("the index was dropped")]
+    Dropped,
+    #[error("the expression nests deeper than the limit")]
+    TooDeep,
+    #[error("a stored key could not be turned back into a term")]
+    Internal,
+    #[error("the call is over the normal scheduler's budget")]
+    Dirty,
 }
 
 impl NativeError {
@@ -21,7 +31,11 @@ impl NativeError {
             NativeError::BadExpr => atoms::bad_expr(),
             NativeError::BadOp => atoms::bad_op(),
             NativeError::BadIds => atoms::bad_ids(),
-            NativeError::Poisoned => atoms::poisoned(),
+            NativeError::BadIndex => atoms::bad_index(),
+            NativeError::Dropped => atoms::dropped(),
+            NativeError::TooDeep => atoms::too_deep(),
+            NativeError::Internal => atoms::internal(),
+            NativeError::Dirty => atoms::dirty(),
         }
     }
 }
@@ -32,8 +46,11 @@ impl Encoder for NativeError {
     }
 }
 
-impl From<NativeError> for rustler::Error {
-    fn from(err: NativeError) -> Self {
-        rustler::Error::Term(Box::new(err))
+/// The NIF's answer: the value, `:dirty`, or `{:error, reason}`.
+pub fn reply<'a>(env: Env<'a>, result: Result<Term<'a>, NativeError>) -> NifResult<Term<'a>> {
+    match result {
+        Ok(term) => Ok(term),
+        Err(NativeError::Dirty) => Ok(atoms::dirty().encode(env)),
+        Err(err) => Err(rustler::Error::Term(Box::new(err))),
     }
 }

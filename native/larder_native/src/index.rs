@@ -1,16 +1,23 @@
-//! The index resource: term -> Roaring bitmap of u32 ids behind one RwLock.
-//! Readers share the lock and never block each other; a batch of writes is
-//! applied under the write lock, so no reader sees half of it.
+//! The index resource: term -> Roaring bitmap of u32 ids, published as
+//! immutable snapshots. A reader loads the current snapshot (an `Arc` swap,
+//! no lock) and works on it while writers go on; a writer copies the
+//! snapshot (O(1): the map is persistent and postings are shared), applies a
+//! whole batch to its copy and swaps it in, so no reader sees half of a
+//! batch. Writers serialise among themselves on one mutex, which guards no
+//! data: a writer that fails leaves nothing half-written to repair.
 
 use crate::atoms;
-use crate::error::NativeError;
-use crate::expr::{estimate, eval, plan, Bitmaps, Posting};
-use crate::key::{key_term, term_key};
+use crate::budget::Budget;
+use crate::error::{reply, NativeError};
+use crate::expr::{estimate, eval, plan, Posting, State, LIVE_BYTES};
+use crate::key::{key_term, next_cell, term_key};
+use arc_swap::ArcSwapOption;
 use roaring::RoaringBitmap;
 use rustler::types::tuple::get_tuple;
-use rustler::{Encoder, Env, ListIterator, NifResult, ResourceArc, Term};
+use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 /// Past this many containers touched, a query leaves the normal scheduler.
 const DIRTY_CONTAINERS: u64 = 2_000;
@@ -18,26 +25,55 @@ const DIRTY_CONTAINERS: u64 = 2_000;
 const DIRTY_IDS: u64 = 20_000;
 /// Past this many terms, a scan over every term leaves the normal scheduler.
 const DIRTY_TERMS: usize = 5_000;
+/// Budget units a write spends per container of a posting it copies.
+const COPY_UNITS: u64 = 32;
 
-#[derive(Default)]
 pub struct IndexResource {
-    bitmaps: RwLock<Bitmaps>,
+    /// The current snapshot; `None` once the index is dropped.
+    state: ArcSwapOption<State>,
+    writer: Mutex<()>,
+}
+
+impl Default for IndexResource {
+    fn default() -> Self {
+        IndexResource {
+            state: ArcSwapOption::from_pointee(State::default()),
+            writer: Mutex::new(()),
+        }
+    }
 }
 
 #[rustler::resource_impl]
 impl rustler::Resource for IndexResource {}
 
-impl IndexResource {
-    fn read(&self) -> Result<RwLockReadGuard<'_, Bitmaps>, NativeError> {
-        self.bitmaps.read().map_err(|_| NativeError::Poisoned)
-    }
+type Index = ResourceArc<IndexResource>;
 
-    fn write(&self) -> Result<RwLockWriteGuard<'_, Bitmaps>, NativeError> {
-        self.bitmaps.write().map_err(|_| NativeError::Poisoned)
+/// The index behind a handle; a forged or foreign handle is `BadIndex`.
+fn index(term: Term) -> Result<Index, NativeError> {
+    Index::decode(term).map_err(|_| NativeError::BadIndex)
+}
+
+impl IndexResource {
+    /// The writers' mutex. It guards no data (a writer publishes only whole
+    /// snapshots), so a poisoned one is simply taken. With `wait == false`
+    /// (a normal scheduler) a busy mutex is `Dirty`: the call moves to a dirty
+    /// scheduler and waits there.
+    fn writer(&self, wait: bool) -> Result<MutexGuard<'_, ()>, NativeError> {
+        if wait {
+            return Ok(self.writer.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        match self.writer.try_lock() {
+            Ok(guard) => Ok(guard),
+            Err(TryLockError::Poisoned(e)) => Ok(e.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(NativeError::Dirty),
+        }
     }
 }
 
-type Index = ResourceArc<IndexResource>;
+/// Loads the current snapshot of the index behind `term`.
+fn snapshot(term: Term) -> Result<Arc<State>, NativeError> {
+    index(term)?.state.load_full().ok_or(NativeError::Dropped)
+}
 
 fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
@@ -52,119 +88,155 @@ fn index_new() -> Index {
     ResourceArc::new(IndexResource::default())
 }
 
-// Queries: the normal-scheduler variants estimate the cost first and answer
-// `:dirty` when the call could run past about a millisecond; Elixir then calls
-// the dirty variant.
+/// Frees the index at once, whatever handles remain: the snapshot goes when
+/// the last reader in flight lets go of it. Dirty: freeing is O(memory).
+#[rustler::nif(schedule = "DirtyCpu")]
+fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
+    let result = index(index_term).map(|index| {
+        let _writer = index.writer(true);
+        drop(index.state.swap(None));
+        atoms::ok().encode(env)
+    });
+    reply(env, result)
+}
 
-fn query<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
-    // Decoding under the read lock looks each term up as it is read; readers
-    // share the lock, so this only delays a writer by the decoding.
-    let bitmaps = index.read()?;
-    let plan = plan(&bitmaps, expr, &mut Vec::with_capacity(64))?;
-    if check && too_costly(estimate(&bitmaps, &plan)) {
-        return Ok(atoms::dirty().encode(env));
+// Queries: the normal-scheduler variants count their decoding work and
+// estimate the evaluation's cost, and answer `:dirty` when the call could run
+// past about a millisecond; Elixir then calls the dirty variant.
+
+fn query<'a>(
+    env: Env<'a>,
+    index: Term<'a>,
+    expr: Term<'a>,
+    dirty: bool,
+) -> Result<Term<'a>, NativeError> {
+    let state = snapshot(index)?;
+    let mut budget = Budget::new(dirty);
+    let plan = plan(
+        &state.bitmaps,
+        expr,
+        &mut Vec::with_capacity(64),
+        &mut budget,
+    )?;
+    if !dirty && too_costly(estimate(&state, &plan)) {
+        return Err(NativeError::Dirty);
     }
-    Ok(encode_ids(env, &eval(&bitmaps, &plan)))
+    Ok(encode_ids(env, &eval(&state.bitmaps, &plan)))
 }
 
 #[rustler::nif]
-fn index_query<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResult<Term<'a>> {
-    query(env, &index, expr, true)
+fn index_query<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, query(env, index, expr, false))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_dirty<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResult<Term<'a>> {
-    query(env, &index, expr, false)
+fn index_query_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, query(env, index, expr, true))
 }
 
-fn count<'a>(env: Env<'a>, index: &Index, expr: Term<'a>, check: bool) -> NifResult<Term<'a>> {
-    let bitmaps = index.read()?;
-    let plan = plan(&bitmaps, expr, &mut Vec::with_capacity(64))?;
-    if check && estimate(&bitmaps, &plan).0 > DIRTY_CONTAINERS {
-        return Ok(atoms::dirty().encode(env));
+fn count<'a>(
+    env: Env<'a>,
+    index: Term<'a>,
+    expr: Term<'a>,
+    dirty: bool,
+) -> Result<Term<'a>, NativeError> {
+    let state = snapshot(index)?;
+    let mut budget = Budget::new(dirty);
+    let plan = plan(
+        &state.bitmaps,
+        expr,
+        &mut Vec::with_capacity(64),
+        &mut budget,
+    )?;
+    if !dirty && estimate(&state, &plan).0 > DIRTY_CONTAINERS {
+        return Err(NativeError::Dirty);
     }
-    Ok(eval(&bitmaps, &plan).len().encode(env))
+    Ok(eval(&state.bitmaps, &plan).len().encode(env))
 }
 
 #[rustler::nif]
-fn index_count<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResult<Term<'a>> {
-    count(env, &index, expr, true)
+fn index_count<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, count(env, index, expr, false))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_count_dirty<'a>(env: Env<'a>, index: Index, expr: Term<'a>) -> NifResult<Term<'a>> {
-    count(env, &index, expr, false)
+fn index_count_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, count(env, index, expr, true))
 }
 
 fn query_many<'a>(
     env: Env<'a>,
-    index: &Index,
+    index: Term<'a>,
     exprs: Term<'a>,
-    check: bool,
-) -> NifResult<Term<'a>> {
-    let iter: ListIterator = exprs.decode().map_err(|_| NativeError::BadExpr)?;
-    let bitmaps = index.read()?;
+    dirty: bool,
+) -> Result<Term<'a>, NativeError> {
+    let state = snapshot(index)?;
+    let mut budget = Budget::new(dirty);
     let mut key = Vec::with_capacity(64);
-    let plans = iter
-        .map(|expr| plan(&bitmaps, expr, &mut key))
-        .collect::<Result<Vec<_>, _>>()?;
-    if check {
-        let total = plans.iter().fold((0, 0), |(w, n), plan| {
-            let (ew, en) = estimate(&bitmaps, plan);
-            (w + ew, n + en)
+    let mut plans = Vec::new();
+    let mut rest = exprs;
+    while let Some(expr) = next_cell(&mut rest) {
+        let expr = expr.map_err(|()| NativeError::BadExpr)?;
+        plans.push(plan(&state.bitmaps, expr, &mut key, &mut budget)?);
+    }
+    if !dirty {
+        let total = plans.iter().fold((0u64, 0u64), |(w, n), plan| {
+            let (ew, en) = estimate(&state, plan);
+            (w.saturating_add(ew), n.saturating_add(en))
         });
         if too_costly(total) {
-            return Ok(atoms::dirty().encode(env));
+            return Err(NativeError::Dirty);
         }
     }
     let results: Vec<Term<'a>> = plans
         .iter()
-        .map(|plan| encode_ids(env, &eval(&bitmaps, plan)))
+        .map(|plan| encode_ids(env, &eval(&state.bitmaps, plan)))
         .collect();
     Ok(results.encode(env))
 }
 
 #[rustler::nif]
-fn index_query_many<'a>(env: Env<'a>, index: Index, exprs: Term<'a>) -> NifResult<Term<'a>> {
-    query_many(env, &index, exprs, true)
+fn index_query_many<'a>(env: Env<'a>, index: Term<'a>, exprs: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, query_many(env, index, exprs, false))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_many_dirty<'a>(env: Env<'a>, index: Index, exprs: Term<'a>) -> NifResult<Term<'a>> {
-    query_many(env, &index, exprs, false)
+fn index_query_many_dirty<'a>(
+    env: Env<'a>,
+    index: Term<'a>,
+    exprs: Term<'a>,
+) -> NifResult<Term<'a>> {
+    reply(env, query_many(env, index, exprs, true))
 }
 
-// Writes: a list of `{:add | :remove, term, ids}` applied in order under one
-// write lock. Decoding happens before the lock is taken: consecutive
-// operations of the same kind commute, so each run of them is grouped by term
-// (hashing and comparing terms in place) and each distinct term is encoded
-// once per run.
+// Writes: a list of `{:add | :remove, term, ids}` applied in order to a copy
+// of the snapshot, which is then swapped in. Decoding happens before the
+// writers' mutex is taken: consecutive operations of the same kind commute,
+// so each run of them is grouped by key. The work counted is terms x ids,
+// plus the containers of every posting the write copies.
 
-struct Run<'a> {
+struct Run {
     add: bool,
-    ids_by_term: HashMap<Term<'a>, Vec<u32>>,
+    ids_by_key: HashMap<Vec<u8>, Vec<u32>>,
 }
 
-struct Op {
-    add: bool,
-    key: Vec<u8>,
-    ids: Vec<u32>,
-}
-
-fn decode_ids(term: Term, into: &mut Vec<u32>) -> Result<(), NativeError> {
+/// Decodes an id or a proper list of ids into `into`.
+fn decode_ids(term: Term, into: &mut Vec<u32>, budget: &mut Budget) -> Result<(), NativeError> {
+    into.clear();
     if let Ok(id) = term.decode::<u32>() {
         into.push(id);
-        return Ok(());
+        return budget.spend(1);
     }
-    let iter: ListIterator = term.decode().map_err(|_| NativeError::BadIds)?;
-    for id in iter {
+    let mut rest = term;
+    while let Some(id) = next_cell(&mut rest) {
+        let id = id.map_err(|()| NativeError::BadIds)?;
         into.push(id.decode::<u32>().map_err(|_| NativeError::BadIds)?);
+        budget.spend(1)?;
     }
     Ok(())
 }
 
-fn decode_ops(ops: Term) -> Result<Vec<Op>, NativeError> {
-    let iter: ListIterator = ops.decode().map_err(|_| NativeError::BadOp)?;
+fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     let env = ops.get_env();
     let (add_atom, remove_atom) = (atoms::add().to_term(env), atoms::remove().to_term(env));
     let (add_terms, remove_terms) = (
@@ -172,132 +244,210 @@ fn decode_ops(ops: Term) -> Result<Vec<Op>, NativeError> {
         atoms::remove_terms().to_term(env),
     );
     let mut runs: Vec<Run> = Vec::new();
-    for op in iter {
+    let mut ids = Vec::new();
+    let mut rest = ops;
+    while let Some(op) = next_cell(&mut rest) {
+        let op = op.map_err(|()| NativeError::BadOp)?;
+        budget.spend(1)?;
         let elems = get_tuple(op).map_err(|_| NativeError::BadOp)?;
-        if elems.len() != 3 {
+        let &[kind, terms, id_term] = elems.as_slice() else {
             return Err(NativeError::BadOp);
-        }
+        };
         // `{:add_terms, [term], ids}` is `{:add, term, ids}` for each term.
-        let (add, many) = if elems[0] == add_atom {
+        let (add, many) = if kind == add_atom {
             (true, false)
-        } else if elems[0] == remove_atom {
+        } else if kind == remove_atom {
             (false, false)
-        } else if elems[0] == add_terms {
+        } else if kind == add_terms {
             (true, true)
-        } else if elems[0] == remove_terms {
+        } else if kind == remove_terms {
             (false, true)
         } else {
             return Err(NativeError::BadOp);
         };
-        if runs.last().map(|run| run.add) != Some(add) {
-            runs.push(Run {
-                add,
-                ids_by_term: HashMap::new(),
-            });
-        }
-        let run = runs.last_mut().expect("a run was just pushed");
+        decode_ids(id_term, &mut ids, budget)?;
+        let run = match runs.last_mut() {
+            Some(run) if run.add == add => run,
+            _ => {
+                runs.push(Run {
+                    add,
+                    ids_by_key: HashMap::new(),
+                });
+                runs.last_mut().ok_or(NativeError::Internal)?
+            }
+        };
+        let mut add_ids = |term: Term, budget: &mut Budget| -> Result<(), NativeError> {
+            budget.spend(ids.len() as u64)?;
+            let key = term_key(term, budget)?;
+            run.ids_by_key
+                .entry(key)
+                .or_default()
+                .extend_from_slice(&ids);
+            Ok(())
+        };
         if many {
-            let terms: ListIterator = elems[1].decode().map_err(|_| NativeError::BadOp)?;
-            for term in terms {
-                decode_ids(elems[2], run.ids_by_term.entry(term).or_default())?;
+            let mut terms = terms;
+            while let Some(term) = next_cell(&mut terms) {
+                add_ids(term.map_err(|()| NativeError::BadOp)?, budget)?;
             }
         } else {
-            decode_ids(elems[2], run.ids_by_term.entry(elems[1]).or_default())?;
+            add_ids(terms, budget)?;
         }
     }
-    Ok(runs
-        .into_iter()
-        .flat_map(|run| {
-            let add = run.add;
-            run.ids_by_term.into_iter().map(move |(term, ids)| Op {
-                add,
-                key: term_key(term),
-                ids,
-            })
-        })
-        .collect())
+    Ok(runs)
 }
 
-fn apply(index: &Index, ops: Term) -> NifResult<rustler::Atom> {
-    let ops = decode_ops(ops)?;
-    let mut bitmaps = index.write()?;
-    for op in ops {
-        if op.add && !op.ids.is_empty() {
-            let posting = bitmaps.entry(op.key).or_default();
-            posting.ids.extend(op.ids);
-            posting.refresh();
-        } else if op.add {
-            continue;
-        } else if let Some(posting) = bitmaps.get_mut(&op.key) {
-            for id in op.ids {
-                posting.ids.remove(id);
+/// Applies `runs` to `state` (a writer's private copy).
+fn apply_runs(state: &mut State, runs: Vec<Run>) {
+    for run in runs {
+        for (key, ids) in run.ids_by_key {
+            if ids.is_empty() {
+                continue;
             }
-            if posting.ids.is_empty() {
-                bitmaps.remove(&op.key);
+            let key: &[u8] = &key;
+            let (chunks, count) = match state.bitmaps.get(key) {
+                Some(posting) => (posting.chunks(), posting.ids.len()),
+                None if run.add => (0, 0),
+                None => continue,
+            };
+            let posting = match state.bitmaps.get_mut(key) {
+                Some(posting) => posting,
+                None => state
+                    .bitmaps
+                    .entry(Arc::from(key))
+                    .or_insert_with(|| Arc::new(Posting::default())),
+            };
+            // Copies the posting unless this write already did.
+            let posting = Arc::make_mut(posting);
+            if run.add {
+                posting.ids.extend(ids);
             } else {
-                posting.refresh();
+                for id in ids {
+                    posting.ids.remove(id);
+                }
+            }
+            posting.refresh();
+            let (new_chunks, new_count) = (posting.chunks(), posting.ids.len());
+            state.chunks = state
+                .chunks
+                .saturating_sub(chunks)
+                .saturating_add(new_chunks);
+            state.ids = state.ids.saturating_sub(count).saturating_add(new_count);
+            if new_count == 0 {
+                state.bitmaps.remove(key);
             }
         }
     }
-    Ok(atoms::ok())
+}
+
+fn apply<'a>(
+    env: Env<'a>,
+    index_term: Term<'a>,
+    ops: Term<'a>,
+    dirty: bool,
+) -> Result<Term<'a>, NativeError> {
+    let index = index(index_term)?;
+    let mut budget = Budget::new(dirty);
+    let runs = decode_ops(ops, &mut budget)?;
+    let _writer = index.writer(dirty)?;
+    let current = index.state.load_full().ok_or(NativeError::Dropped)?;
+    // Each posting the write touches is copied: count its containers.
+    for run in &runs {
+        for key in run.ids_by_key.keys() {
+            if let Some(posting) = current.bitmaps.get(key.as_slice()) {
+                budget.spend(posting.chunks().saturating_mul(COPY_UNITS))?;
+            }
+        }
+    }
+    let mut next = State::clone(&current);
+    apply_runs(&mut next, runs);
+    index.state.store(Some(Arc::new(next)));
+    Ok(atoms::ok().encode(env))
 }
 
 #[rustler::nif]
-fn index_apply(index: Index, ops: Term) -> NifResult<rustler::Atom> {
-    apply(&index, ops)
+fn index_apply<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, apply(env, index, ops, false))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_apply_dirty(index: Index, ops: Term) -> NifResult<rustler::Atom> {
-    apply(&index, ops)
+fn index_apply_dirty<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, apply(env, index, ops, true))
 }
 
 // Introspection.
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_terms<'a>(env: Env<'a>, index: Index) -> NifResult<Term<'a>> {
-    let bitmaps = index.read()?;
-    let terms: Vec<Term<'a>> = bitmaps.keys().map(|key| key_term(env, key)).collect();
-    Ok(terms.encode(env))
+fn index_terms<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
+    let result = snapshot(index).and_then(|state| {
+        let terms = state
+            .bitmaps
+            .keys()
+            .map(|key| key_term(env, key))
+            .collect::<Result<Vec<Term<'a>>, _>>()?;
+        Ok(terms.encode(env))
+    });
+    reply(env, result)
 }
 
-fn terms_of<'a>(env: Env<'a>, index: &Index, id: u32, check: bool) -> NifResult<Term<'a>> {
-    let bitmaps = index.read()?;
-    if check && bitmaps.len() > DIRTY_TERMS {
-        return Ok(atoms::dirty().encode(env));
+fn terms_of<'a>(
+    env: Env<'a>,
+    index: Term<'a>,
+    id: Term<'a>,
+    dirty: bool,
+) -> Result<Term<'a>, NativeError> {
+    let state = snapshot(index)?;
+    let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
+    if !dirty && state.bitmaps.len() > DIRTY_TERMS {
+        return Err(NativeError::Dirty);
     }
-    let terms: Vec<Term<'a>> = bitmaps
+    let terms = state
+        .bitmaps
         .iter()
         .filter(|(_, posting)| posting.ids.contains(id))
         .map(|(key, _)| key_term(env, key))
-        .collect();
+        .collect::<Result<Vec<Term<'a>>, _>>()?;
     Ok(terms.encode(env))
 }
 
 #[rustler::nif]
-fn index_terms_of<'a>(env: Env<'a>, index: Index, id: u32) -> NifResult<Term<'a>> {
-    terms_of(env, &index, id, true)
+fn index_terms_of<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, terms_of(env, index, id, false))
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_terms_of_dirty<'a>(env: Env<'a>, index: Index, id: u32) -> NifResult<Term<'a>> {
-    terms_of(env, &index, id, false)
+fn index_terms_of_dirty<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+    reply(env, terms_of(env, index, id, true))
 }
 
 #[rustler::nif]
-fn index_term_count(index: Index) -> NifResult<usize> {
-    Ok(index.read()?.len())
+fn index_term_count<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
+    reply(
+        env,
+        snapshot(index).map(|state| state.bitmaps.len().encode(env)),
+    )
 }
 
-/// Bytes held: each bitmap's serialized size (which tracks its containers),
-/// each key, and the hash table's slots. O(terms), so on a dirty scheduler.
+/// Bytes held: each posting's serialized size (which tracks its containers),
+/// each key, and a map node's share per term. O(terms), so on a dirty scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_memory(index: Index) -> NifResult<usize> {
-    let bitmaps = index.read()?;
-    let payload: usize = bitmaps
-        .iter()
-        .map(|(key, posting)| key.capacity() + posting.ids.serialized_size())
-        .sum();
-    let slot = std::mem::size_of::<(Vec<u8>, Posting)>() + 1;
-    Ok(std::mem::size_of::<IndexResource>() + payload + bitmaps.capacity() * slot)
+fn index_memory<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
+    let result = snapshot(index).map(|state| {
+        let payload: usize = state
+            .bitmaps
+            .iter()
+            .map(|(key, posting)| key.len() + posting.bytes())
+            .sum();
+        let per_term =
+            std::mem::size_of::<(Arc<[u8]>, Arc<Posting>)>() + std::mem::size_of::<Posting>() + 32;
+        (std::mem::size_of::<IndexResource>() + payload + state.bitmaps.len() * per_term)
+            .encode(env)
+    });
+    reply(env, result)
+}
+
+/// Bytes of postings alive in the VM, across every index (for tests).
+#[rustler::nif]
+fn index_live_bytes() -> usize {
+    LIVE_BYTES.load(Ordering::Relaxed)
 }

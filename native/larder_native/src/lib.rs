@@ -3,9 +3,11 @@
 //! registers every `#[rustler::nif]` function under `Larder.Native`.
 
 mod atoms;
+mod budget;
 mod error;
 mod expr;
 mod index;
 mod key;
+mod stack;
 
 rustler::init!("Elixir.Larder.Native");
