@@ -113,7 +113,7 @@ defmodule Larder.Table.Writer do
         :ets.info(tab, :id) != :undefined,
         do: :ets.delete(tab)
 
-    drop_index(table.index)
+    Index.drop(table.index)
 
     if table.name != nil and
          match?(
@@ -124,11 +124,6 @@ defmodule Larder.Table.Writer do
     end
 
     :ok
-  end
-
-  # Until Larder.Index.drop/1 lands, the NIF memory goes with the last handle.
-  defp drop_index(index) do
-    if function_exported?(Index, :drop, 1), do: apply(Index, :drop, [index])
   end
 
   ## Writes. Each computes everything first (ids, terms, ops), then changes
