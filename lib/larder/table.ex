@@ -99,7 +99,7 @@ defmodule Larder.Table do
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
-  @enforce_keys [:rows, :keys, :terms, :index, :key, :entries, :names, :store, :writer, :name]
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct @enforce_keys
 
   @opaque t :: %__MODULE__{}
@@ -454,8 +454,7 @@ defmodule Larder.Table do
 
     guard(table, fn ->
       live!(table)
-      tabs = Enum.reject([table.rows, table.keys, table.terms], &is_nil/1)
-      words = Enum.sum(for tab <- tabs, do: :ets.info(tab, :memory))
+      words = :ets.info(table.rows, :memory) + :ets.info(table.keys, :memory)
       words * :erlang.system_info(:wordsize) + Index.memory(table.index)
     end)
   end

@@ -35,7 +35,6 @@ defmodule Larder.Table.Writer do
     table = %Table{
       rows: :ets.new(Table, [:set, :protected, read_concurrency: true]),
       keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
-      terms: config.store && :ets.new(Table.Terms, [:set, :protected]),
       index: Index.new(),
       key: config.key,
       entries: config.entries,
@@ -108,19 +107,12 @@ defmodule Larder.Table.Writer do
   def terminate(_reason, state), do: release(state)
 
   defp release(%{table: table}) do
-    for tab <- [table.rows, table.keys, table.terms],
-        tab != nil,
-        :ets.info(tab, :id) != :undefined,
-        do: :ets.delete(tab)
-
+    for tab <- [table.rows, table.keys], :ets.info(tab, :id) != :undefined, do: :ets.delete(tab)
     Index.drop(table.index)
 
-    if table.name != nil and
-         match?(
-           %Table{writer: w} when w == self(),
-           :persistent_term.get({Table, table.name}, nil)
-         ) do
-      :persistent_term.erase({Table, table.name})
+    case table.name && :persistent_term.get({Table, table.name}, nil) do
+      %Table{writer: writer} when writer == self() -> :persistent_term.erase({Table, table.name})
+      _ -> :ok
     end
 
     :ok
@@ -133,20 +125,18 @@ defmodule Larder.Table.Writer do
   defp apply_write({:insert, entries}, state) do
     t = state.table
 
-    {rows, term_rows, keys, ops, next, free} =
-      Enum.reduce(entries, {[], [], [], [], state.next, state.free}, fn {stored, terms},
-                                                                        {rows, term_rows, keys,
-                                                                         ops, next, free} ->
-        key = Map.fetch!(stored, t.key)
-        {id, keys, next, free} = id_for(state, key, keys, next, free)
-        ops = diff(old_terms(t, id), terms, id, ops)
-        {[{id, stored} | rows], [{id, terms} | term_rows], keys, ops, next, free}
+    {rows, keys, ops, next, free} =
+      Enum.reduce(entries, {[], [], [], state.next, state.free}, fn
+        {stored, terms}, {rows, keys, ops, next, free} ->
+          key = Map.fetch!(stored, t.key)
+          {id, keys, next, free} = id_for(state, key, keys, next, free)
+          ops = diff(old_terms(t, id), terms, id, ops)
+          {[{id, stored} | rows], keys, ops, next, free}
       end)
 
     Index.batch(t.index, :lists.reverse(ops))
     :ets.insert(t.keys, keys)
     :ets.insert(t.rows, rows)
-    if t.terms, do: :ets.insert(t.terms, term_rows)
     {:ok, %{state | next: next, free: free}}
   end
 
@@ -160,7 +150,6 @@ defmodule Larder.Table.Writer do
       id ->
         Index.batch(t.index, [{:remove_terms, old_terms(t, id), id}])
         :ets.delete(t.rows, id)
-        if t.terms, do: :ets.delete(t.terms, id)
 
         if direct?(key) do
           {:ok, state}
@@ -197,7 +186,6 @@ defmodule Larder.Table.Writer do
       stored = Records.stored(t, new)
       Index.batch(t.index, diff(before, now, id, []))
       :ets.insert(t.rows, {id, stored})
-      if t.terms, do: :ets.insert(t.terms, {id, now})
       {{:ok, stored}, state}
     else
       _ -> {:error, state}
@@ -238,29 +226,22 @@ defmodule Larder.Table.Writer do
     [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
   end
 
-  # The terms the index holds for `id`: from the id-to-terms table with
-  # `:store`, else from the record in ETS. Index functions are meant to be
-  # pure; one that raises on a record it accepted before costs a scan of the
-  # index instead.
-  defp old_terms(%{terms: nil} = t, id) do
+  # The terms the index holds for `id`. With `:store` the row may lack what
+  # the index functions read, so the index is asked (O(terms)); else they
+  # are the terms of the record in ETS. Index functions are meant to be
+  # pure: one that raises on a record it accepted before costs that scan.
+  defp old_terms(t, id) do
     case :ets.lookup(t.rows, id) do
-      [] ->
-        []
-
-      [{_, old}] ->
-        try do
-          Records.terms(t, old)
-        catch
-          _, _ -> Index.terms_of(t.index, id)
-        end
+      [] -> []
+      [_] when t.store != nil -> Index.terms_of(t.index, id)
+      [{_, old}] -> old_record_terms(t, old, id)
     end
   end
 
-  defp old_terms(t, id) do
-    case :ets.lookup(t.terms, id) do
-      [{_, terms}] -> terms
-      [] -> []
-    end
+  defp old_record_terms(t, old, id) do
+    Records.terms(t, old)
+  catch
+    _, _ -> Index.terms_of(t.index, id)
   end
 
   defp direct?(key), do: is_integer(key) and key >= 0 and key < @direct_limit
