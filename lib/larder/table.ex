@@ -192,6 +192,7 @@ defmodule Larder.Table do
   @spec insert_many(table(), [record()]) :: :ok
   def insert_many(table, records) do
     table = handle!(table)
+    live!(table)
     records!(table, records, records)
 
     records
@@ -476,12 +477,13 @@ defmodule Larder.Table do
   defp write!(table, request), do: await!(table, send_write!(table, request))
 
   defp send_write!(table, request) do
+    live!(table)
+
     if self() == table.writer do
       raise ArgumentError,
             "Larder.Table writes cannot be nested (a function run by the table's writer wrote to it)"
     end
 
-    live!(table)
     :gen_server.send_request(table.writer, request)
   end
 

@@ -162,6 +162,42 @@ defmodule Larder.TableTest do
       assert_raise ArgumentError, ~r/:index entry/, fn -> Table.new(key: :id, index: ["s"]) end
     end
 
+    test "duplicate index names raise, naming the duplicate" do
+      assert_raise ArgumentError, ~r/option :index names :a more than once/, fn ->
+        Table.new(key: :id, index: [:a, {:a, & &1.b}])
+      end
+
+      assert_raise ArgumentError, ~r/option :index names :b more than once/, fn ->
+        Table.new(key: :id, index: [:b, :c, :b])
+      end
+    end
+
+    test "improper lists, non-map records and bad options name the argument" do
+      table = Table.new(key: :id, index: [:a, {:m, & &1.tags}])
+      :ok = Table.insert(table, %{id: 1, a: 1, tags: [1]})
+
+      for {call, message} <- [
+            {fn -> Table.insert_many(table, [%{id: 2, a: 1, tags: []} | :x]) end, ~r/records/},
+            {fn -> Table.insert(table, :x) end, ~r/record must be a map/},
+            {fn -> Table.insert(table, %{id: 3, tags: [1 | 2]}) end, ~r/index function of :m/},
+            {fn -> Table.search(table, [{:a, 1} | :x]) end, ~r/conditions/},
+            {fn -> Table.search(table, a: {:in, [1 | 2]}) end, ~r/\{:in, values\} for :a/},
+            {fn -> Table.search_many(table, [[a: 1] | :x]) end, ~r/searches/},
+            {fn -> Table.update(table, 1, a: 2) end, ~r/changes must be a map/},
+            {fn -> Table.new(key: :id, index: [:a | :b]) end, ~r/option :index/},
+            {fn -> Table.new(key: :id, store: [:a | :b]) end, ~r/option :store/},
+            {fn -> Table.new(key: :id, name: "t") end, ~r/option :name/},
+            {fn -> Table.new([{:key, :id} | :x]) end, ~r/keyword list/},
+            {fn -> Table.get(struct(table, rows: make_ref()), 1) end, ~r/unknown Larder.Table/},
+            {fn -> Table.insert(struct(table, writer: self()), %{id: 9, tags: []}) end,
+             ~r/unknown Larder.Table/}
+          ] do
+        assert_raise ArgumentError, message, call
+      end
+
+      assert Table.search(table, []) == [%{id: 1, a: 1, tags: [1]}]
+    end
+
     test "a dropped table or one whose owner exited raises a clear ArgumentError", context do
       table = Table.new(key: :id, index: [:a])
       :ok = Table.insert(table, %{id: 1, a: 1, test: context.test})

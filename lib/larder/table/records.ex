@@ -18,9 +18,18 @@ defmodule Larder.Table.Records do
   def entry_terms({name, fun}, record) do
     case fun.(record) do
       # Duplicates are harmless to an add; diffs (replace, update) dedupe first.
-      values when is_list(values) -> Enum.map(values, &{name, &1})
+      values when is_list(values) -> tag(name, values, values)
       value -> [{name, value}]
     end
+  end
+
+  defp tag(name, [value | rest], all), do: [{name, value} | tag(name, rest, all)]
+  defp tag(_name, [], _all), do: []
+
+  defp tag(name, _improper, all) do
+    raise ArgumentError,
+          "the index function of #{inspect(name)} returned an improper list: " <>
+            inspect(all, limit: 10)
   end
 
   @doc "What ETS keeps of `record`."
