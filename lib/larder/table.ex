@@ -29,46 +29,74 @@ defmodule Larder.Table do
 
   ## Storage
 
-  Each record is one ETS row under a `u32` row id, which is the key itself for
-  integer keys in `0..2_147_483_647` and an id assigned on first insert (kept
-  in a second ETS table) for any other key. With `store: fields`, only those
-  fields (and the key) are kept in ETS; the others live only in the indexes,
-  as in the Go bitmap service this is modelled on. `get/3` and `search/2`
-  then return the stored fields.
+  Each table has a writer process that owns its ETS tables and its index and
+  applies every write. Each record is one ETS row under a `u32` row id, which
+  is the key itself for integer keys in `0..2_147_483_647` and an id assigned
+  on first insert (kept in a second ETS table) for any other key. The id of a
+  deleted record is reused by the next new key, so ids run out only when
+  2,147,483,648 records with non-integer keys are live at once (the insert
+  that would need one more raises `ArgumentError` and writes nothing). With
+  `store: fields`, only those fields (and the key) are kept in ETS; the others
+  live only in the indexes, as in the Go bitmap service this is modelled on.
+  `get/3` and `search/2` then return the stored fields.
+
+  `new/1` makes a table that belongs to the calling process: its writer
+  monitors the caller and deletes the table when the caller exits, like an
+  ETS table. `start_link/1` (or `child_spec/1` in a supervisor) starts a
+  writer of its own, so the table lives as long as its supervisor keeps it.
+  A table made with `:name` can be used through that atom anywhere a
+  handle is taken.
 
   ## Complexity
 
-  `get/3` is one ETS lookup. `search/2` is one bitmap query
-  (see `Larder.Index`, smallest bitmap first) plus one ETS lookup per
-  result. `insert/2` and `delete/2` update one bitmap per index term of the
-  record; with `:store`, finding the old terms of a replaced or deleted record
-  checks every term of the index (O(terms)), because the record in ETS no
-  longer holds them. `size/1` is O(1); `count/2` is a bitmap count.
+  `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
+  bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
+  per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
+  term of the record, plus one round trip to the writer process per call (per
+  chunk of 5,000 records for `insert_many/2`). Replacing or deleting a record
+  needs its old terms: they are computed from the record in ETS, or, with
+  `:store`, read from the index, which checks every term of the index
+  (O(terms)) because the stored record no longer holds them. `size/1` is
+  O(1); `count/2` is a bitmap count.
 
   ## Concurrency
 
-  Reads (`get/3`, `search/2`, `count/2`, `stream/1`) never take a lock and
-  run in the caller. Writes take a per-table writer lock, so writes from
-  several processes are serialized and each record's change is whole: the
-  ETS row and all its index terms. Within a write the ETS row is written
-  before the index gains its terms, and the index loses them before the row
-  is deleted. A search that runs during a write sees the index either before
-  or after that write (never half of it) and returns each record as ETS holds
-  it when looked up, so it can return a record in its new version or skip one
-  deleted meanwhile. `insert_many/2` is atomic per chunk of 5,000 records, not
-  as a whole. Once writers are done, a search returns exactly what a plain
-  filter over the records returns (checked by a PropEr model test).
+  Reads (`get/3`, `search/2`, `search_ids/2`, `count/2`, `search_many/2`,
+  `stream/1`) run in the caller, straight on ETS and the index, and never wait
+  for a write. Writes go to the table's writer process, which applies them one
+  at a time, each whole: the index batch and the ETS rows of a record (of a
+  chunk, for `insert_many/2`). Once the writer has a write it completes it
+  even if the caller is killed, so a killed caller leaves its write done or
+  not begun, never half done. The caller computes the new records' index
+  terms (so an index function that raises, raises in the caller and nothing
+  is written) and sends the stored rows with their terms; the writer computes
+  the old terms of the records it replaces. `update/3` and `upsert/3` read,
+  change and write a record in one step of the writer, so concurrent
+  read-modify-writes of one key never lose one another's changes.
 
-  The ETS tables belong to the process that called `new/1` and go away when it
-  exits, like any ETS table.
+  Within a write the index changes before the ETS rows. A search that runs
+  during a write sees the index either before or after that write (never half
+  of it) and returns each record as ETS holds it when looked up: during a
+  write that can be its old version, and a row id freed by a delete may
+  already hold another key's record. `insert_many/2` is atomic per chunk of
+  5,000 records, not as a whole; it computes the next chunk while the writer
+  applies the previous one. Once writes are done, a search returns exactly
+  what a plain filter over the records returns (checked by a PropEr model
+  test, and by a test that kills writers mid-write).
 
   ## Failures
 
-  Raises `ArgumentError` for a condition on a field that has no index (the
-  message lists the indexed ones), a record without the key field, bad
-  options, and a table that was dropped or whose owner exited ("unknown
-  Larder.Table"). An index function that raises makes the write raise: the
-  chunk it was in is not written (earlier chunks of an `insert_many/2` are).
+  Raises `ArgumentError`, with a message that names the argument, for a
+  condition on a field that has no index (the message lists the indexed
+  ones), a record that is not a map or lacks the key field, improper lists,
+  bad or duplicate options, an index function that returns an improper list,
+  and a table that was dropped, whose owner exited or whose handle is not a
+  table's ("unknown Larder.Table"). An index function that raises makes the
+  write raise in the caller: the chunk it was in is not written (earlier
+  chunks of an `insert_many/2` are). Index functions also run in the writer
+  (on records it replaces, and in `update/3` and `upsert/3`); they should be
+  pure and quick. If one raises there on a record it accepted before, the
+  writer finds the old terms in the index instead.
 
   ## Performance
 
@@ -147,6 +175,7 @@ defmodule Larder.Table do
     case Writer.start(config, self()) do
       {:ok, writer} -> Writer.handle(writer)
       {:error, %ArgumentError{} = error} -> raise error
+      {:error, reason} -> exit(reason)
     end
   end
 
