@@ -723,8 +723,7 @@ defmodule Larder.Table do
       key: key,
       entries: entries,
       store: store && Enum.uniq([key | store]),
-      name: name,
-      max_id: 0xFFFFFFFF
+      name: name
     }
   end
 

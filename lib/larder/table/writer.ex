@@ -13,6 +13,7 @@ defmodule Larder.Table.Writer do
   @direct_limit 0x80000000
   @max_id 0xFFFFFFFF
 
+  # `max_id` is state rather than a constant so that a test can lower it.
   defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id]
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
@@ -45,7 +46,7 @@ defmodule Larder.Table.Writer do
     }
 
     case register(table) do
-      :ok -> {:ok, %__MODULE__{table: table, owner: owner, max_id: config.max_id}}
+      :ok -> {:ok, %__MODULE__{table: table, owner: owner}}
       {:error, error} -> {:stop, error}
     end
   end
@@ -85,8 +86,6 @@ defmodule Larder.Table.Writer do
     release(state)
     {:stop, :normal, :ok, state}
   end
-
-  def handle_call(:max_id, _from, state), do: {:reply, {state.next, state.free}, state}
 
   def handle_call(request, _from, state) do
     {reply, state} = apply_write(request, state)
