@@ -266,7 +266,7 @@ defmodule Larder.Table.BadInputTest do
     args = Enum.map(args, &resolve(&1, env))
 
     try do
-      apply(Table, fun, args) |> force() |> check(fun)
+      apply(Table, fun, args) |> force(fun) |> check(fun)
     rescue
       # Ours name the argument; a BIF's bare badarg does not.
       e in ArgumentError ->
@@ -283,9 +283,9 @@ defmodule Larder.Table.BadInputTest do
     end
   end
 
-  defp force(%Stream{} = stream), do: Enum.to_list(stream)
-  defp force(fun) when is_function(fun, 2), do: Enum.to_list(fun)
-  defp force(other), do: other
+  # Only stream/1 returns a lazy result to run.
+  defp force(stream, :stream), do: Enum.to_list(stream)
+  defp force(other, _fun), do: other
 
   # What a call returned; cleans up what it created. Returns failures.
   defp check(%Table{} = table, :new), do: Table.drop(table) && []
