@@ -127,7 +127,7 @@ defmodule Larder.Table do
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
-  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :sent, :names, :store, :writer, :name]
   defstruct @enforce_keys
 
   @opaque t :: %__MODULE__{}
@@ -228,13 +228,13 @@ defmodule Larder.Table do
     |> Stream.chunk_every(@chunk)
     |> Enum.reduce(nil, fn chunk, pending ->
       # The index functions run here, in the caller; the writer gets the
-      # stored rows and their terms. One chunk is applied while the next is
-      # computed.
+      # stored rows and the terms it cannot read from them (see
+      # Records.sent_terms/2). One chunk is applied while the next is computed.
       entries =
         try do
           chunk
           |> last_per_key(table)
-          |> Enum.map(&{Records.stored(table, &1), Records.terms(table, &1)})
+          |> Enum.map(&{Records.stored(table, &1), Records.sent_terms(table, &1)})
         catch
           kind, reason ->
             await!(table, pending)

@@ -7,6 +7,39 @@ defmodule Larder.Table.Records do
   @doc "The index terms of `record`, one `{name, value}` per term, in index order."
   def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
 
+  @doc """
+  The index entries whose terms a writer cannot read from the stored row:
+  function indexes, and field indexes on fields that `:store` leaves out.
+  Callers send only these terms, which keeps the write messages small.
+  """
+  def sent_entries(entries, store) do
+    Enum.reject(entries, fn
+      {_name, {:field, field}} -> store == nil or field in store
+      {_name, _fun} -> false
+    end)
+  end
+
+  @doc "The terms of `record` for the entries in `sent_entries/2`."
+  def sent_terms(%{sent: sent}, record), do: Enum.flat_map(sent, &entry_terms(&1, record))
+
+  @doc """
+  All the terms of a stored row, given its `sent_terms/2`: those of the field
+  indexes whose field the row holds (a field `:store` leaves out is not in
+  the row; its terms are among the sent ones).
+  """
+  def derived_terms(%{entries: entries}, stored, sent_terms) do
+    Enum.reduce(entries, sent_terms, fn
+      {name, {:field, field}}, acc ->
+        case stored do
+          %{^field => value} -> [{name, value} | acc]
+          _ -> acc
+        end
+
+      _fun_entry, acc ->
+        acc
+    end)
+  end
+
   @doc "The terms of one index entry for `record`."
   def entry_terms({name, {:field, field}}, record) do
     case record do

@@ -39,6 +39,7 @@ defmodule Larder.Table.Writer do
       index: Index.new(),
       key: config.key,
       entries: config.entries,
+      sent: Records.sent_entries(config.entries, config.store),
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
       store: config.store,
       writer: self(),
@@ -126,10 +127,10 @@ defmodule Larder.Table.Writer do
 
     {rows, keys, ops, next, free} =
       Enum.reduce(entries, {[], [], [], state.next, state.free}, fn
-        {stored, terms}, {rows, keys, ops, next, free} ->
+        {stored, sent}, {rows, keys, ops, next, free} ->
           key = Map.fetch!(stored, t.key)
           {id, keys, next, free} = id_for(state, key, keys, next, free)
-          ops = diff(old_terms(t, id), terms, id, ops)
+          ops = diff(old_terms(t, id), Records.derived_terms(t, stored, sent), id, ops)
           {[{id, stored} | rows], keys, ops, next, free}
       end)
 
@@ -207,7 +208,7 @@ defmodule Larder.Table.Writer do
     case new do
       %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
         stored = Records.stored(t, new)
-        {:ok, state} = apply_write({:insert, [{stored, Records.terms(t, new)}]}, state)
+        {:ok, state} = apply_write({:insert, [{stored, Records.sent_terms(t, new)}]}, state)
         {{:ok, stored}, state}
 
       _ ->

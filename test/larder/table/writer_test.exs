@@ -38,8 +38,8 @@ defmodule Larder.Table.WriterTest do
         for round <- 1..150 do
           v = rem(round, 5)
 
-          pid =
-            spawn(fn ->
+          {pid, ref} =
+            spawn_monitor(fn ->
               records = for k <- keys, do: %{id: k, a: v, tags: [v, rem(round, 3) + 10]}
               Table.insert_many(table, records)
               Table.update(table, 7, %{a: v + 100})
@@ -49,6 +49,9 @@ defmodule Larder.Table.WriterTest do
           # Kill after a varying amount of work, often mid-write.
           for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
           Process.exit(pid, :kill)
+          # The kill is a signal: wait until it has landed, so that nothing
+          # this caller sends can arrive after the barrier below.
+          assert_receive {:DOWN, ^ref, :process, ^pid, _}
         end
 
         # A write queues behind those the killed callers had sent, so once it
