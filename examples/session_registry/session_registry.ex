@@ -47,24 +47,25 @@ defmodule SessionRegistry do
 
   @doc """
   Opens or refreshes a session. When `sid` exists, `info` is merged into its
-  info (new values win), as MongooseIM's `merge_info` does.
+  info (new values win), as MongooseIM's `merge_info` does. The read, the
+  merge and the write are one `Larder.Table.upsert/3` step, so concurrent
+  calls for one `sid` each keep their info keys.
   """
   @spec create_session(t(), term(), term(), term(), integer(), info()) :: :ok
   def create_session(%__MODULE__{} = reg, sid, user, resource, priority, info) do
-    info =
-      case Table.get(reg.table, sid) do
-        %{info: old} -> merge_info(reg.info, old, info)
-        nil -> normalize(reg.info, info)
-      end
+    kind = reg.info
 
-    Table.insert(reg.table, %{
-      sid: sid,
-      user: user,
-      resource: resource,
-      priority: priority,
-      info: info
-    })
+    {:ok, _} =
+      Table.upsert(reg.table, sid, fn
+        %{info: old} -> session(sid, user, resource, priority, merge_info(kind, old, info))
+        nil -> session(sid, user, resource, priority, normalize(kind, info))
+      end)
+
+    :ok
   end
+
+  defp session(sid, user, resource, priority, info),
+    do: %{sid: sid, user: user, resource: resource, priority: priority, info: info}
 
   @doc "Every session of `user`, through the index."
   @spec get_sessions(t(), term()) :: [map()]

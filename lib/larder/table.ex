@@ -29,46 +29,74 @@ defmodule Larder.Table do
 
   ## Storage
 
-  Each record is one ETS row under a `u32` row id, which is the key itself for
-  integer keys in `0..2_147_483_647` and an id assigned on first insert (kept
-  in a second ETS table) for any other key. With `store: fields`, only those
-  fields (and the key) are kept in ETS; the others live only in the indexes,
-  as in the Go bitmap service this is modelled on. `get/3` and `search/2`
-  then return the stored fields.
+  Each table has a writer process that owns its ETS tables and its index and
+  applies every write. Each record is one ETS row under a `u32` row id, which
+  is the key itself for integer keys in `0..2_147_483_647` and an id assigned
+  on first insert (kept in a second ETS table) for any other key. The id of a
+  deleted record is reused by the next new key, so ids run out only when
+  2,147,483,648 records with non-integer keys are live at once (the insert
+  that would need one more raises `ArgumentError` and writes nothing). With
+  `store: fields`, only those fields (and the key) are kept in ETS; the others
+  live only in the indexes, as in the Go bitmap service this is modelled on.
+  `get/3` and `search/2` then return the stored fields.
+
+  `new/1` makes a table that belongs to the calling process: its writer
+  monitors the caller and deletes the table when the caller exits, like an
+  ETS table. `start_link/1` (or `child_spec/1` in a supervisor) starts a
+  writer of its own, so the table lives as long as its supervisor keeps it.
+  A table made with `:name` can be used through that atom anywhere a
+  handle is taken.
 
   ## Complexity
 
-  `get/3` is one ETS lookup. `search/2` is one bitmap query
-  (see `Larder.Index`, smallest bitmap first) plus one ETS lookup per
-  result. `insert/2` and `delete/2` update one bitmap per index term of the
-  record; with `:store`, finding the old terms of a replaced or deleted record
-  checks every term of the index (O(terms)), because the record in ETS no
-  longer holds them. `size/1` is O(1); `count/2` is a bitmap count.
+  `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
+  bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
+  per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
+  term of the record, plus one round trip to the writer process per call (per
+  chunk of 5,000 records for `insert_many/2`). Replacing or deleting a record
+  needs its old terms: they are computed from the record in ETS, or, with
+  `:store`, read from the index, which checks every term of the index
+  (O(terms)) because the stored record no longer holds them. `size/1` is
+  O(1); `count/2` is a bitmap count.
 
   ## Concurrency
 
-  Reads (`get/3`, `search/2`, `count/2`, `stream/1`) never take a lock and
-  run in the caller. Writes take a per-table writer lock, so writes from
-  several processes are serialized and each record's change is whole: the
-  ETS row and all its index terms. Within a write the ETS row is written
-  before the index gains its terms, and the index loses them before the row
-  is deleted. A search that runs during a write sees the index either before
-  or after that write (never half of it) and returns each record as ETS holds
-  it when looked up, so it can return a record in its new version or skip one
-  deleted meanwhile. `insert_many/2` is atomic per chunk of 5,000 records, not
-  as a whole. Once writers are done, a search returns exactly what a plain
-  filter over the records returns (checked by a PropEr model test).
+  Reads (`get/3`, `search/2`, `search_ids/2`, `count/2`, `search_many/2`,
+  `stream/1`) run in the caller, straight on ETS and the index, and never wait
+  for a write. Writes go to the table's writer process, which applies them one
+  at a time, each whole: the index batch and the ETS rows of a record (of a
+  chunk, for `insert_many/2`). Once the writer has a write it completes it
+  even if the caller is killed, so a killed caller leaves its write done or
+  not begun, never half done. The caller computes the new records' index
+  terms (so an index function that raises, raises in the caller and nothing
+  is written) and sends the stored rows with their terms; the writer computes
+  the old terms of the records it replaces. `update/3` and `upsert/3` read,
+  change and write a record in one step of the writer, so concurrent
+  read-modify-writes of one key never lose one another's changes.
 
-  The ETS tables belong to the process that called `new/1` and go away when it
-  exits, like any ETS table.
+  Within a write the index changes before the ETS rows. A search that runs
+  during a write sees the index either before or after that write (never half
+  of it) and returns each record as ETS holds it when looked up: during a
+  write that can be its old version, and a row id freed by a delete may
+  already hold another key's record. `insert_many/2` is atomic per chunk of
+  5,000 records, not as a whole; it computes the next chunk while the writer
+  applies the previous one. Once writes are done, a search returns exactly
+  what a plain filter over the records returns (checked by a PropEr model
+  test, and by a test that kills writers mid-write).
 
   ## Failures
 
-  Raises `ArgumentError` for a condition on a field that has no index (the
-  message lists the indexed ones), a record without the key field, bad
-  options, and a table that was dropped or whose owner exited ("unknown
-  Larder.Table"). An index function that raises makes the write raise: the
-  chunk it was in is not written (earlier chunks of an `insert_many/2` are).
+  Raises `ArgumentError`, with a message that names the argument, for a
+  condition on a field that has no index (the message lists the indexed
+  ones), a record that is not a map or lacks the key field, improper lists,
+  bad or duplicate options, an index function that returns an improper list,
+  and a table that was dropped, whose owner exited or whose handle is not a
+  table's ("unknown Larder.Table"). An index function that raises makes the
+  write raise in the caller: the chunk it was in is not written (earlier
+  chunks of an `insert_many/2` are). Index functions also run in the writer
+  (on records it replaces, and in `update/3` and `upsert/3`); they should be
+  pure and quick. If one raises there on a record it accepted before, the
+  writer finds the old terms in the index instead.
 
   ## Performance
 
@@ -96,12 +124,16 @@ defmodule Larder.Table do
   """
 
   alias Larder.Index
-  alias Larder.Table.Lock
+  alias Larder.Table.Records
+  alias Larder.Table.Writer
 
-  @enforce_keys [:rows, :keys, :meta, :index, :key, :entries, :names, :store, :counter]
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :sent, :names, :store, :writer, :name]
   defstruct @enforce_keys
 
   @opaque t :: %__MODULE__{}
+
+  @typedoc "A table: its handle, or the name it was created with."
+  @type table :: t() | atom()
 
   @typedoc "A record: a map that holds the table's key field."
   @type record :: map()
@@ -113,106 +145,129 @@ defmodule Larder.Table do
   @type conditions :: %{optional(term()) => term()} | [condition()]
 
   @direct_limit 0x80000000
-  @max_id 0xFFFFFFFF
   @chunk 5_000
   @reserved [:and, :or, :not, :term]
+  @valid_opts [:key, :index, :store, :name]
+
+  ## Creating
 
   @doc """
-  Creates a table owned by the calling process.
+  Creates a table owned by the calling process: it is deleted when that
+  process exits, like an ETS table.
 
   Options:
 
     * `:key` (required) - the field that holds each record's primary key.
     * `:index` - the indexes, a list of field names and `{name, fun}`
-      entries (see "Indexes"). Default `[]`.
+      entries (see "Indexes"); names must be distinct. Default `[]`.
     * `:store` - the fields kept in ETS; the key is always kept. Default: all.
+    * `:name` - an atom; the table is then also reachable by that name from
+      any process (through `:persistent_term`, so a name costs no more than
+      the handle). Default: unnamed.
+
+  Raises `ArgumentError` for an unknown or invalid option, or when a table
+  with that name exists.
   """
   @spec new(keyword()) :: t()
   def new(opts) do
-    opts = validate_opts!(opts)
-    entries = Enum.map(opts[:index], &entry!/1)
+    config = config!(opts)
 
-    %__MODULE__{
-      rows: :ets.new(__MODULE__, [:set, :public, read_concurrency: true]),
-      keys: :ets.new(__MODULE__.Keys, [:set, :public, read_concurrency: true]),
-      meta: :ets.new(__MODULE__.Meta, [:set, :public]),
-      index: Index.new(),
-      key: opts[:key],
-      entries: entries,
-      names: Map.new(entries, fn {name, _} -> {name, true} end),
-      store: opts[:store] && Enum.uniq([opts[:key] | opts[:store]]),
-      counter: :atomics.new(1, signed: false)
-    }
+    case Writer.start(config, self()) do
+      {:ok, writer} -> Writer.handle(writer)
+      {:error, %ArgumentError{} = error} -> raise error
+      {:error, reason} -> exit(reason)
+    end
   end
+
+  @doc """
+  Starts the writer process of a named table under a supervisor, so the table
+  outlives the processes that use it. Takes the options of `new/1`; `:name` is
+  required. Use the name as the table: `Larder.Table.search(name, ...)`.
+  """
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts) do
+    config = config!(opts)
+
+    if config.name == nil,
+      do: raise(ArgumentError, "Larder.Table.start_link/1 requires the :name option")
+
+    Writer.start_link(config)
+  end
+
+  @doc """
+  A child specification for a supervised named table; takes the options of
+  `start_link/1`. The child id is `{Larder.Table, name}`.
+  """
+  @spec child_spec(keyword()) :: Supervisor.child_spec()
+  def child_spec(opts) do
+    config = config!(opts)
+    %{id: {__MODULE__, config.name}, start: {__MODULE__, :start_link, [opts]}, type: :worker}
+  end
+
+  ## Writing
 
   @doc """
   Inserts `record`, replacing the record with the same key (and re-indexing
-  it). Atomic for readers, see "Concurrency".
+  it). Whole even if the caller is killed, see "Concurrency".
   """
-  @spec insert(t(), record()) :: :ok
+  @spec insert(table(), record()) :: :ok
   def insert(table, record), do: insert_many(table, [record])
 
   @doc """
-  Inserts `records` in chunks of 5,000; each chunk is one write (one ETS
-  insert and one index batch). Every record is checked for the key field
-  before anything is written.
+  Inserts `records` in chunks of 5,000; each chunk is one write (one index
+  batch and one ETS insert, applied by the writer process). Every record is
+  checked for the key field before anything is written.
   """
-  @spec insert_many(t(), [record()]) :: :ok
-  def insert_many(%__MODULE__{} = table, records) when is_list(records) do
-    Enum.each(records, &key!(table, &1))
+  @spec insert_many(table(), [record()]) :: :ok
+  def insert_many(table, records) do
+    table = handle!(table)
+    live!(table)
+    records!(table, records, records)
 
     records
     |> Stream.chunk_every(@chunk)
-    |> Enum.each(fn chunk ->
-      guard(table, fn -> Lock.with_lock(table.meta, fn -> insert_chunk(table, chunk) end) end)
+    |> Enum.reduce(nil, fn chunk, pending ->
+      # The index functions run here, in the caller; the writer gets the
+      # stored rows and the terms it cannot read from them (see
+      # Records.sent_terms/2). One chunk is applied while the next is computed.
+      entries =
+        try do
+          chunk
+          |> last_per_key(table)
+          |> Enum.map(&{Records.stored(table, &1), Records.sent_terms(table, &1)})
+        catch
+          kind, reason ->
+            await!(table, pending)
+            :erlang.raise(kind, reason, __STACKTRACE__)
+        end
+
+      request = send_write!(table, {:insert, entries})
+      await!(table, pending)
+      request
     end)
+    |> then(&await!(table, &1))
+
+    :ok
   end
 
-  def insert_many(table, records) do
-    check!(table)
-    raise ArgumentError, "records must be a list of maps, got: #{inspect(records, limit: 5)}"
-  end
-
-  defp insert_chunk(table, chunk) do
-    {rows, ops} =
-      table
-      |> last_per_key(chunk)
-      |> Enum.reduce({[], []}, fn record, {rows, ops} ->
-        id = row_id!(table, Map.fetch!(record, table.key))
-        new_terms = record_terms(table, record)
-
-        ops =
-          case old_terms(table, id) do
-            [] ->
-              [{:add_terms, new_terms, id} | ops]
-
-            old ->
-              {old, new_terms} = {Enum.uniq(old), Enum.uniq(new_terms)}
-              [{:add_terms, new_terms -- old, id}, {:remove_terms, old -- new_terms, id} | ops]
-          end
-
-        {[{id, stored(table, record)} | rows], ops}
-      end)
-
-    :ets.insert(table.rows, rows)
-    Index.batch(table.index, :lists.reverse(ops))
-  end
-
-  # Within one chunk the ETS rows are written together, so a key given twice
-  # must be reduced to its last record first.
-  defp last_per_key(table, chunk) do
-    by_key = Map.new(chunk, &{Map.fetch!(&1, table.key), &1})
+  # Within one chunk a key given twice must be reduced to its last record.
+  defp last_per_key(chunk, table) do
+    by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
     if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
   end
 
   @doc """
-  Merges `changes` into the record under `key` and re-indexes only the
-  indexes whose terms changed. Returns `{:ok, record}` (the stored record
-  after the merge) or `:error` when there is no such record.
+  Merges `changes` into the record under `key` and re-indexes it. Returns
+  `{:ok, record}` (the stored record after the merge) or `:error` when there
+  is no such record. The writer process reads, merges and writes in one step,
+  so concurrent updates of one key all apply. Index functions run in the
+  writer process here; one that raises makes `update/3` raise and leaves the
+  record as it was.
 
   With `:store`, the fields an index function reads may not be stored, so
   `update/3` re-indexes field indexes only and leaves `{name, fun}` indexes
-  as they are; replace the whole record with `insert/2` to change those.
+  as they are; replace the whole record with `insert/2` or `upsert/3` to
+  change those.
 
       iex> table = Larder.Table.new(key: :id, index: [:state])
       iex> :ok = Larder.Table.insert(table, %{id: 7, state: :new, n: 1})
@@ -223,95 +278,86 @@ defmodule Larder.Table do
       iex> Larder.Table.update(table, 8, %{state: :done})
       :error
   """
-  @spec update(t(), term(), map()) :: {:ok, record()} | :error
-  def update(table, key, changes) when is_map(changes) do
-    check!(table)
+  @spec update(table(), term(), map()) :: {:ok, record()} | :error
+  def update(table, key, changes) do
+    table = handle!(table)
 
-    if Map.has_key?(changes, table.key) and Map.fetch!(changes, table.key) !== key do
+    unless is_map(changes),
+      do: raise(ArgumentError, "changes must be a map, got: #{inspect(changes, limit: 10)}")
+
+    if is_map_key(changes, table.key) and :erlang.map_get(table.key, changes) !== key do
       raise ArgumentError, "changes must not change the key field #{inspect(table.key)}"
     end
 
-    guard(table, fn ->
-      Lock.with_lock(table.meta, fn -> update_locked(table, key, changes) end)
-    end)
+    write!(table, {:update, key, changes})
   end
-
-  def update(table, _key, changes) do
-    check!(table)
-    raise ArgumentError, "changes must be a map, got: #{inspect(changes)}"
-  end
-
-  defp update_locked(table, key, changes) do
-    with id when id != nil <- row_id(table, key),
-         [{^id, old}] <- :ets.lookup(table.rows, id) do
-      new = Map.merge(old, changes)
-      old_terms = if table.store, do: Index.terms_of(table.index, id), else: nil
-
-      ops =
-        Enum.flat_map(table.entries, fn {name, how} = entry ->
-          if field_untouched?(how, changes) or
-               (table.store != nil and not match?({:field, _}, how)) do
-            []
-          else
-            before =
-              if old_terms,
-                do: for({^name, _} = term <- old_terms, do: term),
-                else: entry_terms(entry, old)
-
-            before = Enum.uniq(before)
-            now = Enum.uniq(entry_terms(entry, new))
-
-            for(t <- before -- now, do: {:remove, t, id}) ++
-              for(t <- now -- before, do: {:add, t, id})
-          end
-        end)
-
-      stored = stored(table, new)
-      # Same order as insert: a new term never points at the old row.
-      removes = for {:remove, _, _} = op <- ops, do: op
-      adds = for {:add, _, _} = op <- ops, do: op
-      Index.batch(table.index, removes)
-      :ets.insert(table.rows, {id, stored})
-      Index.batch(table.index, adds)
-      {:ok, stored}
-    else
-      _ -> :error
-    end
-  end
-
-  defp field_untouched?({:field, field}, changes), do: not Map.has_key?(changes, field)
-  defp field_untouched?(_fun, _changes), do: false
 
   @doc """
-  Deletes the record under `key`, if any. Atomic for readers.
+  Replaces the record under `key` with `fun.(record)`, where `record` is the
+  stored record or `nil` when there is none, in one step of the writer
+  process: no other write to the table runs between the read and the write,
+  so concurrent read-modify-writes of one key never lose one another's
+  changes. Returns `{:ok, stored}`, the record as stored.
+
+  `fun` runs in the writer process, as do the index functions on its result:
+  it must be quick and must not write to the table (that raises
+  `ArgumentError`). When `fun` raises, `upsert/3` raises the same in the
+  caller and nothing is written. Raises `ArgumentError` when `fun` is not a
+  one-argument function or returns anything but a map whose key field is
+  `key` (`===`).
+
+      iex> table = Larder.Table.new(key: :id, index: [:n])
+      iex> add = fn nil -> %{id: 1, n: 1}; r -> %{r | n: r.n + 1} end
+      iex> Larder.Table.upsert(table, 1, add)
+      {:ok, %{id: 1, n: 1}}
+      iex> Larder.Table.upsert(table, 1, add)
+      {:ok, %{id: 1, n: 2}}
+      iex> Larder.Table.search_ids(table, n: 2)
+      [1]
   """
-  @spec delete(t(), term()) :: :ok
-  def delete(table, key) do
-    check!(table)
+  @spec upsert(table(), term(), (record() | nil -> record())) :: {:ok, record()}
+  def upsert(table, key, fun) do
+    table = handle!(table)
 
-    guard(table, fn ->
-      Lock.with_lock(table.meta, fn ->
-        with id when id != nil <- row_id(table, key) do
-          Index.batch(table.index, [{:remove_terms, old_terms(table, id), id}])
-          :ets.delete(table.rows, id)
-          unless direct?(key), do: :ets.delete(table.keys, key)
-        end
+    unless is_function(fun, 1),
+      do: raise(ArgumentError, "fun must be a function of one argument, got: #{inspect(fun)}")
 
-        :ok
-      end)
-    end)
+    write!(table, {:upsert, key, fun})
   end
+
+  @doc """
+  Deletes the record under `key`, if any. Whole even if the caller is
+  killed; the row id of a non-integer key is reused by a later insert.
+  """
+  @spec delete(table(), term()) :: :ok
+  def delete(table, key), do: write!(handle!(table), {:delete, key})
+
+  ## Reading
 
   @doc """
   The record under `key`, or `default`.
   """
-  @spec get(t(), term(), term()) :: record() | term()
-  def get(table, key, default \\ nil) do
-    check!(table)
+  @spec get(table(), term(), term()) :: record() | term()
+  def get(table, key, default \\ nil)
+
+  def get(%__MODULE__{} = table, key, default)
+      when is_integer(key) and key >= 0 and key < @direct_limit do
+    guard(table, fn ->
+      case :ets.lookup(table.rows, key) do
+        [{_, record}] -> record
+        [] -> default
+      end
+    end)
+  end
+
+  def get(%__MODULE__{} = table, key, default) do
+    field = table.key
 
     guard(table, fn ->
-      with id when id != nil <- row_id(table, key),
-           [{_, record}] <- :ets.lookup(table.rows, id) do
+      with [{_, id}] <- :ets.lookup(table.keys, key),
+           [{_, record}] <- :ets.lookup(table.rows, id),
+           # The id may have been freed and reused since the first lookup.
+           %{^field => ^key} <- record do
         record
       else
         _ -> default
@@ -319,25 +365,28 @@ defmodule Larder.Table do
     end)
   end
 
+  def get(name, key, default), do: get(handle!(name), key, default)
+
   @doc """
   The records for which every condition holds, in row id order (key order for
   integer keys). Empty conditions match every record.
   """
-  @spec search(t(), conditions()) :: [record()]
-  def search(table, conditions) do
-    expr = expr!(table, conditions)
-    guard(table, fn -> fetch_rows(table, Index.query(table.index, expr), conditions) end)
+  @spec search(table(), conditions()) :: [record()]
+  def search(%__MODULE__{} = table, conditions) do
+    guard(table, fn ->
+      fetch_rows(table, Index.query(table.index, expr!(table, conditions)), conditions)
+    end)
   end
+
+  def search(name, conditions), do: search(handle!(name), conditions)
 
   @doc """
   The keys of the records for which every condition holds, in row id order.
   """
-  @spec search_ids(t(), conditions()) :: [term()]
-  def search_ids(table, conditions) do
-    expr = expr!(table, conditions)
-
+  @spec search_ids(table(), conditions()) :: [term()]
+  def search_ids(%__MODULE__{} = table, conditions) do
     guard(table, fn ->
-      ids = Index.query(table.index, expr)
+      ids = Index.query(table.index, expr!(table, conditions))
 
       cond do
         empty?(conditions) -> Enum.map(all_rows(table), &Map.fetch!(&1, table.key))
@@ -347,50 +396,61 @@ defmodule Larder.Table do
     end)
   end
 
+  def search_ids(name, conditions), do: search_ids(handle!(name), conditions)
+
   @doc """
   How many records every condition holds for, without fetching them.
   """
-  @spec count(t(), conditions()) :: non_neg_integer()
-  def count(table, conditions) do
-    expr = expr!(table, conditions)
-
+  @spec count(table(), conditions()) :: non_neg_integer()
+  def count(%__MODULE__{} = table, conditions) do
     guard(table, fn ->
+      expr = expr!(table, conditions)
       if empty?(conditions), do: size(table), else: live!(table) && Index.count(table.index, expr)
     end)
   end
 
+  def count(name, conditions), do: count(handle!(name), conditions)
+
   @doc """
-  Answers many searches in one index call (one read lock, one scheduler hop),
-  in order.
+  Answers many searches in one index call (one consistent index state, one
+  scheduler hop), in order.
 
       iex> table = Larder.Table.new(key: :id, index: [:n])
       iex> :ok = Larder.Table.insert_many(table, for(i <- 1..4, do: %{id: i, n: rem(i, 2)}))
       iex> Larder.Table.search_many(table, [[n: 0], [n: 1], [n: 2]])
       [[%{id: 2, n: 0}, %{id: 4, n: 0}], [%{id: 1, n: 1}, %{id: 3, n: 1}], []]
   """
-  @spec search_many(t(), [conditions()]) :: [[record()]]
-  def search_many(table, many) when is_list(many) do
-    exprs = Enum.map(many, &expr!(table, &1))
-
+  @spec search_many(table(), [conditions()]) :: [[record()]]
+  def search_many(%__MODULE__{} = table, many) do
     guard(table, fn ->
+      exprs = searches!(table, many, many)
+
       table.index
       |> Index.query_many(exprs)
       |> Enum.zip_with(many, &fetch_rows(table, &1, &2))
     end)
   end
 
-  def search_many(table, many) do
-    check!(table)
-    raise ArgumentError, "searches must be a list of conditions, got: #{inspect(many)}"
+  def search_many(name, many), do: search_many(handle!(name), many)
+
+  defp searches!(table, [conditions | rest], all),
+    do: [expr!(table, conditions) | searches!(table, rest, all)]
+
+  defp searches!(_table, [], _all), do: []
+
+  defp searches!(_table, _other, all) do
+    raise ArgumentError,
+          "searches must be a list of conditions, got: #{inspect(all, limit: 10)}"
   end
 
   @doc """
   A stream of every record, read from ETS in chunks as it is consumed (not a
   snapshot: concurrent writes may or may not show).
   """
-  @spec stream(t()) :: Enumerable.t()
+  @spec stream(table()) :: Enumerable.t()
   def stream(table) do
-    check!(table)
+    table = handle!(table)
+    guard(table, fn -> live!(table) end)
     match = [{{:_, :"$1"}, [], [:"$1"]}]
 
     Stream.resource(
@@ -404,17 +464,13 @@ defmodule Larder.Table do
   end
 
   @doc "The number of records. O(1)."
-  @spec size(t()) :: non_neg_integer()
+  @spec size(table()) :: non_neg_integer()
   def size(table) do
-    check!(table)
+    table = handle!(table)
 
-    case :ets.info(table.rows, :size) do
-      :undefined ->
-        raise ArgumentError,
-              "unknown Larder.Table: it was dropped or the process that created it exited"
-
-      size ->
-        size
+    case guard(table, fn -> :ets.info(table.rows, :size) end) do
+      size when is_integer(size) -> size
+      _ -> gone!()
     end
   end
 
@@ -422,82 +478,74 @@ defmodule Larder.Table do
   Bytes the table holds: its ETS tables (words times the word size) plus the
   index's bytes in the NIF (`Larder.Index.memory/1`).
   """
-  @spec memory(t()) :: non_neg_integer()
+  @spec memory(table()) :: non_neg_integer()
   def memory(table) do
+    table = handle!(table)
+
     guard(table, fn ->
       live!(table)
-
-      words =
-        Enum.sum(for tab <- [table.rows, table.keys, table.meta], do: :ets.info(tab, :memory))
-
+      words = :ets.info(table.rows, :memory) + :ets.info(table.keys, :memory)
       words * :erlang.system_info(:wordsize) + Index.memory(table.index)
     end)
   end
 
   @doc """
-  Deletes the table's ETS tables; the handle is unusable afterwards (every
-  call raises `ArgumentError`).
+  Deletes the table: its ETS tables, its index's memory in the NIF and its
+  writer process, at once. Every later call with the handle or the name
+  raises `ArgumentError`.
   """
-  @spec drop(t()) :: :ok
+  @spec drop(table()) :: :ok
   def drop(table) do
-    guard(table, fn ->
-      for tab <- [table.rows, table.keys, table.meta], do: :ets.delete(tab)
-      :ok
-    end)
+    table = handle!(table)
+    live!(table)
+    write!(table, :drop)
   end
 
-  ## Terms and conditions
+  ## Writes go through the writer process
 
-  defp record_terms(table, record) do
-    Enum.flat_map(table.entries, &entry_terms(&1, record))
+  defp write!(table, request), do: await!(table, send_write!(table, request))
+
+  defp send_write!(table, request) do
+    live!(table)
+
+    if self() == table.writer do
+      raise ArgumentError,
+            "Larder.Table writes cannot be nested (a function run by the table's writer wrote to it)"
+    end
+
+    :gen_server.send_request(table.writer, request)
   end
 
-  defp entry_terms({name, {:field, field}}, record) do
-    case record do
-      %{^field => value} -> [{name, value}]
-      _ -> []
+  defp await!(_table, nil), do: :ok
+
+  defp await!(table, request) do
+    case :gen_server.receive_response(request, :infinity) do
+      {:reply, {:raise, kind, reason, stack}} -> :erlang.raise(kind, reason, stack)
+      {:reply, reply} -> reply
+      {:error, _} -> gone!(table)
     end
   end
 
-  defp entry_terms({name, fun}, record) do
-    case fun.(record) do
-      # Duplicates are harmless to an add; diffs (replace, update) dedupe first.
-      values when is_list(values) -> Enum.map(values, &{name, &1})
-      value -> [{name, value}]
-    end
-  end
-
-  defp old_terms(table, id) do
-    case :ets.lookup(table.rows, id) do
-      [] -> []
-      [_] when table.store != nil -> Index.terms_of(table.index, id)
-      [{_, old}] -> record_terms(table, old)
-    end
-  end
-
-  defp stored(%{store: nil}, record), do: record
-  defp stored(%{store: fields}, record), do: Map.take(record, fields)
+  ## Conditions
 
   defp empty?(conditions), do: conditions == [] or conditions == %{}
 
-  defp expr!(%__MODULE__{} = table, conditions) when is_map(conditions),
-    do: expr!(table, Map.to_list(conditions))
+  defp expr!(table, conditions) when is_map(conditions),
+    do: {:and, conditions!(table, Map.to_list(conditions), conditions)}
 
-  defp expr!(%__MODULE__{} = table, conditions) when is_list(conditions),
+  defp expr!(table, conditions) when is_list(conditions),
     do: {:and, conditions!(table, conditions, conditions)}
 
-  defp expr!(table, conditions) do
-    check!(table)
-
+  defp expr!(_table, conditions) do
     raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(conditions)}"
+          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(conditions, limit: 10)}"
   end
 
   # A direct recursion rather than Enum.map with a closure: this runs once per
   # condition of every search.
   defp conditions!(table, [{name, {:in, values}} | rest], all) when is_list(values) do
     indexed!(table, name)
-    [{:or, for(v <- values, do: {name, v})} | conditions!(table, rest, all)]
+    [{:or, alternatives!(name, values, values)} | conditions!(table, rest, all)]
   end
 
   defp conditions!(table, [{name, _value} = condition | rest], all) do
@@ -508,21 +556,34 @@ defmodule Larder.Table do
   defp conditions!(_table, [], _all), do: []
 
   defp conditions!(_table, [other | _], _all) do
-    raise ArgumentError, "each condition must be {index, value}, got: #{inspect(other)}"
+    raise ArgumentError,
+          "each condition must be {index, value}, got: #{inspect(other, limit: 10)}"
   end
 
   defp conditions!(_table, _improper, all) do
     raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(all)}"
+          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(all, limit: 10)}"
+  end
+
+  defp alternatives!(name, [value | rest], all),
+    do: [{name, value} | alternatives!(name, rest, all)]
+
+  defp alternatives!(_name, [], _all), do: []
+
+  defp alternatives!(name, _improper, all) do
+    raise ArgumentError,
+          "{:in, values} for #{inspect(name)} in conditions needs a list of values, got: #{inspect(all, limit: 10)}"
   end
 
   defp indexed!(%{names: names}, name) when is_map_key(names, name), do: :ok
 
   defp indexed!(table, name) do
     raise ArgumentError,
-          "no index named #{inspect(name)} in conditions; indexed fields: " <>
+          "no index named #{inspect(name, limit: 10)} in conditions; indexed fields: " <>
             inspect(Enum.map(table.entries, &elem(&1, 0)))
   end
+
+  ## Rows
 
   defp fetch_rows(table, [], conditions) do
     live!(table)
@@ -554,35 +615,19 @@ defmodule Larder.Table do
     |> Enum.map(&elem(&1, 1))
   end
 
-  ## Row ids
-
-  defp direct?(key), do: is_integer(key) and key >= 0 and key < @direct_limit
-
-  defp row_id(_table, key) when is_integer(key) and key >= 0 and key < @direct_limit, do: key
-
-  defp row_id(table, key) do
-    case :ets.lookup(table.keys, key) do
-      [{_, id}] -> id
-      [] -> nil
-    end
+  defp records!(table, [record | rest], all) do
+    key!(table, record)
+    records!(table, rest, all)
   end
 
-  # Called under the writer lock, so allocating an id cannot race.
-  defp row_id!(table, key) do
-    case row_id(table, key) do
-      nil ->
-        id = @direct_limit + :atomics.add_get(table.counter, 1, 1) - 1
-        if id > @max_id, do: raise(ArgumentError, "table is out of row ids for non-integer keys")
-        :ets.insert(table.keys, {key, id})
-        id
+  defp records!(_table, [], _all), do: :ok
 
-      id ->
-        id
-    end
+  defp records!(_table, _other, all) do
+    raise ArgumentError, "records must be a list of maps, got: #{inspect(all, limit: 5)}"
   end
 
   defp key!(table, record) when is_map(record) do
-    unless Map.has_key?(record, table.key) do
+    unless is_map_key(record, table.key) do
       raise ArgumentError,
             "record must have the key field #{inspect(table.key)}, got: #{inspect(record, limit: 10)}"
     end
@@ -593,38 +638,98 @@ defmodule Larder.Table do
 
   ## Handles and options
 
-  # Answers that do not touch ETS still check that the table exists.
-  defp live!(table) do
-    case :ets.info(table.rows, :size) do
-      :undefined -> raise ArgumentError, "unknown Larder.Table"
-      _ -> true
+  # A handle, or the name of a table, checked for its shape. Whether the
+  # table still exists is checked where it is used (live!/1, guard/2).
+  defp handle!(%__MODULE__{} = table), do: table
+
+  defp handle!(name) when is_atom(name) do
+    case :persistent_term.get({__MODULE__, name}, nil) do
+      %__MODULE__{} = table -> table
+      nil -> raise ArgumentError, "no Larder.Table named #{inspect(name)} exists"
     end
   end
 
-  defp check!(%__MODULE__{}), do: :ok
-
-  defp check!(other),
-    do:
-      raise(
-        ArgumentError,
-        "table must be a Larder.Table (from Larder.Table.new/1), got: #{inspect(other)}"
-      )
-
-  # Runs an ETS access; a table that was dropped (or whose owner exited) turns
-  # ETS's bare badarg into a message that says so.
-  defp guard(%__MODULE__{} = table, fun) do
-    fun.()
-  rescue
-    error in ArgumentError ->
-      if :ets.info(table.rows, :id) == :undefined or :ets.info(table.meta, :id) == :undefined do
-        raise ArgumentError,
-              "unknown Larder.Table: it was dropped or the process that created it exited"
-      else
-        reraise error, __STACKTRACE__
-      end
+  defp handle!(other) do
+    raise ArgumentError,
+          "table must be a Larder.Table (from Larder.Table.new/1) or the name of one, got: " <>
+            inspect(other, limit: 10)
   end
 
-  defp guard(other, _fun), do: check!(other)
+  # The table exists and the handle is its own (its writer owns its rows).
+  defp live!(table) do
+    if valid?(table), do: true, else: gone!(table)
+  end
+
+  defp valid?(%__MODULE__{rows: rows, writer: writer}) when is_pid(writer) do
+    :ets.info(rows, :owner) == writer
+  rescue
+    ArgumentError -> false
+  end
+
+  defp valid?(_table), do: false
+
+  defp gone!(table \\ nil) do
+    raise ArgumentError,
+          "unknown Larder.Table#{if table, do: " " <> inspect(table.name), else: ""}: " <>
+            "it was dropped, the process that owned it exited, or the handle is not one"
+  end
+
+  # Runs a read; an exception on a table that is gone (dropped, its owner
+  # exited) or a handle that is not a table's turns into an ArgumentError
+  # that says so. On a live table the exception is the caller's own.
+  defp guard(table, fun) do
+    fun.()
+  rescue
+    error ->
+      if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
+  end
+
+  defp config!(opts) do
+    Larder.Options.check_keys!(opts, @valid_opts, "Larder.Table")
+
+    unless Keyword.has_key?(opts, :key), do: raise(ArgumentError, "option :key is required")
+
+    index = Keyword.get(opts, :index, [])
+    store = Keyword.get(opts, :store)
+    name = Keyword.get(opts, :name)
+
+    unless proper_list?(index),
+      do: raise(ArgumentError, "option :index must be a list, got: #{inspect(index, limit: 10)}")
+
+    unless store == nil or proper_list?(store),
+      do:
+        raise(
+          ArgumentError,
+          "option :store must be a list of fields, got: #{inspect(store, limit: 10)}"
+        )
+
+    unless is_atom(name) and name not in [true, false],
+      do: raise(ArgumentError, "option :name must be an atom, got: #{inspect(name, limit: 10)}")
+
+    entries = Enum.map(index, &entry!/1)
+
+    entries
+    |> Enum.map(&elem(&1, 0))
+    |> Enum.frequencies()
+    |> Enum.find(fn {_name, n} -> n > 1 end)
+    |> case do
+      nil -> :ok
+      {dup, _} -> raise ArgumentError, "option :index names #{inspect(dup)} more than once"
+    end
+
+    key = Keyword.fetch!(opts, :key)
+
+    %{
+      key: key,
+      entries: entries,
+      store: store && Enum.uniq([key | store]),
+      name: name
+    }
+  end
+
+  defp proper_list?([_ | rest]), do: proper_list?(rest)
+  defp proper_list?([]), do: true
+  defp proper_list?(_other), do: false
 
   defp entry!(field) when is_atom(field) and field not in @reserved, do: {field, {:field, field}}
 
@@ -637,7 +742,7 @@ defmodule Larder.Table do
 
   defp entry!(other) do
     raise ArgumentError,
-          "each :index entry must be a field name (atom) or {name, fun/1}, got: #{inspect(other)}"
+          "each :index entry must be a field name (atom) or {name, fun/1}, got: #{inspect(other, limit: 10)}"
   end
 
   defp reserved!(name),
@@ -646,22 +751,4 @@ defmodule Larder.Table do
         ArgumentError,
         "index name #{inspect(name)} is reserved (#{inspect(@reserved)} are query operators)"
       )
-
-  defp validate_opts!(opts) do
-    valid = [:key, :index, :store]
-    Larder.Options.check_keys!(opts, valid, "Larder.Table")
-
-    unless Keyword.has_key?(opts, :key), do: raise(ArgumentError, "option :key is required")
-
-    index = Keyword.get(opts, :index, [])
-    store = Keyword.get(opts, :store)
-
-    unless is_list(index),
-      do: raise(ArgumentError, ":index must be a list, got: #{inspect(index)}")
-
-    unless store == nil or is_list(store),
-      do: raise(ArgumentError, ":store must be a list of fields, got: #{inspect(store)}")
-
-    [key: opts[:key], index: index, store: store]
-  end
 end

@@ -26,6 +26,35 @@ defmodule SessionRegistryTest do
     end
   end
 
+  for kind <- [:map, :proplist] do
+    test "#{kind} info: concurrent create_session on one sid loses no info key" do
+      reg = SessionRegistry.new(info: unquote(kind))
+      :ok = SessionRegistry.create_session(reg, "s1", "alice", "phone", 1, base: 0)
+
+      # Each writer merges keys of its own; a read-then-write without a lock
+      # loses the keys of whichever writer read the session before another wrote.
+      writers = 16
+      rounds = 50
+
+      1..writers
+      |> Enum.map(fn w ->
+        Task.async(fn ->
+          for r <- 1..rounds do
+            :ok = SessionRegistry.create_session(reg, "s1", "alice", "phone", 1, [{{w, r}, r}])
+          end
+        end)
+      end)
+      |> Enum.each(&Task.await(&1, 60_000))
+
+      for w <- 1..writers, r <- 1..rounds do
+        assert SessionRegistry.get_info(reg, "s1", {w, r}) == r
+      end
+
+      assert SessionRegistry.get_info(reg, "s1", :base) == 0
+      assert [%{sid: "s1"}] = SessionRegistry.get_sessions(reg, "alice")
+    end
+  end
+
   test "map and proplist merges agree" do
     old = [a: 1, b: 2, c: 3]
     new = [b: 20, d: 4]

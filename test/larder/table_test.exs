@@ -152,7 +152,7 @@ defmodule Larder.TableTest do
 
     test "options are validated" do
       assert_raise ArgumentError,
-                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store\]/,
+                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store, :name\]/,
                    fn ->
                      Table.new(keys: :id)
                    end
@@ -160,6 +160,42 @@ defmodule Larder.TableTest do
       assert_raise ArgumentError, ~r/option :key is required/, fn -> Table.new(index: []) end
       assert_raise ArgumentError, ~r/reserved/, fn -> Table.new(key: :id, index: [:and]) end
       assert_raise ArgumentError, ~r/:index entry/, fn -> Table.new(key: :id, index: ["s"]) end
+    end
+
+    test "duplicate index names raise, naming the duplicate" do
+      assert_raise ArgumentError, ~r/option :index names :a more than once/, fn ->
+        Table.new(key: :id, index: [:a, {:a, & &1.b}])
+      end
+
+      assert_raise ArgumentError, ~r/option :index names :b more than once/, fn ->
+        Table.new(key: :id, index: [:b, :c, :b])
+      end
+    end
+
+    test "improper lists, non-map records and bad options name the argument" do
+      table = Table.new(key: :id, index: [:a, {:m, & &1.tags}])
+      :ok = Table.insert(table, %{id: 1, a: 1, tags: [1]})
+
+      for {call, message} <- [
+            {fn -> Table.insert_many(table, [%{id: 2, a: 1, tags: []} | :x]) end, ~r/records/},
+            {fn -> Table.insert(table, :x) end, ~r/record must be a map/},
+            {fn -> Table.insert(table, %{id: 3, tags: [1 | 2]}) end, ~r/index function of :m/},
+            {fn -> Table.search(table, [{:a, 1} | :x]) end, ~r/conditions/},
+            {fn -> Table.search(table, a: {:in, [1 | 2]}) end, ~r/\{:in, values\} for :a/},
+            {fn -> Table.search_many(table, [[a: 1] | :x]) end, ~r/searches/},
+            {fn -> Table.update(table, 1, a: 2) end, ~r/changes must be a map/},
+            {fn -> Table.new(key: :id, index: [:a | :b]) end, ~r/option :index/},
+            {fn -> Table.new(key: :id, store: [:a | :b]) end, ~r/option :store/},
+            {fn -> Table.new(key: :id, name: "t") end, ~r/option :name/},
+            {fn -> Table.new([{:key, :id} | :x]) end, ~r/keyword list/},
+            {fn -> Table.get(struct(table, rows: make_ref()), 1) end, ~r/unknown Larder.Table/},
+            {fn -> Table.insert(struct(table, writer: self()), %{id: 9, tags: []}) end,
+             ~r/unknown Larder.Table/}
+          ] do
+        assert_raise ArgumentError, message, call
+      end
+
+      assert Table.search(table, []) == [%{id: 1, a: 1, tags: [1]}]
     end
 
     test "a dropped table or one whose owner exited raises a clear ArgumentError", context do
@@ -184,7 +220,8 @@ defmodule Larder.TableTest do
 
       orphan = Task.async(fn -> Table.new(key: :id, index: [:a]) end) |> Task.await()
       assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.get(orphan, 1) end
-      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get(:nope, 1) end
+      assert_raise ArgumentError, ~r/no Larder.Table named :nope/, fn -> Table.get(:nope, 1) end
+      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get("nope", 1) end
     end
   end
 

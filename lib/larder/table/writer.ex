@@ -1,0 +1,280 @@
+# The process behind each Larder.Table: it owns the table's ETS tables and
+# index, hands out (and reuses) row ids, and applies every write whole, so a
+# caller killed mid-write cannot leave half of one behind.
+defmodule Larder.Table.Writer do
+  @moduledoc false
+
+  use GenServer
+
+  alias Larder.Index
+  alias Larder.Table
+  alias Larder.Table.Records
+
+  @direct_limit 0x80000000
+  @max_id 0xFFFFFFFF
+
+  # `max_id` is state rather than a constant so that a test can lower it.
+  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id]
+
+  @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
+  @spec start(map(), pid()) :: GenServer.on_start()
+  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner})
+
+  @doc "Starts the writer of a supervised table, linked to the caller."
+  @spec start_link(map()) :: GenServer.on_start()
+  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil})
+
+  @doc "The handle of the table `writer` owns."
+  @spec handle(pid()) :: Table.t()
+  def handle(writer), do: GenServer.call(writer, :handle, :infinity)
+
+  @impl true
+  def init({config, owner}) do
+    Process.flag(:trap_exit, true)
+    if owner, do: Process.monitor(owner)
+
+    table = %Table{
+      rows: :ets.new(Table, [:set, :protected, read_concurrency: true]),
+      keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
+      index: Index.new(),
+      key: config.key,
+      entries: config.entries,
+      sent: Records.sent_entries(config.entries, config.store),
+      names: Map.new(config.entries, fn {name, _} -> {name, true} end),
+      store: config.store,
+      writer: self(),
+      name: config.name
+    }
+
+    case register(table) do
+      :ok -> {:ok, %__MODULE__{table: table, owner: owner}}
+      {:error, error} -> {:stop, error}
+    end
+  end
+
+  # The name maps to the handle through :persistent_term; the global lock
+  # makes check-and-put atomic between two tables started with one name.
+  defp register(%Table{name: nil}), do: :ok
+
+  defp register(%Table{name: name} = table) do
+    :global.trans(
+      {{Table, name}, self()},
+      fn ->
+        case :persistent_term.get({Table, name}, nil) do
+          %Table{writer: pid} when pid != self() and is_pid(pid) ->
+            if Process.alive?(pid),
+              do:
+                {:error, ArgumentError.exception("a Larder.Table named #{inspect(name)} exists")},
+              else: put_name(table)
+
+          _ ->
+            put_name(table)
+        end
+      end,
+      [node()]
+    )
+  end
+
+  defp put_name(table) do
+    :persistent_term.put({Table, table.name}, table)
+    :ok
+  end
+
+  @impl true
+  def handle_call(:handle, _from, state), do: {:reply, state.table, state}
+
+  def handle_call(:drop, _from, state) do
+    release(state)
+    {:stop, :normal, :ok, state}
+  end
+
+  def handle_call(request, _from, state) do
+    {reply, state} = apply_write(request, state)
+    {:reply, reply, state}
+  catch
+    # Nothing has changed yet when a step raises (see apply_write/2): the
+    # caller re-raises, the table is as it was.
+    kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
+  end
+
+  @impl true
+  def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state),
+    do: {:stop, :normal, state}
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, state), do: release(state)
+
+  defp release(%{table: table}) do
+    for tab <- [table.rows, table.keys], :ets.info(tab, :id) != :undefined, do: :ets.delete(tab)
+    Index.drop(table.index)
+
+    case table.name && :persistent_term.get({Table, table.name}, nil) do
+      %Table{writer: writer} when writer == self() -> :persistent_term.erase({Table, table.name})
+      _ -> :ok
+    end
+
+    :ok
+  end
+
+  ## Writes. Each computes everything first (ids, terms, ops), then changes
+  ## the index in one batch (atomic, the only step that can still fail), then
+  ## the ETS tables (which cannot fail), then the id state.
+
+  defp apply_write({:insert, entries}, state) do
+    t = state.table
+
+    {rows, keys, ops, next, free} =
+      Enum.reduce(entries, {[], [], [], state.next, state.free}, fn
+        {stored, sent}, {rows, keys, ops, next, free} ->
+          key = Map.fetch!(stored, t.key)
+          {id, keys, next, free} = id_for(state, key, keys, next, free)
+          ops = diff(old_terms(t, id), Records.derived_terms(t, stored, sent), id, ops)
+          {[{id, stored} | rows], keys, ops, next, free}
+      end)
+
+    Index.batch(t.index, :lists.reverse(ops))
+    :ets.insert(t.keys, keys)
+    :ets.insert(t.rows, rows)
+    {:ok, %{state | next: next, free: free}}
+  end
+
+  defp apply_write({:delete, key}, state) do
+    t = state.table
+
+    case id_of(t, key) do
+      nil ->
+        {:ok, state}
+
+      id ->
+        Index.batch(t.index, [{:remove_terms, old_terms(t, id), id}])
+        :ets.delete(t.rows, id)
+
+        if direct?(key) do
+          {:ok, state}
+        else
+          :ets.delete(t.keys, key)
+          {:ok, %{state | free: [id | state.free]}}
+        end
+    end
+  end
+
+  defp apply_write({:update, key, changes}, state) do
+    t = state.table
+
+    with id when id != nil <- id_of(t, key),
+         [{^id, old}] <- :ets.lookup(t.rows, id) do
+      new = Map.merge(old, changes)
+      before = old_terms(t, id)
+
+      now =
+        if t.store do
+          # The stored record may lack what a function index reads: only
+          # field indexes whose field changed get new terms.
+          Enum.flat_map(t.entries, fn
+            {_name, {:field, field}} = entry when is_map_key(changes, field) ->
+              Records.entry_terms(entry, new)
+
+            {name, _} ->
+              for {^name, _} = term <- before, do: term
+          end)
+        else
+          Records.terms(t, new)
+        end
+
+      stored = Records.stored(t, new)
+      Index.batch(t.index, diff(before, now, id, []))
+      :ets.insert(t.rows, {id, stored})
+      {{:ok, stored}, state}
+    else
+      _ -> {:error, state}
+    end
+  end
+
+  defp apply_write({:upsert, key, fun}, state) do
+    t = state.table
+
+    current =
+      with id when id != nil <- id_of(t, key),
+           [{_, record}] <- :ets.lookup(t.rows, id) do
+        record
+      else
+        _ -> nil
+      end
+
+    new = fun.(current)
+
+    case new do
+      %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
+        stored = Records.stored(t, new)
+        {:ok, state} = apply_write({:insert, [{stored, Records.sent_terms(t, new)}]}, state)
+        {{:ok, stored}, state}
+
+      _ ->
+        raise ArgumentError,
+              "the function given to upsert/3 must return a map whose key field " <>
+                "#{inspect(t.key)} is #{inspect(key)}, got: #{inspect(new, limit: 10)}"
+    end
+  end
+
+  # Ops that turn `before` into `now` for `id`, prepended to `ops`.
+  defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
+
+  defp diff(before, now, id, ops) do
+    {before, now} = {Enum.uniq(before), Enum.uniq(now)}
+    [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
+  end
+
+  # The terms the index holds for `id`. With `:store` the row may lack what
+  # the index functions read, so the index is asked (O(terms)); else they
+  # are the terms of the record in ETS. Index functions are meant to be
+  # pure: one that raises on a record it accepted before costs that scan.
+  defp old_terms(t, id) do
+    case :ets.lookup(t.rows, id) do
+      [] -> []
+      [_] when t.store != nil -> Index.terms_of(t.index, id)
+      [{_, old}] -> old_record_terms(t, old, id)
+    end
+  end
+
+  defp old_record_terms(t, old, id) do
+    Records.terms(t, old)
+  catch
+    _, _ -> Index.terms_of(t.index, id)
+  end
+
+  defp direct?(key), do: is_integer(key) and key >= 0 and key < @direct_limit
+
+  defp id_of(_t, key) when is_integer(key) and key >= 0 and key < @direct_limit, do: key
+
+  defp id_of(t, key) do
+    case :ets.lookup(t.keys, key) do
+      [{_, id}] -> id
+      [] -> nil
+    end
+  end
+
+  # A new key takes a freed id first, so ids stay below the live count plus
+  # the ids freed and not yet taken.
+  defp id_for(state, key, keys, next, free) do
+    case id_of(state.table, key) do
+      nil ->
+        case free do
+          [id | free] ->
+            {id, [{key, id} | keys], next, free}
+
+          [] when next > state.max_id ->
+            raise ArgumentError,
+                  "Larder.Table is out of row ids: #{state.max_id - @direct_limit + 1} " <>
+                    "records with non-integer keys are live"
+
+          [] ->
+            {next, [{key, next} | keys], next + 1, free}
+        end
+
+      id ->
+        {id, keys, next, free}
+    end
+  end
+end

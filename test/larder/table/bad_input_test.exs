@@ -1,0 +1,319 @@
+defmodule Larder.Table.BadInputTest do
+  # PropEr bad-input property: every public function of Larder.Table gets
+  # arbitrary terms (deep, improper, huge, maps, funs, forged, dropped and
+  # unknown handles, options) for each argument. Only a normal result or an
+  # ArgumentError may come back, and the tables under test still hold their
+  # data, with every search of it agreeing with the records.
+  use ExUnit.Case, async: true
+
+  alias Larder.Table
+  alias Larder.Test.PropEr
+
+  @seeds 10
+
+  ## Generators
+
+  # PropEr's ?LET: a generator of fun.(value) for values of `gen`.
+  defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
+
+  defp hostile_gen do
+    :proper_types.frequency([
+      {6, :proper_types.any()},
+      {2, deep_gen()},
+      {2, improper_gen()},
+      {1, huge_gen()},
+      {2,
+       :proper_types.oneof([
+         %{},
+         %{id: [1 | 2]},
+         %{id: 1, a: %{b: [1 | 2]}},
+         self(),
+         make_ref(),
+         fn -> :f end,
+         &Enum.map/2,
+         :_,
+         :and,
+         :"$1",
+         nil,
+         true,
+         -0.0,
+         2 ** 200,
+         "a\0b",
+         <<1::3>>,
+         {:in, [1 | 2]},
+         {:in, :x},
+         [a: {:in, [1 | 2]}],
+         [{:a, 1} | :tail]
+       ])},
+      {2, {:"$table", :proper_types.oneof([:live, :named, :dropped, :forged, :unknown_name])}}
+    ])
+  end
+
+  # Lists, tuples and maps nested up to 100,000 deep.
+  defp deep_gen do
+    let(
+      {:proper_types.integer(1, 100_000), :proper_types.oneof([:list, :tuple, :map, :mixed])},
+      fn {depth, kind} ->
+        Enum.reduce(1..depth, :leaf, fn i, acc ->
+          case {kind, rem(i, 3)} do
+            {:list, _} -> [acc]
+            {:tuple, _} -> {acc}
+            {:map, _} -> %{k: acc}
+            {:mixed, 0} -> [acc | :tail]
+            {:mixed, 1} -> {:k, acc}
+            {:mixed, 2} -> %{acc => 1}
+          end
+        end)
+      end
+    )
+  end
+
+  defp improper_gen do
+    let(
+      {:proper_types.list(:proper_types.any()), :proper_types.any(),
+       :proper_types.integer(0, 50_000)},
+      fn {list, tail, pairs} ->
+        case tail do
+          [] -> [{:a, 1} | :tail]
+          _ -> list ++ [{:a, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:a, &1} | &2])]
+        end
+      end
+    )
+  end
+
+  defp huge_gen do
+    :proper_types.oneof([
+      let(:proper_types.integer(1, 4_000_000), &:binary.copy(<<7>>, &1)),
+      let(:proper_types.integer(1, 100_000), &for(i <- 1..&1, do: %{id: {:huge, i}, a: i})),
+      let(:proper_types.integer(1, 200_000), &List.duplicate(:x, &1)),
+      :proper_types.exactly(2 ** 100_000)
+    ])
+  end
+
+  # Records: maps with a key (never a seed's) and hostile fields.
+  defp record_gen do
+    t = hostile_gen()
+
+    :proper_types.frequency([
+      {3, let({t, t, t}, fn {k, a, tags} -> %{id: {:k, k}, a: a, tags: tags} end)},
+      {1, let({t, t}, fn {k, a} -> %{id: {:k, k}, a: a} end)},
+      {1, t}
+    ])
+  end
+
+  defp conditions_gen do
+    t = hostile_gen()
+    name = :proper_types.oneof([:a, :m, :nope, t])
+    value = :proper_types.oneof([t, {:in, t}, {:in, :proper_types.list(t)}])
+
+    :proper_types.frequency([
+      {3, :proper_types.list({name, value})},
+      {1, let(:proper_types.list({name, value}), &Map.new/1)},
+      {1, let(:proper_types.list({name, value}), &(&1 ++ :tail))},
+      {1, t}
+    ])
+  end
+
+  defp opts_gen do
+    key = :proper_types.oneof([:key, :index, :store, :name, :bogus])
+
+    entry =
+      :proper_types.oneof([:a, :b, :and, {:a, &Function.identity/1}, {:f, :x}, hostile_gen()])
+
+    value =
+      :proper_types.frequency([
+        {2, :proper_types.oneof([:id, nil, 0, -1, 2 ** 64, "x", [:a, :a], [:a | :b]])},
+        {2, :proper_types.list(entry)},
+        {1, {:"$name"}},
+        {2, hostile_gen()}
+      ])
+
+    :proper_types.frequency([
+      {4, :proper_types.list({key, value})},
+      {1, hostile_gen()},
+      {1, let(:proper_types.list({key, value}), &(&1 ++ :tail))}
+    ])
+  end
+
+  defp fun_gen do
+    :proper_types.oneof([
+      hostile_gen(),
+      let(hostile_gen(), fn t -> fn _ -> t end end),
+      :proper_types.exactly(fn _ -> raise ArgumentError, "from the fun" end)
+    ])
+  end
+
+  defp handle_gen do
+    :proper_types.frequency([
+      {4, {:"$table", :proper_types.oneof([:live, :named])}},
+      {2, {:"$table", :proper_types.oneof([:dropped, :forged, :unknown_name])}},
+      {1, hostile_gen()}
+    ])
+  end
+
+  defp call_gen do
+    h = handle_gen()
+    t = hostile_gen()
+
+    :proper_types.oneof([
+      {:new, [opts_gen()]},
+      {:start_link, [opts_gen()]},
+      {:child_spec, [opts_gen()]},
+      {:insert, [h, record_gen()]},
+      {:insert_many,
+       [h, :proper_types.oneof([t, :proper_types.list(record_gen()), improper_gen()])]},
+      {:update, [h, t, :proper_types.oneof([t, let(t, &%{a: &1}), let(t, &%{id: &1})])]},
+      {:upsert, [h, t, fun_gen()]},
+      {:delete, [h, t]},
+      {:get, [h, t]},
+      {:get, [h, t, t]},
+      {:search, [h, conditions_gen()]},
+      {:search_ids, [h, conditions_gen()]},
+      {:count, [h, conditions_gen()]},
+      {:search_many,
+       [h, :proper_types.oneof([t, :proper_types.list(conditions_gen()), improper_gen()])]},
+      {:stream, [h]},
+      {:size, [h]},
+      {:memory, [h]},
+      # Never the tables under test: dropping them is legitimate.
+      {:drop,
+       [
+         :proper_types.oneof([
+           t,
+           {:"$table", :proper_types.oneof([:dropped, :forged, :unknown_name])}
+         ])
+       ]}
+    ])
+  end
+
+  ## The property
+
+  @tag timeout: :timer.minutes(10)
+  test "bad input to any public function gives ArgumentError and loses nothing", context do
+    # start_link/1 links the writers it starts (and a refused one exits).
+    Process.flag(:trap_exit, true)
+
+    property =
+      :proper.forall(
+        {:proper_types.oneof([nil, [:a, :tags]]),
+         :proper_types.non_empty(:proper_types.list(call_gen()))},
+        fn {store, calls} ->
+          try do
+            run(calls, store, context.test)
+          rescue
+            # PropEr cannot report an exception on this OTP: return it.
+            e -> :proper.equals({:raised, e, __STACKTRACE__}, :ok)
+          end
+        end
+      )
+
+    PropEr.check(property, numtests: 150, max_size: 10)
+  end
+
+  defp run(calls, store, test) do
+    n = System.unique_integer([:positive])
+    name = :"#{test} #{n}"
+    opts = [key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}], store: store]
+    live = Table.new(opts)
+    _named = Table.new([name: name] ++ opts)
+    dropped = Table.new(key: :id)
+    :ok = Table.drop(dropped)
+    seeds = for i <- 1..@seeds, do: %{id: {:seed, i}, a: rem(i, 3), tags: [i]}
+    :ok = Table.insert_many(live, seeds)
+    :ok = Table.insert_many(name, seeds)
+
+    env = %{
+      live: live,
+      named: name,
+      dropped: dropped,
+      forged: struct(live, rows: make_ref(), writer: self()),
+      unknown_name: :"no table #{n}",
+      n: n
+    }
+
+    failures = Enum.flat_map(calls, &call(&1, env))
+
+    failures =
+      for table <- [live, name],
+          not intact?(table, seeds),
+          into: failures,
+          do: {:lost_data, table}
+
+    :ok = Table.drop(live)
+    :ok = Table.drop(name)
+    :proper.equals(failures, [])
+  end
+
+  # The seeds are there, and every search for their terms returns records
+  # that hold the term (the index never points at a record that does not).
+  defp intact?(table, seeds) do
+    Enum.all?(seeds, &(Table.get(table, &1.id) == &1)) and
+      Enum.all?(0..2, fn v ->
+        found = Table.search(table, a: v)
+        Enum.all?(found, &(&1.a === v)) and Enum.count(found, &match?({:seed, _}, &1.id)) > 0
+      end) and
+      Enum.all?(seeds, fn %{tags: [tag]} = seed ->
+        found = Table.search(table, m: tag)
+        seed in found and Enum.all?(found, &(tag in List.wrap(Map.get(&1, :tags, []))))
+      end)
+  end
+
+  # Dropping the tables under test is legitimate: drop gets others.
+  defp call({:drop, [{:"$table", which}]}, env) when which in [:live, :named],
+    do: call({:drop, [{:"$table", :dropped}]}, env)
+
+  defp call({fun, args}, env) do
+    args = Enum.map(args, &resolve(&1, env))
+
+    try do
+      apply(Table, fun, args) |> force(fun) |> check(fun)
+    rescue
+      # Ours name the argument; a BIF's bare badarg does not.
+      e in ArgumentError ->
+        message = Exception.message(e)
+
+        if message =~ ~r/^(errors were found at the given arguments|argument error)/,
+          do: [{fun, args_summary(args), :bare_badarg, message}],
+          else: []
+
+      e ->
+        [{fun, args_summary(args), e}]
+    catch
+      kind, reason -> [{fun, args_summary(args), kind, reason}]
+    end
+  end
+
+  # Only stream/1 returns a lazy result to run.
+  defp force(stream, :stream), do: Enum.to_list(stream)
+  defp force(other, _fun), do: other
+
+  # What a call returned; cleans up what it created. Returns failures.
+  defp check(%Table{} = table, :new), do: Table.drop(table) && []
+
+  defp check({:ok, pid}, :start_link) do
+    Process.unlink(pid)
+    GenServer.stop(pid)
+    []
+  end
+
+  # A taken name: GenServer's {:error, reason} with the ArgumentError.
+  defp check({:error, %ArgumentError{}}, :start_link), do: []
+  defp check({:error, other}, fun), do: [{fun, :error, other}]
+  defp check(_result, _fun), do: []
+
+  defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
+
+  defp resolve({:"$table", which}, env), do: Map.fetch!(env, which)
+  defp resolve({:"$name"}, env), do: :"larder_table_bad_input_#{env.n}"
+
+  defp resolve(list, env) when is_list(list) do
+    if proper_list?(list), do: Enum.map(list, &resolve(&1, env)), else: list
+  end
+
+  defp resolve({a, b}, env), do: {resolve(a, env), resolve(b, env)}
+  defp resolve(other, _env), do: other
+
+  defp proper_list?([_ | rest]), do: proper_list?(rest)
+  defp proper_list?([]), do: true
+  defp proper_list?(_), do: false
+end

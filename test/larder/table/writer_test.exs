@@ -1,0 +1,281 @@
+defmodule Larder.Table.WriterTest do
+  # The writer process behind each table: kill-safe writes, one key under
+  # many writers, row id reuse, drop/1, names and supervision.
+  use ExUnit.Case, async: true
+
+  alias Larder.Table
+  alias Larder.Test.Isolated
+
+  @direct_limit 0x80000000
+
+  defp table(opts \\ []),
+    do: Table.new([key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}]] ++ opts)
+
+  # Every search agrees with a plain filter over the records the table holds.
+  defp consistent?(table, values) do
+    records = table |> Table.stream() |> Enum.to_list()
+
+    Enum.all?(values, fn v ->
+      expect_a = records |> Enum.filter(&(&1.a === v)) |> Enum.map(& &1.id) |> Enum.sort()
+      expect_m = records |> Enum.filter(&(v in &1.tags)) |> Enum.map(& &1.id) |> Enum.sort()
+
+      Enum.sort(Enum.map(Table.search(table, a: v), & &1.id)) == expect_a and
+        Enum.sort(Table.search_ids(table, m: v)) == expect_m and
+        Table.count(table, a: v) == length(expect_a)
+    end)
+  end
+
+  describe "kill-safety" do
+    # A caller killed at a random point of insert_many/2, update/3 or
+    # delete/2 never leaves index terms pointing at a row that does not
+    # hold them. Before the writer process, the caller wrote the ETS rows
+    # and then the index, and a kill between the two left the index behind.
+    for store <- [nil, [:a, :tags]] do
+      test "callers killed mid-write leave every search equal to a filter (store: #{inspect(store)})" do
+        table = table(store: unquote(store))
+        keys = Enum.to_list(0..299) ++ for(i <- 0..299, do: "k#{i}")
+
+        for round <- 1..150 do
+          v = rem(round, 5)
+
+          {pid, ref} =
+            spawn_monitor(fn ->
+              records = for k <- keys, do: %{id: k, a: v, tags: [v, rem(round, 3) + 10]}
+              Table.insert_many(table, records)
+              Table.update(table, 7, %{a: v + 100})
+              Table.delete(table, "k#{rem(round, 300)}")
+            end)
+
+          # Kill after a varying amount of work, often mid-write.
+          for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
+          Process.exit(pid, :kill)
+          # The kill is a signal: wait until it has landed, so that nothing
+          # this caller sends can arrive after the barrier below.
+          assert_receive {:DOWN, ^ref, :process, ^pid, _}
+        end
+
+        # A write queues behind those the killed callers had sent, so once it
+        # returns, the writer has applied them all.
+        :ok = Table.delete(table, :barrier)
+        assert consistent?(table, Enum.to_list(0..4) ++ [10, 11, 12, 100, 101, 102, 103, 104])
+      end
+    end
+  end
+
+  describe "many writers on one key" do
+    test "leave one record, consistent indexes and no growth in memory" do
+      table = table(store: [:a, :tags])
+
+      round = fn n ->
+        1..8
+        |> Enum.map(fn w ->
+          Task.async(fn ->
+            for i <- 1..n do
+              :ok = Table.insert(table, %{id: "hot", a: rem(i + w, 7), tags: [w, i]})
+              if rem(i, 5) == 0, do: :ok = Table.delete(table, "hot")
+
+              {:ok, _} =
+                Table.upsert(table, "hot", &%{id: "hot", a: w, tags: [(&1 || %{a: 0}).a]})
+            end
+          end)
+        end)
+        |> Enum.each(&Task.await(&1, 60_000))
+      end
+
+      round.(50)
+      before = Table.memory(table)
+      round.(400)
+      after_ = Table.memory(table)
+
+      assert Table.size(table) == 1
+      assert consistent?(table, Enum.to_list(0..8))
+      assert length(Table.search_ids(table, [])) == 1
+      # One record: its row, its key's id, its terms. A leak of ids, rows or
+      # bitmaps grows with the 8 x 400 x 2 writes of the second round.
+      assert after_ <= before + 4_096
+      assert {next, _free} = :sys.get_state(table.writer) |> then(&{&1.next, &1.free})
+      assert next - @direct_limit <= 8
+    end
+  end
+
+  describe "row ids" do
+    test "ids of deleted records are reused, so distinct keys do not exhaust them" do
+      table = table()
+
+      for i <- 1..20_000 do
+        :ok = Table.insert(table, %{id: "key #{i}", a: i, tags: []})
+        :ok = Table.delete(table, "key #{i}")
+      end
+
+      state = :sys.get_state(table.writer)
+      assert state.next - @direct_limit <= 1
+      assert Table.size(table) == 0
+    end
+
+    test "an exhausted id space fails the insert whole, and deletes make room" do
+      table = table()
+      # A limit of 4 ids for non-integer keys, through the writer's state.
+      :sys.replace_state(table.writer, &%{&1 | max_id: @direct_limit + 3})
+
+      for round <- 1..50 do
+        :ok = Table.insert_many(table, for(i <- 1..4, do: %{id: {round, i}, a: i, tags: []}))
+
+        assert_raise ArgumentError, ~r/out of row ids/, fn ->
+          Table.insert_many(table, [
+            %{id: 1, a: 9, tags: []},
+            %{id: {:extra, round}, a: 9, tags: []}
+          ])
+        end
+
+        # Nothing of the failed chunk was written, not even its integer key.
+        assert Table.get(table, 1) == nil
+        assert Table.search_ids(table, a: 9) == []
+        for i <- 1..4, do: :ok = Table.delete(table, {round, i})
+      end
+
+      assert Table.size(table) == 0
+    end
+
+    test "get/3 never answers with a record of another key whose row took the id" do
+      table = table()
+      :ok = Table.insert(table, %{id: "a", a: 1, tags: []})
+      :ok = Table.delete(table, "a")
+      :ok = Table.insert(table, %{id: "b", a: 2, tags: []})
+      assert Table.get(table, "a") == nil
+      assert Table.get(table, "b").a == 2
+    end
+  end
+
+  describe "drop/1" do
+    test "20 tables built and dropped keep none of their NIF memory (isolated VM)" do
+      result =
+        Isolated.run(
+          quote do
+            before = Larder.Native.index_live_bytes()
+
+            tables =
+              for n <- 1..20 do
+                table = Larder.Table.new(key: :id, index: [:a, :b])
+                records = for i <- 0..20_000, do: %{id: i, a: rem(i, 7), b: {n, rem(i, 101)}}
+                :ok = Larder.Table.insert_many(table, records)
+                table
+              end
+
+            held = Larder.Native.index_live_bytes() - before
+            Enum.each(tables, &Larder.Table.drop/1)
+            # The handles are alive here, in `tables`.
+            {held, Larder.Native.index_live_bytes() - before, length(tables)}
+          end
+        )
+
+      assert {:ok, {held, 0, 20}} = result
+      assert held > 20 * 10_000
+    end
+
+    test "a dropped table's writer is gone and every call raises" do
+      table = table()
+      :ok = Table.insert(table, %{id: 1, a: 1, tags: []})
+      ref = Process.monitor(table.writer)
+      :ok = Table.drop(table)
+      assert_receive {:DOWN, ^ref, :process, _, :normal}
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.drop(table) end
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.upsert(table, 1, & &1) end
+    end
+
+    test "the writer goes away with the process that called new/1" do
+      {table, owner} = Task.async(fn -> {table(), self()} end) |> Task.await()
+
+      ref = Process.monitor(table.writer)
+      refute Process.alive?(owner)
+      assert_receive {:DOWN, ^ref, :process, _, _}
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.size(table) end
+    end
+  end
+
+  describe "names and supervision" do
+    test "start_link/1 under a supervisor: used by name, restarted empty", context do
+      name = context.test
+
+      {:ok, sup} =
+        Supervisor.start_link([{Table, key: :id, index: [:a], name: name}], strategy: :one_for_one)
+
+      :ok = Table.insert(name, %{id: 1, a: :x})
+      assert Table.search(name, a: :x) == [%{id: 1, a: :x}]
+      assert {:ok, %{id: 1, a: :y}} = Table.update(name, 1, %{a: :y})
+      assert [{{Table, ^name}, writer, :worker, _}] = Supervisor.which_children(sup)
+
+      ref = Process.monitor(writer)
+      Process.exit(writer, :kill)
+      assert_receive {:DOWN, ^ref, :process, _, :killed}
+
+      # The supervisor starts a new, empty table under the same name.
+      Larder.Test.Eventually.eventually(fn ->
+        try do
+          Table.size(name) == 0
+        rescue
+          ArgumentError -> false
+        end
+      end)
+
+      :ok = Supervisor.stop(sup)
+
+      assert_raise ArgumentError, ~r/no Larder.Table named|unknown Larder.Table/, fn ->
+        Table.size(name)
+      end
+    end
+
+    test "a name is taken once; new/1 can name a table too", context do
+      name = context.test
+      table = Table.new(key: :id, name: name)
+      assert_raise ArgumentError, ~r/named .* exists/, fn -> Table.new(key: :id, name: name) end
+      :ok = Table.insert(name, %{id: 1})
+      assert Table.get(table, 1) == %{id: 1}
+      :ok = Table.drop(name)
+      assert_raise ArgumentError, ~r/no Larder.Table named/, fn -> Table.get(name, 1) end
+      # Once dropped, the name is free again.
+      again = Table.new(key: :id, name: name)
+      assert Table.size(name) == 0
+      :ok = Table.drop(again)
+    end
+
+    test "start_link/1 and child_spec/1 check their options" do
+      assert_raise ArgumentError, ~r/requires the :name option/, fn ->
+        Table.start_link(key: :id)
+      end
+
+      assert_raise ArgumentError, ~r/option :name must be an atom/, fn ->
+        Table.child_spec(key: :id, name: "t")
+      end
+
+      assert_raise ArgumentError, ~r/keyword list/, fn -> Table.child_spec(:x) end
+      assert %{id: {Table, :t}} = Table.child_spec(key: :id, name: :t)
+    end
+  end
+
+  describe "upsert/3" do
+    test "a raising fun raises in the caller and writes nothing; nested writes raise" do
+      table = table()
+      :ok = Table.insert(table, %{id: 1, a: 1, tags: []})
+
+      assert_raise RuntimeError, "boom", fn ->
+        Table.upsert(table, 1, fn _ -> raise "boom" end)
+      end
+
+      assert Table.get(table, 1) == %{id: 1, a: 1, tags: []}
+
+      assert_raise ArgumentError, ~r/cannot be nested/, fn ->
+        Table.upsert(table, 1, fn r -> Table.insert(table, r) && r end)
+      end
+
+      assert_raise ArgumentError, ~r/must return a map whose key field :id is 1/, fn ->
+        Table.upsert(table, 1, fn r -> %{r | id: 2} end)
+      end
+
+      assert_raise ArgumentError, ~r/fun must be a function of one argument/, fn ->
+        Table.upsert(table, 1, :nope)
+      end
+
+      assert consistent?(table, [1])
+    end
+  end
+end
