@@ -139,8 +139,13 @@ defmodule Larder.Cache do
     compression_level: 1,
     namespace: "larder",
     version: 1,
-    local_copy_min_bytes: 65_536
+    local_copy_min_bytes: 65_536,
+    max_value_bytes: 67_108_864
   ]
+
+  # The upper bound of :max_value_bytes (a compressed term declares its
+  # size in 32 bits).
+  @max_max_value_bytes 1_073_741_824
 
   @doc """
   Starts a cache.
@@ -166,6 +171,13 @@ defmodule Larder.Cache do
     * `:local_copy_min_bytes` - values at least this large (external size)
       are kept in the reading process for repeat hits; `:infinity` turns that
       off (default `65536`).
+    * `:max_value_bytes` - the largest value taken from the L2, in bytes
+      (default `67108864`, 64 MB; at most `1073741824`). It bounds the L2
+      bytes, a compressed value's declared uncompressed size and the memory
+      the decoded term would take (estimated from its encoding before
+      decoding). A larger value read from the L2 is a miss; a larger value
+      written by this node stays in L1 only, and its L2 key is deleted.
+      Invalidation messages are bounded the same way.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts), do: Owner.start_link(validate_opts!(opts))
@@ -246,8 +258,11 @@ defmodule Larder.Cache do
       e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
     end
 
-    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always) do
-      publish(cfg, {:key, key})
+    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always),
+         :ok <- publish(cfg, {:key, key}) do
+      :ok
+    else
+      error -> unknown_outcome(cfg, {:key, key}, error)
     end
   end
 
@@ -271,8 +286,11 @@ defmodule Larder.Cache do
         :ok
 
       {mod, state} ->
-        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))) do
-          publish(cfg, {:key, key})
+        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))),
+             :ok <- publish(cfg, {:key, key}) do
+          :ok
+        else
+          error -> unknown_outcome(cfg, {:key, key}, error)
         end
     end
   end
@@ -294,16 +312,20 @@ defmodule Larder.Cache do
         Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
 
       {mod, state} ->
-        case l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))) do
-          {:ok, generation} ->
-            Owner.set_generation(cfg, generation)
-            # A generation we had already moved to still clears L1.
-            Store.clear(cfg)
-            publish(cfg, {:all, generation})
+        with {:ok, reply} <- l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))),
+             {:ok, generation} <- generation(cfg, reply) do
+          Owner.set_generation(cfg, generation)
+          # A generation we had already moved to still clears L1.
+          Store.clear(cfg)
 
-          {:error, _} = error ->
+          case publish(cfg, {:all, generation}) do
+            :ok -> :ok
+            error -> unknown_outcome(cfg, :all, error)
+          end
+        else
+          error ->
             Store.clear(cfg)
-            error
+            unknown_outcome(cfg, :all, error)
         end
     end
   rescue
@@ -368,6 +390,30 @@ defmodule Larder.Cache do
 
   defp l2_call(_cfg, ok), do: ok
 
+  # An L2 write that failed may still land (a timeout) or may have left the
+  # old value (a dropped connection): the owner deletes and publishes the
+  # key (or bumps and publishes the generation) once the L2 answers again.
+  defp unknown_outcome(cfg, item, {:error, _} = error) do
+    Owner.pending(cfg, item)
+    error
+  end
+
+  defp generation(cfg, reply) do
+    case Codec.parse_generation(reply) do
+      {:ok, generation} ->
+        {:ok, generation}
+
+      :error ->
+        l2_call(
+          cfg,
+          {:error,
+           Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
+             reply: reply
+           )}
+        )
+    end
+  end
+
   defp put_ttl!(cfg, opts) do
     case opts do
       [] ->
@@ -406,6 +452,14 @@ defmodule Larder.Cache do
       :local_copy_min_bytes,
       &(&1 == :infinity or (is_integer(&1) and &1 >= 0)),
       "a non-negative integer or :infinity"
+    )
+
+    # L2 value bounds (kept together; see the :max_value_bytes docs)
+    check!(
+      opts,
+      :max_value_bytes,
+      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
+      "an integer from 1024 to #{@max_max_value_bytes}"
     )
 
     case opts[:l2] do

@@ -56,39 +56,44 @@ defmodule Larder.Cache.Redis do
     password: nil,
     timeout: 1000,
     reconnect_sleep: 100,
-    pool_size: 2
+    pool_size: 2,
+    max_reply_bytes: 134_217_728
   ]
 
+  # Upper bounds of the numeric options (documented in the moduledoc).
+  @max_database 1_000_000
+  @max_timeout 600_000
+  @max_reconnect_sleep 60_000
+  @max_pool_size 64
+  @max_max_reply_bytes 4_294_967_296
+  # How often the keeper checks its clients' memory.
+  @watch_ms 100
+  # Longest wait for the keeper to start the clients.
+  @init_timeout 5_000
+
   @doc """
-  Starts the eredis client and the pub/sub relay, linked to the caller, and
-  subscribes `subscriber` to `channel`. Succeeds while Redis is down.
+  Starts the keeper process (linked to the caller), which starts the eredis
+  clients and the pub/sub relay, and subscribes `subscriber` to `channel`.
+  Succeeds while Redis is down or not Redis.
   """
   @impl true
   @spec init(keyword(), pid(), binary()) :: {:ok, map()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
-    host = String.to_charlist(opts[:host])
-    password = String.to_charlist(opts[:password] || "")
+    parent = self()
+    ref = make_ref()
+    keeper = spawn_link(fn -> keeper_init(parent, ref, subscriber, channel, opts) end)
 
-    clients =
-      for _ <- 1..opts[:pool_size] do
-        {:ok, client} =
-          :eredis.start_link(
-            host,
-            opts[:port],
-            opts[:database],
-            password,
-            opts[:reconnect_sleep],
-            opts[:timeout]
-          )
-
-        client
-      end
-
-    owner = self()
-    sub_args = {host, opts[:port], password, opts[:reconnect_sleep]}
-    relay = spawn_link(fn -> relay_init(owner, subscriber, channel, sub_args) end)
-    {:ok, %{clients: List.to_tuple(clients), relay: relay, timeout: opts[:timeout]}}
+    receive do
+      {^ref, table} ->
+        {:ok,
+         %{table: table, keeper: keeper, pool_size: opts[:pool_size], timeout: opts[:timeout]}}
+    after
+      @init_timeout ->
+        Process.unlink(keeper)
+        Process.exit(keeper, :kill)
+        raise "Larder.Cache.Redis: the client processes did not start"
+    end
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
@@ -98,6 +103,7 @@ defmodule Larder.Cache.Redis do
     case query(state, ["GET", key]) do
       {:ok, :undefined} -> :miss
       {:ok, bin} when is_binary(bin) -> {:ok, bin}
+      {:ok, other} -> bad_reply("GET", other)
       {:error, _} = error -> error
     end
   end
@@ -111,78 +117,114 @@ defmodule Larder.Cache.Redis do
     cond_ = if mode == :new, do: ["NX"], else: []
 
     # "OK", or nil when NX found the key: both are :ok
-    state |> query(["SET", key, value | expiry ++ cond_]) |> ok()
+    case query(state, ["SET", key, value | expiry ++ cond_]) do
+      {:ok, "OK"} -> :ok
+      {:ok, :undefined} when mode == :new -> :ok
+      {:ok, other} -> bad_reply("SET", other)
+      {:error, _} = error -> error
+    end
   end
 
   @doc "`DEL key`, within the timeout."
   @impl true
   @spec delete(map(), binary()) :: :ok | {:error, Larder.Error.t()}
   def delete(state, key) do
-    state |> query(["DEL", key]) |> ok()
+    state |> query(["DEL", key]) |> integer_reply("DEL", 1) |> ok()
   end
 
-  @doc "`INCR key`, within the timeout."
+  @doc """
+  `INCR key`, within the timeout. A reply that is not an integer from 0 to
+  2^63 - 1 is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+  """
   @impl true
-  @spec incr(map(), binary()) :: {:ok, integer()} | {:error, Larder.Error.t()}
+  @spec incr(map(), binary()) :: {:ok, non_neg_integer()} | {:error, Larder.Error.t()}
   def incr(state, key) do
-    case query(state, ["INCR", key]) do
-      {:ok, n} -> {:ok, String.to_integer(n)}
-      {:error, _} = error -> error
-    end
+    state |> query(["INCR", key]) |> integer_reply("INCR", 2 ** 63 - 1)
   end
 
   @doc "`PUBLISH channel payload`, within the timeout."
   @impl true
   @spec publish(map(), binary(), binary()) :: :ok | {:error, Larder.Error.t()}
   def publish(state, channel, payload) do
-    state |> query(["PUBLISH", channel, payload]) |> ok()
+    state |> query(["PUBLISH", channel, payload]) |> integer_reply("PUBLISH", 2 ** 63 - 1) |> ok()
   end
 
-  @doc "Stops the client and the relay."
+  @doc "Stops the clients, the relay and the keeper."
   @impl true
   @spec stop(map()) :: :ok
-  def stop(%{clients: clients, relay: relay}) do
-    Process.unlink(relay)
-    Process.exit(relay, :shutdown)
-    clients |> Tuple.to_list() |> Enum.each(&stop_client/1)
-  end
+  def stop(%{keeper: keeper}) do
+    Process.unlink(keeper)
+    ref = Process.monitor(keeper)
+    send(keeper, :stop)
 
-  defp stop_client(client) do
-    :eredis.stop(client)
-  catch
-    :exit, _ -> :ok
+    receive do
+      {:DOWN, ^ref, _, _, _} -> :ok
+    after
+      5_000 ->
+        Process.exit(keeper, :kill)
+        :ok
+    end
   end
 
   # Commands on one connection are answered in order, so a large value
   # holds up whatever was sent after it: spread callers over the pool by
   # scheduler. A caller waits for each reply, so its own commands stay in
-  # order whichever connection they take.
-  defp query(%{clients: clients, timeout: timeout}, command) do
-    client = elem(clients, rem(:erlang.system_info(:scheduler_id), tuple_size(clients)))
+  # order whichever connection they take. The keeper replaces a client that
+  # died, and its pid is looked up in the keeper's table.
+  defp query(%{table: table, pool_size: size, timeout: timeout}, command) do
+    slot = rem(:erlang.system_info(:scheduler_id), size)
+    [{_, client}] = :ets.lookup(table, slot)
 
     case :eredis.q(client, command, timeout) do
       {:ok, value} ->
         {:ok, value}
-
-      {:error, reason} when reason in [:no_connection, :tcp_closed] ->
-        {:error, unavailable(reason)}
 
       {:error, reason} when is_binary(reason) ->
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
 
       {:error, reason} ->
         {:error, unavailable(reason)}
+
+      other ->
+        bad_reply(hd(command), other)
     end
   catch
     :exit, reason -> {:error, unavailable(exit_reason(reason))}
+    # the keeper (and its table) is gone, or the client is being replaced
+    :error, _ -> {:error, unavailable(:no_client)}
   end
+
+  # An integer reply: decimal digits of a value in 0..max.
+  defp integer_reply({:ok, bin}, command, max) when is_binary(bin) and byte_size(bin) in 1..20 do
+    case Integer.parse(bin) do
+      {n, ""} when n >= 0 and n <= max -> {:ok, n}
+      _ -> bad_reply(command, bin)
+    end
+  end
+
+  defp integer_reply({:ok, other}, command, _max), do: bad_reply(command, other)
+  defp integer_reply({:error, _} = error, _command, _max), do: error
+
+  defp bad_reply(command, reply) do
+    {:error,
+     Larder.Error.new(:l2_bad_reply, "the server's reply is not what Redis sends",
+       command: command,
+       reply: truncate(reply)
+     )}
+  end
+
+  defp truncate(bin) when is_binary(bin) and byte_size(bin) > 64,
+    do: binary_part(bin, 0, 64) <> "..."
+
+  defp truncate(other), do: inspect(other, limit: 10, printable_limit: 64)
 
   defp ok({:ok, _reply}), do: :ok
   defp ok({:error, _} = error), do: error
 
   defp exit_reason({:timeout, _}), do: :timeout
   defp exit_reason({:noproc, _}), do: :noproc
-  defp exit_reason(other), do: other
+  defp exit_reason({reason, {:gen_server, :call, _}}), do: truncate(reason)
+  defp exit_reason(other), do: truncate(other)
 
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
@@ -193,87 +235,241 @@ defmodule Larder.Cache.Redis do
   def validate_opts!(opts) do
     opts = Options.merge!(opts, @defaults, "Redis")
 
-    check!(opts, :host, &is_binary/1, "a string")
-    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number")
-    check!(opts, :database, &(is_integer(&1) and &1 >= 0), "a non-negative integer")
+    check!(opts, :host, &(is_binary(&1) and &1 != "" and byte_size(&1) <= 255), "a host name")
+    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number (1..65535)")
+    check!(opts, :database, &int_in?(&1, 0, @max_database), "an integer in 0..#{@max_database}")
     check!(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
-    check!(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check!(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check!(opts, :pool_size, &(is_integer(&1) and &1 > 0), "a positive integer")
+
+    check!(
+      opts,
+      :timeout,
+      &int_in?(&1, 1, @max_timeout),
+      "a positive integer (ms) up to #{@max_timeout}"
+    )
+
+    check!(
+      opts,
+      :reconnect_sleep,
+      &int_in?(&1, 1, @max_reconnect_sleep),
+      "a positive integer (ms) up to #{@max_reconnect_sleep}"
+    )
+
+    check!(
+      opts,
+      :pool_size,
+      &int_in?(&1, 1, @max_pool_size),
+      "a positive integer up to #{@max_pool_size}"
+    )
+
+    check!(
+      opts,
+      :max_reply_bytes,
+      &int_in?(&1, 1024, @max_max_reply_bytes),
+      "an integer in 1024..#{@max_max_reply_bytes}"
+    )
+
     opts
   end
+
+  defp int_in?(value, min, max), do: is_integer(value) and value >= min and value <= max
 
   defp check!(opts, key, valid?, expected),
     do: Options.check!(opts, key, valid?, expected, "Redis")
 
-  ## The pub/sub relay: owns eredis_sub, acknowledges its messages and
-  ## forwards them to the subscriber; restarts it on a timer while Redis is down.
+  ## The keeper: owns the eredis clients (their pids are in its table, by
+  ## pool slot), replaces one that dies or holds more than its memory bound,
+  ## and relays pub/sub: it owns eredis_sub, acknowledges its messages and
+  ## forwards them to the subscriber, and restarts it on a timer.
 
-  defp relay_init(owner, subscriber, channel, sub_args) do
+  defp keeper_init(parent, ref, subscriber, channel, opts) do
     Process.flag(:trap_exit, true)
+    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
 
-    relay_connect(%{
-      owner: owner,
+    state = %{
+      parent: parent,
       subscriber: subscriber,
       channel: channel,
-      args: sub_args,
-      sub: nil
-    })
+      opts: opts,
+      table: table,
+      host: String.to_charlist(opts[:host]),
+      password: String.to_charlist(opts[:password] || ""),
+      clients: %{},
+      sub: nil,
+      # eredis keeps a reply in its heap or as binaries while it parses:
+      # twice the largest reply we accept, plus slack.
+      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+    }
+
+    state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
+    send(parent, {ref, table})
+    Process.send_after(self(), :watch, @watch_ms)
+    keeper_loop(sub_connect(state))
   end
 
-  defp relay_connect(state) do
-    {host, port, password, sleep} = state.args
+  defp start_client(state, slot) do
+    opts = state.opts
 
-    case :eredis_sub.start_link(host, port, password, sleep, :infinity, :drop) do
+    result =
+      try do
+        :eredis.start_link(
+          state.host,
+          opts[:port],
+          opts[:database],
+          state.password,
+          opts[:reconnect_sleep],
+          opts[:timeout]
+        )
+      catch
+        kind, reason -> {:error, {kind, reason}}
+      end
+
+    case result do
+      {:ok, client} ->
+        :ets.insert(state.table, {slot, client})
+        %{state | clients: Map.put(state.clients, client, slot)}
+
+      {:error, _reason} ->
+        # callers see :l2_unavailable until the retry succeeds
+        :ets.insert(state.table, {slot, :none})
+        Process.send_after(self(), {:start_client, slot}, opts[:reconnect_sleep])
+        state
+    end
+  end
+
+  defp sub_connect(state) do
+    result =
+      try do
+        :eredis_sub.start_link(
+          state.host,
+          state.opts[:port],
+          state.password,
+          state.opts[:reconnect_sleep],
+          :infinity,
+          :drop
+        )
+      catch
+        kind, reason -> {:error, {kind, reason}}
+      end
+
+    case result do
       {:ok, sub} ->
         :eredis_sub.controlling_process(sub)
         :eredis_sub.subscribe(sub, [state.channel])
-        relay_loop(%{state | sub: sub})
+        %{state | sub: sub}
 
       {:error, _reason} ->
-        Process.send_after(self(), :reconnect, sleep)
-        relay_loop(%{state | sub: nil})
+        Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
+        %{state | sub: nil}
     end
   end
 
-  defp relay_loop(%{sub: sub, owner: owner, subscriber: subscriber} = state) do
+  defp keeper_loop(%{sub: sub, parent: parent, subscriber: subscriber} = state) do
     receive do
-      {:message, _channel, payload, ^sub} ->
+      {:message, _channel, payload, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         send(subscriber, {:larder_cache_l2, :message, payload})
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:subscribed, _channel, ^sub} ->
+      {:subscribed, _channel, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         send(subscriber, {:larder_cache_l2, :connected})
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:eredis_connected, ^sub} ->
+      {:eredis_connected, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         :eredis_sub.subscribe(sub, [state.channel])
-        relay_loop(state)
+        keeper_loop(state)
 
-      {tag, ^sub} when tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
+      {tag, ^sub} when sub != nil and tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
         :eredis_sub.ack_message(sub)
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:eredis_reconnect_failed, ^sub, _reason} ->
+      {:eredis_reconnect_failed, ^sub, _reason} when sub != nil ->
         :eredis_sub.ack_message(sub)
-        relay_loop(state)
+        keeper_loop(state)
 
       :reconnect ->
-        relay_connect(state)
+        keeper_loop(if sub == nil, do: sub_connect(state), else: state)
 
-      {:EXIT, ^owner, reason} ->
+      {:start_client, slot} ->
+        keeper_loop(start_client(state, slot))
+
+      :watch ->
+        watch(state)
+        Process.send_after(self(), :watch, @watch_ms)
+        keeper_loop(state)
+
+      :stop ->
+        shutdown(state)
+
+      {:EXIT, ^parent, reason} ->
+        shutdown(state)
         exit(reason)
 
-      {:EXIT, ^sub, reason} ->
-        Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(reason)}")
-        Process.send_after(self(), :reconnect, elem(state.args, 3))
-        relay_loop(%{state | sub: nil})
+      {:EXIT, pid, reason} ->
+        keeper_loop(handle_exit(state, pid, reason))
 
       _other ->
-        relay_loop(state)
+        keeper_loop(state)
     end
+  end
+
+  # A client that died (eredis raises on bytes that are not RESP) is
+  # replaced after reconnect_sleep; until then its slot answers
+  # :l2_unavailable.
+  defp handle_exit(%{sub: pid} = state, pid, reason) when pid != nil do
+    Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(truncate(reason))}")
+    Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
+    %{state | sub: nil}
+  end
+
+  defp handle_exit(state, pid, reason) do
+    case Map.pop(state.clients, pid) do
+      {nil, _clients} ->
+        state
+
+      {slot, clients} ->
+        Logger.warning("Larder.Cache.Redis: client exited: #{inspect(truncate(reason))}")
+        :ets.insert(state.table, {slot, :none})
+        Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
+        %{state | clients: clients}
+    end
+  end
+
+  # A server that sends an endless reply makes eredis buffer it for ever:
+  # kill a client (or the pub/sub client) that holds more than the limit.
+  defp watch(state) do
+    pids = Map.keys(state.clients) ++ if(state.sub, do: [state.sub], else: [])
+
+    for pid <- pids, memory(pid) > state.memory_limit do
+      Logger.warning(
+        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
+      )
+
+      Process.exit(pid, :kill)
+    end
+
+    :ok
+  end
+
+  defp memory(pid) do
+    case Process.info(pid, [:memory, :binary]) do
+      [memory: memory, binary: binaries] ->
+        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
+
+      nil ->
+        0
+    end
+  end
+
+  defp shutdown(state) do
+    for pid <- Map.keys(state.clients), do: stop_client(pid)
+    if state.sub, do: Process.exit(state.sub, :kill)
+    :ok
+  end
+
+  defp stop_client(client) do
+    Process.unlink(client)
+    Process.exit(client, :kill)
   end
 end
