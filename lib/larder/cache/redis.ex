@@ -100,6 +100,8 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec get(map(), binary()) :: {:ok, binary()} | :miss | {:error, Larder.Error.t()}
   def get(state, key) do
+    check_args!(state, key: key)
+
     case query(state, ["GET", key]) do
       {:ok, :undefined} -> :miss
       {:ok, bin} when is_binary(bin) -> {:ok, bin}
@@ -113,6 +115,17 @@ defmodule Larder.Cache.Redis do
   @spec put(map(), binary(), binary(), pos_integer() | :infinity, :always | :new) ::
           :ok | {:error, Larder.Error.t()}
   def put(state, key, value, ttl, mode) do
+    check_args!(state, key: key, value: value)
+
+    unless ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl < 2 ** 63) do
+      raise ArgumentError,
+            "expected ttl to be a positive integer (ms) or :infinity, got: #{inspect(ttl)}"
+    end
+
+    unless mode in [:always, :new] do
+      raise ArgumentError, "expected mode to be :always or :new, got: #{inspect(mode)}"
+    end
+
     expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
     cond_ = if mode == :new, do: ["NX"], else: []
 
@@ -129,6 +142,7 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec delete(map(), binary()) :: :ok | {:error, Larder.Error.t()}
   def delete(state, key) do
+    check_args!(state, key: key)
     state |> query(["DEL", key]) |> integer_reply("DEL", 1) |> ok()
   end
 
@@ -139,6 +153,7 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec incr(map(), binary()) :: {:ok, non_neg_integer()} | {:error, Larder.Error.t()}
   def incr(state, key) do
+    check_args!(state, key: key)
     state |> query(["INCR", key]) |> integer_reply("INCR", 2 ** 63 - 1)
   end
 
@@ -146,13 +161,17 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec publish(map(), binary(), binary()) :: :ok | {:error, Larder.Error.t()}
   def publish(state, channel, payload) do
+    check_args!(state, channel: channel, payload: payload)
     state |> query(["PUBLISH", channel, payload]) |> integer_reply("PUBLISH", 2 ** 63 - 1) |> ok()
   end
 
   @doc "Stops the clients, the relay and the keeper."
   @impl true
   @spec stop(map()) :: :ok
-  def stop(%{keeper: keeper}) do
+  def stop(state) do
+    check_args!(state, [])
+    %{keeper: keeper} = state
+
     Process.unlink(keeper)
     ref = Process.monitor(keeper)
     send(keeper, :stop)
@@ -192,6 +211,22 @@ defmodule Larder.Cache.Redis do
     :exit, reason -> {:error, unavailable(exit_reason(reason))}
     # the keeper (and its table) is gone, or the client is being replaced
     :error, _ -> {:error, unavailable(:no_client)}
+  end
+
+  defp check_args!(state, binaries) do
+    unless match?(
+             %{table: _, keeper: keeper, pool_size: _, timeout: _} when is_pid(keeper),
+             state
+           ) do
+      raise ArgumentError,
+            "expected state to be what Larder.Cache.Redis.init/3 returned, got: #{inspect(state, limit: 10)}"
+    end
+
+    for {name, value} <- binaries, not is_binary(value) do
+      raise ArgumentError, "expected #{name} to be a binary, got: #{inspect(value, limit: 10)}"
+    end
+
+    :ok
   end
 
   # An integer reply: decimal digits of a value in 0..max.
