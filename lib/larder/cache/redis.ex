@@ -57,7 +57,8 @@ defmodule Larder.Cache.Redis do
     timeout: 1000,
     reconnect_sleep: 100,
     pool_size: 2,
-    max_reply_bytes: 134_217_728
+    max_reply_bytes: 134_217_728,
+    max_message_bytes: 1_048_576
   ]
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -303,6 +304,13 @@ defmodule Larder.Cache.Redis do
       "an integer in 1024..#{@max_max_reply_bytes}"
     )
 
+    check!(
+      opts,
+      :max_message_bytes,
+      &int_in?(&1, 1024, @max_max_reply_bytes),
+      "an integer in 1024..#{@max_max_reply_bytes}"
+    )
+
     opts
   end
 
@@ -332,7 +340,8 @@ defmodule Larder.Cache.Redis do
       sub: nil,
       # eredis keeps a reply in its heap or as binaries while it parses:
       # twice the largest reply we accept, plus slack.
-      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576,
+      sub_memory_limit: 2 * opts[:max_message_bytes] + 1_048_576
     }
 
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
@@ -474,9 +483,11 @@ defmodule Larder.Cache.Redis do
   # A server that sends an endless reply makes eredis buffer it for ever:
   # kill a client (or the pub/sub client) that holds more than the limit.
   defp watch(state) do
-    pids = Map.keys(state.clients) ++ if(state.sub, do: [state.sub], else: [])
+    limits =
+      Enum.map(state.clients, fn {pid, _slot} -> {pid, state.memory_limit} end) ++
+        if(state.sub, do: [{state.sub, state.sub_memory_limit}], else: [])
 
-    for pid <- pids, memory(pid) > state.memory_limit do
+    for {pid, limit} <- limits, memory(pid) > limit do
       Logger.warning(
         "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
       )

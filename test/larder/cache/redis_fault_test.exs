@@ -174,7 +174,7 @@ defmodule Larder.Cache.RedisFaultTest do
 
   describe "a hostile publisher on the invalidation channel" do
     test "bad messages are ignored and counted; good ones still work", ctx do
-      [a, b] = start_nodes(ctx, [:a, :b], max_value_bytes: 1_048_576)
+      [a, b] = start_nodes(ctx, [:a, :b], max_value_bytes: 100_000)
       share(a, b, :k, 1)
       owner = Process.whereis(b)
       memory_before = process_memory(owner)
@@ -201,8 +201,9 @@ defmodule Larder.Cache.RedisFaultTest do
           "",
           "not a term",
           # a zip bomb and a message above :max_value_bytes
-          :erlang.term_to_binary(List.duplicate([], 5_000_000), compressed: 9),
-          :binary.copy("x", 2_000_000)
+          <<131, 80, 5_000_006::32>> <>
+            :zlib.compress(<<108, 5_000_000::32>> <> :binary.copy(<<106>>, 5_000_001)),
+          :binary.copy("x", 200_000)
         ] ++ for(_ <- 1..50, do: :crypto.strong_rand_bytes(:rand.uniform(200)))
 
       for payload <- payloads do
@@ -219,6 +220,14 @@ defmodule Larder.Cache.RedisFaultTest do
       # a well-formed invalidation from another node still applies
       :ok = Cache.put(a, :k, 2)
       eventually(fn -> Cache.get(b, :k) == 2 end)
+
+      # A message above the Redis L2's :max_message_bytes: its pub/sub
+      # client is cut off (and reconnects, which clears L1) or the owner
+      # counts it; either way invalidations keep flowing.
+      publish(ctx.server, channel, :binary.copy("x", 3_000_000))
+      :ok = Cache.put(a, :k, 3)
+      await(fn -> Cache.get(b, :k) == 3 end)
+      assert Process.whereis(b) == owner
     end
 
     test "a huge number in the generation key is counted; the cache starts", ctx do
@@ -250,15 +259,19 @@ defmodule Larder.Cache.RedisFaultTest do
       assert Cache.get(reader, :big) == nil
 
       bombs = %{
-        # 20 MB of [] compresses to ~20 KB and would decode to 20M cons cells
-        nil_list: :erlang.term_to_binary(List.duplicate([], 20_000_000), compressed: 9),
-        # 400 MB of zeros, ~400 KB compressed
-        big_binary: :erlang.term_to_binary(:binary.copy(<<0>>, 400_000_000), compressed: 9),
+        # 5M elements of [] compress to ~5 KB and would decode to 5M cons
+        # cells: the declared size (5 MB) is over the bound
+        nil_list: zip(nil_list(5_000_000)),
+        # 500 KB of external bytes (under the bound) that would decode to
+        # 8 MB of cons cells: the walk's memory estimate is over the bound
+        nil_list_small: zip(nil_list(500_000)),
+        # 100 MB of zeros, ~100 KB compressed
+        big_binary: zip(<<109, 100_000_000::32>> <> :binary.copy(<<0>>, 100_000_000)),
         # declares a small size and inflates past it
         lying_size: <<131, 80, 0, 0, 0, 8>> <> :zlib.compress(:binary.copy(<<106>>, 1_000_000)),
         fun: :erlang.term_to_binary(fn -> :boom end),
         nested_fun: :erlang.term_to_binary(%{a: [1, {2, &Enum.map/2}]}),
-        # uncompressed, small, but a large decoded list: 2 bytes per element
+        # uncompressed and under the bound, but 16 bytes of heap per 2 bytes
         small_ints: <<131, 108, 200_000::32>> <> :binary.copy(<<97, 1>>, 200_000) <> <<106>>
       }
 
@@ -323,6 +336,13 @@ defmodule Larder.Cache.RedisFaultTest do
     |> Map.fetch!(:pending)
     |> Map.take([:keys, :all])
   end
+
+  # external term bytes (no 131) of a list of n empty lists
+  defp nil_list(0), do: ""
+  defp nil_list(n), do: <<108, n::32>> <> :binary.copy(<<106>>, n + 1)
+
+  defp zip(plain),
+    do: <<131, 80, byte_size(plain)::32>> <> :zlib.compress(plain)
 
   defp msg(node, message), do: :erlang.term_to_binary({:larder_cache, node, message})
 
