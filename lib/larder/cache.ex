@@ -137,15 +137,11 @@ defmodule Larder.Cache do
     max_entries: :infinity,
     compressed: false,
     compression_level: 1,
+    max_value_bytes: 67_108_864,
     namespace: "larder",
     version: 1,
-    local_copy_min_bytes: 65_536,
-    max_value_bytes: 67_108_864
+    local_copy_min_bytes: 65_536
   ]
-
-  # The upper bound of :max_value_bytes (a compressed term declares its
-  # size in 32 bits).
-  @max_max_value_bytes 1_073_741_824
 
   @doc """
   Starts a cache.
@@ -164,13 +160,6 @@ defmodule Larder.Cache do
     * `:compressed` - create the L1 ETS table `:compressed` (default `false`).
     * `:compression_level` - `term_to_binary` compression for L2 values, 0
       (none) to 9 (default `1`).
-    * `:namespace` - a string prefixed to every L2 key and to the
-      invalidation channel (default `"larder"`).
-    * `:version` - an integer or string in every L2 key, to be bumped when
-      the shape of the values changes (default `1`).
-    * `:local_copy_min_bytes` - values at least this large (external size)
-      are kept in the reading process for repeat hits; `:infinity` turns that
-      off (default `65536`).
     * `:max_value_bytes` - the largest value taken from the L2, in bytes
       (default `67108864`, 64 MB; at most `1073741824`). It bounds the L2
       bytes, a compressed value's declared uncompressed size and the memory
@@ -178,6 +167,13 @@ defmodule Larder.Cache do
       decoding). A larger value read from the L2 is a miss; a larger value
       written by this node stays in L1 only, and its L2 key is deleted.
       Invalidation messages are bounded the same way.
+    * `:namespace` - a string prefixed to every L2 key and to the
+      invalidation channel (default `"larder"`).
+    * `:version` - an integer or string in every L2 key, to be bumped when
+      the shape of the values changes (default `1`).
+    * `:local_copy_min_bytes` - values at least this large (external size)
+      are kept in the reading process for repeat hits; `:infinity` turns that
+      off (default `65536`).
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts), do: Owner.start_link(validate_opts!(opts))
@@ -427,6 +423,10 @@ defmodule Larder.Cache do
               "expected put/4 options to be [ttl: pos_integer | :infinity], got: #{inspect(opts)}"
     end
   end
+
+  # The upper bound of :max_value_bytes (a compressed term declares its
+  # size in 32 bits; a value above 1 GB is not a cache value).
+  @max_max_value_bytes 1_073_741_824
 
   defp validate_opts!(opts) do
     opts = Options.merge!(opts, @defaults, "Larder.Cache")
