@@ -158,8 +158,6 @@ defmodule Larder.Cache do
     * `:max_bytes` - evict the oldest writes while the L1 values' external
       size exceeds this (default `:infinity`).
     * `:compressed` - create the L1 ETS table `:compressed` (default `false`).
-    * `:compression_level` - `term_to_binary` compression for L2 values, 0
-      (none) to 9 (default `1`).
     * `:max_value_bytes` - the largest value taken from the L2, in bytes
       (default `67108864`, 64 MB; at most `1073741824`). It bounds the L2
       bytes, a compressed value's declared uncompressed size and the memory
@@ -167,6 +165,8 @@ defmodule Larder.Cache do
       decoding). A larger value read from the L2 is a miss; a larger value
       written by this node stays in L1 only, and its L2 key is deleted.
       Invalidation messages are bounded the same way.
+    * `:compression_level` - `term_to_binary` compression for L2 values, 0
+      (none) to 9 (default `1`).
     * `:namespace` - a string prefixed to every L2 key and to the
       invalidation channel (default `"larder"`).
     * `:version` - an integer or string in every L2 key, to be bumped when
