@@ -53,6 +53,23 @@ defmodule Larder.Cache do
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
+      Messages are untrusted: one that is not a 16-byte node id with a
+      well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
+      to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
+      counted in `:bad_messages`.
+    * **Writes whose L2 outcome is unknown.** When the L2 write of a
+      `put/4`, `delete/2` or `invalidate_all/1` fails (a timeout, a dropped
+      connection, a reply that is not Redis), it may still land, or the old
+      value may still be there, and the other nodes have not been told. The
+      cache's process records the key (or "all") as pending and, from a
+      separate process, retries every 100 ms and as soon as the
+      subscription comes back: for a key it deletes the L2 key and then
+      publishes the key; for "all" it increments the generation and
+      publishes it. Once Redis answers again, every node drops the old
+      value within one retry (about 100 ms measured with a paused Redis).
+      More than 1,000 pending keys become one pending invalidate-all, so
+      the record stays small. Pending work lives in the cache's process
+      and is lost if that process stops.
     * Writes take the L1 table's lock (it is `read_concurrency` only, which
       keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
@@ -84,11 +101,25 @@ defmodule Larder.Cache do
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
       than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
-      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`.
-    * L2 values are decoded with `:erlang.binary_to_term(bin, [:safe])`:
-      bytes that are corrupt or not ours (or that name atoms this node does
-      not know) are a miss plus a `:decode_errors` and `:l2_errors` count,
-      never a crash.
+      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
+      (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
+      unknown and is being repaired" (see Concurrency).
+    * Everything that comes from the L2 is untrusted. A reply that is not
+      what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+      If a process the L2 linked to the cache's process dies, the cache's
+      process logs it, counts an `:l2_errors`, stops the L2 and starts it
+      again (after 100 ms, doubling up to 5 s while it fails); L1 keeps
+      serving throughout and the cache's process does not restart.
+    * L2 values are checked before they are decoded: the bytes, a
+      compressed value's declared uncompressed size and the memory the
+      decoded term would take (walked from its encoding, without
+      recursion) must each be at most `:max_value_bytes`, and the value
+      must hold no fun. It is then decoded with `:erlang.binary_to_term(bin,
+      [:safe])`. A value that fails (corrupt, foreign, too large, a zip
+      bomb, a fun, or atoms this node does not know) is a miss plus a
+      `:decode_errors` and `:l2_errors` count, never a crash, and the load
+      replaces it. A generation key that does not hold an integer from 0 to
+      2^62 - 1 counts a `:decode_errors` and is ignored.
     * A name that is not a running cache raises `ArgumentError`.
 
   The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
@@ -241,7 +272,10 @@ defmodule Larder.Cache do
 
   Options: `:ttl` - milliseconds, or `:infinity` (default: the cache's
   `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
-  failed (L1 holds the value either way).
+  or the invalidation failed. L1 holds the value either way. An error does
+  not mean the L2 was left unchanged: a timed-out `SET` may still land.
+  The key is then deleted from the L2 and published to the other nodes as
+  soon as the L2 answers again (see "Writes whose L2 outcome is unknown").
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do
@@ -265,7 +299,8 @@ defmodule Larder.Cache do
   @doc """
   Deletes `key` from L1 and L2, and tells the other nodes to drop their copy.
   Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 failed (L1 no
-  longer holds the key either way).
+  longer holds the key either way); the delete and the invalidation are
+  then retried until the L2 answers.
   """
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
@@ -297,7 +332,8 @@ defmodule Larder.Cache do
   clears L1 here and, through the invalidation channel, on the other nodes.
 
   Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 could not be
-  reached (L1 is cleared here either way).
+  reached (L1 is cleared here either way); the generation is then bumped
+  and published as soon as the L2 answers again.
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
   def invalidate_all(cache) do
@@ -330,9 +366,12 @@ defmodule Larder.Cache do
 
   @doc """
   Counters since start: `:l1_hits`, `:l1_misses`, `:l2_hits`, `:l2_misses`,
-  `:loads` (loader calls), `:load_errors`, `:l2_errors` (unreachable L2 and
-  undecodable values), `:decode_errors`, `:evictions`, `:invalidations`
-  (received from other nodes), plus the current `:entries` and `:bytes`.
+  `:loads` (loader calls), `:load_errors`, `:l2_errors` (unreachable or
+  failing L2, bad replies and rejected values), `:decode_errors` (L2 values
+  rejected before or while decoding, and a generation key that is not a
+  generation), `:evictions`, `:invalidations` (received from other nodes),
+  `:bad_messages` (invalidation messages ignored as malformed, out of range
+  or too large), plus the current `:entries` and `:bytes`.
   """
   @spec stats(cache()) :: %{atom() => non_neg_integer()}
   def stats(cache) do

@@ -6,16 +6,25 @@ defmodule Larder.Cache.Redis do
 
   ## Options
 
-    * `:host` - the server's host name or address (default `"127.0.0.1"`).
-    * `:port` - its TCP port (default `6379`).
-    * `:database` - the database index selected on connect (default `0`).
+    * `:host` - the server's host name or address, 1 to 255 bytes (default
+      `"127.0.0.1"`).
+    * `:port` - its TCP port, 1 to 65535 (default `6379`).
+    * `:database` - the database index selected on connect, 0 to 1,000,000
+      (default `0`).
     * `:password` - sent with `AUTH` on connect (default none).
-    * `:timeout` - the L2 timeout in milliseconds (default `1000`): no
-      caller waits longer than this for Redis, whatever state Redis is in.
-    * `:reconnect_sleep` - milliseconds between reconnection attempts
-      (default `100`).
-    * `:pool_size` - connections for commands (default `2`); callers are
-      spread over them by scheduler. Pub/sub uses one more connection.
+    * `:timeout` - the L2 timeout in milliseconds, 1 to 600,000 (default
+      `1000`): no caller waits longer than this for Redis, whatever state
+      Redis is in.
+    * `:reconnect_sleep` - milliseconds between reconnection attempts and
+      before a dead client is replaced, 1 to 60,000 (default `100`).
+    * `:pool_size` - connections for commands, 1 to 64 (default `2`);
+      callers are spread over them by scheduler. Pub/sub uses one more
+      connection.
+    * `:max_reply_bytes` - the largest reply a command connection may be
+      reading, 1024 to 2^32 (default `134217728`, 128 MB); keep it above
+      the cache's `:max_value_bytes`.
+    * `:max_message_bytes` - the same for the pub/sub connection, whose
+      messages are small, 1024 to 2^32 (default `1048576`).
 
   ## Concurrency
 
@@ -32,15 +41,30 @@ defmodule Larder.Cache.Redis do
   is disconnected returns `{:error, :no_connection}` at once; a command to a
   server that does not answer is bounded by the call timeout. Its pub/sub
   client (`eredis_sub`) does reconnect mid-run but refuses to start while
-  Redis is down, so a small relay process here retries starting it every
-  `:reconnect_sleep` ms and subscribes again after every reconnection. No
-  process crashes in a loop: reconnection is a timer, not a restart.
+  Redis is down.
+
+  eredis is not built for a peer that is not Redis: its client process
+  crashes on bytes that are not RESP, and it buffers a bulk reply of any
+  declared length for as long as the bytes keep coming. So one keeper
+  process, linked to the cache's process, owns the clients: it keeps their
+  pids in a table callers read, replaces a client that died after
+  `:reconnect_sleep` ms (its callers get `:l2_unavailable` meanwhile),
+  kills a client that holds more than twice `:max_reply_bytes` (checked
+  every 100 ms), starts `eredis_sub` again on a timer while Redis is down,
+  and subscribes again after every reconnection. No process crashes in a
+  loop: reconnection is a timer, not a restart, and the cache's process
+  never sees a client's exit.
 
   ## Failures
 
   Every call returns within `:timeout` ms; an unreachable, slow or failing
-  server gives `{:error, %Larder.Error{reason: :l2_unavailable}}` (or
-  `:l2_failed` for an error reply), never an exit.
+  server gives `{:error, %Larder.Error{reason: :l2_unavailable}}`, an error
+  reply gives `:l2_failed`, and a reply that is not what Redis sends for
+  that command gives `:l2_bad_reply`: `GET` must return a binary or nil,
+  `SET` `"OK"` (or nil with `NX`), `DEL`, `INCR` and `PUBLISH` an integer
+  from 0 to 2^63 - 1. Nothing raises or exits, except `ArgumentError` for
+  arguments of the wrong type (a key, value, channel or payload that is not
+  a binary, a state that `init/3` did not return).
   """
 
   @behaviour Larder.Cache.L2
