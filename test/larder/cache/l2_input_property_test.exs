@@ -173,6 +173,45 @@ defmodule Larder.Cache.L2InputPropertyTest do
     )
   end
 
+  ## Options
+
+  test "numeric options of Larder.Cache.Redis have upper bounds; errors name the option" do
+    for {key, bad} <- [
+          port: 65_536,
+          port: 0,
+          database: 1_000_001,
+          database: -1,
+          timeout: 600_001,
+          timeout: 0,
+          reconnect_sleep: 60_001,
+          pool_size: 65,
+          pool_size: 0,
+          max_reply_bytes: 2 ** 32 + 1,
+          max_message_bytes: 100,
+          host: "",
+          port: 1.5,
+          timeout: :infinity
+        ] do
+      message = ~r/Redis option #{inspect(key)} to be/
+
+      assert_raise ArgumentError, message, fn -> Cache.Redis.validate_opts!([{key, bad}]) end
+
+      assert_raise ArgumentError, message, fn ->
+        Cache.start_link(name: :bounded_redis_opts, l2: {Cache.Redis, [{key, bad}]})
+      end
+    end
+
+    assert Cache.Redis.validate_opts!(port: 65_535, pool_size: 64, timeout: 600_000)
+  end
+
+  test ":max_value_bytes is checked and bounded" do
+    for bad <- [0, 1023, 2 ** 30 + 1, :infinity, "1"] do
+      assert_raise ArgumentError, ~r/option :max_value_bytes to be/, fn ->
+        Cache.start_link(name: :bounded_value_bytes, max_value_bytes: bad)
+      end
+    end
+  end
+
   ## Larder.Cache.Redis
 
   @tag :redis
