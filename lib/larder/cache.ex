@@ -428,9 +428,21 @@ defmodule Larder.Cache do
   # An L2 write that failed may still land (a timeout) or may have left the
   # old value (a dropped connection): the owner deletes and publishes the
   # key (or bumps and publishes the generation) once the L2 answers again.
-  defp unknown_outcome(cfg, item, {:error, _} = error) do
+  defp unknown_outcome(cfg, item, {:error, %Larder.Error{}} = error) do
     Owner.pending(cfg, item)
     error
+  end
+
+  # an L2 implementation that broke the behaviour's contract
+  defp unknown_outcome(cfg, item, other) do
+    Store.count(cfg, :l2_errors)
+
+    error =
+      Larder.Error.new(:l2_bad_reply, "the L2 returned a value its behaviour does not allow",
+        returned: other
+      )
+
+    unknown_outcome(cfg, item, {:error, error})
   end
 
   defp generation(cfg, reply) do

@@ -156,7 +156,7 @@ defmodule Larder.Cache.Owner do
     {:noreply, repair(cfg)}
   end
 
-  def handle_info({:larder_cache_pending, item}, cfg) do
+  def handle_info({:larder_cache_pending, item}, cfg) when item == :all or is_tuple(item) do
     {:noreply, cfg |> add_pending(item) |> repair()}
   end
 
@@ -297,6 +297,9 @@ defmodule Larder.Cache.Owner do
 
         {:key, key} ->
           %{p | keys: Map.put(p.keys, key, seq), seq: seq}
+
+        _other ->
+          p
       end
 
     %{cfg | pending: p}
