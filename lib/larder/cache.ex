@@ -62,11 +62,13 @@ defmodule Larder.Cache do
       connection, a reply that is not Redis), it may still land, or the old
       value may still be there, and the other nodes have not been told. The
       cache's process records the key (or "all") as pending and, from a
-      separate process, retries every 100 ms and as soon as the
-      subscription comes back: for a key it deletes the L2 key and then
+      separate process, retries (after 100 ms, backing off to every 400 ms
+      while the L2 stays away, and at once when the subscription comes
+      back): for a key it deletes the L2 key and then
       publishes the key; for "all" it increments the generation and
       publishes it. Once Redis answers again, every node drops the old
-      value within one retry (about 100 ms measured with a paused Redis).
+      value within one retry (within 0.4 s plus a round trip; about 100 ms
+      measured with a paused Redis).
       More than 1,000 pending keys become one pending invalidate-all, so
       the record stays small. Pending work lives in the cache's process
       and is lost if that process stops.

@@ -14,9 +14,11 @@ defmodule Larder.Cache.Owner do
   # L2 restart backoff after one of its processes died: doubles up to the max.
   @l2_restart_min_ms 100
   @l2_restart_max_ms 5_000
-  # Pending invalidations: retried this often while any are left; more keys
-  # than this degrade to one invalidate-all.
-  @repair_ms 100
+  # Pending invalidations: retried after 100 ms, doubling while the L2
+  # stays away up to 400 ms (so a recovered L2 is noticed within that);
+  # more keys than @max_pending_keys degrade to one invalidate-all.
+  @repair_min_ms 100
+  @repair_max_ms 400
   @max_pending_keys 1_000
 
   # Keys of the owner's state that are not part of the config callers read
@@ -94,7 +96,7 @@ defmodule Larder.Cache.Owner do
             subscribed_before: false,
             l2_backoff: @l2_restart_min_ms,
             l2_spec: opts[:l2],
-            pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil}
+            pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms}
           })
 
         {:ok, state}
@@ -319,7 +321,8 @@ defmodule Larder.Cache.Owner do
 
   defp schedule_repair(%{pending: %{timer: nil} = p} = cfg) do
     if p.all != nil or map_size(p.keys) > 0 do
-      %{cfg | pending: %{p | timer: Process.send_after(self(), :repair, @repair_ms)}}
+      timer = Process.send_after(self(), :repair, p.wait)
+      %{cfg | pending: %{p | timer: timer, wait: min(p.wait * 2, @repair_max_ms)}}
     else
       cfg
     end
@@ -390,6 +393,9 @@ defmodule Larder.Cache.Owner do
       end)
 
     # a generation that moved clears L1 here; L1 was cleared at the call too
-    schedule_repair(%{cfg | pending: %{p | all: all, keys: keys, worker: nil}})
+    # progress (or nothing left) resets the backoff
+    wait = if done != [] or match?({:done, _, _}, all_result), do: @repair_min_ms, else: p.wait
+
+    schedule_repair(%{cfg | pending: %{p | all: all, keys: keys, worker: nil, wait: wait}})
   end
 end
