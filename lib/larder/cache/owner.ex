@@ -23,7 +23,7 @@ defmodule Larder.Cache.Owner do
 
   # Keys of the owner's state that are not part of the config callers read
   # from persistent_term.
-  @runtime_keys [:subscribed_before, :l2_backoff, :l2_spec, :pending]
+  @runtime_keys [:subscribed_before, :l2_backoff, :l2_spec, :l2_restart, :pending]
 
   def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
 
@@ -96,6 +96,7 @@ defmodule Larder.Cache.Owner do
             subscribed_before: false,
             l2_backoff: @l2_restart_min_ms,
             l2_spec: opts[:l2],
+            l2_restart: nil,
             pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms}
           })
 
@@ -187,7 +188,7 @@ defmodule Larder.Cache.Owner do
     {:noreply, cfg}
   end
 
-  def handle_info(:restart_l2, cfg), do: {:noreply, restart_l2(cfg)}
+  def handle_info(:restart_l2, cfg), do: {:noreply, restart_l2(%{cfg | l2_restart: nil})}
 
   def handle_info({:EXIT, _pid, :normal}, cfg), do: {:noreply, cfg}
 
@@ -201,9 +202,15 @@ defmodule Larder.Cache.Owner do
     )
 
     Store.count(cfg, :l2_errors)
-    stop_l2(cfg)
-    Process.send_after(self(), :restart_l2, cfg.l2_backoff)
-    {:noreply, cfg}
+
+    if cfg.l2_restart == nil do
+      # one restart for however many of its processes went down
+      stop_l2(cfg)
+      Process.send_after(self(), :restart_l2, cfg.l2_backoff)
+      {:noreply, %{cfg | l2_restart: :scheduled}}
+    else
+      {:noreply, cfg}
+    end
   end
 
   def handle_info(_other, cfg), do: {:noreply, cfg}
@@ -233,7 +240,7 @@ defmodule Larder.Cache.Owner do
         Logger.warning("Larder.Cache #{inspect(cfg.name)}: #{Exception.message(error)}")
         backoff = min(cfg.l2_backoff * 2, @l2_restart_max_ms)
         Process.send_after(self(), :restart_l2, backoff)
-        %{cfg | l2_backoff: backoff}
+        %{cfg | l2_backoff: backoff, l2_restart: :scheduled}
     end
   end
 

@@ -93,7 +93,8 @@ defmodule Larder.Cache.Redis do
   @max_max_reply_bytes 4_294_967_296
   # How often the keeper checks its clients' memory.
   @watch_ms 100
-  # Longest wait for the keeper to start the clients.
+  # Longest wait for the keeper to start the clients, beyond their connect
+  # timeouts.
   @init_timeout 5_000
 
   @doc """
@@ -114,7 +115,7 @@ defmodule Larder.Cache.Redis do
         {:ok,
          %{table: table, keeper: keeper, pool_size: opts[:pool_size], timeout: opts[:timeout]}}
     after
-      @init_timeout ->
+      @init_timeout + opts[:pool_size] * opts[:timeout] ->
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
         raise "Larder.Cache.Redis: the client processes did not start"
@@ -368,6 +369,8 @@ defmodule Larder.Cache.Redis do
       sub_memory_limit: 2 * opts[:max_message_bytes] + 1_048_576
     }
 
+    # eredis connects in start_link (bounded by :timeout each), so the
+    # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
     send(parent, {ref, table})
     Process.send_after(self(), :watch, @watch_ms)
