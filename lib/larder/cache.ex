@@ -69,6 +69,9 @@ defmodule Larder.Cache do
       publishes it. Once Redis answers again, every node drops the old
       value within one retry (within 0.4 s plus a round trip; about 100 ms
       measured with a paused Redis).
+      The repair deletes the key from the L2 even when a later write of it
+      succeeded, since the earlier one may land after it: the price is a
+      miss, never an old value.
       More than 1,000 pending keys become one pending invalidate-all, so
       the record stays small. Pending work lives in the cache's process
       and is lost if that process stops.
