@@ -53,10 +53,6 @@ defmodule Larder.Cache do
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
-      Messages are untrusted: one that is not a 16-byte node id with a
-      well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
-      to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
-      counted in `:bad_messages`.
     * Writes take the L1 table's lock (it is `read_concurrency` only, which
       keeps hits cheap); hits never wait for each other.
     * Concurrent `put/4`s of one key have no defined order between them.
@@ -93,6 +89,10 @@ defmodule Larder.Cache do
       unknown and is being repaired" (see below).
     * Everything that comes from the L2 is untrusted. A reply that is not
       what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+      An invalidation message that is not a 16-byte node id with a
+      well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
+      to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
+      counted in `:bad_messages`.
       If a process the L2 linked to the cache's process dies, the cache's
       process logs it, counts an `:l2_errors`, stops the L2 and starts it
       again (after 100 ms, doubling up to 5 s while it fails); L1 keeps
