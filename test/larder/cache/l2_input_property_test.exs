@@ -104,6 +104,30 @@ defmodule Larder.Cache.L2InputPropertyTest do
     PropEr.check(property, numtests: 300)
   end
 
+  test "decode_value/2 gives back pids, ports, references, bitstrings, big integers and maps" do
+    terms = [
+      self(),
+      hd(Port.list()),
+      make_ref(),
+      <<1::3>>,
+      2 ** 300,
+      -(2 ** 300),
+      1.5,
+      %{},
+      Map.new(1..100, &{&1, [&1]}),
+      ~c"charlist",
+      :ünïcode,
+      [1, 2 | 3],
+      deep(),
+      :binary.copy("x", 100_000)
+    ]
+
+    for term <- terms, level <- [0, 1, 9] do
+      assert Codec.decode_value(:erlang.term_to_binary(term, compressed: level), 67_108_864) ==
+               {:ok, term}
+    end
+  end
+
   test "parse_generation/1 accepts only integers in 0..max_generation" do
     property =
       :proper.forall(:proper_types.oneof([term_gen(), :proper_types.binary()]), fn input ->
