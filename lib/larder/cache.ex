@@ -125,11 +125,45 @@ defmodule Larder.Cache do
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
       than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
-      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`.
-    * L2 values are decoded with `:erlang.binary_to_term(bin, [:safe])`:
-      bytes that are corrupt or not ours (or that name atoms this node does
-      not know) are a miss plus a `:decode_errors` and `:l2_errors` count,
-      never a crash.
+      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
+      (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
+      unknown and is being repaired" (see below).
+    * Everything that comes from the L2 is untrusted. A reply that is not
+      what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+      An invalidation message that is not a 16-byte node id with a
+      well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
+      to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
+      counted in `:bad_messages`.
+      If a process the L2 linked to the cache's process dies, the cache's
+      process logs it, counts an `:l2_errors`, stops the L2 and starts it
+      again (after 100 ms, doubling up to 5 s while it fails); L1 keeps
+      serving throughout and the cache's process does not restart.
+    * Writes whose L2 outcome is unknown: when the L2 write of a `put/4`,
+      `delete/2` or `invalidate_all/1` fails (a timeout, a dropped
+      connection, a reply that is not Redis), it may still land, or the old
+      value may still be there, and the other nodes have not been told. The
+      cache's process records the key (or "all") as pending and repairs it
+      from a separate process, after 100 ms, backing off to every 400 ms
+      while the L2 stays away, and at once when the subscription comes
+      back: for a key it deletes the L2 key and then publishes the key; for
+      "all" it increments the generation and publishes it. Once Redis
+      answers again, every node drops the old value within one retry (0.4 s
+      plus a round trip at most; 0.1 to 0.21 s measured after pausing Redis
+      for 2 s). The repair deletes the key from the L2 even when a later
+      write of it succeeded, since the earlier one may land after it: the
+      price is a miss, never an old value. More than 1,000 pending keys
+      become one pending invalidate-all, so the record stays small. Pending
+      work lives in the cache's process and is lost if that process stops.
+    * L2 values are checked before they are decoded: the bytes, a
+      compressed value's declared uncompressed size and the memory the
+      decoded term would take (walked from its encoding, without
+      recursion) must each be at most `:max_value_bytes`, and the value
+      must hold no fun. It is then decoded with `:erlang.binary_to_term(bin,
+      [:safe])`. A value that fails (corrupt, foreign, too large, a zip
+      bomb, a fun, or atoms this node does not know) is a miss plus a
+      `:decode_errors` and `:l2_errors` count, never a crash, and the load
+      replaces it. A generation key that does not hold an integer from 0 to
+      2^62 - 1 counts a `:decode_errors` and is ignored.
     * A name that is not a running cache raises `ArgumentError`.
 
   The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
@@ -178,6 +212,7 @@ defmodule Larder.Cache do
     max_entries: :infinity,
     compressed: false,
     compression_level: 1,
+    max_value_bytes: 67_108_864,
     namespace: "larder",
     version: 1,
     local_copy_min_bytes: 65_536,
@@ -208,6 +243,13 @@ defmodule Larder.Cache do
     * `:max_bytes` - evict the oldest writes while the L1 values' external
       size exceeds this, at most 2^50 (default `:infinity`).
     * `:compressed` - create the L1 ETS table `:compressed` (default `false`).
+    * `:max_value_bytes` - the largest value taken from the L2, in bytes
+      (default `67108864`, 64 MB; at most `1073741824`). It bounds the L2
+      bytes, a compressed value's declared uncompressed size and the memory
+      the decoded term would take (estimated from its encoding before
+      decoding). A larger value read from the L2 is a miss; a larger value
+      written by this node stays in L1 only, and its L2 key is deleted.
+      Invalidation messages are bounded the same way.
     * `:compression_level` - `term_to_binary` compression for L2 values, 0
       (none) to 9 (default `1`).
     * `:namespace` - a string of 1 to 1024 bytes prefixed to every L2 key
@@ -285,6 +327,10 @@ defmodule Larder.Cache do
   @doc """
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
   their copy.
+  An error from the L2 (or from the invalidation) does not mean the L2 was
+  left unchanged: a timed-out `SET` may still land. The key is then deleted
+  from the L2 and published to the other nodes as soon as the L2 answers
+  again (see "Writes whose L2 outcome is unknown" under Failures).
 
   Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
   `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
@@ -301,15 +347,19 @@ defmodule Larder.Cache do
       e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
     end
 
-    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always) do
-      publish(cfg, {:key, key})
+    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always),
+         :ok <- publish(cfg, {:key, key}) do
+      :ok
+    else
+      error -> unknown_outcome(cfg, {:key, key}, error)
     end
   end
 
   @doc """
   Deletes `key` from L1 and L2, and tells the other nodes to drop their copy.
   Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 failed (L1 no
-  longer holds the key either way).
+  longer holds the key either way); the delete and the invalidation are
+  then retried until the L2 answers.
   """
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
@@ -326,8 +376,11 @@ defmodule Larder.Cache do
         :ok
 
       {mod, state} ->
-        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))) do
-          publish(cfg, {:key, key})
+        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))),
+             :ok <- publish(cfg, {:key, key}) do
+          :ok
+        else
+          error -> unknown_outcome(cfg, {:key, key}, error)
         end
     end
   end
@@ -338,7 +391,8 @@ defmodule Larder.Cache do
   clears L1 here and, through the invalidation channel, on the other nodes.
 
   Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 could not be
-  reached (L1 is cleared here either way).
+  reached (L1 is cleared here either way); the generation is then bumped
+  and published as soon as the L2 answers again.
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
   def invalidate_all(cache) do
@@ -349,16 +403,20 @@ defmodule Larder.Cache do
         Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
 
       {mod, state} ->
-        case l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))) do
-          {:ok, generation} ->
-            Owner.set_generation(cfg, generation)
-            # A generation we had already moved to still clears L1.
-            Store.clear(cfg)
-            publish(cfg, {:all, generation})
+        with {:ok, reply} <- l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))),
+             {:ok, generation} <- generation(cfg, reply) do
+          Owner.set_generation(cfg, generation)
+          # A generation we had already moved to still clears L1.
+          Store.clear(cfg)
 
-          {:error, _} = error ->
+          case publish(cfg, {:all, generation}) do
+            :ok -> :ok
+            error -> unknown_outcome(cfg, :all, error)
+          end
+        else
+          error ->
             Store.clear(cfg)
-            error
+            unknown_outcome(cfg, :all, error)
         end
     end
   rescue
@@ -367,9 +425,12 @@ defmodule Larder.Cache do
 
   @doc """
   Counters since start: `:l1_hits`, `:l1_misses`, `:l2_hits`, `:l2_misses`,
-  `:loads` (loader calls), `:load_errors`, `:l2_errors` (unreachable L2 and
-  undecodable values), `:decode_errors`, `:evictions`, `:invalidations`
-  (received from other nodes), plus the current `:entries` and `:bytes`.
+  `:loads` (loader calls), `:load_errors`, `:l2_errors` (unreachable or
+  failing L2, bad replies and rejected values), `:decode_errors` (L2 values
+  rejected before or while decoding, and a generation key that is not a
+  generation), `:evictions`, `:invalidations` (received from other nodes),
+  `:bad_messages` (invalidation messages ignored as malformed, out of range
+  or too large), plus the current `:entries` and `:bytes`.
   """
   @spec stats(cache()) :: %{atom() => non_neg_integer()}
   def stats(cache) do
@@ -423,6 +484,42 @@ defmodule Larder.Cache do
 
   defp l2_call(_cfg, ok), do: ok
 
+  # An L2 write that failed may still land (a timeout) or may have left the
+  # old value (a dropped connection): the owner deletes and publishes the
+  # key (or bumps and publishes the generation) once the L2 answers again.
+  defp unknown_outcome(cfg, item, {:error, %Larder.Error{}} = error) do
+    Owner.pending(cfg, item)
+    error
+  end
+
+  # an L2 implementation that broke the behaviour's contract
+  defp unknown_outcome(cfg, item, other) do
+    Store.count(cfg, :l2_errors)
+
+    error =
+      Larder.Error.new(:l2_bad_reply, "the L2 returned a value its behaviour does not allow",
+        returned: other
+      )
+
+    unknown_outcome(cfg, item, {:error, error})
+  end
+
+  defp generation(cfg, reply) do
+    case Codec.parse_generation(reply) do
+      {:ok, generation} ->
+        {:ok, generation}
+
+      :error ->
+        l2_call(
+          cfg,
+          {:error,
+           Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
+             reply: reply
+           )}
+        )
+    end
+  end
+
   defp put_ttl!(cfg, opts) do
     case opts do
       [] ->
@@ -436,6 +533,10 @@ defmodule Larder.Cache do
               "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
     end
   end
+
+  # The upper bound of :max_value_bytes (a compressed term declares its
+  # size in 32 bits; a value above 1 GB is not a cache value).
+  @max_max_value_bytes 1_073_741_824
 
   defp validate_opts!(opts) do
     opts = Options.merge!(opts, @defaults, "Larder.Cache")
@@ -499,6 +600,14 @@ defmodule Larder.Cache do
       :local_copy_max_bytes,
       &(is_integer(&1) and &1 in 0..@max_copy_bytes),
       "an integer in 0..#{@max_copy_bytes}"
+    )
+
+    # L2 value bounds (kept together; see the :max_value_bytes docs)
+    check!(
+      opts,
+      :max_value_bytes,
+      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
+      "an integer from 1024 to #{@max_max_value_bytes}"
     )
 
     case opts[:l2] do

@@ -54,6 +54,18 @@ defmodule Larder.Test.RedisServer do
     _, _ -> :ok
   end
 
+  @doc "Pauses the server (SIGSTOP): sockets stay open, nothing answers."
+  def pause(%__MODULE__{os_pid: os_pid}) do
+    {_, 0} = System.cmd("kill", ["-STOP", Integer.to_string(os_pid)], stderr_to_stdout: true)
+    :ok
+  end
+
+  @doc "Resumes a paused server (SIGCONT)."
+  def resume(%__MODULE__{os_pid: os_pid}) do
+    System.cmd("kill", ["-CONT", Integer.to_string(os_pid)], stderr_to_stdout: true)
+    :ok
+  end
+
   @doc "Starts a new server on the same port and dir."
   def restart(%__MODULE__{} = server), do: start(port: server.port, dir: server.dir)
 

@@ -17,6 +17,12 @@ defmodule Larder.Cache.L2 do
   backend is unreachable: it returns a state that reports errors until the
   backend comes back, and reconnects on its own.
 
+  If a process the implementation linked to the caller exits (with a reason
+  other than `:normal`), the cache calls `c:stop/1` and then `c:init/3`
+  again after a backoff, and serves L1 meanwhile; the implementation should
+  replace its own crashed processes itself where it can, as
+  `Larder.Cache.Redis` does, so that this stays rare.
+
   ## Messages
 
   The implementation subscribes to `channel` and sends the `subscriber` pid:
@@ -31,7 +37,10 @@ defmodule Larder.Cache.L2 do
   Every callback other than `c:init/3` returns within the implementation's
   configured timeout, and reports an unreachable or failing backend as
   `{:error, %Larder.Error{reason: :l2_unavailable}}` (or another reason),
-  never by raising or exiting.
+  never by raising or exiting. The cache checks what comes back anyway: a
+  return value outside a callback's spec is counted as an L2 error, and
+  values, generations and messages are bounded and shape-checked before
+  use.
   """
 
   @typedoc "Whatever `c:init/3` returns; passed back to every other callback."

@@ -219,15 +219,18 @@ defmodule Larder.Cache.Loader do
 
   defp l2_get(%{l2: nil}, _key), do: :none
 
+  # Whatever the L2 returns is checked: a value that is corrupt, too large
+  # for :max_value_bytes or holds a fun is a miss plus a decode error (and
+  # the load replaces it); a reply of the wrong shape is an L2 error.
   defp l2_get(%{l2: {mod, state}} = cfg, key) do
     case mod.get(state, Codec.l2_key(cfg, key)) do
-      {:ok, bin} ->
-        case Codec.decode_value(bin) do
+      {:ok, bin} when is_binary(bin) ->
+        case Codec.decode_value(bin, cfg.max_value_bytes) do
           {:ok, value} ->
             Store.count(cfg, :l2_hits)
             {:ok, value}
 
-          :error ->
+          {:error, _why} ->
             Store.count(cfg, :l2_misses)
             Store.count(cfg, :decode_errors)
             Store.count(cfg, :l2_errors)
@@ -238,24 +241,39 @@ defmodule Larder.Cache.Loader do
         Store.count(cfg, :l2_misses)
         :miss
 
-      {:error, _} ->
+      _error ->
         Store.count(cfg, :l2_errors)
         :error
     end
   end
 
+  # A value whose encoding is over :max_value_bytes would be rejected by
+  # every reader: it is not written, and the key is deleted instead so no
+  # older value stays behind.
   def l2_put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
 
   def l2_put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
     bin = Codec.encode_value(value, cfg.compression_level)
+    l2_key = Codec.l2_key(cfg, key)
 
-    case mod.put(state, Codec.l2_key(cfg, key), bin, ttl, mode) do
+    result =
+      if byte_size(bin) > cfg.max_value_bytes,
+        do: mod.delete(state, l2_key),
+        else: mod.put(state, l2_key, bin, ttl, mode)
+
+    case result do
       :ok ->
         :ok
 
       {:error, _} = error ->
         Store.count(cfg, :l2_errors)
         error
+
+      other ->
+        Store.count(cfg, :l2_errors)
+
+        {:error,
+         Larder.Error.new(:l2_bad_reply, "the L2 returned an unexpected value", returned: other)}
     end
   end
 end

@@ -6,16 +6,25 @@ defmodule Larder.Cache.Redis do
 
   ## Options
 
-    * `:host` - the server's host name or address (default `"127.0.0.1"`).
-    * `:port` - its TCP port (default `6379`).
-    * `:database` - the database index selected on connect (default `0`).
+    * `:host` - the server's host name or address, 1 to 255 bytes (default
+      `"127.0.0.1"`).
+    * `:port` - its TCP port, 1 to 65535 (default `6379`).
+    * `:database` - the database index selected on connect, 0 to 1,000,000
+      (default `0`).
     * `:password` - sent with `AUTH` on connect (default none).
-    * `:timeout` - the L2 timeout in milliseconds (default `1000`): no
-      caller waits longer than this for Redis, whatever state Redis is in.
-    * `:reconnect_sleep` - milliseconds between reconnection attempts
-      (default `100`).
-    * `:pool_size` - connections for commands (default `2`); callers are
-      spread over them by scheduler. Pub/sub uses one more connection.
+    * `:timeout` - the L2 timeout in milliseconds, 1 to 600,000 (default
+      `1000`): no caller waits longer than this for Redis, whatever state
+      Redis is in.
+    * `:reconnect_sleep` - milliseconds between reconnection attempts and
+      before a dead client is replaced, 1 to 60,000 (default `100`).
+    * `:pool_size` - connections for commands, 1 to 64 (default `2`);
+      callers are spread over them by scheduler. Pub/sub uses one more
+      connection.
+    * `:max_reply_bytes` - the largest reply a command connection may be
+      reading, 1024 to 2^32 (default `134217728`, 128 MB); keep it above
+      the cache's `:max_value_bytes`.
+    * `:max_message_bytes` - the same for the pub/sub connection, whose
+      messages are small, 1024 to 2^32 (default `1048576`).
 
   ## Concurrency
 
@@ -32,15 +41,30 @@ defmodule Larder.Cache.Redis do
   is disconnected returns `{:error, :no_connection}` at once; a command to a
   server that does not answer is bounded by the call timeout. Its pub/sub
   client (`eredis_sub`) does reconnect mid-run but refuses to start while
-  Redis is down, so a small relay process here retries starting it every
-  `:reconnect_sleep` ms and subscribes again after every reconnection. No
-  process crashes in a loop: reconnection is a timer, not a restart.
+  Redis is down.
+
+  eredis is not built for a peer that is not Redis: its client process
+  crashes on bytes that are not RESP, and it buffers a bulk reply of any
+  declared length for as long as the bytes keep coming. So one keeper
+  process, linked to the cache's process, owns the clients: it keeps their
+  pids in a table callers read, replaces a client that died after
+  `:reconnect_sleep` ms (its callers get `:l2_unavailable` meanwhile),
+  kills a client that holds more than twice `:max_reply_bytes` (checked
+  every 100 ms), starts `eredis_sub` again on a timer while Redis is down,
+  and subscribes again after every reconnection. No process crashes in a
+  loop: reconnection is a timer, not a restart, and the cache's process
+  never sees a client's exit.
 
   ## Failures
 
   Every call returns within `:timeout` ms; an unreachable, slow or failing
-  server gives `{:error, %Larder.Error{reason: :l2_unavailable}}` (or
-  `:l2_failed` for an error reply), never an exit.
+  server gives `{:error, %Larder.Error{reason: :l2_unavailable}}`, an error
+  reply gives `:l2_failed`, and a reply that is not what Redis sends for
+  that command gives `:l2_bad_reply`: `GET` must return a binary or nil,
+  `SET` `"OK"` (or nil with `NX`), `DEL`, `INCR` and `PUBLISH` an integer
+  from 0 to 2^63 - 1. Nothing raises or exits, except `ArgumentError` for
+  arguments of the wrong type (a key, value, channel or payload that is not
+  a binary, a state that `init/3` did not return).
   """
 
   @behaviour Larder.Cache.L2
@@ -56,48 +80,58 @@ defmodule Larder.Cache.Redis do
     password: nil,
     timeout: 1000,
     reconnect_sleep: 100,
-    pool_size: 2
+    pool_size: 2,
+    max_reply_bytes: 134_217_728,
+    max_message_bytes: 1_048_576
   ]
 
+  # Upper bounds of the numeric options (documented in the moduledoc).
+  @max_database 1_000_000
+  @max_timeout 600_000
+  @max_reconnect_sleep 60_000
+  @max_pool_size 64
+  @max_max_reply_bytes 4_294_967_296
+  # How often the keeper checks its clients' memory.
+  @watch_ms 100
+  # Longest wait for the keeper to start the clients, beyond their connect
+  # timeouts.
+  @init_timeout 5_000
+
   @doc """
-  Starts the eredis client and the pub/sub relay, linked to the caller, and
-  subscribes `subscriber` to `channel`. Succeeds while Redis is down.
+  Starts the keeper process (linked to the caller), which starts the eredis
+  clients and the pub/sub relay, and subscribes `subscriber` to `channel`.
+  Succeeds while Redis is down or not Redis.
   """
   @impl true
   @spec init(keyword(), pid(), binary()) :: {:ok, map()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
-    host = String.to_charlist(opts[:host])
-    password = String.to_charlist(opts[:password] || "")
+    parent = self()
+    ref = make_ref()
+    keeper = spawn_link(fn -> keeper_init(parent, ref, subscriber, channel, opts) end)
 
-    clients =
-      for _ <- 1..opts[:pool_size] do
-        {:ok, client} =
-          :eredis.start_link(
-            host,
-            opts[:port],
-            opts[:database],
-            password,
-            opts[:reconnect_sleep],
-            opts[:timeout]
-          )
-
-        client
-      end
-
-    owner = self()
-    sub_args = {host, opts[:port], password, opts[:reconnect_sleep]}
-    relay = spawn_link(fn -> relay_init(owner, subscriber, channel, sub_args) end)
-    {:ok, %{clients: List.to_tuple(clients), relay: relay, timeout: opts[:timeout]}}
+    receive do
+      {^ref, table} ->
+        {:ok,
+         %{table: table, keeper: keeper, pool_size: opts[:pool_size], timeout: opts[:timeout]}}
+    after
+      @init_timeout + opts[:pool_size] * opts[:timeout] ->
+        Process.unlink(keeper)
+        Process.exit(keeper, :kill)
+        raise "Larder.Cache.Redis: the client processes did not start"
+    end
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
   @impl true
   @spec get(map(), binary()) :: {:ok, binary()} | :miss | {:error, Larder.Error.t()}
   def get(state, key) do
+    check_args!(state, key: key)
+
     case query(state, ["GET", key]) do
       {:ok, :undefined} -> :miss
       {:ok, bin} when is_binary(bin) -> {:ok, bin}
+      {:ok, other} -> bad_reply("GET", other)
       {:error, _} = error -> error
     end
   end
@@ -107,82 +141,151 @@ defmodule Larder.Cache.Redis do
   @spec put(map(), binary(), binary(), pos_integer() | :infinity, :always | :new) ::
           :ok | {:error, Larder.Error.t()}
   def put(state, key, value, ttl, mode) do
+    check_args!(state, key: key, value: value)
+
+    unless ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl < 2 ** 63) do
+      raise ArgumentError,
+            "expected ttl to be a positive integer (ms) or :infinity, got: #{inspect(ttl)}"
+    end
+
+    unless mode in [:always, :new] do
+      raise ArgumentError, "expected mode to be :always or :new, got: #{inspect(mode)}"
+    end
+
     expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
     cond_ = if mode == :new, do: ["NX"], else: []
 
     # "OK", or nil when NX found the key: both are :ok
-    state |> query(["SET", key, value | expiry ++ cond_]) |> ok()
+    case query(state, ["SET", key, value | expiry ++ cond_]) do
+      {:ok, "OK"} -> :ok
+      {:ok, :undefined} when mode == :new -> :ok
+      {:ok, other} -> bad_reply("SET", other)
+      {:error, _} = error -> error
+    end
   end
 
   @doc "`DEL key`, within the timeout."
   @impl true
   @spec delete(map(), binary()) :: :ok | {:error, Larder.Error.t()}
   def delete(state, key) do
-    state |> query(["DEL", key]) |> ok()
+    check_args!(state, key: key)
+    state |> query(["DEL", key]) |> integer_reply("DEL", 1) |> ok()
   end
 
-  @doc "`INCR key`, within the timeout."
+  @doc """
+  `INCR key`, within the timeout. A reply that is not an integer from 0 to
+  2^63 - 1 is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+  """
   @impl true
-  @spec incr(map(), binary()) :: {:ok, integer()} | {:error, Larder.Error.t()}
+  @spec incr(map(), binary()) :: {:ok, non_neg_integer()} | {:error, Larder.Error.t()}
   def incr(state, key) do
-    case query(state, ["INCR", key]) do
-      {:ok, n} -> {:ok, String.to_integer(n)}
-      {:error, _} = error -> error
-    end
+    check_args!(state, key: key)
+    state |> query(["INCR", key]) |> integer_reply("INCR", 2 ** 63 - 1)
   end
 
   @doc "`PUBLISH channel payload`, within the timeout."
   @impl true
   @spec publish(map(), binary(), binary()) :: :ok | {:error, Larder.Error.t()}
   def publish(state, channel, payload) do
-    state |> query(["PUBLISH", channel, payload]) |> ok()
+    check_args!(state, channel: channel, payload: payload)
+    state |> query(["PUBLISH", channel, payload]) |> integer_reply("PUBLISH", 2 ** 63 - 1) |> ok()
   end
 
-  @doc "Stops the client and the relay."
+  @doc "Stops the clients, the relay and the keeper."
   @impl true
   @spec stop(map()) :: :ok
-  def stop(%{clients: clients, relay: relay}) do
-    Process.unlink(relay)
-    Process.exit(relay, :shutdown)
-    clients |> Tuple.to_list() |> Enum.each(&stop_client/1)
-  end
+  def stop(state) do
+    check_args!(state, [])
+    %{keeper: keeper} = state
 
-  defp stop_client(client) do
-    :eredis.stop(client)
-  catch
-    :exit, _ -> :ok
+    Process.unlink(keeper)
+    ref = Process.monitor(keeper)
+    send(keeper, :stop)
+
+    receive do
+      {:DOWN, ^ref, _, _, _} -> :ok
+    after
+      5_000 ->
+        Process.exit(keeper, :kill)
+        :ok
+    end
   end
 
   # Commands on one connection are answered in order, so a large value
   # holds up whatever was sent after it: spread callers over the pool by
   # scheduler. A caller waits for each reply, so its own commands stay in
-  # order whichever connection they take.
-  defp query(%{clients: clients, timeout: timeout}, command) do
-    client = elem(clients, rem(:erlang.system_info(:scheduler_id), tuple_size(clients)))
+  # order whichever connection they take. The keeper replaces a client that
+  # died, and its pid is looked up in the keeper's table.
+  defp query(%{table: table, pool_size: size, timeout: timeout}, command) do
+    slot = rem(:erlang.system_info(:scheduler_id), size)
+    [{_, client}] = :ets.lookup(table, slot)
 
     case :eredis.q(client, command, timeout) do
       {:ok, value} ->
         {:ok, value}
-
-      {:error, reason} when reason in [:no_connection, :tcp_closed] ->
-        {:error, unavailable(reason)}
 
       {:error, reason} when is_binary(reason) ->
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
 
       {:error, reason} ->
         {:error, unavailable(reason)}
+
+      other ->
+        bad_reply(hd(command), other)
     end
   catch
     :exit, reason -> {:error, unavailable(exit_reason(reason))}
+    # the keeper (and its table) is gone, or the client is being replaced
+    :error, _ -> {:error, unavailable(:no_client)}
   end
+
+  defp check_args!(state, binaries) do
+    unless match?(
+             %{table: _, keeper: keeper, pool_size: _, timeout: _} when is_pid(keeper),
+             state
+           ) do
+      raise ArgumentError,
+            "expected state to be what Larder.Cache.Redis.init/3 returned, got: #{inspect(state, limit: 10)}"
+    end
+
+    for {name, value} <- binaries, not is_binary(value) do
+      raise ArgumentError, "expected #{name} to be a binary, got: #{inspect(value, limit: 10)}"
+    end
+
+    :ok
+  end
+
+  # An integer reply: decimal digits of a value in 0..max.
+  defp integer_reply({:ok, bin}, command, max) when is_binary(bin) and byte_size(bin) in 1..20 do
+    case Integer.parse(bin) do
+      {n, ""} when n >= 0 and n <= max -> {:ok, n}
+      _ -> bad_reply(command, bin)
+    end
+  end
+
+  defp integer_reply({:ok, other}, command, _max), do: bad_reply(command, other)
+  defp integer_reply({:error, _} = error, _command, _max), do: error
+
+  defp bad_reply(command, reply) do
+    {:error,
+     Larder.Error.new(:l2_bad_reply, "the server's reply is not what Redis sends",
+       command: command,
+       reply: truncate(reply)
+     )}
+  end
+
+  defp truncate(bin) when is_binary(bin) and byte_size(bin) > 64,
+    do: binary_part(bin, 0, 64) <> "..."
+
+  defp truncate(other), do: inspect(other, limit: 10, printable_limit: 64)
 
   defp ok({:ok, _reply}), do: :ok
   defp ok({:error, _} = error), do: error
 
   defp exit_reason({:timeout, _}), do: :timeout
   defp exit_reason({:noproc, _}), do: :noproc
-  defp exit_reason(other), do: other
+  defp exit_reason({reason, {:gen_server, :call, _}}), do: truncate(reason)
+  defp exit_reason(other), do: truncate(other)
 
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
@@ -193,87 +296,253 @@ defmodule Larder.Cache.Redis do
   def validate_opts!(opts) do
     opts = Options.merge!(opts, @defaults, "Redis")
 
-    check!(opts, :host, &is_binary/1, "a string")
-    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number")
-    check!(opts, :database, &(is_integer(&1) and &1 >= 0), "a non-negative integer")
+    check!(opts, :host, &(is_binary(&1) and &1 != "" and byte_size(&1) <= 255), "a host name")
+    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number (1..65535)")
+    check!(opts, :database, &int_in?(&1, 0, @max_database), "an integer in 0..#{@max_database}")
     check!(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
-    check!(opts, :timeout, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check!(opts, :reconnect_sleep, &(is_integer(&1) and &1 > 0), "a positive integer (ms)")
-    check!(opts, :pool_size, &(is_integer(&1) and &1 > 0), "a positive integer")
+
+    check!(
+      opts,
+      :timeout,
+      &int_in?(&1, 1, @max_timeout),
+      "a positive integer (ms) up to #{@max_timeout}"
+    )
+
+    check!(
+      opts,
+      :reconnect_sleep,
+      &int_in?(&1, 1, @max_reconnect_sleep),
+      "a positive integer (ms) up to #{@max_reconnect_sleep}"
+    )
+
+    check!(
+      opts,
+      :pool_size,
+      &int_in?(&1, 1, @max_pool_size),
+      "a positive integer up to #{@max_pool_size}"
+    )
+
+    check!(
+      opts,
+      :max_reply_bytes,
+      &int_in?(&1, 1024, @max_max_reply_bytes),
+      "an integer in 1024..#{@max_max_reply_bytes}"
+    )
+
+    check!(
+      opts,
+      :max_message_bytes,
+      &int_in?(&1, 1024, @max_max_reply_bytes),
+      "an integer in 1024..#{@max_max_reply_bytes}"
+    )
+
     opts
   end
+
+  defp int_in?(value, min, max), do: is_integer(value) and value >= min and value <= max
 
   defp check!(opts, key, valid?, expected),
     do: Options.check!(opts, key, valid?, expected, "Redis")
 
-  ## The pub/sub relay: owns eredis_sub, acknowledges its messages and
-  ## forwards them to the subscriber; restarts it on a timer while Redis is down.
+  ## The keeper: owns the eredis clients (their pids are in its table, by
+  ## pool slot), replaces one that dies or holds more than its memory bound,
+  ## and relays pub/sub: it owns eredis_sub, acknowledges its messages and
+  ## forwards them to the subscriber, and restarts it on a timer.
 
-  defp relay_init(owner, subscriber, channel, sub_args) do
+  defp keeper_init(parent, ref, subscriber, channel, opts) do
     Process.flag(:trap_exit, true)
+    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
 
-    relay_connect(%{
-      owner: owner,
+    state = %{
+      parent: parent,
       subscriber: subscriber,
       channel: channel,
-      args: sub_args,
-      sub: nil
-    })
+      opts: opts,
+      table: table,
+      host: String.to_charlist(opts[:host]),
+      password: String.to_charlist(opts[:password] || ""),
+      clients: %{},
+      sub: nil,
+      # eredis keeps a reply in its heap or as binaries while it parses:
+      # twice the largest reply we accept, plus slack.
+      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576,
+      sub_memory_limit: 2 * opts[:max_message_bytes] + 1_048_576
+    }
+
+    # eredis connects in start_link (bounded by :timeout each), so the
+    # first calls find a connected client when Redis is up.
+    state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
+    send(parent, {ref, table})
+    Process.send_after(self(), :watch, @watch_ms)
+    keeper_loop(sub_connect(state))
   end
 
-  defp relay_connect(state) do
-    {host, port, password, sleep} = state.args
+  defp start_client(state, slot) do
+    opts = state.opts
 
-    case :eredis_sub.start_link(host, port, password, sleep, :infinity, :drop) do
+    result =
+      try do
+        :eredis.start_link(
+          state.host,
+          opts[:port],
+          opts[:database],
+          state.password,
+          opts[:reconnect_sleep],
+          opts[:timeout]
+        )
+      catch
+        kind, reason -> {:error, {kind, reason}}
+      end
+
+    case result do
+      {:ok, client} ->
+        :ets.insert(state.table, {slot, client})
+        %{state | clients: Map.put(state.clients, client, slot)}
+
+      {:error, _reason} ->
+        # callers see :l2_unavailable until the retry succeeds
+        :ets.insert(state.table, {slot, :none})
+        Process.send_after(self(), {:start_client, slot}, opts[:reconnect_sleep])
+        state
+    end
+  end
+
+  defp sub_connect(state) do
+    result =
+      try do
+        :eredis_sub.start_link(
+          state.host,
+          state.opts[:port],
+          state.password,
+          state.opts[:reconnect_sleep],
+          :infinity,
+          :drop
+        )
+      catch
+        kind, reason -> {:error, {kind, reason}}
+      end
+
+    case result do
       {:ok, sub} ->
         :eredis_sub.controlling_process(sub)
         :eredis_sub.subscribe(sub, [state.channel])
-        relay_loop(%{state | sub: sub})
+        %{state | sub: sub}
 
       {:error, _reason} ->
-        Process.send_after(self(), :reconnect, sleep)
-        relay_loop(%{state | sub: nil})
+        Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
+        %{state | sub: nil}
     end
   end
 
-  defp relay_loop(%{sub: sub, owner: owner, subscriber: subscriber} = state) do
+  defp keeper_loop(%{sub: sub, parent: parent, subscriber: subscriber} = state) do
     receive do
-      {:message, _channel, payload, ^sub} ->
+      {:message, _channel, payload, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         send(subscriber, {:larder_cache_l2, :message, payload})
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:subscribed, _channel, ^sub} ->
+      {:subscribed, _channel, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         send(subscriber, {:larder_cache_l2, :connected})
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:eredis_connected, ^sub} ->
+      {:eredis_connected, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         :eredis_sub.subscribe(sub, [state.channel])
-        relay_loop(state)
+        keeper_loop(state)
 
-      {tag, ^sub} when tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
+      {tag, ^sub} when sub != nil and tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
         :eredis_sub.ack_message(sub)
-        relay_loop(state)
+        keeper_loop(state)
 
-      {:eredis_reconnect_failed, ^sub, _reason} ->
+      {:eredis_reconnect_failed, ^sub, _reason} when sub != nil ->
         :eredis_sub.ack_message(sub)
-        relay_loop(state)
+        keeper_loop(state)
 
       :reconnect ->
-        relay_connect(state)
+        keeper_loop(if sub == nil, do: sub_connect(state), else: state)
 
-      {:EXIT, ^owner, reason} ->
+      {:start_client, slot} ->
+        keeper_loop(start_client(state, slot))
+
+      :watch ->
+        watch(state)
+        Process.send_after(self(), :watch, @watch_ms)
+        keeper_loop(state)
+
+      :stop ->
+        shutdown(state)
+
+      {:EXIT, ^parent, reason} ->
+        shutdown(state)
         exit(reason)
 
-      {:EXIT, ^sub, reason} ->
-        Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(reason)}")
-        Process.send_after(self(), :reconnect, elem(state.args, 3))
-        relay_loop(%{state | sub: nil})
+      {:EXIT, pid, reason} ->
+        keeper_loop(handle_exit(state, pid, reason))
 
       _other ->
-        relay_loop(state)
+        keeper_loop(state)
     end
+  end
+
+  # A client that died (eredis raises on bytes that are not RESP) is
+  # replaced after reconnect_sleep; until then its slot answers
+  # :l2_unavailable.
+  defp handle_exit(%{sub: pid} = state, pid, reason) when pid != nil do
+    Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(truncate(reason))}")
+    Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
+    %{state | sub: nil}
+  end
+
+  defp handle_exit(state, pid, reason) do
+    case Map.pop(state.clients, pid) do
+      {nil, _clients} ->
+        state
+
+      {slot, clients} ->
+        Logger.warning("Larder.Cache.Redis: client exited: #{inspect(truncate(reason))}")
+        :ets.insert(state.table, {slot, :none})
+        Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
+        %{state | clients: clients}
+    end
+  end
+
+  # A server that sends an endless reply makes eredis buffer it for ever:
+  # kill a client (or the pub/sub client) that holds more than the limit.
+  defp watch(state) do
+    limits =
+      Enum.map(state.clients, fn {pid, _slot} -> {pid, state.memory_limit} end) ++
+        if(state.sub, do: [{state.sub, state.sub_memory_limit}], else: [])
+
+    for {pid, limit} <- limits, memory(pid) > limit do
+      Logger.warning(
+        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
+      )
+
+      Process.exit(pid, :kill)
+    end
+
+    :ok
+  end
+
+  defp memory(pid) do
+    case Process.info(pid, [:memory, :binary]) do
+      [memory: memory, binary: binaries] ->
+        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
+
+      nil ->
+        0
+    end
+  end
+
+  defp shutdown(state) do
+    for pid <- Map.keys(state.clients), do: stop_client(pid)
+    if state.sub, do: Process.exit(state.sub, :kill)
+    :ok
+  end
+
+  defp stop_client(client) do
+    Process.unlink(client)
+    Process.exit(client, :kill)
   end
 end

@@ -53,7 +53,8 @@ defmodule Larder.Cache.Store do
     :l2_errors,
     :decode_errors,
     :evictions,
-    :invalidations
+    :invalidations,
+    :bad_messages
   ]
 
   for {name, index} <- Enum.with_index(@stats, 1) do

@@ -1,0 +1,390 @@
+defmodule Larder.Cache.RedisFaultTest do
+  # The fault suite on a real redis-server: a server paused mid-write,
+  # killed and restarted, a fake server that answers garbage, a hostile
+  # publisher on the invalidation channel, oversized and zip-bomb values.
+  # Each checks that every node converges and that memory stays bounded.
+  use ExUnit.Case, async: true
+
+  alias Larder.Cache
+  alias Larder.Cache.{Codec, Owner}
+  alias Larder.Test.{GarbageServer, RedisServer}
+
+  import Larder.Test.Eventually
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup ctx do
+    server = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(server) end)
+    %{server: server, prefix: "#{inspect(ctx.module)}.#{ctx.test}"}
+  end
+
+  describe "Redis paused (SIGSTOP) mid-write" do
+    test "put/4: the other node stops serving the old value once Redis answers", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], timeout: 200)
+      share(a, b, :k, :old)
+      share(a, b, :gone, :old)
+
+      RedisServer.pause(ctx.server)
+      on_exit(fn -> RedisServer.resume(ctx.server) end)
+
+      # the SET (or DEL) is sent and may land later: its outcome is unknown
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.put(a, :k, :new)
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.delete(a, :gone)
+      assert Cache.get(a, :k) == :new
+      assert Cache.get(b, :k) == :old
+      # paused for 2 s in all, as in the report that found this
+      Process.sleep(1_500)
+      assert Cache.get(b, :k) == :old
+
+      RedisServer.resume(ctx.server)
+      resumed = System.monotonic_time(:millisecond)
+
+      # b drops its copy; what L2 holds then is a's value or nothing
+      await(fn -> Cache.get(b, :k) in [:new, nil] and Cache.get(b, :gone) == nil end)
+      report("put/delete convergence after SIGCONT", resumed)
+      assert Cache.get(b, :k) in [:new, nil]
+      assert pending(a) == %{keys: %{}, all: nil}
+    end
+
+    test "invalidate_all/1: every node moves to a new generation once Redis answers", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], timeout: 200)
+      share(a, b, :k, :old)
+
+      RedisServer.pause(ctx.server)
+      on_exit(fn -> RedisServer.resume(ctx.server) end)
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.invalidate_all(a)
+      assert Cache.get(a, :k) == nil
+      assert Cache.get(b, :k) == :old
+
+      RedisServer.resume(ctx.server)
+      resumed = System.monotonic_time(:millisecond)
+      await(fn -> Cache.get(b, :k) == nil end)
+      report("invalidate_all convergence after SIGCONT", resumed)
+      assert generation(a) == generation(b)
+      assert generation(a) >= 1
+    end
+
+    test "many keys written while paused degrade to one invalidate-all; memory stays bounded",
+         ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], timeout: 100, pool_size: 1)
+      share(a, b, :k, :old)
+      owner = Process.whereis(a)
+      memory_before = process_memory(owner)
+
+      RedisServer.pause(ctx.server)
+      on_exit(fn -> RedisServer.resume(ctx.server) end)
+
+      # put/4 waits one timeout per call: enough callers to pass the bound
+      1..(Owner.max_pending_keys() + 10)
+      |> Task.async_stream(&Cache.put(a, {:key, &1}, &1),
+        max_concurrency: 200,
+        timeout: :infinity
+      )
+      |> Stream.run()
+
+      eventually(fn -> pending(a).all != nil end)
+      assert pending(a).keys == %{}
+      assert process_memory(owner) < memory_before + 1_000_000
+
+      RedisServer.resume(ctx.server)
+      await(fn -> Cache.get(b, :k) == nil end)
+      assert pending(a) == %{keys: %{}, all: nil}
+      assert Process.whereis(a) == owner
+    end
+  end
+
+  test "Redis killed and restarted: pending writes are repaired, nothing restarts", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b], timeout: 200)
+    owner = Process.whereis(a)
+    share(a, b, :k, :old)
+    :ok = RedisServer.kill(ctx.server)
+
+    assert {:error, %Larder.Error{}} = Cache.put(a, :k, :new)
+    assert pending(a).keys != %{}
+    server = RedisServer.restart(ctx.server)
+    on_exit(fn -> RedisServer.stop(server) end)
+
+    await(fn -> Cache.get(b, :k) in [:new, nil] end)
+    eventually(fn -> pending(a) == %{keys: %{}, all: nil} end, 250)
+    assert Process.whereis(a) == owner
+    assert :ets.info(config(a).data, :memory) < 100_000
+  end
+
+  describe "a server that is not Redis" do
+    for mode <- [:random, :wrong_types, :endless, :close_mid_reply, :silent] do
+      test "#{mode}: the cache starts, every call returns an error or a miss, L1 serves", ctx do
+        garbage = GarbageServer.start(unquote(mode))
+        on_exit(fn -> GarbageServer.stop(garbage) end)
+        l2 = {Cache.Redis, port: garbage.port, timeout: 200, max_reply_bytes: 1_048_576}
+        name = :"#{ctx.prefix}.garbage"
+        start_supervised!({Cache, name: name, l2: l2, namespace: ctx.prefix})
+        owner = Process.whereis(name)
+
+        for round <- 1..3 do
+          assert {:ok, {:loaded, ^round}} =
+                   Cache.fetch(name, {:k, round}, fn -> {:ok, {:loaded, round}} end)
+
+          assert Cache.get(name, {:k, round}) == {:loaded, round}
+          assert_ok_or_error(Cache.put(name, :p, round))
+          assert Cache.get(name, :p) == round
+          assert_ok_or_error(Cache.delete(name, :p))
+          assert Cache.get(name, :p) == nil
+          assert_ok_or_error(Cache.invalidate_all(name))
+          Process.sleep(100)
+        end
+
+        # Larder.Cache.Redis's own functions
+        {:ok, state} = Cache.Redis.init([port: garbage.port, timeout: 200], self(), "ch")
+
+        for _ <- 1..3 do
+          assert_miss_or_error(Cache.Redis.get(state, "k"))
+          assert_ok_or_error(Cache.Redis.put(state, "k", "v", 100, :new))
+          assert_ok_or_error(Cache.Redis.delete(state, "k"))
+          assert_ok_or_error(Cache.Redis.incr(state, "k"))
+          assert_ok_or_error(Cache.Redis.publish(state, "ch", "x"))
+        end
+
+        # an endless reply is cut off: no client holds more than its bound
+        # (twice max_reply_bytes plus slack, checked every 100 ms)
+        for _ <- 1..10 do
+          assert l2_client_memory(name) < 64_000_000
+          Process.sleep(50)
+        end
+
+        :ok = Cache.Redis.stop(state)
+        assert Process.whereis(name) == owner
+        assert Cache.get(name, {:k, 3}) == nil or Cache.get(name, {:k, 3}) == {:loaded, 3}
+      end
+    end
+  end
+
+  test "an L2 process that dies is restarted in place; the owner and L1 stay", ctx do
+    [a] = start_nodes(ctx, [:a])
+    owner = Process.whereis(a)
+    :ok = Cache.put(a, :k, 1)
+    {Cache.Redis, %{keeper: keeper}} = config(a).l2
+    Process.exit(keeper, :kill)
+
+    assert Cache.get(a, :k) == 1
+    eventually(fn -> match?({_, %{keeper: k}} when k != keeper, config(a).l2) end)
+    eventually(fn -> Cache.put(a, :k, 2) == :ok end)
+    assert Process.whereis(a) == owner
+    [b] = start_nodes(ctx, [:b])
+    assert Cache.get(b, :k) == 2
+  end
+
+  describe "a hostile publisher on the invalidation channel" do
+    test "bad messages are ignored and counted; good ones still work", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], max_value_bytes: 100_000)
+      share(a, b, :k, 1)
+      owner = Process.whereis(b)
+      memory_before = process_memory(owner)
+      node = :crypto.strong_rand_bytes(16)
+      channel = Codec.channel(config(b))
+
+      payloads =
+        [
+          # the examples that took the owner down: out-of-range generations
+          msg(node, {:all, 2 ** 70}),
+          msg(node, {:all, -1}),
+          msg(node, {:all, 1.5}),
+          msg(node, {:all, 10 ** 100}),
+          msg(node, {:all, 2 ** 62}),
+          # wrong shapes
+          msg("short", {:all, 1}),
+          msg(:node, {:key, :k}),
+          msg(node, {:key}),
+          msg(node, {:all, 1, 2}),
+          :erlang.term_to_binary({:larder_cache, node}),
+          :erlang.term_to_binary({:other, node, {:key, :k}}),
+          :erlang.term_to_binary(fn -> :k end),
+          <<131, 80, 0, 0, 0, 10, 1, 2, 3>>,
+          "",
+          "not a term",
+          # a zip bomb and a message above :max_value_bytes
+          <<131, 80, 5_000_006::32>> <>
+            :zlib.compress(<<108, 5_000_000::32>> <> :binary.copy(<<106>>, 5_000_001)),
+          :binary.copy("x", 200_000)
+        ] ++ for(_ <- 1..50, do: :crypto.strong_rand_bytes(:rand.uniform(200)))
+
+      for payload <- payloads do
+        publish(ctx.server, channel, payload)
+      end
+
+      eventually(fn -> Cache.stats(b).bad_messages == length(payloads) end)
+      assert Cache.get(b, :k) == 1
+      assert generation(b) == 0
+      assert Process.whereis(b) == owner
+      :erlang.garbage_collect(owner)
+      assert process_memory(owner) < memory_before + 1_000_000
+
+      # a well-formed invalidation from another node still applies
+      :ok = Cache.put(a, :k, 2)
+      eventually(fn -> Cache.get(b, :k) == 2 end)
+
+      # A message above the Redis L2's :max_message_bytes: its pub/sub
+      # client is cut off (and reconnects, which clears L1) or the owner
+      # counts it; either way invalidations keep flowing.
+      publish(ctx.server, channel, :binary.copy("x", 3_000_000))
+      :ok = Cache.put(a, :k, 3)
+      await(fn -> Cache.get(b, :k) == 3 end)
+      assert Process.whereis(b) == owner
+    end
+
+    test "a huge number in the generation key is counted; the cache starts", ctx do
+      server = ctx.server
+      gen_key = ctx.prefix <> ":1:gen"
+      "+OK\r\n" = RedisServer.command(server, ["SET", gen_key, String.duplicate("9", 100)])
+      [a] = start_nodes(ctx, [:a])
+      assert generation(a) == 0
+      assert Cache.stats(a).decode_errors >= 1
+      assert Cache.fetch(a, :k, fn -> {:ok, 1} end) == {:ok, 1}
+
+      # INCR on a value that is not an integer: Redis errors, put is unaffected
+      assert {:error, %Larder.Error{}} = Cache.invalidate_all(a)
+      "+OK\r\n" = RedisServer.command(server, ["SET", gen_key, "41"])
+      eventually(fn -> Cache.invalidate_all(a) == :ok end)
+      assert generation(a) >= 42
+    end
+  end
+
+  describe "values in L2 that must not be decoded" do
+    test "oversized, zip-bomb and fun values are a miss plus a decode error", ctx do
+      [writer] = start_nodes(ctx, [:writer], max_value_bytes: 1_073_741_824)
+      [reader] = start_nodes(ctx, [:reader], max_value_bytes: 1_048_576)
+      owner = Process.whereis(reader)
+
+      # written by a node with a larger bound: too large to read here
+      big = :binary.copy("x", 2_000_000)
+      :ok = Cache.put(writer, :big, big)
+      assert Cache.get(reader, :big) == nil
+
+      bombs = %{
+        # 5M elements of [] compress to ~5 KB and would decode to 5M cons
+        # cells: the declared size (5 MB) is over the bound
+        nil_list: zip(nil_list(5_000_000)),
+        # 500 KB of external bytes (under the bound) that would decode to
+        # 8 MB of cons cells: the walk's memory estimate is over the bound
+        nil_list_small: zip(nil_list(500_000)),
+        # 100 MB of zeros, ~100 KB compressed
+        big_binary: zip(<<109, 100_000_000::32>> <> :binary.copy(<<0>>, 100_000_000)),
+        # declares a small size and inflates past it
+        lying_size: <<131, 80, 0, 0, 0, 8>> <> :zlib.compress(:binary.copy(<<106>>, 1_000_000)),
+        fun: :erlang.term_to_binary(fn -> :boom end),
+        nested_fun: :erlang.term_to_binary(%{a: [1, {2, &Enum.map/2}]}),
+        # uncompressed and under the bound, but 16 bytes of heap per 2 bytes
+        small_ints: <<131, 108, 200_000::32>> <> :binary.copy(<<97, 1>>, 200_000) <> <<106>>
+      }
+
+      for {key, bin} <- bombs do
+        raw_set(ctx.server, reader, key, bin)
+        {:memory, before} = Process.info(self(), :memory)
+        assert Cache.get(reader, key) == nil, "#{key} was decoded"
+        :erlang.garbage_collect()
+        {:memory, after_} = Process.info(self(), :memory)
+        assert after_ < before + 1_000_000
+      end
+
+      stats = Cache.stats(reader)
+      assert stats.decode_errors == map_size(bombs) + 1
+      assert stats.entries == 0
+      assert Process.whereis(reader) == owner
+
+      # a value too large for the writer's own bound stays in its L1 only
+      [small] = start_nodes(ctx, [:small], max_value_bytes: 1024)
+      assert :ok = Cache.put(small, :big, big)
+      assert Cache.get(small, :big) == big
+      assert Cache.get(reader, :big) == nil
+    end
+  end
+
+  ## Helpers
+
+  defp start_nodes(ctx, suffixes, opts \\ []) do
+    {redis_opts, cache_opts} = Keyword.split(opts, [:timeout, :pool_size])
+    l2 = {Cache.Redis, Keyword.merge([port: ctx.server.port, timeout: 500], redis_opts)}
+
+    names =
+      for suffix <- suffixes do
+        name = :"#{ctx.prefix}.#{suffix}"
+        opts = [name: name, l2: l2, namespace: ctx.prefix] ++ cache_opts
+        start_supervised!({Cache, opts}, id: name)
+        name
+      end
+
+    for name <- names do
+      eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+    end
+
+    names
+  end
+
+  # a puts key; once b has heard of that put, b reads it into its L1
+  defp share(a, b, key, value) do
+    seen = Cache.stats(b).invalidations
+    :ok = Cache.put(a, key, value)
+    eventually(fn -> Cache.stats(b).invalidations > seen end)
+    assert Cache.get(b, key) == value
+  end
+
+  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp generation(name), do: :atomics.get(config(name).generation, 1)
+
+  defp pending(name) do
+    name
+    |> Process.whereis()
+    |> :sys.get_state()
+    |> Map.fetch!(:pending)
+    |> Map.take([:keys, :all])
+  end
+
+  # external term bytes (no 131) of a list of n empty lists
+  defp nil_list(0), do: ""
+  defp nil_list(n), do: <<108, n::32>> <> :binary.copy(<<106>>, n + 1)
+
+  defp zip(plain),
+    do: <<131, 80, byte_size(plain)::32>> <> :zlib.compress(plain)
+
+  defp msg(node, message), do: :erlang.term_to_binary({:larder_cache, node, message})
+
+  defp publish(server, channel, payload) do
+    <<":", _::binary>> = RedisServer.command(server, ["PUBLISH", channel, payload])
+  end
+
+  defp raw_set(server, cache, key, bin) do
+    "+OK\r\n" = RedisServer.command(server, ["SET", Codec.l2_key(config(cache), key), bin])
+  end
+
+  defp process_memory(pid), do: pid |> Process.info(:memory) |> elem(1)
+
+  defp l2_client_memory(name) do
+    {Cache.Redis, %{table: table}} = config(name).l2
+
+    for {_slot, pid} when is_pid(pid) <- :ets.tab2list(table), reduce: 0 do
+      acc ->
+        case Process.info(pid, [:memory, :binary]) do
+          [memory: m, binary: bins] -> max(acc, m + Enum.sum(for {_, s, _} <- bins, do: s))
+          nil -> acc
+        end
+    end
+  end
+
+  defp assert_ok_or_error(:ok), do: :ok
+  defp assert_ok_or_error({:ok, _}), do: :ok
+  defp assert_ok_or_error({:error, %Larder.Error{}}), do: :ok
+  defp assert_ok_or_error(other), do: flunk("unexpected: #{inspect(other)}")
+
+  defp assert_miss_or_error(:miss), do: :ok
+  defp assert_miss_or_error(other), do: assert_ok_or_error(other)
+
+  # Convergence: polled for up to 10 s (no assertion on speed).
+  defp await(fun), do: eventually(fun, 500, 20)
+
+  defp report(what, since) do
+    if System.get_env("LARDER_REPORT_CONVERGENCE") do
+      IO.puts("#{what}: #{System.monotonic_time(:millisecond) - since} ms")
+    end
+  end
+end
