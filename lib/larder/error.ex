@@ -9,13 +9,45 @@ defmodule Larder.Error do
 
   ## Fields
 
-    * `:reason` - an atom that classifies the error, for matching
-      (for example `:corrupt_snapshot`, `:l2_unavailable`, `:loader_failed`).
+    * `:reason` - an atom that classifies the error, for matching; one of
+      the reasons below.
     * `:message` - a human-readable explanation, or `nil` to derive one.
     * `:details` - a map of context (a path, a key, the underlying error).
+
+  ## Reasons
+
+    * `:corrupt_snapshot` - `Larder.Bag.load/2`: the file is not a whole,
+      well-formed snapshot (bad magic, checksum, framing, count, or an
+      object of the wrong shape). No table is left behind.
+    * `:file_error` - `Larder.Bag.dump/2` and `load/2`: the operating
+      system refused a read, write, fsync or rename; `details.posix` says why.
+    * `:loader_failed` - `Larder.Cache.fetch/3`: the loader returned an
+      error or something other than `{:ok, value}`, raised, threw or exited.
+    * `:cache_stopped` - `Larder.Cache`: the cache stopped (or was killed)
+      while the call was loading or waiting for another process's load.
+    * `:l2_unavailable` - `Larder.Cache` and `Larder.Cache.Redis`: the L2
+      could not be reached or did not answer within its timeout.
+    * `:l2_failed` - the L2 answered with an error, or did not start.
+    * `:l2_bad_reply` - the L2 answered with something its protocol does
+      not allow (a server on the port that is not Redis, a reply of the
+      wrong type or size).
+    * `:internal` - `Larder.Index`: the NIF could not rebuild a stored
+      term; a bug in Larder, not in the caller's input.
+
+  Larder itself returns only these. A third-party `Larder.Cache.L2` module
+  may return reasons of its own, which the cache passes through.
   """
 
-  @type reason :: atom()
+  @type reason ::
+          :corrupt_snapshot
+          | :file_error
+          | :loader_failed
+          | :cache_stopped
+          | :l2_unavailable
+          | :l2_failed
+          | :l2_bad_reply
+          | :internal
+          | atom()
   @type t :: %__MODULE__{reason: reason(), message: String.t() | nil, details: map()}
 
   defexception reason: :unknown, message: nil, details: %{}
