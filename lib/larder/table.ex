@@ -127,7 +127,7 @@ defmodule Larder.Table do
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
-  @enforce_keys [:rows, :keys, :index, :key, :entries, :sent, :names, :store, :writer, :name]
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct @enforce_keys
 
   @opaque t :: %__MODULE__{}
@@ -227,21 +227,19 @@ defmodule Larder.Table do
     records
     |> Stream.chunk_every(@chunk)
     |> Enum.reduce(nil, fn chunk, pending ->
-      # The index functions run here, in the caller; the writer gets the
-      # stored rows and the terms it cannot read from them (see
-      # Records.sent_terms/2). One chunk is applied while the next is computed.
-      entries =
+      # The index functions run here, in the caller, which builds the rows
+      # and index ops (Records.write/2); the writer only applies them. One
+      # chunk is applied while the next is computed.
+      {rows, ops, keyed, span} =
         try do
-          chunk
-          |> last_per_key(table)
-          |> Enum.map(&{Records.stored(table, &1), Records.sent_terms(table, &1)})
+          Records.write(table, last_per_key(chunk, table))
         catch
           kind, reason ->
             await!(table, pending)
             :erlang.raise(kind, reason, __STACKTRACE__)
         end
 
-      request = send_write!(table, {:insert, entries})
+      request = send_write!(table, {:insert, rows, ops, keyed, span})
       await!(table, pending)
       request
     end)

@@ -4,41 +4,34 @@
 defmodule Larder.Table.Records do
   @moduledoc false
 
+  @direct_limit 0x80000000
+
   @doc "The index terms of `record`, one `{name, value}` per term, in index order."
   def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
 
   @doc """
-  The index entries whose terms a writer cannot read from the stored row:
-  function indexes, and field indexes on fields that `:store` leaves out.
-  Callers send only these terms, which keeps the write messages small.
+  A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
+  A record whose key is its row id gives its ETS row `{id, stored}` and the
+  op `{:add_terms, terms, id}` that indexes it as a fresh row, and `span` is
+  `{lowest, highest}` of those ids (`nil` when there are none); any other
+  record gives `{key, stored, terms}`, to which the writer gives a row id.
   """
-  def sent_entries(entries, store) do
-    Enum.reject(entries, fn
-      {_name, {:field, field}} -> store == nil or field in store
-      {_name, _fun} -> false
+  def write(%{key: field} = table, records) do
+    Enum.reduce(records, {[], [], [], nil}, fn record, {rows, ops, keyed, span} ->
+      key = :erlang.map_get(field, record)
+      stored = stored(table, record)
+      terms = terms(table, record)
+
+      if is_integer(key) and key >= 0 and key < @direct_limit,
+        do: {[{key, stored} | rows], [{:add_terms, terms, key} | ops], keyed, widen(span, key)},
+        else: {rows, ops, [{key, stored, terms} | keyed], span}
     end)
   end
 
-  @doc "The terms of `record` for the entries in `sent_entries/2`."
-  def sent_terms(%{sent: sent}, record), do: Enum.flat_map(sent, &entry_terms(&1, record))
-
-  @doc """
-  All the terms of a stored row, given its `sent_terms/2`: those of the field
-  indexes whose field the row holds (a field `:store` leaves out is not in
-  the row; its terms are among the sent ones).
-  """
-  def derived_terms(%{entries: entries}, stored, sent_terms) do
-    Enum.reduce(entries, sent_terms, fn
-      {name, {:field, field}}, acc ->
-        case stored do
-          %{^field => value} -> [{name, value} | acc]
-          _ -> acc
-        end
-
-      _fun_entry, acc ->
-        acc
-    end)
-  end
+  defp widen(nil, id), do: {id, id}
+  defp widen({low, high}, id) when id < low, do: {id, high}
+  defp widen({low, high}, id) when id > high, do: {low, id}
+  defp widen(span, _id), do: span
 
   @doc "The terms of one index entry for `record`."
   def entry_terms({name, {:field, field}}, record) do

@@ -14,7 +14,8 @@ defmodule Larder.Table.Writer do
   @max_id 0xFFFFFFFF
 
   # `max_id` is state rather than a constant so that a test can lower it.
-  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id]
+  # Every id below `@direct_limit` that holds a row is below `top`.
+  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id, top: 0]
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
   @spec start(map(), pid()) :: GenServer.on_start()
@@ -39,7 +40,6 @@ defmodule Larder.Table.Writer do
       index: Index.new(),
       key: config.key,
       entries: config.entries,
-      sent: Records.sent_entries(config.entries, config.store),
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
       store: config.store,
       writer: self(),
@@ -122,22 +122,31 @@ defmodule Larder.Table.Writer do
   ## the index in one batch (atomic, the only step that can still fail), then
   ## the ETS tables (which cannot fail), then the id state.
 
-  defp apply_write({:insert, entries}, state) do
+  # `rows` and `ops` come ready from the caller (Records.write/2) for keys
+  # that are row ids: when none of those ids holds a row (all are at or
+  # above `top`, as in a build, or else checked one by one) the writer only
+  # applies them. `keyed` records get their ids here.
+  defp apply_write({:insert, rows, ops, keyed, span}, state) do
     t = state.table
 
+    {ops, top} =
+      case span do
+        nil -> {ops, state.top}
+        {low, high} when low >= state.top -> {ops, high + 1}
+        {_low, high} -> {replace_ops(t, ops), max(state.top, high + 1)}
+      end
+
     {rows, keys, ops, next, free} =
-      Enum.reduce(entries, {[], [], [], state.next, state.free}, fn
-        {stored, sent}, {rows, keys, ops, next, free} ->
-          key = Map.fetch!(stored, t.key)
+      Enum.reduce(keyed, {rows, [], ops, state.next, state.free}, fn
+        {key, stored, terms}, {rows, keys, ops, next, free} ->
           {id, keys, next, free} = id_for(state, key, keys, next, free)
-          ops = diff(old_terms(t, id), Records.derived_terms(t, stored, sent), id, ops)
-          {[{id, stored} | rows], keys, ops, next, free}
+          {[{id, stored} | rows], keys, diff(old_terms(t, id), terms, id, ops), next, free}
       end)
 
-    Index.batch(t.index, :lists.reverse(ops))
+    Index.batch(t.index, ops)
     :ets.insert(t.keys, keys)
     :ets.insert(t.rows, rows)
-    {:ok, %{state | next: next, free: free}}
+    {:ok, %{state | next: next, free: free, top: top}}
   end
 
   defp apply_write({:delete, key}, state) do
@@ -207,9 +216,9 @@ defmodule Larder.Table.Writer do
 
     case new do
       %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
-        stored = Records.stored(t, new)
-        {:ok, state} = apply_write({:insert, [{stored, Records.sent_terms(t, new)}]}, state)
-        {{:ok, stored}, state}
+        {rows, ops, keyed, span} = Records.write(t, [new])
+        {:ok, state} = apply_write({:insert, rows, ops, keyed, span}, state)
+        {{:ok, Records.stored(t, new)}, state}
 
       _ ->
         raise ArgumentError,
@@ -218,7 +227,17 @@ defmodule Larder.Table.Writer do
     end
   end
 
-  # Ops that turn `before` into `now` for `id`, prepended to `ops`.
+  # Fresh-row ops from Records.write/2, each turned into a diff from the old
+  # terms when its id holds a row.
+  defp replace_ops(t, ops) do
+    Enum.reduce(ops, [], fn {:add_terms, terms, id} = op, ops ->
+      if :ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, ops), else: [op | ops]
+    end)
+  end
+
+  # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
+  # order of ops does not matter: each id appears once, and its adds and
+  # removes are disjoint).
   defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
 
   defp diff(before, now, id, ops) do
