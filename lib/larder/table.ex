@@ -69,8 +69,11 @@ defmodule Larder.Table do
   even if the caller is killed, so a killed caller leaves its write done or
   not begun, never half done. The caller computes the new records' index
   terms (so an index function that raises, raises in the caller and nothing
-  is written) and sends the stored rows with their terms; the writer computes
-  the old terms of the records it replaces. `update/3` and `upsert/3` read,
+  is written) and sends the stored rows and the index ops, grouped by term
+  (a term shared by many records of a chunk is sent and indexed once); the
+  writer gives row ids to non-integer keys and computes the old terms of
+  the records it replaces (none when every integer key of a chunk is above
+  the highest one it has written, as in a build). `update/3` and `upsert/3` read,
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 

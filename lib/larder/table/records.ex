@@ -11,22 +11,56 @@ defmodule Larder.Table.Records do
 
   @doc """
   A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
-  A record whose key is its row id gives its ETS row `{id, stored}` and the
-  op `{:add_terms, terms, id}` that indexes it as a fresh row, and `span` is
-  `{lowest, highest}` of those ids (`nil` when there are none); any other
-  record gives `{key, stored, terms}`, to which the writer gives a row id.
+  A record whose key is its row id gives its ETS row `{id, stored}`, and
+  its terms go into `ops`, one `{:add, term, ids}` per distinct term (a
+  term shared by many records is copied and indexed once), which index
+  these rows as fresh ones; `span` is `{lowest, highest}` of those ids
+  (`nil` when there are none). Any other record gives `{key, stored,
+  terms}`, to which the writer gives a row id.
   """
   def write(%{key: field} = table, records) do
-    Enum.reduce(records, {[], [], [], nil}, fn record, {rows, ops, keyed, span} ->
-      key = :erlang.map_get(field, record)
-      stored = stored(table, record)
-      terms = terms(table, record)
+    # The ids of each term gather in the process dictionary, under keys
+    # that no other call uses, erased before returning (or raising).
+    tag = make_ref()
 
-      if is_integer(key) and key >= 0 and key < @direct_limit,
-        do: {[{key, stored} | rows], [{:add_terms, terms, key} | ops], keyed, widen(span, key)},
-        else: {rows, ops, [{key, stored, terms} | keyed], span}
-    end)
+    {rows, terms, keyed, span} =
+      try do
+        Enum.reduce(records, {[], [], [], nil}, fn record, {rows, terms, keyed, span} ->
+          key = :erlang.map_get(field, record)
+          stored = stored(table, record)
+
+          if is_integer(key) and key >= 0 and key < @direct_limit do
+            terms = gather(terms(table, record), key, tag, terms)
+            {[{key, stored} | rows], terms, keyed, widen(span, key)}
+          else
+            {rows, terms, [{key, stored, terms(table, record)} | keyed], span}
+          end
+        end)
+      catch
+        kind, reason ->
+          for {{^tag, _} = gathered, _} <- :erlang.get(), do: :erlang.erase(gathered)
+          :erlang.raise(kind, reason, __STACKTRACE__)
+      end
+
+    ops = for term <- terms, do: {:add, term, :erlang.erase({tag, term})}
+    {rows, ops, keyed, span}
   end
+
+  # Adds `id` to the ids of each of `terms`; returns `seen` with the terms
+  # not seen before.
+  defp gather([term | rest], id, tag, seen) do
+    case :erlang.get({tag, term}) do
+      :undefined ->
+        :erlang.put({tag, term}, [id])
+        gather(rest, id, tag, [term | seen])
+
+      ids ->
+        :erlang.put({tag, term}, [id | ids])
+        gather(rest, id, tag, seen)
+    end
+  end
+
+  defp gather([], _id, _tag, seen), do: seen
 
   defp widen(nil, id), do: {id, id}
   defp widen({low, high}, id) when id < low, do: {id, high}

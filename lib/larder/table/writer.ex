@@ -133,7 +133,7 @@ defmodule Larder.Table.Writer do
       case span do
         nil -> {ops, state.top}
         {low, high} when low >= state.top -> {ops, high + 1}
-        {_low, high} -> {replace_ops(t, ops), max(state.top, high + 1)}
+        {_low, high} -> {replace_ops(t, rows, ops), max(state.top, high + 1)}
       end
 
     {rows, keys, ops, next, free} =
@@ -227,12 +227,29 @@ defmodule Larder.Table.Writer do
     end
   end
 
-  # Fresh-row ops from Records.write/2, each turned into a diff from the old
-  # terms when its id holds a row.
-  defp replace_ops(t, ops) do
-    Enum.reduce(ops, [], fn {:add_terms, terms, id} = op, ops ->
-      if :ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, ops), else: [op | ops]
-    end)
+  # The ops of Records.write/2, with each id that holds a row taken out of
+  # them and given a diff from its old terms instead.
+  defp replace_ops(t, rows, ops) do
+    case for {id, _} <- rows, :ets.member(t.rows, id), into: %{}, do: {id, []} do
+      replaced when replaced == %{} ->
+        ops
+
+      replaced ->
+        {ops, now} =
+          Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
+            {fresh, now} =
+              Enum.reduce(ids, {[], now}, fn id, {fresh, now} ->
+                case now do
+                  %{^id => terms} -> {fresh, %{now | id => [term | terms]}}
+                  _ -> {[id | fresh], now}
+                end
+              end)
+
+            {[{:add, term, fresh} | ops], now}
+          end)
+
+        Enum.reduce(now, ops, fn {id, terms}, ops -> diff(old_terms(t, id), terms, id, ops) end)
+    end
   end
 
   # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
