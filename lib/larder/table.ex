@@ -252,10 +252,27 @@ defmodule Larder.Table do
   end
 
   # Within one chunk a key given twice must be reduced to its last record.
+  # Keys in ascending order (as in a build) are distinct without a map.
   defp last_per_key(chunk, table) do
-    by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
-    if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
+    if ascending?(chunk, table.key, nil) do
+      chunk
+    else
+      by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
+      if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
+    end
   end
+
+  defp ascending?([record | rest], field, previous) do
+    case :erlang.map_get(field, record) do
+      key when is_integer(key) and (previous == nil or key > previous) ->
+        ascending?(rest, field, key)
+
+      _ ->
+        false
+    end
+  end
+
+  defp ascending?([], _field, _previous), do: true
 
   @doc """
   Merges `changes` into the record under `key` and re-indexes it. Returns

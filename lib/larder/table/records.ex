@@ -30,7 +30,7 @@ defmodule Larder.Table.Records do
           stored = stored(table, record)
 
           if is_integer(key) and key >= 0 and key < @direct_limit do
-            terms = gather(terms(table, record), key, tag, terms)
+            terms = gather_entries(table.entries, record, key, tag, terms)
             {[{key, stored} | rows], terms, keyed, widen(span, key)}
           else
             {rows, terms, [{key, stored, terms(table, record)} | keyed], span}
@@ -45,6 +45,11 @@ defmodule Larder.Table.Records do
     ops = for term <- terms, do: {:add, term, :erlang.erase({tag, term})}
     {rows, ops, keyed, span}
   end
+
+  defp gather_entries([entry | rest], record, id, tag, seen),
+    do: gather_entries(rest, record, id, tag, gather(entry_terms(entry, record), id, tag, seen))
+
+  defp gather_entries([], _record, _id, _tag, seen), do: seen
 
   # Adds `id` to the ids of each of `terms`; returns `seen` with the terms
   # not seen before.
