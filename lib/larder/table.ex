@@ -149,6 +149,7 @@ defmodule Larder.Table do
 
   @direct_limit 0x80000000
   @chunk 5_000
+  @claim_min 256
   @reserved [:and, :or, :not, :term]
   @valid_opts [:key, :index, :store, :name]
 
@@ -242,13 +243,52 @@ defmodule Larder.Table do
             :erlang.raise(kind, reason, __STACKTRACE__)
         end
 
-      request = send_write!(table, {:insert, rows, ops, keyed, span})
-      await!(table, pending)
-      request
+      write_chunk!(table, {rows, ops, keyed, span}, pending)
     end)
     |> then(&await!(table, &1))
 
     :ok
+  end
+
+  # A large chunk of fresh rows (integer keys above every one the table has
+  # held, as in a build) goes into ETS from the caller, which saves copying
+  # the rows to the writer: the writer grants a claim, holds every other
+  # write back until the caller releases it, then applies the index ops.
+  # If the caller dies in between, the writer completes the chunk when its
+  # rows are in ETS (one atomic :ets.insert) and drops it when they are not.
+  # Returns the request to await for the chunk's outcome.
+  defp write_chunk!(table, {rows, ops, [], {_, _} = span}, pending)
+       when length(rows) >= @claim_min do
+    claim = send_write!(table, {:claim, span, ops, Enum.map(rows, &elem(&1, 0))})
+    await!(table, pending)
+
+    case await!(table, claim) do
+      {:claimed, ref} ->
+        inserted =
+          try do
+            :ets.insert(table.rows, rows)
+          catch
+            kind, reason -> {kind, reason, __STACKTRACE__}
+          end
+
+        release = :gen_server.send_request(table.writer, {:release, ref})
+
+        with {kind, reason, stack} <- inserted do
+          await!(table, release)
+          :erlang.raise(kind, reason, stack)
+        end
+
+        release
+
+      :stale ->
+        send_write!(table, {:insert, rows, ops, [], span})
+    end
+  end
+
+  defp write_chunk!(table, write, pending) do
+    request = send_write!(table, Tuple.insert_at(write, 0, :insert))
+    await!(table, pending)
+    request
   end
 
   # Within one chunk a key given twice must be reduced to its last record.

@@ -35,7 +35,8 @@ defmodule Larder.Table.Writer do
     if owner, do: Process.monitor(owner)
 
     table = %Table{
-      rows: :ets.new(Table, [:set, :protected, read_concurrency: true]),
+      # Public so that a caller can insert a claimed chunk (see handle_call/3).
+      rows: :ets.new(Table, [:set, :public, read_concurrency: true]),
       keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
       index: Index.new(),
       key: config.key,
@@ -88,6 +89,37 @@ defmodule Larder.Table.Writer do
     {:stop, :normal, :ok, state}
   end
 
+  # A claim for fresh rows (Table.insert_many/2): the caller inserts them
+  # into ETS itself and then releases the claim; no other write runs in
+  # between. Whether the rows are in ETS (one atomic insert, checked by its
+  # lowest id) decides whether the write is completed or dropped, also when
+  # the caller died holding the claim.
+  def handle_call({:claim, {low, high}, ops, ids}, {caller, _} = from, state)
+      when low >= state.top do
+    ref = Process.monitor(caller)
+    GenServer.reply(from, {:claimed, ref})
+
+    release =
+      receive do
+        {:"$gen_call", release, {:release, ^ref}} ->
+          Process.demonitor(ref, [:flush])
+          release
+
+        {:DOWN, ^ref, :process, _, _} ->
+          nil
+      end
+
+    {reply, state} =
+      if :ets.member(state.table.rows, low),
+        do: apply_claimed(ops, ids, high, state),
+        else: {:ok, state}
+
+    if release, do: GenServer.reply(release, reply)
+    {:noreply, state}
+  end
+
+  def handle_call({:claim, _span, _ops, _ids}, _from, state), do: {:reply, :stale, state}
+
   def handle_call(request, _from, state) do
     {reply, state} = apply_write(request, state)
     {:reply, reply, state}
@@ -121,6 +153,17 @@ defmodule Larder.Table.Writer do
   ## Writes. Each computes everything first (ids, terms, ops), then changes
   ## the index in one batch (atomic, the only step that can still fail), then
   ## the ETS tables (which cannot fail), then the id state.
+
+  # The rows of a claim are in ETS: index them, or take them out again when
+  # the index refuses the ops.
+  defp apply_claimed(ops, ids, high, state) do
+    Index.batch(state.table.index, ops)
+    {:ok, %{state | top: high + 1}}
+  catch
+    kind, reason ->
+      for id <- ids, do: :ets.delete(state.table.rows, id)
+      {{:raise, kind, reason, __STACKTRACE__}, state}
+  end
 
   # `rows` and `ops` come ready from the caller (Records.write/2) for keys
   # that are row ids: when none of those ids holds a row (all are at or
