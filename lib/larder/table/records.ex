@@ -46,6 +46,16 @@ defmodule Larder.Table.Records do
     {rows, ops, keyed, span}
   end
 
+  defp gather_entries([{name, {:field, field}} | rest], record, id, tag, seen) do
+    case record do
+      %{^field => value} ->
+        gather_entries(rest, record, id, tag, gather_one({name, value}, id, tag, seen))
+
+      _ ->
+        gather_entries(rest, record, id, tag, seen)
+    end
+  end
+
   defp gather_entries([entry | rest], record, id, tag, seen),
     do: gather_entries(rest, record, id, tag, gather(entry_terms(entry, record), id, tag, seen))
 
@@ -53,19 +63,24 @@ defmodule Larder.Table.Records do
 
   # Adds `id` to the ids of each of `terms`; returns `seen` with the terms
   # not seen before.
-  defp gather([term | rest], id, tag, seen) do
-    case :erlang.get({tag, term}) do
-      :undefined ->
-        :erlang.put({tag, term}, [id])
-        gather(rest, id, tag, [term | seen])
-
-      ids ->
-        :erlang.put({tag, term}, [id | ids])
-        gather(rest, id, tag, seen)
-    end
-  end
+  defp gather([term | rest], id, tag, seen),
+    do: gather(rest, id, tag, gather_one(term, id, tag, seen))
 
   defp gather([], _id, _tag, seen), do: seen
+
+  defp gather_one(term, id, tag, seen) do
+    key = {tag, term}
+
+    case :erlang.get(key) do
+      :undefined ->
+        :erlang.put(key, [id])
+        [term | seen]
+
+      ids ->
+        :erlang.put(key, [id | ids])
+        seen
+    end
+  end
 
   defp widen(nil, id), do: {id, id}
   defp widen({low, high}, id) when id < low, do: {id, high}
