@@ -11,6 +11,7 @@ defmodule Larder.Table.Records do
 
   @doc """
   A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
+  One record whose key is its row id gives `{:add_terms, terms, id}`.
   A record whose key is its row id gives its ETS row `{id, stored}`, and
   its terms go into `ops`, one `{:add, term, ids}` per distinct term (a
   term shared by many records is copied and indexed once), which index
@@ -18,6 +19,17 @@ defmodule Larder.Table.Records do
   (`nil` when there are none). Any other record gives `{key, stored,
   terms}`, to which the writer gives a row id.
   """
+  def write(%{key: field} = table, [record]) do
+    # One record (insert/2, upsert/3): `{:add_terms, terms, id}` needs no
+    # gathering.
+    key = :erlang.map_get(field, record)
+    stored = stored(table, record)
+
+    if is_integer(key) and key >= 0 and key < @direct_limit,
+      do: {[{key, stored}], [{:add_terms, terms(table, record), key}], [], {key, key}},
+      else: {[], [], [{key, stored, terms(table, record)}], nil}
+  end
+
   def write(%{key: field} = table, records) do
     # The ids of each term gather in the process dictionary, under keys
     # that no other call uses, erased before returning (or raising).

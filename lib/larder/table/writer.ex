@@ -272,6 +272,9 @@ defmodule Larder.Table.Writer do
 
   # The ops of Records.write/2, with each id that holds a row taken out of
   # them and given a diff from its old terms instead.
+  defp replace_ops(t, _rows, [{:add_terms, terms, id}] = ops),
+    do: if(:ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, []), else: ops)
+
   defp replace_ops(t, rows, ops) do
     case for {id, _} <- rows, :ets.member(t.rows, id), into: %{}, do: {id, []} do
       replaced when replaced == %{} ->
