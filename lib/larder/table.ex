@@ -53,7 +53,8 @@ defmodule Larder.Table do
   bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
   per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
   term of the record, plus one round trip to the writer process per call (per
-  chunk of 5,000 records for `insert_many/2`). Replacing or deleting a record
+  chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
+  "Concurrency"). Replacing or deleting a record
   needs its old terms: they are computed from the record in ETS, or, with
   `:store`, read from the index, which checks every term of the index
   (O(terms)) because the stored record no longer holds them. `size/1` is
@@ -69,23 +70,34 @@ defmodule Larder.Table do
   even if the caller is killed, so a killed caller leaves its write done or
   not begun, never half done. The caller computes the new records' index
   terms (so an index function that raises, raises in the caller and nothing
-  is written) and sends the stored rows and the index ops, grouped by term
-  (a term shared by many records of a chunk is sent and indexed once); the
-  writer gives row ids to non-integer keys and computes the old terms of
-  the records it replaces (none when every integer key of a chunk is above
-  the highest one it has written, as in a build). `update/3` and `upsert/3` read,
+  is written) and sends the stored rows and the index ops, grouped by term (a
+  term shared by many records of a chunk is sent and indexed once); the
+  writer gives row ids to non-integer keys and computes the old terms of the
+  records it replaces (none when every integer key of a chunk is above the
+  highest one it has written, as in a build). `update/3` and `upsert/3` read,
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 
-  Within a write the index changes before the ETS rows. A search that runs
-  during a write sees the index either before or after that write (never half
-  of it) and returns each record as ETS holds it when looked up: during a
-  write that can be its old version, and a row id freed by a delete may
-  already hold another key's record. `insert_many/2` is atomic per chunk of
-  5,000 records, not as a whole; it computes the next chunk while the writer
-  applies the previous one. Once writes are done, a search returns exactly
-  what a plain filter over the records returns (checked by a PropEr model
-  test, and by a test that kills writers mid-write).
+  A chunk of at least 256 new records whose integer keys are all above any
+  key the table has held (a build) is written differently, to spare copying
+  its rows to the writer: the writer grants the caller a claim, during which
+  it applies no other write, the caller inserts the rows into ETS itself (one
+  atomic insert), and the writer then applies the chunk's index ops. If the
+  caller dies holding the claim, the writer completes the chunk when its rows
+  are in ETS and drops it when they are not; if the index refuses the ops, it
+  takes the rows out again. So that chunk is whole too.
+
+  Within a write the index changes before the ETS rows (for a claimed chunk,
+  after them: its rows can show in `get/3`, `size/1` and `stream/1` before a
+  search finds them). A search that runs during a write sees the index either
+  before or after that write (never half of it) and returns each record as
+  ETS holds it when looked up: during a write that can be its old version,
+  and a row id freed by a delete may already hold another key's record.
+  `insert_many/2` is atomic per chunk of 5,000 records, not as a whole; it
+  computes the next chunk while the writer applies the previous one. Once
+  writes are done, a search returns exactly what a plain filter over the
+  records returns (checked by a PropEr model test, and by a test that kills
+  writers mid-write).
 
   ## Failures
 
