@@ -53,7 +53,8 @@ defmodule Larder.Table do
   bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
   per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
   term of the record, plus one round trip to the writer process per call (per
-  chunk of 5,000 records for `insert_many/2`). Replacing or deleting a record
+  chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
+  "Concurrency"). Replacing or deleting a record
   needs its old terms: they are computed from the record in ETS, or, with
   `:store`, read from the index, which checks every term of the index
   (O(terms)) because the stored record no longer holds them. `size/1` is
@@ -69,20 +70,34 @@ defmodule Larder.Table do
   even if the caller is killed, so a killed caller leaves its write done or
   not begun, never half done. The caller computes the new records' index
   terms (so an index function that raises, raises in the caller and nothing
-  is written) and sends the stored rows with their terms; the writer computes
-  the old terms of the records it replaces. `update/3` and `upsert/3` read,
+  is written) and sends the stored rows and the index ops, grouped by term (a
+  term shared by many records of a chunk is sent and indexed once); the
+  writer gives row ids to non-integer keys and computes the old terms of the
+  records it replaces (none when every integer key of a chunk is above the
+  highest one it has written, as in a build). `update/3` and `upsert/3` read,
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 
-  Within a write the index changes before the ETS rows. A search that runs
-  during a write sees the index either before or after that write (never half
-  of it) and returns each record as ETS holds it when looked up: during a
-  write that can be its old version, and a row id freed by a delete may
-  already hold another key's record. `insert_many/2` is atomic per chunk of
-  5,000 records, not as a whole; it computes the next chunk while the writer
-  applies the previous one. Once writes are done, a search returns exactly
-  what a plain filter over the records returns (checked by a PropEr model
-  test, and by a test that kills writers mid-write).
+  A chunk of at least 256 new records whose integer keys are all above any
+  key the table has held (a build) is written differently, to spare copying
+  its rows to the writer: the writer grants the caller a claim, during which
+  it applies no other write, the caller inserts the rows into ETS itself (one
+  atomic insert), and the writer then applies the chunk's index ops. If the
+  caller dies holding the claim, the writer completes the chunk when its rows
+  are in ETS and drops it when they are not; if the index refuses the ops, it
+  takes the rows out again. So that chunk is whole too.
+
+  Within a write the index changes before the ETS rows (for a claimed chunk,
+  after them: its rows can show in `get/3`, `size/1` and `stream/1` before a
+  search finds them). A search that runs during a write sees the index either
+  before or after that write (never half of it) and returns each record as
+  ETS holds it when looked up: during a write that can be its old version,
+  and a row id freed by a delete may already hold another key's record.
+  `insert_many/2` is atomic per chunk of 5,000 records, not as a whole; it
+  computes the next chunk while the writer applies the previous one. Once
+  writes are done, a search returns exactly what a plain filter over the
+  records returns (checked by a PropEr model test, and by a test that kills
+  writers mid-write).
 
   ## Failures
 
@@ -127,7 +142,7 @@ defmodule Larder.Table do
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
-  @enforce_keys [:rows, :keys, :index, :key, :entries, :sent, :names, :store, :writer, :name]
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct @enforce_keys
 
   @opaque t :: %__MODULE__{}
@@ -146,6 +161,7 @@ defmodule Larder.Table do
 
   @direct_limit 0x80000000
   @chunk 5_000
+  @claim_min 256
   @reserved [:and, :or, :not, :term]
   @valid_opts [:key, :index, :store, :name]
 
@@ -227,34 +243,88 @@ defmodule Larder.Table do
     records
     |> Stream.chunk_every(@chunk)
     |> Enum.reduce(nil, fn chunk, pending ->
-      # The index functions run here, in the caller; the writer gets the
-      # stored rows and the terms it cannot read from them (see
-      # Records.sent_terms/2). One chunk is applied while the next is computed.
-      entries =
+      # The index functions run here, in the caller, which builds the rows
+      # and index ops (Records.write/2); the writer only applies them. One
+      # chunk is applied while the next is computed.
+      {rows, ops, keyed, span} =
         try do
-          chunk
-          |> last_per_key(table)
-          |> Enum.map(&{Records.stored(table, &1), Records.sent_terms(table, &1)})
+          Records.write(table, last_per_key(chunk, table))
         catch
           kind, reason ->
             await!(table, pending)
             :erlang.raise(kind, reason, __STACKTRACE__)
         end
 
-      request = send_write!(table, {:insert, entries})
-      await!(table, pending)
-      request
+      write_chunk!(table, {rows, ops, keyed, span}, pending)
     end)
     |> then(&await!(table, &1))
 
     :ok
   end
 
-  # Within one chunk a key given twice must be reduced to its last record.
-  defp last_per_key(chunk, table) do
-    by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
-    if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
+  # A large chunk of fresh rows (integer keys above every one the table has
+  # held, as in a build) goes into ETS from the caller, which saves copying
+  # the rows to the writer: the writer grants a claim, holds every other
+  # write back until the caller releases it, then applies the index ops.
+  # If the caller dies in between, the writer completes the chunk when its
+  # rows are in ETS (one atomic :ets.insert) and drops it when they are not.
+  # Returns the request to await for the chunk's outcome.
+  defp write_chunk!(table, {rows, ops, [], {_, _} = span}, pending)
+       when length(rows) >= @claim_min do
+    claim = send_write!(table, {:claim, span, ops, Enum.map(rows, &elem(&1, 0))})
+    await!(table, pending)
+
+    case await!(table, claim) do
+      {:claimed, ref} ->
+        inserted =
+          try do
+            :ets.insert(table.rows, rows)
+          catch
+            kind, reason -> {kind, reason, __STACKTRACE__}
+          end
+
+        release = :gen_server.send_request(table.writer, {:release, ref})
+
+        with {kind, reason, stack} <- inserted do
+          await!(table, release)
+          :erlang.raise(kind, reason, stack)
+        end
+
+        release
+
+      :stale ->
+        send_write!(table, {:insert, rows, ops, [], span})
+    end
   end
+
+  defp write_chunk!(table, write, pending) do
+    request = send_write!(table, Tuple.insert_at(write, 0, :insert))
+    await!(table, pending)
+    request
+  end
+
+  # Within one chunk a key given twice must be reduced to its last record.
+  # Keys in ascending order (as in a build) are distinct without a map.
+  defp last_per_key(chunk, table) do
+    if ascending?(chunk, table.key, nil) do
+      chunk
+    else
+      by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
+      if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
+    end
+  end
+
+  defp ascending?([record | rest], field, previous) do
+    case :erlang.map_get(field, record) do
+      key when is_integer(key) and (previous == nil or key > previous) ->
+        ascending?(rest, field, key)
+
+      _ ->
+        false
+    end
+  end
+
+  defp ascending?([], _field, _previous), do: true
 
   @doc """
   Merges `changes` into the record under `key` and re-indexes it. Returns

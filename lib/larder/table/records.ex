@@ -4,41 +4,100 @@
 defmodule Larder.Table.Records do
   @moduledoc false
 
+  @direct_limit 0x80000000
+
   @doc "The index terms of `record`, one `{name, value}` per term, in index order."
   def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
 
   @doc """
-  The index entries whose terms a writer cannot read from the stored row:
-  function indexes, and field indexes on fields that `:store` leaves out.
-  Callers send only these terms, which keeps the write messages small.
+  A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
+  One record whose key is its row id gives `{:add_terms, terms, id}`.
+  A record whose key is its row id gives its ETS row `{id, stored}`, and
+  its terms go into `ops`, one `{:add, term, ids}` per distinct term (a
+  term shared by many records is copied and indexed once), which index
+  these rows as fresh ones; `span` is `{lowest, highest}` of those ids
+  (`nil` when there are none). Any other record gives `{key, stored,
+  terms}`, to which the writer gives a row id.
   """
-  def sent_entries(entries, store) do
-    Enum.reject(entries, fn
-      {_name, {:field, field}} -> store == nil or field in store
-      {_name, _fun} -> false
-    end)
+  def write(%{key: field} = table, [record]) do
+    # One record (insert/2, upsert/3): `{:add_terms, terms, id}` needs no
+    # gathering.
+    key = :erlang.map_get(field, record)
+    stored = stored(table, record)
+
+    if is_integer(key) and key >= 0 and key < @direct_limit,
+      do: {[{key, stored}], [{:add_terms, terms(table, record), key}], [], {key, key}},
+      else: {[], [], [{key, stored, terms(table, record)}], nil}
   end
 
-  @doc "The terms of `record` for the entries in `sent_entries/2`."
-  def sent_terms(%{sent: sent}, record), do: Enum.flat_map(sent, &entry_terms(&1, record))
+  def write(%{key: field} = table, records) do
+    # The ids of each term gather in the process dictionary, under keys
+    # that no other call uses, erased before returning (or raising).
+    tag = make_ref()
 
-  @doc """
-  All the terms of a stored row, given its `sent_terms/2`: those of the field
-  indexes whose field the row holds (a field `:store` leaves out is not in
-  the row; its terms are among the sent ones).
-  """
-  def derived_terms(%{entries: entries}, stored, sent_terms) do
-    Enum.reduce(entries, sent_terms, fn
-      {name, {:field, field}}, acc ->
-        case stored do
-          %{^field => value} -> [{name, value} | acc]
-          _ -> acc
-        end
+    {rows, terms, keyed, span} =
+      try do
+        Enum.reduce(records, {[], [], [], nil}, fn record, {rows, terms, keyed, span} ->
+          key = :erlang.map_get(field, record)
+          stored = stored(table, record)
 
-      _fun_entry, acc ->
-        acc
-    end)
+          if is_integer(key) and key >= 0 and key < @direct_limit do
+            terms = gather_entries(table.entries, record, key, tag, terms)
+            {[{key, stored} | rows], terms, keyed, widen(span, key)}
+          else
+            {rows, terms, [{key, stored, terms(table, record)} | keyed], span}
+          end
+        end)
+      catch
+        kind, reason ->
+          for {{^tag, _} = gathered, _} <- :erlang.get(), do: :erlang.erase(gathered)
+          :erlang.raise(kind, reason, __STACKTRACE__)
+      end
+
+    ops = for term <- terms, do: {:add, term, :erlang.erase({tag, term})}
+    {rows, ops, keyed, span}
   end
+
+  defp gather_entries([{name, {:field, field}} | rest], record, id, tag, seen) do
+    case record do
+      %{^field => value} ->
+        gather_entries(rest, record, id, tag, gather_one({name, value}, id, tag, seen))
+
+      _ ->
+        gather_entries(rest, record, id, tag, seen)
+    end
+  end
+
+  defp gather_entries([entry | rest], record, id, tag, seen),
+    do: gather_entries(rest, record, id, tag, gather(entry_terms(entry, record), id, tag, seen))
+
+  defp gather_entries([], _record, _id, _tag, seen), do: seen
+
+  # Adds `id` to the ids of each of `terms`; returns `seen` with the terms
+  # not seen before.
+  defp gather([term | rest], id, tag, seen),
+    do: gather(rest, id, tag, gather_one(term, id, tag, seen))
+
+  defp gather([], _id, _tag, seen), do: seen
+
+  defp gather_one(term, id, tag, seen) do
+    key = {tag, term}
+
+    case :erlang.get(key) do
+      :undefined ->
+        :erlang.put(key, [id])
+        [term | seen]
+
+      ids ->
+        :erlang.put(key, [id | ids])
+        seen
+    end
+  end
+
+  defp widen(nil, id), do: {id, id}
+  defp widen({low, high}, id) when id < low, do: {id, high}
+  defp widen({low, high}, id) when id > high, do: {low, id}
+  defp widen(span, _id), do: span
 
   @doc "The terms of one index entry for `record`."
   def entry_terms({name, {:field, field}}, record) do

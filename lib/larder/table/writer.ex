@@ -14,7 +14,8 @@ defmodule Larder.Table.Writer do
   @max_id 0xFFFFFFFF
 
   # `max_id` is state rather than a constant so that a test can lower it.
-  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id]
+  # Every id below `@direct_limit` that holds a row is below `top`.
+  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id, top: 0]
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
   @spec start(map(), pid()) :: GenServer.on_start()
@@ -34,12 +35,12 @@ defmodule Larder.Table.Writer do
     if owner, do: Process.monitor(owner)
 
     table = %Table{
-      rows: :ets.new(Table, [:set, :protected, read_concurrency: true]),
+      # Public so that a caller can insert a claimed chunk (see handle_call/3).
+      rows: :ets.new(Table, [:set, :public, read_concurrency: true]),
       keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
       index: Index.new(),
       key: config.key,
       entries: config.entries,
-      sent: Records.sent_entries(config.entries, config.store),
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
       store: config.store,
       writer: self(),
@@ -88,6 +89,37 @@ defmodule Larder.Table.Writer do
     {:stop, :normal, :ok, state}
   end
 
+  # A claim for fresh rows (Table.insert_many/2): the caller inserts them
+  # into ETS itself and then releases the claim; no other write runs in
+  # between. Whether the rows are in ETS (one atomic insert, checked by its
+  # lowest id) decides whether the write is completed or dropped, also when
+  # the caller died holding the claim.
+  def handle_call({:claim, {low, high}, ops, ids}, {caller, _} = from, state)
+      when low >= state.top do
+    ref = Process.monitor(caller)
+    GenServer.reply(from, {:claimed, ref})
+
+    release =
+      receive do
+        {:"$gen_call", release, {:release, ^ref}} ->
+          Process.demonitor(ref, [:flush])
+          release
+
+        {:DOWN, ^ref, :process, _, _} ->
+          nil
+      end
+
+    {reply, state} =
+      if :ets.member(state.table.rows, low),
+        do: apply_claimed(ops, ids, high, state),
+        else: {:ok, state}
+
+    if release, do: GenServer.reply(release, reply)
+    {:noreply, state}
+  end
+
+  def handle_call({:claim, _span, _ops, _ids}, _from, state), do: {:reply, :stale, state}
+
   def handle_call(request, _from, state) do
     {reply, state} = apply_write(request, state)
     {:reply, reply, state}
@@ -122,22 +154,42 @@ defmodule Larder.Table.Writer do
   ## the index in one batch (atomic, the only step that can still fail), then
   ## the ETS tables (which cannot fail), then the id state.
 
-  defp apply_write({:insert, entries}, state) do
+  # The rows of a claim are in ETS: index them, or take them out again when
+  # the index refuses the ops.
+  defp apply_claimed(ops, ids, high, state) do
+    Index.batch(state.table.index, ops)
+    {:ok, %{state | top: high + 1}}
+  catch
+    kind, reason ->
+      for id <- ids, do: :ets.delete(state.table.rows, id)
+      {{:raise, kind, reason, __STACKTRACE__}, state}
+  end
+
+  # `rows` and `ops` come ready from the caller (Records.write/2) for keys
+  # that are row ids: when none of those ids holds a row (all are at or
+  # above `top`, as in a build, or else checked one by one) the writer only
+  # applies them. `keyed` records get their ids here.
+  defp apply_write({:insert, rows, ops, keyed, span}, state) do
     t = state.table
 
+    {ops, top} =
+      case span do
+        nil -> {ops, state.top}
+        {low, high} when low >= state.top -> {ops, high + 1}
+        {_low, high} -> {replace_ops(t, rows, ops), max(state.top, high + 1)}
+      end
+
     {rows, keys, ops, next, free} =
-      Enum.reduce(entries, {[], [], [], state.next, state.free}, fn
-        {stored, sent}, {rows, keys, ops, next, free} ->
-          key = Map.fetch!(stored, t.key)
+      Enum.reduce(keyed, {rows, [], ops, state.next, state.free}, fn
+        {key, stored, terms}, {rows, keys, ops, next, free} ->
           {id, keys, next, free} = id_for(state, key, keys, next, free)
-          ops = diff(old_terms(t, id), Records.derived_terms(t, stored, sent), id, ops)
-          {[{id, stored} | rows], keys, ops, next, free}
+          {[{id, stored} | rows], keys, diff(old_terms(t, id), terms, id, ops), next, free}
       end)
 
-    Index.batch(t.index, :lists.reverse(ops))
+    Index.batch(t.index, ops)
     :ets.insert(t.keys, keys)
     :ets.insert(t.rows, rows)
-    {:ok, %{state | next: next, free: free}}
+    {:ok, %{state | next: next, free: free, top: top}}
   end
 
   defp apply_write({:delete, key}, state) do
@@ -207,9 +259,9 @@ defmodule Larder.Table.Writer do
 
     case new do
       %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
-        stored = Records.stored(t, new)
-        {:ok, state} = apply_write({:insert, [{stored, Records.sent_terms(t, new)}]}, state)
-        {{:ok, stored}, state}
+        {rows, ops, keyed, span} = Records.write(t, [new])
+        {:ok, state} = apply_write({:insert, rows, ops, keyed, span}, state)
+        {{:ok, Records.stored(t, new)}, state}
 
       _ ->
         raise ArgumentError,
@@ -218,7 +270,37 @@ defmodule Larder.Table.Writer do
     end
   end
 
-  # Ops that turn `before` into `now` for `id`, prepended to `ops`.
+  # The ops of Records.write/2, with each id that holds a row taken out of
+  # them and given a diff from its old terms instead.
+  defp replace_ops(t, _rows, [{:add_terms, terms, id}] = ops),
+    do: if(:ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, []), else: ops)
+
+  defp replace_ops(t, rows, ops) do
+    case for {id, _} <- rows, :ets.member(t.rows, id), into: %{}, do: {id, []} do
+      replaced when replaced == %{} ->
+        ops
+
+      replaced ->
+        {ops, now} =
+          Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
+            {fresh, now} =
+              Enum.reduce(ids, {[], now}, fn id, {fresh, now} ->
+                case now do
+                  %{^id => terms} -> {fresh, %{now | id => [term | terms]}}
+                  _ -> {[id | fresh], now}
+                end
+              end)
+
+            {[{:add, term, fresh} | ops], now}
+          end)
+
+        Enum.reduce(now, ops, fn {id, terms}, ops -> diff(old_terms(t, id), terms, id, ops) end)
+    end
+  end
+
+  # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
+  # order of ops does not matter: each id appears once, and its adds and
+  # removes are disjoint).
   defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
 
   defp diff(before, now, id, ops) do

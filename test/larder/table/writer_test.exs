@@ -60,6 +60,73 @@ defmodule Larder.Table.WriterTest do
         assert consistent?(table, Enum.to_list(0..4) ++ [10, 11, 12, 100, 101, 102, 103, 104])
       end
     end
+
+    # A build's chunks of fresh integer keys go into ETS from the caller,
+    # under a claim the writer holds: a caller killed while holding it
+    # leaves its chunk all there (and indexed) or not there at all.
+    test "callers killed mid-build leave each chunk whole" do
+      table = table()
+
+      for round <- 1..60 do
+        {pid, ref} =
+          spawn_monitor(fn ->
+            records = for i <- 0..299, do: %{id: round * 1000 + i, a: round, tags: [round]}
+            Table.insert_many(table, records)
+          end)
+
+        for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
+        Process.exit(pid, :kill)
+        assert_receive {:DOWN, ^ref, :process, ^pid, _}
+      end
+
+      :ok = Table.delete(table, :barrier)
+      records = table |> Table.stream() |> Enum.to_list()
+
+      for round <- 1..60 do
+        held = Enum.count(records, &(&1.a == round))
+        assert held in [0, 300]
+        assert Table.count(table, a: round) == held
+        assert length(Table.search_ids(table, m: round)) == held
+      end
+    end
+
+    test "the writer completes a claim whose rows are in ETS and drops one whose are not" do
+      table = table()
+      ops = fn ids -> [{:add, {:a, :claimed}, ids}] end
+
+      for {ids, insert?} <- [{[10, 11], true}, {[20, 21], false}] do
+        {pid, ref} =
+          spawn_monitor(fn ->
+            span = {hd(ids), List.last(ids)}
+            {:claimed, _} = GenServer.call(table.writer, {:claim, span, ops.(ids), ids})
+
+            if insert?,
+              do:
+                :ets.insert(
+                  table.rows,
+                  for(id <- ids, do: {id, %{id: id, a: :claimed, tags: []}})
+                )
+
+            # Dies holding the claim, without releasing it.
+          end)
+
+        assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
+      end
+
+      :ok = Table.delete(table, :barrier)
+      assert Table.search_ids(table, a: :claimed) == [10, 11]
+      assert Table.size(table) == 2
+      assert consistent?(table, [:claimed])
+    end
+
+    test "a claim below the highest key the table has held is refused, and the rows are sent" do
+      table = table()
+      :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 1, tags: []}))
+      :stale = GenServer.call(table.writer, {:claim, {0, 1}, [], [0, 1]})
+      :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 2, tags: []}))
+      assert Table.count(table, a: 1) == 0
+      assert Table.count(table, a: 2) == 300
+    end
   end
 
   describe "many writers on one key" do
