@@ -198,7 +198,7 @@ defmodule Larder.IndexTest do
       end
 
       assert_raise ArgumentError,
-                   ~r/unknown Larder.Index options \[:size\]; valid options are: \[\]/,
+                   ~r/unknown Larder.Index options \[:size\]; valid options are: \[:reverse\]/,
                    fn -> Index.new(size: 1) end
     end
 

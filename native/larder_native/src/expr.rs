@@ -7,50 +7,14 @@ use crate::budget::Budget;
 use crate::error::NativeError;
 use crate::key::{elem, encode, next_cell, tuple_elems};
 use crate::posting::Posting;
+use crate::rev::Reverse;
 use crate::stack::Stack;
-use imbl::shared_ptr::ArcK;
-use imbl::GenericHashMap;
 use roaring::RoaringBitmap;
 use rustler::Term;
 use std::borrow::Cow;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-/// A small multiply-rotate hasher (as in rustc's FxHash, with a final mix): keys are short
-/// encoded terms and the table is private, so SipHash's DoS resistance buys
-/// nothing and costs a good part of a lookup.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0; 8];
-            word.copy_from_slice(chunk);
-            let word = u64::from_le_bytes(word);
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
-        }
-        for &byte in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
-        }
-    }
-
-    /// Folds the high bits into the low ones: the persistent map keys on the
-    /// low 32 bits, which the multiply alone leaves depending on only a few
-    /// bytes of each word (small integers would collide).
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
-    }
-}
-
-/// Term key -> ids: a persistent hash map, so a writer's copy shares every
-/// posting it does not touch with the snapshot readers hold (a clone is O(1),
-/// an update copies O(log terms) nodes and the postings it changes).
-pub type Bitmaps = GenericHashMap<Arc<[u8]>, Arc<Posting>, BuildHasherDefault<KeyHasher>, ArcK>;
+pub use crate::terms::Terms as Bitmaps;
 
 /// One immutable state of an index, as readers see it.
 #[derive(Clone, Default)]
@@ -60,6 +24,8 @@ pub struct State {
     /// universe a `not` outside an `and` builds, without a scan.
     pub chunks: u64,
     pub ids: u64,
+    /// The id-to-terms map, for an index made with `reverse: true`.
+    pub reverse: Option<Reverse>,
 }
 
 /// Nesting of `:and`, `:or` and `:not` a query may have: evaluation recurses

@@ -13,6 +13,7 @@ use crate::error::{reply, NativeError};
 use crate::expr::{chunks_len, estimate, eval, plan, Chunks, State};
 use crate::key::{key_term, next_cell, term_key};
 use crate::posting::{Posting, LIVE_BYTES};
+use crate::rev::{Change, Reverse};
 use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
@@ -92,9 +93,17 @@ fn encode_ids<'a>(env: Env<'a>, chunks: &Chunks) -> Term<'a> {
     ids.encode(env)
 }
 
+/// A new index; with `reverse` it keeps an id-to-terms map.
 #[rustler::nif]
-fn index_new() -> Index {
-    ResourceArc::new(IndexResource::default())
+fn index_new(reverse: bool) -> Index {
+    let state = State {
+        reverse: reverse.then(Reverse::default),
+        ..State::default()
+    };
+    ResourceArc::new(IndexResource {
+        state: ArcSwapOption::from_pointee(state),
+        writer: Mutex::new(()),
+    })
 }
 
 /// Frees the index at once, whatever handles remain: the snapshot goes when
@@ -329,8 +338,13 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     Ok(runs)
 }
 
-/// Applies `runs` to `state` (a writer's private copy).
-fn apply_runs(state: &mut State, runs: Vec<Run>) {
+/// Applies `runs` to `state` (a writer's private copy), and the same
+/// changes to its id-to-terms map if it has one. Only that map's work can
+/// run out of `budget` (the rest was counted before).
+fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<(), NativeError> {
+    let mut reverse = state.reverse.take();
+    let mut changes: Vec<Change> = Vec::new();
+    let mut released = Vec::new();
     for run in runs {
         for (key, ids) in run.ids_by_key {
             if ids.is_empty() {
@@ -342,16 +356,19 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
                 None if run.add => (0, 0),
                 None => continue,
             };
-            let posting = match state.bitmaps.get_mut(key) {
-                Some(posting) => posting,
-                None => state
-                    .bitmaps
-                    .entry(Arc::from(key))
-                    .or_insert_with(|| Arc::new(Posting::default())),
-            };
+            let posting = state
+                .bitmaps
+                .get_or_insert_with(key, Posting::default)
+                .ok_or(NativeError::Internal)?;
             // Copies the chunk list unless this write already did; `update`
             // copies the chunks it changes.
             let posting = Arc::make_mut(posting);
+            if let Some(reverse) = reverse.as_mut() {
+                if count == 0 {
+                    posting.tid = reverse.intern(&Arc::from(key))?;
+                }
+                changes.extend(ids.iter().map(|&id| (id, posting.tid, run.add)));
+            }
             posting.update(&ids, run.add);
             let (new_chunks, new_count) = (posting.chunks.len() as u64, posting.len);
             state.chunks = state
@@ -360,10 +377,17 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
                 .saturating_add(new_chunks);
             state.ids = state.ids.saturating_sub(count).saturating_add(new_count);
             if new_count == 0 {
+                released.push(posting.tid);
                 state.bitmaps.remove(key);
             }
         }
     }
+    if let Some(reverse) = reverse.as_mut() {
+        reverse.apply(changes, budget)?;
+        reverse.release(&released);
+    }
+    state.reverse = reverse;
+    Ok(())
 }
 
 fn apply<'a>(
@@ -395,11 +419,14 @@ fn apply<'a>(
                 .bitmaps
                 .get(key.as_slice())
                 .map_or(0, |posting| posting.chunks.len() as u64);
-            budget.spend(listed / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
+            let shard = current.bitmaps.shard_len(key) as u64;
+            budget.spend(
+                (listed + shard) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS),
+            )?;
         }
     }
     let mut next = State::clone(&current);
-    apply_runs(&mut next, runs);
+    apply_runs(&mut next, runs, &mut budget)?;
     index.state.store(Some(Arc::new(next)));
     Ok(atoms::ok().encode(env))
 }
@@ -440,6 +467,16 @@ fn terms_of<'a>(
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
     let mut budget = Budget::new(dirty);
+    if let Some(reverse) = state.reverse.as_ref() {
+        let terms = reverse
+            .terms(id)
+            .map(|key| {
+                budget.spend(1 + key.len() as u64 / 16)?;
+                key_term(env, key)
+            })
+            .collect::<Result<Vec<Term<'a>>, _>>()?;
+        return Ok(terms.encode(env));
+    }
     if !dirty && state.bitmaps.len() > DIRTY_TERMS {
         return Err(NativeError::Dirty);
     }
@@ -488,7 +525,11 @@ fn index_memory<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
             .sum();
         let per_term =
             std::mem::size_of::<(Arc<[u8]>, Arc<Posting>)>() + std::mem::size_of::<Posting>() + 32;
-        let bytes = std::mem::size_of::<IndexResource>() + payload + state.bitmaps.len() * per_term;
+        let reverse = state.reverse.as_ref().map_or(0, Reverse::bytes);
+        let bytes = std::mem::size_of::<IndexResource>()
+            + payload
+            + state.bitmaps.len() * per_term
+            + reverse;
         Ok(bytes.encode(env))
     });
     reply(env, result)
