@@ -10,7 +10,7 @@
 use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
-use crate::expr::{chunks_len, estimate, eval, plan, Chunks, State};
+use crate::expr::{chunks_len, estimate, eval, eval_ids, plan, State};
 use crate::key::{key_term, next_cell, term_key};
 use crate::posting::{Posting, LIVE_BYTES};
 use crate::rev::{Change, Reverse};
@@ -85,14 +85,6 @@ fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
 }
 
-fn encode_ids<'a>(env: Env<'a>, chunks: &Chunks) -> Term<'a> {
-    let mut ids = Vec::with_capacity(usize::try_from(chunks_len(chunks)).unwrap_or(0));
-    for (_, chunk) in chunks {
-        ids.extend(chunk.iter());
-    }
-    ids.encode(env)
-}
-
 /// A new index; with `reverse` it keeps an id-to-terms map.
 #[rustler::nif]
 fn index_new(reverse: bool) -> Index {
@@ -140,7 +132,7 @@ fn query<'a>(
     if !dirty && too_costly(estimate(state, &plan)) {
         return Err(NativeError::Dirty);
     }
-    Ok(encode_ids(env, &eval(&state.bitmaps, &plan)))
+    Ok(eval_ids(&state.bitmaps, &plan).encode(env))
 }
 
 #[rustler::nif]
@@ -224,7 +216,7 @@ fn query_many<'a>(
     }
     let results: Vec<Term<'a>> = plans
         .iter()
-        .map(|plan| encode_ids(env, &eval(&state.bitmaps, plan)))
+        .map(|plan| eval_ids(&state.bitmaps, plan).encode(env))
         .collect();
     Ok(results.encode(env))
 }
@@ -420,9 +412,8 @@ fn apply<'a>(
                 .get(key.as_slice())
                 .map_or(0, |posting| posting.chunks.len() as u64);
             let shard = current.bitmaps.shard_len(key) as u64;
-            budget.spend(
-                (listed + shard) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS),
-            )?;
+            budget
+                .spend((listed + shard) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
         }
     }
     let mut next = State::clone(&current);

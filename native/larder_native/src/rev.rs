@@ -144,7 +144,10 @@ impl Reverse {
 
     /// The keys of the terms row `id` is in.
     pub fn terms(&self, id: u32) -> impl Iterator<Item = &Arc<[u8]>> {
-        let tids = self.rows.leaf(id).map_or(&[][..], |(leaf, slot)| leaf.get(slot));
+        let tids = self
+            .rows
+            .leaf(id)
+            .map_or(&[][..], |(leaf, slot)| leaf.get(slot));
         tids.iter().filter_map(|&tid| {
             let (leaf, slot) = self.keys.leaf(tid)?;
             leaf.keys.get(slot)?.as_ref()
@@ -202,7 +205,8 @@ impl Reverse {
     /// key table and the free list. O(leaves).
     pub fn bytes(&self) -> usize {
         let mut bytes = 0;
-        self.rows.for_each_leaf(|_, leaf| bytes += leaf.bytes() + 24);
+        self.rows
+            .for_each_leaf(|_, leaf| bytes += leaf.bytes() + 24);
         self.keys
             .for_each_leaf(|_, leaf| bytes += 64 + leaf.keys.capacity() * 8);
         bytes + self.free.capacity() * 4
