@@ -377,6 +377,10 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
     if let Some(reverse) = reverse.as_mut() {
         reverse.apply(changes, budget)?;
         reverse.release(&released);
+        if state.bitmaps.is_empty() {
+            // No term left, so no row has one: start afresh (the free tids go).
+            *reverse = Reverse::default();
+        }
     }
     state.reverse = reverse;
     Ok(())

@@ -94,6 +94,10 @@ impl Terms {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     #[inline]
     pub fn get(&self, key: &[u8]) -> Option<&Arc<Posting>> {
         let (g, s) = place(key);
