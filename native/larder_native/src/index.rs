@@ -14,10 +14,12 @@ use crate::expr::{chunks_len, estimate, eval, eval_ids, plan, State};
 use crate::key::{key_term, next_cell, term_key};
 use crate::posting::{Posting, LIVE_BYTES};
 use crate::rev::{Change, Reverse};
+use crate::terms::KeyHasher;
 use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -243,7 +245,7 @@ fn index_query_many_dirty<'a>(
 
 struct Run {
     add: bool,
-    ids_by_key: HashMap<Vec<u8>, Vec<u32>>,
+    ids_by_key: HashMap<Vec<u8>, Vec<u32>, BuildHasherDefault<KeyHasher>>,
 }
 
 /// Decodes an id or a proper list of ids into `into`.
@@ -297,7 +299,7 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
             _ => {
                 runs.push(Run {
                     add,
-                    ids_by_key: HashMap::new(),
+                    ids_by_key: HashMap::default(),
                 });
                 runs.last_mut().ok_or(NativeError::Internal)?
             }
@@ -337,7 +339,8 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
     let mut reverse = state.reverse.take();
     let mut changes: Vec<Change> = Vec::new();
     let mut released = Vec::new();
-    for run in runs {
+    for (seq, run) in runs.into_iter().enumerate() {
+        let seq = u32::try_from(seq).map_err(|_| NativeError::Internal)?;
         for (key, ids) in run.ids_by_key {
             if ids.is_empty() {
                 continue;
@@ -359,7 +362,7 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
                 if count == 0 {
                     posting.tid = reverse.intern(&Arc::from(key))?;
                 }
-                changes.extend(ids.iter().map(|&id| (id, posting.tid, run.add)));
+                changes.extend(ids.iter().map(|&id| (id, posting.tid, seq, run.add)));
             }
             posting.update(&ids, run.add);
             let (new_chunks, new_count) = (posting.chunks.len() as u64, posting.len);

@@ -96,8 +96,10 @@ pub struct KeyLeaf {
     keys: Vec<Option<Arc<[u8]>>>,
 }
 
-/// One change to the map: row id, tid, and whether the row gains the term.
-pub type Change = (u32, u32, bool);
+/// One change to the map: row id, tid, the run of the batch it comes from
+/// (a later run wins), and whether the row gains the term. A run changes a
+/// (row id, tid) pair at most once.
+pub type Change = (u32, u32, u32, bool);
 
 #[derive(Clone, Default)]
 pub struct Reverse {
@@ -161,19 +163,18 @@ impl Reverse {
         mut changes: Vec<Change>,
         budget: &mut Budget,
     ) -> Result<(), NativeError> {
-        // Stable: equal (row, tid) pairs keep the batch's order.
-        changes.sort_by_key(|&(id, tid, _)| (id, tid));
+        changes.sort_unstable_by_key(|&(id, tid, seq, _)| (id, tid, seq));
         let mut emptied = Vec::new();
         let mut add = Vec::new();
         let mut remove = Vec::new();
         let mut rest = changes.as_slice();
-        while let Some(&(id, _, _)) = rest.first() {
+        while let Some(&(id, ..)) = rest.first() {
             let n = rest.iter().position(|c| c.0 != id).unwrap_or(rest.len());
             let (group, tail) = rest.split_at(n);
             rest = tail;
             add.clear();
             remove.clear();
-            for (i, &(_, tid, gain)) in group.iter().enumerate() {
+            for (i, &(_, tid, _, gain)) in group.iter().enumerate() {
                 let last = group.get(i + 1).is_none_or(|next| next.1 != tid);
                 if last {
                     if gain {
