@@ -348,7 +348,13 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
             let key: &[u8] = &key;
             let (chunks, count) = match state.bitmaps.get(key) {
                 Some(posting) => (posting.chunks.len() as u64, posting.len),
-                None if run.add => (0, 0),
+                None if run.add => {
+                    if state.bitmaps.full() {
+                        budget.spend(state.bitmaps.len() as u64 / 4)?;
+                        state.bitmaps.grow();
+                    }
+                    (0, 0)
+                }
                 None => continue,
             };
             let posting = state
@@ -418,9 +424,9 @@ fn apply<'a>(
                 .bitmaps
                 .get(key.as_slice())
                 .map_or(0, |posting| posting.chunks.len() as u64);
-            let shard = current.bitmaps.shard_len(key) as u64;
+            let copied = current.bitmaps.copy_cost(key) as u64;
             budget
-                .spend((listed + shard) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
+                .spend((listed + copied) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
         }
     }
     let mut next = State::clone(&current);

@@ -1,9 +1,11 @@
-//! The map of term keys to postings, as snapshots share it: 4,096 hash
-//! shards in 64 groups, each an `Arc`ed hash table. A writer's copy of the
-//! map copies the 64 group pointers; a change copies the group and the
-//! shard it falls in (each shard holds about terms / 4,096 entries), never
-//! the other shards. A lookup is a hash, two indexed loads and one probe of
-//! a flat hash table.
+//! The map of term keys to postings, as snapshots share it: hash shards in
+//! groups, each an `Arc`ed hash table. A writer's copy of the map copies the
+//! group pointers; a change copies the group and the shard it falls in,
+//! never the other shards. The shards double (in number) as terms grow, so a
+//! shard holds 8 to 16 terms on average and a group holds as many shards as
+//! there are groups: a write to `k` terms copies about `2 sqrt(terms / 8)`
+//! pointers per term. A lookup is a hash, two indexed loads and one probe
+//! of a small flat hash table.
 
 use crate::posting::Posting;
 use std::collections::HashMap;
@@ -42,54 +44,56 @@ impl Hasher for KeyHasher {
 
 type Hash = BuildHasherDefault<KeyHasher>;
 type Shard = HashMap<Arc<[u8]>, Arc<Posting>, Hash>;
+type Group = Box<[Option<Arc<Shard>>]>;
 
-const GROUP_BITS: u32 = 6;
-const SHARD_BITS: u32 = 6;
-const GROUPS: usize = 1 << GROUP_BITS;
-const SHARDS: usize = 1 << SHARD_BITS;
+/// Shards start at 2^MIN_BITS and stop doubling at 2^MAX_BITS (then shards
+/// grow past 16 terms each instead).
+const MIN_BITS: u32 = 2;
+const MAX_BITS: u32 = 16;
+/// Average terms per shard past which the shards double.
+const PER_SHARD: usize = 16;
 
-#[derive(Clone)]
-struct Group {
-    shards: [Option<Arc<Shard>>; SHARDS],
-}
-
-impl Default for Group {
-    fn default() -> Self {
-        Group {
-            shards: std::array::from_fn(|_| None),
-        }
-    }
-}
-
-/// Term key -> posting. Cloning it is O(1) in the number of terms (64
-/// pointer copies).
+/// Term key -> posting. Cloning it copies the group pointers only.
 #[derive(Clone)]
 pub struct Terms {
-    groups: [Option<Arc<Group>>; GROUPS],
+    groups: Box<[Option<Arc<Group>>]>,
+    group_bits: u32,
+    shard_bits: u32,
     len: usize,
 }
 
 impl Default for Terms {
     fn default() -> Self {
-        Terms {
-            groups: std::array::from_fn(|_| None),
-            len: 0,
-        }
+        Terms::with_bits(MIN_BITS)
     }
 }
 
-/// The group and shard of a key, from the top bits of its hash (the shard's
-/// own table uses the low bits).
-#[inline]
-fn place(key: &[u8]) -> (usize, usize) {
-    let h = Hash::default().hash_one(key);
-    (
-        (h >> (64 - GROUP_BITS)) as usize,
-        ((h >> (64 - GROUP_BITS - SHARD_BITS)) as usize) & (SHARDS - 1),
-    )
+fn nones<T>(n: usize) -> Box<[Option<T>]> {
+    (0..n).map(|_| None).collect()
 }
 
 impl Terms {
+    fn with_bits(bits: u32) -> Self {
+        let group_bits = bits / 2;
+        Terms {
+            groups: nones(1 << group_bits),
+            group_bits,
+            shard_bits: bits - group_bits,
+            len: 0,
+        }
+    }
+
+    /// The group and shard of a key, from the top bits of its hash (the
+    /// shard's own table uses the low bits).
+    #[inline]
+    fn place(&self, key: &[u8]) -> (usize, usize) {
+        let h = Hash::default().hash_one(key);
+        let bits = self.group_bits + self.shard_bits;
+        // `bits` is at least MIN_BITS > 0, so the shift is below 64.
+        let top = (h >> (64 - bits)) as usize;
+        (top >> self.shard_bits, top & ((1 << self.shard_bits) - 1))
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -100,25 +104,55 @@ impl Terms {
 
     #[inline]
     pub fn get(&self, key: &[u8]) -> Option<&Arc<Posting>> {
-        let (g, s) = place(key);
-        self.groups[g].as_ref()?.shards[s].as_ref()?.get(key)
+        let (g, s) = self.place(key);
+        self.groups.get(g)?.as_ref()?.get(s)?.as_ref()?.get(key)
     }
 
     /// The shard `key` falls in, owned by this copy (copying the group and
     /// the shard if a snapshot shares them).
-    fn shard_mut(&mut self, key: &[u8]) -> &mut Shard {
-        let (g, s) = place(key);
-        let group = Arc::make_mut(self.groups[g].get_or_insert_with(Default::default));
-        Arc::make_mut(group.shards[s].get_or_insert_with(Default::default))
+    fn shard_mut(&mut self, key: &[u8]) -> Option<&mut Shard> {
+        let (g, s) = self.place(key);
+        let shards = 1 << self.shard_bits;
+        let group = Arc::make_mut(
+            self.groups
+                .get_mut(g)?
+                .get_or_insert_with(|| Arc::new(nones(shards))),
+        );
+        Some(Arc::make_mut(
+            group.get_mut(s)?.get_or_insert_with(Default::default),
+        ))
     }
 
-    /// Entries a change to `key` copies when a snapshot shares its shard.
-    pub fn shard_len(&self, key: &[u8]) -> usize {
-        let (g, s) = place(key);
-        self.groups[g]
-            .as_ref()
-            .and_then(|group| group.shards[s].as_ref())
-            .map_or(0, |shard| shard.len())
+    /// Pointers a change to `key` copies when a snapshot shares its group
+    /// and shard.
+    pub fn copy_cost(&self, key: &[u8]) -> usize {
+        let (g, s) = self.place(key);
+        let shard = self
+            .groups
+            .get(g)
+            .and_then(Option::as_ref)
+            .and_then(|group| group.get(s))
+            .and_then(Option::as_ref)
+            .map_or(0, |shard| shard.len());
+        self.groups.len() + (1 << self.shard_bits) + 2 * shard
+    }
+
+    /// Whether adding a term would first double the shards.
+    pub fn full(&self) -> bool {
+        let bits = self.group_bits + self.shard_bits;
+        bits < MAX_BITS && self.len >= PER_SHARD << bits
+    }
+
+    /// Doubles the shards: O(terms), once per doubling of the terms.
+    pub fn grow(&mut self) {
+        let mut next = Terms::with_bits(self.group_bits + self.shard_bits + 1);
+        for (key, posting) in self.iter() {
+            if let Some(shard) = next.shard_mut(key) {
+                shard.insert(key.clone(), posting.clone());
+                next.len += 1;
+            }
+        }
+        *self = next;
     }
 
     /// The posting of `key`, owned by this copy; `make` builds it if absent.
@@ -132,7 +166,7 @@ impl Terms {
         if !exists {
             self.len += 1;
         }
-        let shard = self.shard_mut(key);
+        let shard = self.shard_mut(key)?;
         if !exists {
             shard.insert(Arc::from(key), Arc::new(make()));
         }
@@ -140,7 +174,8 @@ impl Terms {
     }
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Arc<Posting>> {
-        let removed = self.shard_mut(key).remove(key);
+        self.get(key)?;
+        let removed = self.shard_mut(key)?.remove(key);
         if removed.is_some() {
             self.len -= 1;
         }
@@ -151,7 +186,7 @@ impl Terms {
         self.groups
             .iter()
             .flatten()
-            .flat_map(|group| group.shards.iter().flatten())
+            .flat_map(|group| group.iter().flatten())
             .flat_map(|shard| shard.iter())
     }
 
