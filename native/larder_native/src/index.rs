@@ -11,7 +11,7 @@ use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
 use crate::expr::{chunks_len, estimate, eval, eval_ids, plan, State};
-use crate::key::{key_term, next_cell, term_key};
+use crate::key::{encode, key_term, next_cell};
 use crate::posting::{Posting, LIVE_BYTES};
 use crate::rev::{Change, Reverse};
 use crate::terms::KeyHasher;
@@ -273,6 +273,7 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     );
     let mut runs: Vec<Run> = Vec::new();
     let mut ids = Vec::new();
+    let mut key = Vec::with_capacity(64);
     let mut rest = ops;
     while let Some(op) = next_cell(&mut rest) {
         let op = op.map_err(|()| NativeError::BadOp)?;
@@ -306,11 +307,16 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
         };
         let mut add_ids = |term: Term, budget: &mut Budget| -> Result<(), NativeError> {
             budget.spend(ids.len() as u64)?;
-            let key = term_key(term, budget)?;
-            run.ids_by_key
-                .entry(key)
-                .or_default()
-                .extend_from_slice(&ids);
+            // Encoded into a reused buffer; a key is allocated only for a
+            // term this run has not seen.
+            key.clear();
+            encode(term, &mut key, budget)?;
+            match run.ids_by_key.get_mut(key.as_slice()) {
+                Some(listed) => listed.extend_from_slice(&ids),
+                None => {
+                    run.ids_by_key.insert(key.clone(), ids.clone());
+                }
+            }
             Ok(())
         };
         if many {
