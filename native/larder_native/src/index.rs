@@ -1,10 +1,10 @@
 //! The index resource: term -> Roaring bitmap of u32 ids, published as
 //! immutable snapshots. A reader loads the current snapshot (an `Arc` swap,
 //! no lock) and works on it while writers go on; a writer copies the
-//! snapshot (O(1): the map is persistent, postings and their chunks are
-//! shared), applies a whole batch to its copy, copying only the map nodes
-//! and chunks it changes, and swaps it in, so no reader sees half of a
-//! batch. Writers serialise among themselves on one mutex, which guards no
+//! snapshot (the group pointers of the sharded term map, `terms.rs`;
+//! postings, their chunks and the id-to-terms map are shared), applies a
+//! whole batch to its copy, copying only the shards, chunks and map leaves
+//! it changes, and swaps it in, so no reader sees half of a batch. Writers serialise among themselves on one mutex, which guards no
 //! data: a writer that fails leaves nothing half-written to repair.
 
 use crate::atoms;
