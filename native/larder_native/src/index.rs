@@ -4,8 +4,9 @@
 //! snapshot (the group pointers of the sharded term map, `terms.rs`;
 //! postings, their chunks and the id-to-terms map are shared), applies a
 //! whole batch to its copy, copying only the shards, chunks and map leaves
-//! it changes, and swaps it in, so no reader sees half of a batch. Writers serialise among themselves on one mutex, which guards no
-//! data: a writer that fails leaves nothing half-written to repair.
+//! it changes, and swaps it in, so no reader sees half of a batch. Writers
+//! serialise among themselves on one mutex, which guards no data: a writer
+//! that fails leaves nothing half-written to repair.
 
 use crate::atoms;
 use crate::budget::Budget;

@@ -163,7 +163,10 @@ impl Reverse {
         mut changes: Vec<Change>,
         budget: &mut Budget,
     ) -> Result<(), NativeError> {
-        changes.sort_unstable_by_key(|&(id, tid, seq, _)| (id, tid, seq));
+        // One u128 comparison per step instead of three.
+        changes.sort_unstable_by_key(|&(id, tid, seq, _)| {
+            (u128::from(id) << 64) | (u128::from(tid) << 32) | u128::from(seq)
+        });
         let mut emptied = Vec::new();
         let mut add = Vec::new();
         let mut remove = Vec::new();
