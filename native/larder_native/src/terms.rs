@@ -44,7 +44,8 @@ impl Hasher for KeyHasher {
 
 type Hash = BuildHasherDefault<KeyHasher>;
 type Shard = HashMap<Arc<[u8]>, Arc<Posting>, Hash>;
-type Group = Box<[Option<Arc<Shard>>]>;
+/// A group's shard pointers, in the same allocation as its count (one hop).
+type Group = [Option<Arc<Shard>>];
 
 /// Shards start at 2^MIN_BITS and stop doubling at 2^MAX_BITS (then shards
 /// grow past 16 terms each instead).
@@ -116,7 +117,7 @@ impl Terms {
         let group = Arc::make_mut(
             self.groups
                 .get_mut(g)?
-                .get_or_insert_with(|| Arc::new(nones(shards))),
+                .get_or_insert_with(|| (0..shards).map(|_| None).collect()),
         );
         Some(Arc::make_mut(
             group.get_mut(s)?.get_or_insert_with(Default::default),
