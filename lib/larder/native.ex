@@ -52,7 +52,7 @@ defmodule Larder.Native do
     :erlang.nif_error({:nif_not_loaded, message})
   end
 
-  def index_new, do: not_loaded()
+  def index_new(_reverse), do: not_loaded()
   def index_query(_index, _expr), do: not_loaded()
   def index_query_dirty(_index, _expr), do: not_loaded()
   def index_count(_index, _expr), do: not_loaded()

@@ -56,8 +56,9 @@ defmodule Larder.Table do
   chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
   "Concurrency"). Replacing or deleting a record
   needs its old terms: they are computed from the record in ETS, or, with
-  `:store`, read from the index, which checks every term of the index
-  (O(terms)) because the stored record no longer holds them. `size/1` is
+  `:store` (whose stored record no longer holds them), read from the
+  index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
+  that record). `size/1` is
   O(1); `count/2` is a bitmap count.
 
   ## Concurrency
@@ -125,7 +126,7 @@ defmodule Larder.Table do
   |---|---|---|---|
   | search, median per request | 1.23 ms | 5.47 us | 5.99 us |
   | `search_many/2`, per search of 1,000 | 1.33 ms | 4.32 us (232k/s) | 4.56 us |
-  | memory (ETS words x 8 + NIF bytes; map: process heap) | 59.4 MB | 101 MB | 508 MB |
+  | memory (ETS words x 8 + NIF bytes; map: process heap) | 59.4 MB | 119 MB (with the id-to-terms map) | 500 MB |
   | `insert_many/2` of records already in memory | 83.6 ms | 1.64 s | 2.06 s |
 
   Targets: search median <= 5 us (missed; another full run of the same code

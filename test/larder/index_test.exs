@@ -139,7 +139,7 @@ defmodule Larder.IndexTest do
       ref = index.ref
       :ok = Index.add(index, :other, [1, 2])
       ids = Enum.to_list(0..199_999)
-      terms = for t <- 1..50, do: {:big, t}
+      terms = for t <- 1..150, do: {:big, t}
       writer = Task.async(fn -> Index.batch(index, [{:add_terms, terms, ids}]) end)
 
       overlapped =
@@ -157,7 +157,7 @@ defmodule Larder.IndexTest do
 
       assert Task.await(writer, 60_000) == :ok
       assert overlapped
-      assert Index.count(index, {:big, 50}) == 200_000
+      assert Index.count(index, {:big, 150}) == 200_000
     end
   end
 
@@ -198,7 +198,7 @@ defmodule Larder.IndexTest do
       end
 
       assert_raise ArgumentError,
-                   ~r/unknown Larder.Index options \[:size\]; valid options are: \[\]/,
+                   ~r/unknown Larder.Index options \[:size\]; valid options are: \[:reverse\]/,
                    fn -> Index.new(size: 1) end
     end
 

@@ -38,7 +38,7 @@ defmodule Larder.Table.Writer do
       # Public so that a caller can insert a claimed chunk (see handle_call/3).
       rows: :ets.new(Table, [:set, :public, read_concurrency: true]),
       keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
-      index: Index.new(),
+      index: Index.new(reverse: config.store != nil),
       key: config.key,
       entries: config.entries,
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
@@ -309,9 +309,10 @@ defmodule Larder.Table.Writer do
   end
 
   # The terms the index holds for `id`. With `:store` the row may lack what
-  # the index functions read, so the index is asked (O(terms)); else they
-  # are the terms of the record in ETS. Index functions are meant to be
-  # pure: one that raises on a record it accepted before costs that scan.
+  # the index functions read, so the index's id-to-terms map is asked
+  # (O(terms of id)); else they are the terms of the record in ETS. Index
+  # functions are meant to be pure: one that raises on a record it accepted
+  # before costs a scan of every term.
   defp old_terms(t, id) do
     case :ets.lookup(t.rows, id) do
       [] -> []

@@ -7,50 +7,14 @@ use crate::budget::Budget;
 use crate::error::NativeError;
 use crate::key::{elem, encode, next_cell, tuple_elems};
 use crate::posting::Posting;
+use crate::rev::Reverse;
 use crate::stack::Stack;
-use imbl::shared_ptr::ArcK;
-use imbl::GenericHashMap;
 use roaring::RoaringBitmap;
 use rustler::Term;
 use std::borrow::Cow;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-/// A small multiply-rotate hasher (as in rustc's FxHash, with a final mix): keys are short
-/// encoded terms and the table is private, so SipHash's DoS resistance buys
-/// nothing and costs a good part of a lookup.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut word = [0; 8];
-            word.copy_from_slice(chunk);
-            let word = u64::from_le_bytes(word);
-            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(K);
-        }
-        for &byte in chunks.remainder() {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(byte)).wrapping_mul(K);
-        }
-    }
-
-    /// Folds the high bits into the low ones: the persistent map keys on the
-    /// low 32 bits, which the multiply alone leaves depending on only a few
-    /// bytes of each word (small integers would collide).
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
-    }
-}
-
-/// Term key -> ids: a persistent hash map, so a writer's copy shares every
-/// posting it does not touch with the snapshot readers hold (a clone is O(1),
-/// an update copies O(log terms) nodes and the postings it changes).
-pub type Bitmaps = GenericHashMap<Arc<[u8]>, Arc<Posting>, BuildHasherDefault<KeyHasher>, ArcK>;
+pub use crate::terms::Terms as Bitmaps;
 
 /// One immutable state of an index, as readers see it.
 #[derive(Clone, Default)]
@@ -60,6 +24,8 @@ pub struct State {
     /// universe a `not` outside an `and` builds, without a scan.
     pub chunks: u64,
     pub ids: u64,
+    /// The id-to-terms map, for an index made with `reverse: true`.
+    pub reverse: Option<Reverse>,
 }
 
 /// Nesting of `:and`, `:or` and `:not` a query may have: evaluation recurses
@@ -328,6 +294,87 @@ pub fn eval<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Chunks<'b> {
     }
 }
 
+/// Below this many ids in its smallest operand, an `and` probes each of
+/// those ids in the other operands (a lookup each) instead of intersecting
+/// whole bitmaps: no bitmap is built, only the answer.
+const PROBE_IDS: u64 = 4_096;
+
+impl Set<'_> {
+    #[inline]
+    fn contains(&self, id: u32) -> bool {
+        self.find((id >> 16) as u16)
+            .is_some_and(|ids| ids.contains(id))
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u32)) {
+        match self {
+            Set::Posting(posting) => posting
+                .chunks
+                .iter()
+                .for_each(|(_, chunk)| chunk.ids.iter().for_each(&mut f)),
+            Set::Chunks(chunks) => chunks
+                .iter()
+                .for_each(|(_, ids)| ids.iter().for_each(&mut f)),
+        }
+    }
+}
+
+/// The ids `plan` matches, in order. An `and` whose smallest operand is
+/// small probes its ids in the others; anything else is `eval` flattened.
+pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Vec<u32> {
+    if let Plan::And(children) = plan {
+        if let Some(ids) = probe_and(bitmaps, children) {
+            return ids;
+        }
+    }
+    let chunks = eval(bitmaps, plan);
+    let mut ids = Vec::with_capacity(usize::try_from(chunks_len(&chunks)).unwrap_or(0));
+    for (_, chunk) in &chunks {
+        ids.extend(chunk.iter());
+    }
+    ids
+}
+
+/// The ids of `and(children)` by probing, if its smallest positive
+/// operand is a posting of at most `PROBE_IDS` ids.
+fn probe_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> Option<Vec<u32>> {
+    let mut smallest: Option<&Posting> = None;
+    for child in children {
+        match child {
+            Plan::Leaf(None) => return Some(Vec::new()),
+            Plan::Leaf(Some(posting)) if smallest.is_none_or(|s| posting.len < s.len) => {
+                smallest = Some(posting);
+            }
+            _ => {}
+        }
+    }
+    let smallest = smallest?;
+    if smallest.len > PROBE_IDS {
+        return None;
+    }
+    let mut positives: Vec<Set<'b>> = Vec::with_capacity(children.len());
+    let mut negatives: Vec<Set<'b>> = Vec::new();
+    let mut skipped = false;
+    for child in children {
+        match child {
+            Plan::Leaf(Some(posting)) if !skipped && std::ptr::eq(*posting, smallest) => {
+                skipped = true;
+            }
+            Plan::Not(inner) => negatives.push(set(bitmaps, inner)),
+            other => positives.push(set(bitmaps, other)),
+        }
+    }
+    let mut out = Vec::new();
+    Set::Posting(smallest).for_each(|id| {
+        if positives.iter().all(|set| set.contains(id))
+            && !negatives.iter().any(|set| set.contains(id))
+        {
+            out.push(id);
+        }
+    });
+    Some(out)
+}
+
 /// Intersects the positive children smallest first, chunk by chunk of the
 /// smallest, dropping a chunk as soon as it is empty, then subtracts the
 /// negated ones.
@@ -362,30 +409,50 @@ fn eval_and<'b>(bitmaps: &'b Bitmaps, children: &[Plan<'b>]) -> Chunks<'b> {
     acc
 }
 
-/// The chunks of `first` that every set of `rest` also holds, intersected in
-/// order; a chunk is dropped as soon as it is empty.
+/// The chunks of `first` that every set of `rest` also holds. Within each
+/// chunk the operands are intersected smallest first (by their ids in that
+/// chunk, not in the whole posting), so the running result shrinks as early
+/// as it can; a chunk is dropped as soon as it is empty.
 fn intersect<'b>(
     first: impl Iterator<Item = (u16, Cow<'b, RoaringBitmap>)>,
     rest: &[Set<'b>],
 ) -> Chunks<'b> {
     let mut acc = Vec::new();
-    'chunks: for (key, mut ids) in first {
+    let mut theirs: Vec<&RoaringBitmap> = Vec::with_capacity(rest.len());
+    'chunks: for (key, mine) in first {
+        theirs.clear();
         for other in rest {
-            let Some(theirs) = other.find(key) else {
+            match other.find(key) {
+                Some(ids) => theirs.push(ids),
+                None => continue 'chunks,
+            }
+        }
+        theirs.sort_unstable_by_key(|ids| ids.len());
+        let mut ids = match mine {
+            Cow::Owned(mine) => mine,
+            Cow::Borrowed(mine) if theirs.is_empty() => {
+                acc.push((key, Cow::Borrowed(mine)));
                 continue 'chunks;
-            };
-            ids = match ids {
-                Cow::Borrowed(mine) => Cow::Owned(mine & theirs),
-                Cow::Owned(mut mine) => {
-                    mine &= theirs;
-                    Cow::Owned(mine)
+            }
+            Cow::Borrowed(mine) => {
+                // The smaller operand goes first: `&` copies it.
+                let smallest = theirs.remove(0);
+                if smallest.len() < mine.len() {
+                    smallest & mine
+                } else {
+                    mine & smallest
                 }
-            };
+            }
+        };
+        for other in &theirs {
             if ids.is_empty() {
                 continue 'chunks;
             }
+            ids &= *other;
         }
-        acc.push((key, ids));
+        if !ids.is_empty() {
+            acc.push((key, Cow::Owned(ids)));
+        }
     }
     acc
 }

@@ -1,22 +1,26 @@
 //! The index resource: term -> Roaring bitmap of u32 ids, published as
 //! immutable snapshots. A reader loads the current snapshot (an `Arc` swap,
 //! no lock) and works on it while writers go on; a writer copies the
-//! snapshot (O(1): the map is persistent, postings and their chunks are
-//! shared), applies a whole batch to its copy, copying only the map nodes
-//! and chunks it changes, and swaps it in, so no reader sees half of a
-//! batch. Writers serialise among themselves on one mutex, which guards no
-//! data: a writer that fails leaves nothing half-written to repair.
+//! snapshot (the group pointers of the sharded term map, `terms.rs`;
+//! postings, their chunks and the id-to-terms map are shared), applies a
+//! whole batch to its copy, copying only the shards, chunks and map leaves
+//! it changes, and swaps it in, so no reader sees half of a batch. Writers
+//! serialise among themselves on one mutex, which guards no data: a writer
+//! that fails leaves nothing half-written to repair.
 
 use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
-use crate::expr::{chunks_len, estimate, eval, plan, Chunks, State};
-use crate::key::{key_term, next_cell, term_key};
+use crate::expr::{chunks_len, estimate, eval, eval_ids, plan, State};
+use crate::key::{encode, key_term, next_cell};
 use crate::posting::{Posting, LIVE_BYTES};
+use crate::rev::{Change, Reverse};
+use crate::terms::KeyHasher;
 use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -84,17 +88,17 @@ fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
 }
 
-fn encode_ids<'a>(env: Env<'a>, chunks: &Chunks) -> Term<'a> {
-    let mut ids = Vec::with_capacity(usize::try_from(chunks_len(chunks)).unwrap_or(0));
-    for (_, chunk) in chunks {
-        ids.extend(chunk.iter());
-    }
-    ids.encode(env)
-}
-
+/// A new index; with `reverse` it keeps an id-to-terms map.
 #[rustler::nif]
-fn index_new() -> Index {
-    ResourceArc::new(IndexResource::default())
+fn index_new(reverse: bool) -> Index {
+    let state = State {
+        reverse: reverse.then(Reverse::default),
+        ..State::default()
+    };
+    ResourceArc::new(IndexResource {
+        state: ArcSwapOption::from_pointee(state),
+        writer: Mutex::new(()),
+    })
 }
 
 /// Frees the index at once, whatever handles remain: the snapshot goes when
@@ -131,7 +135,7 @@ fn query<'a>(
     if !dirty && too_costly(estimate(state, &plan)) {
         return Err(NativeError::Dirty);
     }
-    Ok(encode_ids(env, &eval(&state.bitmaps, &plan)))
+    Ok(eval_ids(&state.bitmaps, &plan).encode(env))
 }
 
 #[rustler::nif]
@@ -215,7 +219,7 @@ fn query_many<'a>(
     }
     let results: Vec<Term<'a>> = plans
         .iter()
-        .map(|plan| encode_ids(env, &eval(&state.bitmaps, plan)))
+        .map(|plan| eval_ids(&state.bitmaps, plan).encode(env))
         .collect();
     Ok(results.encode(env))
 }
@@ -242,7 +246,7 @@ fn index_query_many_dirty<'a>(
 
 struct Run {
     add: bool,
-    ids_by_key: HashMap<Vec<u8>, Vec<u32>>,
+    ids_by_key: HashMap<Vec<u8>, Vec<u32>, BuildHasherDefault<KeyHasher>>,
 }
 
 /// Decodes an id or a proper list of ids into `into`.
@@ -270,6 +274,7 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     );
     let mut runs: Vec<Run> = Vec::new();
     let mut ids = Vec::new();
+    let mut key = Vec::with_capacity(64);
     let mut rest = ops;
     while let Some(op) = next_cell(&mut rest) {
         let op = op.map_err(|()| NativeError::BadOp)?;
@@ -296,18 +301,23 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
             _ => {
                 runs.push(Run {
                     add,
-                    ids_by_key: HashMap::new(),
+                    ids_by_key: HashMap::default(),
                 });
                 runs.last_mut().ok_or(NativeError::Internal)?
             }
         };
         let mut add_ids = |term: Term, budget: &mut Budget| -> Result<(), NativeError> {
             budget.spend(ids.len() as u64)?;
-            let key = term_key(term, budget)?;
-            run.ids_by_key
-                .entry(key)
-                .or_default()
-                .extend_from_slice(&ids);
+            // Encoded into a reused buffer; a key is allocated only for a
+            // term this run has not seen.
+            key.clear();
+            encode(term, &mut key, budget)?;
+            match run.ids_by_key.get_mut(key.as_slice()) {
+                Some(listed) => listed.extend_from_slice(&ids),
+                None => {
+                    run.ids_by_key.insert(key.clone(), ids.clone());
+                }
+            }
             Ok(())
         };
         if many {
@@ -329,9 +339,15 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     Ok(runs)
 }
 
-/// Applies `runs` to `state` (a writer's private copy).
-fn apply_runs(state: &mut State, runs: Vec<Run>) {
-    for run in runs {
+/// Applies `runs` to `state` (a writer's private copy), and the same
+/// changes to its id-to-terms map if it has one. Only that map's work can
+/// run out of `budget` (the rest was counted before).
+fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<(), NativeError> {
+    let mut reverse = state.reverse.take();
+    let mut changes: Vec<Change> = Vec::new();
+    let mut released = Vec::new();
+    for (seq, run) in runs.into_iter().enumerate() {
+        let seq = u32::try_from(seq).map_err(|_| NativeError::Internal)?;
         for (key, ids) in run.ids_by_key {
             if ids.is_empty() {
                 continue;
@@ -339,19 +355,28 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
             let key: &[u8] = &key;
             let (chunks, count) = match state.bitmaps.get(key) {
                 Some(posting) => (posting.chunks.len() as u64, posting.len),
-                None if run.add => (0, 0),
+                None if run.add => {
+                    if state.bitmaps.full() {
+                        budget.spend(state.bitmaps.len() as u64 / 4)?;
+                        state.bitmaps.grow();
+                    }
+                    (0, 0)
+                }
                 None => continue,
             };
-            let posting = match state.bitmaps.get_mut(key) {
-                Some(posting) => posting,
-                None => state
-                    .bitmaps
-                    .entry(Arc::from(key))
-                    .or_insert_with(|| Arc::new(Posting::default())),
-            };
+            let posting = state
+                .bitmaps
+                .get_or_insert_with(key, Posting::default)
+                .ok_or(NativeError::Internal)?;
             // Copies the chunk list unless this write already did; `update`
             // copies the chunks it changes.
             let posting = Arc::make_mut(posting);
+            if let Some(reverse) = reverse.as_mut() {
+                if count == 0 {
+                    posting.tid = reverse.intern(&Arc::from(key))?;
+                }
+                changes.extend(ids.iter().map(|&id| (id, posting.tid, seq, run.add)));
+            }
             posting.update(&ids, run.add);
             let (new_chunks, new_count) = (posting.chunks.len() as u64, posting.len);
             state.chunks = state
@@ -360,10 +385,21 @@ fn apply_runs(state: &mut State, runs: Vec<Run>) {
                 .saturating_add(new_chunks);
             state.ids = state.ids.saturating_sub(count).saturating_add(new_count);
             if new_count == 0 {
+                released.push(posting.tid);
                 state.bitmaps.remove(key);
             }
         }
     }
+    if let Some(reverse) = reverse.as_mut() {
+        reverse.apply(changes, budget)?;
+        reverse.release(&released);
+        if state.bitmaps.is_empty() {
+            // No term left, so no row has one: start afresh (the free tids go).
+            *reverse = Reverse::default();
+        }
+    }
+    state.reverse = reverse;
+    Ok(())
 }
 
 fn apply<'a>(
@@ -395,11 +431,13 @@ fn apply<'a>(
                 .bitmaps
                 .get(key.as_slice())
                 .map_or(0, |posting| posting.chunks.len() as u64);
-            budget.spend(listed / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
+            let copied = current.bitmaps.copy_cost(key) as u64;
+            budget
+                .spend((listed + copied) / 8 + Posting::touched(ids).saturating_mul(COPY_UNITS))?;
         }
     }
     let mut next = State::clone(&current);
-    apply_runs(&mut next, runs);
+    apply_runs(&mut next, runs, &mut budget)?;
     index.state.store(Some(Arc::new(next)));
     Ok(atoms::ok().encode(env))
 }
@@ -440,6 +478,16 @@ fn terms_of<'a>(
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
     let mut budget = Budget::new(dirty);
+    if let Some(reverse) = state.reverse.as_ref() {
+        let terms = reverse
+            .terms(id)
+            .map(|key| {
+                budget.spend(1 + key.len() as u64 / 16)?;
+                key_term(env, key)
+            })
+            .collect::<Result<Vec<Term<'a>>, _>>()?;
+        return Ok(terms.encode(env));
+    }
     if !dirty && state.bitmaps.len() > DIRTY_TERMS {
         return Err(NativeError::Dirty);
     }
@@ -488,7 +536,11 @@ fn index_memory<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
             .sum();
         let per_term =
             std::mem::size_of::<(Arc<[u8]>, Arc<Posting>)>() + std::mem::size_of::<Posting>() + 32;
-        let bytes = std::mem::size_of::<IndexResource>() + payload + state.bitmaps.len() * per_term;
+        let reverse = state.reverse.as_ref().map_or(0, Reverse::bytes);
+        let bytes = std::mem::size_of::<IndexResource>()
+            + payload
+            + state.bitmaps.len() * per_term
+            + reverse;
         Ok(bytes.encode(env))
     });
     reply(env, result)

@@ -67,13 +67,6 @@ pub fn next_cell<'a>(rest: &mut Term<'a>) -> Option<Result<Term<'a>, ()>> {
     }
 }
 
-/// The key of `term`.
-pub fn term_key(term: Term, budget: &mut Budget) -> Result<Vec<u8>, NativeError> {
-    let mut out = Vec::with_capacity(64);
-    encode(term, &mut out, budget)?;
-    Ok(out)
-}
-
 /// Appends the key of `term` to `out` (a query reuses one buffer for all its
 /// terms). One type check picks the encoding, instead of trying each decoder
 /// in turn and building an error for every miss. Elements wait on an
@@ -195,7 +188,7 @@ fn encode_other(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<()
     Ok(())
 }
 
-/// The term a key was made from. Keys come from `term_key`, so a key that
+/// The term a key was made from. Keys come from `encode`, so a key that
 /// does not decode (or a binary that cannot be allocated) is `Internal`.
 pub fn key_term<'a>(env: Env<'a>, key: &[u8]) -> Result<Term<'a>, NativeError> {
     // A tuple or list cell waiting for `left` more values above `base`.

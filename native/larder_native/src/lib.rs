@@ -9,6 +9,9 @@ mod expr;
 mod index;
 mod key;
 mod posting;
+mod rev;
 mod stack;
+mod terms;
+mod trie;
 
 rustler::init!("Elixir.Larder.Native");

@@ -51,6 +51,8 @@ impl Chunk {
 pub struct Posting {
     pub chunks: Vec<(u16, Arc<Chunk>)>,
     pub len: u64,
+    /// The term's id in the index's id-to-terms map (0 without one).
+    pub tid: u32,
 }
 
 fn high(id: u32) -> u16 {
