@@ -27,6 +27,15 @@ defmodule Larder do
   Errors follow one convention across the library: bad arguments raise
   `ArgumentError` naming the argument; failures that come from the world
   (a corrupt file, a server that is down) are returned as
-  `{:error, %Larder.Error{}}`.
+  `{:error, %Larder.Error{}}`, whose reasons `Larder.Error` lists.
+
+  No input takes the node down: native code never recurses over user terms
+  or panics, and moves long calls to dirty schedulers; every numeric option
+  has an upper bound; Redis replies, pub/sub messages, L2 values and
+  snapshot files are checked for shape, type, range and size before use,
+  and hostile ones are ignored and counted. Writers killed mid-write leave
+  nothing half done: the next writer repairs it (`Larder.Register`,
+  `Larder.Cache`) or the write runs in the table's own process
+  (`Larder.Table`).
   """
 end
