@@ -22,6 +22,40 @@ defmodule Larder.IndexTest do
       assert Index.count(index, {:and, [:a, :b]}) == 3
     end
 
+    test "an and of terms agrees with sets over dense and sparse chunks, after removals" do
+      # Dense runs (bitmap containers), sparse strides (arrays) and a narrow
+      # range, over several 64Ki-id chunks; removals move each chunk's first
+      # and last ids, which bound the ids an and tries.
+      sets = %{
+        run: Enum.to_list(70_000..79_999),
+        wide: Enum.to_list(0..300_000//3),
+        sparse: Enum.to_list(5..300_000//29),
+        narrow: Enum.to_list(74_000..74_999),
+        edges: [0, 65_535, 65_536, 74_001, 131_071, 131_072, 299_999]
+      }
+
+      index = Index.new()
+      :ok = Index.batch(index, for({term, ids} <- sets, do: {:add, term, ids}))
+      removed = %{run: [70_000, 70_001, 79_999], narrow: [74_000, 74_999], sparse: [74_001]}
+      :ok = Index.batch(index, for({term, ids} <- removed, do: {:remove, term, ids}))
+      sets = Map.merge(sets, removed, fn _term, ids, gone -> ids -- gone end)
+
+      terms = Map.keys(sets)
+
+      for a <- terms, b <- terms, c <- [nil | terms] do
+        and_of = Enum.reject([a, b, c], &is_nil/1)
+
+        expected =
+          and_of
+          |> Enum.map(&MapSet.new(sets[&1]))
+          |> Enum.reduce(&MapSet.intersection/2)
+          |> Enum.sort()
+
+        assert Index.query(index, {:and, and_of}) == expected, inspect(and_of)
+        assert Index.query_many(index, [{:and, and_of}]) == [expected]
+      end
+    end
+
     test "{:term, t} matches a term that looks like an operator" do
       index = Index.new()
       :ok = Index.add(index, {:not, :x}, [9])

@@ -6,7 +6,7 @@ use crate::atoms;
 use crate::budget::Budget;
 use crate::error::NativeError;
 use crate::key::{elem, encode, next_cell, tuple_elems};
-use crate::posting::Posting;
+use crate::posting::{Chunk, Posting};
 use crate::rev::Reverse;
 use crate::stack::Stack;
 use roaring::RoaringBitmap;
@@ -323,6 +323,9 @@ impl Set<'_> {
 /// small probes its ids in the others; anything else is `eval` flattened.
 pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Vec<u32> {
     if let Plan::And(children) = plan {
+        if let Some(ids) = and_of_terms(children) {
+            return ids;
+        }
         if let Some(ids) = probe_and(bitmaps, children) {
             return ids;
         }
@@ -333,6 +336,90 @@ pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Vec<u32> {
         ids.extend(chunk.iter());
     }
     ids
+}
+
+/// At most this many lookups (ids of the smallest chunk inside the common
+/// span, times the other operands) make a chunk of an `and` of terms probe
+/// instead of intersecting whole containers: about the work of one pass
+/// over an array container, without copying it.
+const PROBE_LOOKUPS: u64 = 4_096;
+
+/// The ids of `and(children)` when every child is a term (`None` otherwise),
+/// chunk by chunk of the smallest posting. Only the span every operand's
+/// chunk covers (their first and last ids, kept by the writer) can match;
+/// when the smallest chunk is an array with few ids in that span, each of
+/// them is looked up in the other chunks, smallest first, and kept if all
+/// hold it (no container is copied); otherwise the chunks are intersected
+/// whole, smallest first.
+fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
+    let mut postings: Vec<&Posting> = Vec::with_capacity(children.len());
+    for child in children {
+        match child {
+            Plan::Leaf(Some(posting)) => postings.push(posting),
+            Plan::Leaf(None) => return Some(Vec::new()),
+            _ => return None,
+        }
+    }
+    let (first_at, first) = postings
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, posting)| posting.len)?;
+    let mut out = Vec::new();
+    let mut chunks: Vec<&Chunk> = Vec::with_capacity(postings.len());
+    'chunks: for (key, mine) in &first.chunks {
+        chunks.clear();
+        chunks.push(mine);
+        let (mut lo, mut hi) = (mine.lo, mine.hi);
+        for (at, posting) in postings.iter().enumerate() {
+            if at == first_at {
+                continue;
+            }
+            match posting.chunk(*key) {
+                Some(chunk) => {
+                    lo = lo.max(chunk.lo);
+                    hi = hi.min(chunk.hi);
+                    chunks.push(chunk);
+                }
+                None => continue 'chunks,
+            }
+        }
+        if lo > hi {
+            continue;
+        }
+        chunks.sort_unstable_by_key(|chunk| chunk.ids.len());
+        let Some((smallest, rest)) = chunks.split_first() else {
+            continue;
+        };
+        // An array (at most 4,096 ids) counts the ids of a span in two
+        // binary searches.
+        let small = smallest.ids.len() <= 4_096
+            && smallest
+                .ids
+                .range_cardinality(lo..=hi)
+                .saturating_mul(rest.len() as u64)
+                <= PROBE_LOOKUPS;
+        if small {
+            for id in smallest.ids.range(lo..=hi) {
+                if rest.iter().all(|chunk| chunk.ids.contains(id)) {
+                    out.push(id);
+                }
+            }
+            continue;
+        }
+        let Some((second, others)) = rest.split_first() else {
+            out.extend(smallest.ids.iter());
+            continue;
+        };
+        let mut ids = &smallest.ids & &second.ids;
+        for chunk in others {
+            if ids.is_empty() {
+                continue 'chunks;
+            }
+            ids &= &chunk.ids;
+        }
+        out.extend(ids.iter());
+    }
+    Some(out)
 }
 
 /// The ids of `and(children)` by probing, if its smallest positive

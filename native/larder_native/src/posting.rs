@@ -17,6 +17,10 @@ pub static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 #[derive(Default)]
 pub struct Chunk {
     pub ids: RoaringBitmap,
+    /// The smallest and largest of `ids` (kept by the writer): an `and`
+    /// tries only the ids inside every operand's span.
+    pub lo: u32,
+    pub hi: u32,
     /// This chunk's share of `LIVE_BYTES`.
     counted: usize,
 }
@@ -26,6 +30,8 @@ impl Clone for Chunk {
         LIVE_BYTES.fetch_add(self.counted, Ordering::Relaxed);
         Chunk {
             ids: self.ids.clone(),
+            lo: self.lo,
+            hi: self.hi,
             counted: self.counted,
         }
     }
@@ -38,7 +44,10 @@ impl Drop for Chunk {
 }
 
 impl Chunk {
+    /// Brings the span and the share of `LIVE_BYTES` up to date after a change.
     fn recount(&mut self) {
+        self.lo = self.ids.min().unwrap_or(0);
+        self.hi = self.ids.max().unwrap_or(0);
         let size = self.ids.serialized_size();
         LIVE_BYTES.fetch_add(size, Ordering::Relaxed);
         LIVE_BYTES.fetch_sub(self.counted, Ordering::Relaxed);
@@ -62,12 +71,18 @@ fn high(id: u32) -> u16 {
 impl Posting {
     /// The chunk of ids whose high 16 bits are `key`.
     #[inline]
-    pub fn find(&self, key: u16) -> Option<&RoaringBitmap> {
+    pub fn chunk(&self, key: u16) -> Option<&Chunk> {
         self.chunks
             .binary_search_by_key(&key, |(k, _)| *k)
             .ok()
             .and_then(|i| self.chunks.get(i))
-            .map(|(_, chunk)| &chunk.ids)
+            .map(|(_, chunk)| chunk.as_ref())
+    }
+
+    /// The ids whose high 16 bits are `key`.
+    #[inline]
+    pub fn find(&self, key: u16) -> Option<&RoaringBitmap> {
+        self.chunk(key).map(|chunk| &chunk.ids)
     }
 
     pub fn contains(&self, id: u32) -> bool {
