@@ -136,32 +136,34 @@ defmodule Larder.Register do
   ## Performance
 
   Every figure comes from `mix run bench/register_bench.exs` (full run, not
-  `--quick`): 16 parallel runners on a 2-core machine, values of 100
+  `--quick`): 16 parallel runners on a quiet 2-core machine, values of 100
   integers, medians, measured side by side with an ETS `:set` with
   `read_concurrency` and `write_concurrency` in the same run. Speed-up is
-  the ETS median over the Register median. Four full runs: run 4 with this
-  code, runs 1-3 before a change that only touches lock takeover; runs 1 and
-  2 while other benchmarks loaded the machine:
+  the ETS median over the Register median. The last column is the same
+  script run right before, on the same machine, on the code before writers
+  took their slot through the shared lock (`Larder.Lock`):
 
-  | workload | speed-up over ETS (run 4) | run 3 | runs 1, 2 (loaded) |
-  |---|---|---|---|
-  | 1 key, 90% get / 10% put (hot key) | 3.42x | 3.70x | 1.36x, 1.19x |
-  | 16 keys, 90/10 | 1.43x | 2.42x | 1.71x, 1.69x |
-  | 1 key, 99/1 | 4.08x | 3.98x | 4.47x, 7.78x |
-  | 16 keys, 99/1 | 2.95x | 1.73x | 3.31x, 2.94x |
-  | 1 key, 50/50 | 1.70x | 3.04x | 0.70x, 1.79x |
-  | 16 keys, 50/50 | 0.75x | 0.74x | 0.75x, 0.73x |
+  | workload | speed-up over ETS | same machine, earlier lock |
+  |---|---|---|
+  | 1 key, 90% get / 10% put (hot key) | 2.72x | 5.17x |
+  | 16 keys, 90/10 | 1.73x | 1.61x |
+  | 1 key, 99/1 | 4.52x | 4.35x |
+  | 16 keys, 99/1 | 3.48x | 2.75x |
+  | 1 key, 50/50 | 2.69x | 2.48x |
+  | 16 keys, 50/50 | 0.82x | 0.77x |
 
-  One process re-reading an unchanged 100-integer list: 75 ns per `get`
-  (ETS: 325 ns; runs 1-3: 71-75 ns against 324-330 ns), and 0 minor garbage
-  collections over 100,000 reads with a 10k-word heap, where an ETS read
-  does 1,785: the cached value is returned without a copy.
+  The hot key is the noisiest row: its ETS anchor alone moved from 10.7 us
+  to 6.7 us between the two runs, while the Register's own median moved
+  from 2.07 us to 2.48 us. One process re-reading an unchanged 100-integer
+  list: 87 ns per `get` (ETS: 503 ns), and 0 minor garbage collections over
+  100,000 reads with a 10k-word heap, where an ETS read does 1,785: the
+  cached value is returned without a copy.
 
   Writers of one slot take turns on a spin-then-yield lock, so a writer
   whose scheduler thread is descheduled by the operating system while it
   holds the lock stalls the slot's other writers: on a machine shared with
-  other CPU-heavy work the hot-key figure drops (runs 1 and 2). Write-heavy
-  workloads spread over many keys (16 keys, 50/50) are slower than ETS.
+  other CPU-heavy work the hot-key figure drops. Write-heavy workloads
+  spread over many keys (16 keys, 50/50) are slower than ETS.
   """
 
   import Bitwise, only: [<<<: 2]

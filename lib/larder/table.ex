@@ -118,25 +118,22 @@ defmodule Larder.Table do
 
   From one full run of `mix run bench/index_bench.exs` on the 487,200-price
   catalogue (100 reference requests, every answer checked against a plain
-  filter), on a 2-core machine shared with other work; the bench prints each
-  figure as a ratio to the Go-style map index (offering -> its prices,
-  scanned) measured in the same run:
+  filter), on a quiet 2-core machine; the bench prints each figure as a
+  ratio to the Go-style map index (offering -> its prices, scanned)
+  measured in the same run:
 
   | | map index | `store: [:idx, :spec, :value, :currency]` | full records |
   |---|---|---|---|
-  | search, median per request | 1.23 ms | 5.47 us | 5.99 us |
-  | `search_many/2`, per search of 1,000 | 1.33 ms | 4.32 us (232k/s) | 4.56 us |
-  | memory (ETS words x 8 + NIF bytes; map: process heap) | 59.4 MB | 119 MB (with the id-to-terms map) | 500 MB |
-  | `insert_many/2` of records already in memory | 83.6 ms | 1.64 s | 2.06 s |
+  | search, median per request | 1.31 ms | 10.3 us | 10.9 us |
+  | `search_many/2`, per search of 1,000 | 1.75 ms | 4.94 us (202k/s) | 5.55 us |
+  | memory (ETS words x 8 + NIF bytes; map: process heap) | 59.4 MB | 119 MB (with the id-to-terms map) | 508 MB |
+  | `insert_many/2` of records already in memory | 75.5 ms | 2.16 s | 2.30 s |
 
-  Targets: search median <= 5 us (missed; another full run of the same code
-  gave 5.06 us), `search_many` >= 300k searches/s (missed), memory with
-  `:store` <= 127 MB (met), build <= 2 s (met with `:store`, missed with full
-  records). About 2 us of a search is the bitmap intersection itself; the
-  harness's full GC of its catalogue-sized heap before each run leaves the
-  caches cold, which a loop that repeats the same 100 searches does not
-  (3.9 us there). An ETS match-spec `select` over the same records takes
-  155 ms per search.
+  Targets: search median <= 5 us (missed), `search_many` >= 300k
+  searches/s (missed), memory with `:store` <= 127 MB (met), build <= 2 s
+  (missed). The harness's full GC of its catalogue-sized heap before each
+  run leaves the caches cold, so a single search pays for cache misses that
+  the 1,000 searches of one `search_many/2` share.
   """
 
   alias Larder.Index
