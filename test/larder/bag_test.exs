@@ -12,7 +12,10 @@ defmodule Larder.BagTest do
     Path.join(dir, "#{context.test}.bag" |> String.replace(~r/[^\w.]+/, "_"))
   end
 
-  defp own_tables, do: Enum.filter(:ets.all(), &(:ets.info(&1, :owner) == self()))
+  # A set: :ets.all/0 lists tables in no fixed order, and tables other tests
+  # create meanwhile can change that order.
+  defp own_tables,
+    do: :ets.all() |> Enum.filter(&(:ets.info(&1, :owner) == self())) |> MapSet.new()
 
   describe "set semantics" do
     test "a pair is stored once, values of a key come back without repeats" do
