@@ -1,6 +1,8 @@
 defmodule Larder.BagTest do
   use ExUnit.Case, async: true
 
+  import Larder.Test.Eventually
+
   alias Larder.Bag
 
   doctest Larder.Bag
@@ -215,7 +217,7 @@ defmodule Larder.BagTest do
           end
         end)
 
-      wait_until(fn -> :ets.whereis(name) != :undefined end)
+      eventually(fn -> :ets.whereis(name) != :undefined end, 1_000, 5)
       ref = Process.monitor(owner)
       send(owner, :stop)
       assert_receive {:DOWN, ^ref, _, _, _}
@@ -919,12 +921,5 @@ defmodule Larder.BagTest do
   defp flip(data, at) do
     <<before::binary-size(at), byte, rest::binary>> = data
     <<before::binary, Bitwise.bxor(byte, 0xFF), rest::binary>>
-  end
-
-  defp wait_until(fun) do
-    unless fun.() do
-      Process.sleep(5)
-      wait_until(fun)
-    end
   end
 end

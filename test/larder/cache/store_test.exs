@@ -5,6 +5,8 @@ defmodule Larder.Cache.StoreTest do
   # Not async: the concurrency tests measure the VM's ETS memory.
   use ExUnit.Case, async: false
 
+  import Larder.Test.Eventually
+
   alias Larder.Cache
 
   @pattern_keys [
@@ -331,15 +333,8 @@ defmodule Larder.Cache.StoreTest do
 
       # the waiters register behind the loading marker
       cfg = cfg(cache)
-      wait_until(fn -> :ets.info(cfg.waiters, :size) == 5 end)
+      eventually(fn -> :ets.info(cfg.waiters, :size) == 5 end, 1_000, 5)
       [loader | waiters]
-    end
-
-    defp wait_until(fun) do
-      unless fun.() do
-        Process.sleep(5)
-        wait_until(fun)
-      end
     end
 
     test "GenServer.stop gives the loader and its waiters :cache_stopped", ctx do
