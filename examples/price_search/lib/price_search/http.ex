@@ -40,9 +40,7 @@ defmodule PriceSearch.HTTP do
   @single_limit 64 * 1024
   @bulk_limit 32 * 1024 * 1024
   @bulk_lines 65_536
-  @json [{"Content-Type", "application/json"}]
   @ndjson [{"Content-Type", "application/x-ndjson"}]
-  @text [{"Content-Type", "text/plain; charset=utf-8"}]
 
   @doc """
   Starts a listener.
@@ -154,7 +152,7 @@ defmodule PriceSearch.HTTP do
          {:ok, request} <- decode(body, ""),
          {:ok, conditions} <- request_conditions(request) do
       case apply(Search, kind, [store, conditions]) do
-        {:ok, price} -> :mochiweb_request.respond({200, @json, JSON.price(price)}, req)
+        {:ok, price} -> respond(req, 200, "application/json", [], JSON.price(price))
         {:error, message} -> text(req, 404, message)
       end
     else
@@ -318,5 +316,47 @@ defmodule PriceSearch.HTTP do
   defp reason_text(reason), do: inspect(reason)
 
   defp text(req, status, message, headers \\ []),
-    do: :mochiweb_request.respond({status, headers ++ @text, [message, ?\n]}, req)
+    do: respond(req, status, "text/plain; charset=utf-8", headers, [message, ?\n])
+
+  # A whole response in one send, with the headers mochiweb's respond/2 would
+  # write (Server, Date, Content-Length, Connection: close when it will close),
+  # without building its header tree for each response.
+  defp respond(req, status, content_type, headers, body) do
+    close = if :mochiweb_request.should_close(req), do: "Connection: close\r\n", else: []
+
+    :mochiweb_request.send(
+      [
+        version(:mochiweb_request.get(:version, req)),
+        status_line(status),
+        "Server: MochiWeb/1.0\r\nDate: ",
+        :mochiweb_clock.rfc1123(),
+        "\r\nContent-Type: ",
+        content_type,
+        "\r\nContent-Length: ",
+        Integer.to_string(IO.iodata_length(body)),
+        "\r\n",
+        close,
+        for({name, value} <- headers, do: [name, ": ", value, "\r\n"]),
+        "\r\n",
+        body
+      ],
+      req
+    )
+  end
+
+  defp version({1, 1}), do: "HTTP/1.1 "
+  defp version({1, 0}), do: "HTTP/1.0 "
+  defp version({major, minor}), do: "HTTP/#{major}.#{minor} "
+
+  for {status, reason} <- [
+        {200, "OK"},
+        {400, "Bad Request"},
+        {404, "Not Found"},
+        {405, "Method Not Allowed"},
+        {413, "Request Entity Too Large"},
+        {500, "Internal Server Error"},
+        {503, "Service Unavailable"}
+      ] do
+    defp status_line(unquote(status)), do: unquote("#{status} #{reason}\r\n")
+  end
 end
