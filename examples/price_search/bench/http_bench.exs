@@ -1,12 +1,16 @@
 # The price search service under wrk, as the Go reference was measured: the
-# service on core 0 with one scheduler (taskset -c 0, +S 1), wrk on core 1,
-# four scenarios of DURATION (default 10s) each. Prints req/s, p50, p99,
-# searches/s for bulk and the service's RSS after load, beside the Go
-# figures (measured on the same kind of machine, not in this run).
+# service on core 0 with one scheduler (taskset -c 0, +S 1, no busy waiting),
+# wrk on core 1, four scenarios of DURATION (default 10s) each. Prints req/s,
+# p50, p99, searches/s for bulk and the service's RSS after load, beside the
+# Go figures (measured on the same kind of machine, not in this run).
 #
 #   make bench-http                      # from the Larder root
 #   DURATION=2s mix run --no-start bench/http_bench.exs [--json PATH]
 alias PriceSearch.Catalogue
+
+# One scheduler; no scheduler spins waiting for work, as the dirty
+# schedulers' spinning would take the one core from the scheduler serving.
+vm_flags = "+S 1 +sbwt none +sbwtdcpu none +sbwtdio none"
 
 defmodule HTTPBench do
   def free_port do
@@ -115,7 +119,7 @@ server =
     :binary,
     :exit_status,
     :stderr_to_stdout,
-    args: ["-c", "0", elixir, "--erl", "+S 1", "-S", "mix", "run", "--no-halt"],
+    args: ["-c", "0", elixir, "--erl", vm_flags, "-S", "mix", "run", "--no-halt"],
     env: [{'PORT', '#{port}'}]
   ])
 
@@ -192,7 +196,7 @@ us = fn us -> if us >= 1000, do: "#{fmt.(us / 1000)} ms", else: "#{us} us" end
 
 IO.puts("""
 
-Larder price search over HTTP: service on core 0 (+S 1), wrk -t1 on core 1, #{duration} each.
+Larder price search over HTTP: service on core 0 (#{vm_flags}), wrk -t1 on core 1, #{duration} each.
 Go figures: the reference service on the same kind of 2-core machine (one
 core, GOMAXPROCS=1), from earlier runs on two days, not measured in this run.
 """)
