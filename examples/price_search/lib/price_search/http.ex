@@ -149,7 +149,7 @@ defmodule PriceSearch.HTTP do
   defp single(req, store_name, kind) do
     with {:ok, store} <- loaded(store_name),
          {:ok, body} <- body(req, @single_limit),
-         {:ok, request} <- decode(body, ""),
+         {:ok, request} <- decode(body, nil),
          {:ok, conditions} <- request_conditions(request) do
       case apply(Search, kind, [store, conditions]) do
         {:ok, price} -> respond(req, 200, "application/json", [], JSON.price(price))
@@ -196,7 +196,7 @@ defmodule PriceSearch.HTTP do
         {:error, 413, "a bulk body holds at most #{@bulk_lines} requests"}
 
       line ->
-        case decode(line, "line #{n}: ") do
+        case decode(line, n) do
           {:ok, %{"id" => id} = request} when is_integer(id) and id in 0..65_535 ->
             bulk_lines(rest, n + 1, count + 1, [{id, Search.conditions(request)} | acc])
 
@@ -296,19 +296,23 @@ defmodule PriceSearch.HTTP do
   # mochiweb closes the connection after the response when this key is set.
   defp force_close, do: Process.put(:mochiweb_request_force_close, true)
 
-  defp decode(json, where) do
+  # `line` is the bulk line's number, nil for a whole body.
+  defp decode(json, line) do
     {:ok, :jiffy.decode(json, [:return_maps])}
   catch
     # jiffy raises {position, reason}; older versions threw {:error, that}.
     kind, {pos, reason} when kind in [:error, :throw] and is_integer(pos) ->
-      {:error, 400, "#{where}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
+      {:error, 400, "#{where(line)}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
 
     :throw, {:error, {pos, reason}} when is_integer(pos) ->
-      {:error, 400, "#{where}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
+      {:error, 400, "#{where(line)}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
 
     _, _ ->
-      {:error, 400, "#{where}malformed JSON"}
+      {:error, 400, "#{where(line)}malformed JSON"}
   end
+
+  defp where(nil), do: ""
+  defp where(line), do: "line #{line}: "
 
   defp reason_text(reason) when is_atom(reason),
     do: reason |> Atom.to_string() |> String.replace("_", " ")
