@@ -5,17 +5,34 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 BENCHES := $(sort $(wildcard bench/*_bench.exs))
 BENCH_ARGS ?=
 
-.PHONY: setup demo test bench bench-quick check format
+.PHONY: setup demo test bench bench-quick bench-http serve check format
+
+PRICE_SEARCH := examples/price_search
 
 setup:
 	@scripts/setup
 
 demo: setup
 	mix compile
+	cd $(PRICE_SEARCH) && mix compile
 	mix run examples/demo.exs
 
 test: setup
 	mix test
+	cd $(PRICE_SEARCH) && mix test
+
+# The price search service on port 8091, or PORT. exec: the VM replaces the
+# shell, so make's SIGTERM (which make passes to its child) stops it.
+serve: setup
+	cd $(PRICE_SEARCH) && mix compile
+	cd $(PRICE_SEARCH) && exec mix run --no-halt
+
+# The service on core 0 with one scheduler, wrk on core 1; DURATION=2s for a
+# short run. Writes bench/results/http_bench.json.
+bench-http: setup
+	@mkdir -p bench/results
+	cd $(PRICE_SEARCH) && mix compile
+	cd $(PRICE_SEARCH) && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
 
 # Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
 bench: setup
@@ -33,4 +50,5 @@ bench-quick:
 check: setup
 	mix format --check-formatted
 	mix compile --warnings-as-errors --force
+	cd $(PRICE_SEARCH) && mix compile --warnings-as-errors --force
 	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings

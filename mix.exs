@@ -25,7 +25,7 @@ defmodule Larder.MixProject do
   def application do
     [
       mod: {Larder.Application, []},
-      extra_applications: [:logger, :eredis, :crypto, :jiffy] ++ extra_applications(Mix.env())
+      extra_applications: [:logger, :eredis, :crypto] ++ extra_applications(Mix.env())
     ]
   end
 

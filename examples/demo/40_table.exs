@@ -1,7 +1,9 @@
 # Larder.Table: price search on the 487,200-price catalogue (the shared file,
 # or the generated one), against the Go-style map index, measured now.
+# The catalogue code belongs to the price search example (examples/price_search).
+Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
 alias Larder.{Bench, Table}
-alias Larder.Table.Catalogue
+alias PriceSearch.Catalogue
 
 # Compiled loops: closures at a script's top level are interpreted.
 defmodule Demo.TableLoops do

@@ -1,11 +1,19 @@
-defmodule Larder.Table.Catalogue do
-  # The price catalogue behind the Table benchmark and demo: the CSV loader,
-  # a deterministic generator of the same shape, and the reference requests.
-  @moduledoc false
+defmodule PriceSearch.Catalogue do
+  @moduledoc """
+  The price catalogue: the CSV loader, a deterministic generator of the same
+  shape, the reference requests, and the Go service's map index.
+
+  Larder's `bench/index_bench.exs` and `examples/demo/40_table.exs` load
+  this file with `Code.require_file/1`, so it depends on nothing but Larder
+  and jiffy.
+  """
 
   import Bitwise
 
-  @default_dir "../shared/data/price-catalogue"
+  # The shared reference data sits beside the Larder checkout
+  # (`<larder>/../shared/data/price-catalogue`); CATALOGUE_DIR overrides it.
+  @larder_root Path.expand("../../../..", __DIR__)
+  @shared_dir Path.expand("../shared/data/price-catalogue", @larder_root)
 
   @terms ~w(12 18 24 36 48 60)
   @traffic ~w(1GB 2GB 5GB 10GB 20GB 50GB 100GB)
@@ -26,9 +34,12 @@ defmodule Larder.Table.Catalogue do
           currency: String.t()
         }
 
-  @doc "The directory of the shared reference data, relative to the project root."
+  @doc """
+  The directory of the shared reference data: `CATALOGUE_DIR` when set, else
+  `../shared/data/price-catalogue` next to the Larder checkout.
+  """
   @spec default_dir() :: Path.t()
-  def default_dir, do: @default_dir
+  def default_dir, do: System.get_env("CATALOGUE_DIR") || @shared_dir
 
   @doc """
   The `Larder.Table.new/1` options for the catalogue: the Go service's
@@ -52,7 +63,7 @@ defmodule Larder.Table.Catalogue do
   `{source, prices, requests}`, where requests are `Larder.Table` conditions.
   """
   @spec reference_or_generated(Path.t()) :: {String.t(), [price()], [keyword()]}
-  def reference_or_generated(dir \\ @default_dir) do
+  def reference_or_generated(dir \\ default_dir()) do
     csv = Path.join(dir, "prices-487k.csv.gz")
     jsonl = Path.join(dir, "requests-100.jsonl")
 
@@ -234,6 +245,39 @@ defmodule Larder.Table.Catalogue do
     ] ++ for(cv <- request["charValues"], do: {:char, {cv["char"], cv["value"]}})
   end
 
+  @doc """
+  The JSON request (a map, as jiffy decodes it) for `conditions`: the inverse
+  of `conditions/1`.
+  """
+  @spec request_json(keyword()) :: map()
+  def request_json(conditions) do
+    %{
+      "offeringId" => Keyword.fetch!(conditions, :offering_id),
+      "groupId" => Keyword.fetch!(conditions, :group_id),
+      "priceSpecId" => Keyword.fetch!(conditions, :spec),
+      "charValues" => for({:char, {c, v}} <- conditions, do: %{"char" => c, "value" => v})
+    }
+  end
+
+  @doc """
+  The single-request benchmark's conditions: `request-single.json` in `dir`
+  when `prices` came from there, else the request for the price with value
+  2320 (the reference's choice) found in `prices`.
+  """
+  @spec single_request([price()], String.t(), Path.t()) :: keyword()
+  def single_request(prices, source, dir \\ default_dir()) do
+    path = Path.join(dir, "request-single.json")
+
+    if Path.dirname(source) == dir and File.exists?(path) do
+      path |> File.read!() |> :jiffy.decode([:return_maps]) |> conditions()
+    else
+      p = Enum.find(prices, &(&1.value == 2320)) || hd(prices)
+
+      [offering_id: p.offering_id, group_id: p.group_id, spec: p.spec] ++
+        for({c, v} <- char_terms(p), do: {:char, {c, v}})
+    end
+  end
+
   @doc "Reads `requests-100.jsonl` into `Larder.Table` conditions."
   @spec requests(Path.t()) :: {:ok, [keyword()]} | {:error, Larder.Error.t()}
   def requests(path) do
@@ -299,7 +343,7 @@ defmodule Larder.Table.Catalogue do
   does), builds the index, drops everything else and reports its memory.
   """
   @spec map_index_heap_bytes(Path.t()) :: non_neg_integer()
-  def map_index_heap_bytes(dir \\ @default_dir) do
+  def map_index_heap_bytes(dir \\ default_dir()) do
     Task.async(fn ->
       {_, loaded, _} = reference_or_generated(dir)
       index = map_index(loaded)

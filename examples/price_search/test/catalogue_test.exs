@@ -1,8 +1,8 @@
-defmodule Larder.Table.CatalogueTest do
+defmodule PriceSearch.CatalogueTest do
   use ExUnit.Case, async: true
 
   alias Larder.Table
-  alias Larder.Table.Catalogue
+  alias PriceSearch.Catalogue
 
   @moduletag :tmp_dir
 

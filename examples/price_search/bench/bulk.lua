@@ -1,0 +1,27 @@
+-- wrk script: bulk NDJSON bodies of N requests (default 1,000), the
+-- reference requests cycled, each line given an "id" 0..N-1.
+-- wrk ... -s bulk.lua URL <requests.jsonl> [N]
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/x-ndjson"
+
+function init(args)
+  local requests = {}
+  for line in io.lines(args[1]) do
+    if line:match("%S") then requests[#requests + 1] = line end
+  end
+  local n = tonumber(args[2] or "1000")
+  local lines = {}
+  for i = 0, n - 1 do
+    local request = requests[i % #requests + 1]
+    lines[#lines + 1] = "{\"id\":" .. i .. "," .. request:sub(request:find("{") + 1)
+  end
+  wrk.body = table.concat(lines, "\n") .. "\n"
+end
+
+function done(summary, latency, requests)
+  io.write(string.format(
+    "WRK_JSON {\"requests\":%d,\"duration_us\":%d,\"p50_us\":%d,\"p99_us\":%d,\"errors\":%d,\"non_2xx\":%d}\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    summary.errors.status))
+end

@@ -1,0 +1,24 @@
+defmodule PriceSearch.MixProject do
+  use Mix.Project
+
+  def project do
+    [
+      app: :price_search,
+      version: "0.1.0",
+      elixir: "~> 1.14",
+      start_permanent: Mix.env() == :prod,
+      # Larder by path; mochiweb and jiffy come from Debian (scripts/setup), never Hex.
+      deps: [{:larder, path: "../.."}]
+    ]
+  end
+
+  def application do
+    [
+      mod: {PriceSearch.Application, []},
+      extra_applications: [:logger, :mochiweb, :jiffy] ++ test_applications(Mix.env())
+    ]
+  end
+
+  defp test_applications(:test), do: [:inets]
+  defp test_applications(_), do: []
+end

@@ -1,0 +1,295 @@
+defmodule PriceSearch.HTTPTest do
+  # Not async: every test talks to the application's one listener.
+  use ExUnit.Case
+
+  alias PriceSearch.Catalogue
+  alias PriceSearch.TestClient, as: C
+
+  @bitmap '/v1/search/bitmap/prices'
+  @map '/v1/search/map/prices'
+  @bulk '/v5/search/bitmap/bulk/prices'
+
+  setup_all do
+    :ok = :httpc.set_options(max_sessions: 64, max_keep_alive_length: 100)
+    port = PriceSearch.port()
+    :ok = C.await_loaded(port)
+
+    # The catalogue the service loaded, and each request's answer by a plain
+    # filter over it (the offering's prices, then every condition checked).
+    {source, prices, requests} = Catalogue.reference_or_generated()
+    by_offering = Enum.group_by(prices, & &1.offering_id)
+
+    expected = fn conditions ->
+      [price] = Catalogue.filter(by_offering[conditions[:offering_id]], conditions)
+      {encode(Catalogue.request_json(conditions)), price}
+    end
+
+    # A request without its Term: several prices match (none is a default).
+    several =
+      Enum.find_value(requests, fn conditions ->
+        conditions = Enum.reject(conditions, &match?({:char, {"Term", _}}, &1))
+        n = length(Catalogue.filter(by_offering[conditions[:offering_id]], conditions))
+        if n >= 2, do: {encode(Catalogue.request_json(conditions)), n}
+      end)
+
+    %{
+      port: port,
+      source: source,
+      several: several,
+      requests: Enum.map(requests, expected),
+      single: expected.(Catalogue.single_request(prices, source))
+    }
+  end
+
+  defp encode(json), do: :jiffy.encode(json)
+
+  defp price_body(p),
+    do: ~s({"id":"#{p.idx}","spec":"#{p.spec}","value":#{p.value},"currency":"#{p.currency}"})
+
+  test "each of the 100 reference requests gets its price", %{port: port, requests: requests} do
+    assert length(requests) == 100
+
+    for {body, price} <- requests do
+      assert {200, headers, answer} = C.post(port, @bitmap, body)
+      assert answer == price_body(price)
+      assert headers["content-type"] == "application/json"
+    end
+  end
+
+  test "the single request", %{port: port, single: {body, price}} do
+    assert {200, _, answer} = C.post(port, @bitmap, body)
+    assert answer == price_body(price)
+
+    assert %{"id" => _, "spec" => _, "value" => value, "currency" => _} =
+             :jiffy.decode(answer, [:return_maps])
+
+    assert value == price.value
+  end
+
+  test "the map endpoint answers as the bitmap endpoint on all 100 requests", %{
+    port: port,
+    requests: requests
+  } do
+    for {body, price} <- requests do
+      assert {200, _, bitmap} = C.post(port, @bitmap, body)
+      assert {200, _, map} = C.post(port, @map, body)
+      assert map == bitmap
+      assert map == price_body(price)
+    end
+
+    # And the same errors.
+    unknown = encode(%{"offeringId" => "nope", "groupId" => "group1", "priceSpecId" => "MRC"})
+
+    assert C.post(port, @map, unknown) ==
+             C.post(port, @bitmap, unknown) |> put_date(C.post(port, @map, unknown))
+  end
+
+  # Two answers differ in their Date header at most.
+  defp put_date({status, headers, body}, {_, other, _}),
+    do: {status, Map.put(headers, "date", other["date"]), body}
+
+  test "an omitted characteristic is not checked; several matches without a default are an error",
+       %{port: port, several: {body, n}} do
+    assert {404, _, message} = C.post(port, @bitmap, body)
+    assert message == "#{n} prices match and none is the default\n"
+    assert {404, _, ^message} = C.post(port, @map, body)
+  end
+
+  test "bulk: good and bad lines, each answered on its own line, chunked", %{
+    port: port,
+    requests: requests
+  } do
+    good =
+      for {{body, _price}, id} <- Enum.with_index(requests) do
+        encode(Map.put(:jiffy.decode(body, [:return_maps]), "id", id))
+      end
+
+    [{first, _} | _] = requests
+    first = :jiffy.decode(first, [:return_maps])
+
+    bad = [
+      encode(Map.merge(first, %{"id" => 60_000, "groupId" => 5})),
+      encode(Map.merge(first, %{"id" => 60_001, "offeringId" => "no-such-offering"})),
+      encode(first |> Map.delete("priceSpecId") |> Map.put("id", 60_002)),
+      encode(Map.merge(first, %{"id" => 60_003, "charValues" => [%{"char" => "Term"}]}))
+    ]
+
+    body =
+      Enum.join(Enum.take(good, 50) ++ bad ++ ["", "\r"] ++ Enum.drop(good, 50), "\n") <> "\n"
+
+    assert {200, headers, answer} = C.post(port, @bulk, body, 'application/x-ndjson')
+    # httpc takes the chunks apart; the raw response shows them.
+    assert headers["content-type"] == "application/x-ndjson"
+
+    assert raw_post(port, @bulk, Enum.at(good, 0)) =~
+             ~r/^HTTP\/1.1 200 OK\r\n.*Transfer-Encoding: chunked\r\n/s
+
+    lines =
+      answer |> String.split("\n", trim: true) |> Enum.map(&:jiffy.decode(&1, [:return_maps]))
+
+    assert length(lines) == 104
+    by_id = Map.new(lines, &{&1["id"], &1})
+
+    for {{_body, price}, id} <- Enum.with_index(requests) do
+      assert %{"price" => %{"id" => pid, "value" => value}} = by_id[id]
+      assert {pid, value} == {Integer.to_string(price.idx), price.value}
+    end
+
+    assert by_id[60_000]["error"]["message"] == "field groupId must be a string"
+    assert by_id[60_001]["error"]["message"] == "unknown offeringId: no-such-offering"
+    assert by_id[60_002]["error"]["message"] == "missing field priceSpecId"
+    assert by_id[60_003]["error"]["message"] == "field charValues[0].value must be a string"
+
+    # Field order of a line, as the Go service writes it.
+    assert answer =~
+             ~r/^\{"price":\{"id":"\d+","spec":"\w+","value":\d+,"currency":"[^"]*"\},"id":\d+\}$/m
+  end
+
+  # One request on a plain socket; the whole raw response, read until close.
+  defp raw_post(port, path, body) do
+    {:ok, socket} = :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false])
+
+    :ok =
+      :gen_tcp.send(socket, [
+        "POST #{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+        "Content-Length: #{byte_size(body)}\r\n\r\n",
+        body
+      ])
+
+    read_all(socket, [])
+  end
+
+  defp read_all(socket, acc) do
+    case :gen_tcp.recv(socket, 0, 10_000) do
+      {:ok, data} -> read_all(socket, [acc | data])
+      {:error, :closed} -> IO.iodata_to_binary(acc)
+    end
+  end
+
+  test "bulk: a malformed line, or a line without a valid id, is a 400 for the body", %{
+    port: port,
+    requests: [{body, _} | _]
+  } do
+    line = fn id -> encode(Map.put(:jiffy.decode(body, [:return_maps]), "id", id)) end
+
+    assert {400, _, message} =
+             C.post(port, @bulk, line.(1) <> "\n{\"id\":2,\n" <> line.(3), 'application/x-ndjson')
+
+    assert message =~ "line 2: malformed JSON at byte"
+
+    for {bad, why} <- [
+          {line.(65_536), "id"},
+          {line.(-1), "id"},
+          {line.("7"), "id"},
+          {~s({"offeringId":"x"}), "id"},
+          {"[1,2]", "JSON object"}
+        ] do
+      assert {400, _, message} =
+               C.post(port, @bulk, line.(0) <> "\n" <> bad, 'application/x-ndjson')
+
+      assert message =~ "line 2: "
+      assert message =~ why
+    end
+
+    # An empty body answers 200 with no lines.
+    assert {200, _, ""} = C.post(port, @bulk, "", 'application/x-ndjson')
+  end
+
+  test "every error status", %{port: port, requests: [{body, _} | _]} do
+    request = :jiffy.decode(body, [:return_maps])
+
+    # 400: malformed JSON says where; a wrong type names the field.
+    assert {400, headers, message} = C.post(port, @bitmap, ~s({"offeringId": "a",,}))
+    assert headers["content-type"] =~ "text/plain"
+    assert message == "malformed JSON at byte 20: invalid json\n"
+    assert {400, _, "malformed JSON at byte 1: truncated json\n"} = C.post(port, @bitmap, "")
+
+    for {field, value} <- [{"offeringId", 1}, {"groupId", [1]}, {"priceSpecId", %{}}] do
+      assert {400, _, message} = C.post(port, @bitmap, encode(Map.put(request, field, value)))
+      assert message == "field #{field} must be a string\n"
+    end
+
+    assert {400, _, "field charValues must be an array\n"} =
+             C.post(port, @bitmap, encode(Map.put(request, "charValues", "Term")))
+
+    assert {400, _, "field charValues[1] must be an object\n"} =
+             C.post(
+               port,
+               @bitmap,
+               encode(Map.put(request, "charValues", [%{"char" => "a", "value" => "b"}, 3]))
+             )
+
+    assert {400, _, "missing field groupId\n"} =
+             C.post(port, @map, encode(Map.delete(request, "groupId")))
+
+    assert {400, _, "the request must be a JSON object\n"} = C.post(port, @bitmap, "[1]")
+
+    # 404: no price (plain text), and an unknown path.
+    no_price = Map.put(request, "charValues", [%{"char" => "Term", "value" => "999"}])
+
+    assert {404, headers, "no price matches the request\n"} =
+             C.post(port, @bitmap, encode(no_price))
+
+    assert headers["content-type"] =~ "text/plain"
+
+    assert {404, _, "unknown groupId: group9\n"} =
+             C.post(port, @bitmap, encode(Map.put(request, "groupId", "group9")))
+
+    assert {404, _, "unknown priceSpecId: XRC\n"} =
+             C.post(port, @map, encode(Map.put(request, "priceSpecId", "XRC")))
+
+    assert {404, _, _} = C.get(port, '/v1/search/nothing')
+    assert {404, _, _} = C.post(port, '/v2/search/bitmap/prices', body)
+
+    # 405: a known path, another method.
+    assert {405, %{"allow" => "POST"}, _} = C.get(port, @bitmap)
+
+    assert {405, %{"allow" => "POST"}, _} =
+             C.request(:put, {C.url(port, @bulk), [], 'application/json', body})
+
+    assert {405, %{"allow" => "GET"}, _} = C.post(port, '/health', "")
+
+    # 413: a body over the limit, refused from its Content-Length.
+    big = String.duplicate(" ", 70_000) <> body
+    assert {413, _, message} = C.post(port, @bitmap, big)
+    assert message =~ "larger than"
+    assert {413, _, _} = C.post(port, @map, big)
+
+    # 413: a bulk body of more than 65,536 requests.
+    many = String.duplicate(~s({"id":1}\n), 65_537)
+    assert {413, _, _} = C.post(port, @bulk, many, 'application/x-ndjson')
+
+    # 503: a listener whose catalogue is not loaded.
+    {:ok, listener} = PriceSearch.HTTP.start_link(port: 0, ip: {127, 0, 0, 1}, store: :not_loaded)
+    other = PriceSearch.HTTP.port(listener)
+    assert {503, _, _} = C.get(other, '/health')
+    assert {503, _, _} = C.post(other, @bitmap, body)
+    assert {503, _, _} = C.post(other, @bulk, body)
+    :ok = :mochiweb_socket_server.stop(listener)
+
+    # Still serving.
+    assert {200, _, _} = C.post(port, @bitmap, body)
+  end
+
+  test "50 concurrent clients each get the right answers", %{port: port, requests: requests} do
+    requests = List.to_tuple(requests)
+
+    results =
+      1..50
+      |> Task.async_stream(
+        fn client ->
+          for i <- 0..19 do
+            {body, price} = elem(requests, rem(client * 7 + i, tuple_size(requests)))
+            {status, _, answer} = C.post(port, @bitmap, body)
+            {status, answer} == {200, price_body(price)}
+          end
+        end,
+        max_concurrency: 50,
+        timeout: 120_000
+      )
+      |> Enum.flat_map(fn {:ok, oks} -> oks end)
+
+    assert length(results) == 1000
+    assert Enum.all?(results)
+  end
+end
