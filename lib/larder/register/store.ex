@@ -1,4 +1,4 @@
-# The :versioned storage protocol: one ETS record per key plus an atomics
+# The storage protocol: one ETS record per key plus an atomics
 # array of per-slot commit counters. A writer takes its slot's Larder.Lock,
 # inserts, bumps, and releases; whoever takes over a dead holder's slot bumps
 # first (the on_takeover of Larder.Lock.with_slot/4), which commits any write
@@ -17,11 +17,9 @@ defmodule Larder.Register.Store do
   @doc "Builds the table and counters; called by the owner process."
   @spec create(keyword(), pid()) :: Register.t()
   def create(opts, server) do
-    mode = Keyword.fetch!(opts, :mode)
     slots = Keyword.fetch!(opts, :slots)
 
     %Register{
-      mode: mode,
       tab: :ets.new(Register, [:set, :public, read_concurrency: true, write_concurrency: true]),
       lock: Lock.new(slots),
       versions: :atomics.new(slots, signed: true),
