@@ -195,37 +195,13 @@ defmodule Larder.Cache do
   the 1 KB ratios move by about 0.1 from run to run.
   """
 
-  alias Larder.Cache.{Codec, Loader, Owner, Store}
-  alias Larder.Options
+  alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
   @type key :: term()
   @type value :: term()
   @type loader :: (() -> {:ok, value()} | {:error, term()})
-
-  @defaults [
-    name: nil,
-    l2: nil,
-    ttl: :infinity,
-    max_bytes: :infinity,
-    max_entries: :infinity,
-    compressed: false,
-    compression_level: 1,
-    max_value_bytes: 67_108_864,
-    namespace: "larder",
-    version: 1,
-    local_copy_min_bytes: 65_536,
-    local_copy_max_bytes: 67_108_864
-  ]
-
-  # Upper bounds of the numeric options (documented in start_link/1).
-  @max_ttl 3_153_600_000_000
-  @max_bytes 1_125_899_906_842_624
-  @max_entries 1_099_511_627_776
-  @max_copy_bytes 1_099_511_627_776
-  @max_version 9_223_372_036_854_775_807
-  @max_string_bytes 1_024
 
   @doc """
   Starts a cache.
@@ -265,12 +241,12 @@ defmodule Larder.Cache do
       a value larger than this is copied on every hit.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
-  def start_link(opts), do: Owner.start_link(validate_opts!(opts))
+  def start_link(opts), do: Owner.start_link(Config.validate!(opts))
 
   @doc "A child specification for a supervisor; takes `start_link/1`'s options."
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    opts = validate_opts!(opts)
+    opts = Config.validate!(opts)
     %{id: {__MODULE__, opts[:name]}, start: {Owner, :start_link, [opts]}}
   end
 
@@ -339,7 +315,7 @@ defmodule Larder.Cache do
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do
     cfg = config!(cache)
-    ttl = put_ttl!(cfg, opts)
+    ttl = Config.put_ttl!(cfg, opts)
 
     try do
       Store.write(cfg, key, value, ttl)
@@ -347,8 +323,8 @@ defmodule Larder.Cache do
       e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
     end
 
-    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always),
-         :ok <- publish(cfg, {:key, key}) do
+    with :ok <- Remote.put(cfg, key, value, ttl, :always),
+         :ok <- Remote.publish(cfg, {:key, key}) do
       :ok
     else
       error -> unknown_outcome(cfg, {:key, key}, error)
@@ -371,17 +347,11 @@ defmodule Larder.Cache do
       e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
     end
 
-    case cfg.l2 do
-      nil ->
-        :ok
-
-      {mod, state} ->
-        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))),
-             :ok <- publish(cfg, {:key, key}) do
-          :ok
-        else
-          error -> unknown_outcome(cfg, {:key, key}, error)
-        end
+    with :ok <- Remote.delete(cfg, key),
+         :ok <- Remote.publish(cfg, {:key, key}) do
+      :ok
+    else
+      error -> unknown_outcome(cfg, {:key, key}, error)
     end
   end
 
@@ -402,18 +372,18 @@ defmodule Larder.Cache do
       nil ->
         Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
 
-      {mod, state} ->
-        with {:ok, reply} <- l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))),
-             {:ok, generation} <- generation(cfg, reply) do
-          Owner.set_generation(cfg, generation)
-          # A generation we had already moved to still clears L1.
-          Store.clear(cfg)
+      _l2 ->
+        case Remote.incr_generation(cfg) do
+          {:ok, generation} ->
+            Owner.set_generation(cfg, generation)
+            # A generation we had already moved to still clears L1.
+            Store.clear(cfg)
 
-          case publish(cfg, {:all, generation}) do
-            :ok -> :ok
-            error -> unknown_outcome(cfg, :all, error)
-          end
-        else
+            case Remote.publish(cfg, {:all, generation}) do
+              :ok -> :ok
+              error -> unknown_outcome(cfg, :all, error)
+            end
+
           error ->
             Store.clear(cfg)
             unknown_outcome(cfg, :all, error)
@@ -434,14 +404,7 @@ defmodule Larder.Cache do
   """
   @spec stats(cache()) :: %{atom() => non_neg_integer()}
   def stats(cache) do
-    cfg = config!(cache)
-
-    counts =
-      Map.new(Store.stat_names(), fn name ->
-        {name, :counters.get(cfg.stats, Store.stat_index(name))}
-      end)
-
-    Map.merge(counts, %{entries: Store.entries(cfg), bytes: Store.bytes(cfg)})
+    Stats.snapshot(config!(cache))
   rescue
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
@@ -449,7 +412,7 @@ defmodule Larder.Cache do
   ## Internals
 
   defp config!(cache) do
-    case :persistent_term.get(Owner.config_key(cache), nil) do
+    case :persistent_term.get(Config.key(cache), nil) do
       nil ->
         raise ArgumentError,
               "unknown cache: #{inspect(cache)} (no cache was started with that name)"
@@ -461,7 +424,7 @@ defmodule Larder.Cache do
 
   # A cache whose owner died leaves its config behind but not its tables.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    cfg = :persistent_term.get(Owner.config_key(cache), nil)
+    cfg = :persistent_term.get(Config.key(cache), nil)
 
     if cfg && :ets.info(cfg.data, :id) == :undefined do
       raise ArgumentError, "unknown cache: #{inspect(cache)} (it is no longer running)"
@@ -470,20 +433,6 @@ defmodule Larder.Cache do
     end
   end
 
-  defp publish(%{l2: nil}, _message), do: :ok
-
-  defp publish(%{l2: {mod, state}} = cfg, message) do
-    payload = Codec.encode_message(cfg.node_id, message)
-    l2_call(cfg, mod.publish(state, Codec.channel(cfg), payload))
-  end
-
-  defp l2_call(cfg, {:error, _} = error) do
-    Store.count(cfg, :l2_errors)
-    error
-  end
-
-  defp l2_call(_cfg, ok), do: ok
-
   # An L2 write that failed may still land (a timeout) or may have left the
   # old value (a dropped connection): the owner deletes and publishes the
   # key (or bumps and publishes the generation) once the L2 answers again.
@@ -491,145 +440,4 @@ defmodule Larder.Cache do
     Owner.pending(cfg, item)
     error
   end
-
-  # an L2 implementation that broke the behaviour's contract
-  defp unknown_outcome(cfg, item, other) do
-    Store.count(cfg, :l2_errors)
-
-    error =
-      Larder.Error.new(:l2_bad_reply, "the L2 returned a value its behaviour does not allow",
-        returned: other
-      )
-
-    unknown_outcome(cfg, item, {:error, error})
-  end
-
-  defp generation(cfg, reply) do
-    case Codec.parse_generation(reply) do
-      {:ok, generation} ->
-        {:ok, generation}
-
-      :error ->
-        l2_call(
-          cfg,
-          {:error,
-           Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
-             reply: reply
-           )}
-        )
-    end
-  end
-
-  defp put_ttl!(cfg, opts) do
-    case opts do
-      [] ->
-        cfg.ttl
-
-      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
-        ttl
-
-      _ ->
-        raise ArgumentError,
-              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
-    end
-  end
-
-  # The upper bound of :max_value_bytes (a compressed term declares its
-  # size in 32 bits; a value above 1 GB is not a cache value).
-  @max_max_value_bytes 1_073_741_824
-
-  defp validate_opts!(opts) do
-    opts = Options.merge!(opts, @defaults, "Larder.Cache")
-    check!(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
-
-    check!(
-      opts,
-      :l2,
-      &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1)),
-      "nil or {module, opts}"
-    )
-
-    check!(
-      opts,
-      :ttl,
-      &pos_or_infinity?(&1, @max_ttl),
-      "an integer in 1..#{@max_ttl} (ms) or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_bytes,
-      &pos_or_infinity?(&1, @max_bytes),
-      "an integer in 1..#{@max_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_entries,
-      &pos_or_infinity?(&1, @max_entries),
-      "an integer in 1..#{@max_entries} or :infinity"
-    )
-
-    check!(opts, :compressed, &is_boolean/1, "a boolean")
-    check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-
-    check!(
-      opts,
-      :namespace,
-      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
-      "a string of 1 to #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :version,
-      &((is_integer(&1) and abs(&1) <= @max_version) or
-          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
-      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :local_copy_min_bytes,
-      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
-      "an integer in 0..#{@max_copy_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :local_copy_max_bytes,
-      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
-      "an integer in 0..#{@max_copy_bytes}"
-    )
-
-    # L2 value bounds (kept together; see the :max_value_bytes docs)
-    check!(
-      opts,
-      :max_value_bytes,
-      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
-      "an integer from 1024 to #{@max_max_value_bytes}"
-    )
-
-    case opts[:l2] do
-      {mod, l2_opts} ->
-        Code.ensure_loaded(mod)
-
-        unless function_exported?(mod, :init, 3) and function_exported?(mod, :get, 2) do
-          raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
-        end
-
-        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
-
-      nil ->
-        :ok
-    end
-
-    opts
-  end
-
-  defp check!(opts, key, valid?, expected),
-    do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
-
-  defp pos_or_infinity?(value, max),
-    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
 end
