@@ -7,7 +7,8 @@ defmodule Larder.Cache.RedisFaultTest do
 
   alias Larder.Cache
   alias Larder.Cache.Owner
-  alias Larder.Test.{GarbageServer, RedisServer}
+  alias Larder.Support.RedisServer
+  alias Larder.Test.GarbageServer
 
   import Larder.Test.Eventually
 

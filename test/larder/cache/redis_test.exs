@@ -3,7 +3,7 @@ defmodule Larder.Cache.RedisTest do
   use Larder.Cache.L2Conformance
 
   alias Larder.Cache
-  alias Larder.Test.RedisServer
+  alias Larder.Support.RedisServer
 
   import Larder.Test.Eventually
 
