@@ -166,6 +166,12 @@ defmodule Larder.Cache do
       2^62 - 1 counts a `:decode_errors` and is ignored.
     * A name that is not a running cache raises `ArgumentError`.
 
+  ## Telemetry
+
+  Reads, writes, evictions, invalidations and L2 errors and connection
+  changes are `:telemetry` events, listed in `Larder.Telemetry`. Without
+  `:telemetry` (or with `telemetry: false`) they cost one boolean check.
+
   The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
   meets these requirements and what it adds around it.
 
@@ -196,6 +202,7 @@ defmodule Larder.Cache do
   """
 
   alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
+  alias Larder.Telemetry
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
@@ -239,6 +246,9 @@ defmodule Larder.Cache do
     * `:local_copy_max_bytes` - the most (external size) of such copies one
       process keeps for this cache, 0 to 2^40 (default `67108864`, 64 MiB);
       a value larger than this is copied on every hit.
+    * `:telemetry` - `false` turns off this cache's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the cache
+      starts; see `Larder.Telemetry`).
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts), do: Owner.start_link(Config.validate!(opts))
@@ -260,12 +270,9 @@ defmodule Larder.Cache do
   """
   @spec fetch(cache(), key(), loader()) :: {:ok, value()} | {:error, Larder.Error.t()}
   def fetch(cache, key, loader) when is_function(loader, 0) do
-    cfg = config!(cache)
-
-    try do
-      Loader.fetch(cfg, key, loader)
-    rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+    case config!(cache) do
+      %{telemetry: false} = cfg -> read(cfg, key, loader)
+      cfg -> traced_read(cfg, key, loader)
     end
   end
 
@@ -289,16 +296,39 @@ defmodule Larder.Cache do
   @spec get(cache(), key(), value()) :: value()
   def get(cache, key, default \\ nil) do
     cfg = config!(cache)
+    result = if cfg.telemetry, do: traced_read(cfg, key, nil), else: read(cfg, key, nil)
 
-    try do
-      case Loader.fetch(cfg, key, nil) do
-        {:ok, value} -> value
-        _none -> default
-      end
-    rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+    case result do
+      {:ok, value} -> value
+      _none -> default
     end
   end
+
+  defp read(cfg, key, loader) do
+    Loader.fetch(cfg, key, loader)
+  rescue
+    e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
+  end
+
+  defp traced_read(cfg, key, loader) do
+    meta = %{cache: cfg.name, key: key}
+
+    Telemetry.span(true, [:larder, :cache, :fetch], meta, fn ->
+      {source, result} =
+        try do
+          Loader.traced(cfg, key, loader)
+        rescue
+          e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
+        end
+
+      {result, outcome(meta, source, result)}
+    end)
+  end
+
+  defp outcome(meta, :error, {:error, error}),
+    do: Map.merge(meta, %{result: :error, error: error})
+
+  defp outcome(meta, source, _result), do: Map.put(meta, :result, source)
 
   @doc """
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
@@ -316,11 +346,14 @@ defmodule Larder.Cache do
   def put(cache, key, value, opts \\ []) do
     cfg = config!(cache)
     ttl = Config.put_ttl!(cfg, opts)
+    write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
+  end
 
+  defp write(cfg, key, value, ttl) do
     try do
       Store.write(cfg, key, value, ttl)
     rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
     end
 
     with :ok <- Remote.put(cfg, key, value, ttl, :always),
@@ -340,11 +373,14 @@ defmodule Larder.Cache do
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
     cfg = config!(cache)
+    write_span(cfg, :delete, key, fn -> remove(cfg, key) end)
+  end
 
+  defp remove(cfg, key) do
     try do
       Store.delete(cfg, key)
     rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
     end
 
     with :ok <- Remote.delete(cfg, key),
@@ -410,6 +446,19 @@ defmodule Larder.Cache do
   end
 
   ## Internals
+
+  defp write_span(%{telemetry: false}, _op, _key, fun), do: fun.()
+
+  defp write_span(cfg, op, key, fun) do
+    meta = %{cache: cfg.name, key: key}
+
+    Telemetry.span(true, [:larder, :cache, op], meta, fn ->
+      case fun.() do
+        :ok = ok -> {ok, Map.put(meta, :result, :ok)}
+        {:error, error} = result -> {result, Map.merge(meta, %{result: :error, error: error})}
+      end
+    end)
+  end
 
   defp config!(cache) do
     case :persistent_term.get(Config.key(cache), nil) do

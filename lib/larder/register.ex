@@ -108,6 +108,13 @@ defmodule Larder.Register do
     * `keys/1` and `size/1` are snapshots that may or may not include writes
       running concurrently with them.
 
+  ## Telemetry
+
+  A slot taken over from a writer that died holding it is the
+  `[:larder, :register, :lock, :takeover]` event of `Larder.Telemetry`.
+  Without `:telemetry` (or with `telemetry: false`) it costs one boolean
+  check per write.
+
   ## Failures
 
     * Every bad argument raises `ArgumentError` naming it: an unknown name, a
@@ -176,7 +183,8 @@ defmodule Larder.Register do
     :deaths,
     :server,
     :name,
-    :max_cached
+    :max_cached,
+    :telemetry
   ]
   defstruct @enforce_keys
 
@@ -192,7 +200,7 @@ defmodule Larder.Register do
   @type key :: term()
   @type value :: term()
 
-  @valid_opts [:name, :slots, :max_cached]
+  @valid_opts [:name, :slots, :max_cached, :telemetry]
 
   ## Lifecycle
 
@@ -208,6 +216,9 @@ defmodule Larder.Register do
       to, from 1 to 1,048,576 (default 1024; 16 bytes each).
     * `:max_cached` - bound on this register's local copies per process,
       from 1 to 1,048,576 keys (default 1024).
+    * `:telemetry` - `false` turns off this register's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the register
+      is created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` on an unknown or invalid option, or a name in use.
 
@@ -479,12 +490,14 @@ defmodule Larder.Register do
            deaths: deaths,
            server: server,
            name: name,
-           max_cached: max_cached
+           max_cached: max_cached,
+           telemetry: telemetry
          } = reg
        )
        when is_reference(tab) and is_reference(versions) and
               slots in 1..@max_slots and is_integer(id) and is_reference(deaths) and
-              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached,
+              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached and
+              is_boolean(telemetry),
        do: reg
 
   defp resolve(%__MODULE__{} = reg) do
@@ -536,7 +549,13 @@ defmodule Larder.Register do
             "expected :max_cached to be an integer in 1..#{@max_cached}, got: #{inspect(max_cached)}"
     end
 
-    [name: name, slots: slots, max_cached: max_cached]
+    telemetry = Keyword.get(opts, :telemetry, true)
+
+    unless is_boolean(telemetry) do
+      raise ArgumentError, "expected :telemetry to be a boolean, got: #{inspect(telemetry)}"
+    end
+
+    [name: name, slots: slots, max_cached: max_cached, telemetry: telemetry]
   end
 
   defimpl Inspect do

@@ -482,7 +482,7 @@ defmodule Larder.RegisterTest do
     defp improper(list), do: Enum.reduce(list, :tail, &[&1 | &2])
 
     defp opts_gen(term) do
-      key = :proper_types.elements([:mode, :name, :slots, :max_cached, :bogus])
+      key = :proper_types.elements([:mode, :name, :slots, :max_cached, :telemetry, :bogus])
 
       :proper_types.oneof([
         term,

@@ -29,7 +29,8 @@ defmodule Larder.Cache.Config do
     :compression_level,
     :local_copy_min_bytes,
     :local_copy_max_bytes,
-    :max_value_bytes
+    :max_value_bytes,
+    :telemetry
   ]
   defstruct [l2: nil] ++ @enforce_keys
 
@@ -57,6 +58,7 @@ defmodule Larder.Cache.Config do
           local_copy_min_bytes: non_neg_integer() | :infinity,
           local_copy_max_bytes: non_neg_integer(),
           max_value_bytes: pos_integer(),
+          telemetry: boolean(),
           l2: {module(), term()} | nil
         }
 
@@ -72,7 +74,8 @@ defmodule Larder.Cache.Config do
     namespace: "larder",
     version: 1,
     local_copy_min_bytes: 65_536,
-    local_copy_max_bytes: 67_108_864
+    local_copy_max_bytes: 67_108_864,
+    telemetry: true
   ]
 
   # Upper bounds of the numeric options (documented in Larder.Cache.start_link/1).
@@ -115,7 +118,9 @@ defmodule Larder.Cache.Config do
       compression_level: opts[:compression_level],
       local_copy_min_bytes: opts[:local_copy_min_bytes],
       local_copy_max_bytes: opts[:local_copy_max_bytes],
-      max_value_bytes: opts[:max_value_bytes]
+      max_value_bytes: opts[:max_value_bytes],
+      # :telemetry is looked for once, here, at start (never at compile time).
+      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
     }
   end
 
@@ -173,6 +178,7 @@ defmodule Larder.Cache.Config do
     )
 
     check!(opts, :compressed, &is_boolean/1, "a boolean")
+    check!(opts, :telemetry, &is_boolean/1, "a boolean")
     check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
 
     check!(

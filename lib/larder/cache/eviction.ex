@@ -5,6 +5,7 @@ defmodule Larder.Cache.Eviction do
   @moduledoc false
 
   alias Larder.Cache.{Stats, Store}
+  alias Larder.Telemetry
 
   # Oldest write first, until both limits hold; each victim is removed under
   # its own slot, taken after the writer released its own (never two slots
@@ -30,19 +31,31 @@ defmodule Larder.Cache.Eviction do
     end
   end
 
+  # The event goes out after the slot is released.
   defp evict_version(cfg, key, version) do
-    Store.with_key(cfg, key, fn slot ->
-      case :ets.lookup(cfg.data, key) do
-        [{_, ^version, _, _, _}] = old ->
-          Store.step(cfg, slot, key, old, nil)
-          Stats.count(cfg, :evictions)
+    evicted? = Store.with_key(cfg, key, fn slot -> evict_locked(cfg, slot, key, version) end)
 
-        _ ->
-          # An index row whose value is gone cannot outlive a repair; drop it
-          # rather than stop evicting if one ever does.
-          Store.drop_index(cfg, slot, key, version)
-      end
-    end)
+    if evicted? do
+      Telemetry.execute(cfg.telemetry, [:larder, :cache, :eviction], %{count: 1}, %{
+        cache: cfg.name,
+        key: key
+      })
+    end
+  end
+
+  defp evict_locked(cfg, slot, key, version) do
+    case :ets.lookup(cfg.data, key) do
+      [{_, ^version, _, _, _}] = old ->
+        Store.step(cfg, slot, key, old, nil)
+        Stats.count(cfg, :evictions)
+        true
+
+      _ ->
+        # An index row whose value is gone cannot outlive a repair; drop it
+        # rather than stop evicting if one ever does.
+        Store.drop_index(cfg, slot, key, version)
+        false
+    end
   end
 
   defp over_limits?(cfg) do

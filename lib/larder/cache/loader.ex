@@ -7,6 +7,8 @@ defmodule Larder.Cache.Loader do
 
   alias Larder.Cache.{Remote, Stats, Store}
 
+  # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3, nothing found).
+  # The hit path is the same as traced/3's, without the source tag.
   def fetch(cfg, key, fun) do
     case Store.lookup(cfg, key) do
       {:hit, value} ->
@@ -14,14 +16,35 @@ defmodule Larder.Cache.Loader do
         {:ok, value}
 
       other ->
-        Stats.count(cfg, :l1_misses)
+        elem(missed(cfg, key, fun, other), 1)
+    end
+  end
 
-        try do
-          miss(cfg, key, fun, other)
-        rescue
-          e in ArgumentError ->
-            if stopped?(cfg), do: stopped(cfg, key), else: reraise(e, __STACKTRACE__)
+  # fetch/3 that also says where the result came from: {source, result},
+  # source being :hit, :l2_hit, :load, :waited, :miss or :error.
+  def traced(cfg, key, fun) do
+    case Store.lookup(cfg, key) do
+      {:hit, value} ->
+        Stats.count(cfg, :l1_hits)
+        {:hit, {:ok, value}}
+
+      other ->
+        case missed(cfg, key, fun, other) do
+          {_source, {:error, _}} = error -> put_elem(error, 0, :error)
+          {_source, :none} = none -> put_elem(none, 0, :miss)
+          tagged -> tagged
         end
+    end
+  end
+
+  defp missed(cfg, key, fun, lookup) do
+    Stats.count(cfg, :l1_misses)
+
+    try do
+      miss(cfg, key, fun, lookup)
+    rescue
+      e in ArgumentError ->
+        if stopped?(cfg), do: {:error, stopped(cfg, key)}, else: reraise(e, __STACKTRACE__)
     end
   end
 
@@ -55,46 +78,49 @@ defmodule Larder.Cache.Loader do
 
   defp retry(cfg, key, fun) do
     case Store.lookup(cfg, key) do
-      {:hit, value} -> {:ok, value}
+      {:hit, value} -> {:hit, {:ok, value}}
       other -> miss(cfg, key, fun, other)
     end
   end
 
   ## The loading process
 
+  # {source, result}
   defp lead(cfg, key, ref, fun) do
-    result =
+    {_source, result} =
+      tagged =
       try do
         load(cfg, key, ref, fun)
       catch
         kind, reason ->
           if stopped?(cfg) do
-            stopped(cfg, key)
+            {:error, stopped(cfg, key)}
           else
             Store.unlock(cfg, key, self(), ref)
             Stats.count(cfg, :load_errors)
 
             {:error,
-             Larder.Error.new(:loader_failed, "the loader raised",
-               kind: kind,
-               reason: reason,
-               key: key
-             )}
+             {:error,
+              Larder.Error.new(:loader_failed, "the loader raised",
+                kind: kind,
+                reason: reason,
+                key: key
+              )}}
           end
       end
 
     reply_waiters(cfg, ref, result)
-    result
+    tagged
   end
 
   defp load(cfg, key, ref, fun) do
     case Remote.get(cfg, key) do
       {:ok, value} ->
         Store.fill(cfg, key, ref, value, cfg.ttl)
-        {:ok, value}
+        {:l2_hit, {:ok, value}}
 
       l2_state ->
-        run_loader(cfg, key, ref, fun, l2_state)
+        {:load, run_loader(cfg, key, ref, fun, l2_state)}
     end
   end
 
@@ -184,7 +210,7 @@ defmodule Larder.Cache.Loader do
 
     case outcome do
       {:done, result} ->
-        result
+        {:waited, result}
 
       :retry ->
         retry(cfg, key, fun)
@@ -197,7 +223,7 @@ defmodule Larder.Cache.Loader do
         retry(cfg, key, fun)
 
       :owner_down ->
-        stopped(cfg, key)
+        {:error, stopped(cfg, key)}
     end
   end
 

@@ -9,6 +9,7 @@ defmodule Larder.Cache.Owner do
   require Logger
 
   alias Larder.Cache.{Codec, Config, Expiry, Remote, Stats, Store}
+  alias Larder.Telemetry
 
   # L2 restart backoff after one of its processes died: doubles up to the max.
   @l2_restart_min_ms 100
@@ -78,13 +79,15 @@ defmodule Larder.Cache.Owner do
       {:ok, ^node_id, _message} ->
         :ok
 
-      {:ok, _other_node, {:key, key}} ->
+      {:ok, _other_node, {:key, key} = message} ->
         Stats.count(cfg, :invalidations)
         Store.delete(cfg, key)
+        received(cfg, message)
 
-      {:ok, _other_node, {:all, generation}} ->
+      {:ok, _other_node, {:all, generation} = message} ->
         Stats.count(cfg, :invalidations)
         set_generation(cfg, generation)
+        received(cfg, message)
 
       :error ->
         Stats.count(cfg, :bad_messages)
@@ -93,7 +96,14 @@ defmodule Larder.Cache.Owner do
     {:noreply, state}
   end
 
+  def handle_info({:larder_cache_l2, :disconnected}, %{cfg: cfg} = state) do
+    connection(cfg, :disconnected, %{reason: :connection_lost})
+    {:noreply, state}
+  end
+
   def handle_info({:larder_cache_l2, :connected}, %{cfg: cfg} = state) do
+    connection(cfg, :connected, %{})
+
     # Invalidations published while we were not subscribed (a Redis outage,
     # or Redis down when we started) never reach us, so L1 may hold keys
     # other nodes changed: drop it, and pick up any invalidate_all we
@@ -162,6 +172,22 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  defp received(cfg, message) do
+    Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :received], %{count: 1}, %{
+      cache: cfg.name,
+      message: message
+    })
+  end
+
+  defp connection(cfg, event, meta) do
+    Telemetry.execute(
+      cfg.telemetry,
+      [:larder, :cache, :l2, event],
+      %{system_time: System.system_time()},
+      Map.put(meta, :cache, cfg.name)
+    )
+  end
 
   @impl true
   def terminate(_reason, %{cfg: cfg}) do

@@ -6,6 +6,7 @@ defmodule Larder.Cache.Remote do
   @moduledoc false
 
   alias Larder.Cache.{Codec, Stats}
+  alias Larder.Telemetry
 
   ## Keys
 
@@ -70,7 +71,7 @@ defmodule Larder.Cache.Remote do
           {:error, _why} ->
             Stats.count(cfg, :l2_misses)
             Stats.count(cfg, :decode_errors)
-            failed(cfg, :corrupt)
+            failed(cfg, :bad_value)
             :corrupt
         end
 
@@ -104,8 +105,18 @@ defmodule Larder.Cache.Remote do
   # Publishes an invalidation ({:key, key} or {:all, generation}).
   def publish(%{l2: nil}, _message), do: :ok
 
-  def publish(%{l2: {mod, state}} = cfg, message) do
-    ok(cfg, mod.publish(state, channel(cfg), Codec.encode_message(cfg.node_id, message)))
+  def publish(%{l2: {_mod, _state}} = cfg, message) do
+    case raw_publish(cfg, message) do
+      :ok -> sent(cfg, message)
+      other -> failed(cfg, other)
+    end
+  end
+
+  defp sent(cfg, message) do
+    Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :sent], %{count: 1}, %{
+      cache: cfg.name,
+      message: message
+    })
   end
 
   # Increments the namespace's generation: {:ok, generation} or an error.
@@ -158,7 +169,16 @@ defmodule Larder.Cache.Remote do
   end
 
   # A process the L2 linked to the cache's process died.
-  def process_died(cfg), do: failed(cfg, :process_died)
+  def process_died(cfg) do
+    failed(cfg, :process_died)
+
+    Telemetry.execute(
+      cfg.telemetry,
+      [:larder, :cache, :l2, :disconnected],
+      %{system_time: System.system_time()},
+      %{cache: cfg.name, reason: :process_died}
+    )
+  end
 
   ## Repairs (a worker of the cache's process)
   #
@@ -170,7 +190,9 @@ defmodule Larder.Cache.Remote do
   def repair_all(%{l2: {mod, state}} = cfg) do
     with {:ok, g} <- mod.incr(state, generation_key(cfg)),
          {:ok, g} <- Codec.parse_generation(g) do
-      if raw_publish(cfg, {:all, g}) == :ok, do: {:done, g}, else: {:generation, g}
+      if raw_publish(cfg, {:all, g}) == :ok,
+        do: sent_done(cfg, g),
+        else: {:generation, g}
     else
       _ -> :failed
     end
@@ -178,7 +200,13 @@ defmodule Larder.Cache.Remote do
 
   # Deletes and publishes key: true when both went through.
   def repair_key(%{l2: {mod, state}} = cfg, key) do
-    mod.delete(state, l2_key(cfg, key)) == :ok and raw_publish(cfg, {:key, key}) == :ok
+    mod.delete(state, l2_key(cfg, key)) == :ok and raw_publish(cfg, {:key, key}) == :ok and
+      sent(cfg, {:key, key}) == :ok
+  end
+
+  defp sent_done(cfg, g) do
+    sent(cfg, {:all, g})
+    {:done, g}
   end
 
   defp raw_publish(%{l2: {mod, state}} = cfg, message),
@@ -195,15 +223,29 @@ defmodule Larder.Cache.Remote do
   defp failed(cfg, result) do
     Stats.count(cfg, :l2_errors)
 
-    case result do
-      {:error, %Larder.Error{}} = error ->
-        error
+    {reason, error} =
+      case result do
+        {:error, %Larder.Error{reason: reason}} = error ->
+          {reason, error}
 
-      other ->
-        {:error,
-         Larder.Error.new(:l2_bad_reply, "the L2 returned a value its behaviour does not allow",
-           returned: other
-         )}
-    end
+        why when why in [:bad_value, :process_died] ->
+          {why, nil}
+
+        other ->
+          {:l2_bad_reply,
+           {:error,
+            Larder.Error.new(
+              :l2_bad_reply,
+              "the L2 returned a value its behaviour does not allow",
+              returned: other
+            )}}
+      end
+
+    Telemetry.execute(cfg.telemetry, [:larder, :cache, :l2, :error], %{count: 1}, %{
+      cache: cfg.name,
+      reason: reason
+    })
+
+    error
   end
 end
