@@ -258,6 +258,20 @@ defmodule Larder.CacheTelemetryTest do
     refute_received {:event, _, _, %{cache: ^b}}
   end
 
+  @tag :capture_log
+  test "a dead L2 process is an L2 error and a disconnection, reason :process_died", ctx do
+    l2 = start_l2()
+    cache = start_cache(ctx, l2: {MemoryL2, server: l2})
+    # What the cache's process gets when a process the L2 linked to it dies.
+    send(Process.whereis(cache), {:EXIT, spawn(fn -> :ok end), :boom})
+
+    assert_receive {:event, [:larder, :cache, :l2, :error], %{count: 1},
+                    %{cache: ^cache, reason: :process_died}}
+
+    assert_receive {:event, [:larder, :cache, :l2, :disconnected], %{system_time: _},
+                    %{cache: ^cache, reason: :process_died}}
+  end
+
   @tag :redis
   test "L2 connected and disconnected (Redis)", ctx do
     server = RedisServer.start()
