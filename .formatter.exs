@@ -2,6 +2,6 @@
   inputs: [
     "{mix,.formatter}.exs",
     "mix/**/*.exs",
-    "{config,lib,test,bench,examples}/**/*.{ex,exs}"
+    "{config,lib,test,bench,examples,support}/**/*.{ex,exs}"
   ]
 ]

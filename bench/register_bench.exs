@@ -1,4 +1,6 @@
 # Larder.Register against ETS (and :persistent_term) on hot-key workloads.
+# "ETS" is a raw {key, value} table; "plain ETS" is the Register's API on one
+# ETS record {key, version, value} per key (bench/support/register_plain.ex).
 #
 #   mix run bench/register_bench.exs [--quick] [--json PATH]
 #
@@ -11,6 +13,7 @@ Code.require_file("support/bench.ex", __DIR__)
 alias Larder.Bench
 alias Larder.Register
 
+Code.require_file("support/register_plain.ex", __DIR__)
 Code.require_file("support/register_work.ex", __DIR__)
 
 alias Larder.RegisterBench.Work
@@ -24,12 +27,12 @@ value = Enum.to_list(1..100)
 ets =
   :ets.new(:register_bench_ets, [:set, :public, read_concurrency: true, write_concurrency: true])
 
-reg_ets = Register.new(mode: :ets)
+plain = Larder.RegisterBench.Plain.new()
 reg = Register.new()
 
 contenders = %{
   "ETS" => Work.contender(:ets, ets),
-  "Register :ets" => Work.contender(:register, reg_ets),
+  "plain ETS" => Work.contender(:plain, plain),
   "Register" => Work.contender(:register, reg),
   ":persistent_term" => Work.contender(:persistent_term)
 }
@@ -45,7 +48,7 @@ seed = fn names, keys ->
 end
 
 title = "#{runners} runners, 100-integer lists, per operation"
-columns = ["ETS", "Register :ets", "Register", ":persistent_term"]
+columns = ["ETS", "plain ETS", "Register", ":persistent_term"]
 bench = Bench.table(bench, title, columns, anchor: "ETS", per_op: true)
 
 rows = [
@@ -134,4 +137,4 @@ bench
 |> Bench.finish()
 
 Register.delete_register(reg)
-Register.delete_register(reg_ets)
+:ets.delete(plain)

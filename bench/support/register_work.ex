@@ -9,6 +9,11 @@ defmodule Larder.RegisterBench.Work do
   def contender(:ets, tab),
     do: {fn k -> ets_get(tab, k) end, fn k, v -> :ets.insert(tab, {k, v}) end}
 
+  def contender(:plain, tab) do
+    plain = Larder.RegisterBench.Plain
+    {fn k -> plain.get(tab, k) end, &plain.put(tab, &1, &2)}
+  end
+
   def contender(:register, reg),
     do: {fn k -> Register.get(reg, k) end, &Register.put(reg, &1, &2)}
 

@@ -166,6 +166,12 @@ defmodule Larder.Cache do
       2^62 - 1 counts a `:decode_errors` and is ignored.
     * A name that is not a running cache raises `ArgumentError`.
 
+  ## Telemetry
+
+  Reads, writes, evictions, invalidations and L2 errors and connection
+  changes are `:telemetry` events, listed in `Larder.Telemetry`. Without
+  `:telemetry` (or with `telemetry: false`) they cost one boolean check.
+
   The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
   meets these requirements and what it adds around it.
 
@@ -195,37 +201,14 @@ defmodule Larder.Cache do
   the 1 KB ratios move by about 0.1 from run to run.
   """
 
-  alias Larder.Cache.{Codec, Loader, Owner, Store}
-  alias Larder.Options
+  alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
+  alias Larder.Telemetry
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
   @type key :: term()
   @type value :: term()
   @type loader :: (() -> {:ok, value()} | {:error, term()})
-
-  @defaults [
-    name: nil,
-    l2: nil,
-    ttl: :infinity,
-    max_bytes: :infinity,
-    max_entries: :infinity,
-    compressed: false,
-    compression_level: 1,
-    max_value_bytes: 67_108_864,
-    namespace: "larder",
-    version: 1,
-    local_copy_min_bytes: 65_536,
-    local_copy_max_bytes: 67_108_864
-  ]
-
-  # Upper bounds of the numeric options (documented in start_link/1).
-  @max_ttl 3_153_600_000_000
-  @max_bytes 1_125_899_906_842_624
-  @max_entries 1_099_511_627_776
-  @max_copy_bytes 1_099_511_627_776
-  @max_version 9_223_372_036_854_775_807
-  @max_string_bytes 1_024
 
   @doc """
   Starts a cache.
@@ -263,14 +246,17 @@ defmodule Larder.Cache do
     * `:local_copy_max_bytes` - the most (external size) of such copies one
       process keeps for this cache, 0 to 2^40 (default `67108864`, 64 MiB);
       a value larger than this is copied on every hit.
+    * `:telemetry` - `false` turns off this cache's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the cache
+      starts; see `Larder.Telemetry`).
   """
   @spec start_link(keyword()) :: GenServer.on_start()
-  def start_link(opts), do: Owner.start_link(validate_opts!(opts))
+  def start_link(opts), do: Owner.start_link(Config.validate!(opts))
 
   @doc "A child specification for a supervisor; takes `start_link/1`'s options."
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    opts = validate_opts!(opts)
+    opts = Config.validate!(opts)
     %{id: {__MODULE__, opts[:name]}, start: {Owner, :start_link, [opts]}}
   end
 
@@ -284,12 +270,9 @@ defmodule Larder.Cache do
   """
   @spec fetch(cache(), key(), loader()) :: {:ok, value()} | {:error, Larder.Error.t()}
   def fetch(cache, key, loader) when is_function(loader, 0) do
-    cfg = config!(cache)
-
-    try do
-      Loader.fetch(cfg, key, loader)
-    rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+    case config!(cache) do
+      %{telemetry: false} = cfg -> read(cfg, key, loader)
+      cfg -> traced_read(cfg, key, loader)
     end
   end
 
@@ -313,16 +296,39 @@ defmodule Larder.Cache do
   @spec get(cache(), key(), value()) :: value()
   def get(cache, key, default \\ nil) do
     cfg = config!(cache)
+    result = if cfg.telemetry, do: traced_read(cfg, key, nil), else: read(cfg, key, nil)
 
-    try do
-      case Loader.fetch(cfg, key, nil) do
-        {:ok, value} -> value
-        _none -> default
-      end
-    rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+    case result do
+      {:ok, value} -> value
+      _none -> default
     end
   end
+
+  defp read(cfg, key, loader) do
+    Loader.fetch(cfg, key, loader)
+  rescue
+    e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
+  end
+
+  defp traced_read(cfg, key, loader) do
+    meta = %{cache: cfg.name, key: key}
+
+    Telemetry.span(true, [:larder, :cache, :fetch], meta, fn ->
+      {source, result} =
+        try do
+          Loader.traced(cfg, key, loader)
+        rescue
+          e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
+        end
+
+      {result, outcome(meta, source, result)}
+    end)
+  end
+
+  defp outcome(meta, :error, {:error, error}),
+    do: Map.merge(meta, %{result: :error, error: error})
+
+  defp outcome(meta, source, _result), do: Map.put(meta, :result, source)
 
   @doc """
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
@@ -339,16 +345,19 @@ defmodule Larder.Cache do
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do
     cfg = config!(cache)
-    ttl = put_ttl!(cfg, opts)
+    ttl = Config.put_ttl!(cfg, opts)
+    write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
+  end
 
+  defp write(cfg, key, value, ttl) do
     try do
       Store.write(cfg, key, value, ttl)
     rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
     end
 
-    with :ok <- Loader.l2_put(cfg, key, value, ttl, :always),
-         :ok <- publish(cfg, {:key, key}) do
+    with :ok <- Remote.put(cfg, key, value, ttl, :always),
+         :ok <- Remote.publish(cfg, {:key, key}) do
       :ok
     else
       error -> unknown_outcome(cfg, {:key, key}, error)
@@ -364,24 +373,21 @@ defmodule Larder.Cache do
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
     cfg = config!(cache)
+    write_span(cfg, :delete, key, fn -> remove(cfg, key) end)
+  end
 
+  defp remove(cfg, key) do
     try do
       Store.delete(cfg, key)
     rescue
-      e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
     end
 
-    case cfg.l2 do
-      nil ->
-        :ok
-
-      {mod, state} ->
-        with :ok <- l2_call(cfg, mod.delete(state, Codec.l2_key(cfg, key))),
-             :ok <- publish(cfg, {:key, key}) do
-          :ok
-        else
-          error -> unknown_outcome(cfg, {:key, key}, error)
-        end
+    with :ok <- Remote.delete(cfg, key),
+         :ok <- Remote.publish(cfg, {:key, key}) do
+      :ok
+    else
+      error -> unknown_outcome(cfg, {:key, key}, error)
     end
   end
 
@@ -402,18 +408,18 @@ defmodule Larder.Cache do
       nil ->
         Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
 
-      {mod, state} ->
-        with {:ok, reply} <- l2_call(cfg, mod.incr(state, Codec.generation_key(cfg))),
-             {:ok, generation} <- generation(cfg, reply) do
-          Owner.set_generation(cfg, generation)
-          # A generation we had already moved to still clears L1.
-          Store.clear(cfg)
+      _l2 ->
+        case Remote.incr_generation(cfg) do
+          {:ok, generation} ->
+            Owner.set_generation(cfg, generation)
+            # A generation we had already moved to still clears L1.
+            Store.clear(cfg)
 
-          case publish(cfg, {:all, generation}) do
-            :ok -> :ok
-            error -> unknown_outcome(cfg, :all, error)
-          end
-        else
+            case Remote.publish(cfg, {:all, generation}) do
+              :ok -> :ok
+              error -> unknown_outcome(cfg, :all, error)
+            end
+
           error ->
             Store.clear(cfg)
             unknown_outcome(cfg, :all, error)
@@ -434,22 +440,28 @@ defmodule Larder.Cache do
   """
   @spec stats(cache()) :: %{atom() => non_neg_integer()}
   def stats(cache) do
-    cfg = config!(cache)
-
-    counts =
-      Map.new(Store.stat_names(), fn name ->
-        {name, :counters.get(cfg.stats, Store.stat_index(name))}
-      end)
-
-    Map.merge(counts, %{entries: Store.entries(cfg), bytes: Store.bytes(cfg)})
+    Stats.snapshot(config!(cache))
   rescue
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
   ## Internals
 
+  defp write_span(%{telemetry: false}, _op, _key, fun), do: fun.()
+
+  defp write_span(cfg, op, key, fun) do
+    meta = %{cache: cfg.name, key: key}
+
+    Telemetry.span(true, [:larder, :cache, op], meta, fn ->
+      case fun.() do
+        :ok = ok -> {ok, Map.put(meta, :result, :ok)}
+        {:error, error} = result -> {result, Map.merge(meta, %{result: :error, error: error})}
+      end
+    end)
+  end
+
   defp config!(cache) do
-    case :persistent_term.get(Owner.config_key(cache), nil) do
+    case :persistent_term.get(Config.key(cache), nil) do
       nil ->
         raise ArgumentError,
               "unknown cache: #{inspect(cache)} (no cache was started with that name)"
@@ -461,7 +473,7 @@ defmodule Larder.Cache do
 
   # A cache whose owner died leaves its config behind but not its tables.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    cfg = :persistent_term.get(Owner.config_key(cache), nil)
+    cfg = :persistent_term.get(Config.key(cache), nil)
 
     if cfg && :ets.info(cfg.data, :id) == :undefined do
       raise ArgumentError, "unknown cache: #{inspect(cache)} (it is no longer running)"
@@ -470,20 +482,6 @@ defmodule Larder.Cache do
     end
   end
 
-  defp publish(%{l2: nil}, _message), do: :ok
-
-  defp publish(%{l2: {mod, state}} = cfg, message) do
-    payload = Codec.encode_message(cfg.node_id, message)
-    l2_call(cfg, mod.publish(state, Codec.channel(cfg), payload))
-  end
-
-  defp l2_call(cfg, {:error, _} = error) do
-    Store.count(cfg, :l2_errors)
-    error
-  end
-
-  defp l2_call(_cfg, ok), do: ok
-
   # An L2 write that failed may still land (a timeout) or may have left the
   # old value (a dropped connection): the owner deletes and publishes the
   # key (or bumps and publishes the generation) once the L2 answers again.
@@ -491,145 +489,4 @@ defmodule Larder.Cache do
     Owner.pending(cfg, item)
     error
   end
-
-  # an L2 implementation that broke the behaviour's contract
-  defp unknown_outcome(cfg, item, other) do
-    Store.count(cfg, :l2_errors)
-
-    error =
-      Larder.Error.new(:l2_bad_reply, "the L2 returned a value its behaviour does not allow",
-        returned: other
-      )
-
-    unknown_outcome(cfg, item, {:error, error})
-  end
-
-  defp generation(cfg, reply) do
-    case Codec.parse_generation(reply) do
-      {:ok, generation} ->
-        {:ok, generation}
-
-      :error ->
-        l2_call(
-          cfg,
-          {:error,
-           Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
-             reply: reply
-           )}
-        )
-    end
-  end
-
-  defp put_ttl!(cfg, opts) do
-    case opts do
-      [] ->
-        cfg.ttl
-
-      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
-        ttl
-
-      _ ->
-        raise ArgumentError,
-              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
-    end
-  end
-
-  # The upper bound of :max_value_bytes (a compressed term declares its
-  # size in 32 bits; a value above 1 GB is not a cache value).
-  @max_max_value_bytes 1_073_741_824
-
-  defp validate_opts!(opts) do
-    opts = Options.merge!(opts, @defaults, "Larder.Cache")
-    check!(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
-
-    check!(
-      opts,
-      :l2,
-      &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1)),
-      "nil or {module, opts}"
-    )
-
-    check!(
-      opts,
-      :ttl,
-      &pos_or_infinity?(&1, @max_ttl),
-      "an integer in 1..#{@max_ttl} (ms) or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_bytes,
-      &pos_or_infinity?(&1, @max_bytes),
-      "an integer in 1..#{@max_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_entries,
-      &pos_or_infinity?(&1, @max_entries),
-      "an integer in 1..#{@max_entries} or :infinity"
-    )
-
-    check!(opts, :compressed, &is_boolean/1, "a boolean")
-    check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-
-    check!(
-      opts,
-      :namespace,
-      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
-      "a string of 1 to #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :version,
-      &((is_integer(&1) and abs(&1) <= @max_version) or
-          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
-      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :local_copy_min_bytes,
-      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
-      "an integer in 0..#{@max_copy_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :local_copy_max_bytes,
-      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
-      "an integer in 0..#{@max_copy_bytes}"
-    )
-
-    # L2 value bounds (kept together; see the :max_value_bytes docs)
-    check!(
-      opts,
-      :max_value_bytes,
-      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
-      "an integer from 1024 to #{@max_max_value_bytes}"
-    )
-
-    case opts[:l2] do
-      {mod, l2_opts} ->
-        Code.ensure_loaded(mod)
-
-        unless function_exported?(mod, :init, 3) and function_exported?(mod, :get, 2) do
-          raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
-        end
-
-        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
-
-      nil ->
-        :ok
-    end
-
-    opts
-  end
-
-  defp check!(opts, key, valid?, expected),
-    do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
-
-  defp pos_or_infinity?(value, max),
-    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
 end

@@ -49,16 +49,12 @@ defmodule Larder.Register do
   or makes its first copy of a register, and the counter has moved since it
   last looked, it drops its copies of every register that is dead.
 
-  `mode: :ets` keeps the same API on the same table but without counters or
-  copies: readers look up ETS every time and callers write ETS directly. It
-  exists so the two can be compared.
-
   ## Complexity and capacity
 
     * `get/3`, `fetch/2`, `version/2`: O(1). Unchanged key: no ETS access, no
       copy. Changed key (or first read in this process): one ETS lookup, which
       copies the value into the caller's heap.
-    * `put/3`, `delete/2`: O(1): in `:versioned` mode, two atomics
+    * `put/3`, `delete/2`: O(1): two atomics
       compare-and-swaps (lock, unlock) around one ETS insert and the bump.
       A writer that finds its slot locked retries at once a few times, then
       yields between tries, each time checking that the holder is alive (one
@@ -111,6 +107,13 @@ defmodule Larder.Register do
       record.
     * `keys/1` and `size/1` are snapshots that may or may not include writes
       running concurrently with them.
+
+  ## Telemetry
+
+  A slot taken over from a writer that died holding it is the
+  `[:larder, :register, :lock, :takeover]` event of `Larder.Telemetry`.
+  Without `:telemetry` (or with `telemetry: false`) it costs one boolean
+  check per write.
 
   ## Failures
 
@@ -169,10 +172,9 @@ defmodule Larder.Register do
   import Bitwise, only: [<<<: 2]
 
   alias Larder.Lock
-  alias Larder.Register.{Local, Plain, Server, Store}
+  alias Larder.Register.{Local, Server, Store}
 
   @enforce_keys [
-    :mode,
     :tab,
     :lock,
     :versions,
@@ -181,7 +183,8 @@ defmodule Larder.Register do
     :deaths,
     :server,
     :name,
-    :max_cached
+    :max_cached,
+    :telemetry
   ]
   defstruct @enforce_keys
 
@@ -197,7 +200,7 @@ defmodule Larder.Register do
   @type key :: term()
   @type value :: term()
 
-  @valid_opts [:mode, :name, :slots, :max_cached]
+  @valid_opts [:name, :slots, :max_cached, :telemetry]
 
   ## Lifecycle
 
@@ -207,13 +210,15 @@ defmodule Larder.Register do
 
   Options:
 
-    * `:mode` - `:versioned` (default) or `:ets` (plain ETS, for comparison).
     * `:name` - an atom to refer to the register by (default `nil`). The name
       resolves through `:persistent_term`, set once at creation.
     * `:slots` - number of commit counters (and slot locks) keys are hashed
       to, from 1 to 1,048,576 (default 1024; 16 bytes each).
     * `:max_cached` - bound on this register's local copies per process,
       from 1 to 1,048,576 keys (default 1024).
+    * `:telemetry` - `false` turns off this register's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the register
+      is created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` on an unknown or invalid option, or a name in use.
 
@@ -299,7 +304,7 @@ defmodule Larder.Register do
   def get(reg, key, default \\ nil)
 
   # The hot path allocates nothing: a served copy is returned as is.
-  def get(%__MODULE__{mode: :versioned, versions: versions, local: local} = reg, key, default) do
+  def get(%__MODULE__{versions: versions, local: local} = reg, key, default) do
     case Process.get(local) do
       %{^key => {slot, tag, _version, value}} ->
         if :atomics.get(versions, slot) == tag, do: value, else: fresh_get(reg, key, default)
@@ -312,7 +317,6 @@ defmodule Larder.Register do
     end
   end
 
-  def get(%__MODULE__{mode: :ets} = reg, key, default), do: Plain.get(reg, key, default)
   def get(reg, key, default), do: get(resolve(reg), key, default)
 
   @doc "Returns `{:ok, value}` for a present key, `:error` otherwise."
@@ -373,8 +377,6 @@ defmodule Larder.Register do
     end
   end
 
-  defp read(%__MODULE__{mode: :ets} = reg, key), do: Plain.fetch(reg, key)
-
   defp read(%__MODULE__{versions: versions, local: local} = reg, key) do
     with %{^key => entry} <- Process.get(local),
          {:hit, found} <- served(entry, versions) do
@@ -406,10 +408,8 @@ defmodule Larder.Register do
   """
   @spec put(register(), key(), value()) :: :ok
   def put(reg, key, value) do
-    case resolve(reg) do
-      %__MODULE__{mode: :ets} = reg -> Plain.put(reg, key, value)
-      reg -> Local.remember(reg, key, written(Store.write(reg, key, value), value))
-    end
+    reg = resolve(reg)
+    Local.remember(reg, key, written(Store.write(reg, key, value), value))
   end
 
   @doc """
@@ -425,17 +425,14 @@ defmodule Larder.Register do
   """
   @spec update(register(), key(), value(), (value() -> value())) :: :ok
   def update(reg, key, default, fun) when is_function(fun, 1) do
-    case resolve(reg) do
-      %__MODULE__{mode: :ets} = reg -> Plain.update(reg, key, default, fun)
-      reg -> update_versioned(reg, key, default, fun)
-    end
+    do_update(resolve(reg), key, default, fun)
   end
 
   def update(_reg, _key, _default, fun) do
     raise ArgumentError, "update/4 expects fun to be a 1-arity function, got: #{inspect(fun)}"
   end
 
-  defp update_versioned(reg, key, default, fun) do
+  defp do_update(reg, key, default, fun) do
     {expected, current} =
       case read(reg, key) do
         {:ok, version, value} -> {version, value}
@@ -445,7 +442,7 @@ defmodule Larder.Register do
     new = fun.(current)
 
     case Store.swap(reg, key, expected, new) do
-      :conflict -> update_versioned(reg, key, default, fun)
+      :conflict -> do_update(reg, key, default, fun)
       written -> Local.remember(reg, key, written(written, new))
     end
   end
@@ -456,10 +453,8 @@ defmodule Larder.Register do
   @doc "Removes `key`. Removing an absent key is a no-op."
   @spec delete(register(), key()) :: :ok
   def delete(reg, key) do
-    case resolve(reg) do
-      %__MODULE__{mode: :ets} = reg -> Plain.delete(reg, key)
-      reg -> Local.remember(reg, key, Store.remove(reg, key))
-    end
+    reg = resolve(reg)
+    Local.remember(reg, key, Store.remove(reg, key))
   end
 
   ## Internals shared with Larder.Register.*
@@ -487,7 +482,6 @@ defmodule Larder.Register do
   # the wrong kind fails at its first use, which raises unknown!/1.
   defp resolve(
          %__MODULE__{
-           mode: mode,
            tab: tab,
            lock: %Lock{},
            versions: versions,
@@ -496,12 +490,14 @@ defmodule Larder.Register do
            deaths: deaths,
            server: server,
            name: name,
-           max_cached: max_cached
+           max_cached: max_cached,
+           telemetry: telemetry
          } = reg
        )
-       when mode in [:versioned, :ets] and is_reference(tab) and is_reference(versions) and
+       when is_reference(tab) and is_reference(versions) and
               slots in 1..@max_slots and is_integer(id) and is_reference(deaths) and
-              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached,
+              is_pid(server) and is_atom(name) and max_cached in 1..@max_cached and
+              is_boolean(telemetry),
        do: reg
 
   defp resolve(%__MODULE__{} = reg) do
@@ -535,14 +531,9 @@ defmodule Larder.Register do
   defp validate_opts!(opts) do
     Larder.Options.check_keys!(opts, @valid_opts, "Larder.Register")
 
-    mode = Keyword.get(opts, :mode, :versioned)
     name = Keyword.get(opts, :name)
     slots = Keyword.get(opts, :slots, 1024)
     max_cached = Keyword.get(opts, :max_cached, 1024)
-
-    unless mode in [:versioned, :ets] do
-      raise ArgumentError, "expected :mode to be :versioned or :ets, got: #{inspect(mode)}"
-    end
 
     unless is_atom(name) and name not in [true, false] do
       raise ArgumentError, "expected :name to be an atom or nil, got: #{inspect(name)}"
@@ -558,15 +549,21 @@ defmodule Larder.Register do
             "expected :max_cached to be an integer in 1..#{@max_cached}, got: #{inspect(max_cached)}"
     end
 
-    [mode: mode, name: name, slots: slots, max_cached: max_cached]
+    telemetry = Keyword.get(opts, :telemetry, true)
+
+    unless is_boolean(telemetry) do
+      raise ArgumentError, "expected :telemetry to be a boolean, got: #{inspect(telemetry)}"
+    end
+
+    [name: name, slots: slots, max_cached: max_cached, telemetry: telemetry]
   end
 
   defimpl Inspect do
-    def inspect(%{name: nil, local: {_, id}, mode: mode}, _opts),
-      do: "#Larder.Register<#{Kernel.inspect(id)}, #{Kernel.inspect(mode)}>"
+    def inspect(%{name: nil, local: {_, id}}, _opts),
+      do: "#Larder.Register<#{Kernel.inspect(id)}>"
 
-    def inspect(%{name: name, mode: mode}, _opts) when is_atom(name),
-      do: "#Larder.Register<#{Kernel.inspect(name)}, #{Kernel.inspect(mode)}>"
+    def inspect(%{name: name}, _opts) when is_atom(name),
+      do: "#Larder.Register<#{Kernel.inspect(name)}>"
 
     def inspect(_forged, _opts), do: "#Larder.Register<forged>"
   end

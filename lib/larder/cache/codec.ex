@@ -1,6 +1,6 @@
-# Builds L2 keys from namespace, version, generation and key, and encodes and
-# safely decodes the values, invalidation messages and generation numbers
-# that come back from the L2 (all of them untrusted).
+# Encodes, and safely decodes, the values, invalidation messages and
+# generation numbers that go to and come back from the L2 (all of them
+# untrusted on the way back).
 defmodule Larder.Cache.Codec do
   @moduledoc false
 
@@ -13,22 +13,6 @@ defmodule Larder.Cache.Codec do
   @max_generation 2 ** 62 - 1
 
   def max_generation, do: @max_generation
-
-  def prefix(namespace, version), do: "#{namespace}:#{version}"
-
-  def generation_key(cfg), do: cfg.prefix <> ":gen"
-
-  def channel(cfg), do: cfg.prefix <> ":invalidate"
-
-  def l2_key(cfg, key) do
-    generation = :atomics.get(cfg.generation, 1)
-    [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
-  end
-
-  # Binary keys stay readable in redis-cli; other terms are encoded
-  # deterministically so equal keys map to one L2 key.
-  defp encode_key(key) when is_binary(key), do: ["b:", key]
-  defp encode_key(key), do: ["t:", :erlang.term_to_binary(key, [:deterministic])]
 
   def encode_value(value, level), do: :erlang.term_to_binary(value, compressed: level)
 

@@ -31,6 +31,9 @@ defmodule Larder.Cache.L2 do
       the channel, by any instance including the subscriber's own;
     * `{:larder_cache_l2, :connected}` each time the subscription is
       (re-)established, so that the cache can re-read what it may have missed.
+    * `{:larder_cache_l2, :disconnected}` (optional) each time the
+      subscription's connection is lost; the cache only reports it (the
+      `[:larder, :cache, :l2, :disconnected]` event of `Larder.Telemetry`).
 
   ## Failures
 

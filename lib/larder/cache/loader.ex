@@ -5,23 +5,46 @@
 defmodule Larder.Cache.Loader do
   @moduledoc false
 
-  alias Larder.Cache.{Codec, Store}
+  alias Larder.Cache.{Remote, Stats, Store}
 
+  # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3, nothing found).
+  # The hit path is the same as traced/3's, without the source tag.
   def fetch(cfg, key, fun) do
     case Store.lookup(cfg, key) do
       {:hit, value} ->
-        Store.count(cfg, :l1_hits)
+        Stats.count(cfg, :l1_hits)
         {:ok, value}
 
       other ->
-        Store.count(cfg, :l1_misses)
+        elem(missed(cfg, key, fun, other), 1)
+    end
+  end
 
-        try do
-          miss(cfg, key, fun, other)
-        rescue
-          e in ArgumentError ->
-            if stopped?(cfg), do: stopped(cfg, key), else: reraise(e, __STACKTRACE__)
+  # fetch/3 that also says where the result came from: {source, result},
+  # source being :hit, :l2_hit, :load, :waited, :miss or :error.
+  def traced(cfg, key, fun) do
+    case Store.lookup(cfg, key) do
+      {:hit, value} ->
+        Stats.count(cfg, :l1_hits)
+        {:hit, {:ok, value}}
+
+      other ->
+        case missed(cfg, key, fun, other) do
+          {_source, {:error, _}} = error -> put_elem(error, 0, :error)
+          {_source, :none} = none -> put_elem(none, 0, :miss)
+          tagged -> tagged
         end
+    end
+  end
+
+  defp missed(cfg, key, fun, lookup) do
+    Stats.count(cfg, :l1_misses)
+
+    try do
+      miss(cfg, key, fun, lookup)
+    rescue
+      e in ArgumentError ->
+        if stopped?(cfg), do: {:error, stopped(cfg, key)}, else: reraise(e, __STACKTRACE__)
     end
   end
 
@@ -55,46 +78,49 @@ defmodule Larder.Cache.Loader do
 
   defp retry(cfg, key, fun) do
     case Store.lookup(cfg, key) do
-      {:hit, value} -> {:ok, value}
+      {:hit, value} -> {:hit, {:ok, value}}
       other -> miss(cfg, key, fun, other)
     end
   end
 
   ## The loading process
 
+  # {source, result}
   defp lead(cfg, key, ref, fun) do
-    result =
+    {_source, result} =
+      tagged =
       try do
         load(cfg, key, ref, fun)
       catch
         kind, reason ->
           if stopped?(cfg) do
-            stopped(cfg, key)
+            {:error, stopped(cfg, key)}
           else
             Store.unlock(cfg, key, self(), ref)
-            Store.count(cfg, :load_errors)
+            Stats.count(cfg, :load_errors)
 
             {:error,
-             Larder.Error.new(:loader_failed, "the loader raised",
-               kind: kind,
-               reason: reason,
-               key: key
-             )}
+             {:error,
+              Larder.Error.new(:loader_failed, "the loader raised",
+                kind: kind,
+                reason: reason,
+                key: key
+              )}}
           end
       end
 
     reply_waiters(cfg, ref, result)
-    result
+    tagged
   end
 
   defp load(cfg, key, ref, fun) do
-    case l2_get(cfg, key) do
+    case Remote.get(cfg, key) do
       {:ok, value} ->
         Store.fill(cfg, key, ref, value, cfg.ttl)
-        {:ok, value}
+        {:l2_hit, {:ok, value}}
 
       l2_state ->
-        run_loader(cfg, key, ref, fun, l2_state)
+        {:load, run_loader(cfg, key, ref, fun, l2_state)}
     end
   end
 
@@ -105,7 +131,7 @@ defmodule Larder.Cache.Loader do
   end
 
   defp run_loader(cfg, key, ref, fun, l2_state) do
-    Store.count(cfg, :loads)
+    Stats.count(cfg, :loads)
 
     case fun.() do
       {:ok, value} ->
@@ -115,8 +141,8 @@ defmodule Larder.Cache.Loader do
         # a corrupt value is replaced; an unreachable L2 is left alone.
         if Store.fill(cfg, key, ref, value, cfg.ttl) do
           case l2_state do
-            :miss -> l2_put(cfg, key, value, cfg.ttl, :new)
-            :corrupt -> l2_put(cfg, key, value, cfg.ttl, :always)
+            :miss -> Remote.put(cfg, key, value, cfg.ttl, :new)
+            :corrupt -> Remote.put(cfg, key, value, cfg.ttl, :always)
             _none_or_error -> :ok
           end
         end
@@ -125,14 +151,14 @@ defmodule Larder.Cache.Loader do
 
       {:error, reason} ->
         Store.unlock(cfg, key, self(), ref)
-        Store.count(cfg, :load_errors)
+        Stats.count(cfg, :load_errors)
 
         {:error,
          Larder.Error.new(:loader_failed, "the loader returned an error", reason: reason, key: key)}
 
       other ->
         Store.unlock(cfg, key, self(), ref)
-        Store.count(cfg, :load_errors)
+        Stats.count(cfg, :load_errors)
 
         {:error,
          Larder.Error.new(
@@ -184,7 +210,7 @@ defmodule Larder.Cache.Loader do
 
     case outcome do
       {:done, result} ->
-        result
+        {:waited, result}
 
       :retry ->
         retry(cfg, key, fun)
@@ -197,7 +223,7 @@ defmodule Larder.Cache.Loader do
         retry(cfg, key, fun)
 
       :owner_down ->
-        stopped(cfg, key)
+        {:error, stopped(cfg, key)}
     end
   end
 
@@ -213,67 +239,5 @@ defmodule Larder.Cache.Loader do
 
   defp unregister(cfg, ref) do
     :ets.select_delete(cfg.waiters, [{{ref, self()}, [], [true]}]) == 1
-  end
-
-  ## L2
-
-  defp l2_get(%{l2: nil}, _key), do: :none
-
-  # Whatever the L2 returns is checked: a value that is corrupt, too large
-  # for :max_value_bytes or holds a fun is a miss plus a decode error (and
-  # the load replaces it); a reply of the wrong shape is an L2 error.
-  defp l2_get(%{l2: {mod, state}} = cfg, key) do
-    case mod.get(state, Codec.l2_key(cfg, key)) do
-      {:ok, bin} when is_binary(bin) ->
-        case Codec.decode_value(bin, cfg.max_value_bytes) do
-          {:ok, value} ->
-            Store.count(cfg, :l2_hits)
-            {:ok, value}
-
-          {:error, _why} ->
-            Store.count(cfg, :l2_misses)
-            Store.count(cfg, :decode_errors)
-            Store.count(cfg, :l2_errors)
-            :corrupt
-        end
-
-      :miss ->
-        Store.count(cfg, :l2_misses)
-        :miss
-
-      _error ->
-        Store.count(cfg, :l2_errors)
-        :error
-    end
-  end
-
-  # A value whose encoding is over :max_value_bytes would be rejected by
-  # every reader: it is not written, and the key is deleted instead so no
-  # older value stays behind.
-  def l2_put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
-
-  def l2_put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
-    bin = Codec.encode_value(value, cfg.compression_level)
-    l2_key = Codec.l2_key(cfg, key)
-
-    result =
-      if byte_size(bin) > cfg.max_value_bytes,
-        do: mod.delete(state, l2_key),
-        else: mod.put(state, l2_key, bin, ttl, mode)
-
-    case result do
-      :ok ->
-        :ok
-
-      {:error, _} = error ->
-        Store.count(cfg, :l2_errors)
-        error
-
-      other ->
-        Store.count(cfg, :l2_errors)
-
-        {:error,
-         Larder.Error.new(:l2_bad_reply, "the L2 returned an unexpected value", returned: other)}
-    end
   end
 end

@@ -451,7 +451,12 @@ defmodule Larder.Cache.Redis do
         :eredis_sub.subscribe(sub, [state.channel])
         keeper_loop(state)
 
-      {tag, ^sub} when sub != nil and tag in [:eredis_disconnected, :eredis_reconnect_attempt] ->
+      {:eredis_disconnected, ^sub} when sub != nil ->
+        :eredis_sub.ack_message(sub)
+        send(subscriber, {:larder_cache_l2, :disconnected})
+        keeper_loop(state)
+
+      {:eredis_reconnect_attempt, ^sub} when sub != nil ->
         :eredis_sub.ack_message(sub)
         keeper_loop(state)
 

@@ -1,10 +1,11 @@
 # The L1: ETS rows with a version per write, written under per-key slot
-# locks with a journal that makes every write repairable, loading markers,
-# eviction and expiry sweeps.
+# locks with a journal that makes every write repairable, and loading
+# markers. Eviction (Eviction), the expiry clock and sweep (Expiry) and the
+# counters (Stats) have their own files.
 defmodule Larder.Cache.Store do
   @moduledoc false
 
-  alias Larder.Cache.LocalCopies
+  alias Larder.Cache.{Eviction, Expiry, LocalCopies}
   alias Larder.Lock
 
   # Rows of the data table (a :set):
@@ -43,57 +44,30 @@ defmodule Larder.Cache.Store do
 
   @slots 64
 
-  @stats [
-    :l1_hits,
-    :l1_misses,
-    :l2_hits,
-    :l2_misses,
-    :loads,
-    :load_errors,
-    :l2_errors,
-    :decode_errors,
-    :evictions,
-    :invalidations,
-    :bad_messages
-  ]
+  # The L1's tables and lock, created by the cache's process (which owns
+  # them) and kept in the cache's Config.
+  def new_tables(compressed?) do
+    # read_concurrency without write_concurrency: adding write_concurrency
+    # measurably slowed every lookup, and a cache is read-heavy.
+    table_opts =
+      [:set, :public, read_concurrency: true] ++ if(compressed?, do: [:compressed], else: [])
 
-  for {name, index} <- Enum.with_index(@stats, 1) do
-    def stat_index(unquote(name)), do: unquote(index)
-  end
-
-  def stat_names, do: @stats
-
-  def new_counters, do: :counters.new(length(@stats), [:write_concurrency])
-
-  def count(cfg, stat), do: :counters.add(cfg.stats, stat_index(stat), 1)
-
-  # The L1's byte counts and journal rows, and its lock (the owner keeps
-  # both in the cache's config).
-  def new_meta do
     meta = :ets.new(:larder_cache_meta, [:set, :public, write_concurrency: true])
     :ets.insert(meta, zero_bytes())
-    meta
+
+    %{
+      data: :ets.new(:larder_cache, table_opts),
+      index: :ets.new(:larder_cache_index, [:ordered_set, :public, write_concurrency: true]),
+      large: :ets.new(:larder_cache_large, table_opts),
+      waiters:
+        :ets.new(:larder_cache_waiters, [:duplicate_bag, :public, write_concurrency: true]),
+      meta: meta,
+      lock: Lock.new(@slots),
+      seq: :atomics.new(1, signed: true)
+    }
   end
 
-  def new_lock, do: Lock.new(@slots)
-
   defp zero_bytes, do: List.to_tuple([:bytes | List.duplicate(0, @slots + 1)])
-
-  def now, do: System.monotonic_time(:millisecond)
-
-  # Hits compare expiry with the owner's clock, an atomic it moves forward
-  # every tick: reading the system clock on every hit cost more than the
-  # rest of the hit. It lags real time by at most a tick (and the owner's
-  # scheduling delay), so an entry may be served that much past its ttl,
-  # never before.
-  def tick_ms, do: 10
-
-  def coarse_now(cfg), do: :atomics.get(cfg.clock, 1)
-
-  def tick(cfg), do: :atomics.put(cfg.clock, 1, now())
-
-  def expires_at(:infinity), do: :infinity
-  def expires_at(ttl), do: now() + ttl
 
   def next_version(cfg), do: :atomics.add_get(cfg.seq, 1, 1)
 
@@ -103,14 +77,14 @@ defmodule Larder.Cache.Store do
   def lookup(cfg, key) do
     case :ets.lookup(cfg.data, key) do
       [{_, version, expires, size, value}] when is_integer(size) ->
-        if live?(cfg, expires) do
+        if Expiry.live?(cfg, expires) do
           {:hit, value}
         else
           expire(cfg, key, version)
         end
 
       [{_, version, expires, {:large, size}, _}] ->
-        if live?(cfg, expires) do
+        if Expiry.live?(cfg, expires) do
           large_hit(cfg, key, version, size)
         else
           expire(cfg, key, version)
@@ -153,9 +127,6 @@ defmodule Larder.Cache.Store do
     end
   end
 
-  defp live?(_cfg, :infinity), do: true
-  defp live?(cfg, expires), do: expires > coarse_now(cfg)
-
   ## Writes (under the key's slot)
 
   # Writes a value unconditionally (put).
@@ -167,7 +138,7 @@ defmodule Larder.Cache.Store do
       step(cfg, slot, key, old, new)
     end)
 
-    evict(cfg)
+    Eviction.evict(cfg)
   end
 
   # Takes the loading marker for key, or returns false.
@@ -191,7 +162,7 @@ defmodule Larder.Cache.Store do
         end
       end)
 
-    if filled?, do: evict(cfg)
+    if filled?, do: Eviction.evict(cfg)
     filled?
   end
 
@@ -221,7 +192,7 @@ defmodule Larder.Cache.Store do
   end
 
   # Deletes key's value if it is still the given version.
-  defp delete_version(cfg, key, version) do
+  def delete_version(cfg, key, version) do
     with_key(cfg, key, fn slot ->
       case :ets.lookup(cfg.data, key) do
         [{_, ^version, _, _, _}] = old ->
@@ -259,34 +230,16 @@ defmodule Larder.Cache.Store do
       raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
   end
 
-  # Called periodically by the owner: deletes the rows whose time is up,
-  # the loading markers of loaders that died (their waiters clear them too,
-  # if any), repairs the slots whose holder died mid-write (the next writer
-  # of the slot would, but it may never come), and evicts what a writer
-  # that died before evicting left over the limits.
-  def sweep(cfg) do
-    now = now()
-
-    expired = [
-      {{:"$1", :"$2", :"$3", :_, :_}, [{:is_integer, :"$2"}, {:"=<", :"$3", now}],
-       [{{:"$1", :"$2"}}]}
-    ]
-
-    for {key, version} <- :ets.select(cfg.data, expired), do: delete_version(cfg, key, version)
-
-    loading = [{{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:"$1", :"$2", :"$3"}}]}]
-
-    for {key, pid, ref} <- :ets.select(cfg.data, loading), not Process.alive?(pid) do
-      unlock(cfg, key, pid, ref)
-    end
-
+  # Repairs the slots whose holder died mid-write (the next writer of the
+  # slot would, but it may never come); called by the sweep.
+  def repair_dead_writers(cfg) do
     journals = [{{:"$1", :_, :_, :_, :_, :_, :_}, [{:is_integer, :"$1"}], [:"$1"]}]
 
     for slot <- :ets.select(cfg.meta, journals) do
       Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> :ok end)
     end
 
-    evict(cfg)
+    :ok
   end
 
   def entries(cfg), do: :ets.info(cfg.index, :size)
@@ -300,13 +253,15 @@ defmodule Larder.Cache.Store do
     size = :erlang.external_size(value)
 
     if size >= cfg.local_copy_min_bytes do
-      {{nil, version, expires_at(ttl), {:large, size}, nil}, version, size, {value}}
+      {{nil, version, Expiry.expires_at(ttl), {:large, size}, nil}, version, size, {value}}
     else
-      {{nil, version, expires_at(ttl), size, value}, version, size, nil}
+      {{nil, version, Expiry.expires_at(ttl), size, value}, version, size, nil}
     end
   end
 
-  defp with_key(cfg, key, fun) do
+  # Runs fun.(slot) holding key's slot, after repairing what a dead holder
+  # of the slot left half done.
+  def with_key(cfg, key, fun) do
     slot = Lock.slot(cfg.lock, key)
     Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> fun.(slot) end)
   end
@@ -319,7 +274,8 @@ defmodule Larder.Cache.Store do
   end
 
   # Replaces key's rows `old` (the lookup result) by `new` (nil: none).
-  defp step(cfg, slot, key, old, new) do
+  # Only under key's slot (with_key/3).
+  def step(cfg, slot, key, old, new) do
     {old_version, old_size} = version_size(old)
 
     {new_version, new_size} =
@@ -395,56 +351,17 @@ defmodule Larder.Cache.Store do
     end
   end
 
-  ## Eviction
+  # Drops an index row (and its large row and bytes) whose data row is
+  # gone; under key's slot. Eviction calls it so that one stray index row
+  # cannot stop it.
+  def drop_index(cfg, slot, key, version) do
+    case :ets.take(cfg.index, version) do
+      [{_, _, size}] ->
+        :ets.delete(cfg.large, {key, version})
+        add_bytes(cfg, slot, -size)
 
-  # Oldest write first, until both limits hold; each victim is removed under
-  # its own slot, taken after the writer released its own (never two slots
-  # at once).
-  defp evict(%{max_entries: :infinity, max_bytes: :infinity}), do: :ok
-
-  defp evict(cfg) do
-    if over_limits?(cfg) do
-      case :ets.first(cfg.index) do
-        :"$end_of_table" ->
-          :ok
-
-        version ->
-          case :ets.lookup(cfg.index, version) do
-            [{_, key, _size}] -> evict_version(cfg, key, version)
-            [] -> :ok
-          end
-
-          evict(cfg)
-      end
-    else
-      :ok
+      [] ->
+        :ok
     end
-  end
-
-  defp evict_version(cfg, key, version) do
-    with_key(cfg, key, fn slot ->
-      case :ets.lookup(cfg.data, key) do
-        [{_, ^version, _, _, _}] = old ->
-          step(cfg, slot, key, old, nil)
-          count(cfg, :evictions)
-
-        _ ->
-          # An index row whose value is gone cannot outlive a repair; drop it
-          # rather than stop evicting if one ever does.
-          case :ets.take(cfg.index, version) do
-            [{_, _, size}] ->
-              :ets.delete(cfg.large, {key, version})
-              add_bytes(cfg, slot, -size)
-
-            [] ->
-              :ok
-          end
-      end
-    end)
-  end
-
-  defp over_limits?(cfg) do
-    (cfg.max_entries != :infinity and entries(cfg) > cfg.max_entries) or
-      (cfg.max_bytes != :infinity and bytes(cfg) > cfg.max_bytes)
   end
 end

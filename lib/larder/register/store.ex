@@ -1,4 +1,4 @@
-# The :versioned storage protocol: one ETS record per key plus an atomics
+# The storage protocol: one ETS record per key plus an atomics
 # array of per-slot commit counters. A writer takes its slot's Larder.Lock,
 # inserts, bumps, and releases; whoever takes over a dead holder's slot bumps
 # first (the on_takeover of Larder.Lock.with_slot/4), which commits any write
@@ -14,14 +14,15 @@ defmodule Larder.Register.Store do
   # @dead, which no local copy is ever tagged with.
   @dead -1
 
+  # Process-dictionary flag: this process just took a slot over.
+  @takeover {Register, :took_over}
+
   @doc "Builds the table and counters; called by the owner process."
   @spec create(keyword(), pid()) :: Register.t()
   def create(opts, server) do
-    mode = Keyword.fetch!(opts, :mode)
     slots = Keyword.fetch!(opts, :slots)
 
     %Register{
-      mode: mode,
       tab: :ets.new(Register, [:set, :public, read_concurrency: true, write_concurrency: true]),
       lock: Lock.new(slots),
       versions: :atomics.new(slots, signed: true),
@@ -30,7 +31,9 @@ defmodule Larder.Register.Store do
       deaths: Local.deaths(),
       server: server,
       name: Keyword.fetch!(opts, :name),
-      max_cached: Keyword.fetch!(opts, :max_cached)
+      max_cached: Keyword.fetch!(opts, :max_cached),
+      # :telemetry is looked for once, here, at creation (never at compile time).
+      telemetry: Larder.Telemetry.enabled?(Keyword.fetch!(opts, :telemetry))
     }
   end
 
@@ -118,11 +121,37 @@ defmodule Larder.Register.Store do
   # Taking over a dead holder's slot commits first: the dead holder may have
   # left a record above the counter, and fun may release the slot without
   # bumping (a conflicting swap, removing an absent key).
-  defp locked(%Register{lock: lock} = reg, slot, fun) do
+  defp locked(%Register{lock: lock, telemetry: false} = reg, slot, fun) do
     Lock.with_slot(lock, slot, fn -> commit_next(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
   rescue
     # The table or the counters went with the register (or the handle is forged).
     ArgumentError -> Register.unknown!(reg)
+  end
+
+  # With telemetry, a takeover is noted under the lock and reported after
+  # it is released, so no handler runs holding a slot.
+  defp locked(%Register{lock: lock} = reg, slot, fun) do
+    try do
+      Lock.with_slot(lock, slot, fn -> take_over(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
+    rescue
+      ArgumentError -> Register.unknown!(reg)
+    after
+      report_takeover(reg, slot)
+    end
+  end
+
+  defp take_over(reg, slot) do
+    commit_next(reg, slot)
+    Process.put(@takeover, true)
+  end
+
+  defp report_takeover(reg, slot) do
+    if Process.delete(@takeover) do
+      Larder.Telemetry.execute(true, [:larder, :register, :lock, :takeover], %{count: 1}, %{
+        register: reg.name || reg,
+        slot: slot
+      })
+    end
   end
 
   defp tag!(%Register{versions: versions} = reg, slot) do

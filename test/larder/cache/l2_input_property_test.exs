@@ -7,7 +7,8 @@ defmodule Larder.Cache.L2InputPropertyTest do
 
   alias Larder.Cache
   alias Larder.Cache.{Codec, Owner}
-  alias Larder.Test.{GarbageServer, MemoryL2, PropEr, RedisServer}
+  alias Larder.Support.RedisServer
+  alias Larder.Test.{GarbageServer, MemoryL2, PropEr}
 
   import Larder.Test.Eventually
 

@@ -6,8 +6,9 @@ defmodule Larder.Cache.RedisFaultTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Cache.{Codec, Owner}
-  alias Larder.Test.{GarbageServer, RedisServer}
+  alias Larder.Cache.Owner
+  alias Larder.Support.RedisServer
+  alias Larder.Test.GarbageServer
 
   import Larder.Test.Eventually
 
@@ -184,7 +185,7 @@ defmodule Larder.Cache.RedisFaultTest do
       owner = Process.whereis(b)
       memory_before = process_memory(owner)
       node = :crypto.strong_rand_bytes(16)
-      channel = Codec.channel(config(b))
+      channel = Larder.Cache.Remote.channel(config(b))
 
       payloads =
         [
@@ -356,7 +357,8 @@ defmodule Larder.Cache.RedisFaultTest do
   end
 
   defp raw_set(server, cache, key, bin) do
-    "+OK\r\n" = RedisServer.command(server, ["SET", Codec.l2_key(config(cache), key), bin])
+    "+OK\r\n" =
+      RedisServer.command(server, ["SET", Larder.Cache.Remote.l2_key(config(cache), key), bin])
   end
 
   defp process_memory(pid), do: pid |> Process.info(:memory) |> elem(1)

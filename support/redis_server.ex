@@ -1,6 +1,8 @@
-# Starts a throwaway redis-server on a free loopback port for integration
-# tests (no persistence, a temp dir), and kills or restarts it on demand.
-defmodule Larder.Test.RedisServer do
+# Starts a throwaway redis-server on a free loopback port (no persistence, a
+# temp dir), and kills or restarts it on demand. One home for the tests
+# (required by test/test_helper.exs), the benchmarks and the demo; not part
+# of the library.
+defmodule Larder.Support.RedisServer do
   @moduledoc false
 
   defstruct [:port, :dir, :os_pid, :erl_port]

@@ -1,0 +1,243 @@
+# The cache's configuration: its options, checked once (validate!/1, in the
+# caller of start_link/1) with Larder.Options, and the struct the cache's
+# process builds from them once (new/2), which every caller reads from
+# :persistent_term.
+defmodule Larder.Cache.Config do
+  @moduledoc false
+
+  alias Larder.Cache.{Expiry, Remote, Stats, Store}
+  alias Larder.Options
+
+  @enforce_keys [
+    :name,
+    :owner,
+    :data,
+    :index,
+    :large,
+    :waiters,
+    :meta,
+    :lock,
+    :stats,
+    :seq,
+    :generation,
+    :clock,
+    :node_id,
+    :prefix,
+    :ttl,
+    :max_entries,
+    :max_bytes,
+    :compression_level,
+    :local_copy_min_bytes,
+    :local_copy_max_bytes,
+    :max_value_bytes,
+    :telemetry
+  ]
+  defstruct [l2: nil] ++ @enforce_keys
+
+  @type ttl :: pos_integer() | :infinity
+
+  @type t :: %__MODULE__{
+          name: atom(),
+          owner: pid(),
+          data: :ets.tid(),
+          index: :ets.tid(),
+          large: :ets.tid(),
+          waiters: :ets.tid(),
+          meta: :ets.tid(),
+          lock: Larder.Lock.t(),
+          stats: :counters.counters_ref(),
+          seq: :atomics.atomics_ref(),
+          generation: :atomics.atomics_ref(),
+          clock: :atomics.atomics_ref(),
+          node_id: <<_::128>>,
+          prefix: binary(),
+          ttl: ttl(),
+          max_entries: pos_integer() | :infinity,
+          max_bytes: pos_integer() | :infinity,
+          compression_level: 0..9,
+          local_copy_min_bytes: non_neg_integer() | :infinity,
+          local_copy_max_bytes: non_neg_integer(),
+          max_value_bytes: pos_integer(),
+          telemetry: boolean(),
+          l2: {module(), term()} | nil
+        }
+
+  @defaults [
+    name: nil,
+    l2: nil,
+    ttl: :infinity,
+    max_bytes: :infinity,
+    max_entries: :infinity,
+    compressed: false,
+    compression_level: 1,
+    max_value_bytes: 67_108_864,
+    namespace: "larder",
+    version: 1,
+    local_copy_min_bytes: 65_536,
+    local_copy_max_bytes: 67_108_864,
+    telemetry: true
+  ]
+
+  # Upper bounds of the numeric options (documented in Larder.Cache.start_link/1).
+  @max_ttl 3_153_600_000_000
+  @max_bytes 1_125_899_906_842_624
+  @max_entries 1_099_511_627_776
+  @max_copy_bytes 1_099_511_627_776
+  @max_version 9_223_372_036_854_775_807
+  @max_string_bytes 1_024
+  # A compressed term declares its size in 32 bits; a value above 1 GB is
+  # not a cache value.
+  @max_max_value_bytes 1_073_741_824
+
+  @doc "The persistent_term key of a cache's config."
+  def key(name), do: {Larder.Cache, name}
+
+  @doc "Builds the config in the cache's process, from validate!/1's options."
+  @spec new(keyword()) :: t()
+  def new(opts) do
+    tables = Store.new_tables(opts[:compressed])
+
+    %__MODULE__{
+      name: opts[:name],
+      owner: self(),
+      data: tables.data,
+      index: tables.index,
+      large: tables.large,
+      waiters: tables.waiters,
+      meta: tables.meta,
+      lock: tables.lock,
+      seq: tables.seq,
+      stats: Stats.new(),
+      generation: :atomics.new(1, signed: true),
+      clock: Expiry.new_clock(),
+      node_id: :crypto.strong_rand_bytes(16),
+      prefix: Remote.prefix(opts[:namespace], opts[:version]),
+      ttl: opts[:ttl],
+      max_entries: opts[:max_entries],
+      max_bytes: opts[:max_bytes],
+      compression_level: opts[:compression_level],
+      local_copy_min_bytes: opts[:local_copy_min_bytes],
+      local_copy_max_bytes: opts[:local_copy_max_bytes],
+      max_value_bytes: opts[:max_value_bytes],
+      # :telemetry is looked for once, here, at start (never at compile time).
+      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
+    }
+  end
+
+  @doc "`put/4`'s ttl: its `ttl:` option, or the cache's."
+  @spec put_ttl!(t(), keyword()) :: ttl()
+  def put_ttl!(cfg, opts) do
+    case opts do
+      [] ->
+        cfg.ttl
+
+      [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
+        ttl
+
+      _ ->
+        raise ArgumentError,
+              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
+    end
+  end
+
+  @doc """
+  Checks `start_link/1`'s options and returns them over the defaults;
+  raises `ArgumentError` naming a bad one.
+  """
+  @spec validate!(keyword()) :: keyword()
+  def validate!(opts) do
+    opts = Options.merge!(opts, @defaults, "Larder.Cache")
+    check!(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
+
+    check!(
+      opts,
+      :l2,
+      &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1)),
+      "nil or {module, opts}"
+    )
+
+    check!(
+      opts,
+      :ttl,
+      &pos_or_infinity?(&1, @max_ttl),
+      "an integer in 1..#{@max_ttl} (ms) or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_bytes,
+      &pos_or_infinity?(&1, @max_bytes),
+      "an integer in 1..#{@max_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :max_entries,
+      &pos_or_infinity?(&1, @max_entries),
+      "an integer in 1..#{@max_entries} or :infinity"
+    )
+
+    check!(opts, :compressed, &is_boolean/1, "a boolean")
+    check!(opts, :telemetry, &is_boolean/1, "a boolean")
+    check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
+
+    check!(
+      opts,
+      :namespace,
+      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
+      "a string of 1 to #{@max_string_bytes} bytes"
+    )
+
+    check!(
+      opts,
+      :version,
+      &((is_integer(&1) and abs(&1) <= @max_version) or
+          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
+      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
+    )
+
+    check!(
+      opts,
+      :local_copy_min_bytes,
+      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
+      "an integer in 0..#{@max_copy_bytes} or :infinity"
+    )
+
+    check!(
+      opts,
+      :local_copy_max_bytes,
+      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
+      "an integer in 0..#{@max_copy_bytes}"
+    )
+
+    # L2 value bounds (kept together; see the :max_value_bytes docs)
+    check!(
+      opts,
+      :max_value_bytes,
+      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
+      "an integer from 1024 to #{@max_max_value_bytes}"
+    )
+
+    case opts[:l2] do
+      {mod, l2_opts} ->
+        Code.ensure_loaded(mod)
+
+        unless function_exported?(mod, :init, 3) and function_exported?(mod, :get, 2) do
+          raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
+        end
+
+        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
+
+      nil ->
+        :ok
+    end
+
+    opts
+  end
+
+  defp check!(opts, key, valid?, expected),
+    do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
+
+  defp pos_or_infinity?(value, max),
+    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
+end

@@ -1,0 +1,251 @@
+# The L2 as the cache sees it: the only caller of the L2 module. It builds
+# the L2 keys (namespace, version, generation, key) and the channel, encodes
+# and checks what goes and comes back (through Codec), and counts every L2
+# failure in one place (failed/2).
+defmodule Larder.Cache.Remote do
+  @moduledoc false
+
+  alias Larder.Cache.{Codec, Stats}
+  alias Larder.Telemetry
+
+  ## Keys
+
+  def prefix(namespace, version), do: "#{namespace}:#{version}"
+
+  def generation_key(cfg), do: cfg.prefix <> ":gen"
+
+  def channel(cfg), do: cfg.prefix <> ":invalidate"
+
+  def l2_key(cfg, key) do
+    generation = :atomics.get(cfg.generation, 1)
+    [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
+  end
+
+  # Binary keys stay readable in redis-cli; other terms are encoded
+  # deterministically so equal keys map to one L2 key.
+  defp encode_key(key) when is_binary(key), do: ["b:", key]
+  defp encode_key(key), do: ["t:", :erlang.term_to_binary(key, [:deterministic])]
+
+  ## Lifecycle (the cache's process)
+
+  # {:ok, cfg with its l2 started} or {:error, %Larder.Error{}}.
+  def start(cfg, nil), do: {:ok, %{cfg | l2: nil}}
+
+  def start(cfg, {mod, l2_opts}) do
+    case mod.init(l2_opts, self(), channel(cfg)) do
+      {:ok, state} ->
+        {:ok, %{cfg | l2: {mod, state}}}
+
+      other ->
+        {:error, Larder.Error.new(:l2_failed, "the L2 did not start", returned: other)}
+    end
+  catch
+    kind, reason ->
+      {:error, Larder.Error.new(:l2_failed, "the L2 did not start", kind: kind, reason: reason)}
+  end
+
+  def stop(%{l2: {mod, state}}) do
+    mod.stop(state)
+  catch
+    _, _ -> :ok
+  end
+
+  def stop(_cfg), do: :ok
+
+  ## Calls
+
+  # {:ok, value} | :miss | :corrupt | :error | :none (no L2). Whatever the
+  # L2 returns is checked: a value that is corrupt, too large for
+  # :max_value_bytes or holds a fun is a miss plus a decode error (and the
+  # load replaces it); a reply of the wrong shape is an L2 error.
+  def get(%{l2: nil}, _key), do: :none
+
+  def get(%{l2: {mod, state}} = cfg, key) do
+    case mod.get(state, l2_key(cfg, key)) do
+      {:ok, bin} when is_binary(bin) ->
+        case Codec.decode_value(bin, cfg.max_value_bytes) do
+          {:ok, value} ->
+            Stats.count(cfg, :l2_hits)
+            {:ok, value}
+
+          {:error, _why} ->
+            Stats.count(cfg, :l2_misses)
+            Stats.count(cfg, :decode_errors)
+            failed(cfg, :bad_value)
+            :corrupt
+        end
+
+      :miss ->
+        Stats.count(cfg, :l2_misses)
+        :miss
+
+      other ->
+        failed(cfg, other)
+        :error
+    end
+  end
+
+  # A value whose encoding is over :max_value_bytes would be rejected by
+  # every reader: it is not written, and the key is deleted instead so no
+  # older value stays behind.
+  def put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
+
+  def put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
+    bin = Codec.encode_value(value, cfg.compression_level)
+    l2_key = l2_key(cfg, key)
+
+    if byte_size(bin) > cfg.max_value_bytes,
+      do: ok(cfg, mod.delete(state, l2_key)),
+      else: ok(cfg, mod.put(state, l2_key, bin, ttl, mode))
+  end
+
+  def delete(%{l2: nil}, _key), do: :ok
+  def delete(%{l2: {mod, state}} = cfg, key), do: ok(cfg, mod.delete(state, l2_key(cfg, key)))
+
+  # Publishes an invalidation ({:key, key} or {:all, generation}).
+  def publish(%{l2: nil}, _message), do: :ok
+
+  def publish(%{l2: {_mod, _state}} = cfg, message) do
+    case raw_publish(cfg, message) do
+      :ok -> sent(cfg, message)
+      other -> failed(cfg, other)
+    end
+  end
+
+  defp sent(cfg, message) do
+    Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :sent], %{count: 1}, %{
+      cache: cfg.name,
+      message: message
+    })
+  end
+
+  # Increments the namespace's generation: {:ok, generation} or an error.
+  def incr_generation(%{l2: {mod, state}} = cfg) do
+    case mod.incr(state, generation_key(cfg)) do
+      {:ok, reply} ->
+        case Codec.parse_generation(reply) do
+          {:ok, generation} ->
+            {:ok, generation}
+
+          :error ->
+            failed(
+              cfg,
+              {:error,
+               Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
+                 reply: reply
+               )}
+            )
+        end
+
+      other ->
+        failed(cfg, other)
+    end
+  end
+
+  # The generation stored in the L2: {:ok, generation}, :none (no L2, or no
+  # generation yet) or :error. A key that holds no generation is a decode
+  # error and is ignored.
+  def read_generation(%{l2: nil}), do: :none
+
+  def read_generation(%{l2: {mod, state}} = cfg) do
+    case mod.get(state, generation_key(cfg)) do
+      {:ok, bin} ->
+        case Codec.parse_generation(bin) do
+          {:ok, generation} ->
+            {:ok, generation}
+
+          :error ->
+            Stats.count(cfg, :decode_errors)
+            :error
+        end
+
+      :miss ->
+        :none
+
+      other ->
+        failed(cfg, other)
+        :error
+    end
+  end
+
+  # A process the L2 linked to the cache's process died.
+  def process_died(cfg) do
+    failed(cfg, :process_died)
+
+    Telemetry.execute(
+      cfg.telemetry,
+      [:larder, :cache, :l2, :disconnected],
+      %{system_time: System.system_time()},
+      %{cache: cfg.name, reason: :process_died}
+    )
+  end
+
+  ## Repairs (a worker of the cache's process)
+  #
+  # A repair retries what already failed and was counted: its own failures
+  # are not counted again.
+
+  # Bumps and publishes the generation: {:done, g}, {:generation, g} (bumped,
+  # not published) or :failed.
+  def repair_all(%{l2: {mod, state}} = cfg) do
+    with {:ok, g} <- mod.incr(state, generation_key(cfg)),
+         {:ok, g} <- Codec.parse_generation(g) do
+      if raw_publish(cfg, {:all, g}) == :ok,
+        do: sent_done(cfg, g),
+        else: {:generation, g}
+    else
+      _ -> :failed
+    end
+  end
+
+  # Deletes and publishes key: true when both went through.
+  def repair_key(%{l2: {mod, state}} = cfg, key) do
+    mod.delete(state, l2_key(cfg, key)) == :ok and raw_publish(cfg, {:key, key}) == :ok and
+      sent(cfg, {:key, key}) == :ok
+  end
+
+  defp sent_done(cfg, g) do
+    sent(cfg, {:all, g})
+    {:done, g}
+  end
+
+  defp raw_publish(%{l2: {mod, state}} = cfg, message),
+    do: mod.publish(state, channel(cfg), Codec.encode_message(cfg.node_id, message))
+
+  ## Failures
+
+  defp ok(_cfg, :ok), do: :ok
+  defp ok(cfg, other), do: failed(cfg, other)
+
+  # The one place L2 failures are counted. Returns the error callers give
+  # back: the L2's own {:error, %Larder.Error{}}, or :l2_bad_reply for a
+  # return value outside the behaviour.
+  defp failed(cfg, result) do
+    Stats.count(cfg, :l2_errors)
+
+    {reason, error} =
+      case result do
+        {:error, %Larder.Error{reason: reason}} = error ->
+          {reason, error}
+
+        why when why in [:bad_value, :process_died] ->
+          {why, nil}
+
+        other ->
+          {:l2_bad_reply,
+           {:error,
+            Larder.Error.new(
+              :l2_bad_reply,
+              "the L2 returned a value its behaviour does not allow",
+              returned: other
+            )}}
+      end
+
+    Telemetry.execute(cfg.telemetry, [:larder, :cache, :l2, :error], %{count: 1}, %{
+      cache: cfg.name,
+      reason: reason
+    })
+
+    error
+  end
+end

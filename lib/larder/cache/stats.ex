@@ -1,0 +1,36 @@
+# The cache's counters (one :counters array per cache, written by every
+# process without a lock) and the stats/1 snapshot built from them.
+defmodule Larder.Cache.Stats do
+  @moduledoc false
+
+  @stats [
+    :l1_hits,
+    :l1_misses,
+    :l2_hits,
+    :l2_misses,
+    :loads,
+    :load_errors,
+    :l2_errors,
+    :decode_errors,
+    :evictions,
+    :invalidations,
+    :bad_messages
+  ]
+
+  for {name, index} <- Enum.with_index(@stats, 1) do
+    defp index(unquote(name)), do: unquote(index)
+  end
+
+  def new, do: :counters.new(length(@stats), [:write_concurrency])
+
+  def count(cfg, stat), do: :counters.add(cfg.stats, index(stat), 1)
+
+  def get(cfg, stat), do: :counters.get(cfg.stats, index(stat))
+
+  # Every counter, plus the L1's current entries and bytes.
+  def snapshot(cfg) do
+    @stats
+    |> Map.new(&{&1, get(cfg, &1)})
+    |> Map.merge(%{entries: Larder.Cache.Store.entries(cfg), bytes: Larder.Cache.Store.bytes(cfg)})
+  end
+end

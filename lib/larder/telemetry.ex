@@ -1,0 +1,131 @@
+defmodule Larder.Telemetry do
+  @moduledoc """
+  The `:telemetry` events Larder emits, with their measurements and metadata.
+
+  Larder does not depend on `:telemetry`: it emits events only when the
+  `:telemetry` application is loadable at run time, which each cache and
+  register checks once, when it starts (`Code.ensure_loaded?(:telemetry)`),
+  and stores in its own configuration. A cache or register started before
+  `:telemetry` was available emits nothing until it is started again.
+  Without `:telemetry`, or with the per-instance option `telemetry: false`
+  (`Larder.Cache.start_link/1`, `Larder.Register.new/1`), an event costs one
+  boolean check of that stored answer.
+
+  Event names are fixed; the instance is in the metadata (`:cache`, the
+  cache's name; `:register`, the register's name, or its handle when it has
+  none). Spans follow `:telemetry.span/3`: a `:start` event, then a `:stop`
+  event or, when the call raises, exits or throws, an `:exception` event.
+
+  Handlers run in the process that emits the event: a caller of the cache
+  or register, or the cache's own process (invalidations received, L2
+  connection events). Never in the middle of a write: events are emitted
+  after the slot lock of the write is released. A handler that is slow
+  slows that process down; one that raises is handled as `:telemetry`
+  handles it (detached).
+
+  ## Attaching
+
+      :telemetry.attach_many(
+        "my-larder-handler",
+        [
+          [:larder, :cache, :fetch, :stop],
+          [:larder, :cache, :l2, :error]
+        ],
+        &MyApp.Metrics.handle_event/4,
+        nil
+      )
+
+  ## Cache spans
+
+  Each of these emits `[:larder, :cache, op, :start]`, then
+  `[:larder, :cache, op, :stop]` or `[:larder, :cache, op, :exception]`:
+
+    * `op = :fetch`: `Larder.Cache.fetch/3`, `fetch!/3` and `get/3`.
+    * `op = :put`: `Larder.Cache.put/4`.
+    * `op = :delete`: `Larder.Cache.delete/2`.
+
+  `:start` measurements: `:system_time` (`System.system_time/0`) and
+  `:monotonic_time` (native units). Metadata: `:cache` (the name) and
+  `:key`, plus `:telemetry_span_context`.
+
+  `:stop` measurements: `:duration` and `:monotonic_time` (native units).
+  Metadata: `:cache`, `:key` and `:result`:
+
+    * for `:fetch`: `:hit` (L1), `:l2_hit` (read from the L2, written back
+      to L1), `:load` (this call ran the loader), `:waited` (another
+      process's load of the key answered it), `:miss` (`get/3` found
+      nothing) or `:error` (the loader failed, or the cache stopped during
+      the call);
+    * for `:put` and `:delete`: `:ok` or `:error` (L1 was written either
+      way; the L2 outcome is being repaired).
+
+  When `:result` is `:error`, the metadata also holds `:error`, the
+  `Larder.Error` returned to the caller.
+
+  `:exception` measurements: `:duration`, `:monotonic_time`. Metadata:
+  `:cache`, `:key`, `:kind`, `:reason`, `:stacktrace` (an unknown cache,
+  a loader calling `fetch/3` for its own key).
+
+  ## Cache events
+
+    * `[:larder, :cache, :eviction]`: a value was evicted from L1 by
+      `:max_entries` or `:max_bytes`. Measurements: `:count` (1). Metadata:
+      `:cache`, `:key`.
+    * `[:larder, :cache, :invalidation, :sent]`: this node published an
+      invalidation on the L2 channel (after `put/4`, `delete/2` or
+      `invalidate_all/1`, or the repair of one whose L2 outcome was
+      unknown). Measurements: `:count` (1). Metadata: `:cache`, `:message`:
+      `{:key, key}` or `{:all, generation}`.
+    * `[:larder, :cache, :invalidation, :received]`: another node's
+      invalidation arrived and was applied. Measurements: `:count` (1).
+      Metadata: `:cache`, `:message` as above.
+    * `[:larder, :cache, :l2, :error]`: an L2 call failed, returned a value
+      outside the `Larder.Cache.L2` behaviour, or returned a value that
+      failed its checks, or a process of the L2 died; counted in `:l2_errors`
+      of `Larder.Cache.stats/1` at the same place. Measurements: `:count`
+      (1). Metadata: `:cache`, `:reason`: the `Larder.Error` reason
+      (`:l2_unavailable`, `:l2_failed`, `:l2_bad_reply`, ...),
+      `:bad_value` (a value rejected by its checks) or `:process_died`.
+    * `[:larder, :cache, :l2, :connected]`: the L2's subscription to the
+      invalidation channel is (re-)established. Measurements:
+      `:system_time`. Metadata: `:cache`.
+    * `[:larder, :cache, :l2, :disconnected]`: the L2 lost its
+      subscription connection (reported by the L2, see `Larder.Cache.L2`),
+      or a process of the L2 died and the cache restarts it. Measurements:
+      `:system_time`. Metadata: `:cache`, `:reason` (`:connection_lost` or
+      `:process_died`).
+
+  ## Register events
+
+    * `[:larder, :register, :lock, :takeover]`: a writer (or a reader that
+      met an uncommitted record) took over a slot whose holder died while
+      holding it, and committed what that holder left. Measurements:
+      `:count` (1). Metadata: `:register`, `:slot` (1-based).
+  """
+
+  # Larder is compiled without :telemetry; it is called only after
+  # enabled?/1 found it loaded.
+  @compile {:no_warn_undefined, :telemetry}
+
+  @doc false
+  # Whether an instance started with `telemetry: opt` emits events: checked
+  # once, when the instance starts, and stored in it.
+  @spec enabled?(boolean()) :: boolean()
+  def enabled?(false), do: false
+
+  def enabled?(true) do
+    Code.ensure_loaded?(:telemetry) and function_exported?(:telemetry, :execute, 3) and
+      function_exported?(:telemetry, :span, 3)
+  end
+
+  @doc false
+  # :telemetry.span/3 when enabled: `fun` returns {result, stop_metadata}.
+  @spec span(boolean(), [atom()], map(), (() -> {result, map()})) :: result when result: var
+  def span(true, event, meta, fun), do: :telemetry.span(event, meta, fun)
+  def span(false, _event, _meta, fun), do: elem(fun.(), 0)
+
+  @doc false
+  @spec execute(boolean(), [atom()], map(), map()) :: :ok
+  def execute(true, event, measurements, meta), do: :telemetry.execute(event, measurements, meta)
+  def execute(false, _event, _measurements, _meta), do: :ok
+end
