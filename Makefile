@@ -5,7 +5,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 BENCHES := $(sort $(wildcard bench/*_bench.exs))
 BENCH_ARGS ?=
 
-.PHONY: setup demo test bench bench-quick check format
+.PHONY: setup demo test bench bench-quick check format release-check report
 
 setup:
 	@scripts/setup
@@ -16,6 +16,10 @@ demo: setup
 
 test: setup
 	mix test
+
+# Builds examples/release_check as a release and boots it (also part of `make test`).
+release-check: setup
+	mix test test/release_test.exs
 
 # Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
 bench: setup

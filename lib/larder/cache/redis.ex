@@ -55,7 +55,8 @@ defmodule Larder.Cache.Redis do
   Without it in the code path, `init/3` raises `ArgumentError` saying so, and
   `Larder.Cache.start_link/1` returns `{:error, %Larder.Error{reason:
   :l2_failed}}` with that message in its details. Debian's package needs one
-  more step before `mix release` can copy it: see "Releases" in the README.
+  more step before `mix release` can copy it: see "In your application and
+  its release" in the README.
 
   eredis is not built for a peer that is not Redis: its client process
   crashes on bytes that are not RESP, and it buffers a bulk reply of any
