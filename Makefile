@@ -33,6 +33,11 @@ bench: setup
 bench-quick:
 	@$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
 
+# bench/results/*.json -> bench/report/index.html (one SVG chart per table, by
+# gnuplot) and the README's charts in docs/charts/.
+report: setup
+	elixir bench/report/report.exs --results bench/results --out bench/report --charts docs/charts
+
 # What CI checks besides the tests.
 check: setup
 	mix format --check-formatted

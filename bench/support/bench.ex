@@ -529,6 +529,7 @@ defmodule Larder.Bench do
           %{
             title: table.title,
             anchor: table.anchor,
+            per_op: table.per_op,
             columns: table.columns,
             rows:
               for row <- table.rows do
