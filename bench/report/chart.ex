@@ -80,7 +80,7 @@ defmodule Larder.Report.Chart do
       if log? do
         base = min_low / 2
         span = :math.log10(max_high / base)
-        {base, "[#{g(base)}:#{g(max_high * :math.pow(10, span * 0.45))}]"}
+        {base, "[#{g(base)}:#{g(max_high * :math.pow(10, span * 0.3))}]"}
       else
         {0, "[0:#{g(max(max_high, 1.0e-9) * 1.5)}]"}
       end
@@ -99,7 +99,7 @@ defmodule Larder.Report.Chart do
         low = (c.low || c.central) / scale
         high = (c.high || c.central) / scale
         ratio = if c.column == anchor, do: "anchor", else: ratio_text(c.ratio)
-        label = "#{ratio}  #{fmt(med)} #{unit_name}"
+        label = "#{ratio}  #{figure(c)}"
         "#{y} #{g(med)} #{g(low)} #{g(high)} #{rgb(color)} \"#{label}\""
       end
 
@@ -131,6 +131,19 @@ defmodule Larder.Report.Chart do
   end
 
   defp scale(_cells, unit), do: {1, unit}
+
+  # The bar's own figure, in the unit that fits it (the axis may use another).
+  defp figure(%{unit: :time, central: us}) do
+    cond do
+      us >= 1_000_000 -> fmt(us / 1_000_000) <> " s"
+      us >= 1_000 -> fmt(us / 1_000) <> " ms"
+      us >= 1 -> fmt(us) <> " us"
+      true -> fmt(us * 1_000) <> " ns"
+    end
+  end
+
+  defp figure(%{unit: unit, central: v}) when is_integer(v), do: "#{v} #{unit}"
+  defp figure(%{unit: unit, central: v}), do: "#{fmt(v)} #{unit}"
 
   defp ratio_text(nil), do: ""
   defp ratio_text(r) when r >= 100, do: "x" <> :erlang.float_to_binary(r / 1, decimals: 0)

@@ -222,6 +222,8 @@ defmodule Larder.Bench do
   defp tail_of(sorted, true = _single_ops?) when length(sorted) >= @min_p99_samples,
     do: {"p99", percentile(sorted, 99)}
 
+  defp tail_of([_] = sorted, _single_ops?), do: {"max of 1 run", List.last(sorted)}
+
   defp tail_of(sorted, _single_ops?),
     do: {"max of #{length(sorted)} runs", List.last(sorted)}
 

@@ -48,7 +48,7 @@ defmodule Larder.ReportTest do
     assert hot =~ "(quick run)"
 
     http = File.read!(Path.join(ctx.out, "svg/http_load-requests-per-connection-count.svg"))
-    assert http =~ "x5.40  0.56 ms"
+    assert http =~ "x5.40  562 us"
     assert http =~ "bars: p50-p99"
     assert http =~ "x0.94  3937 req/s"
 
