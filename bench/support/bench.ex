@@ -17,7 +17,8 @@ defmodule Larder.Bench do
   A sample is one timed run: one call of the measured function, or with
   `each: n` one of the `n` calls a run makes. `median_us`, `p25_us`,
   `p75_us`, `min_us`, `max_us` and `p99_us` are over the samples (`runs` of
-  them; `samples_us` lists them in the order taken). With `ops: n`, the
+  them; `samples_us` lists them in the order taken, when there are at most
+  1,000). With `ops: n`, the
   `per_op_*` figures divide each sample by `n` and `ops_per_s` is the
   throughput over all runners.
 
@@ -35,6 +36,8 @@ defmodule Larder.Bench do
 
   # Fewer single-operation samples than this give no meaningful p99.
   @min_p99_samples 100
+  # Results keep their samples up to this many.
+  @max_kept_samples 1_000
 
   ## Setup
 
@@ -198,9 +201,11 @@ defmodule Larder.Bench do
       max_us: List.last(sorted),
       mean_us: Enum.sum(sorted) / n,
       tail: tail,
-      tail_us: tail_us,
-      samples_us: samples
+      tail_us: tail_us
     }
+
+    # The samples themselves, for charts, unless there are very many.
+    base = if n <= @max_kept_samples, do: Map.put(base, :samples_us, samples), else: base
 
     if ops do
       Map.merge(base, %{
