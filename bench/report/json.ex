@@ -29,13 +29,15 @@ defmodule Larder.Report.JSON do
   defp value(_bin, _depth), do: {:error, "unexpected byte"}
 
   defp object("}" <> rest, acc, _depth), do: {:ok, acc, rest}
+  defp object(bin, acc, depth), do: members(bin, acc, depth)
 
-  defp object("\"" <> rest, acc, depth) do
+  # After "{" or ",": a member must follow (no trailing comma).
+  defp members("\"" <> rest, acc, depth) do
     with {:ok, key, rest} <- string(rest, []),
          ":" <> rest <- skip_ws(rest),
          {:ok, v, rest} <- value(skip_ws(rest), depth) do
       case skip_ws(rest) do
-        "," <> rest -> object(skip_ws(rest), Map.put(acc, key, v), depth)
+        "," <> rest -> members(skip_ws(rest), Map.put(acc, key, v), depth)
         "}" <> rest -> {:ok, Map.put(acc, key, v), rest}
         _ -> {:error, "expected , or } in an object"}
       end
@@ -45,14 +47,16 @@ defmodule Larder.Report.JSON do
     end
   end
 
-  defp object(_bin, _acc, _depth), do: {:error, "expected a key in an object"}
+  defp members(_bin, _acc, _depth), do: {:error, "expected a key in an object"}
 
   defp array("]" <> rest, acc, _depth), do: {:ok, Enum.reverse(acc), rest}
+  defp array(bin, acc, depth), do: elements(bin, acc, depth)
 
-  defp array(bin, acc, depth) do
+  # After "[" or ",": a value must follow (no trailing comma).
+  defp elements(bin, acc, depth) do
     with {:ok, v, rest} <- value(bin, depth) do
       case skip_ws(rest) do
-        "," <> rest -> array(skip_ws(rest), [v | acc], depth)
+        "," <> rest -> elements(skip_ws(rest), [v | acc], depth)
         "]" <> rest -> {:ok, Enum.reverse([v | acc]), rest}
         _ -> {:error, "expected , or ] in an array"}
       end

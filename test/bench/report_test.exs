@@ -5,6 +5,9 @@ defmodule Larder.ReportTest do
   # gnuplot (gnuplot-nox, installed by scripts/setup).
   use ExUnit.Case, async: true
 
+  Code.require_file("../../bench/support/bench.ex", __DIR__)
+  Code.require_file("../../bench/report/json.ex", __DIR__)
+
   @script Path.expand("../../bench/report/report.exs", __DIR__)
   @fixtures Path.expand("fixtures", __DIR__)
 
@@ -57,5 +60,28 @@ defmodule Larder.ReportTest do
     assert story =~ "1 key, 90/10 get/put (hot key)"
     refute story =~ "16 keys"
     assert log =~ "no table for the README chart bag-fill"
+  end
+
+  test "the report's JSON decoder reads what the harness writes, and refuses the rest" do
+    term = %{
+      "title" => "t \"q\" \\ \n é",
+      "n" => [0, -1, 1.5, 1.0e-7, 123_456_789_012],
+      "nested" => %{"a" => [true, false, nil, []], "b" => %{}}
+    }
+
+    assert Larder.Report.JSON.decode(Larder.Bench.JSON.encode(term)) == {:ok, term}
+
+    for bad <- [
+          "",
+          "{",
+          "[1,]",
+          ~s({"a":1,}),
+          ~s({"a" 1}),
+          "01x",
+          ~S("\x"),
+          String.duplicate("[", 100)
+        ] do
+      assert {:error, _} = Larder.Report.JSON.decode(bad), inspect(bad)
+    end
   end
 end
