@@ -1,10 +1,10 @@
 defmodule Larder.ReleaseTest do
   # Builds examples/release_check, a small application that depends on Larder
   # by path, with `MIX_ENV=prod mix release` in a temporary directory, and
-  # boots the release with `bin/release_check eval`: once as an application
-  # that uses no Redis (eredis is then not in the release, and
-  # Larder.Cache.Redis says how to add it) and once as one that lists
-  # :eredis and round-trips a value through a real Redis. It checks what a
+  # boots it: once as an application that uses no Redis (`bin/release_check
+  # eval`; eredis is then not in the release, and Larder.Cache.Redis says how
+  # to add it) and once as one that lists :eredis (`daemon`, then `rpc`),
+  # which round-trips a value through a real Redis. It checks what a
   # user gets on a machine set up by scripts/setup. Tagged :release
   # (`mix test --exclude release` skips it); `make test` runs it.
   use ExUnit.Case, async: true
@@ -53,7 +53,7 @@ defmodule Larder.ReleaseTest do
   end
 
   @tag :redis
-  test "an application that lists :eredis ships it and reaches Redis", %{dir: dir} do
+  test "an application that lists :eredis ships it, starts it, and reaches Redis", %{dir: dir} do
     server = RedisServer.start()
     on_exit(fn -> RedisServer.stop(server) end)
 
@@ -62,8 +62,44 @@ defmodule Larder.ReleaseTest do
     assert File.ls!(Path.join([dir, "_build/prod/rel/release_check/lib"]))
            |> Enum.any?(&(&1 =~ "eredis"))
 
-    assert eval!(bin, "IO.inspect(ReleaseCheck.check())") =~ ":ok"
-    assert eval!(bin, "IO.inspect(ReleaseCheck.check_redis(#{server.port}))") =~ ":ok"
+    # Booted as in production: `daemon` runs the release's boot script, which
+    # starts eredis and Larder before the application.
+    env = [{"RELEASE_NODE", "release_check_#{System.unique_integer([:positive])}"}]
+    {_, 0} = System.cmd(bin, ["daemon"], env: env, stderr_to_stdout: true)
+
+    try do
+      wait_up(bin, env, 100)
+
+      apps =
+        rpc!(bin, env, "IO.inspect(Enum.map(Application.started_applications(), &elem(&1, 0)))")
+
+      assert apps =~ ":eredis" and apps =~ ":larder" and apps =~ ":release_check"
+      assert rpc!(bin, env, "IO.inspect(ReleaseCheck.check())") =~ ":ok"
+      assert rpc!(bin, env, "IO.inspect(ReleaseCheck.check_redis(#{server.port}))") =~ ":ok"
+    after
+      System.cmd(bin, ["stop"], env: env, stderr_to_stdout: true)
+    end
+  end
+
+  # Waits (at most tries * 100 ms) until the daemon answers.
+  defp wait_up(bin, env, tries) do
+    case System.cmd(bin, ["pid"], env: env, stderr_to_stdout: true) do
+      {_, 0} ->
+        :ok
+
+      {out, _} when tries <= 1 ->
+        flunk("the release did not come up: #{out}")
+
+      _ ->
+        Process.sleep(100)
+        wait_up(bin, env, tries - 1)
+    end
+  end
+
+  defp rpc!(bin, env, code) do
+    {out, status} = System.cmd(bin, ["rpc", code], env: env, stderr_to_stdout: true)
+    assert status == 0, "#{bin} rpc failed (exit status #{status}):\n#{out}"
+    out
   end
 
   defp release!(dir, redis?: redis?) do
