@@ -47,7 +47,33 @@ defmodule Larder.Report.HTML do
       esc(Path.basename(file.path)),
       if(file.system, do: [" &middot; ", esc(file.system)], else: ""),
       "</p>\n",
+      targets(Map.get(file, :targets, [])),
       Enum.map(tables, &table_section/1)
+    ]
+  end
+
+  defp targets([]), do: ""
+
+  defp targets(targets) do
+    [
+      "<table><tr><th>target</th><th>measured</th><th>wanted</th><th></th></tr>\n",
+      Enum.map(targets, fn t ->
+        measured = if t.measured, do: fmt(t.measured), else: "-"
+        want = "#{t.op} #{fmt(t.limit)}"
+
+        [
+          "<tr><td>",
+          esc(t.what),
+          "</td><td>",
+          measured,
+          "</td><td>",
+          esc(want),
+          "</td><td>",
+          esc(t.status),
+          "</td></tr>\n"
+        ]
+      end),
+      "</table>\n"
     ]
   end
 

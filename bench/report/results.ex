@@ -54,7 +54,8 @@ defmodule Larder.Report.Results do
          title: str(json["title"]) || Path.basename(path, ".json"),
          quick?: json["quick"] == true,
          system: str(json["system"]),
-         tables: tables
+         tables: tables,
+         targets: targets(json["targets"])
        }}
     end
   end
@@ -82,6 +83,22 @@ defmodule Larder.Report.Results do
   end
 
   defp tables(_json), do: {:skip, "no \"tables\" list"}
+
+  # The harness's target checks; entries of another shape are left out.
+  defp targets(list) when is_list(list) do
+    for %{"what" => what, "op" => op, "limit" => limit, "status" => status} = t <- list,
+        is_binary(what) and op in ["<=", ">="] and is_number(limit) and is_binary(status) do
+      %{
+        what: what,
+        measured: if(is_number(t["measured"]), do: t["measured"]),
+        op: op,
+        limit: limit,
+        status: status
+      }
+    end
+  end
+
+  defp targets(_), do: []
 
   defp table(%{"title" => title, "rows" => rows} = t) when is_binary(title) and is_list(rows) do
     raw_rows = Enum.filter(rows, &match?(%{"label" => l, "results" => %{}} when is_binary(l), &1))

@@ -39,6 +39,9 @@ defmodule Larder.ReportTest do
     assert "http_load-requests-per-connection-count.svg" in svgs
     assert html =~ "other_shape.json: no &quot;tables&quot; list"
 
+    assert html =~
+             "<td>hot key, 1 key 90/10: speed-up over ETS</td><td>1.45</td><td>&gt;= 2.50</td><td>MISSED</td>"
+
     hot =
       File.read!(
         Path.join(ctx.out, "svg/register_bench-16-runners-100-integer-lists-per-operation.svg")
