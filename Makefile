@@ -5,7 +5,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 BENCHES := $(sort $(wildcard bench/*_bench.exs))
 BENCH_ARGS ?=
 
-.PHONY: setup demo test bench bench-quick bench-http serve check format
+.PHONY: setup demo test bench bench-quick bench-http serve check format release-check report
 
 PRICE_SEARCH := examples/price_search
 
@@ -34,6 +34,10 @@ bench-http: setup
 	cd $(PRICE_SEARCH) && mix compile
 	cd $(PRICE_SEARCH) && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
 
+# Builds examples/release_check as a release and boots it (also part of `make test`).
+release-check: setup
+	mix test test/release_test.exs
+
 # Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
 bench: setup
 	@mkdir -p bench/results
@@ -45,6 +49,11 @@ bench: setup
 
 bench-quick:
 	@$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
+
+# bench/results/*.json -> bench/report/index.html (one SVG chart per table, by
+# gnuplot) and the README's charts in docs/charts/.
+report: setup
+	elixir bench/report/report.exs --results bench/results --out bench/report --charts docs/charts
 
 # What CI checks besides the tests.
 check: setup

@@ -1,7 +1,9 @@
 # The benchmark harness behind every bench/*_bench.exs script and the demo.
-# Hex is unreachable, so this stands in for Benchee: warm-up, repeated runs,
-# median and p99, N parallel runners, a side-by-side table with ratios against
-# an anchor measured in the same run, JSON output and a quick mode.
+# Hex is unreachable, so this stands in for Benchee: warm-up, repeated runs
+# (interleaved across columns if asked), median and spread, per-operation
+# percentiles where single operations are timed, N parallel runners, a
+# side-by-side table with ratios against an anchor measured in the same run,
+# JSON output and a quick mode.
 defmodule Larder.Bench do
   @moduledoc false
 
@@ -10,13 +12,32 @@ defmodule Larder.Bench do
   @type t :: %__MODULE__{}
 
   @typedoc """
-  One measurement. Times are in microseconds. With `ops: n`, `per_op_*` divide
-  each sample by `n` and `ops_per_s` is the throughput over all runners.
+  One measurement. Times are in microseconds.
+
+  A sample is one timed run: one call of the measured function, or with
+  `each: n` one of the `n` calls a run makes. `median_us`, `p25_us`,
+  `p75_us`, `min_us`, `max_us` and `p99_us` are over the samples (`runs` of
+  them; `samples_us` lists them in the order taken, when there are at most
+  1,000). With `ops: n`, the
+  `per_op_*` figures divide each sample by `n` and `ops_per_s` is the
+  throughput over all runners.
+
+  `tail_us` is what the tables print under the median, and `tail` says what
+  it is: `"p99"` when the samples are single operations (no `:ops` above 1,
+  one runner) and there are at least 100 of them; otherwise `"max of N
+  runs"`, since the 99th percentile of a few batch means is their maximum,
+  not a tail latency. `p99_us` stays the interpolated percentile whatever
+  the count.
   """
   @type result :: %{
           required(:kind) => :time | :value,
           optional(atom()) => term()
         }
+
+  # Fewer single-operation samples than this give no meaningful p99.
+  @min_p99_samples 100
+  # Results keep their samples up to this many.
+  @max_kept_samples 1_000
 
   ## Setup
 
@@ -64,6 +85,10 @@ defmodule Larder.Bench do
       a sample is the wall time until the last runner finishes.
     * `:ops` - operations one call of `fun` performs per runner; enables the
       `per_op_*` and `ops_per_s` figures.
+    * `:each` - a run calls `fun` this many times and times each call, so
+      that every call is a sample (one runner only): use it with a `fun`
+      that does one operation, for real per-operation percentiles. Each
+      sample includes one clock read (tens of nanoseconds).
     * `:setup` - `(-> state)` run untimed before every run; `fun` then gets
       the state.
     * `:teardown` - `(state -> any)` run untimed after every run.
@@ -75,22 +100,41 @@ defmodule Larder.Bench do
   def measure(fun, opts \\ []) do
     warmup = Keyword.get(opts, :warmup, 1)
     runs = Keyword.get(opts, :runs, 5)
+
+    for _ <- 1..warmup//1, do: sample_run(fun, opts)
+    samples = Enum.flat_map(1..max(runs, 1), fn _ -> sample_run(fun, opts) end)
+    summarize(samples, Keyword.get(opts, :ops), Keyword.get(opts, :parallel, 1))
+  end
+
+  # One run (setup, timed calls, teardown); returns its samples in us.
+  defp sample_run(fun, opts) do
     parallel = Keyword.get(opts, :parallel, 1)
-    ops = Keyword.get(opts, :ops)
+    each = Keyword.get(opts, :each)
     setup = Keyword.get(opts, :setup)
     teardown = Keyword.get(opts, :teardown, fn _ -> :ok end)
 
-    once = fn ->
-      state = if setup, do: setup.(), else: nil
-      :erlang.garbage_collect()
-      micros = timed_run(fun, state, parallel)
-      teardown.(state)
-      micros
+    if each && parallel != 1 do
+      raise ArgumentError, "expected :each without :parallel, got parallel: #{parallel}"
     end
 
-    for _ <- 1..warmup//1, do: once.()
-    samples = for _ <- 1..max(runs, 1), do: once.()
-    summarize(samples, ops, parallel)
+    state = if setup, do: setup.(), else: nil
+    :erlang.garbage_collect()
+
+    samples =
+      if each,
+        do: timed_each(fun, state, each),
+        else: [timed_run(fun, state, parallel)]
+
+    teardown.(state)
+    samples
+  end
+
+  defp timed_each(fun, state, n) do
+    for _ <- 1..n//1 do
+      start = System.monotonic_time()
+      call(fun, state, 0)
+      elapsed_us(start)
+    end
   end
 
   @doc "Records a figure that is not a time, such as memory in words."
@@ -133,35 +177,60 @@ defmodule Larder.Bench do
   defp call(fun, state, _i) when is_function(fun, 1), do: fun.(state)
   defp call(fun, state, i) when is_function(fun, 2), do: fun.(state, i)
 
-  @doc false
+  @doc """
+  Summarizes samples (in us, one per timed run or per call with `:each`)
+  into a `t:result/0`. `ops` and `parallel` are `measure/2`'s options.
+  """
+  @spec summarize([number()], pos_integer() | nil, pos_integer()) :: result()
   def summarize(samples, ops, parallel) do
     sorted = Enum.sort(samples)
     n = length(sorted)
     median = percentile(sorted, 50)
-    p99 = percentile(sorted, 99)
+    single_ops? = ops in [nil, 1] and parallel == 1
+    {tail, tail_us} = tail_of(sorted, single_ops?)
 
     base = %{
       kind: :time,
       runs: n,
       parallel: parallel,
       median_us: median,
-      p99_us: p99,
+      p25_us: percentile(sorted, 25),
+      p75_us: percentile(sorted, 75),
+      p99_us: percentile(sorted, 99),
       min_us: hd(sorted),
       max_us: List.last(sorted),
-      mean_us: Enum.sum(sorted) / n
+      mean_us: Enum.sum(sorted) / n,
+      tail: tail,
+      tail_us: tail_us
     }
+
+    # The samples themselves, for charts, unless there are very many.
+    base = if n <= @max_kept_samples, do: Map.put(base, :samples_us, samples), else: base
 
     if ops do
       Map.merge(base, %{
         ops: ops,
         per_op_median_us: median / ops,
-        per_op_p99_us: p99 / ops,
+        per_op_p25_us: base.p25_us / ops,
+        per_op_p75_us: base.p75_us / ops,
+        per_op_p99_us: base.p99_us / ops,
+        per_op_min_us: base.min_us / ops,
+        per_op_max_us: base.max_us / ops,
+        per_op_tail_us: tail_us / ops,
         ops_per_s: if(median > 0, do: ops * parallel * 1_000_000 / median, else: nil)
       })
     else
       base
     end
   end
+
+  defp tail_of(sorted, true = _single_ops?) when length(sorted) >= @min_p99_samples,
+    do: {"p99", percentile(sorted, 99)}
+
+  defp tail_of([_] = sorted, _single_ops?), do: {"max of 1 run", List.last(sorted)}
+
+  defp tail_of(sorted, _single_ops?),
+    do: {"max of #{length(sorted)} runs", List.last(sorted)}
 
   @doc false
   def percentile([], _), do: nil
@@ -180,7 +249,8 @@ defmodule Larder.Bench do
 
   @doc """
   Starts a side-by-side table: one column per contender, one row per workload.
-  Each cell shows the median and, under it, the p99; `xN` is the median over
+  Each cell shows the median and, under it, the tail (`p99` of single
+  operations, or `max of N runs`, see `t:result/0`); `xN` is the median over
   the anchor column's median in the same row (below 1 is faster or smaller).
 
   Options: `:anchor` (a column name, default the first), `:per_op` (show
@@ -210,9 +280,7 @@ defmodule Larder.Bench do
   follows the table's columns.
 
   With `interleave: true` in `measure_opts`, the columns take turns run by
-  run (warm-ups first, then one timed run of each column, rotating which
-  goes first), so that a change in the machine's load during the row hits
-  every column alike instead of the ones measured last.
+  run, as `interleave/2` does.
   """
   @spec row(t(), String.t(), %{optional(String.t()) => term()} | keyword(), keyword()) :: t()
   def row(%__MODULE__{tables: [table | rest]} = bench, label, cells, measure_opts \\ []) do
@@ -241,40 +309,63 @@ defmodule Larder.Bench do
   defp run_cell(fun, opts) when is_function(fun), do: measure(fun, opts)
 
   defp run_interleaved(table, cells, base) do
-    cols = for col <- table.columns, Map.has_key?(cells, col), do: col
-    {fixed, timed} = Enum.split_with(cols, &match?(%{kind: _}, cells[&1]))
+    for(col <- table.columns, Map.has_key?(cells, col), do: {col, cells[col]})
+    |> interleave(base)
+  end
 
-    opts =
-      Map.new(timed, fn col ->
-        case cells[col] do
-          {fun, extra} -> {col, {fun, Keyword.merge(base, extra)}}
-          fun -> {col, {fun, base}}
-        end
-      end)
+  @doc """
+  Measures several contenders in rounds and returns their results by column,
+  for `row/4`.
 
-    one = fn col ->
-      {fun, o} = opts[col]
-      measure(fun, Keyword.merge(o, warmup: 0, runs: 1)).median_us
+  `cells` is a list (or map) of `{column, cell}` as in `row/4`: a function,
+  `{fun, extra_measure_opts}`, or a result computed already (kept as is).
+  Each column's options are `base` merged with its extra options. All the
+  warm-ups run first; then round `i` takes one run of each column that has
+  runs left, starting with a column that moves by one each round, so that a
+  change in the machine's load hits every column alike instead of the ones
+  measured last. Results are summarized as by `measure/2`.
+  """
+  @spec interleave([{String.t(), term()}] | %{optional(String.t()) => term()}, keyword()) ::
+          %{optional(String.t()) => result()}
+  def interleave(cells, base \\ []) do
+    {done, timed} = Enum.split_with(cells, fn {_col, cell} -> match?(%{kind: _}, cell) end)
+
+    timed =
+      for {col, cell} <- timed do
+        {fun, extra} = if is_function(cell), do: {cell, []}, else: cell
+        {col, fun, Keyword.merge(base, extra)}
+      end
+
+    rounds = fn key, default ->
+      Enum.reduce(timed, 0, fn {_, _, o}, acc -> max(acc, Keyword.get(o, key, default)) end)
     end
 
-    for col <- timed, _ <- 1..Keyword.get(opts[col] |> elem(1), :warmup, 1)//1, do: one.(col)
-    runs = max(Keyword.get(base, :runs, 5), 1)
-    n = length(timed)
+    for round <- 1..rounds.(:warmup, 1)//1,
+        {_col, fun, o} <- timed,
+        round <= Keyword.get(o, :warmup, 1),
+        do: sample_run(fun, o)
 
     samples =
-      for i <- 0..(runs - 1),
-          col <- Enum.drop(timed, rem(i, max(n, 1))) ++ Enum.take(timed, rem(i, max(n, 1))) do
-        {col, one.(col)}
+      for round <- 0..(rounds.(:runs, 5) - 1)//1,
+          {col, fun, o} <- rotate(timed, round),
+          round < max(Keyword.get(o, :runs, 5), 1) do
+        {col, sample_run(fun, o)}
       end
 
     timed_results =
-      Map.new(timed, fn col ->
-        {_fun, o} = opts[col]
-        col_samples = for {^col, us} <- samples, do: us
-        {col, summarize(col_samples, Keyword.get(o, :ops), Keyword.get(o, :parallel, 1))}
-      end)
+      for {col, _fun, o} <- timed, into: %{} do
+        mine = for {^col, us} <- samples, sample <- us, do: sample
+        {col, summarize(mine, Keyword.get(o, :ops), Keyword.get(o, :parallel, 1))}
+      end
 
-    Map.merge(Map.new(fixed, &{&1, cells[&1]}), timed_results)
+    Map.merge(Map.new(done), timed_results)
+  end
+
+  defp rotate([], _n), do: []
+
+  defp rotate(list, n) do
+    {front, back} = Enum.split(list, rem(n, length(list)))
+    back ++ front
   end
 
   @doc """
@@ -321,7 +412,9 @@ defmodule Larder.Bench do
   defp central(%{median_us: v}, _table), do: v
 
   defp tail(%{kind: :value}, _table), do: nil
+  defp tail(%{per_op_tail_us: v}, %{per_op: true}), do: v
   defp tail(%{per_op_p99_us: v}, %{per_op: true}), do: v
+  defp tail(%{tail_us: v}, _table), do: v
   defp tail(%{p99_us: v}, _table), do: v
 
   defp print_row(table, label, results) do
@@ -343,8 +436,11 @@ defmodule Larder.Bench do
       p99s =
         for col <- table.columns do
           case results[col] do
-            %{kind: :time} = result -> "p99 " <> fmt_us(tail(result, table))
-            _ -> ""
+            %{kind: :time} = result ->
+              Map.get(result, :tail, "p99") <> " " <> fmt_us(tail(result, table))
+
+            _ ->
+              ""
           end
         end
 
@@ -440,6 +536,7 @@ defmodule Larder.Bench do
           %{
             title: table.title,
             anchor: table.anchor,
+            per_op: table.per_op,
             columns: table.columns,
             rows:
               for row <- table.rows do

@@ -43,6 +43,21 @@ defmodule Larder.Cache.Redis do
   client (`eredis_sub`) does reconnect mid-run but refuses to start while
   Redis is down.
 
+  Larder does not depend on eredis: an application that uses this module
+  installs it (on Debian, `apt-get install erlang-redis-client`, which
+  `scripts/setup` does) and lists it in its own `mix.exs`:
+
+      def application do
+        [extra_applications: [:logger, :eredis]]
+      end
+
+  so that it is started with the application and copied into its release.
+  Without it in the code path, `init/3` raises `ArgumentError` saying so, and
+  `Larder.Cache.start_link/1` returns `{:error, %Larder.Error{reason:
+  :l2_failed}}` with that message in its details. Debian's package needs one
+  more step before `mix release` can copy it: see "In your application and
+  its release" in the README.
+
   eredis is not built for a peer that is not Redis: its client process
   crashes on bytes that are not RESP, and it buffers a bulk reply of any
   declared length for as long as the bytes keep coming. So one keeper
@@ -100,12 +115,14 @@ defmodule Larder.Cache.Redis do
   @doc """
   Starts the keeper process (linked to the caller), which starts the eredis
   clients and the pub/sub relay, and subscribes `subscriber` to `channel`.
-  Succeeds while Redis is down or not Redis.
+  Succeeds while Redis is down or not Redis. Raises `ArgumentError` when the
+  eredis client is not loadable (see "Client").
   """
   @impl true
   @spec init(keyword(), pid(), binary()) :: {:ok, map()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
+    ensure_eredis!()
     parent = self()
     ref = make_ref()
     keeper = spawn_link(fn -> keeper_init(parent, ref, subscriber, channel, opts) end)
@@ -119,6 +136,18 @@ defmodule Larder.Cache.Redis do
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
         raise "Larder.Cache.Redis: the client processes did not start"
+    end
+  end
+
+  # eredis is an optional dependency of Larder: it is loaded only by users of
+  # this module, who list it in their own application (see "Client").
+  defp ensure_eredis! do
+    unless Code.ensure_loaded?(:eredis) and Code.ensure_loaded?(:eredis_sub) do
+      raise ArgumentError,
+            "Larder.Cache.Redis needs the eredis client, which is not loadable: " <>
+              "install it (Debian: apt-get install erlang-redis-client) and add :eredis " <>
+              "to extra_applications in your mix.exs, so that it is in the code path " <>
+              "and in releases"
     end
   end
 

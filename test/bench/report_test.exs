@@ -1,0 +1,90 @@
+defmodule Larder.ReportTest do
+  # `make report` on a small set of result files: bench results, an HTTP
+  # load results file in the same tables/rows/results shape, a file of
+  # another shape and a truncated one (both skipped, not fatal). Needs
+  # gnuplot (gnuplot-nox, installed by scripts/setup).
+  use ExUnit.Case, async: true
+
+  Code.require_file("../../bench/support/bench.ex", __DIR__)
+  Code.require_file("../../bench/report/json.ex", __DIR__)
+
+  @script Path.expand("../../bench/report/report.exs", __DIR__)
+  @fixtures Path.expand("fixtures", __DIR__)
+
+  setup do
+    dir = Path.join(System.tmp_dir!(), "larder_report_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+    %{out: Path.join(dir, "report"), charts: Path.join(dir, "charts")}
+  end
+
+  test "writes index.html with one SVG chart per table and the README's charts", ctx do
+    {log, status} =
+      System.cmd(
+        System.find_executable("elixir"),
+        [@script, "--results", @fixtures, "--out", ctx.out, "--charts", ctx.charts],
+        stderr_to_stdout: true
+      )
+
+    assert status == 0, log
+    assert log =~ "skipped #{@fixtures}/other_shape.json"
+    assert log =~ "skipped #{@fixtures}/truncated.json"
+
+    html = File.read!(Path.join(ctx.out, "index.html"))
+    svgs = ctx.out |> Path.join("svg/*.svg") |> Path.wildcard() |> Enum.map(&Path.basename/1)
+
+    # two register tables and the HTTP table
+    assert length(svgs) == 3
+    for svg <- svgs, do: assert(html =~ ~s(src="svg/#{svg}"))
+    assert "http_load-requests-per-connection-count.svg" in svgs
+    assert html =~ "other_shape.json: no &quot;tables&quot; list"
+
+    assert html =~
+             "<td>hot key, 1 key 90/10: speed-up over ETS</td><td>1.45</td><td>&gt;= 2.50</td><td>MISSED</td>"
+
+    hot =
+      File.read!(
+        Path.join(ctx.out, "svg/register_bench-16-runners-100-integer-lists-per-operation.svg")
+      )
+
+    assert hot =~ "<svg"
+    # the anchor marked, the ratio and the median on the bar
+    assert hot =~ "ETS (anchor)"
+    assert hot =~ "x0.69  34.4 us"
+    assert hot =~ "(quick run)"
+
+    http = File.read!(Path.join(ctx.out, "svg/http_load-requests-per-connection-count.svg"))
+    assert http =~ "x5.40  562 us"
+    assert http =~ "bars: p50-p99"
+    assert http =~ "x0.94  3937 req/s"
+
+    # The README's chart of the Register hot key: only that row.
+    story = File.read!(Path.join(ctx.charts, "register-hot-key.svg"))
+    assert story =~ "1 key, 90/10 get/put (hot key)"
+    refute story =~ "16 keys"
+    assert log =~ "no table for the README chart bag-fill"
+  end
+
+  test "the report's JSON decoder reads what the harness writes, and refuses the rest" do
+    term = %{
+      "title" => "t \"q\" \\ \n é",
+      "n" => [0, -1, 1.5, 1.0e-7, 123_456_789_012],
+      "nested" => %{"a" => [true, false, nil, []], "b" => %{}}
+    }
+
+    assert Larder.Report.JSON.decode(Larder.Bench.JSON.encode(term)) == {:ok, term}
+
+    for bad <- [
+          "",
+          "{",
+          "[1,]",
+          ~s({"a":1,}),
+          ~s({"a" 1}),
+          "01x",
+          ~S("\x"),
+          String.duplicate("[", 100)
+        ] do
+      assert {:error, _} = Larder.Report.JSON.decode(bad), inspect(bad)
+    end
+  end
+end
