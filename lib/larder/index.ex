@@ -162,8 +162,7 @@ defmodule Larder.Index do
   """
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
-    opts = Larder.Options.merge!(opts, [reverse: false], "Larder.Index")
-    Larder.Options.check!(opts, :reverse, &is_boolean/1, "a boolean", "Larder.Index")
+    opts = Larder.Options.validate!(opts, [reverse: {:boolean, false}], "Larder.Index")
     %__MODULE__{ref: Native.index_new(Keyword.fetch!(opts, :reverse))}
   end
 
