@@ -133,12 +133,20 @@ defmodule Larder.Bag do
 
   """
 
+  alias Larder.Bag.Dedup
+  alias Larder.Bag.Fingerprint
   alias Larder.Bag.Snapshot
 
   @enforce_keys [:tab, :dedup]
-  defstruct [:tab, :dedup]
+  defstruct [:tab, :dedup, :fps, :lock, :mask]
 
-  @opaque t :: %__MODULE__{tab: :ets.tid() | atom(), dedup: boolean()}
+  @opaque t :: %__MODULE__{
+            tab: :ets.tid() | atom(),
+            dedup: boolean(),
+            fps: reference() | nil,
+            lock: Larder.Lock.t() | nil,
+            mask: non_neg_integer() | nil
+          }
 
   @typedoc "A bag handle, or the name of a named bag."
   @type bag :: t() | atom()
@@ -221,13 +229,13 @@ defmodule Larder.Bag do
 
   @doc false
   # Called by Larder.Bag.Owner and Larder.Bag.Snapshot with validated options.
+  # `:fp_mask` (tests only) narrows the fingerprints to force collisions.
   def create(opts) do
     dedup = Keyword.fetch!(opts, :dedup)
     name = Keyword.get(opts, :name)
-    type = if dedup, do: :ordered_set, else: :duplicate_bag
 
     ets_opts =
-      [type, :public] ++
+      [:duplicate_bag, :public] ++
         if(name, do: [:named_table], else: []) ++
         if(opts[:compressed], do: [:compressed], else: []) ++
         [
@@ -245,7 +253,15 @@ defmodule Larder.Bag do
                   __STACKTRACE__
       end
 
-    bag = %__MODULE__{tab: tab, dedup: dedup}
+    bag =
+      if dedup do
+        {fps, lock} = Dedup.new()
+        mask = Keyword.get(opts, :fp_mask, Fingerprint.full_mask())
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask}
+      else
+        %__MODULE__{tab: tab, dedup: false}
+      end
+
     if name, do: :persistent_term.put({__MODULE__, name}, bag)
     bag
   end
@@ -259,8 +275,9 @@ defmodule Larder.Bag do
   Atomic: two processes inserting the same pair at once leave one copy.
   """
   @spec insert(bag(), key(), value()) :: :ok
-  def insert(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    :ets.insert(tab, {[key | value]})
+  def insert(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key, value)
+      when is_reference(fps) do
+    Dedup.insert(tab, fps, lock, mask, key, value)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -273,6 +290,7 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def insert(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
   def insert(name, key, value), do: insert(resolve(name), key, value)
 
   @doc """
@@ -288,8 +306,10 @@ defmodule Larder.Bag do
       3
   """
   @spec insert_many(bag(), [{key(), value()}]) :: :ok
-  def insert_many(%__MODULE__{tab: tab, dedup: true} = bag, pairs) when is_list(pairs) do
-    :ets.insert(tab, to_objects(pairs, pairs))
+  def insert_many(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, pairs)
+      when is_list(pairs) and is_reference(fps) do
+    check_pairs(pairs, pairs)
+    Dedup.insert_many(tab, fps, lock, mask, pairs)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -303,6 +323,8 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def insert_many(%__MODULE__{} = bag, pairs) when is_list(pairs), do: raise(forged(bag))
+
   def insert_many(%__MODULE__{}, pairs) do
     raise ArgumentError,
           "expected pairs to be a list of {key, value} tuples, got: #{inspect(pairs)}"
@@ -311,12 +333,13 @@ defmodule Larder.Bag do
   def insert_many(name, pairs), do: insert_many(resolve(name), pairs)
 
   @doc false
-  # Inserts ETS objects as they are stored (used by Larder.Bag.Snapshot).
-  def insert_objects(%__MODULE__{tab: tab}, objects), do: :ets.insert(tab, objects)
+  # Inserts the checked pairs of a snapshot chunk into a bag nobody else uses
+  # yet (used by Larder.Bag.Snapshot); a deduplicating bag counts their
+  # fingerprints and skips a pair the snapshot holds twice.
+  def insert_objects(%__MODULE__{tab: tab, dedup: true, fps: fps, mask: mask}, pairs),
+    do: :ets.insert(tab, Dedup.load(tab, fps, mask, pairs))
 
-  defp to_objects([{key, value} | rest], all), do: [{[key | value]} | to_objects(rest, all)]
-  defp to_objects([], _all), do: []
-  defp to_objects(other, all), do: bad_pairs(other, all)
+  def insert_objects(%__MODULE__{tab: tab}, pairs), do: :ets.insert(tab, pairs)
 
   defp check_pairs([{_, _} | rest], all), do: check_pairs(rest, all)
   defp check_pairs([], _all), do: :ok
@@ -336,8 +359,9 @@ defmodule Larder.Bag do
   Deletes every pair under `key`. Returns `:ok` whether or not there were any.
   """
   @spec delete(bag(), key()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select_delete(tab, key_spec(key, true))
+  def delete(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key)
+      when is_reference(fps) do
+    Dedup.delete_key(tab, fps, lock, mask, key)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -350,6 +374,7 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def delete(%__MODULE__{} = bag, _key), do: raise(forged(bag))
   def delete(name, key), do: delete(resolve(name), key)
 
   @doc """
@@ -364,9 +389,9 @@ defmodule Larder.Bag do
       [2]
   """
   @spec delete(bag(), key(), value()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    :ets.delete_object(tab, {[key | value]})
-    :ok
+  def delete(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key, value)
+      when is_reference(fps) do
+    Dedup.delete(tab, fps, lock, mask, key, value)
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
@@ -378,6 +403,7 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def delete(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
   def delete(name, key, value), do: delete(resolve(name), key, value)
 
   @doc """
@@ -403,16 +429,11 @@ defmodule Larder.Bag do
   once; with `dedup: false` they come in insertion order, with repeats.
   """
   @spec lookup(bag(), key()) :: [value()]
-  def lookup(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select(tab, values_spec(key))
+  def lookup(%__MODULE__{tab: tab} = bag, key) do
+    :ets.lookup_element(tab, key, 2)
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def lookup(%__MODULE__{tab: tab, dedup: false} = bag, key) do
-    for {_, value} <- :ets.lookup(tab, key), do: value
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    # lookup_element/3 raises for an absent key as for a missing table.
+    e in ArgumentError -> if exists?(bag), do: [], else: reraise(gone(bag, e), __STACKTRACE__)
   end
 
   def lookup(name, key), do: lookup(resolve(name), key)
@@ -426,17 +447,7 @@ defmodule Larder.Bag do
       {true, false}
   """
   @spec member?(bag(), key(), value()) :: boolean()
-  def member?(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    # The ordered_set finds the pair with ==; keep only an exact match.
-    case :ets.lookup(tab, [key | value]) do
-      [{[^key | ^value]}] -> true
-      _ -> false
-    end
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def member?(%__MODULE__{tab: tab, dedup: false} = bag, key, value) do
+  def member?(%__MODULE__{tab: tab} = bag, key, value) do
     :lists.member({key, value}, :ets.lookup(tab, key))
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -448,13 +459,7 @@ defmodule Larder.Bag do
   The number of values stored under `key`.
   """
   @spec count(bag(), key()) :: non_neg_integer()
-  def count(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select_count(tab, key_spec(key, true))
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def count(%__MODULE__{tab: tab, dedup: false} = bag, key) do
+  def count(%__MODULE__{tab: tab} = bag, key) do
     length(:ets.lookup(tab, key))
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -482,10 +487,11 @@ defmodule Larder.Bag do
   constant time.
   """
   @spec memory(bag()) :: non_neg_integer()
-  def memory(%__MODULE__{tab: tab} = bag) do
+  def memory(%__MODULE__{tab: tab, fps: fps} = bag) do
     case :ets.info(tab, :memory) do
       :undefined -> raise gone(bag, nil)
-      words -> words
+      words when fps == nil -> words
+      words -> words + div(Dedup.bytes(fps) + 7, :erlang.system_info(:wordsize))
     end
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -502,15 +508,10 @@ defmodule Larder.Bag do
       [:a, :b]
   """
   @spec keys(bag()) :: [key()]
-  def keys(%__MODULE__{dedup: true} = bag) do
-    # The ordered_set keeps the pairs of one key next to each other, so dedup
-    # collapses nearly all repeats; uniq catches keys equal by == but not ===
-    # (1 and 1.0), whose pairs can interleave.
-    bag |> stream_spec([{{[:"$1" | :_]}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
-  end
-
-  def keys(%__MODULE__{dedup: false} = bag) do
-    bag |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Enum.uniq()
+  def keys(%__MODULE__{} = bag) do
+    # The objects of a key are next to each other in the table: dedup
+    # collapses their keys, uniq catches the rest.
+    bag |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
   end
 
   def keys(name), do: keys(resolve(name))
@@ -526,10 +527,7 @@ defmodule Larder.Bag do
       [a: 1, b: 2]
   """
   @spec stream(bag()) :: Enumerable.t()
-  def stream(%__MODULE__{dedup: true} = bag),
-    do: stream_spec(bag, [{{[:"$1" | :"$2"]}, [], [{{:"$1", :"$2"}}]}])
-
-  def stream(%__MODULE__{dedup: false} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
+  def stream(%__MODULE__{} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
   def stream(name), do: stream(resolve(name))
 
   # Streams the match spec's results over the whole table, one element at a
@@ -539,11 +537,11 @@ defmodule Larder.Bag do
   # Streams the match spec's results over the whole table as lists of up to
   # `size` elements. Hash tables are fixed while the stream runs so that a
   # concurrent insert or delete cannot make the traversal skip or repeat pairs.
-  defp chunks(%__MODULE__{tab: tab, dedup: dedup} = bag, spec, size) do
+  defp chunks(%__MODULE__{tab: tab} = bag, spec, size) do
     Stream.resource(
       fn ->
         try do
-          unless dedup, do: :ets.safe_fixtable(tab, true)
+          :ets.safe_fixtable(tab, true)
           :ets.select(tab, spec, size)
         rescue
           e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -563,7 +561,7 @@ defmodule Larder.Bag do
 
           {[items], next}
       end,
-      fn _ -> unless dedup, do: unfix(tab) end
+      fn _ -> unfix(tab) end
     )
   end
 
@@ -665,38 +663,7 @@ defmodule Larder.Bag do
 
   ## Internals
 
-  # Match spec over the pairs of `key`, returning their values.
-  defp values_spec(key) do
-    if literal?(key) do
-      [{{[key | :"$1"]}, [], [:"$1"]}]
-    else
-      [{{[:"$1" | :"$2"]}, [{:"=:=", :"$1", {:const, key}}], [:"$2"]}]
-    end
-  end
-
-  # Match spec over the pairs of `key`, returning `result`.
-  defp key_spec(key, result) do
-    if literal?(key) do
-      [{{[key | :_]}, [], [result]}]
-    else
-      [{{[:"$1" | :_]}, [{:"=:=", :"$1", {:const, key}}], [result]}]
-    end
-  end
-
-  # Whether `term` can stand literally in a match pattern: it holds no atom
-  # that ETS would read as a variable (`:_`, `:"$1"`, ...) and no map. Literal
-  # keys let the ordered_set visit only the key's range instead of the whole
-  # table.
-  defp literal?(term) when is_integer(term) or is_binary(term), do: true
-  defp literal?(:_), do: false
-  defp literal?(term) when is_atom(term), do: not match?("$" <> _, Atom.to_string(term))
-  defp literal?([head | tail]), do: literal?(head) and literal?(tail)
-  defp literal?(term) when is_tuple(term), do: literal?(Tuple.to_list(term))
-
-  # A map in a pattern matches any map holding those pairs, and bounds no range.
-  defp literal?(term) when is_map(term), do: false
-
-  defp literal?(_term), do: true
+  defp exists?(%__MODULE__{tab: tab}), do: :ets.info(tab, :type) != :undefined
 
   # The handle of the bag named `name`.
   defp resolve(name) when is_atom(name) do
@@ -729,6 +696,13 @@ defmodule Larder.Bag do
   rescue
     ArgumentError ->
       ArgumentError.exception("the Larder.Bag #{inspect(tab)} does not exist")
+  end
+
+  # A struct that new/1 did not build (its fields do not fit together).
+  defp forged(%__MODULE__{tab: tab}) do
+    ArgumentError.exception(
+      "the bag argument #{inspect(tab)} is not a usable Larder.Bag: it was not created by Larder.Bag"
+    )
   end
 
   defp check_path!(path) do

@@ -1,0 +1,312 @@
+//! The fingerprint set of `Larder.Bag`: the 64-bit fingerprints of the pairs
+//! a bag holds, in shards that match the bag's lock slots. Elixir computes
+//! the fingerprints (`Larder.Bag.Store`); this only counts them, so every
+//! call is O(fingerprints passed) and touches no user term.
+//!
+//! A fingerprint is `key_hash << 37 | pair_hashes`; its shard is
+//! `key_hash % shards`, the lock slot of the key (minus one), so the writer
+//! that holds a key's slot is the only one that changes its shard and a
+//! shard can be rebuilt from the table while its slot is held.
+
+use rustler::{Encoder, Env, NifResult, ResourceArc, Term};
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// The most fingerprints one call takes: about 50 µs of work, well under a
+/// normal scheduler's millisecond. Elixir passes longer lists in chunks.
+const MAX_BATCH: usize = 4_096;
+/// The most shards a set can have (`Larder.Lock`'s slot limit).
+const MAX_SHARDS: u32 = 1 << 20;
+/// The bits of a fingerprint below its key hash.
+const LOW: u64 = (1 << 37) - 1;
+
+/// Fingerprints are uniform already: one multiply spreads the pair hash (low
+/// bits) into the high bits the table's control bytes use.
+#[derive(Default, Clone, Copy)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Build = BuildHasherDefault<Mix>;
+
+/// The fingerprints of one lock slot. `one` holds every fingerprint present;
+/// `more` counts the extra pairs of a fingerprint held by several pairs (a
+/// collision), so that deleting one of them keeps it.
+#[derive(Default)]
+struct Shard {
+    one: HashSet<u64, Build>,
+    more: HashMap<u64, u32, Build>,
+}
+
+impl Shard {
+    fn bytes(&self) -> usize {
+        // hashbrown: one control byte per bucket plus the entry.
+        self.one.capacity() * 9 + self.more.capacity() * 17
+    }
+
+    /// Adds `fp` if it is absent; whether it was.
+    fn add(&mut self, fp: u64) -> bool {
+        self.one.insert(fp)
+    }
+
+    /// Counts one more pair under `fp`.
+    fn incr(&mut self, fp: u64) {
+        if !self.one.insert(fp) {
+            *self.more.entry(fp).or_insert(0) += 1;
+        }
+    }
+
+    /// Counts one pair less under `fp`.
+    fn remove(&mut self, fp: u64) {
+        match self.more.get_mut(&fp) {
+            Some(extra) if *extra > 1 => *extra -= 1,
+            Some(_) => {
+                self.more.remove(&fp);
+            }
+            None => {
+                self.one.remove(&fp);
+            }
+        }
+        // Shrink past a quarter full, so memory follows deletes (and an
+        // emptied shard holds nothing).
+        let (len, cap) = (self.one.len(), self.one.capacity());
+        if len == 0 || len * 4 < cap {
+            self.one.shrink_to(len * 2);
+        }
+        if self.more.is_empty() && self.more.capacity() > 0 {
+            self.more.shrink_to(0);
+        }
+    }
+}
+
+pub struct FpSet {
+    shards: Box<[Mutex<Shard>]>,
+    /// Bytes of every shard's tables, kept up to date by each call.
+    bytes: AtomicUsize,
+}
+
+#[rustler::resource_impl]
+impl rustler::Resource for FpSet {}
+
+impl FpSet {
+    fn shard(&self, fp: u64) -> MutexGuard<'_, Shard> {
+        let i = ((fp >> 37) % self.shards.len() as u64) as usize;
+        // A shard's writers hold its lock slot in Elixir, so this mutex is
+        // never contended; no code panics while holding it, and a poisoned
+        // one would still hold consistent counts.
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on `fp`'s shard and accounts for the change in its size.
+    fn with<R>(&self, fp: u64, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let mut shard = self.shard(fp);
+        let before = shard.bytes();
+        let result = f(&mut shard);
+        let after = shard.bytes();
+        if after >= before {
+            self.bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+type Set = ResourceArc<FpSet>;
+
+/// A set with `shards` shards (1..2^20).
+#[rustler::nif]
+fn bag_fps_new(shards: u32) -> NifResult<Set> {
+    if shards == 0 || shards > MAX_SHARDS {
+        return Err(rustler::Error::BadArg);
+    }
+    let shards: Box<[Mutex<Shard>]> = (0..shards).map(|_| Mutex::default()).collect();
+    Ok(ResourceArc::new(FpSet {
+        shards,
+        bytes: AtomicUsize::new(0),
+    }))
+}
+
+/// The fingerprint of a key hash and the low 37 bits.
+fn join(key_hash: u32, low: u64) -> u64 {
+    u64::from(key_hash) << 37 | (low & LOW)
+}
+
+/// Adds the fingerprint if absent: `true` if it was absent (the pair is
+/// new), `false` if present (the pair, or one colliding with it, is there;
+/// nothing is counted). The fingerprint comes as its key hash and low bits,
+/// which are small integers in Erlang.
+#[rustler::nif]
+fn bag_fps_add(set: Set, key_hash: u32, low: u64) -> bool {
+    let fp = join(key_hash, low);
+    set.with(fp, |shard| shard.add(fp))
+}
+
+/// Counts one more pair under the fingerprint, present or not.
+#[rustler::nif]
+fn bag_fps_incr(set: Set, key_hash: u32, low: u64) -> rustler::Atom {
+    let fp = join(key_hash, low);
+    set.with(fp, |shard| shard.incr(fp));
+    crate::atoms::ok()
+}
+
+/// Counts one pair less under the fingerprint.
+#[rustler::nif]
+fn bag_fps_remove(set: Set, key_hash: u32, low: u64) -> rustler::Atom {
+    let fp = join(key_hash, low);
+    set.with(fp, |shard| shard.remove(fp));
+    crate::atoms::ok()
+}
+
+fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
+    if fps.len() > MAX_BATCH {
+        Err(rustler::Error::BadArg)
+    } else {
+        Ok(fps)
+    }
+}
+
+/// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096).
+#[rustler::nif]
+fn bag_fps_incr_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+    for fp in batch(fps)? {
+        set.with(fp, |shard| shard.incr(fp));
+    }
+    Ok(crate::atoms::ok())
+}
+
+/// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096).
+#[rustler::nif]
+fn bag_fps_remove_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+    for fp in batch(fps)? {
+        set.with(fp, |shard| shard.remove(fp));
+    }
+    Ok(crate::atoms::ok())
+}
+
+/// Empties shard `index` (0-based), before it is rebuilt from the table.
+#[rustler::nif]
+fn bag_fps_clear(set: Set, index: u32) -> NifResult<rustler::Atom> {
+    let index = index as usize;
+    if index >= set.shards.len() {
+        return Err(rustler::Error::BadArg);
+    }
+    let mut shard = set.shards[index].lock().unwrap_or_else(|e| e.into_inner());
+    let before = shard.bytes();
+    *shard = Shard::default();
+    set.bytes.fetch_sub(before, Ordering::Relaxed);
+    Ok(crate::atoms::ok())
+}
+
+/// Bytes the set holds: its tables and its shards' fixed part. O(1).
+#[rustler::nif]
+fn bag_fps_memory(set: Set) -> usize {
+    std::mem::size_of::<FpSet>()
+        + set.shards.len() * std::mem::size_of::<Mutex<Shard>>()
+        + set.bytes.load(Ordering::Relaxed)
+}
+
+/// The number of pairs counted (for tests). O(shards), so dirty.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_count(set: Set) -> usize {
+    set.shards
+        .iter()
+        .map(|s| {
+            let shard = s.lock().unwrap_or_else(|e| e.into_inner());
+            shard.one.len() + shard.more.values().map(|&n| n as usize).sum::<usize>()
+        })
+        .sum()
+}
+
+/// The fingerprint of the pair `{key, value}` (the tuple `pair`), as
+/// `Larder.Bag.Store` computes it: `ERL_NIF_PHASH2` is `erlang:phash2/1`
+/// (27 bits), and the runtime hashes terms without recursion. Bits 63..37
+/// hash the key, 36..10 the pair, 9..0 the cons `[key | value]`; `mask`
+/// applies to the low 37 bits.
+fn fingerprint(pair: Term, mask: u64) -> NifResult<u64> {
+    let (key, value): (Term, Term) = pair.decode()?;
+    let key_hash = u64::from(key.hash_phash2());
+    let pair_hash = u64::from(pair.hash_phash2());
+    let cons_hash = u64::from(value.list_prepend(key).hash_phash2()) & 0x3FF;
+    Ok(key_hash << 37 | ((pair_hash << 10 | cons_hash) & mask & LOW))
+}
+
+/// The fingerprints of `pairs` (a proper list of `{key, value}` tuples) as a
+/// binary of big-endian u64, and the sorted distinct lock slots (1-based) of
+/// their keys among `slots`. Dirty: hashing takes time in the terms' size.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_hash<'a>(env: Env<'a>, pairs: Term<'a>, mask: u64, slots: u32) -> NifResult<Term<'a>> {
+    if slots == 0 {
+        return Err(rustler::Error::BadArg);
+    }
+    let mut fps = Vec::new();
+    for pair in pairs.into_list_iterator()? {
+        fps.push(fingerprint(pair, mask)?);
+    }
+    let mut used: Vec<u32> = fps
+        .iter()
+        .map(|fp| ((fp >> 37) % u64::from(slots)) as u32 + 1)
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    let mut bin = rustler::OwnedBinary::new(fps.len() * 8).ok_or(rustler::Error::BadArg)?;
+    for (chunk, fp) in bin.as_mut_slice().chunks_exact_mut(8).zip(&fps) {
+        chunk.copy_from_slice(&fp.to_be_bytes());
+    }
+    Ok((bin.release(env), used).encode(env))
+}
+
+/// `bag_fps_add/3` over a binary of big-endian u64 fingerprints (at most
+/// 4,096 of them): the 0-based positions of those that were present, in
+/// order (`[]` when all were new). A fingerprint repeated in the binary is
+/// present at its second position.
+#[rustler::nif]
+fn bag_fps_add_bin<'a>(env: Env<'a>, set: Set, fps: rustler::Binary<'a>) -> NifResult<Term<'a>> {
+    if fps.len() % 8 != 0 || fps.len() > MAX_BATCH * 8 {
+        return Err(rustler::Error::BadArg);
+    }
+    let present: Vec<usize> = fps
+        .as_slice()
+        .chunks_exact(8)
+        .enumerate()
+        .filter(|(_, bytes)| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(bytes);
+            let fp = u64::from_be_bytes(word);
+            !set.with(fp, |shard| shard.add(fp))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    Ok(present.encode(env))
+}
+
+/// Hashes and adds every pair of `pairs` (any length; for `load/2`, which
+/// fills a bag nobody else sees yet): the 0-based positions of the pairs
+/// whose fingerprint was present. Dirty.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_load<'a>(env: Env<'a>, set: Set, pairs: Term<'a>, mask: u64) -> NifResult<Term<'a>> {
+    let mut present = Vec::new();
+    for (i, pair) in pairs.into_list_iterator()?.enumerate() {
+        let fp = fingerprint(pair, mask)?;
+        if !set.with(fp, |shard| shard.add(fp)) {
+            present.push(i);
+        }
+    }
+    Ok(present.encode(env))
+}
