@@ -275,7 +275,11 @@ defmodule Larder.Bag do
   Atomic: two processes inserting the same pair at once leave one copy.
   """
   @spec insert(bag(), key(), value()) :: :ok
-  def insert(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key, value)
+  def insert(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
       when is_reference(fps) do
     Dedup.insert(tab, fps, lock, mask, key, value)
     :ok
@@ -306,7 +310,10 @@ defmodule Larder.Bag do
       3
   """
   @spec insert_many(bag(), [{key(), value()}]) :: :ok
-  def insert_many(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, pairs)
+  def insert_many(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        pairs
+      )
       when is_list(pairs) and is_reference(fps) do
     check_pairs(pairs, pairs)
     Dedup.insert_many(tab, fps, lock, mask, pairs)
@@ -389,7 +396,11 @@ defmodule Larder.Bag do
       [2]
   """
   @spec delete(bag(), key(), value()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key, value)
+  def delete(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
       when is_reference(fps) do
     Dedup.delete(tab, fps, lock, mask, key, value)
   rescue

@@ -34,9 +34,6 @@ defmodule Larder.Bag.Dedup do
   @slots 256
   # The NIF takes at most this many fingerprints per call (normal scheduler).
   @nif_batch 4_096
-  # insert_many/2 hashes batches up to this length here rather than in a
-  # dirty NIF call, whose scheduling costs a few microseconds.
-  @small_batch 32
 
   @typedoc "The fingerprint set and the lock of one bag."
   @type state :: {reference(), Lock.t()}
@@ -49,7 +46,7 @@ defmodule Larder.Bag.Dedup do
   @spec insert(:ets.tid() | atom(), term(), Lock.t(), non_neg_integer(), term(), term()) :: true
   def insert(tab, fps, lock, mask, key, value) do
     hash = Fingerprint.key_hash(key)
-    low = Fingerprint.low(key, value, mask)
+    low = Fingerprint.pair_hash(key, value, mask)
     slot = Fingerprint.slot(hash, @slots)
 
     Lock.with_slot(lock, slot, fn -> repair(tab, fps, mask, slot) end, fn ->
@@ -73,9 +70,9 @@ defmodule Larder.Bag.Dedup do
   def insert_many(_tab, _fps, _lock, _mask, []), do: true
 
   def insert_many(tab, fps, lock, mask, pairs) do
-    {fingerprints, slots} = hash(pairs, mask)
+    fingerprints = Fingerprint.binary(pairs, mask)
 
-    lock_all(lock, slots, tab, fps, mask, fn ->
+    lock_all(lock, slots(fingerprints, []), tab, fps, mask, fn ->
       case add_bin(fps, fingerprints, 0, []) do
         [] -> :ets.insert(tab, pairs)
         present -> :ets.insert(tab, checked(tab, fps, mask, pairs, present))
@@ -83,24 +80,16 @@ defmodule Larder.Bag.Dedup do
     end)
   end
 
-  defp hash(pairs, mask) do
-    if short?(pairs, @small_batch) do
-      {fps, slots} =
-        Enum.reduce(pairs, {[], []}, fn {key, value}, {fps, slots} ->
-          hash = Fingerprint.key_hash(key)
-          fp = Bitwise.bsl(hash, 37) + Fingerprint.low(key, value, mask)
-          {[<<fp::64>> | fps], [Fingerprint.slot(hash, @slots) | slots]}
-        end)
-
-      {IO.iodata_to_binary(Enum.reverse(fps)), Enum.sort(Enum.uniq(slots))}
-    else
-      Native.bag_fps_hash(pairs, mask, @slots)
-    end
+  # The sorted distinct slots of the fingerprints' keys.
+  defp slots(bin, acc) when byte_size(bin) > @nif_batch * 8 do
+    <<chunk::binary-size(@nif_batch * 8), rest::binary>> = bin
+    slots(rest, [Native.bag_fps_slots(chunk, @slots) | acc])
   end
 
-  defp short?([_ | rest], n) when n > 0, do: short?(rest, n - 1)
-  defp short?([], _n), do: true
-  defp short?(_rest, _n), do: false
+  defp slots(bin, []), do: Native.bag_fps_slots(bin, @slots)
+
+  defp slots(bin, acc),
+    do: [Native.bag_fps_slots(bin, @slots) | acc] |> Enum.concat() |> Enum.sort() |> Enum.dedup()
 
   # Takes the slots in increasing order (two batches never wait on each
   # other in a cycle), then runs `fun`.
@@ -166,7 +155,7 @@ defmodule Larder.Bag.Dedup do
 
       if :lists.member(pair, :ets.lookup(tab, key)) do
         :ets.delete_object(tab, pair)
-        Native.bag_fps_remove(fps, hash, Fingerprint.low(key, value, mask))
+        Native.bag_fps_remove(fps, hash, Fingerprint.pair_hash(key, value, mask))
       end
 
       :ok
@@ -212,7 +201,7 @@ defmodule Larder.Bag.Dedup do
       for {key, value} <- objects,
           hash = Fingerprint.key_hash(key),
           Fingerprint.slot(hash, @slots) == slot,
-          do: Bitwise.bsl(hash, 37) + Fingerprint.low(key, value, mask)
+          do: Bitwise.bsl(hash, 32) + Fingerprint.pair_hash(key, value, mask)
 
     if mine != [], do: Native.bag_fps_incr_many(fps, mine)
     repair_chunks(:ets.select(cont), fps, mask, slot)
@@ -226,7 +215,7 @@ defmodule Larder.Bag.Dedup do
   """
   @spec load(:ets.tid() | atom(), term(), non_neg_integer(), list()) :: list()
   def load(tab, fps, mask, pairs) do
-    case Native.bag_fps_load(fps, pairs, mask) do
+    case add_bin(fps, Fingerprint.binary(pairs, mask), 0, []) do
       [] -> pairs
       present -> checked(tab, fps, mask, pairs, present)
     end

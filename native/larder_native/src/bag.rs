@@ -3,7 +3,7 @@
 //! the fingerprints (`Larder.Bag.Store`); this only counts them, so every
 //! call is O(fingerprints passed) and touches no user term.
 //!
-//! A fingerprint is `key_hash << 37 | pair_hashes`; its shard is
+//! A fingerprint is `key_hash << 32 | pair_hash`; its shard is
 //! `key_hash % shards`, the lock slot of the key (minus one), so the writer
 //! that holds a key's slot is the only one that changes its shard and a
 //! shard can be rebuilt from the table while its slot is held.
@@ -19,8 +19,6 @@ use std::sync::{Mutex, MutexGuard};
 const MAX_BATCH: usize = 4_096;
 /// The most shards a set can have (`Larder.Lock`'s slot limit).
 const MAX_SHARDS: u32 = 1 << 20;
-/// The bits of a fingerprint below its key hash.
-const LOW: u64 = (1 << 37) - 1;
 
 /// Fingerprints are uniform already: one multiply spreads the pair hash (low
 /// bits) into the high bits the table's control bytes use.
@@ -106,33 +104,38 @@ impl rustler::Resource for FpSet {}
 
 impl FpSet {
     fn shard(&self, fp: u64) -> MutexGuard<'_, Shard> {
-        let i = ((fp >> 37) % self.shards.len() as u64) as usize;
+        let i = ((fp >> 32) % self.shards.len() as u64) as usize;
         // A shard's writers hold its lock slot in Elixir, so this mutex is
         // never contended; no code panics while holding it, and a poisoned
         // one would still hold consistent counts.
         self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on `fp`'s shard and accounts for the change in its size.
+    /// Runs `f` on `fp`'s shard and accounts for a change in its size.
     fn with<R>(&self, fp: u64, f: impl FnOnce(&mut Shard) -> R) -> R {
         let mut shard = self.shard(fp);
         let before = shard.bytes();
         let result = f(&mut shard);
         let after = shard.bytes();
-        if after >= before {
+        if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
-        } else {
+        } else if after < before {
             self.bytes.fetch_sub(before - after, Ordering::Relaxed);
         }
         result
     }
 }
 
-type Set = ResourceArc<FpSet>;
+/// The set behind a handle, borrowed for the call (the caller's term keeps
+/// it alive; no reference count is touched).
+fn set<'a>(term: Term<'a>) -> NifResult<&'a FpSet> {
+    term.try_get_resource::<FpSet>()
+        .ok_or(rustler::Error::BadArg)
+}
 
 /// A set with `shards` shards (1..2^20).
 #[rustler::nif]
-fn bag_fps_new(shards: u32) -> NifResult<Set> {
+fn bag_fps_new(shards: u32) -> NifResult<ResourceArc<FpSet>> {
     if shards == 0 || shards > MAX_SHARDS {
         return Err(rustler::Error::BadArg);
     }
@@ -143,9 +146,9 @@ fn bag_fps_new(shards: u32) -> NifResult<Set> {
     }))
 }
 
-/// The fingerprint of a key hash and the low 37 bits.
-fn join(key_hash: u32, low: u64) -> u64 {
-    u64::from(key_hash) << 37 | (low & LOW)
+/// The fingerprint of a key hash and a pair hash.
+fn join(key_hash: u32, pair_hash: u32) -> u64 {
+    u64::from(key_hash) << 32 | u64::from(pair_hash)
 }
 
 /// Adds the fingerprint if absent: `true` if it was absent (the pair is
@@ -153,25 +156,25 @@ fn join(key_hash: u32, low: u64) -> u64 {
 /// nothing is counted). The fingerprint comes as its key hash and low bits,
 /// which are small integers in Erlang.
 #[rustler::nif]
-fn bag_fps_add(set: Set, key_hash: u32, low: u64) -> bool {
-    let fp = join(key_hash, low);
-    set.with(fp, |shard| shard.add(fp))
+fn bag_fps_add(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<bool> {
+    let fp = join(key_hash, pair_hash);
+    Ok(set(set_term)?.with(fp, |shard| shard.add(fp)))
 }
 
 /// Counts one more pair under the fingerprint, present or not.
 #[rustler::nif]
-fn bag_fps_incr(set: Set, key_hash: u32, low: u64) -> rustler::Atom {
-    let fp = join(key_hash, low);
-    set.with(fp, |shard| shard.incr(fp));
-    crate::atoms::ok()
+fn bag_fps_incr(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<rustler::Atom> {
+    let fp = join(key_hash, pair_hash);
+    set(set_term)?.with(fp, |shard| shard.incr(fp));
+    Ok(crate::atoms::ok())
 }
 
 /// Counts one pair less under the fingerprint.
 #[rustler::nif]
-fn bag_fps_remove(set: Set, key_hash: u32, low: u64) -> rustler::Atom {
-    let fp = join(key_hash, low);
-    set.with(fp, |shard| shard.remove(fp));
-    crate::atoms::ok()
+fn bag_fps_remove(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<rustler::Atom> {
+    let fp = join(key_hash, pair_hash);
+    set(set_term)?.with(fp, |shard| shard.remove(fp));
+    Ok(crate::atoms::ok())
 }
 
 fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
@@ -184,7 +187,8 @@ fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
 
 /// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096).
 #[rustler::nif]
-fn bag_fps_incr_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+fn bag_fps_incr_many(set_term: Term, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+    let set = set(set_term)?;
     for fp in batch(fps)? {
         set.with(fp, |shard| shard.incr(fp));
     }
@@ -193,7 +197,8 @@ fn bag_fps_incr_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
 
 /// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096).
 #[rustler::nif]
-fn bag_fps_remove_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+fn bag_fps_remove_many(set_term: Term, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+    let set = set(set_term)?;
     for fp in batch(fps)? {
         set.with(fp, |shard| shard.remove(fp));
     }
@@ -202,7 +207,8 @@ fn bag_fps_remove_many(set: Set, fps: Vec<u64>) -> NifResult<rustler::Atom> {
 
 /// Empties shard `index` (0-based), before it is rebuilt from the table.
 #[rustler::nif]
-fn bag_fps_clear(set: Set, index: u32) -> NifResult<rustler::Atom> {
+fn bag_fps_clear(set_term: Term, index: u32) -> NifResult<rustler::Atom> {
+    let set = set(set_term)?;
     let index = index as usize;
     if index >= set.shards.len() {
         return Err(rustler::Error::BadArg);
@@ -216,60 +222,24 @@ fn bag_fps_clear(set: Set, index: u32) -> NifResult<rustler::Atom> {
 
 /// Bytes the set holds: its tables and its shards' fixed part. O(1).
 #[rustler::nif]
-fn bag_fps_memory(set: Set) -> usize {
-    std::mem::size_of::<FpSet>()
+fn bag_fps_memory(set_term: Term) -> NifResult<usize> {
+    let set = set(set_term)?;
+    Ok(std::mem::size_of::<FpSet>()
         + set.shards.len() * std::mem::size_of::<Mutex<Shard>>()
-        + set.bytes.load(Ordering::Relaxed)
+        + set.bytes.load(Ordering::Relaxed))
 }
 
 /// The number of pairs counted (for tests). O(shards), so dirty.
 #[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_count(set: Set) -> usize {
-    set.shards
+fn bag_fps_count(set_term: Term) -> NifResult<usize> {
+    Ok(set(set_term)?
+        .shards
         .iter()
         .map(|s| {
             let shard = s.lock().unwrap_or_else(|e| e.into_inner());
             shard.one.len() + shard.more.values().map(|&n| n as usize).sum::<usize>()
         })
-        .sum()
-}
-
-/// The fingerprint of the pair `{key, value}` (the tuple `pair`), as
-/// `Larder.Bag.Store` computes it: `ERL_NIF_PHASH2` is `erlang:phash2/1`
-/// (27 bits), and the runtime hashes terms without recursion. Bits 63..37
-/// hash the key, 36..10 the pair, 9..0 the cons `[key | value]`; `mask`
-/// applies to the low 37 bits.
-fn fingerprint(pair: Term, mask: u64) -> NifResult<u64> {
-    let (key, value): (Term, Term) = pair.decode()?;
-    let key_hash = u64::from(key.hash_phash2());
-    let pair_hash = u64::from(pair.hash_phash2());
-    let cons_hash = u64::from(value.list_prepend(key).hash_phash2()) & 0x3FF;
-    Ok(key_hash << 37 | ((pair_hash << 10 | cons_hash) & mask & LOW))
-}
-
-/// The fingerprints of `pairs` (a proper list of `{key, value}` tuples) as a
-/// binary of big-endian u64, and the sorted distinct lock slots (1-based) of
-/// their keys among `slots`. Dirty: hashing takes time in the terms' size.
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_hash<'a>(env: Env<'a>, pairs: Term<'a>, mask: u64, slots: u32) -> NifResult<Term<'a>> {
-    if slots == 0 {
-        return Err(rustler::Error::BadArg);
-    }
-    let mut fps = Vec::new();
-    for pair in pairs.into_list_iterator()? {
-        fps.push(fingerprint(pair, mask)?);
-    }
-    let mut used: Vec<u32> = fps
-        .iter()
-        .map(|fp| ((fp >> 37) % u64::from(slots)) as u32 + 1)
-        .collect();
-    used.sort_unstable();
-    used.dedup();
-    let mut bin = rustler::OwnedBinary::new(fps.len() * 8).ok_or(rustler::Error::BadArg)?;
-    for (chunk, fp) in bin.as_mut_slice().chunks_exact_mut(8).zip(&fps) {
-        chunk.copy_from_slice(&fp.to_be_bytes());
-    }
-    Ok((bin.release(env), used).encode(env))
+        .sum())
 }
 
 /// `bag_fps_add/3` over a binary of big-endian u64 fingerprints (at most
@@ -277,7 +247,12 @@ fn bag_fps_hash<'a>(env: Env<'a>, pairs: Term<'a>, mask: u64, slots: u32) -> Nif
 /// order (`[]` when all were new). A fingerprint repeated in the binary is
 /// present at its second position.
 #[rustler::nif]
-fn bag_fps_add_bin<'a>(env: Env<'a>, set: Set, fps: rustler::Binary<'a>) -> NifResult<Term<'a>> {
+fn bag_fps_add_bin<'a>(
+    env: Env<'a>,
+    set_term: Term<'a>,
+    fps: rustler::Binary<'a>,
+) -> NifResult<Term<'a>> {
+    let set = set(set_term)?;
     if fps.len() % 8 != 0 || fps.len() > MAX_BATCH * 8 {
         return Err(rustler::Error::BadArg);
     }
@@ -296,17 +271,22 @@ fn bag_fps_add_bin<'a>(env: Env<'a>, set: Set, fps: rustler::Binary<'a>) -> NifR
     Ok(present.encode(env))
 }
 
-/// Hashes and adds every pair of `pairs` (any length; for `load/2`, which
-/// fills a bag nobody else sees yet): the 0-based positions of the pairs
-/// whose fingerprint was present. Dirty.
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_load<'a>(env: Env<'a>, set: Set, pairs: Term<'a>, mask: u64) -> NifResult<Term<'a>> {
-    let mut present = Vec::new();
-    for (i, pair) in pairs.into_list_iterator()?.enumerate() {
-        let fp = fingerprint(pair, mask)?;
-        if !set.with(fp, |shard| shard.add(fp)) {
-            present.push(i);
-        }
+/// The sorted distinct lock slots (1-based, among `slots`) of the keys of a
+/// binary of big-endian u64 fingerprints (at most 4,096 of them).
+#[rustler::nif]
+fn bag_fps_slots(fps: rustler::Binary, slots: u32) -> NifResult<Vec<u32>> {
+    if slots == 0 || fps.len() % 8 != 0 || fps.len() > MAX_BATCH * 8 {
+        return Err(rustler::Error::BadArg);
     }
-    Ok(present.encode(env))
+    let mut used: Vec<u32> = fps
+        .as_slice()
+        .chunks_exact(8)
+        .map(|bytes| {
+            let key_hash = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            key_hash % slots + 1
+        })
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    Ok(used)
 }
