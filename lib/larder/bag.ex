@@ -643,7 +643,8 @@ defmodule Larder.Bag do
   a bag or ETS table with the given `:name` exists.
 
       iex> bag = Larder.Bag.new()
-      iex> Larder.Bag.insert_many(bag, [{:a, 1}, {:a, 2}])
+      iex> Larder.Bag.insert(bag, :a, 1)
+      iex> Larder.Bag.insert(bag, :a, 2)
       iex> path = Path.join(System.tmp_dir!(), "larder_doctest_#{System.unique_integer([:positive])}.bag")
       iex> Larder.Bag.dump(bag, path)
       :ok
@@ -674,7 +675,11 @@ defmodule Larder.Bag do
 
   ## Internals
 
-  defp exists?(%__MODULE__{tab: tab}), do: :ets.info(tab, :type) != :undefined
+  defp exists?(%__MODULE__{tab: tab}) do
+    :ets.info(tab, :type) != :undefined
+  rescue
+    ArgumentError -> false
+  end
 
   # The handle of the bag named `name`.
   defp resolve(name) when is_atom(name) do

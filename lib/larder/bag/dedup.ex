@@ -70,6 +70,10 @@ defmodule Larder.Bag.Dedup do
   def insert_many(_tab, _fps, _lock, _mask, []), do: true
 
   def insert_many(tab, fps, lock, mask, pairs) do
+    # ETS :bag inserts a list from its last element to its first, each new
+    # pair after its key's others (and the last of two =:= pairs wins): the
+    # reversed batch, deduplicated first-wins, appended in order, is that.
+    pairs = :lists.reverse(pairs)
     fingerprints = Fingerprint.binary(pairs, mask)
 
     lock_all(lock, slots(fingerprints, []), tab, fps, mask, fn ->
