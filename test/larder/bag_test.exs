@@ -1,6 +1,7 @@
 defmodule Larder.BagTest do
   use ExUnit.Case, async: true
 
+  import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
   alias Larder.Bag
@@ -189,6 +190,57 @@ defmodule Larder.BagTest do
       copy = Bag.load!(path)
       File.rm!(path)
       assert Enum.to_list(Bag.stream(copy)) == Enum.to_list(Bag.stream(bag))
+    end
+
+    test "the NIF fingerprint table counts like a multiset under random adds and removes" do
+      alias Larder.Native
+      set = Native.bag_fps_new(2)
+      # Few distinct values (including 0), so probe runs collide and wrap.
+      values = [0 | for(_ <- 1..300, do: :rand.uniform(1 <<< 40))]
+
+      model =
+        Enum.reduce(1..20_000, %{}, fn _, model ->
+          fp = Enum.random(values)
+          <<hi::32, lo::32>> = <<fp::64>>
+
+          case :rand.uniform(3) do
+            1 ->
+              new = Native.bag_fps_add(set, hi, lo)
+              assert new == not Map.has_key?(model, fp)
+              Map.put_new(model, fp, 1)
+
+            2 ->
+              Native.bag_fps_incr(set, hi, lo)
+              Map.update(model, fp, 1, &(&1 + 1))
+
+            3 ->
+              Native.bag_fps_remove(set, hi, lo)
+
+              case model do
+                %{^fp => 1} -> Map.delete(model, fp)
+                %{^fp => n} -> %{model | fp => n - 1}
+                _ -> model
+              end
+          end
+        end)
+
+      assert Native.bag_fps_count(set) == model |> Map.values() |> Enum.sum()
+
+      for fp <- values do
+        <<hi::32, lo::32>> = <<fp::64>>
+        # add/3 answers whether the fingerprint was absent; undo the add.
+        absent = Native.bag_fps_add(set, hi, lo)
+        assert absent == not Map.has_key?(model, fp)
+        if absent, do: Native.bag_fps_remove(set, hi, lo)
+      end
+
+      Native.bag_fps_remove_many(
+        set,
+        Enum.flat_map(model, fn {fp, n} -> List.duplicate(fp, n) end)
+      )
+
+      assert Native.bag_fps_count(set) == 0
+      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(2))
     end
 
     test "memory/1 is the table's size in words and grows with the pairs" do

@@ -9,7 +9,7 @@
 //! shard can be rebuilt from the table while its slot is held.
 
 use rustler::{Encoder, Env, NifResult, ResourceArc, Term};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -20,8 +20,8 @@ const MAX_BATCH: usize = 4_096;
 /// The most shards a set can have (`Larder.Lock`'s slot limit).
 const MAX_SHARDS: u32 = 1 << 20;
 
-/// Fingerprints are uniform already: one multiply spreads the pair hash (low
-/// bits) into the high bits the table's control bytes use.
+/// The hasher of the collision counts: fingerprints are uniform already, one
+/// multiply spreads the pair hash (low bits) into the high bits.
 #[derive(Default, Clone, Copy)]
 struct Mix(u64);
 
@@ -43,19 +43,129 @@ impl Hasher for Mix {
 
 type Build = BuildHasherDefault<Mix>;
 
+/// A set of u64 in one array, open addressing with linear probing: a
+/// lookup or an insert reads one cache line in the common case (a table
+/// with separate control bytes reads two). 0 marks a free bucket; the
+/// fingerprint 0 is kept in `zero`. The table grows past 3/4 full and
+/// shrinks below 1/8, so memory follows deletes.
+#[derive(Default)]
+struct Open {
+    buckets: Vec<u64>,
+    len: usize,
+    zero: bool,
+}
+
+impl Open {
+    fn home(&self, fp: u64) -> usize {
+        // Fibonacci hashing: the high bits of the product spread every bit.
+        let bits = self.buckets.len().trailing_zeros();
+        (fp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    }
+
+    fn len(&self) -> usize {
+        self.len + usize::from(self.zero)
+    }
+
+    fn bytes(&self) -> usize {
+        self.buckets.len() * 8
+    }
+
+    /// Inserts `fp`; whether it was absent.
+    fn insert(&mut self, fp: u64) -> bool {
+        if fp == 0 {
+            return !std::mem::replace(&mut self.zero, true);
+        }
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            self.resize((self.buckets.len() * 2).max(16));
+        }
+        let mask = self.buckets.len() - 1;
+        let mut i = self.home(fp);
+        loop {
+            match self.buckets[i] {
+                0 => {
+                    self.buckets[i] = fp;
+                    self.len += 1;
+                    return true;
+                }
+                x if x == fp => return false,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Removes `fp`; whether it was present.
+    fn remove(&mut self, fp: u64) -> bool {
+        if fp == 0 {
+            return std::mem::replace(&mut self.zero, false);
+        }
+        if self.buckets.is_empty() {
+            return false;
+        }
+        let mask = self.buckets.len() - 1;
+        let mut i = self.home(fp);
+        loop {
+            match self.buckets[i] {
+                0 => return false,
+                x if x == fp => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        // Backward-shift deletion: move later members of the probe run into
+        // the hole when their home does not lie between the hole and them.
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let x = self.buckets[j];
+            if x == 0 {
+                break;
+            }
+            let home = self.home(x);
+            let between = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !between {
+                self.buckets[i] = x;
+                i = j;
+            }
+        }
+        self.buckets[i] = 0;
+        self.len -= 1;
+        if self.len == 0 {
+            self.buckets = Vec::new();
+        } else if self.buckets.len() > 16 && self.len * 8 < self.buckets.len() {
+            self.resize(self.buckets.len() / 2);
+        }
+        true
+    }
+
+    fn resize(&mut self, size: usize) {
+        let old = std::mem::replace(&mut self.buckets, vec![0; size]);
+        let mask = size - 1;
+        for fp in old.into_iter().filter(|&fp| fp != 0) {
+            let mut i = self.home(fp);
+            while self.buckets[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            self.buckets[i] = fp;
+        }
+    }
+}
+
 /// The fingerprints of one lock slot. `one` holds every fingerprint present;
 /// `more` counts the extra pairs of a fingerprint held by several pairs (a
 /// collision), so that deleting one of them keeps it.
 #[derive(Default)]
 struct Shard {
-    one: HashSet<u64, Build>,
+    one: Open,
     more: HashMap<u64, u32, Build>,
 }
 
 impl Shard {
     fn bytes(&self) -> usize {
         // hashbrown: one control byte per bucket plus the entry.
-        self.one.capacity() * 9 + self.more.capacity() * 17
+        self.one.bytes() + self.more.capacity() * 17
     }
 
     /// Adds `fp` if it is absent; whether it was.
@@ -78,14 +188,8 @@ impl Shard {
                 self.more.remove(&fp);
             }
             None => {
-                self.one.remove(&fp);
+                self.one.remove(fp);
             }
-        }
-        // Shrink past a quarter full, so memory follows deletes (and an
-        // emptied shard holds nothing).
-        let (len, cap) = (self.one.len(), self.one.capacity());
-        if len == 0 || len * 4 < cap {
-            self.one.shrink_to(len * 2);
         }
         if self.more.is_empty() && self.more.capacity() > 0 {
             self.more.shrink_to(0);
@@ -253,7 +357,7 @@ fn bag_fps_add_bin<'a>(
     fps: rustler::Binary<'a>,
 ) -> NifResult<Term<'a>> {
     let set = set(set_term)?;
-    if fps.len() % 8 != 0 || fps.len() > MAX_BATCH * 8 {
+    if !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8 {
         return Err(rustler::Error::BadArg);
     }
     let present: Vec<usize> = fps
@@ -275,7 +379,7 @@ fn bag_fps_add_bin<'a>(
 /// binary of big-endian u64 fingerprints (at most 4,096 of them).
 #[rustler::nif]
 fn bag_fps_slots(fps: rustler::Binary, slots: u32) -> NifResult<Vec<u32>> {
-    if slots == 0 || fps.len() % 8 != 0 || fps.len() > MAX_BATCH * 8 {
+    if slots == 0 || !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8 {
         return Err(rustler::Error::BadArg);
     }
     let mut used: Vec<u32> = fps
