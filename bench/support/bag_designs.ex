@@ -37,7 +37,7 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
 
   def insert({tab, fps, lock}, k, v) do
     hash = F.key_hash(k)
-    fp = Bitwise.bsl(hash, 37) + F.low(k, v, F.full_mask())
+    fp = Bitwise.bsl(hash, 32) + F.value_hash(v, F.full_mask())
 
     Lock.with_slot(lock, F.slot(hash, @slots), fn -> :ok end, fn ->
       if :ets.insert_new(fps, {fp, 1}) do

@@ -70,9 +70,9 @@ defmodule Larder.Native do
   def index_live_bytes, do: not_loaded()
 
   def bag_fps_new(_shards), do: not_loaded()
-  def bag_fps_add(_set, _key_hash, _pair_hash), do: not_loaded()
-  def bag_fps_incr(_set, _key_hash, _pair_hash), do: not_loaded()
-  def bag_fps_remove(_set, _key_hash, _pair_hash), do: not_loaded()
+  def bag_fps_add(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_incr(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_remove(_set, _key_hash, _value_hash), do: not_loaded()
   def bag_fps_incr_many(_set, _fps), do: not_loaded()
   def bag_fps_remove_many(_set, _fps), do: not_loaded()
   def bag_fps_clear(_set, _index), do: not_loaded()

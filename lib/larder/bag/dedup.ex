@@ -46,7 +46,7 @@ defmodule Larder.Bag.Dedup do
   @spec insert(:ets.tid() | atom(), term(), Lock.t(), non_neg_integer(), term(), term()) :: true
   def insert(tab, fps, lock, mask, key, value) do
     hash = Fingerprint.key_hash(key)
-    low = Fingerprint.pair_hash(key, value, mask)
+    low = Fingerprint.value_hash(value, mask)
     slot = Fingerprint.slot(hash, @slots)
 
     Lock.with_slot(lock, slot, fn -> repair(tab, fps, mask, slot) end, fn ->
@@ -159,7 +159,7 @@ defmodule Larder.Bag.Dedup do
 
       if :lists.member(pair, :ets.lookup(tab, key)) do
         :ets.delete_object(tab, pair)
-        Native.bag_fps_remove(fps, hash, Fingerprint.pair_hash(key, value, mask))
+        Native.bag_fps_remove(fps, hash, Fingerprint.value_hash(value, mask))
       end
 
       :ok
@@ -205,7 +205,7 @@ defmodule Larder.Bag.Dedup do
       for {key, value} <- objects,
           hash = Fingerprint.key_hash(key),
           Fingerprint.slot(hash, @slots) == slot,
-          do: Bitwise.bsl(hash, 32) + Fingerprint.pair_hash(key, value, mask)
+          do: Bitwise.bsl(hash, 32) + Fingerprint.value_hash(value, mask)
 
     if mine != [], do: Native.bag_fps_incr_many(fps, mine)
     repair_chunks(:ets.select(cont), fps, mask, slot)

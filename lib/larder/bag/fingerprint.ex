@@ -2,8 +2,9 @@
 defmodule Larder.Bag.Fingerprint do
   @moduledoc false
 
-  # A fingerprint is key_hash <<< 32 ||| pair_hash, with
-  # key_hash = phash2(key, 2^32) and pair_hash = phash2({key, value}, 2^32).
+  # A fingerprint is key_hash <<< 32 ||| value_hash, with
+  # key_hash = phash2(key, 2^32) and value_hash = phash2(value, 2^32): two
+  # pairs share one only if both their keys' and their values' hashes do.
   # erlang:phash2/2 agrees with =:= (0.0 and -0.0 hash alike; 1 and 1.0
   # need not) and is a trapping BIF, so a huge term never blocks a
   # scheduler. The key hash alone picks the lock slot, so every fingerprint
@@ -17,7 +18,7 @@ defmodule Larder.Bag.Fingerprint do
 
   @range 1 <<< 32
 
-  @doc "The mask that keeps every bit of the pair hash (tests narrow it to force collisions)."
+  @doc "The mask that keeps every bit of the value hash (tests narrow it to force collisions)."
   @spec full_mask() :: non_neg_integer()
   def full_mask, do: @range - 1
 
@@ -25,19 +26,19 @@ defmodule Larder.Bag.Fingerprint do
   @spec key_hash(term()) :: non_neg_integer()
   def key_hash(key), do: :erlang.phash2(key, @range)
 
-  @doc "The pair half of the fingerprint of `{key, value}`, ANDed with `mask`."
-  @spec pair_hash(term(), term(), non_neg_integer()) :: non_neg_integer()
-  def pair_hash(key, value, mask), do: :erlang.phash2({key, value}, @range) &&& mask
+  @doc "The value half of a fingerprint, ANDed with `mask`."
+  @spec value_hash(term(), non_neg_integer()) :: non_neg_integer()
+  def value_hash(value, mask), do: :erlang.phash2(value, @range) &&& mask
 
   @doc "The whole fingerprint of `{key, value}` (an integer below 2^64)."
   @spec whole(term(), term(), non_neg_integer()) :: non_neg_integer()
-  def whole(key, value, mask), do: key_hash(key) <<< 32 ||| pair_hash(key, value, mask)
+  def whole(key, value, mask), do: key_hash(key) <<< 32 ||| value_hash(value, mask)
 
   @doc "The fingerprints of a proper list of pairs, as a binary of big-endian u64."
   @spec binary([{term(), term()}], non_neg_integer()) :: binary()
   def binary(pairs, mask) do
     for {key, value} <- pairs, into: <<>> do
-      <<:erlang.phash2(key, @range)::32, :erlang.phash2({key, value}, @range) &&& mask::32>>
+      <<:erlang.phash2(key, @range)::32, :erlang.phash2(value, @range) &&& mask::32>>
     end
   end
 

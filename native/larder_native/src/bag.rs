@@ -3,7 +3,7 @@
 //! the fingerprints (`Larder.Bag.Store`); this only counts them, so every
 //! call is O(fingerprints passed) and touches no user term.
 //!
-//! A fingerprint is `key_hash << 32 | pair_hash`; its shard is
+//! A fingerprint is `key_hash << 32 | value_hash`; its shard is
 //! `key_hash % shards`, the lock slot of the key (minus one), so the writer
 //! that holds a key's slot is the only one that changes its shard and a
 //! shard can be rebuilt from the table while its slot is held.
@@ -250,9 +250,9 @@ fn bag_fps_new(shards: u32) -> NifResult<ResourceArc<FpSet>> {
     }))
 }
 
-/// The fingerprint of a key hash and a pair hash.
-fn join(key_hash: u32, pair_hash: u32) -> u64 {
-    u64::from(key_hash) << 32 | u64::from(pair_hash)
+/// The fingerprint of a key hash and a value hash.
+fn join(key_hash: u32, value_hash: u32) -> u64 {
+    u64::from(key_hash) << 32 | u64::from(value_hash)
 }
 
 /// Adds the fingerprint if absent: `true` if it was absent (the pair is
@@ -260,23 +260,23 @@ fn join(key_hash: u32, pair_hash: u32) -> u64 {
 /// nothing is counted). The fingerprint comes as its key hash and low bits,
 /// which are small integers in Erlang.
 #[rustler::nif]
-fn bag_fps_add(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<bool> {
-    let fp = join(key_hash, pair_hash);
+fn bag_fps_add(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<bool> {
+    let fp = join(key_hash, value_hash);
     Ok(set(set_term)?.with(fp, |shard| shard.add(fp)))
 }
 
 /// Counts one more pair under the fingerprint, present or not.
 #[rustler::nif]
-fn bag_fps_incr(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<rustler::Atom> {
-    let fp = join(key_hash, pair_hash);
+fn bag_fps_incr(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<rustler::Atom> {
+    let fp = join(key_hash, value_hash);
     set(set_term)?.with(fp, |shard| shard.incr(fp));
     Ok(crate::atoms::ok())
 }
 
 /// Counts one pair less under the fingerprint.
 #[rustler::nif]
-fn bag_fps_remove(set_term: Term, key_hash: u32, pair_hash: u32) -> NifResult<rustler::Atom> {
-    let fp = join(key_hash, pair_hash);
+fn bag_fps_remove(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<rustler::Atom> {
+    let fp = join(key_hash, value_hash);
     set(set_term)?.with(fp, |shard| shard.remove(fp));
     Ok(crate::atoms::ok())
 }
