@@ -1,27 +1,36 @@
 defmodule Larder.Bag do
   @moduledoc """
-  A multi-value table with set semantics: a `{key, value}` pair is stored at
-  most once, like an ETS `:bag`, without the insert cost of `:bag` that grows
-  with every value a key holds.
+  A multi-value table with the semantics of an ETS `:bag` (a `{key, value}`
+  pair is stored at most once, pairs compare with `=:=`, values come back in
+  insertion order) without `:bag`'s insert cost, which grows with every
+  value a key holds.
 
   ETS `:bag` deduplicates each insert by comparing the new object with every
-  object already stored under its key, so filling it slows down as keys gain
-  values. `Larder.Bag` stores each pair as the key of one ETS `ordered_set`
-  (the object is `{[key | value]}`): a pair is unique by construction, every
-  operation is one ETS call, and `lookup/2` is a range scan over the pairs that
-  share the key.
+  object already stored under its key. `Larder.Bag` stores the pairs in an
+  ETS `:duplicate_bag`, whose inserts compare nothing, and keeps beside it a
+  set of 64-bit fingerprints of the pairs it holds (a NIF resource). A pair
+  whose fingerprint is not in the set is new and is inserted at once; only a
+  pair whose fingerprint is there (the pair itself, or a rare collision) is
+  compared, with `=:=`, to its key's values.
 
       iex> bag = Larder.Bag.new()
-      iex> Larder.Bag.insert(bag, :fruit, "apple")
-      :ok
       iex> Larder.Bag.insert(bag, :fruit, "pear")
       :ok
       iex> Larder.Bag.insert(bag, :fruit, "apple")
       :ok
+      iex> Larder.Bag.insert(bag, :fruit, "pear")
+      :ok
       iex> Larder.Bag.lookup(bag, :fruit)
-      ["apple", "pear"]
+      ["pear", "apple"]
       iex> Larder.Bag.size(bag)
       2
+
+  Everything a program can observe is what an ETS `:bag` gives: `{1, :a}`
+  and `{1.0, :a}` are two pairs, `{:k, 0.0}` and `{:k, -0.0}` one (the first
+  inserted stays, as `0.0 =:= -0.0` on OTP 25); a pair inserted again while
+  present keeps its place in `lookup/2`, one deleted and inserted again
+  comes last; `insert_many/2` orders a batch as `:ets.insert/2` does on a
+  `:bag`; keys that contain maps are looked up like any other.
 
   With `dedup: false` the bag is a plain ETS `:duplicate_bag` behind the same
   API: every insert adds a copy, and nothing is compared.
@@ -32,54 +41,49 @@ defmodule Larder.Bag do
   processes that use it. A named bag can be used through its name (an atom)
   or through its handle.
 
-  ## Equality of pairs
-
-  Reads (`lookup/2`, `member?/3`, `count/2`, `delete/2`, `delete/3`) match
-  keys and values exactly (`===`), like ETS. Uniqueness is decided by the
-  `ordered_set`, which compares with `==`: two pairs that differ only by an
-  integer standing where the other has the equal float, such as `{1, :a}` and
-  `{1.0, :a}`, are the same pair for `Larder.Bag` (an ETS `:bag` keeps both).
-  Inserting the second replaces the first, so the bag holds the most recently
-  inserted spelling. Pairs without floats are not affected.
-
   ## Complexity
 
   `n` is the number of pairs in the bag, `m` the number of values under the
-  key at hand, `b` the length of a batch. With `dedup: false`, costs are
-  those of the `:duplicate_bag`: `lookup/2`, `count/2` and `delete/2` are
-  `O(m)`, `insert/3` is `O(1)` on average.
+  key at hand, `b` the length of a batch.
 
-  | function | dedup (default) |
+  | function | cost |
   |---|---|
-  | `insert/3`, `member?/3`, `delete/3` | `O(log n)` |
-  | `insert_many/2` | `O(b log n)` |
-  | `lookup/2`, `count/2`, `delete/2` | `O(log n + m)` |
-  | `size/1` | `O(1)` |
+  | `insert/3` of a new pair | `O(1)` on average |
+  | `insert/3` of a present pair (or a fingerprint collision) | `O(m)` |
+  | `insert_many/2` | `O(b)`, plus `O(m)` per present pair |
+  | `lookup/2`, `count/2`, `member?/3`, `delete/2`, `delete/3` | `O(m)` |
+  | `size/1`, `memory/1` | `O(1)` |
   | `keys/1`, `stream/1` (fully consumed), `dump/2`, `load/2` | `O(n)` |
 
-  `lookup/2`, `count/2` and `delete/2` find a key's range through an ETS
-  match pattern. A key that contains a map, the atom `:_` or an atom whose
-  name starts with `$` cannot be written literally into a pattern (a map in
-  a pattern matches larger maps too); on such a key these three functions
-  scan the whole bag (`O(n)`), comparing keys with `===`. Prefer keys
-  without maps on large bags.
+  With `dedup: false`, costs are those of the `:duplicate_bag`: `insert/3`
+  is `O(1)` on average, everything that reads a key `O(m)`.
 
   ## Concurrency
 
   Bags are `:public` ETS tables: any process may insert, delete and read.
+  Writers of one key (`insert/3`, `insert_many/2`, `delete/2`, `delete/3`)
+  are serialised by a lock of 256 slots per bag, chosen by the key's hash;
+  writers of keys in different slots run in parallel. Readers take no lock.
 
-    * `insert/3`, `delete/3`, `member?/3` and `size/1` are single ETS calls
-      and atomic. Two processes that insert the same pair at the same moment
-      leave exactly one copy.
-    * `insert_many/2` is one `:ets.insert/2` call: atomic and isolated. A
-      concurrent reader sees either none or all of the batch, never part.
-    * `lookup/2`, `count/2` and `delete/2` are one ETS `select` call each
-      over the key's range; they are atomic per key in the sense of ETS's
-      `select`: a concurrent insert of a pair under the same key may or may
-      not be seen.
+    * `insert/3`, `delete/3` and `delete/2` are atomic: two processes that
+      insert the same pair at the same moment leave exactly one copy, and an
+      insert racing a delete of the same pair leaves it once or not at all.
+    * `insert_many/2` takes the slots of every key in its batch (in
+      increasing order, so batches never deadlock), filters the batch, and
+      makes one `:ets.insert/2` call: atomic and isolated. A concurrent
+      reader sees either none or all of the batch, never part.
+    * `lookup/2`, `count/2`, `member?/3` and `size/1` are one ETS call each
+      and see each write whole.
     * `keys/1`, `stream/1` and `dump/2` traverse the table in chunks and are
       not snapshots: a pair present during the whole traversal is returned
       exactly once; a pair inserted or deleted meanwhile may or may not be.
+    * A writer killed in the middle of a write leaves no duplicate: it
+      counts a fingerprint before it inserts a pair, and deletes a pair
+      before it uncounts its fingerprint, so at worst it leaves a
+      fingerprint counted for a pair that is not there. The next writer of
+      its slot takes the slot over (`Larder.Lock`) and first rebuilds the
+      slot's fingerprints from the table, which removes it. That rebuild
+      scans the whole bag (`O(n)`) while holding the slot.
 
   ## Failures
 
@@ -92,44 +96,27 @@ defmodule Larder.Bag do
       be any term. No option is numeric, so none needs an upper bound.
     * `dump/2` and `load/2` return `{:error, %Larder.Error{}}` for failures
       of the file system (`reason: :file_error`, including a failed fsync)
-      and for a snapshot that is truncated, corrupt or not in the shape
-      `dump/2` writes (`reason: :corrupt_snapshot`).
+      and for a snapshot that is truncated, corrupt, of another format
+      version or not in the shape `dump/2` writes
+      (`reason: :corrupt_snapshot`).
     * A snapshot file is untrusted input: `load/2` checks every chunk's
       length and checksum, decodes with `binary_to_term/2`'s `:safe` option
       (no new atoms, unless `create_atoms: true`), rejects compressed terms,
-      and checks that every object has the shape of the bag's mode, so a
-      foreign or hostile file gives `:corrupt_snapshot` and the memory it can
-      make the loader take is bounded by a small multiple of its size. A
-      failed `load/2` leaves no table behind.
+      and checks that every object is a `{key, value}` pair, so a foreign or
+      hostile file gives `:corrupt_snapshot` and the memory it can make the
+      loader take is bounded by a small multiple of its size. A pair a file
+      holds twice is loaded once. A failed `load/2` leaves no table behind.
     * `dump/2` returns `:ok` only once the file and its directory are
       fsynced: after a crash or power loss, `path` holds the previous
       snapshot or the complete new one.
+    * The fingerprint set's native code never touches a key or a value (the
+      fingerprints are computed in Erlang by `:erlang.phash2/2`, which
+      yields on large terms), takes at most 4,096 fingerprints per call, and
+      counts its memory in `memory/1`.
 
   ## Performance
 
-  Figures from the latest full run of `mix run bench/bag_bench.exs` (not
-  `--quick`) on a shared 2-core machine under load from other jobs; each is
-  a ratio of medians measured in the same run, with the issue's target in
-  parentheses. Rerun the command for figures on your machine.
-
-    * Fill of 1M pairs over 10k keys with `insert/3`: 2.63x ETS
-      `:duplicate_bag` (target `<= 2.0x`, missed) and 9.2x faster than
-      ETS `:bag` (target 7x; an earlier run measured 4.6x). With
-      `insert_many/2` in batches of 1,000: 2.88x `:duplicate_bag`.
-    * 10k inserts into a prefilled 1M bag: 3.94x `:duplicate_bag`
-      (target `<= 2.0x`, missed). A tree insert costs cache misses that a
-      hash insert does not.
-    * `lookup/2` of 10k random keys holding ~100 values each: 1.12x an ETS
-      `:bag` `:ets.lookup/2` (target `<= 1.5x`).
-    * Memory: 1.12x an ETS `:bag` holding the same 1M pairs, in words
-      (target `<= 1.5x`).
-    * `dedup: false`: 1.02x `:duplicate_bag` for the 1M fill (target
-      `<= 1.1x`).
-    * Restart from a 1M-pair snapshot with `load/2`: 4.2x faster than
-      re-inserting the pairs with `insert/3` (target `>= 5x`, missed; an
-      earlier run measured 5.3x).
-    * `dump/2` waits for two fsyncs (the file, then its directory), whose
-      cost depends on the storage rather than on Larder.
+  FIGURES
 
   """
 
@@ -173,8 +160,9 @@ defmodule Larder.Bag do
       handle; `delete_table/1` erases that entry, which makes the runtime
       scan every process once (cheap for long-lived bags, a cost if named
       bags are created and deleted at a high rate).
-    * `:dedup` - `true` (default) stores each `{key, value}` pair at most
-      once; `false` gives `:duplicate_bag` semantics.
+    * `:dedup` - `true` (default) gives ETS `:bag` semantics: each
+      `{key, value}` pair at most once; `false` gives `:duplicate_bag`
+      semantics.
     * `:read_concurrency` - the ETS option. Default `false`.
     * `:write_concurrency` - the ETS option (`true`, `false` or `:auto`).
       Default `false`.
@@ -269,10 +257,12 @@ defmodule Larder.Bag do
   ## Writing
 
   @doc """
-  Inserts the pair `{key, value}`. Does nothing if the pair is already there
-  (unless the bag was created with `dedup: false`).
+  Inserts the pair `{key, value}` after the key's other values. Does
+  nothing if a pair `=:=` to it is already there (it keeps its place),
+  unless the bag was created with `dedup: false`.
 
-  Atomic: two processes inserting the same pair at once leave one copy.
+  Atomic: two processes inserting the same pair at once leave one copy, and
+  an insert racing a delete of the same pair leaves it once or not at all.
   """
   @spec insert(bag(), key(), value()) :: :ok
   def insert(
@@ -300,6 +290,12 @@ defmodule Larder.Bag do
   @doc """
   Inserts every `{key, value}` pair of `pairs` in one atomic and isolated
   ETS call: a concurrent reader sees none or all of the batch.
+
+  The pairs go in as `:ets.insert/2` puts a list into an ETS `:bag`: from
+  the last to the first, each new pair after its key's other values, so
+  `lookup/2` returns a batch's new values of one key in reverse batch order,
+  and of two `=:=` pairs in the batch the later one is kept. With
+  `dedup: false` the batch goes in in order, with repeats.
 
   Raises `ArgumentError` if `pairs` is not a list of two-element tuples.
 
@@ -385,8 +381,8 @@ defmodule Larder.Bag do
   def delete(name, key), do: delete(resolve(name), key)
 
   @doc """
-  Deletes the pair `{key, value}` (every copy of it with `dedup: false`).
-  Returns `:ok` whether or not it was there.
+  Deletes the pair `{key, value}` (the one `=:=` to it; every copy of it
+  with `dedup: false`). Returns `:ok` whether or not it was there.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert_many(bag, [{:a, 1}, {:a, 2}])
@@ -436,8 +432,10 @@ defmodule Larder.Bag do
   @doc """
   The values stored under `key`; `[]` if there are none.
 
-  With deduplication the values come in Erlang term order and each appears
-  once; with `dedup: false` they come in insertion order, with repeats.
+  The values come in insertion order, as from an ETS `:bag`: a value
+  inserted again while present keeps its place, one deleted and inserted
+  again comes last. With `dedup: false` repeats are kept. Keys match as in
+  ETS (`=:=`, a map only equal maps), without a scan of the bag.
   """
   @spec lookup(bag(), key()) :: [value()]
   def lookup(%__MODULE__{tab: tab} = bag, key) do
@@ -450,7 +448,7 @@ defmodule Larder.Bag do
   def lookup(name, key), do: lookup(resolve(name), key)
 
   @doc """
-  Whether the pair `{key, value}` is in the bag.
+  Whether a pair `=:=` to `{key, value}` is in the bag.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)
@@ -494,8 +492,9 @@ defmodule Larder.Bag do
   def size(name), do: size(resolve(name))
 
   @doc """
-  The memory the bag takes, in words (as `:ets.info(table, :memory)`), in
-  constant time.
+  The memory the bag takes, in words, in constant time: the ETS table's (as
+  `:ets.info(table, :memory)`) plus, when it deduplicates, its fingerprint
+  set and lock.
   """
   @spec memory(bag()) :: non_neg_integer()
   def memory(%__MODULE__{tab: tab, fps: fps} = bag) do

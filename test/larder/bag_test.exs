@@ -585,6 +585,43 @@ defmodule Larder.BagTest do
       end
     end
 
+    test "writers of one key killed mid-insert or mid-delete leave no duplicate, no stale fingerprint" do
+      bag = Bag.new(write_concurrency: true)
+      empty = Bag.memory(bag)
+
+      for round <- 1..20 do
+        writers =
+          for i <- 1..4 do
+            spawn(fn ->
+              for r <- Stream.cycle(1..50) do
+                Bag.insert(bag, :hot, {i, r})
+                Bag.insert(bag, :hot, {:shared, rem(r, 7)})
+                Bag.delete(bag, :hot, {i, r - 1})
+                if rem(r, 10) == 0, do: Bag.delete(bag, :hot, {:shared, rem(r, 7)})
+              end
+            end)
+          end
+
+        Process.sleep(:rand.uniform(5))
+
+        for pid <- writers do
+          ref = Process.monitor(pid)
+          Process.exit(pid, :kill)
+          assert_receive {:DOWN, ^ref, _, _, _}
+        end
+
+        # The next writer of the key takes the dead writers' slot over.
+        Bag.insert(bag, :hot, {:probe, round})
+        values = Bag.lookup(bag, :hot)
+        assert length(values) == length(Enum.uniq(values)), "round #{round}"
+        assert fingerprints(bag) == Bag.size(bag), "round #{round}"
+      end
+
+      Bag.delete(bag, :hot)
+      assert Bag.size(bag) == 0 and fingerprints(bag) == 0
+      assert Bag.memory(bag) <= empty
+    end
+
     test "processes inserting the same pairs at once leave exactly one copy of each" do
       for dedup_many <- [false, true] do
         bag = Bag.new(write_concurrency: true)
