@@ -243,6 +243,42 @@ defmodule Larder.BagTest do
       assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(2))
     end
 
+    test "one key with enough values to make its fingerprint table big (resized on a dirty scheduler)" do
+      bag = Bag.new()
+      empty = Bag.memory(bag)
+      ets_empty = :ets.info(bag.tab, :memory)
+      # 70k fingerprints in one shard: past the 65,536-bucket table that a
+      # normal-scheduler call may not resize.
+      for v <- 1..70_000, do: Bag.insert(bag, :one, v)
+      Bag.insert(bag, :one, 1)
+      assert Bag.count(bag, :one) == 70_000
+      assert fingerprints(bag) == 70_000
+      Bag.delete(bag, :one)
+      assert Bag.size(bag) == 0 and fingerprints(bag) == 0
+      # The fingerprint table shrank back (the ETS table keeps some buckets).
+      assert Bag.memory(bag) - :ets.info(bag.tab, :memory) == empty - ets_empty
+
+      # Single adds and removes answer :dirty instead of resizing it on a
+      # normal scheduler; their dirty variants do it.
+      alias Larder.Native
+      set = Native.bag_fps_new(1)
+
+      dirty = fn call, dirty_call, v ->
+        with :dirty <- call.(set, 7, v), do: {:dirty, dirty_call.(set, 7, v)}
+      end
+
+      adds = for v <- 1..70_000, do: dirty.(&Native.bag_fps_add/3, &Native.bag_fps_add_dirty/3, v)
+      assert {:dirty, true} in adds and Enum.all?(adds, &(&1 in [true, {:dirty, true}]))
+
+      removes =
+        for v <- 1..70_000,
+            do: dirty.(&Native.bag_fps_remove/3, &Native.bag_fps_remove_dirty/3, v)
+
+      assert {:dirty, :ok} in removes and Enum.all?(removes, &(&1 in [:ok, {:dirty, :ok}]))
+      assert Native.bag_fps_count(set) == 0
+      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(1))
+    end
+
     test "memory/1 is the table's size in words and grows with the pairs" do
       bag = Bag.new()
       empty = Bag.memory(bag)

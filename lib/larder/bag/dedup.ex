@@ -32,7 +32,7 @@ defmodule Larder.Bag.Dedup do
   alias Larder.Native
 
   @slots 256
-  # The NIF takes at most this many fingerprints per call (normal scheduler).
+  # The NIF's batch calls take at most this many fingerprints.
   @nif_batch 4_096
 
   @typedoc "The fingerprint set and the lock of one bag."
@@ -50,15 +50,52 @@ defmodule Larder.Bag.Dedup do
     slot = Fingerprint.slot(hash, @slots)
 
     Lock.with_slot(lock, slot, fn -> repair(tab, fps, mask, slot) end, fn ->
-      if Native.bag_fps_add(fps, hash, low) do
+      if add(fps, hash, low) do
         :ets.insert(tab, {key, value})
       else
         pair = {key, value}
 
         :lists.member(pair, :ets.lookup(tab, key)) or
-          (Native.bag_fps_incr(fps, hash, low) == :ok and :ets.insert(tab, pair))
+          (incr(fps, hash, low) and :ets.insert(tab, pair))
       end
     end)
+  end
+
+  # The NIFs that change the set answer :dirty rather than resize a big
+  # table on a normal scheduler; their dirty variants then do it.
+  defp add(fps, hash, low) do
+    case Native.bag_fps_add(fps, hash, low) do
+      :dirty -> Native.bag_fps_add_dirty(fps, hash, low)
+      new? -> new?
+    end
+  end
+
+  defp incr(fps, hash, low) do
+    with :dirty <- Native.bag_fps_incr(fps, hash, low),
+         do: Native.bag_fps_incr_dirty(fps, hash, low)
+
+    true
+  end
+
+  defp remove(fps, hash, low) do
+    with :dirty <- Native.bag_fps_remove(fps, hash, low),
+         do: Native.bag_fps_remove_dirty(fps, hash, low)
+
+    :ok
+  end
+
+  defp add_chunk(fps, bin) do
+    with :dirty <- Native.bag_fps_add_bin(fps, bin), do: Native.bag_fps_add_bin_dirty(fps, bin)
+  end
+
+  defp incr_many(fps, list) do
+    with :dirty <- Native.bag_fps_incr_many(fps, list),
+         do: Native.bag_fps_incr_many_dirty(fps, list)
+  end
+
+  defp remove_many(fps, list) do
+    with :dirty <- Native.bag_fps_remove_many(fps, list),
+         do: Native.bag_fps_remove_many_dirty(fps, list)
   end
 
   @doc """
@@ -109,12 +146,12 @@ defmodule Larder.Bag.Dedup do
   # (in the whole binary) of those that were present.
   defp add_bin(fps, bin, base, acc) when byte_size(bin) > @nif_batch * 8 do
     <<chunk::binary-size(@nif_batch * 8), rest::binary>> = bin
-    present = for i <- Native.bag_fps_add_bin(fps, chunk), do: i + base
+    present = for i <- add_chunk(fps, chunk), do: i + base
     add_bin(fps, rest, base + @nif_batch, [acc | present])
   end
 
   defp add_bin(fps, bin, base, acc) do
-    present = for i <- Native.bag_fps_add_bin(fps, bin), do: i + base
+    present = for i <- add_chunk(fps, bin), do: i + base
     List.flatten([acc | present])
   end
 
@@ -128,7 +165,7 @@ defmodule Larder.Bag.Dedup do
     extra
     |> Enum.map(fn {key, value} -> Fingerprint.whole(key, value, mask) end)
     |> Enum.chunk_every(@nif_batch)
-    |> Enum.each(&Native.bag_fps_incr_many(fps, &1))
+    |> Enum.each(&incr_many(fps, &1))
 
     kept
   end
@@ -159,7 +196,7 @@ defmodule Larder.Bag.Dedup do
 
       if :lists.member(pair, :ets.lookup(tab, key)) do
         :ets.delete_object(tab, pair)
-        Native.bag_fps_remove(fps, hash, Fingerprint.value_hash(value, mask))
+        remove(fps, hash, Fingerprint.value_hash(value, mask))
       end
 
       :ok
@@ -176,7 +213,7 @@ defmodule Larder.Bag.Dedup do
       |> :ets.take(key)
       |> Enum.map(fn {key, value} -> Fingerprint.whole(key, value, mask) end)
       |> Enum.chunk_every(@nif_batch)
-      |> Enum.each(&Native.bag_fps_remove_many(fps, &1))
+      |> Enum.each(&remove_many(fps, &1))
     end)
   end
 
@@ -207,7 +244,7 @@ defmodule Larder.Bag.Dedup do
           Fingerprint.slot(hash, @slots) == slot,
           do: Bitwise.bsl(hash, 32) + Fingerprint.value_hash(value, mask)
 
-    if mine != [], do: Native.bag_fps_incr_many(fps, mine)
+    if mine != [], do: incr_many(fps, mine)
     repair_chunks(:ets.select(cont), fps, mask, slot)
   end
 

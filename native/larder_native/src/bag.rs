@@ -14,11 +14,16 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// The most fingerprints one call takes: about 50 µs of work, well under a
-/// normal scheduler's millisecond. Elixir passes longer lists in chunks.
+/// The most fingerprints one batch call takes (Elixir passes longer lists
+/// in chunks): about 100 µs of work. Every call that changes the set runs
+/// on a normal scheduler and answers `:dirty`, changing nothing, when it
+/// could resize a table of BIG_TABLE buckets or more; its `_dirty` variant
+/// then does the work on a dirty scheduler.
 const MAX_BATCH: usize = 4_096;
 /// The most shards a set can have (`Larder.Lock`'s slot limit).
 const MAX_SHARDS: u32 = 1 << 20;
+/// A table this large (512 KiB) is resized only on a dirty scheduler.
+const BIG_TABLE: usize = 1 << 16;
 
 /// The hasher of the collision counts: fingerprints are uniform already, one
 /// multiply spreads the pair hash (low bits) into the high bits.
@@ -68,6 +73,18 @@ impl Open {
 
     fn bytes(&self) -> usize {
         self.buckets.len() * 8
+    }
+
+    /// Whether an insert (`grow`) or a removal would copy a table of
+    /// BIG_TABLE buckets or more: too long for a normal scheduler.
+    fn big_resize(&self, grow: bool) -> bool {
+        let n = self.buckets.len();
+        n >= BIG_TABLE
+            && if grow {
+                (self.len + 1) * 4 > n * 3
+            } else {
+                self.len.saturating_sub(1) * 8 < n
+            }
     }
 
     /// Inserts `fp`; whether it was absent.
@@ -255,30 +272,109 @@ fn join(key_hash: u32, value_hash: u32) -> u64 {
     u64::from(key_hash) << 32 | u64::from(value_hash)
 }
 
+/// One change to a single fingerprint.
+#[derive(Clone, Copy)]
+enum Op {
+    Add,
+    Incr,
+    Remove,
+}
+
+/// Applies `op` to the fingerprint; on a normal scheduler (`dirty == false`)
+/// answers `:dirty`, changing nothing, when it would resize a big table.
+fn single<'a>(
+    env: Env<'a>,
+    set_term: Term<'a>,
+    fp: u64,
+    op: Op,
+    dirty: bool,
+) -> NifResult<Term<'a>> {
+    let result = set(set_term)?.with(fp, |shard| {
+        if !dirty && shard.one.big_resize(!matches!(op, Op::Remove)) {
+            return None;
+        }
+        Some(match op {
+            Op::Add => shard.add(fp).encode(env),
+            Op::Incr => {
+                shard.incr(fp);
+                crate::atoms::ok().encode(env)
+            }
+            Op::Remove => {
+                shard.remove(fp);
+                crate::atoms::ok().encode(env)
+            }
+        })
+    });
+    Ok(result.unwrap_or_else(|| crate::atoms::dirty().encode(env)))
+}
+
 /// Adds the fingerprint if absent: `true` if it was absent (the pair is
 /// new), `false` if present (the pair, or one colliding with it, is there;
-/// nothing is counted). The fingerprint comes as its key hash and low bits,
-/// which are small integers in Erlang.
+/// nothing is counted); `:dirty` if that needs `bag_fps_add_dirty/3`. The
+/// fingerprint comes as its key hash and value hash, small integers in
+/// Erlang.
 #[rustler::nif]
-fn bag_fps_add(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<bool> {
-    let fp = join(key_hash, value_hash);
-    Ok(set(set_term)?.with(fp, |shard| shard.add(fp)))
+fn bag_fps_add<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Add, false)
 }
 
-/// Counts one more pair under the fingerprint, present or not.
-#[rustler::nif]
-fn bag_fps_incr(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<rustler::Atom> {
-    let fp = join(key_hash, value_hash);
-    set(set_term)?.with(fp, |shard| shard.incr(fp));
-    Ok(crate::atoms::ok())
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_add_dirty<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Add, true)
 }
 
-/// Counts one pair less under the fingerprint.
+/// Counts one more pair under the fingerprint, present or not: `:ok`, or
+/// `:dirty` if that needs `bag_fps_incr_dirty/3`.
 #[rustler::nif]
-fn bag_fps_remove(set_term: Term, key_hash: u32, value_hash: u32) -> NifResult<rustler::Atom> {
-    let fp = join(key_hash, value_hash);
-    set(set_term)?.with(fp, |shard| shard.remove(fp));
-    Ok(crate::atoms::ok())
+fn bag_fps_incr<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Incr, false)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_incr_dirty<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Incr, true)
+}
+
+/// Counts one pair less under the fingerprint: `:ok`, or `:dirty` if that
+/// needs `bag_fps_remove_dirty/3`.
+#[rustler::nif]
+fn bag_fps_remove<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Remove, false)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_remove_dirty<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    key_hash: u32,
+    value_hash: u32,
+) -> NifResult<Term<'a>> {
+    single(env, set, join(key_hash, value_hash), Op::Remove, true)
 }
 
 fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
@@ -289,27 +385,88 @@ fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
     }
 }
 
-/// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096).
-#[rustler::nif]
-fn bag_fps_incr_many(set_term: Term, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+/// Whether applying a batch of `fps` could resize a big table: a shard it
+/// touches is big and the whole batch landing in it would cross a resize
+/// threshold (adding when `grow`, removing otherwise). Conservative.
+fn big_batch(set: &FpSet, fps: &[u64], grow: bool) -> bool {
+    let n = fps.len();
+    fps.iter().any(|&fp| {
+        let shard = set.shard(fp);
+        let (len, buckets) = (shard.one.len, shard.one.buckets.len());
+        buckets >= BIG_TABLE
+            && if grow {
+                (len + n) * 4 > buckets * 3
+            } else {
+                len.saturating_sub(n) * 8 < buckets
+            }
+    })
+}
+
+fn incr_many<'a>(
+    env: Env<'a>,
+    set_term: Term<'a>,
+    fps: Vec<u64>,
+    dirty: bool,
+) -> NifResult<Term<'a>> {
     let set = set(set_term)?;
-    for fp in batch(fps)? {
+    let fps = batch(fps)?;
+    if !dirty && big_batch(set, &fps, true) {
+        return Ok(crate::atoms::dirty().encode(env));
+    }
+    for fp in fps {
         set.with(fp, |shard| shard.incr(fp));
     }
-    Ok(crate::atoms::ok())
+    Ok(crate::atoms::ok().encode(env))
 }
 
-/// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096).
-#[rustler::nif]
-fn bag_fps_remove_many(set_term: Term, fps: Vec<u64>) -> NifResult<rustler::Atom> {
+fn remove_many<'a>(
+    env: Env<'a>,
+    set_term: Term<'a>,
+    fps: Vec<u64>,
+    dirty: bool,
+) -> NifResult<Term<'a>> {
     let set = set(set_term)?;
-    for fp in batch(fps)? {
+    let fps = batch(fps)?;
+    if !dirty && big_batch(set, &fps, false) {
+        return Ok(crate::atoms::dirty().encode(env));
+    }
+    for fp in fps {
         set.with(fp, |shard| shard.remove(fp));
     }
-    Ok(crate::atoms::ok())
+    Ok(crate::atoms::ok().encode(env))
 }
 
-/// Empties shard `index` (0-based), before it is rebuilt from the table.
+/// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096):
+/// `:ok`, or `:dirty` if it could resize a big table (then call
+/// `bag_fps_incr_many_dirty/2`).
+#[rustler::nif]
+fn bag_fps_incr_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
+    incr_many(env, set, fps, false)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_incr_many_dirty<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
+    incr_many(env, set, fps, true)
+}
+
+/// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096):
+/// `:ok`, or `:dirty` as `bag_fps_incr_many/2`.
+#[rustler::nif]
+fn bag_fps_remove_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
+    remove_many(env, set, fps, false)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_remove_many_dirty<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    fps: Vec<u64>,
+) -> NifResult<Term<'a>> {
+    remove_many(env, set, fps, true)
+}
+
+/// Empties shard `index` (0-based), before it is rebuilt from the table
+/// (freeing a table is one deallocation).
 #[rustler::nif]
 fn bag_fps_clear(set_term: Term, index: u32) -> NifResult<rustler::Atom> {
     let set = set(set_term)?;
@@ -346,33 +503,58 @@ fn bag_fps_count(set_term: Term) -> NifResult<usize> {
         .sum())
 }
 
-/// `bag_fps_add/3` over a binary of big-endian u64 fingerprints (at most
-/// 4,096 of them): the 0-based positions of those that were present, in
-/// order (`[]` when all were new). A fingerprint repeated in the binary is
-/// present at its second position.
-#[rustler::nif]
-fn bag_fps_add_bin<'a>(
+fn add_bin<'a>(
     env: Env<'a>,
     set_term: Term<'a>,
-    fps: rustler::Binary<'a>,
+    bin: rustler::Binary<'a>,
+    dirty: bool,
 ) -> NifResult<Term<'a>> {
     let set = set(set_term)?;
-    if !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8 {
+    if !bin.len().is_multiple_of(8) || bin.len() > MAX_BATCH * 8 {
         return Err(rustler::Error::BadArg);
     }
-    let present: Vec<usize> = fps
+    let fps: Vec<u64> = bin
         .as_slice()
         .chunks_exact(8)
-        .enumerate()
-        .filter(|(_, bytes)| {
+        .map(|bytes| {
             let mut word = [0u8; 8];
             word.copy_from_slice(bytes);
-            let fp = u64::from_be_bytes(word);
-            !set.with(fp, |shard| shard.add(fp))
+            u64::from_be_bytes(word)
         })
+        .collect();
+    if !dirty && big_batch(set, &fps, true) {
+        return Ok(crate::atoms::dirty().encode(env));
+    }
+    let present: Vec<usize> = fps
+        .iter()
+        .enumerate()
+        .filter(|&(_, &fp)| !set.with(fp, |shard| shard.add(fp)))
         .map(|(i, _)| i)
         .collect();
     Ok(present.encode(env))
+}
+
+/// `bag_fps_add/3` over a binary of big-endian u64 fingerprints (at most
+/// 4,096 of them): the 0-based positions of those that were present, in
+/// order (`[]` when all were new; a fingerprint repeated in the binary is
+/// present at its second position), or `:dirty`, changing nothing, if it
+/// could resize a big table (then call `bag_fps_add_bin_dirty/2`).
+#[rustler::nif]
+fn bag_fps_add_bin<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    fps: rustler::Binary<'a>,
+) -> NifResult<Term<'a>> {
+    add_bin(env, set, fps, false)
+}
+
+#[rustler::nif(schedule = "DirtyCpu")]
+fn bag_fps_add_bin_dirty<'a>(
+    env: Env<'a>,
+    set: Term<'a>,
+    fps: rustler::Binary<'a>,
+) -> NifResult<Term<'a>> {
+    add_bin(env, set, fps, true)
 }
 
 /// The sorted distinct lock slots (1-based, among `slots`) of the keys of a
