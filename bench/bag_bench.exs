@@ -293,7 +293,7 @@ bench
   "fill #{label_10k}: Larder.Bag / :duplicate_bag",
   ratio.(fill, label_10k, larder),
   :<=,
-  2.0
+  1.5
 )
 |> Bench.target(
   "fill #{label_10k}: ETS :bag / Larder.Bag (speed-up)",
@@ -305,15 +305,15 @@ bench
   "fill #{label_10k_many}: Larder.Bag / :duplicate_bag",
   ratio.(fill, label_10k_many, larder),
   :<=,
-  2.0
+  1.3
 )
 |> Bench.target(
   "steady-state insert: Larder.Bag / :duplicate_bag",
   ratio.(steady, "10k inserts", larder),
   :<=,
-  2.0
+  1.5
 )
-|> Bench.target("lookup: Larder.Bag / ETS :bag", ratio.(lookups, "lookup", larder), :<=, 1.5)
+|> Bench.target("lookup: Larder.Bag / ETS :bag", ratio.(lookups, "lookup", larder), :<=, 1.2)
 |> Bench.target(
   "memory: Larder.Bag / ETS :bag",
   ratio.(memory, "#{rows_n} rows over #{keys_n} keys", larder),

@@ -1,27 +1,36 @@
 defmodule Larder.Bag do
   @moduledoc """
-  A multi-value table with set semantics: a `{key, value}` pair is stored at
-  most once, like an ETS `:bag`, without the insert cost of `:bag` that grows
-  with every value a key holds.
+  A multi-value table with the semantics of an ETS `:bag` (a `{key, value}`
+  pair is stored at most once, pairs compare with `=:=`, values come back in
+  insertion order) without `:bag`'s insert cost, which grows with every
+  value a key holds.
 
   ETS `:bag` deduplicates each insert by comparing the new object with every
-  object already stored under its key, so filling it slows down as keys gain
-  values. `Larder.Bag` stores each pair as the key of one ETS `ordered_set`
-  (the object is `{[key | value]}`): a pair is unique by construction, every
-  operation is one ETS call, and `lookup/2` is a range scan over the pairs that
-  share the key.
+  object already stored under its key. `Larder.Bag` stores the pairs in an
+  ETS `:duplicate_bag`, whose inserts compare nothing, and keeps beside it a
+  set of 64-bit fingerprints of the pairs it holds (a NIF resource). A pair
+  whose fingerprint is not in the set is new and is inserted at once; only a
+  pair whose fingerprint is there (the pair itself, or a rare collision) is
+  compared, with `=:=`, to its key's values.
 
       iex> bag = Larder.Bag.new()
-      iex> Larder.Bag.insert(bag, :fruit, "apple")
-      :ok
       iex> Larder.Bag.insert(bag, :fruit, "pear")
       :ok
       iex> Larder.Bag.insert(bag, :fruit, "apple")
       :ok
+      iex> Larder.Bag.insert(bag, :fruit, "pear")
+      :ok
       iex> Larder.Bag.lookup(bag, :fruit)
-      ["apple", "pear"]
+      ["pear", "apple"]
       iex> Larder.Bag.size(bag)
       2
+
+  Everything a program can observe is what an ETS `:bag` gives: `{1, :a}`
+  and `{1.0, :a}` are two pairs, `{:k, 0.0}` and `{:k, -0.0}` one (the first
+  inserted stays, as `0.0 =:= -0.0` on OTP 25); a pair inserted again while
+  present keeps its place in `lookup/2`, one deleted and inserted again
+  comes last; `insert_many/2` orders a batch as `:ets.insert/2` does on a
+  `:bag`; keys that contain maps are looked up like any other.
 
   With `dedup: false` the bag is a plain ETS `:duplicate_bag` behind the same
   API: every insert adds a copy, and nothing is compared.
@@ -32,54 +41,49 @@ defmodule Larder.Bag do
   processes that use it. A named bag can be used through its name (an atom)
   or through its handle.
 
-  ## Equality of pairs
-
-  Reads (`lookup/2`, `member?/3`, `count/2`, `delete/2`, `delete/3`) match
-  keys and values exactly (`===`), like ETS. Uniqueness is decided by the
-  `ordered_set`, which compares with `==`: two pairs that differ only by an
-  integer standing where the other has the equal float, such as `{1, :a}` and
-  `{1.0, :a}`, are the same pair for `Larder.Bag` (an ETS `:bag` keeps both).
-  Inserting the second replaces the first, so the bag holds the most recently
-  inserted spelling. Pairs without floats are not affected.
-
   ## Complexity
 
   `n` is the number of pairs in the bag, `m` the number of values under the
-  key at hand, `b` the length of a batch. With `dedup: false`, costs are
-  those of the `:duplicate_bag`: `lookup/2`, `count/2` and `delete/2` are
-  `O(m)`, `insert/3` is `O(1)` on average.
+  key at hand, `b` the length of a batch.
 
-  | function | dedup (default) |
+  | function | cost |
   |---|---|
-  | `insert/3`, `member?/3`, `delete/3` | `O(log n)` |
-  | `insert_many/2` | `O(b log n)` |
-  | `lookup/2`, `count/2`, `delete/2` | `O(log n + m)` |
-  | `size/1` | `O(1)` |
+  | `insert/3` of a new pair | `O(1)` on average |
+  | `insert/3` of a present pair (or a fingerprint collision) | `O(m)` |
+  | `insert_many/2` | `O(b)`, plus `O(m)` per present pair |
+  | `lookup/2`, `count/2`, `member?/3`, `delete/2`, `delete/3` | `O(m)` |
+  | `size/1`, `memory/1` | `O(1)` |
   | `keys/1`, `stream/1` (fully consumed), `dump/2`, `load/2` | `O(n)` |
 
-  `lookup/2`, `count/2` and `delete/2` find a key's range through an ETS
-  match pattern. A key that contains a map, the atom `:_` or an atom whose
-  name starts with `$` cannot be written literally into a pattern (a map in
-  a pattern matches larger maps too); on such a key these three functions
-  scan the whole bag (`O(n)`), comparing keys with `===`. Prefer keys
-  without maps on large bags.
+  With `dedup: false`, costs are those of the `:duplicate_bag`: `insert/3`
+  is `O(1)` on average, everything that reads a key `O(m)`.
 
   ## Concurrency
 
   Bags are `:public` ETS tables: any process may insert, delete and read.
+  Writers of one key (`insert/3`, `insert_many/2`, `delete/2`, `delete/3`)
+  are serialised by a lock of 256 slots per bag, chosen by the key's hash;
+  writers of keys in different slots run in parallel. Readers take no lock.
 
-    * `insert/3`, `delete/3`, `member?/3` and `size/1` are single ETS calls
-      and atomic. Two processes that insert the same pair at the same moment
-      leave exactly one copy.
-    * `insert_many/2` is one `:ets.insert/2` call: atomic and isolated. A
-      concurrent reader sees either none or all of the batch, never part.
-    * `lookup/2`, `count/2` and `delete/2` are one ETS `select` call each
-      over the key's range; they are atomic per key in the sense of ETS's
-      `select`: a concurrent insert of a pair under the same key may or may
-      not be seen.
+    * `insert/3`, `delete/3` and `delete/2` are atomic: two processes that
+      insert the same pair at the same moment leave exactly one copy, and an
+      insert racing a delete of the same pair leaves it once or not at all.
+    * `insert_many/2` takes the slots of every key in its batch (in
+      increasing order, so batches never deadlock), filters the batch, and
+      makes one `:ets.insert/2` call: atomic and isolated. A concurrent
+      reader sees either none or all of the batch, never part.
+    * `lookup/2`, `count/2`, `member?/3` and `size/1` are one ETS call each
+      and see each write whole.
     * `keys/1`, `stream/1` and `dump/2` traverse the table in chunks and are
       not snapshots: a pair present during the whole traversal is returned
       exactly once; a pair inserted or deleted meanwhile may or may not be.
+    * A writer killed in the middle of a write leaves no duplicate: it
+      counts a fingerprint before it inserts a pair, and deletes a pair
+      before it uncounts its fingerprint, so at worst it leaves a
+      fingerprint counted for a pair that is not there. The next writer of
+      its slot takes the slot over (`Larder.Lock`) and first rebuilds the
+      slot's fingerprints from the table, which removes it. That rebuild
+      scans the whole bag (`O(n)`) while holding the slot.
 
   ## Failures
 
@@ -92,53 +96,97 @@ defmodule Larder.Bag do
       be any term. No option is numeric, so none needs an upper bound.
     * `dump/2` and `load/2` return `{:error, %Larder.Error{}}` for failures
       of the file system (`reason: :file_error`, including a failed fsync)
-      and for a snapshot that is truncated, corrupt or not in the shape
-      `dump/2` writes (`reason: :corrupt_snapshot`).
+      and for a snapshot that is truncated, corrupt, of another format
+      version or not in the shape `dump/2` writes
+      (`reason: :corrupt_snapshot`).
     * A snapshot file is untrusted input: `load/2` checks every chunk's
       length and checksum, decodes with `binary_to_term/2`'s `:safe` option
       (no new atoms, unless `create_atoms: true`), rejects compressed terms,
-      and checks that every object has the shape of the bag's mode, so a
-      foreign or hostile file gives `:corrupt_snapshot` and the memory it can
-      make the loader take is bounded by a small multiple of its size. A
-      failed `load/2` leaves no table behind.
+      and checks that every object is a `{key, value}` pair, so a foreign or
+      hostile file gives `:corrupt_snapshot` and the memory it can make the
+      loader take is bounded by a small multiple of its size. A pair a file
+      holds twice is loaded once. A failed `load/2` leaves no table behind.
     * `dump/2` returns `:ok` only once the file and its directory are
       fsynced: after a crash or power loss, `path` holds the previous
       snapshot or the complete new one.
+    * The fingerprint set's native code never touches a key or a value (the
+      fingerprints are computed in Erlang by `:erlang.phash2/2`, which
+      yields on large terms), takes at most 4,096 fingerprints per call, and
+      counts its memory in `memory/1`.
 
   ## Performance
 
-  Figures from the latest full run of `mix run bench/bag_bench.exs` (not
-  `--quick`) on a shared 2-core machine under load from other jobs; each is
-  a ratio of medians measured in the same run, with the issue's target in
-  parentheses. Rerun the command for figures on your machine.
+  Five designs were measured side by side by
+  `mix run bench/bag_designs_bench.exs` (prototypes in
+  `bench/support/bag_designs.ex`; 1M pairs over 10k keys, ~100 values a
+  key), with ETS `:duplicate_bag` and `:bag` in the same run. Each figure
+  is a ratio of medians to `:duplicate_bag` (memory: to `:bag`), from one
+  full run on a shared 2-core machine under load from other jobs; rerun the
+  command for figures on your machine.
 
-    * Fill of 1M pairs over 10k keys with `insert/3`: 2.63x ETS
-      `:duplicate_bag` (target `<= 2.0x`, missed) and 9.2x faster than
-      ETS `:bag` (target 7x; an earlier run measured 4.6x). With
-      `insert_many/2` in batches of 1,000: 2.88x `:duplicate_bag`.
-    * 10k inserts into a prefilled 1M bag: 3.94x `:duplicate_bag`
-      (target `<= 2.0x`, missed). A tree insert costs cache misses that a
-      hash insert does not.
-    * `lookup/2` of 10k random keys holding ~100 values each: 1.12x an ETS
-      `:bag` `:ets.lookup/2` (target `<= 1.5x`).
-    * Memory: 1.12x an ETS `:bag` holding the same 1M pairs, in words
-      (target `<= 1.5x`).
-    * `dedup: false`: 1.02x `:duplicate_bag` for the 1M fill (target
-      `<= 1.1x`).
-    * Restart from a 1M-pair snapshot with `load/2`: 4.2x faster than
-      re-inserting the pairs with `insert/3` (target `>= 5x`, missed; an
-      earlier run measured 5.3x).
+  | design | fill, `insert/3` | fill, `insert_many/2` x1000 | 10k inserts into 1M | memory vs `:bag` |
+  |---|---|---|---|---|
+  | ETS `:bag` | 11.8x | 12.9x | 20.5x | 1.00x |
+  | 0. `ordered_set` of `{[key \| value]}` (`==`, term order) | 1.57x | 1.80x | 2.18x | 1.12x |
+  | 1. `:duplicate_bag` + NIF fingerprint set (this module) | 1.47x | 0.93x | 1.56x | 1.23x |
+  | 2. `:duplicate_bag` + ETS `set` of fingerprints | 3.48x | 2.67x | 2.28x | 2.24x |
+  | 3. `:duplicate_bag`, batch sorted and checked, no fingerprints | 14.5x | 14.3x | 20.0x | 1.00x |
+  | 4. `:duplicate_bag` + ETS `set` of the pairs themselves | 3.22x | 2.70x | 2.27x | 2.25x |
+
+  Design 1 won on every time, with memory at about 1.25x a `:bag`. An
+  insert of a new pair costs two `phash2/2` calls, a lock slot and one NIF
+  call whose table read is one cache line, beside the ETS insert; an ETS
+  `set` (designs 2 and 4) costs a second ETS insert of a whole object and
+  doubles the memory; design 0 walks a tree of a million nodes per insert
+  and cannot give `=:=` or insertion order; design 3 makes the comparison
+  a `:bag` makes, in Erlang. `insert_many/2` of design 1 fingerprints a
+  batch in one pass and filters it in one NIF call per 4,096 pairs, so a
+  batch costs less than its pairs inserted one by one.
+
+  `mix run bench/bag_bench.exs` measures `Larder.Bag` against the targets
+  of the issue. Its latest run here was `--quick` (200k pairs over 2k keys,
+  ratios of medians in the same run, the machine loaded by other jobs: in
+  that run `dedup: false`, the same ETS calls as the anchor, measured 1.11x
+  to 1.37x, so read every ratio as ±0.3):
+
+    * Fill with `insert/3`: 2.83x `:duplicate_bag` (target `<= 1.5x`,
+      missed at this size; the design run above measured 1.47x at 1M), and
+      6.0x faster than ETS `:bag` (target `>= 7x`, missed; 8.0x at 1M).
+    * Fill with `insert_many/2` in batches of 1,000: 2.22x
+      `:duplicate_bag` (target `<= 1.3x`, missed; 0.93x at 1M).
+    * 10k inserts into a prefilled bag: 3.82x `:duplicate_bag` (target
+      `<= 1.5x`, missed; the anchor takes 2.7 ms, where the machine's noise
+      weighs most; 1.56x at 1M).
+    * `lookup/2` of 10k random keys holding ~100 values each: 1.08x an ETS
+      `:bag` `:ets.lookup/2` (target `<= 1.2x`).
+    * Memory: 1.26x an ETS `:bag` holding the same pairs, in words, the
+      fingerprint set included (target `<= 1.5x`).
+    * Restart from a snapshot with `load/2`: 3.1x faster than re-inserting
+      the pairs with `insert/3` (target `>= 5x`, missed). `load/2` decodes,
+      fingerprints and inserts each chunk in bulk; what remains is the ETS
+      insert of every pair, which re-inserting pays too, so the speed-up is
+      bounded by how little `insert/3` adds to it.
+    * `dedup: false`: 1.14x `:duplicate_bag` for the fill, 1.11x with
+      batches (target `<= 1.1x`; the same ETS calls, so this is noise).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose
       cost depends on the storage rather than on Larder.
 
   """
 
+  alias Larder.Bag.Dedup
+  alias Larder.Bag.Fingerprint
   alias Larder.Bag.Snapshot
 
   @enforce_keys [:tab, :dedup]
-  defstruct [:tab, :dedup]
+  defstruct [:tab, :dedup, :fps, :lock, :mask]
 
-  @opaque t :: %__MODULE__{tab: :ets.tid() | atom(), dedup: boolean()}
+  @opaque t :: %__MODULE__{
+            tab: :ets.tid() | atom(),
+            dedup: boolean(),
+            fps: reference() | nil,
+            lock: Larder.Lock.t() | nil,
+            mask: non_neg_integer() | nil
+          }
 
   @typedoc "A bag handle, or the name of a named bag."
   @type bag :: t() | atom()
@@ -165,8 +213,9 @@ defmodule Larder.Bag do
       handle; `delete_table/1` erases that entry, which makes the runtime
       scan every process once (cheap for long-lived bags, a cost if named
       bags are created and deleted at a high rate).
-    * `:dedup` - `true` (default) stores each `{key, value}` pair at most
-      once; `false` gives `:duplicate_bag` semantics.
+    * `:dedup` - `true` (default) gives ETS `:bag` semantics: each
+      `{key, value}` pair at most once; `false` gives `:duplicate_bag`
+      semantics.
     * `:read_concurrency` - the ETS option. Default `false`.
     * `:write_concurrency` - the ETS option (`true`, `false` or `:auto`).
       Default `false`.
@@ -221,13 +270,13 @@ defmodule Larder.Bag do
 
   @doc false
   # Called by Larder.Bag.Owner and Larder.Bag.Snapshot with validated options.
+  # `:fp_mask` (tests only) narrows the fingerprints to force collisions.
   def create(opts) do
     dedup = Keyword.fetch!(opts, :dedup)
     name = Keyword.get(opts, :name)
-    type = if dedup, do: :ordered_set, else: :duplicate_bag
 
     ets_opts =
-      [type, :public] ++
+      [:duplicate_bag, :public] ++
         if(name, do: [:named_table], else: []) ++
         if(opts[:compressed], do: [:compressed], else: []) ++
         [
@@ -245,7 +294,15 @@ defmodule Larder.Bag do
                   __STACKTRACE__
       end
 
-    bag = %__MODULE__{tab: tab, dedup: dedup}
+    bag =
+      if dedup do
+        {fps, lock} = Dedup.new()
+        mask = Keyword.get(opts, :fp_mask, Fingerprint.full_mask())
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask}
+      else
+        %__MODULE__{tab: tab, dedup: false}
+      end
+
     if name, do: :persistent_term.put({__MODULE__, name}, bag)
     bag
   end
@@ -253,14 +310,21 @@ defmodule Larder.Bag do
   ## Writing
 
   @doc """
-  Inserts the pair `{key, value}`. Does nothing if the pair is already there
-  (unless the bag was created with `dedup: false`).
+  Inserts the pair `{key, value}` after the key's other values. Does
+  nothing if a pair `=:=` to it is already there (it keeps its place),
+  unless the bag was created with `dedup: false`.
 
-  Atomic: two processes inserting the same pair at once leave one copy.
+  Atomic: two processes inserting the same pair at once leave one copy, and
+  an insert racing a delete of the same pair leaves it once or not at all.
   """
   @spec insert(bag(), key(), value()) :: :ok
-  def insert(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    :ets.insert(tab, {[key | value]})
+  def insert(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
+      when is_reference(fps) do
+    Dedup.insert(tab, fps, lock, mask, key, value)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -273,11 +337,18 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def insert(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
   def insert(name, key, value), do: insert(resolve(name), key, value)
 
   @doc """
   Inserts every `{key, value}` pair of `pairs` in one atomic and isolated
   ETS call: a concurrent reader sees none or all of the batch.
+
+  The pairs go in as `:ets.insert/2` puts a list into an ETS `:bag`: from
+  the last to the first, each new pair after its key's other values, so
+  `lookup/2` returns a batch's new values of one key in reverse batch order,
+  and of two `=:=` pairs in the batch the later one is kept. With
+  `dedup: false` the batch goes in in order, with repeats.
 
   Raises `ArgumentError` if `pairs` is not a list of two-element tuples.
 
@@ -288,8 +359,13 @@ defmodule Larder.Bag do
       3
   """
   @spec insert_many(bag(), [{key(), value()}]) :: :ok
-  def insert_many(%__MODULE__{tab: tab, dedup: true} = bag, pairs) when is_list(pairs) do
-    :ets.insert(tab, to_objects(pairs, pairs))
+  def insert_many(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        pairs
+      )
+      when is_list(pairs) and is_reference(fps) do
+    check_pairs(pairs, pairs)
+    Dedup.insert_many(tab, fps, lock, mask, pairs)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -303,6 +379,8 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def insert_many(%__MODULE__{} = bag, pairs) when is_list(pairs), do: raise(forged(bag))
+
   def insert_many(%__MODULE__{}, pairs) do
     raise ArgumentError,
           "expected pairs to be a list of {key, value} tuples, got: #{inspect(pairs)}"
@@ -311,12 +389,13 @@ defmodule Larder.Bag do
   def insert_many(name, pairs), do: insert_many(resolve(name), pairs)
 
   @doc false
-  # Inserts ETS objects as they are stored (used by Larder.Bag.Snapshot).
-  def insert_objects(%__MODULE__{tab: tab}, objects), do: :ets.insert(tab, objects)
+  # Inserts the checked pairs of a snapshot chunk into a bag nobody else uses
+  # yet (used by Larder.Bag.Snapshot); a deduplicating bag counts their
+  # fingerprints and skips a pair the snapshot holds twice.
+  def insert_objects(%__MODULE__{tab: tab, dedup: true, fps: fps, mask: mask}, pairs),
+    do: :ets.insert(tab, Dedup.load(tab, fps, mask, pairs))
 
-  defp to_objects([{key, value} | rest], all), do: [{[key | value]} | to_objects(rest, all)]
-  defp to_objects([], _all), do: []
-  defp to_objects(other, all), do: bad_pairs(other, all)
+  def insert_objects(%__MODULE__{tab: tab}, pairs), do: :ets.insert(tab, pairs)
 
   defp check_pairs([{_, _} | rest], all), do: check_pairs(rest, all)
   defp check_pairs([], _all), do: :ok
@@ -336,8 +415,9 @@ defmodule Larder.Bag do
   Deletes every pair under `key`. Returns `:ok` whether or not there were any.
   """
   @spec delete(bag(), key()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select_delete(tab, key_spec(key, true))
+  def delete(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key)
+      when is_reference(fps) do
+    Dedup.delete_key(tab, fps, lock, mask, key)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -350,11 +430,12 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def delete(%__MODULE__{} = bag, _key), do: raise(forged(bag))
   def delete(name, key), do: delete(resolve(name), key)
 
   @doc """
-  Deletes the pair `{key, value}` (every copy of it with `dedup: false`).
-  Returns `:ok` whether or not it was there.
+  Deletes the pair `{key, value}` (the one `=:=` to it; every copy of it
+  with `dedup: false`). Returns `:ok` whether or not it was there.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert_many(bag, [{:a, 1}, {:a, 2}])
@@ -364,9 +445,13 @@ defmodule Larder.Bag do
       [2]
   """
   @spec delete(bag(), key(), value()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    :ets.delete_object(tab, {[key | value]})
-    :ok
+  def delete(
+        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
+      when is_reference(fps) do
+    Dedup.delete(tab, fps, lock, mask, key, value)
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
@@ -378,6 +463,7 @@ defmodule Larder.Bag do
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
   end
 
+  def delete(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
   def delete(name, key, value), do: delete(resolve(name), key, value)
 
   @doc """
@@ -399,26 +485,23 @@ defmodule Larder.Bag do
   @doc """
   The values stored under `key`; `[]` if there are none.
 
-  With deduplication the values come in Erlang term order and each appears
-  once; with `dedup: false` they come in insertion order, with repeats.
+  The values come in insertion order, as from an ETS `:bag`: a value
+  inserted again while present keeps its place, one deleted and inserted
+  again comes last. With `dedup: false` repeats are kept. Keys match as in
+  ETS (`=:=`, a map only equal maps), without a scan of the bag.
   """
   @spec lookup(bag(), key()) :: [value()]
-  def lookup(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select(tab, values_spec(key))
+  def lookup(%__MODULE__{tab: tab} = bag, key) do
+    :ets.lookup_element(tab, key, 2)
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def lookup(%__MODULE__{tab: tab, dedup: false} = bag, key) do
-    for {_, value} <- :ets.lookup(tab, key), do: value
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    # lookup_element/3 raises for an absent key as for a missing table.
+    e in ArgumentError -> if exists?(bag), do: [], else: reraise(gone(bag, e), __STACKTRACE__)
   end
 
   def lookup(name, key), do: lookup(resolve(name), key)
 
   @doc """
-  Whether the pair `{key, value}` is in the bag.
+  Whether a pair `=:=` to `{key, value}` is in the bag.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)
@@ -426,17 +509,7 @@ defmodule Larder.Bag do
       {true, false}
   """
   @spec member?(bag(), key(), value()) :: boolean()
-  def member?(%__MODULE__{tab: tab, dedup: true} = bag, key, value) do
-    # The ordered_set finds the pair with ==; keep only an exact match.
-    case :ets.lookup(tab, [key | value]) do
-      [{[^key | ^value]}] -> true
-      _ -> false
-    end
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def member?(%__MODULE__{tab: tab, dedup: false} = bag, key, value) do
+  def member?(%__MODULE__{tab: tab} = bag, key, value) do
     :lists.member({key, value}, :ets.lookup(tab, key))
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -448,13 +521,7 @@ defmodule Larder.Bag do
   The number of values stored under `key`.
   """
   @spec count(bag(), key()) :: non_neg_integer()
-  def count(%__MODULE__{tab: tab, dedup: true} = bag, key) do
-    :ets.select_count(tab, key_spec(key, true))
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def count(%__MODULE__{tab: tab, dedup: false} = bag, key) do
+  def count(%__MODULE__{tab: tab} = bag, key) do
     length(:ets.lookup(tab, key))
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -478,14 +545,16 @@ defmodule Larder.Bag do
   def size(name), do: size(resolve(name))
 
   @doc """
-  The memory the bag takes, in words (as `:ets.info(table, :memory)`), in
-  constant time.
+  The memory the bag takes, in words, in constant time: the ETS table's (as
+  `:ets.info(table, :memory)`) plus, when it deduplicates, its fingerprint
+  set and lock.
   """
   @spec memory(bag()) :: non_neg_integer()
-  def memory(%__MODULE__{tab: tab} = bag) do
+  def memory(%__MODULE__{tab: tab, fps: fps} = bag) do
     case :ets.info(tab, :memory) do
       :undefined -> raise gone(bag, nil)
-      words -> words
+      words when fps == nil -> words
+      words -> words + div(Dedup.bytes(fps) + 7, :erlang.system_info(:wordsize))
     end
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -502,15 +571,10 @@ defmodule Larder.Bag do
       [:a, :b]
   """
   @spec keys(bag()) :: [key()]
-  def keys(%__MODULE__{dedup: true} = bag) do
-    # The ordered_set keeps the pairs of one key next to each other, so dedup
-    # collapses nearly all repeats; uniq catches keys equal by == but not ===
-    # (1 and 1.0), whose pairs can interleave.
-    bag |> stream_spec([{{[:"$1" | :_]}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
-  end
-
-  def keys(%__MODULE__{dedup: false} = bag) do
-    bag |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Enum.uniq()
+  def keys(%__MODULE__{} = bag) do
+    # The objects of a key are next to each other in the table: dedup
+    # collapses their keys, uniq catches the rest.
+    bag |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
   end
 
   def keys(name), do: keys(resolve(name))
@@ -526,10 +590,7 @@ defmodule Larder.Bag do
       [a: 1, b: 2]
   """
   @spec stream(bag()) :: Enumerable.t()
-  def stream(%__MODULE__{dedup: true} = bag),
-    do: stream_spec(bag, [{{[:"$1" | :"$2"]}, [], [{{:"$1", :"$2"}}]}])
-
-  def stream(%__MODULE__{dedup: false} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
+  def stream(%__MODULE__{} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
   def stream(name), do: stream(resolve(name))
 
   # Streams the match spec's results over the whole table, one element at a
@@ -539,11 +600,11 @@ defmodule Larder.Bag do
   # Streams the match spec's results over the whole table as lists of up to
   # `size` elements. Hash tables are fixed while the stream runs so that a
   # concurrent insert or delete cannot make the traversal skip or repeat pairs.
-  defp chunks(%__MODULE__{tab: tab, dedup: dedup} = bag, spec, size) do
+  defp chunks(%__MODULE__{tab: tab} = bag, spec, size) do
     Stream.resource(
       fn ->
         try do
-          unless dedup, do: :ets.safe_fixtable(tab, true)
+          :ets.safe_fixtable(tab, true)
           :ets.select(tab, spec, size)
         rescue
           e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -563,7 +624,7 @@ defmodule Larder.Bag do
 
           {[items], next}
       end,
-      fn _ -> unless dedup, do: unfix(tab) end
+      fn _ -> unfix(tab) end
     )
   end
 
@@ -634,7 +695,8 @@ defmodule Larder.Bag do
   a bag or ETS table with the given `:name` exists.
 
       iex> bag = Larder.Bag.new()
-      iex> Larder.Bag.insert_many(bag, [{:a, 1}, {:a, 2}])
+      iex> Larder.Bag.insert(bag, :a, 1)
+      iex> Larder.Bag.insert(bag, :a, 2)
       iex> path = Path.join(System.tmp_dir!(), "larder_doctest_#{System.unique_integer([:positive])}.bag")
       iex> Larder.Bag.dump(bag, path)
       :ok
@@ -665,38 +727,11 @@ defmodule Larder.Bag do
 
   ## Internals
 
-  # Match spec over the pairs of `key`, returning their values.
-  defp values_spec(key) do
-    if literal?(key) do
-      [{{[key | :"$1"]}, [], [:"$1"]}]
-    else
-      [{{[:"$1" | :"$2"]}, [{:"=:=", :"$1", {:const, key}}], [:"$2"]}]
-    end
+  defp exists?(%__MODULE__{tab: tab}) do
+    :ets.info(tab, :type) != :undefined
+  rescue
+    ArgumentError -> false
   end
-
-  # Match spec over the pairs of `key`, returning `result`.
-  defp key_spec(key, result) do
-    if literal?(key) do
-      [{{[key | :_]}, [], [result]}]
-    else
-      [{{[:"$1" | :_]}, [{:"=:=", :"$1", {:const, key}}], [result]}]
-    end
-  end
-
-  # Whether `term` can stand literally in a match pattern: it holds no atom
-  # that ETS would read as a variable (`:_`, `:"$1"`, ...) and no map. Literal
-  # keys let the ordered_set visit only the key's range instead of the whole
-  # table.
-  defp literal?(term) when is_integer(term) or is_binary(term), do: true
-  defp literal?(:_), do: false
-  defp literal?(term) when is_atom(term), do: not match?("$" <> _, Atom.to_string(term))
-  defp literal?([head | tail]), do: literal?(head) and literal?(tail)
-  defp literal?(term) when is_tuple(term), do: literal?(Tuple.to_list(term))
-
-  # A map in a pattern matches any map holding those pairs, and bounds no range.
-  defp literal?(term) when is_map(term), do: false
-
-  defp literal?(_term), do: true
 
   # The handle of the bag named `name`.
   defp resolve(name) when is_atom(name) do
@@ -729,6 +764,13 @@ defmodule Larder.Bag do
   rescue
     ArgumentError ->
       ArgumentError.exception("the Larder.Bag #{inspect(tab)} does not exist")
+  end
+
+  # A struct that new/1 did not build (its fields do not fit together).
+  defp forged(%__MODULE__{tab: tab}) do
+    ArgumentError.exception(
+      "the bag argument #{inspect(tab)} is not a usable Larder.Bag: it was not created by Larder.Bag"
+    )
   end
 
   defp check_path!(path) do

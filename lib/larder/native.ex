@@ -1,5 +1,5 @@
 defmodule Larder.Native do
-  # NIF stubs for native/larder_native (Roaring-bitmap indexes), loaded on load.
+  # NIF stubs for native/larder_native (Roaring-bitmap indexes, Bag fingerprints), loaded on load.
   @moduledoc false
 
   @on_load :load_nif
@@ -68,4 +68,22 @@ defmodule Larder.Native do
   def index_memory(_index), do: not_loaded()
   def index_drop(_index), do: not_loaded()
   def index_live_bytes, do: not_loaded()
+
+  def bag_fps_new(_shards), do: not_loaded()
+  def bag_fps_add(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_incr(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_remove(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_add_dirty(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_incr_dirty(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_remove_dirty(_set, _key_hash, _value_hash), do: not_loaded()
+  def bag_fps_incr_many(_set, _fps), do: not_loaded()
+  def bag_fps_incr_many_dirty(_set, _fps), do: not_loaded()
+  def bag_fps_remove_many(_set, _fps), do: not_loaded()
+  def bag_fps_remove_many_dirty(_set, _fps), do: not_loaded()
+  def bag_fps_clear(_set, _index), do: not_loaded()
+  def bag_fps_memory(_set), do: not_loaded()
+  def bag_fps_count(_set), do: not_loaded()
+  def bag_fps_add_bin(_set, _fps), do: not_loaded()
+  def bag_fps_add_bin_dirty(_set, _fps), do: not_loaded()
+  def bag_fps_slots(_fps, _slots), do: not_loaded()
 end

@@ -1,6 +1,7 @@
 defmodule Larder.BagTest do
   use ExUnit.Case, async: true
 
+  import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
   alias Larder.Bag
@@ -20,12 +21,12 @@ defmodule Larder.BagTest do
     do: :ets.all() |> Enum.filter(&(:ets.info(&1, :owner) == self())) |> MapSet.new()
 
   describe "set semantics" do
-    test "a pair is stored once, values of a key come back without repeats" do
+    test "a pair is stored once, values of a key come back in insertion order" do
       bag = Bag.new()
       for _ <- 1..3, v <- [3, 1, 2], do: Bag.insert(bag, :k, v)
       Bag.insert(bag, :other, 1)
 
-      assert Bag.lookup(bag, :k) == [1, 2, 3]
+      assert Bag.lookup(bag, :k) == [3, 1, 2]
       assert Bag.count(bag, :k) == 3
       assert Bag.size(bag) == 4
       assert Bag.lookup(bag, :missing) == []
@@ -93,19 +94,189 @@ defmodule Larder.BagTest do
       assert Enum.sort(Bag.stream(bag)) == Enum.sort(pairs)
     end
 
-    test "pairs equal by == but not === are one pair; reads are exact (documented)" do
-      bag = Bag.new()
-      Bag.insert(bag, 1, :a)
-      Bag.insert(bag, 1.0, :a)
-      assert Bag.size(bag) == 1
-      assert Bag.lookup(bag, 1.0) == [:a]
-      assert Bag.lookup(bag, 1) == []
-      refute Bag.member?(bag, 1, :a)
-      assert Bag.member?(bag, 1.0, :a)
-      # An ETS :bag keeps both, which is the documented difference.
+    test "pairs compare with =:=, like ETS :bag: 1 and 1.0 are two pairs, 0.0 and -0.0 one" do
+      ops = [
+        {1, :a},
+        {1.0, :a},
+        {:k, 1},
+        {:k, 1.0},
+        {:z, 0.0},
+        {:z, -0.0},
+        {0.0, :v},
+        {-0.0, :v},
+        {:k, 1}
+      ]
+
       ets = :ets.new(:model, [:bag])
-      :ets.insert(ets, [{1, :a}, {1.0, :a}])
-      assert :ets.info(ets, :size) == 2
+      Enum.each(ops, &:ets.insert(ets, &1))
+
+      for how <- [:insert, :insert_many] do
+        bag = Bag.new()
+
+        if how == :insert,
+          do: Enum.each(ops, fn {k, v} -> Bag.insert(bag, k, v) end),
+          else: Bag.insert_many(bag, ops)
+
+        assert Bag.size(bag) == :ets.info(ets, :size), "#{how}"
+
+        for k <- [1, 1.0, :k, :z, 0.0, -0.0] do
+          assert Bag.lookup(bag, k) == for({_, v} <- :ets.lookup(ets, k), do: v), "#{how} #{k}"
+        end
+
+        assert Bag.member?(bag, 1.0, :a) and Bag.member?(bag, 1, :a)
+        assert Bag.member?(bag, :z, -0.0)
+        Bag.delete(bag, :k, 1.0)
+        assert Bag.lookup(bag, :k) == [1]
+      end
+    end
+
+    test "a re-insert keeps a pair's place; delete then insert moves it last, as in ETS :bag" do
+      ets = :ets.new(:model, [:bag])
+      bag = Bag.new()
+
+      ops = [
+        {:insert, 1},
+        {:insert, 2},
+        {:insert, 3},
+        {:insert, 1},
+        {:delete, 2},
+        {:insert, 2},
+        {:insert, 3}
+      ]
+
+      for {op, v} <- ops do
+        if op == :insert,
+          do: {:ets.insert(ets, {:k, v}), Bag.insert(bag, :k, v)},
+          else: {:ets.delete_object(ets, {:k, v}), Bag.delete(bag, :k, v)}
+      end
+
+      assert Bag.lookup(bag, :k) == [1, 3, 2]
+      assert Bag.lookup(bag, :k) == for({_, v} <- :ets.lookup(ets, :k), do: v)
+    end
+
+    test "forced fingerprint collisions: the exact check keeps set semantics" do
+      # fp_mask: 0 gives every pair of a key the same fingerprint, so every
+      # insert after a key's first goes through the exact check.
+      bag = Bag.create(dedup: true, fp_mask: 0, read_concurrency: false, write_concurrency: false)
+      ets = :ets.new(:model, [:bag])
+      ops = for _ <- 1..3, k <- [:a, 1, 1.0], v <- [1, 2, 1.0, 0.0, -0.0, %{m: 1}], do: {k, v}
+
+      for {{k, v}, i} <- Enum.with_index(ops) do
+        if rem(i, 2) == 0,
+          do: Bag.insert(bag, k, v),
+          else: Bag.insert_many(bag, [{k, v}, {k, v}])
+
+        :ets.insert(ets, {k, v})
+      end
+
+      for k <- [:a, 1, 1.0] do
+        assert Bag.lookup(bag, k) == for({_, v} <- :ets.lookup(ets, k), do: v)
+      end
+
+      # Deleting one of several pairs sharing a fingerprint keeps the others
+      # findable, and a deleted one can come back.
+      Bag.delete(bag, :a, 2)
+      Bag.insert(bag, :a, 1)
+      assert Bag.lookup(bag, :a) == [1, 1.0, 0.0, %{m: 1}]
+      Bag.insert(bag, :a, 2)
+      assert Bag.lookup(bag, :a) == [1, 1.0, 0.0, %{m: 1}, 2]
+      assert fingerprints(bag) == Bag.size(bag)
+      Bag.delete(bag, :a)
+      assert fingerprints(bag) == Bag.size(bag)
+
+      # The same through a snapshot.
+      path = Path.join(System.tmp_dir!(), "larder_collide_#{System.unique_integer([:positive])}")
+      Bag.dump!(bag, path)
+      copy = Bag.load!(path)
+      File.rm!(path)
+      assert Enum.to_list(Bag.stream(copy)) == Enum.to_list(Bag.stream(bag))
+    end
+
+    test "the NIF fingerprint table counts like a multiset under random adds and removes" do
+      alias Larder.Native
+      set = Native.bag_fps_new(2)
+      # Few distinct values (including 0), so probe runs collide and wrap.
+      values = [0 | for(_ <- 1..300, do: :rand.uniform(1 <<< 40))]
+
+      model =
+        Enum.reduce(1..20_000, %{}, fn _, model ->
+          fp = Enum.random(values)
+          <<hi::32, lo::32>> = <<fp::64>>
+
+          case :rand.uniform(3) do
+            1 ->
+              new = Native.bag_fps_add(set, hi, lo)
+              assert new == not Map.has_key?(model, fp)
+              Map.put_new(model, fp, 1)
+
+            2 ->
+              Native.bag_fps_incr(set, hi, lo)
+              Map.update(model, fp, 1, &(&1 + 1))
+
+            3 ->
+              Native.bag_fps_remove(set, hi, lo)
+
+              case model do
+                %{^fp => 1} -> Map.delete(model, fp)
+                %{^fp => n} -> %{model | fp => n - 1}
+                _ -> model
+              end
+          end
+        end)
+
+      assert Native.bag_fps_count(set) == model |> Map.values() |> Enum.sum()
+
+      for fp <- values do
+        <<hi::32, lo::32>> = <<fp::64>>
+        # add/3 answers whether the fingerprint was absent; undo the add.
+        absent = Native.bag_fps_add(set, hi, lo)
+        assert absent == not Map.has_key?(model, fp)
+        if absent, do: Native.bag_fps_remove(set, hi, lo)
+      end
+
+      Native.bag_fps_remove_many(
+        set,
+        Enum.flat_map(model, fn {fp, n} -> List.duplicate(fp, n) end)
+      )
+
+      assert Native.bag_fps_count(set) == 0
+      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(2))
+    end
+
+    test "one key with enough values to make its fingerprint table big (resized on a dirty scheduler)" do
+      bag = Bag.new()
+      empty = Bag.memory(bag)
+      ets_empty = :ets.info(bag.tab, :memory)
+      # 70k fingerprints in one shard: past the 65,536-bucket table that a
+      # normal-scheduler call may not resize.
+      for v <- 1..70_000, do: Bag.insert(bag, :one, v)
+      Bag.insert(bag, :one, 1)
+      assert Bag.count(bag, :one) == 70_000
+      assert fingerprints(bag) == 70_000
+      Bag.delete(bag, :one)
+      assert Bag.size(bag) == 0 and fingerprints(bag) == 0
+      # The fingerprint table shrank back (the ETS table keeps some buckets).
+      assert Bag.memory(bag) - :ets.info(bag.tab, :memory) == empty - ets_empty
+
+      # Single adds and removes answer :dirty instead of resizing it on a
+      # normal scheduler; their dirty variants do it.
+      alias Larder.Native
+      set = Native.bag_fps_new(1)
+
+      dirty = fn call, dirty_call, v ->
+        with :dirty <- call.(set, 7, v), do: {:dirty, dirty_call.(set, 7, v)}
+      end
+
+      adds = for v <- 1..70_000, do: dirty.(&Native.bag_fps_add/3, &Native.bag_fps_add_dirty/3, v)
+      assert {:dirty, true} in adds and Enum.all?(adds, &(&1 in [true, {:dirty, true}]))
+
+      removes =
+        for v <- 1..70_000,
+            do: dirty.(&Native.bag_fps_remove/3, &Native.bag_fps_remove_dirty/3, v)
+
+      assert {:dirty, :ok} in removes and Enum.all?(removes, &(&1 in [:ok, {:dirty, :ok}]))
+      assert Native.bag_fps_count(set) == 0
+      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(1))
     end
 
     test "memory/1 is the table's size in words and grows with the pairs" do
@@ -114,6 +285,8 @@ defmodule Larder.BagTest do
       assert is_integer(empty) and empty > 0
       Bag.insert_many(bag, for(v <- 1..1_000, do: {:k, v}))
       assert Bag.memory(bag) > empty + 1_000
+      # The fingerprint set is counted: more than the ETS table alone.
+      assert Bag.memory(bag) > :ets.info(bag.tab, :memory)
     end
 
     test "keys/1 lists each key once" do
@@ -121,7 +294,7 @@ defmodule Larder.BagTest do
       Bag.insert_many(bag, for(k <- 1..50, v <- 1..30, do: {k, v}))
       assert Enum.sort(Bag.keys(bag)) == Enum.to_list(1..50)
 
-      # 1 and 1.0 are different keys; their pairs sort interleaved.
+      # 1 and 1.0 are different keys.
       other = Bag.new()
       Bag.insert_many(other, [{1, :a}, {1.0, :b}, {1, :c}])
       assert Enum.sort(Bag.keys(other)) == [1, 1.0]
@@ -411,7 +584,7 @@ defmodule Larder.BagTest do
         assert_memory(bag, fresh, what)
 
         Bag.delete(bag, :hot)
-        assert Bag.memory(bag) <= empty + tree_slack(bag, write_concurrency), what
+        assert Bag.memory(bag) <= empty, what
       end
     end
 
@@ -433,6 +606,10 @@ defmodule Larder.BagTest do
 
         for {_, ref} <- writers, do: assert_receive({:DOWN, ^ref, _, _, _}, 30_000)
 
+        # A writer of the key takes over a dead writer's slot and repairs it.
+        Bag.insert(bag, :hot, :probe)
+        Bag.delete(bag, :hot, :probe)
+
         counts = Enum.frequencies_by(Bag.lookup(bag, :hot), fn {i, _} -> i end)
         what = "dedup: #{dedup}, write_concurrency: #{write_concurrency}: #{inspect(counts)}"
         assert Enum.all?(counts, fn {_, n} -> n == batch end), what
@@ -442,6 +619,43 @@ defmodule Larder.BagTest do
         Bag.insert_many(fresh, content)
         assert_memory(bag, fresh, what)
       end
+    end
+
+    test "writers of one key killed mid-insert or mid-delete leave no duplicate, no stale fingerprint" do
+      bag = Bag.new(write_concurrency: true)
+      empty = Bag.memory(bag)
+
+      for round <- 1..20 do
+        writers =
+          for i <- 1..4 do
+            spawn(fn ->
+              for r <- Stream.cycle(1..50) do
+                Bag.insert(bag, :hot, {i, r})
+                Bag.insert(bag, :hot, {:shared, rem(r, 7)})
+                Bag.delete(bag, :hot, {i, r - 1})
+                if rem(r, 10) == 0, do: Bag.delete(bag, :hot, {:shared, rem(r, 7)})
+              end
+            end)
+          end
+
+        Process.sleep(:rand.uniform(5))
+
+        for pid <- writers do
+          ref = Process.monitor(pid)
+          Process.exit(pid, :kill)
+          assert_receive {:DOWN, ^ref, _, _, _}
+        end
+
+        # The next writer of the key takes the dead writers' slot over.
+        Bag.insert(bag, :hot, {:probe, round})
+        values = Bag.lookup(bag, :hot)
+        assert length(values) == length(Enum.uniq(values)), "round #{round}"
+        assert fingerprints(bag) == Bag.size(bag), "round #{round}"
+      end
+
+      Bag.delete(bag, :hot)
+      assert Bag.size(bag) == 0 and fingerprints(bag) == 0
+      assert Bag.memory(bag) <= empty
     end
 
     test "processes inserting the same pairs at once leave exactly one copy of each" do
@@ -468,7 +682,7 @@ defmodule Larder.BagTest do
         Enum.each(tasks, &Task.await/1)
 
         assert Bag.size(bag) == length(pairs)
-        for k <- 1..50, do: assert(Bag.lookup(bag, k) == Enum.to_list(1..40))
+        for k <- 1..50, do: assert(Enum.sort(Bag.lookup(bag, k)) == Enum.to_list(1..40))
       end
     end
 
@@ -490,19 +704,27 @@ defmodule Larder.BagTest do
   # The bag's ETS memory is what a fresh bag with the same content takes:
   # nothing leaked. A contention-adapting tree (ordered_set with
   # write_concurrency) may keep routing nodes that contention split off.
-  defp assert_memory(bag, fresh, what) do
-    got = Bag.memory(bag)
-    want = Bag.memory(fresh)
-    slack = tree_slack(bag, match?(%{write_concurrency: true}, ets_opts(bag)))
-    assert got >= want - slack and got <= want + slack, "#{what}: #{got} words, want #{want}"
+  # The ETS table takes exactly what a fresh bag with the same content
+  # takes; the fingerprint set counts exactly the pairs (no stale or missing
+  # fingerprint), and its tables are at most 4x the fresh one's (they shrink
+  # below a quarter full) plus the fixed part.
+  defp assert_memory(%Bag{tab: tab} = bag, %Bag{tab: fresh_tab} = fresh, what) do
+    got = :ets.info(tab, :memory)
+    want = :ets.info(fresh_tab, :memory)
+    assert got == want, "#{what}: #{got} words, want #{want}"
+
+    if bag.dedup do
+      assert fingerprints(bag) == Bag.size(bag), what
+      fixed = Bag.memory(Bag.new()) - :ets.info(Bag.new().tab, :memory)
+      extra = Bag.memory(bag) - got - fixed
+      fresh_extra = Bag.memory(fresh) - want - fixed
+
+      assert extra <= 4 * fresh_extra,
+             "#{what}: fingerprints #{extra} words, fresh #{fresh_extra}"
+    end
   end
 
-  defp tree_slack(%Bag{tab: tab}, write_concurrency) do
-    if write_concurrency and :ets.info(tab, :type) == :ordered_set, do: 4_096, else: 0
-  end
-
-  defp ets_opts(%Bag{tab: tab}),
-    do: %{write_concurrency: :ets.info(tab, :write_concurrency) == true}
+  defp fingerprints(%Bag{fps: fps}), do: Larder.Native.bag_fps_count(fps)
 
   defp read_until_done(bag, writer, acc) do
     acc = [Bag.count(bag, :k), length(Bag.lookup(bag, :k)) | acc]
@@ -770,7 +992,7 @@ defmodule Larder.BagTest do
         end
 
       total = chunks |> Enum.map(&elem(&1, 0)) |> Enum.sum()
-      data = ["LARDERBAG", 1, dedup, Enum.map(chunks, &elem(&1, 1)), <<0::32, total::64>>]
+      data = ["LARDERBAG", 2, dedup, Enum.map(chunks, &elem(&1, 1)), <<0::32, total::64>>]
       File.write!(path, data)
     end
 
@@ -795,17 +1017,15 @@ defmodule Larder.BagTest do
       path = tmp_path(context)
 
       cases = [
-        # dedup files hold {[key | value]} objects only
-        {"dedup: a 1-tuple whose key is not a pair", 1, [[{[:k | 1]}, {:k}]]},
-        {"dedup: an empty-list key", 1, [[{[]}]]},
-        {"dedup: {key, value} tuples (mode byte says dedup)", 1, [[{:k, 1}, {:k, 2}]]},
-        {"dedup: a 3-tuple", 1, [[{[:k | 1], 2, 3}]]},
+        # files of both modes hold {key, value} tuples only
+        {"dedup: a 1-tuple", 1, [[{:k, 1}, {:k}]]},
+        {"dedup: version 1 objects {[key | value]}", 1, [[{[:k | 1]}]]},
+        {"dedup: a 3-tuple", 1, [[{:k, 2, 3}]]},
         {"dedup: non-tuples", 1, [[1, 2]]},
         {"dedup: not a list", 1, [%{a: 1}]},
-        {"dedup: an improper list", 1, [[{[:k | 1]} | :tail]]},
-        {"dedup: a good chunk, then a bad one", 1, [[{[:k | 1]}], [{:k, 1}]]},
-        # duplicate-bag files hold {key, value} tuples only
-        {"dup: ordered_set objects (mode byte says dedup: false)", 0, [[{[:k | 1]}]]},
+        {"dedup: an improper list", 1, [[{:k, 1} | :tail]]},
+        {"dedup: a good chunk, then a bad one", 1, [[{:k, 1}], [{[:k | 1]}]]},
+        {"dup: version 1 dedup objects (mode byte says dedup: false)", 0, [[{[:k | 1]}]]},
         {"dup: a 3-tuple", 0, [[{:k, 1, 2}]]},
         {"dup: a 1-tuple", 0, [[{:k}]]},
         {"dup: non-tuples", 0, [[:a, :b]]},
@@ -817,16 +1037,33 @@ defmodule Larder.BagTest do
         assert_corrupt(path, context.test, what)
       end
 
-      # The same forge with well-shaped objects loads.
-      forge(path, 1, [[{[:k | 1]}, {[:k | 2]}]])
-      assert Bag.lookup(Bag.load!(path), :k) == [1, 2]
+      # The same forge with well-shaped objects loads, in file order; a
+      # deduplicating bag keeps the first of a pair the file holds twice.
+      forge(path, 1, [[{:k, 2}, {:k, 1}], [{:k, 2}, {:k, 3}, {:k, 1.0}]])
+      assert Bag.lookup(Bag.load!(path), :k) == [2, 1, 3, 1.0]
       forge(path, 0, [[{:k, 1}, {:k, 1}]])
       assert Bag.lookup(Bag.load!(path), :k) == [1, 1]
     end
 
+    test "a snapshot of another version is refused", context do
+      path = tmp_path(context)
+      forge(path, 1, [[{:k, 1}]])
+      data = File.read!(path)
+
+      for version <- [0, 1, 3, 255] do
+        <<magic::binary-size(9), _v, rest::binary>> = data
+        File.write!(path, [magic, version, rest])
+
+        assert {:error, %Larder.Error{reason: :corrupt_snapshot, message: message}} =
+                 Bag.load(path)
+
+        assert message =~ "unsupported snapshot version #{version}"
+      end
+    end
+
     test "a chunk must be exactly one uncompressed term", context do
       path = tmp_path(context)
-      good = :erlang.term_to_binary([{[:k | 1]}])
+      good = :erlang.term_to_binary([{:k, 1}])
 
       # Trailing bytes after the term, inside a checksummed chunk.
       forge(path, 1, [{:raw, 1, good <> <<0, 1, 2>>}])
@@ -838,7 +1075,7 @@ defmodule Larder.BagTest do
 
       # A compressed term: 1 MB of zeros in a payload of about a kilobyte.
       # A compressed chunk can declare gigabytes; the loader refuses them all.
-      bomb = :erlang.term_to_binary([{[:k | <<0::size(8_000_000)>>]}], compressed: 9)
+      bomb = :erlang.term_to_binary([{:k, <<0::size(8_000_000)>>}], compressed: 9)
       assert byte_size(bomb) < 10_000
       forge(path, 1, [{:raw, 1, bomb}])
       assert_corrupt(path, context.test, "compressed")
@@ -846,7 +1083,7 @@ defmodule Larder.BagTest do
 
     test "header counts are bounded before anything is decoded", context do
       path = tmp_path(context)
-      objects = for v <- 1..65_537, do: {[:k | v]}
+      objects = for v <- 1..65_537, do: {:k, v}
       forge(path, 1, [objects])
       assert_corrupt(path, context.test, "65,537 pairs in one chunk")
 
@@ -858,7 +1095,7 @@ defmodule Larder.BagTest do
       assert Bag.count(Bag.load!(path), :one) == 100_000
 
       # A count that lies about the payload.
-      forge(path, 1, [{:raw, 3, :erlang.term_to_binary([{[:k | 1]}])}])
+      forge(path, 1, [{:raw, 3, :erlang.term_to_binary([{:k, 1}])}])
       assert_corrupt(path, context.test, "count 3, one object")
     end
 
@@ -868,8 +1105,8 @@ defmodule Larder.BagTest do
       # format (ATOM_UTF8_EXT), never written as an atom literal here.
       name = "larder_never_#{System.unique_integer([:positive])}"
       atom_ext = <<118, byte_size(name)::16, name::binary>>
-      # [{[:k | atom]}] in the external format.
-      payload = <<131, 108, 1::32, 104, 1, 108, 1::32, 100, 1::16, "k", atom_ext::binary, 106>>
+      # [{:k, atom}] in the external format.
+      payload = <<131, 108, 1::32, 104, 2, 100, 1::16, "k", atom_ext::binary, 106>>
 
       forge(path, 1, [{:raw, 1, payload}])
       assert_corrupt(path, context.test, "unknown atom")
@@ -897,8 +1134,8 @@ defmodule Larder.BagTest do
           objects =
             for i <- (c * chunk)..(c * chunk + chunk - 1) do
               name = prefix <> Integer.to_string(i)
-              # {[:k | atom]}: SMALL_TUPLE, LIST of one with an atom tail.
-              [104, 1, 108, <<1::32>>, 119, 1, "k", 119, byte_size(name), name]
+              # {:k, atom}: SMALL_TUPLE of two atoms.
+              [104, 2, 119, 1, "k", 119, byte_size(name), name]
             end
 
           {:raw, chunk, IO.iodata_to_binary([131, 108, <<chunk::32>>, objects, 106])}

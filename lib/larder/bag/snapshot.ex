@@ -11,8 +11,12 @@ defmodule Larder.Bag.Snapshot do
   #   trailer     <<0::32, total::64>>
   #
   # `payload` is term_to_binary/1 (uncompressed) of a list of `count` ETS
-  # objects; `crc32` covers it. With dedup = 1 every object is `{[key | value]}`
-  # (the ordered_set layout of Larder.Bag), with dedup = 0 it is `{key, value}`.
+  # objects `{key, value}`, in the order the table holds them (so the values
+  # of a key keep their insertion order); `crc32` covers it. dedup = 1 marks
+  # a deduplicating bag: load/2 counts the fingerprints of its pairs (and
+  # skips a pair the file holds twice), dedup = 0 a plain :duplicate_bag.
+  # Version 1 (a deduplicating bag as an ordered_set of `{[key | value]}`,
+  # in term order) is refused: its order is not the insertion order.
   # The trailer holds the total number of objects, so a file cut at a chunk
   # boundary is caught too. Nothing may follow the trailer.
   #
@@ -23,15 +27,15 @@ defmodule Larder.Bag.Snapshot do
   # one uncompressed term (a compressed one could declare gigabytes) that fills
   # the payload exactly and creates no atom (unless `create_atoms: true`), so
   # decoding allocates at most a small constant times the file's size. The
-  # decoded term must be a proper list of `count` objects of the shape the
-  # dedup byte announces; otherwise the load fails and the table is deleted.
+  # decoded term must be a proper list of `count` `{key, value}` tuples;
+  # otherwise the load fails and the table is deleted.
   #
   # A dump is durable when it returns :ok: the temporary file is fsynced before
   # the rename, and the directory after it, so a power loss leaves the old file
   # or the complete new one.
 
   @magic "LARDERBAG"
-  @version 1
+  @version 2
 
   # No chunk that dump/3 writes holds more objects than Larder.Bag's dump
   # chunk (4,096); the bound leaves room while rejecting absurd counts.
@@ -162,7 +166,7 @@ defmodule Larder.Bag.Snapshot do
     with {:ok, data} <- read(path),
          {:ok, dedup, chunks} <- parse(data, path) do
       bag = Larder.Bag.create(Keyword.put(opts, :dedup, dedup))
-      fill(bag, dedup, chunks, decode_opts, path)
+      fill(bag, chunks, decode_opts, path)
     end
   end
 
@@ -221,9 +225,9 @@ defmodule Larder.Bag.Snapshot do
 
   # Decodes, checks and inserts one chunk at a time (a decoded chunk is
   # garbage once inserted); on the first bad chunk the table is deleted.
-  defp fill(bag, dedup, chunks, decode_opts, path) do
+  defp fill(bag, chunks, decode_opts, path) do
     Enum.reduce_while(chunks, 0, fn {count, payload}, seen ->
-      case decode(payload, dedup, decode_opts) do
+      case decode(payload, decode_opts) do
         {:ok, objects, ^count} ->
           Larder.Bag.insert_objects(bag, objects)
           {:cont, seen + count}
@@ -251,17 +255,14 @@ defmodule Larder.Bag.Snapshot do
 
   # A compressed term (tag 80) declares its uncompressed size: a few bytes
   # could ask for gigabytes. dump/3 never writes one.
-  defp decode(<<131, 80, _::binary>>, _dedup, _opts), do: {:error, "is compressed"}
+  defp decode(<<131, 80, _::binary>>, _opts), do: {:error, "is compressed"}
 
-  defp decode(payload, dedup, opts) do
+  defp decode(payload, opts) do
     {term, used} = :erlang.binary_to_term(payload, opts)
 
     cond do
       used != byte_size(payload) ->
         {:error, "has #{byte_size(payload) - used} bytes after its term"}
-
-      dedup ->
-        count_objects(term, 0)
 
       true ->
         count_pairs(term, 0)
@@ -274,13 +275,6 @@ defmodule Larder.Bag.Snapshot do
        "is not a valid external term, or holds an atom this VM does not know " <>
          "(see load/2's :create_atoms option)"}
   end
-
-  # `{:ok, objects, n}` if `objects` is a proper list of n objects in the
-  # ordered_set layout `{[key | value]}`.
-  defp count_objects(objects, n), do: count_objects(objects, objects, n)
-  defp count_objects([{[_ | _]} | rest], all, n), do: count_objects(rest, all, n + 1)
-  defp count_objects([], all, n), do: {:ok, all, n}
-  defp count_objects(_bad, _all, n), do: {:error, "holds an object of the wrong shape at #{n}"}
 
   # `{:ok, pairs, n}` if `pairs` is a proper list of n `{key, value}` tuples.
   defp count_pairs(pairs, n), do: count_pairs(pairs, pairs, n)

@@ -1,8 +1,9 @@
 //! Larder's NIF: Roaring-bitmap secondary indexes behind `Larder.Index` and
-//! `Larder.Table`. Each resource lives in its own module; `rustler::init!`
+//! `Larder.Table`, and the fingerprint sets behind `Larder.Bag`. Each resource lives in its own module; `rustler::init!`
 //! registers every `#[rustler::nif]` function under `Larder.Native`.
 
 mod atoms;
+mod bag;
 mod budget;
 mod error;
 mod expr;
