@@ -3,21 +3,24 @@ defmodule Larder.Telemetry do
   The `:telemetry` events Larder emits, with their measurements and metadata.
 
   Larder does not depend on `:telemetry`: it emits events only when the
-  `:telemetry` application is loadable at run time, which each cache and
-  register checks once, when it starts (`Code.ensure_loaded?(:telemetry)`),
-  and stores in its own configuration. A cache or register started before
-  `:telemetry` was available emits nothing until it is started again.
-  Without `:telemetry`, or with the per-instance option `telemetry: false`
-  (`Larder.Cache.start_link/1`, `Larder.Register.new/1`), an event costs one
-  boolean check of that stored answer.
+  `:telemetry` application is loadable at run time, which each cache,
+  register, bag and table checks once, when it is created or started
+  (`Code.ensure_loaded?(:telemetry)`), and stores in its own handle or
+  configuration. An instance created before `:telemetry` was available
+  emits nothing until it is created again. Without `:telemetry`, or with
+  the per-instance option `telemetry: false` (`Larder.Cache.start_link/1`,
+  `Larder.Register.new/1`, `Larder.Bag.new/1` and `Larder.Bag.load/2`,
+  `Larder.Table.new/1`), an event costs one boolean check of that stored
+  answer.
 
   Event names are fixed; the instance is in the metadata (`:cache`, the
-  cache's name; `:register`, the register's name, or its handle when it has
-  none). Spans follow `:telemetry.span/3`: a `:start` event, then a `:stop`
-  event or, when the call raises, exits or throws, an `:exception` event.
+  cache's name; `:register`, `:bag` and `:table`, the instance's name, or
+  its handle when it has none). Spans follow `:telemetry.span/3`: a
+  `:start` event, then a `:stop` event or, when the call raises, exits or
+  throws, an `:exception` event.
 
-  Handlers run in the process that emits the event: a caller of the cache
-  or register, or the cache's own process (invalidations received, L2
+  Handlers run in the process that emits the event: a caller of the
+  instance, or the cache's own process (invalidations received, L2
   connection events). Never in the middle of a write: events are emitted
   after the slot lock of the write is released. A handler that is slow
   slows that process down; one that raises is handled as `:telemetry`
@@ -94,6 +97,28 @@ defmodule Larder.Telemetry do
       or a process of the L2 died and the cache restarts it. Measurements:
       `:system_time`. Metadata: `:cache`, `:reason` (`:connection_lost` or
       `:process_died`).
+
+  ## Bag spans
+
+  Each of these emits `[:larder, :bag, op, :start]`, then
+  `[:larder, :bag, op, :stop]` or `[:larder, :bag, op, :exception]`:
+
+    * `op = :dump`: `Larder.Bag.dump/2` and `dump!/2`.
+    * `op = :load`: `Larder.Bag.load/2` and `load!/2`; on or off by
+      `load/2`'s own `:telemetry` option, which the loaded bag keeps.
+
+  `:start` measurements: `:system_time`, `:monotonic_time`. Metadata:
+  `:bag` (the name, or the handle of a bag without one; for `:load`, the
+  `:name` option, or `nil`) and `:path`, plus `:telemetry_span_context`.
+
+  `:stop` measurements: `:duration`, `:monotonic_time`. Metadata: `:bag`
+  (for `:load`, the loaded bag: its name, or its handle), `:path` and
+  `:result`: `:ok`, or `:error` with `:error`, the `Larder.Error` returned
+  (`:file_error`, `:corrupt_snapshot`).
+
+  `:exception` measurements: `:duration`, `:monotonic_time`. Metadata:
+  `:bag`, `:path`, `:kind`, `:reason`, `:stacktrace` (a bag dropped during
+  its dump).
 
   ## Register events
 

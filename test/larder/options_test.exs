@@ -5,7 +5,7 @@ defmodule Larder.OptionsTest do
   # give a message of the same shape, naming the module and the option.
   use ExUnit.Case, async: true
 
-  alias Larder.{Cache, Index, Register}
+  alias Larder.{Bag, Cache, Index, Register}
 
   # {what, constructor, options it needs besides the one under test,
   #  {an option, a value of the wrong type}, {a numeric option, a value
@@ -24,7 +24,12 @@ defmodule Larder.OptionsTest do
        {:max_entries, 1_099_511_627_777}, :name},
       {"Larder.Cache", &Cache.child_spec/1, [name: name], {:ttl, "1s"}, {:ttl, 0}, :name},
       {"Larder.Cache.Redis", &Larder.Cache.Redis.validate_opts!/1, [], {:host, 'localhost'},
-       {:port, 65_536}, nil}
+       {:port, 65_536}, nil},
+      {"Larder.Bag", &Bag.new/1, [], {:dedup, :yes}, nil, nil},
+      {"Larder.Bag", &Bag.start_link/1, [name: name], {:write_concurrency, 1}, nil, :name},
+      {"Larder.Bag", &Bag.child_spec/1, [name: name], {:compressed, nil}, nil, :name},
+      {"Larder.Bag", &Bag.load("/nonexistent/larder.bag", &1), [], {:create_atoms, "no"}, nil,
+       nil}
     ]
   end
 
