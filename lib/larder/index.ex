@@ -292,8 +292,8 @@ defmodule Larder.Index do
   def memory(index), do: index |> ref!() |> Native.index_memory() |> check(nil)
 
   @doc """
-  Frees the index's memory in the NIF at once, even while other processes
-  still hold its handle. Every later call on the index raises
+  Drops the index: frees its memory in the NIF at once, even while other
+  processes still hold its handle. Every later call on the index raises
   `ArgumentError`, except `drop/1` itself, which returns `:ok` again.
 
       iex> index = Larder.Index.new()

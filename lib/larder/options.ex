@@ -110,10 +110,4 @@ defmodule Larder.Options do
   defp expected({:or_nil, check}), do: expected(check) <> " or nil"
   defp expected({:or_infinity, check}), do: expected(check) <> " or :infinity"
   defp expected({:custom, expected, _fun}), do: expected
-
-  # Kept until Larder.Bag and Larder.Table move to validate!/3.
-  def check_keys!(opts, valid, what) do
-    validate!(opts, Enum.map(valid, &{&1, {{:custom, "anything", fn _ -> true end}, nil}}), what)
-    opts
-  end
 end

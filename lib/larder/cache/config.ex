@@ -118,9 +118,15 @@ defmodule Larder.Cache.Config do
       [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
         ttl
 
+      # Anything else takes the one option check: it raises for what it
+      # refuses, and gives the first of a ttl given twice.
       _ ->
-        raise ArgumentError,
-              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
+        opts
+        |> Options.validate!(
+          [ttl: {{:or_infinity, {:integer, 1, @max_ttl}}, cfg.ttl}],
+          "Larder.Cache.put/4"
+        )
+        |> Keyword.fetch!(:ttl)
     end
   end
 
