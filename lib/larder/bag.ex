@@ -251,7 +251,9 @@ defmodule Larder.Bag do
 
   @doc """
   A child specification for a supervised named bag; takes the options of
-  `start_link/1`. The child id is `{Larder.Bag, name}`.
+  `start_link/1`. The child id is `{Larder.Bag, name}`. The child is
+  `:transient`: a bag ended by `drop/1` stays dropped (its process exits
+  normally), one whose process crashed is restarted (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
@@ -260,7 +262,8 @@ defmodule Larder.Bag do
     %{
       id: {__MODULE__, Keyword.get(opts, :name)},
       start: {__MODULE__, :start_link, [opts]},
-      type: :worker
+      type: :worker,
+      restart: :transient
     }
   end
 
@@ -487,7 +490,9 @@ defmodule Larder.Bag do
       :ok
     else
       try do
+        owner = :ets.info(tab, :owner)
         :ets.delete(tab)
+        Larder.Bag.Owner.dropped(owner)
       rescue
         e in ArgumentError -> if exists?(bag), do: reraise(gone(bag, e), __STACKTRACE__)
       end

@@ -253,12 +253,14 @@ defmodule Larder.Register do
 
   @doc """
   A child specification for `start_link/1`. Raises `ArgumentError` on the
-  options `start_link/1` rejects.
+  options `start_link/1` rejects. The child is `:transient`: a register
+  ended by `drop/1` stays dropped, one whose process crashed is restarted
+  (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     name = Keyword.fetch!(validate_opts!(opts, {:atom, :required}), :name)
-    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}}
+    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}, restart: :transient}
   end
 
   @doc """

@@ -208,12 +208,20 @@ defmodule Larder.Table do
 
   @doc """
   A child specification for a supervised named table; takes the options of
-  `start_link/1`. The child id is `{Larder.Table, name}`.
+  `start_link/1`. The child id is `{Larder.Table, name}`. The child is
+  `:transient`: a table ended by `drop/1` stays dropped, one whose writer
+  crashed is restarted (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     config = config!(opts, :start_link)
-    %{id: {__MODULE__, config.name}, start: {__MODULE__, :start_link, [opts]}, type: :worker}
+
+    %{
+      id: {__MODULE__, config.name},
+      start: {__MODULE__, :start_link, [opts]},
+      type: :worker,
+      restart: :transient
+    }
   end
 
   ## Writing
