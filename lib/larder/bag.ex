@@ -720,8 +720,9 @@ defmodule Larder.Bag do
   Reads a snapshot written by `dump/2` into a new bag owned by the calling
   process. The deduplication mode is the one of the dumped bag.
 
-  Options: `:name`, `:read_concurrency`, `:write_concurrency` and
-  `:compressed`, as for `new/1`, and:
+  Options: `:name`, `:read_concurrency`, `:write_concurrency`,
+  `:compressed` and `:telemetry` (for the load's own event too), as for
+  `new/1`, and:
 
     * `:create_atoms` - `false` (default) decodes with
       `:erlang.binary_to_term/2`'s `:safe` option: a file holding an atom
