@@ -123,10 +123,14 @@ defmodule PriceSearch.Catalogue do
   # reference, so it cannot be a module attribute).
   defp patterns, do: {:binary.compile_pattern(","), :binary.compile_pattern("|")}
 
-  # One pass over the lines with one cache of shared terms: a tail-recursive
-  # loop (no intermediate list per line), the fields split by the compiled
-  # pattern, integers by binary_to_integer, and each interned term found by
-  # one map lookup.
+  # One pass over the lines: a tail-recursive loop (no intermediate list per
+  # line), the fields split by a compiled pattern, integers by
+  # binary_to_integer. Repeated terms come from `cache`, by two lookups a
+  # line: the offering,group,spec span of the line (about 500 distinct in the
+  # reference catalogue) gives the three shared strings, and the chars,values
+  # span (9,744 distinct) the shared list of characteristics. The keys cannot
+  # collide: a head span holds two commas, a chars span one, a single string
+  # none.
   defp parse_lines([], _patterns, _cache, acc), do: :lists.reverse(acc)
 
   defp parse_lines([line | rest], {comma, _bar} = patterns, cache, acc) do
@@ -135,11 +139,13 @@ defmodule PriceSearch.Catalogue do
         parse_lines(rest, patterns, cache, acc)
 
       [idx, offering, group, spec, chars, values, value, default, currency] ->
-        {offering, cache} = intern(offering, cache)
-        {group, cache} = intern(group, cache)
-        {spec, cache} = intern(spec, cache)
-        {currency, cache} = intern(currency, cache)
-        {chars, cache} = intern_chars(chars, values, patterns, cache)
+        head_at = byte_size(idx) + 1
+        head_len = byte_size(offering) + byte_size(group) + byte_size(spec) + 2
+        head = binary_part(line, head_at, head_len)
+        {{offering, group, spec}, cache} = intern_head(head, offering, group, spec, cache)
+        span = binary_part(line, head_at + head_len + 1, byte_size(chars) + 1 + byte_size(values))
+        {chars, cache} = intern_chars(span, chars, values, patterns, cache)
+        {currency, cache} = if currency == "", do: {"", cache}, else: intern(currency, cache)
 
         price = %{
           idx: :erlang.binary_to_integer(idx),
@@ -159,6 +165,20 @@ defmodule PriceSearch.Catalogue do
     end
   end
 
+  defp intern_head(head, offering, group, spec, cache) do
+    case cache do
+      %{^head => shared} ->
+        {shared, cache}
+
+      _ ->
+        {offering, cache} = intern(offering, cache)
+        {group, cache} = intern(group, cache)
+        {spec, cache} = intern(spec, cache)
+        shared = {offering, group, spec}
+        {shared, Map.put(cache, :binary.copy(head), shared)}
+    end
+  end
+
   defp intern(binary, cache) do
     case cache do
       %{^binary => shared} ->
@@ -172,12 +192,10 @@ defmodule PriceSearch.Catalogue do
   end
 
   # The characteristics list, shared by every price with the same names and
-  # values (9,744 combinations in the reference catalogue).
-  defp intern_chars(chars, values, {_comma, bar}, cache) do
-    key = {chars, values}
-
+  # values.
+  defp intern_chars(span, chars, values, {_comma, bar}, cache) do
     case cache do
-      %{^key => shared} ->
+      %{^span => shared} ->
         {shared, cache}
 
       _ ->
@@ -189,7 +207,7 @@ defmodule PriceSearch.Catalogue do
             []
           )
 
-        {list, Map.put(cache, {:binary.copy(chars), :binary.copy(values)}, list)}
+        {list, Map.put(cache, :binary.copy(span), list)}
     end
   end
 
