@@ -338,19 +338,21 @@ pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Vec<u32> {
     ids
 }
 
-/// At most this many lookups (ids of the smallest chunk inside the common
-/// span, times the other operands) make a chunk of an `and` of terms probe
-/// instead of intersecting whole containers: about the work of one pass
-/// over an array container, without copying it.
-const PROBE_LOOKUPS: u64 = 4_096;
+/// Seeks per operand a chunk of an `and` of terms may spend leapfrogging
+/// before it intersects the whole containers instead: a seek costs about as
+/// much as a few words of a container intersection, and a bitmap container
+/// has 1,024 words.
+const LEAP_SEEKS: usize = 128;
 
 /// The ids of `and(children)` when every child is a term (`None` otherwise),
 /// chunk by chunk of the smallest posting. Only the span every operand's
-/// chunk covers (their first and last ids, kept by the writer) can match;
-/// when the smallest chunk is an array with few ids in that span, each of
-/// them is looked up in the other chunks, smallest first, and kept if all
-/// hold it (no container is copied); otherwise the chunks are intersected
-/// whole, smallest first.
+/// chunk covers (their first and last ids, kept by the writer) can match.
+/// Within it the chunks are leapfrogged: each operand's cursor seeks the
+/// largest id any cursor stands on, until all stand on the same one, which
+/// matches; no container is copied, and an operand whose ids come in blocks
+/// skips a whole block at once. When that takes more than `LEAP_SEEKS` seeks
+/// per operand (large answers), the chunks are intersected whole instead,
+/// smallest first.
 fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
     let mut postings: Vec<&Posting> = Vec::with_capacity(children.len());
     for child in children {
@@ -366,6 +368,7 @@ fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
         .min_by_key(|(_, posting)| posting.len)?;
     let mut out = Vec::new();
     let mut chunks: Vec<&Chunk> = Vec::with_capacity(postings.len());
+    let mut cursors = Vec::with_capacity(postings.len());
     'chunks: for (key, mine) in &first.chunks {
         chunks.clear();
         chunks.push(mine);
@@ -387,27 +390,15 @@ fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
             continue;
         }
         chunks.sort_unstable_by_key(|chunk| chunk.ids.len());
+        let seeks = LEAP_SEEKS.saturating_mul(chunks.len());
+        if leapfrog(&chunks, lo, hi, &mut cursors, seeks, &mut out) {
+            continue;
+        }
         let Some((smallest, rest)) = chunks.split_first() else {
             continue;
         };
-        // An array (at most 4,096 ids) counts the ids of a span in two
-        // binary searches.
-        let small = smallest.ids.len() <= 4_096
-            && smallest
-                .ids
-                .range_cardinality(lo..=hi)
-                .saturating_mul(rest.len() as u64)
-                <= PROBE_LOOKUPS;
-        if small {
-            for id in smallest.ids.range(lo..=hi) {
-                if rest.iter().all(|chunk| chunk.ids.contains(id)) {
-                    out.push(id);
-                }
-            }
-            continue;
-        }
         let Some((second, others)) = rest.split_first() else {
-            out.extend(smallest.ids.iter());
+            out.extend(smallest.ids.range(lo..=hi));
             continue;
         };
         let mut ids = &smallest.ids & &second.ids;
@@ -420,6 +411,67 @@ fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
         out.extend(ids.iter());
     }
     Some(out)
+}
+
+/// A chunk's cursor for `leapfrog`: its ids in the span, and the id it
+/// stands on.
+type Cursor<'c> = (roaring::bitmap::Iter<'c>, u32);
+
+/// Appends to `out` the ids in `lo..=hi` that every chunk holds, in order,
+/// by leapfrogging; `cursors` is scratch space. Answers `false` (and leaves
+/// `out` as it was) after `seeks` seeks without reaching the end.
+fn leapfrog<'c>(
+    chunks: &[&'c Chunk],
+    lo: u32,
+    hi: u32,
+    cursors: &mut Vec<Cursor<'c>>,
+    seeks: usize,
+    out: &mut Vec<u32>,
+) -> bool {
+    cursors.clear();
+    let mut target = lo;
+    for chunk in chunks {
+        let mut ids = chunk.ids.range(lo..=hi);
+        match ids.next() {
+            Some(id) => {
+                target = target.max(id);
+                cursors.push((ids, id));
+            }
+            None => return true,
+        }
+    }
+    let (start, k) = (out.len(), cursors.len());
+    let (mut agree, mut left) = (0, seeks);
+    loop {
+        for (ids, at) in cursors.iter_mut() {
+            if *at < target {
+                let Some(l) = left.checked_sub(1) else {
+                    out.truncate(start);
+                    return false;
+                };
+                left = l;
+                ids.advance_to(target);
+                match ids.next() {
+                    Some(id) => *at = id,
+                    None => return true,
+                }
+            }
+            if *at > target {
+                target = *at;
+                agree = 1;
+            } else {
+                agree += 1;
+                if agree == k {
+                    out.push(target);
+                    match target.checked_add(1) {
+                        Some(next) if next <= hi => target = next,
+                        _ => return true,
+                    }
+                    agree = 0;
+                }
+            }
+        }
+    }
 }
 
 /// The ids of `and(children)` by probing, if its smallest positive
