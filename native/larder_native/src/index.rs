@@ -243,26 +243,35 @@ fn query_many<'a>(
         }
     }
     with_scratch(|key, ids| {
+        let mut answers: Vec<Term<'a>> = Vec::with_capacity(exprs.list_length().unwrap_or(0));
         let mut rest = exprs;
         while let Some(expr) = next_cell(&mut rest) {
             let expr = expr.map_err(|()| NativeError::BadExpr)?;
             let query = prepare(&state.bitmaps, expr, key, &mut budget)?;
-            if !dirty {
-                let (w, n) = estimate_query(state, &query);
-                total = (total.0.saturating_add(w), total.1.saturating_add(n));
-                if too_costly(total) {
-                    return Err(NativeError::Dirty);
-                }
+            if dirty {
+                // Nothing to decide first: answered at once, while its
+                // postings are in cache.
+                eval_query_ids(&state.bitmaps, &query, ids);
+                answers.push(ids_list(env, ids));
+                continue;
+            }
+            let (w, n) = estimate_query(state, &query);
+            total = (total.0.saturating_add(w), total.1.saturating_add(n));
+            if too_costly(total) {
+                return Err(NativeError::Dirty);
             }
             queries.push(query);
         }
-        // Answered from the last, so each list is prepended to the next.
-        let mut results = Term::list_new_empty(env);
-        for query in queries.iter().rev() {
+        for query in &queries {
             eval_query_ids(&state.bitmaps, query, ids);
-            results = results.list_prepend(ids_list(env, ids));
+            answers.push(ids_list(env, ids));
         }
-        Ok(results)
+        Ok(answers
+            .iter()
+            .rev()
+            .fold(Term::list_new_empty(env), |list, answer| {
+                list.list_prepend(*answer)
+            }))
     })
 }
 
