@@ -58,6 +58,18 @@ alias IndexBench.Loops
 
 bench = Bench.start("Larder.Table: price search on the catalogue")
 {source, prices, requests} = Catalogue.reference_or_generated()
+
+# The catalogue and the map index live in persistent_term, off this process's
+# heap. The harness collects this process's garbage before every timed run;
+# with 487k prices on the heap that collection copies hundreds of MB and
+# leaves the caches cold for the searches timed right after it.
+off_heap = fn key, value ->
+  :persistent_term.put({IndexBench, key}, value)
+  :persistent_term.get({IndexBench, key})
+end
+
+prices = off_heap.(:prices, prices)
+requests = off_heap.(:requests, requests)
 IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
 
 # Expected answers by a plain filter: each request matches exactly one price.
@@ -99,7 +111,7 @@ ets_search = &Loops.ets_search/2
 
 ## Check every contender's answers before timing them
 
-map_index = build_map_index.()
+map_index = off_heap.(:map_index, build_map_index.())
 table = build_table.(store: store)
 full_table = build_table.([])
 ets = build_ets.()
@@ -247,7 +259,7 @@ bench
   "Table store: search median (us)",
   search_row.results["Table store:"].per_op_median_us,
   :<=,
-  5
+  4
 )
 |> Bench.target(
   "Table store: search_many (searches/s)",
