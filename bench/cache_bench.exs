@@ -167,6 +167,10 @@ defmodule Larder.CacheBench do
   # the hit columns measure hits only.
   defp unreachable, do: raise("the loader should not run on a hit")
 
+  # A key in 1..keys for a lookup timed on its own: a cheap BIF, the same in
+  # every column.
+  defp any_key(keys), do: rem(:erlang.unique_integer([:positive]), keys) + 1
+
   # Calls fun.(n) for n in n..1 and drops the results, so that neither side
   # pays for keeping them alive through garbage collections.
   defp repeat(0, _fun), do: :ok
@@ -237,6 +241,24 @@ defmodule Larder.CacheBench do
         ops: div(ops, 4),
         runs: runs,
         parallel: 16,
+        interleave: true
+      )
+      # Every lookup timed on its own (each:), so its p99 is a tail latency,
+      # not the slowest of a few batch means. Each sample includes one clock
+      # read, alike in every column.
+      |> Bench.row(
+        "1 runner, each lookup timed",
+        %{
+          "raw ETS lookup" => fn -> [_] = :ets.lookup(raw, any_key(keys)) end,
+          "Larder.Cache hit" => fn ->
+            {:ok, _} = Cache.fetch(cache, any_key(keys), &unreachable/0)
+          end,
+          "hit, ttl set" => fn ->
+            {:ok, _} = Cache.fetch(ttl_cache, any_key(keys), &unreachable/0)
+          end
+        },
+        each: ops,
+        runs: runs,
         interleave: true
       )
 
@@ -395,6 +417,16 @@ defmodule Larder.CacheBench do
         interleave: true
       )
       |> Bench.row(
+        "hit, 1 KB map, each lookup timed",
+        %{
+          "raw ETS lookup" => fn -> [_] = :ets.lookup(raw, any_key(keys)) end,
+          "Larder.Cache" => fn -> {:ok, _} = Cache.fetch(cache, any_key(keys), &unreachable/0) end
+        },
+        each: ops,
+        runs: runs,
+        interleave: true
+      )
+      |> Bench.row(
         "miss: L2 error + loader + L1 write",
         %{
           "Larder.Cache" =>
@@ -456,7 +488,15 @@ defmodule Larder.CacheBench do
     [%{results: %{"put on node A until node B evicts" => result}}] = table.rows
     GenServer.stop(a)
     GenServer.stop(b)
-    Bench.target(bench, "cross-node invalidation p99 (ms)", result.p99_us / 1_000, :<=, 100)
+    # A sample is one invalidation, but there are only `runs` of them: their
+    # slowest is what they can say about the tail.
+    Bench.target(
+      bench,
+      "cross-node invalidation, max of #{result.runs} runs (ms)",
+      result.max_us / 1_000,
+      :<=,
+      100
+    )
   end
 
   defp wait_subscribed(a, b) do

@@ -24,6 +24,24 @@ defmodule IndexBench.Loops do
 
   def ets_searches(tab, requests), do: Enum.each(requests, &ets_search(tab, &1))
 
+  # One search per call, cycling through the requests, for `each:` timing
+  # (a cheap BIF picks the request). Made here, as a closure written at the
+  # top level of a script is interpreted.
+  def one_table_search(table, requests) do
+    {tuple, n} = cycle(requests)
+    fn -> Larder.Table.search(table, elem(tuple, rem(:erlang.unique_integer([:positive]), n))) end
+  end
+
+  def one_map_search(map_index, requests) do
+    {tuple, n} = cycle(requests)
+
+    fn ->
+      Catalogue.map_search(map_index, elem(tuple, rem(:erlang.unique_integer([:positive]), n)))
+    end
+  end
+
+  defp cycle(requests), do: {List.to_tuple(requests), length(requests)}
+
   # A partial map pattern; chars are a map in this table so it can match them.
   def ets_search(tab, conditions) do
     pattern =
@@ -40,6 +58,18 @@ alias IndexBench.Loops
 
 bench = Bench.start("Larder.Table: price search on the catalogue")
 {source, prices, requests} = Catalogue.reference_or_generated()
+
+# The catalogue and the map index live in persistent_term, off this process's
+# heap. The harness collects this process's garbage before every timed run;
+# with 487k prices on the heap that collection copies hundreds of MB and
+# leaves the caches cold for the searches timed right after it.
+off_heap = fn key, value ->
+  :persistent_term.put({IndexBench, key}, value)
+  :persistent_term.get({IndexBench, key})
+end
+
+prices = off_heap.(:prices, prices)
+requests = off_heap.(:requests, requests)
 IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
 
 # Expected answers by a plain filter: each request matches exactly one price.
@@ -81,7 +111,7 @@ ets_search = &Loops.ets_search/2
 
 ## Check every contender's answers before timing them
 
-map_index = build_map_index.()
+map_index = off_heap.(:map_index, build_map_index.())
 table = build_table.(store: store)
 full_table = build_table.([])
 ets = build_ets.()
@@ -202,10 +232,23 @@ bench =
     runs: Bench.pick(bench, 5, 21),
     ops: 1000
   )
+  # Every search timed on its own (each:), so the tail under the median is a
+  # real p99 of single searches (each sample includes one clock read).
+  |> Bench.row(
+    "search (one request), each timed",
+    %{
+      "map index" => Loops.one_map_search(map_index, requests),
+      "Table store:" => Loops.one_table_search(table, requests),
+      "Table full" => Loops.one_table_search(full_table, requests)
+    },
+    warmup: 1,
+    runs: Bench.pick(bench, 5, 15),
+    each: Bench.pick(bench, 1_000, 5_000)
+  )
 
 ## Targets
 
-[search_row, many_row] = hd(bench.tables).rows
+[search_row, many_row | _each_row] = hd(bench.tables).rows
 [build_row] = Enum.find(bench.tables, &(&1.title =~ "build")).rows
 [mem_row] = Enum.find(bench.tables, &(&1.title =~ "memory")).rows
 
@@ -216,7 +259,7 @@ bench
   "Table store: search median (us)",
   search_row.results["Table store:"].per_op_median_us,
   :<=,
-  5
+  4
 )
 |> Bench.target(
   "Table store: search_many (searches/s)",

@@ -1,7 +1,8 @@
 # Draws one benchmark table as an SVG chart with gnuplot (Debian's
 # gnuplot-nox): one panel per row, one horizontal bar per contender at its
 # median, an error bar for its spread, the anchor in grey and marked, and
-# the ratio to the anchor written at the end of each bar.
+# the ratio to the anchor written at the end of each bar (or, for a figure
+# quoted from another run, its note, such as "not same run").
 defmodule Larder.Report.Chart do
   @moduledoc false
 
@@ -98,7 +99,14 @@ defmodule Larder.Report.Chart do
         med = c.central / scale
         low = (c.low || c.central) / scale
         high = (c.high || c.central) / scale
-        ratio = if c.column == anchor, do: "anchor", else: ratio_text(c.ratio)
+
+        ratio =
+          cond do
+            c.column == anchor -> "anchor"
+            c.reference -> c.reference
+            true -> ratio_text(c.ratio)
+          end
+
         label = "#{ratio}  #{figure(c)}"
         "#{y} #{g(med)} #{g(low)} #{g(high)} #{rgb(color)} \"#{label}\""
       end

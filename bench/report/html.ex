@@ -109,7 +109,14 @@ defmodule Larder.Report.HTML do
 
   defp cell(c) do
     value = if c.unit == :time, do: fmt_us(c.central), else: "#{fmt(c.central)} #{esc(c.unit)}"
-    ratio = if c.ratio, do: " (x#{fmt(c.ratio)})", else: ""
+
+    ratio =
+      cond do
+        c.reference -> " (#{esc(c.reference)})"
+        c.ratio -> " (x#{fmt(c.ratio)})"
+        true -> ""
+      end
+
     [value, ratio]
   end
 

@@ -12,7 +12,9 @@ defmodule Larder.Report.Results do
   A contender's figure in one row: `central` (the median), `low`..`high`
   (the spread, or nil), `spread` naming it (`"p25-p75"`, `"min-max"`,
   `"p50-p99"`), `ratio` (median / the anchor's median), `unit` (`:time`, in
-  microseconds, or the value's unit string).
+  microseconds, or the value's unit string), `reference` (nil, or a note
+  such as `"not same run"` for a figure quoted from elsewhere: it gets no
+  ratio, as a ratio is only meaningful within one run).
   """
   @type cell :: %{
           column: String.t(),
@@ -21,7 +23,8 @@ defmodule Larder.Report.Results do
           high: number() | nil,
           spread: String.t() | nil,
           ratio: number() | nil,
-          unit: :time | String.t()
+          unit: :time | String.t(),
+          reference: String.t() | nil
         }
 
   @type row :: %{label: String.t(), cells: [cell()]}
@@ -140,13 +143,14 @@ defmodule Larder.Report.Results do
           %{} = cell <- [cell(res, per_op?)],
           do: Map.put(cell, :column, col)
 
-    anchor_cell = Enum.find(cells, &(&1.column == anchor))
+    anchor_cell = Enum.find(cells, &(&1.column == anchor and &1.reference == nil))
     # A row compares like with like: the anchor's unit, or the first cell's.
     unit = (anchor_cell || List.first(cells) || %{unit: nil}).unit
 
     for c <- cells, c.unit == unit do
       ratio =
         cond do
+          c.reference -> nil
           num?(c.raw_ratio) -> c.raw_ratio
           anchor_cell && anchor_cell.central > 0 -> c.central / anchor_cell.central
           true -> nil
@@ -164,7 +168,8 @@ defmodule Larder.Report.Results do
         high: nil,
         spread: nil,
         unit: str(res["unit"]) || "",
-        raw_ratio: res["ratio"]
+        raw_ratio: res["ratio"],
+        reference: str(res["reference"])
       }
   end
 
@@ -188,7 +193,8 @@ defmodule Larder.Report.Results do
         high: high,
         spread: spread,
         unit: :time,
-        raw_ratio: res["ratio"]
+        raw_ratio: res["ratio"],
+        reference: str(res["reference"])
       }
     end
   end

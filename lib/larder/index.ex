@@ -39,12 +39,14 @@ defmodule Larder.Index do
   Each term's ids are kept in chunks of 64Ki ids (one Roaring container
   each). With `c` the chunks of the bitmaps involved, `query/2` costs O(c)
   plus O(r) to return `r` ids; `count/2` costs O(c). An `:and` of terms
-  works chunk by chunk of its smallest term: only the span every operand's
-  chunk covers can match (each chunk keeps its first and last id), and when
-  the smallest chunk is an array with few ids in that span (at most 4,096
-  lookups in all) each of them is looked up in the other chunks, smallest
-  first, without copying a container; otherwise the chunks are intersected
-  whole, smallest first. Any other `:and` intersects, chunk by chunk, the
+  (no operator among them) is looked up without building a plan, and works
+  chunk by chunk of its smallest term: only the span every operand's chunk
+  covers can match (each chunk keeps its first and last id). Within it the
+  chunks are leapfrogged: each operand's cursor seeks the largest id any
+  cursor stands on until all stand on the same one, so an operand whose ids
+  come in blocks skips a block in one seek and no container is copied; past
+  128 seeks per operand (a large answer) the chunks are intersected whole
+  instead, smallest first. Any other `:and` intersects, chunk by chunk, the
   operands' chunks smallest first; when its smallest operand is a term of at
   most 4,096 ids it instead looks each of those ids up in the other
   operands. Terms are found in a hash map split into shards

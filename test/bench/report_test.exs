@@ -1,8 +1,9 @@
 defmodule Larder.ReportTest do
   # `make report` on a small set of result files: bench results, an HTTP
-  # load results file in the same tables/rows/results shape, a file of
-  # another shape and a truncated one (both skipped, not fatal). Needs
-  # gnuplot (gnuplot-nox, installed by scripts/setup).
+  # load results file in the same tables/rows/results shape, what
+  # `make bench-http` writes (fixtures/http_bench.json, from a 1 s run), a
+  # file of another shape and a truncated one (both skipped, not fatal).
+  # Needs gnuplot (gnuplot-nox, installed by scripts/setup).
   use ExUnit.Case, async: true
 
   Code.require_file("../../bench/support/bench.ex", __DIR__)
@@ -33,8 +34,8 @@ defmodule Larder.ReportTest do
     html = File.read!(Path.join(ctx.out, "index.html"))
     svgs = ctx.out |> Path.join("svg/*.svg") |> Path.wildcard() |> Enum.map(&Path.basename/1)
 
-    # two register tables and the HTTP table
-    assert length(svgs) == 3
+    # two register tables, the HTTP table, and bench-http's two tables
+    assert length(svgs) == 5
     for svg <- svgs, do: assert(html =~ ~s(src="svg/#{svg}"))
     assert "http_load-requests-per-connection-count.svg" in svgs
     assert html =~ "other_shape.json: no &quot;tables&quot; list"
@@ -57,6 +58,29 @@ defmodule Larder.ReportTest do
     assert http =~ "x5.40  562 us"
     assert http =~ "bars: p50-p99"
     assert http =~ "x0.94  3937 req/s"
+
+    # make bench-http's results: req/s (searches/s for bulk) beside the Go
+    # figures, which are marked as not from this run and get no ratio, and
+    # latency as p50 with a bar to p99.
+    throughput =
+      File.read!(Path.join(ctx.out, "svg/http_bench-throughput-req-s-searches-s-for-bulk.svg"))
+
+    assert throughput =~ "Larder (anchor)"
+    assert throughput =~ "Go (not same run)"
+    assert throughput =~ "anchor  8210 req/s"
+    assert throughput =~ "not same run  10099 req/s"
+    assert throughput =~ "not same run  28052 req/s"
+    assert throughput =~ "anchor  87280 searches/s"
+    assert throughput =~ "not same run  59000 searches/s"
+    refute throughput =~ ~r/x\d[\d.]*  10099 req\/s/
+    assert throughput =~ "(quick run)"
+
+    latency = File.read!(Path.join(ctx.out, "svg/http_bench-latency-p50-bar-to-p99.svg"))
+    assert latency =~ "100 mixed requests, 4 connections (median, us; bars: p50-p99)"
+    assert latency =~ "anchor  351 us"
+
+    assert html =~ "<td>10099 req/s (not same run)</td>"
+    assert html =~ "<td>100 mixed, 4 connections (req/s)</td><td>11712</td>"
 
     # The README's chart of the Register hot key: only that row.
     story = File.read!(Path.join(ctx.charts, "register-hot-key.svg"))

@@ -56,6 +56,76 @@ defmodule Larder.IndexTest do
       end
     end
 
+    test "an and of terms, looked up without a plan, agrees with the planned forms" do
+      # `{:and, [terms]}` is looked up directly; an operator among the terms,
+      # an improper list or an empty and go through the plan instead.
+      index = Index.new()
+      :ok = Index.add(index, :a, [1, 2, 3, 70_000])
+      :ok = Index.add(index, :b, [2, 3, 70_000])
+      :ok = Index.add(index, {:and, [:a]}, [3])
+
+      assert Index.query(index, {:and, [:a]}) == [1, 2, 3, 70_000]
+      assert Index.query(index, {:and, [:a, :a]}) == [1, 2, 3, 70_000]
+      assert Index.query(index, {:and, [:a, :b]}) == [2, 3, 70_000]
+      assert Index.query(index, {:and, [:a, {:term, :b}]}) == [2, 3, 70_000]
+      assert Index.query(index, {:and, [:a, :b, :missing]}) == []
+      assert Index.query(index, {:and, [:a, {:term, {:and, [:a]}}]}) == [3]
+      assert Index.query(index, {:and, [:a, :b, {:not, {:term, {:and, [:a]}}}]}) == [2, 70_000]
+      assert Index.query(index, {:and, [:a, {:or, [:b]}]}) == [2, 3, 70_000]
+      assert Index.query(index, {:and, []}) == [1, 2, 3, 70_000]
+
+      assert Index.query_many(index, [{:and, [:a, :b]}, {:and, [:b, {:not, :a}]}, :a]) ==
+               [[2, 3, 70_000], [], [1, 2, 3, 70_000]]
+
+      assert_raise ArgumentError, ~r/^expr must/, fn ->
+        Index.query(index, {:and, [:a, :b | :c]})
+      end
+
+      assert_raise ArgumentError, ~r/^exprs must/, fn ->
+        Index.query_many(index, [{:and, [:a | :b]}])
+      end
+    end
+
+    test "an and of terms in blocks (ids that come in runs) leapfrogs to the right ids" do
+      # Nested blocks like the price catalogue's: a term per block of 1,000,
+      # of 100 inside it, of 10 inside that, and every other id; the answer
+      # is one id per combination, and a large answer (every other id)
+      # intersects whole containers.
+      ids = 0..199_999
+      index = Index.new()
+
+      ops =
+        for id <- ids,
+            term <- [
+              {:k, div(id, 1000)},
+              {:h, rem(div(id, 100), 10)},
+              {:t, rem(div(id, 10), 10)},
+              {:p, rem(id, 2)}
+            ],
+            do: {:add, term, id}
+
+      :ok = Index.batch(index, ops)
+
+      for k <- [0, 65, 66, 131, 199], h <- [0, 5, 9], t <- [0, 9], p <- [0, 1] do
+        expected =
+          for id <- ids,
+              div(id, 1000) == k and rem(div(id, 100), 10) == h and rem(div(id, 10), 10) == t and
+                rem(id, 2) == p,
+              do: id
+
+        exprs = [
+          {:and, [{:k, k}, {:h, h}, {:t, t}, {:p, p}]},
+          {:and, [{:p, p}, {:t, t}, {:k, k}, {:h, h}]}
+        ]
+
+        assert Index.query_many(index, exprs) == [expected, expected]
+        assert Index.count(index, hd(exprs)) == length(expected)
+      end
+
+      assert Index.query(index, {:and, [{:p, 0}, {:t, 4}]}) ==
+               for(id <- ids, rem(id, 2) == 0 and rem(div(id, 10), 10) == 4, do: id)
+    end
+
     test "{:term, t} matches a term that looks like an operator" do
       index = Index.new()
       :ok = Index.add(index, {:not, :x}, [9])

@@ -86,6 +86,35 @@ defmodule PriceSearch.CatalogueTest do
     short = Path.join(dir, "short.csv")
     File.write!(short, "header\n1,2,3\n")
     assert {:error, %Larder.Error{reason: :loader_failed}} = Catalogue.load(short)
+
+    uneven = Path.join(dir, "uneven.csv")
+    File.write!(uneven, "header\n0,o,group1,MRC,Term|Router,12,0,false,\n")
+    assert {:error, %Larder.Error{reason: :loader_failed}} = Catalogue.load(uneven)
+
+    not_int = Path.join(dir, "not_int.csv")
+    File.write!(not_int, "header\nx,o,group1,MRC,Term,12,0,false,\n")
+    assert {:error, %Larder.Error{reason: :loader_failed}} = Catalogue.load(not_int)
+  end
+
+  test "load keeps one copy of each repeated string and characteristics list", %{tmp_dir: dir} do
+    path = Path.join(dir, "shared.csv")
+
+    File.write!(path, """
+    idx,offeringId,groupId,spec,chars,values,value,isDefault,currency
+    0,off-1,group3,MRC,Term|Router,12|Included,0,false,EUR
+    1,off-1,group3,MRC,Term|Router,12|Included,1,true,EUR
+    2,off-2,group3,NRC,Term|Router,24|Included,2,false,EUR
+    """)
+
+    assert {:ok, [a, b, c]} = Catalogue.load(path)
+    assert b.is_default and not a.is_default
+    assert :erts_debug.same(a.chars, b.chars)
+    assert :erts_debug.same(a.offering_id, b.offering_id)
+    assert :erts_debug.same(a.group_id, c.group_id)
+    assert :erts_debug.same(a.currency, c.currency)
+    # "Router" and "Included" shared across different lists
+    assert :erts_debug.same(Enum.at(a.chars, 1).char, Enum.at(c.chars, 1).char)
+    assert :erts_debug.same(Enum.at(a.chars, 1).value, Enum.at(c.chars, 1).value)
   end
 
   test "requests are read from JSON lines into conditions", %{tmp_dir: dir} do

@@ -11,6 +11,7 @@ use crate::rev::Reverse;
 use crate::stack::Stack;
 use roaring::RoaringBitmap;
 use rustler::Term;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -319,53 +320,141 @@ impl Set<'_> {
     }
 }
 
-/// The ids `plan` matches, in order. An `and` whose smallest operand is
-/// small probes its ids in the others; anything else is `eval` flattened.
-pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>) -> Vec<u32> {
+/// The ids `plan` matches, in order, into `out` (cleared first). An `and`
+/// of terms leapfrogs; an `and` whose smallest operand is small probes its
+/// ids in the others; anything else is `eval` flattened.
+pub fn eval_ids<'b>(bitmaps: &'b Bitmaps, plan: &Plan<'b>, out: &mut Vec<u32>) {
+    out.clear();
     if let Plan::And(children) = plan {
-        if let Some(ids) = and_of_terms(children) {
-            return ids;
+        let mut postings: Postings = SmallVec::new();
+        let mut terms = true;
+        for child in children {
+            match child {
+                Plan::Leaf(posting) => postings.push(*posting),
+                _ => {
+                    terms = false;
+                    break;
+                }
+            }
+        }
+        if terms && !postings.is_empty() {
+            and_of_terms(&postings, out);
+            return;
         }
         if let Some(ids) = probe_and(bitmaps, children) {
-            return ids;
+            *out = ids;
+            return;
         }
     }
     let chunks = eval(bitmaps, plan);
-    let mut ids = Vec::with_capacity(usize::try_from(chunks_len(&chunks)).unwrap_or(0));
+    out.reserve(usize::try_from(chunks_len(&chunks)).unwrap_or(0));
     for (_, chunk) in &chunks {
-        ids.extend(chunk.iter());
+        out.extend(chunk.iter());
     }
-    ids
 }
 
-/// At most this many lookups (ids of the smallest chunk inside the common
-/// span, times the other operands) make a chunk of an `and` of terms probe
-/// instead of intersecting whole containers: about the work of one pass
-/// over an array container, without copying it.
-const PROBE_LOOKUPS: u64 = 4_096;
+/// The postings of an `and` of terms (`None` for a term no row has),
+/// inline while there are few.
+pub type Postings<'b> = SmallVec<[Option<&'b Posting>; 16]>;
+
+/// A query decoded for evaluation: an `and` of terms (the common search,
+/// with no plan tree to build) or any other expression's plan.
+pub enum Query<'b> {
+    Terms(Postings<'b>),
+    Plan(Plan<'b>),
+}
+
+/// Decodes `term` into a `Query`: `{:and, [t1, t2, ...]}` whose operands are
+/// all terms (no operator) is looked up directly; anything else is `plan`ned.
+/// The work counted is the same either way.
+pub fn prepare<'b>(
+    bitmaps: &'b Bitmaps,
+    term: Term,
+    key: &mut Vec<u8>,
+    budget: &mut Budget,
+) -> Result<Query<'b>, NativeError> {
+    if let Node::List { and: true, list } = node(term) {
+        let mut postings: Postings = SmallVec::new();
+        let mut rest = list;
+        let mut terms = true;
+        while let Some(Ok(operand)) = next_cell(&mut rest) {
+            match node(operand) {
+                Node::Leaf(leaf_term) => {
+                    budget.spend(1)?;
+                    key.clear();
+                    encode(leaf_term, key, budget)?;
+                    postings.push(bitmaps.get(key.as_slice()).map(Arc::as_ref));
+                }
+                _ => {
+                    terms = false;
+                    break;
+                }
+            }
+        }
+        // An improper list or an empty `and` goes through `plan`, which
+        // answers the error or the universe.
+        if terms && rest.is_empty_list() && !postings.is_empty() {
+            budget.spend(1)?;
+            return Ok(Query::Terms(postings));
+        }
+    }
+    Ok(Query::Plan(plan(bitmaps, term, key, budget)?))
+}
+
+/// `estimate` for a `Query`.
+pub fn estimate_query(state: &State, query: &Query) -> (u64, u64) {
+    match query {
+        Query::Plan(plan) => estimate(state, plan),
+        Query::Terms(postings) => postings.iter().fold((0, u64::MAX), |(w, n), posting| {
+            let (cw, cn) = posting.map_or((0, 0), |p| (p.chunks.len() as u64, p.len));
+            (w.saturating_add(cw), n.min(cn))
+        }),
+    }
+}
+
+/// `eval_ids` for a `Query`.
+pub fn eval_query_ids<'b>(bitmaps: &'b Bitmaps, query: &Query<'b>, out: &mut Vec<u32>) {
+    match query {
+        Query::Plan(plan) => eval_ids(bitmaps, plan, out),
+        Query::Terms(postings) => {
+            out.clear();
+            and_of_terms(postings, out);
+        }
+    }
+}
+
+/// Seeks per operand a chunk of an `and` of terms may spend leapfrogging
+/// before it intersects the whole containers instead: a seek costs about as
+/// much as a few words of a container intersection, and a bitmap container
+/// has 1,024 words.
+const LEAP_SEEKS: usize = 128;
 
 /// The ids of `and(children)` when every child is a term (`None` otherwise),
 /// chunk by chunk of the smallest posting. Only the span every operand's
-/// chunk covers (their first and last ids, kept by the writer) can match;
-/// when the smallest chunk is an array with few ids in that span, each of
-/// them is looked up in the other chunks, smallest first, and kept if all
-/// hold it (no container is copied); otherwise the chunks are intersected
-/// whole, smallest first.
-fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
-    let mut postings: Vec<&Posting> = Vec::with_capacity(children.len());
-    for child in children {
-        match child {
-            Plan::Leaf(Some(posting)) => postings.push(posting),
-            Plan::Leaf(None) => return Some(Vec::new()),
-            _ => return None,
+/// chunk covers (their first and last ids, kept by the writer) can match.
+/// Within it the chunks are leapfrogged: each operand's cursor seeks the
+/// largest id any cursor stands on, until all stand on the same one, which
+/// matches; no container is copied, and an operand whose ids come in blocks
+/// skips a whole block at once. When that takes more than `LEAP_SEEKS` seeks
+/// per operand (large answers), the chunks are intersected whole instead,
+/// smallest first.
+fn and_of_terms(operands: &[Option<&Posting>], out: &mut Vec<u32>) {
+    let mut postings: SmallVec<[&Posting; 16]> = SmallVec::with_capacity(operands.len());
+    for operand in operands {
+        match operand {
+            Some(posting) => postings.push(posting),
+            None => return,
         }
     }
-    let (first_at, first) = postings
+    let Some((first_at, first)) = postings
         .iter()
         .enumerate()
-        .min_by_key(|(_, posting)| posting.len)?;
-    let mut out = Vec::new();
-    let mut chunks: Vec<&Chunk> = Vec::with_capacity(postings.len());
+        .min_by_key(|(_, posting)| posting.len)
+    else {
+        return;
+    };
+    let mut chunks: SmallVec<[&Chunk; 16]> = SmallVec::with_capacity(postings.len());
+    let mut cursors: SmallVec<[Cursor; 16]> = SmallVec::with_capacity(postings.len());
     'chunks: for (key, mine) in &first.chunks {
         chunks.clear();
         chunks.push(mine);
@@ -387,27 +476,15 @@ fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
             continue;
         }
         chunks.sort_unstable_by_key(|chunk| chunk.ids.len());
+        let seeks = LEAP_SEEKS.saturating_mul(chunks.len());
+        if leapfrog(&chunks, lo, hi, &mut cursors, seeks, out) {
+            continue;
+        }
         let Some((smallest, rest)) = chunks.split_first() else {
             continue;
         };
-        // An array (at most 4,096 ids) counts the ids of a span in two
-        // binary searches.
-        let small = smallest.ids.len() <= 4_096
-            && smallest
-                .ids
-                .range_cardinality(lo..=hi)
-                .saturating_mul(rest.len() as u64)
-                <= PROBE_LOOKUPS;
-        if small {
-            for id in smallest.ids.range(lo..=hi) {
-                if rest.iter().all(|chunk| chunk.ids.contains(id)) {
-                    out.push(id);
-                }
-            }
-            continue;
-        }
         let Some((second, others)) = rest.split_first() else {
-            out.extend(smallest.ids.iter());
+            out.extend(smallest.ids.range(lo..=hi));
             continue;
         };
         let mut ids = &smallest.ids & &second.ids;
@@ -419,7 +496,69 @@ fn and_of_terms(children: &[Plan]) -> Option<Vec<u32>> {
         }
         out.extend(ids.iter());
     }
-    Some(out)
+}
+
+/// A chunk's cursor for `leapfrog`: its ids in the span, and the id it
+/// stands on.
+type Cursor<'c> = (roaring::bitmap::Iter<'c>, u32);
+
+/// Appends to `out` the ids in `lo..=hi` that every chunk holds, in order,
+/// by leapfrogging; `cursors` is scratch space. Answers `false` (and leaves
+/// `out` as it was) after `seeks` seeks without reaching the end.
+fn leapfrog<'c>(
+    chunks: &[&'c Chunk],
+    lo: u32,
+    hi: u32,
+    cursors: &mut SmallVec<[Cursor<'c>; 16]>,
+    seeks: usize,
+    out: &mut Vec<u32>,
+) -> bool {
+    cursors.clear();
+    let mut target = lo;
+    for chunk in chunks {
+        let mut ids = chunk.ids.iter();
+        ids.advance_to(lo);
+        match ids.next() {
+            Some(id) if id <= hi => {
+                target = target.max(id);
+                cursors.push((ids, id));
+            }
+            _ => return true,
+        }
+    }
+    let (start, k) = (out.len(), cursors.len());
+    let (mut agree, mut left) = (0, seeks);
+    loop {
+        for (ids, at) in cursors.iter_mut() {
+            if *at < target {
+                let Some(l) = left.checked_sub(1) else {
+                    out.truncate(start);
+                    return false;
+                };
+                left = l;
+                ids.advance_to(target);
+                match ids.next() {
+                    Some(id) if id <= hi => *at = id,
+                    _ => return true,
+                }
+            }
+            // `agree` counts the cursors in a row (this one included) that
+            // stand on `target`.
+            if *at > target {
+                target = *at;
+                agree = 0;
+            }
+            agree += 1;
+            if agree == k {
+                out.push(target);
+                match target.checked_add(1) {
+                    Some(next) if next <= hi => target = next,
+                    _ => return true,
+                }
+                agree = 0;
+            }
+        }
+    }
 }
 
 /// The ids of `and(children)` by probing, if its smallest positive

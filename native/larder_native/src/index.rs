@@ -11,7 +11,9 @@
 use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
-use crate::expr::{chunks_len, estimate, eval, eval_ids, plan, State};
+use crate::expr::{
+    chunks_len, estimate, estimate_query, eval, eval_query_ids, plan, prepare, State,
+};
 use crate::key::{encode, key_term, next_cell};
 use crate::posting::{Posting, LIVE_BYTES};
 use crate::rev::{Change, Reverse};
@@ -19,6 +21,7 @@ use crate::terms::KeyHasher;
 use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
 use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::Ordering;
@@ -117,6 +120,44 @@ fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
 // estimate the evaluation's cost, and answer `:dirty` when the call could run
 // past about a millisecond; Elixir then calls the dirty variant.
 
+thread_local! {
+    /// Scratch buffers a query reuses on its scheduler thread: the key of
+    /// the term being looked up, and the ids of an answer before they become
+    /// a list. A call takes them out and puts them back when done.
+    static KEY: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    static IDS: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Past this many ids, an answer's buffer is freed after use, not kept.
+const KEEP_IDS: usize = 1 << 16;
+/// Past this many bytes, the key buffer is freed after use, not kept.
+const KEEP_KEY: usize = 4096;
+
+/// `ids` as a list, built from its end (no array of terms in between).
+fn ids_list<'a>(env: Env<'a>, ids: &[u32]) -> Term<'a> {
+    ids.iter()
+        .rev()
+        .fold(Term::list_new_empty(env), |list, id| {
+            list.list_prepend(id.encode(env))
+        })
+}
+
+/// Runs `f` with the thread's key and ids buffers (empty ones when the
+/// thread has none to lend), then keeps them for the next call unless they
+/// grew large.
+fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u32>) -> R) -> R {
+    let mut key = KEY.try_with(Cell::take).unwrap_or_default();
+    let mut ids = IDS.try_with(Cell::take).unwrap_or_default();
+    let result = f(&mut key, &mut ids);
+    if key.capacity() <= KEEP_KEY {
+        let _ = KEY.try_with(|cell| cell.set(key));
+    }
+    if ids.capacity() <= KEEP_IDS {
+        let _ = IDS.try_with(|cell| cell.set(ids));
+    }
+    result
+}
+
 fn query<'a>(
     env: Env<'a>,
     index: Term<'a>,
@@ -126,16 +167,14 @@ fn query<'a>(
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
-    let plan = plan(
-        &state.bitmaps,
-        expr,
-        &mut Vec::with_capacity(64),
-        &mut budget,
-    )?;
-    if !dirty && too_costly(estimate(state, &plan)) {
-        return Err(NativeError::Dirty);
-    }
-    Ok(eval_ids(&state.bitmaps, &plan).encode(env))
+    with_scratch(|key, ids| {
+        let query = prepare(&state.bitmaps, expr, key, &mut budget)?;
+        if !dirty && too_costly(estimate_query(state, &query)) {
+            return Err(NativeError::Dirty);
+        }
+        eval_query_ids(&state.bitmaps, &query, ids);
+        Ok(ids_list(env, ids))
+    })
 }
 
 #[rustler::nif]
@@ -188,8 +227,7 @@ fn query_many<'a>(
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
-    let mut key = Vec::with_capacity(64);
-    let mut plans = Vec::new();
+    let mut queries = Vec::new();
     let mut total = (0u64, 0u64);
     // Each expression costs at least a lookup per term, an evaluation and
     // its answer list (several microseconds): past `DIRTY_EXPRS` the call is
@@ -204,24 +242,37 @@ fn query_many<'a>(
             }
         }
     }
-    let mut rest = exprs;
-    while let Some(expr) = next_cell(&mut rest) {
-        let expr = expr.map_err(|()| NativeError::BadExpr)?;
-        let plan = plan(&state.bitmaps, expr, &mut key, &mut budget)?;
-        if !dirty {
-            let (w, n) = estimate(state, &plan);
+    with_scratch(|key, ids| {
+        let mut answers: Vec<Term<'a>> = Vec::with_capacity(exprs.list_length().unwrap_or(0));
+        let mut rest = exprs;
+        while let Some(expr) = next_cell(&mut rest) {
+            let expr = expr.map_err(|()| NativeError::BadExpr)?;
+            let query = prepare(&state.bitmaps, expr, key, &mut budget)?;
+            if dirty {
+                // Nothing to decide first: answered at once, while its
+                // postings are in cache.
+                eval_query_ids(&state.bitmaps, &query, ids);
+                answers.push(ids_list(env, ids));
+                continue;
+            }
+            let (w, n) = estimate_query(state, &query);
             total = (total.0.saturating_add(w), total.1.saturating_add(n));
             if too_costly(total) {
                 return Err(NativeError::Dirty);
             }
+            queries.push(query);
         }
-        plans.push(plan);
-    }
-    let results: Vec<Term<'a>> = plans
-        .iter()
-        .map(|plan| eval_ids(&state.bitmaps, plan).encode(env))
-        .collect();
-    Ok(results.encode(env))
+        for query in &queries {
+            eval_query_ids(&state.bitmaps, query, ids);
+            answers.push(ids_list(env, ids));
+        }
+        Ok(answers
+            .iter()
+            .rev()
+            .fold(Term::list_new_empty(env), |list, answer| {
+                list.list_prepend(*answer)
+            }))
+    })
 }
 
 #[rustler::nif]

@@ -80,16 +80,16 @@ defmodule PriceSearch.Catalogue do
 
   @doc """
   Loads the CSV catalogue (`.csv` or `.csv.gz`). Repeated strings (ids,
-  groups, characteristics) share one binary, as a loader keeping them in
-  memory would.
+  groups, specs, currencies, characteristic names and values) share one
+  binary, and prices with the same characteristics share one list of them,
+  so the heap holds one copy of each.
   """
   @spec load(Path.t()) :: {:ok, [price()]} | {:error, Larder.Error.t()}
   def load(path) do
     with {:ok, data} <- File.read(path),
          {:ok, text} <- maybe_gunzip(data, path) do
       [_header | lines] = :binary.split(text, "\n", [:global])
-      {prices, _} = Enum.flat_map_reduce(lines, %{}, &parse_line/2)
-      {:ok, prices}
+      {:ok, parse_lines(lines, patterns(), %{}, [])}
     else
       {:error, %Larder.Error{}} = error ->
         error
@@ -119,30 +119,64 @@ defmodule PriceSearch.Catalogue do
     end
   end
 
-  defp parse_line("", cache), do: {[], cache}
+  # The split patterns, compiled once per load (a compiled pattern is a
+  # reference, so it cannot be a module attribute).
+  defp patterns, do: {:binary.compile_pattern(","), :binary.compile_pattern("|")}
 
-  defp parse_line(line, cache) do
-    [idx, offering, group, spec, chars, values, value, default, currency] =
-      :binary.split(line, ",", [:global])
+  # One pass over the lines: a tail-recursive loop (no intermediate list per
+  # line), the fields split by a compiled pattern, integers by
+  # binary_to_integer. Repeated terms come from `cache`, by two lookups a
+  # line: the offering,group,spec span of the line (about 500 distinct in the
+  # reference catalogue) gives the three shared strings, and the chars,values
+  # span (9,744 distinct) the shared list of characteristics. The keys cannot
+  # collide: a head span holds two commas, a chars span one, a single string
+  # none.
+  defp parse_lines([], _patterns, _cache, acc), do: :lists.reverse(acc)
 
-    {offering, cache} = intern(offering, cache)
-    {group, cache} = intern(group, cache)
-    {spec, cache} = intern(spec, cache)
-    {currency, cache} = intern(currency, cache)
-    {chars, cache} = intern_chars({chars, values}, cache)
+  defp parse_lines([line | rest], {comma, _bar} = patterns, cache, acc) do
+    case :binary.split(line, comma, [:global]) do
+      [""] ->
+        parse_lines(rest, patterns, cache, acc)
 
-    price = %{
-      idx: String.to_integer(idx),
-      offering_id: offering,
-      group_id: group,
-      spec: spec,
-      chars: chars,
-      value: String.to_integer(value),
-      is_default: default == "true",
-      currency: currency
-    }
+      [idx, offering, group, spec, chars, values, value, default, currency] ->
+        head_at = byte_size(idx) + 1
+        head_len = byte_size(offering) + byte_size(group) + byte_size(spec) + 2
+        head = binary_part(line, head_at, head_len)
+        {{offering, group, spec}, cache} = intern_head(head, offering, group, spec, cache)
+        span = binary_part(line, head_at + head_len + 1, byte_size(chars) + 1 + byte_size(values))
+        {chars, cache} = intern_chars(span, chars, values, patterns, cache)
+        {currency, cache} = if currency == "", do: {"", cache}, else: intern(currency, cache)
 
-    {[price], cache}
+        price = %{
+          idx: :erlang.binary_to_integer(idx),
+          offering_id: offering,
+          group_id: group,
+          spec: spec,
+          chars: chars,
+          value: :erlang.binary_to_integer(value),
+          is_default: default == "true",
+          currency: currency
+        }
+
+        parse_lines(rest, patterns, cache, [price | acc])
+
+      fields ->
+        raise ArgumentError, "a line has #{length(fields)} fields, not 9: #{inspect(line)}"
+    end
+  end
+
+  defp intern_head(head, offering, group, spec, cache) do
+    case cache do
+      %{^head => shared} ->
+        {shared, cache}
+
+      _ ->
+        {offering, cache} = intern(offering, cache)
+        {group, cache} = intern(group, cache)
+        {spec, cache} = intern(spec, cache)
+        shared = {offering, group, spec}
+        {shared, Map.put(cache, :binary.copy(head), shared)}
+    end
   end
 
   defp intern(binary, cache) do
@@ -157,23 +191,36 @@ defmodule PriceSearch.Catalogue do
     end
   end
 
-  defp intern_chars({chars, values} = key, cache) do
+  # The characteristics list, shared by every price with the same names and
+  # values.
+  defp intern_chars(span, chars, values, {_comma, bar}, cache) do
     case cache do
-      %{^key => shared} ->
+      %{^span => shared} ->
         {shared, cache}
 
       _ ->
         {list, cache} =
-          Enum.zip(:binary.split(chars, "|", [:global]), :binary.split(values, "|", [:global]))
-          |> Enum.map_reduce(cache, fn {c, v}, cache ->
-            {c, cache} = intern(c, cache)
-            {v, cache} = intern(v, cache)
-            {%{char: c, value: v}, cache}
-          end)
+          char_list(
+            :binary.split(chars, bar, [:global]),
+            :binary.split(values, bar, [:global]),
+            cache,
+            []
+          )
 
-        {list, Map.put(cache, key, list)}
+        {list, Map.put(cache, :binary.copy(span), list)}
     end
   end
+
+  defp char_list([c | cs], [v | vs], cache, acc) do
+    {c, cache} = intern(c, cache)
+    {v, cache} = intern(v, cache)
+    char_list(cs, vs, cache, [%{char: c, value: v} | acc])
+  end
+
+  defp char_list([], [], cache, acc), do: {:lists.reverse(acc), cache}
+
+  defp char_list(_chars, _values, _cache, _acc),
+    do: raise(ArgumentError, "the characteristics and their values differ in number")
 
   @doc """
   Generates a catalogue of the reference's shape, the same for the same
