@@ -89,7 +89,7 @@ end
 ets_table = fn type -> fn -> :ets.new(:bench, [type, :public]) end end
 larder_bag = fn opts -> fn -> Bag.new(opts) end end
 drop_ets = &:ets.delete/1
-drop_bag = &Bag.delete_table/1
+drop_bag = &Bag.drop/1
 
 # The four columns of a fill row: `ets_fill` fills an ETS table, `bag_fill`
 # a Larder.Bag; each run starts from an empty table.
@@ -238,7 +238,7 @@ bench =
   })
 
 Enum.each([pre[bag], pre[dup]], &:ets.delete/1)
-Enum.each([pre[larder], pre[nodedup]], &Bag.delete_table/1)
+Enum.each([pre[larder], pre[nodedup]], &Bag.drop/1)
 
 ## Restart: load a snapshot versus re-inserting the rows
 
@@ -270,7 +270,7 @@ restart_row = fn bench, label, opts ->
       base_opts
     )
 
-  Bag.delete_table(source)
+  Bag.drop(source)
   bench
 end
 

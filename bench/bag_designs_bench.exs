@@ -57,7 +57,7 @@ larder = %{
   insert: &Larder.Bag.insert/3,
   insert_many: &Larder.Bag.insert_many/2,
   memory: &Larder.Bag.memory/1,
-  drop: &Larder.Bag.delete_table/1
+  drop: &Larder.Bag.drop/1
 }
 
 designs = [

@@ -147,5 +147,5 @@ bench
 |> Bench.target("minor GCs in #{heap_reads} cached reads", gcs, :<=, 0)
 |> Bench.finish()
 
-Register.delete_register(reg)
+Register.drop(reg)
 :ets.delete(plain)

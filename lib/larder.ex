@@ -29,6 +29,16 @@ defmodule Larder do
   (a corrupt file, a server that is down) are returned as
   `{:error, %Larder.Error{}}`, whose reasons `Larder.Error` lists.
 
+  Every capability has the same shape. Options come last as a keyword
+  list, checked the same way everywhere: an unknown option raises
+  "unknown Larder.Bag options [:x]; valid options are: [...]", a bad value
+  "expected Larder.Bag option :dedup to be a boolean, got: :yes". Every
+  structure is freed by `drop/1` (`Larder.Bag.drop/1`,
+  `Larder.Register.drop/1`, `Larder.Table.drop/1`, `Larder.Index.drop/1`),
+  which frees all it holds at once and returns `:ok` again for a structure
+  already dropped. Caches, registers, bags and tables take
+  `telemetry: false` to turn off their events (`Larder.Telemetry`).
+
   No input takes the node down: native code never recurses over user terms
   or panics, and moves long calls to dirty schedulers; every numeric option
   has an upper bound; Redis replies, pub/sub messages, L2 values and

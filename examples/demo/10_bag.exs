@@ -26,7 +26,7 @@ cells = fn ets_fill, bag_fill ->
   %{
     "ETS :duplicate_bag" => cell.(ets_fill, ets_new.(:duplicate_bag), &:ets.delete/1),
     "ETS :bag" => cell.(ets_fill, ets_new.(:bag), &:ets.delete/1),
-    "Larder.Bag" => cell.(bag_fill, fn -> Larder.Bag.new() end, &Larder.Bag.delete_table/1)
+    "Larder.Bag" => cell.(bag_fill, fn -> Larder.Bag.new() end, &Larder.Bag.drop/1)
   }
 end
 

@@ -35,5 +35,5 @@ bench =
 
 ratio = Bench.ratio(bench, title, "per operation (wall / ops per runner)", "Larder.Register")
 IO.puts("Larder.Register is #{Bench.fmt_ratio(1 / ratio)}x as fast as ETS on the hot key.")
-Register.delete_register(reg)
+Register.drop(reg)
 :ets.delete(ets)

@@ -88,7 +88,7 @@ defmodule Larder.Bag do
   ## Failures
 
     * A handle that is not a bag, a name that no bag was created under, or a
-      bag that was deleted (by `delete_table/1`, or because its owner
+      bag that was dropped (by `drop/1`, or because its owner
       exited) raises `ArgumentError` saying so.
     * Bad arguments (a batch that is not a proper list of pairs, a path that
       is not a string or holds a null byte, unknown options or option
@@ -178,14 +178,15 @@ defmodule Larder.Bag do
   alias Larder.Bag.Snapshot
 
   @enforce_keys [:tab, :dedup]
-  defstruct [:tab, :dedup, :fps, :lock, :mask]
+  defstruct [:tab, :dedup, :fps, :lock, :mask, telemetry: false]
 
   @opaque t :: %__MODULE__{
             tab: :ets.tid() | atom(),
             dedup: boolean(),
             fps: reference() | nil,
             lock: Larder.Lock.t() | nil,
-            mask: non_neg_integer() | nil
+            mask: non_neg_integer() | nil,
+            telemetry: boolean()
           }
 
   @typedoc "A bag handle, or the name of a named bag."
@@ -193,9 +194,6 @@ defmodule Larder.Bag do
 
   @type key :: term()
   @type value :: term()
-
-  @new_opts [:name, :dedup, :read_concurrency, :write_concurrency, :compressed]
-  @load_opts [:name, :read_concurrency, :write_concurrency, :compressed, :create_atoms]
 
   @stream_chunk 1_000
   @dump_chunk 4_096
@@ -210,7 +208,7 @@ defmodule Larder.Bag do
     * `:name` - an atom; the bag is then also reachable by that name from
       any process. Default: unnamed. The name maps to the handle through
       `:persistent_term`, so using a name costs no more than using the
-      handle; `delete_table/1` erases that entry, which makes the runtime
+      handle; `drop/1` erases that entry, which makes the runtime
       scan every process once (cheap for long-lived bags, a cost if named
       bags are created and deleted at a high rate).
     * `:dedup` - `true` (default) gives ETS `:bag` semantics: each
@@ -220,6 +218,9 @@ defmodule Larder.Bag do
     * `:write_concurrency` - the ETS option (`true`, `false` or `:auto`).
       Default `false`.
     * `:compressed` - the ETS option. Default `false`.
+    * `:telemetry` - `false` turns off this bag's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the bag is
+      created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a bag or
   ETS table with the given name already exists.
@@ -232,7 +233,7 @@ defmodule Larder.Bag do
   """
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
-    opts = validate_opts!(opts, @new_opts)
+    opts = validate_opts!(opts, :new)
     create(opts)
   end
 
@@ -244,27 +245,25 @@ defmodule Larder.Bag do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
-    opts = validate_opts!(opts, @new_opts)
-
-    unless Keyword.has_key?(opts, :name) do
-      raise ArgumentError, "Larder.Bag.start_link/1 requires the :name option"
-    end
-
+    opts = validate_opts!(opts, :start_link)
     Larder.Bag.Owner.start_link(opts)
   end
 
   @doc """
   A child specification for a supervised named bag; takes the options of
-  `start_link/1`. The child id is `{Larder.Bag, name}`.
+  `start_link/1`. The child id is `{Larder.Bag, name}`. The child is
+  `:transient`: a bag ended by `drop/1` stays dropped (its process exits
+  normally), one whose process crashed is restarted (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    validate_opts!(opts, @new_opts)
+    validate_opts!(opts, :start_link)
 
     %{
       id: {__MODULE__, Keyword.get(opts, :name)},
       start: {__MODULE__, :start_link, [opts]},
-      type: :worker
+      type: :worker,
+      restart: :transient
     }
   end
 
@@ -302,6 +301,9 @@ defmodule Larder.Bag do
       else
         %__MODULE__{tab: tab, dedup: false}
       end
+
+    # :telemetry is looked for once, here, when the bag is created.
+    bag = %{bag | telemetry: Larder.Telemetry.enabled?(Keyword.get(opts, :telemetry, true))}
 
     if name, do: :persistent_term.put({__MODULE__, name}, bag)
     bag
@@ -467,18 +469,57 @@ defmodule Larder.Bag do
   def delete(name, key, value), do: delete(resolve(name), key, value)
 
   @doc """
-  Deletes the bag. Any later use of it raises `ArgumentError`.
+  Drops the bag: frees its ETS table, its name and its fingerprint set at
+  once. Every later call on the bag raises `ArgumentError`, except `drop/1`
+  itself, which returns `:ok` again, by handle or by name (a name that names
+  no bag is taken as one already dropped).
+
+      iex> bag = Larder.Bag.new()
+      iex> Larder.Bag.drop(bag)
+      :ok
+      iex> Larder.Bag.drop(bag)
+      :ok
   """
-  @spec delete_table(bag()) :: :ok
-  def delete_table(%__MODULE__{tab: tab} = bag) do
-    :ets.delete(tab)
-    if is_atom(tab), do: :persistent_term.erase({__MODULE__, tab})
-    :ok
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+  @spec drop(bag()) :: :ok
+  def drop(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag)
+      when (is_reference(tab) or is_atom(tab)) and
+             (dedup == false or (dedup == true and is_reference(fps))) do
+    # A handle of a named bag whose name now belongs to another bag names a
+    # bag already dropped: the table of that name is not its to delete.
+    if is_atom(tab) and :persistent_term.get({__MODULE__, tab}, nil) != bag do
+      :ok
+    else
+      try do
+        owner = :ets.info(tab, :owner)
+        :ets.delete(tab)
+        Larder.Bag.Owner.dropped(owner)
+      rescue
+        e in ArgumentError -> if exists?(bag), do: reraise(gone(bag, e), __STACKTRACE__)
+      end
+
+      if is_atom(tab), do: :persistent_term.erase({__MODULE__, tab})
+      if dedup, do: free(bag)
+      :ok
+    end
   end
 
-  def delete_table(name), do: delete_table(resolve(name))
+  def drop(%__MODULE__{} = bag), do: raise(forged(bag))
+
+  def drop(name) when is_atom(name) and name not in [nil, true, false] do
+    case :persistent_term.get({__MODULE__, name}, nil) do
+      nil -> :ok
+      bag -> drop(bag)
+    end
+  end
+
+  def drop(other), do: resolve(other)
+
+  defp free(%__MODULE__{fps: fps} = bag) do
+    Dedup.free(fps)
+  rescue
+    # A reference that is not a fingerprint set: the NIF's badarg.
+    ArgumentError -> raise forged(bag)
+  end
 
   ## Reading
 
@@ -652,10 +693,18 @@ defmodule Larder.Bag do
   `ArgumentError` if `path` is not a string or holds a null byte.
   """
   @spec dump(bag(), Path.t()) :: :ok | {:error, Larder.Error.t()}
-  def dump(%__MODULE__{dedup: dedup} = bag, path) when is_boolean(dedup) do
+  def dump(%__MODULE__{dedup: dedup, telemetry: telemetry} = bag, path)
+      when is_boolean(dedup) and is_boolean(telemetry) do
     check_path!(path)
-    Snapshot.dump(chunks(bag, [{:_, [], [:"$_"]}], @dump_chunk), dedup, path)
+    meta = %{bag: id(bag), path: path}
+
+    Larder.Telemetry.span(telemetry, [:larder, :bag, :dump], meta, fn ->
+      result = Snapshot.dump(chunks(bag, [{:_, [], [:"$_"]}], @dump_chunk), dedup, path)
+      {result, outcome(meta, result)}
+    end)
   end
+
+  def dump(%__MODULE__{} = bag, _path), do: raise(forged(bag))
 
   def dump(name, path), do: dump(resolve(name), path)
 
@@ -671,8 +720,9 @@ defmodule Larder.Bag do
   Reads a snapshot written by `dump/2` into a new bag owned by the calling
   process. The deduplication mode is the one of the dumped bag.
 
-  Options: `:name`, `:read_concurrency`, `:write_concurrency` and
-  `:compressed`, as for `new/1`, and:
+  Options: `:name`, `:read_concurrency`, `:write_concurrency`,
+  `:compressed` and `:telemetry` (for the load's own event too), as for
+  `new/1`, and:
 
     * `:create_atoms` - `false` (default) decodes with
       `:erlang.binary_to_term/2`'s `:safe` option: a file holding an atom
@@ -710,9 +760,25 @@ defmodule Larder.Bag do
 
   def load(path, opts) do
     check_path!(path)
-    opts = validate_opts!(opts, @load_opts)
-    Snapshot.load(path, opts)
+    opts = validate_opts!(opts, :load)
+    telemetry = Larder.Telemetry.enabled?(opts[:telemetry])
+    meta = %{bag: opts[:name], path: path}
+
+    Larder.Telemetry.span(telemetry, [:larder, :bag, :load], meta, fn ->
+      case Snapshot.load(path, opts) do
+        {:ok, bag} = ok -> {ok, %{meta | bag: id(bag)} |> Map.put(:result, :ok)}
+        {:error, _} = error -> {error, outcome(meta, error)}
+      end
+    end)
   end
+
+  # A span's stop metadata: `meta` with the call's :result (and :error).
+  defp outcome(meta, :ok), do: Map.put(meta, :result, :ok)
+  defp outcome(meta, {:error, error}), do: Map.merge(meta, %{result: :error, error: error})
+
+  # A bag in telemetry metadata: its name, or its handle when it has none.
+  defp id(%__MODULE__{tab: tab}) when is_atom(tab), do: tab
+  defp id(bag), do: bag
 
   @doc """
   Like `load/2`, but returns the bag and raises the `Larder.Error` on failure.
@@ -752,8 +818,8 @@ defmodule Larder.Bag do
   defp gone(%__MODULE__{tab: tab}, original) do
     if :ets.info(tab, :type) == :undefined or original == nil do
       ArgumentError.exception(
-        "the Larder.Bag #{inspect(tab)} does not exist: it was deleted with " <>
-          "delete_table/1, or the process that owned it exited"
+        "the Larder.Bag #{inspect(tab)} does not exist: it was dropped with " <>
+          "drop/1, or the process that owned it exited"
       )
     else
       ArgumentError.exception(
@@ -780,27 +846,24 @@ defmodule Larder.Bag do
     end
   end
 
-  defp validate_opts!(opts, valid) do
-    Larder.Options.check_keys!(opts, valid, "Larder.Bag")
+  defp validate_opts!(opts, kind) do
+    Larder.Options.validate!(opts, schema(kind), "Larder.Bag")
+  end
 
-    defaults = [dedup: true, read_concurrency: false, write_concurrency: false, compressed: false]
+  defp schema(:new) do
+    [
+      name: {{:or_nil, :atom}, nil},
+      dedup: {:boolean, true},
+      read_concurrency: {:boolean, false},
+      write_concurrency: {{:in, [true, false, :auto]}, false},
+      compressed: {:boolean, false},
+      telemetry: {:boolean, true}
+    ]
+  end
 
-    opts = Keyword.merge(Keyword.take(defaults, valid), opts)
+  defp schema(:start_link), do: Keyword.put(schema(:new), :name, {:atom, :required})
 
-    Enum.each(opts, fn
-      {:name, name} when is_atom(name) and name not in [nil, true, false] ->
-        :ok
-
-      {:write_concurrency, :auto} ->
-        :ok
-
-      {key, bool} when key != :name and is_boolean(bool) ->
-        :ok
-
-      {key, other} ->
-        raise ArgumentError, "invalid value for option #{inspect(key)}: #{inspect(other)}"
-    end)
-
-    opts
+  defp schema(:load) do
+    schema(:new) |> Keyword.delete(:dedup) |> Keyword.put(:create_atoms, {:boolean, false})
   end
 end

@@ -164,8 +164,7 @@ defmodule Larder.Index do
   """
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
-    opts = Larder.Options.merge!(opts, [reverse: false], "Larder.Index")
-    Larder.Options.check!(opts, :reverse, &is_boolean/1, "a boolean", "Larder.Index")
+    opts = Larder.Options.validate!(opts, [reverse: {:boolean, false}], "Larder.Index")
     %__MODULE__{ref: Native.index_new(Keyword.fetch!(opts, :reverse))}
   end
 
@@ -295,8 +294,8 @@ defmodule Larder.Index do
   def memory(index), do: index |> ref!() |> Native.index_memory() |> check(nil)
 
   @doc """
-  Frees the index's memory in the NIF at once, even while other processes
-  still hold its handle. Every later call on the index raises
+  Drops the index: frees its memory in the NIF at once, even while other
+  processes still hold its handle. Every later call on the index raises
   `ArgumentError`, except `drop/1` itself, which returns `:ok` again.
 
       iex> index = Larder.Index.new()

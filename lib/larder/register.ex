@@ -15,7 +15,7 @@ defmodule Larder.Register do
       {:ok, 1}
       iex> Larder.Register.get(reg, :missing, :none)
       :none
-      iex> Larder.Register.delete_register(reg)
+      iex> Larder.Register.drop(reg)
       :ok
 
   ## How it works
@@ -43,7 +43,7 @@ defmodule Larder.Register do
   `delete/2` is dropped by the next reader of its key. Writes to one slot are
   serialised; writes to different slots run in parallel.
 
-  Every register death (`delete_register/1`, its owner's exit, its
+  Every register death (`drop/1`, its owner's exit, its
   supervisor's shutdown) bumps one VM-wide counter. Each process lists in
   its process dictionary the registers it holds copies of; when it misses,
   or makes its first copy of a register, and the counter has moved since it
@@ -130,7 +130,7 @@ defmodule Larder.Register do
     * An exception raised by the function given to `update/4` propagates to
       the caller; nothing is written.
     * The owner marks the register dead before it drops the table when it
-      stops normally, on `delete_register/1`, or on its supervisor's
+      stops normally, on `drop/1`, or on its supervisor's
       shutdown. Killing the owner with `Process.exit(pid, :kill)` skips that:
       a process may then keep serving its local copies until it misses, and
       drops them at its next sweep (after another register's death, or at its
@@ -200,8 +200,6 @@ defmodule Larder.Register do
   @type key :: term()
   @type value :: term()
 
-  @valid_opts [:name, :slots, :max_cached, :telemetry]
-
   ## Lifecycle
 
   @doc """
@@ -227,7 +225,7 @@ defmodule Larder.Register do
       :ok
       iex> Larder.Register.get(reg, :k)
       1
-      iex> Larder.Register.delete_register(:doc_new_example)
+      iex> Larder.Register.drop(:doc_new_example)
       :ok
   """
   @spec new(keyword()) :: t()
@@ -249,40 +247,55 @@ defmodule Larder.Register do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
-    opts = validate_opts!(opts)
-
-    if opts[:name] == nil do
-      raise ArgumentError, "start_link/1 needs the :name option, got: #{inspect(opts)}"
-    end
-
+    opts = validate_opts!(opts, {:atom, :required})
     Server.start_link(opts)
   end
 
   @doc """
   A child specification for `start_link/1`. Raises `ArgumentError` on the
-  options `start_link/1` rejects.
+  options `start_link/1` rejects. The child is `:transient`: a register
+  ended by `drop/1` stays dropped, one whose process crashed is restarted
+  (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    name = Keyword.fetch!(validate_opts!(opts), :name)
-
-    if name == nil do
-      raise ArgumentError, "child_spec/1 needs the :name option, got: #{inspect(opts)}"
-    end
-
-    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}}
+    name = Keyword.fetch!(validate_opts!(opts, {:atom, :required}), :name)
+    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}, restart: :transient}
   end
 
   @doc """
-  Deletes the register: its table, its name and this process's local copies.
-  Other processes' copies are never served again and are dropped when those
-  processes next touch the register or call `forget/1`.
+  Drops the register: frees its table, its name and this process's local
+  copies at once. Other processes' copies are never served again and are
+  freed when those processes next touch the register or call `forget/1`.
+  Every later call on the register raises `ArgumentError`, except `drop/1`
+  itself, which returns `:ok` again, by handle or by name (a name that names
+  no register is taken as one already dropped).
+
+      iex> reg = Larder.Register.new()
+      iex> Larder.Register.drop(reg)
+      :ok
+      iex> Larder.Register.drop(reg)
+      :ok
   """
-  @spec delete_register(register()) :: :ok
-  def delete_register(reg) do
-    reg = resolve(reg)
-    call(reg, :delete_register)
-    Local.drop(reg.local)
+  @spec drop(register()) :: :ok
+  def drop(name) when is_atom(name) and name not in [nil, true, false] do
+    case :persistent_term.get({__MODULE__, name}, nil) do
+      nil -> :ok
+      reg -> drop(reg)
+    end
+  end
+
+  def drop(reg) do
+    %__MODULE__{server: server, local: local} = resolve(reg)
+
+    try do
+      GenServer.call(server, :drop, :infinity)
+    catch
+      # Its owner is gone: the register was dropped with it.
+      :exit, _reason -> :ok
+    end
+
+    Local.drop(local)
   end
 
   @doc """
@@ -517,45 +530,19 @@ defmodule Larder.Register do
     raise ArgumentError, "expected a register handle or name, got: #{inspect(other)}"
   end
 
-  defp call(%__MODULE__{server: server} = reg, msg) do
-    GenServer.call(server, msg, :infinity)
-  catch
-    # The owner is gone (or, for a forged handle, never was one).
-    :exit, _reason -> unknown!(reg)
-  end
-
   defp name_in_use!(opts) do
     raise ArgumentError, "register name already in use: #{inspect(opts[:name])}"
   end
 
-  defp validate_opts!(opts) do
-    Larder.Options.check_keys!(opts, @valid_opts, "Larder.Register")
+  defp validate_opts!(opts, name \\ {{:or_nil, :atom}, nil}) do
+    schema = [
+      name: name,
+      slots: {{:integer, 1, @max_slots}, 1024},
+      max_cached: {{:integer, 1, @max_cached}, 1024},
+      telemetry: {:boolean, true}
+    ]
 
-    name = Keyword.get(opts, :name)
-    slots = Keyword.get(opts, :slots, 1024)
-    max_cached = Keyword.get(opts, :max_cached, 1024)
-
-    unless is_atom(name) and name not in [true, false] do
-      raise ArgumentError, "expected :name to be an atom or nil, got: #{inspect(name)}"
-    end
-
-    unless is_integer(slots) and slots in 1..@max_slots do
-      raise ArgumentError,
-            "expected :slots to be an integer in 1..#{@max_slots}, got: #{inspect(slots)}"
-    end
-
-    unless is_integer(max_cached) and max_cached in 1..@max_cached do
-      raise ArgumentError,
-            "expected :max_cached to be an integer in 1..#{@max_cached}, got: #{inspect(max_cached)}"
-    end
-
-    telemetry = Keyword.get(opts, :telemetry, true)
-
-    unless is_boolean(telemetry) do
-      raise ArgumentError, "expected :telemetry to be a boolean, got: #{inspect(telemetry)}"
-    end
-
-    [name: name, slots: slots, max_cached: max_cached, telemetry: telemetry]
+    Larder.Options.validate!(opts, schema, "Larder.Register")
   end
 
   defimpl Inspect do

@@ -141,7 +141,7 @@ defmodule Larder.Table do
   alias Larder.Table.Writer
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
-  defstruct @enforce_keys
+  defstruct [telemetry: false] ++ @enforce_keys
 
   @opaque t :: %__MODULE__{}
 
@@ -161,7 +161,6 @@ defmodule Larder.Table do
   @chunk 5_000
   @claim_min 256
   @reserved [:and, :or, :not, :term]
-  @valid_opts [:key, :index, :store, :name]
 
   ## Creating
 
@@ -178,13 +177,16 @@ defmodule Larder.Table do
     * `:name` - an atom; the table is then also reachable by that name from
       any process (through `:persistent_term`, so a name costs no more than
       the handle). Default: unnamed.
+    * `:telemetry` - `false` turns off this table's `:telemetry` events
+      (default `true`: emitted when `:telemetry` is loaded when the table is
+      created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a table
   with that name exists.
   """
   @spec new(keyword()) :: t()
   def new(opts) do
-    config = config!(opts)
+    config = config!(opts, :new)
 
     case Writer.start(config, self()) do
       {:ok, writer} -> Writer.handle(writer)
@@ -200,22 +202,26 @@ defmodule Larder.Table do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
-    config = config!(opts)
-
-    if config.name == nil,
-      do: raise(ArgumentError, "Larder.Table.start_link/1 requires the :name option")
-
+    config = config!(opts, :start_link)
     Writer.start_link(config)
   end
 
   @doc """
   A child specification for a supervised named table; takes the options of
-  `start_link/1`. The child id is `{Larder.Table, name}`.
+  `start_link/1`. The child id is `{Larder.Table, name}`. The child is
+  `:transient`: a table ended by `drop/1` stays dropped, one whose writer
+  crashed is restarted (empty).
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    config = config!(opts)
-    %{id: {__MODULE__, config.name}, start: {__MODULE__, :start_link, [opts]}, type: :worker}
+    config = config!(opts, :start_link)
+
+    %{
+      id: {__MODULE__, config.name},
+      start: {__MODULE__, :start_link, [opts]},
+      type: :worker,
+      restart: :transient
+    }
   end
 
   ## Writing
@@ -225,7 +231,9 @@ defmodule Larder.Table do
   it). Whole even if the caller is killed, see "Concurrency".
   """
   @spec insert(table(), record()) :: :ok
-  def insert(table, record), do: insert_many(table, [record])
+  def insert(table, record) do
+    write_span(handle!(table), :insert, %{}, &write_many!(&1, [record]))
+  end
 
   @doc """
   Inserts `records` in chunks of 5,000; each chunk is one write (one index
@@ -234,7 +242,10 @@ defmodule Larder.Table do
   """
   @spec insert_many(table(), [record()]) :: :ok
   def insert_many(table, records) do
-    table = handle!(table)
+    write_span(handle!(table), :insert_many, %{}, &write_many!(&1, records))
+  end
+
+  defp write_many!(table, records) do
     live!(table)
     records!(table, records, records)
 
@@ -348,8 +359,10 @@ defmodule Larder.Table do
   """
   @spec update(table(), term(), map()) :: {:ok, record()} | :error
   def update(table, key, changes) do
-    table = handle!(table)
+    write_span(handle!(table), :update, %{key: key}, &update!(&1, key, changes))
+  end
 
+  defp update!(table, key, changes) do
     unless is_map(changes),
       do: raise(ArgumentError, "changes must be a map, got: #{inspect(changes, limit: 10)}")
 
@@ -385,12 +398,12 @@ defmodule Larder.Table do
   """
   @spec upsert(table(), term(), (record() | nil -> record())) :: {:ok, record()}
   def upsert(table, key, fun) do
-    table = handle!(table)
+    write_span(handle!(table), :upsert, %{key: key}, fn table ->
+      unless is_function(fun, 1),
+        do: raise(ArgumentError, "fun must be a function of one argument, got: #{inspect(fun)}")
 
-    unless is_function(fun, 1),
-      do: raise(ArgumentError, "fun must be a function of one argument, got: #{inspect(fun)}")
-
-    write!(table, {:upsert, key, fun})
+      write!(table, {:upsert, key, fun})
+    end)
   end
 
   @doc """
@@ -398,7 +411,21 @@ defmodule Larder.Table do
   killed; the row id of a non-integer key is reused by a later insert.
   """
   @spec delete(table(), term()) :: :ok
-  def delete(table, key), do: write!(handle!(table), {:delete, key})
+  def delete(table, key) do
+    write_span(handle!(table), :delete, %{key: key}, &write!(&1, {:delete, key}))
+  end
+
+  # A write, in a [:larder, :table, :write] span when the table emits events.
+  defp write_span(%__MODULE__{telemetry: true} = table, op, meta, fun) do
+    meta = Map.merge(%{table: id(table), op: op}, meta)
+
+    Larder.Telemetry.span(true, [:larder, :table, :write], meta, fn ->
+      result = fun.(table)
+      {result, Map.put(meta, :result, if(result == :error, do: :not_found, else: :ok))}
+    end)
+  end
+
+  defp write_span(table, _op, _meta, fun), do: fun.(table)
 
   ## Reading
 
@@ -440,19 +467,29 @@ defmodule Larder.Table do
   integer keys). Empty conditions match every record.
   """
   @spec search(table(), conditions()) :: [record()]
-  def search(%__MODULE__{} = table, conditions) do
+  def search(%__MODULE__{telemetry: true} = table, conditions),
+    do: search_span(table, :search, conditions, &run_search/2)
+
+  def search(%__MODULE__{} = table, conditions), do: run_search(table, conditions)
+  def search(name, conditions), do: search(handle!(name), conditions)
+
+  defp run_search(table, conditions) do
     guard(table, fn ->
       fetch_rows(table, Index.query(table.index, expr!(table, conditions)), conditions)
     end)
   end
 
-  def search(name, conditions), do: search(handle!(name), conditions)
-
   @doc """
   The keys of the records for which every condition holds, in row id order.
   """
   @spec search_ids(table(), conditions()) :: [term()]
-  def search_ids(%__MODULE__{} = table, conditions) do
+  def search_ids(%__MODULE__{telemetry: true} = table, conditions),
+    do: search_span(table, :search_ids, conditions, &run_search_ids/2)
+
+  def search_ids(%__MODULE__{} = table, conditions), do: run_search_ids(table, conditions)
+  def search_ids(name, conditions), do: search_ids(handle!(name), conditions)
+
+  defp run_search_ids(table, conditions) do
     guard(table, fn ->
       ids = Index.query(table.index, expr!(table, conditions))
 
@@ -464,20 +501,22 @@ defmodule Larder.Table do
     end)
   end
 
-  def search_ids(name, conditions), do: search_ids(handle!(name), conditions)
-
   @doc """
   How many records every condition holds for, without fetching them.
   """
   @spec count(table(), conditions()) :: non_neg_integer()
-  def count(%__MODULE__{} = table, conditions) do
+  def count(%__MODULE__{telemetry: true} = table, conditions),
+    do: search_span(table, :count, conditions, &run_count/2)
+
+  def count(%__MODULE__{} = table, conditions), do: run_count(table, conditions)
+  def count(name, conditions), do: count(handle!(name), conditions)
+
+  defp run_count(table, conditions) do
     guard(table, fn ->
       expr = expr!(table, conditions)
       if empty?(conditions), do: size(table), else: live!(table) && Index.count(table.index, expr)
     end)
   end
-
-  def count(name, conditions), do: count(handle!(name), conditions)
 
   @doc """
   Answers many searches in one index call (one consistent index state, one
@@ -489,7 +528,13 @@ defmodule Larder.Table do
       [[%{id: 2, n: 0}, %{id: 4, n: 0}], [%{id: 1, n: 1}, %{id: 3, n: 1}], []]
   """
   @spec search_many(table(), [conditions()]) :: [[record()]]
-  def search_many(%__MODULE__{} = table, many) do
+  def search_many(%__MODULE__{telemetry: true} = table, many),
+    do: search_span(table, :search_many, many, &run_search_many/2)
+
+  def search_many(%__MODULE__{} = table, many), do: run_search_many(table, many)
+  def search_many(name, many), do: search_many(handle!(name), many)
+
+  defp run_search_many(table, many) do
     guard(table, fn ->
       exprs = searches!(table, many, many)
 
@@ -499,7 +544,23 @@ defmodule Larder.Table do
     end)
   end
 
-  def search_many(name, many), do: search_many(handle!(name), many)
+  # A search, in a [:larder, :table, :search] span (the table emits events).
+  defp search_span(table, op, conditions, fun) do
+    meta = %{table: id(table), op: op, conditions: conditions}
+
+    Larder.Telemetry.span(true, [:larder, :table, :search], meta, fn ->
+      result = fun.(table, conditions)
+      {result, Map.put(meta, :results, results(op, result))}
+    end)
+  end
+
+  defp results(:count, count), do: count
+  defp results(:search_many, lists), do: Enum.reduce(lists, 0, &(length(&1) + &2))
+  defp results(_op, list), do: length(list)
+
+  # A table in telemetry metadata: its name, or its handle when it has none.
+  defp id(%__MODULE__{name: nil} = table), do: table
+  defp id(%__MODULE__{name: name}), do: name
 
   defp searches!(table, [conditions | rest], all),
     do: [expr!(table, conditions) | searches!(table, rest, all)]
@@ -558,16 +619,34 @@ defmodule Larder.Table do
   end
 
   @doc """
-  Deletes the table: its ETS tables, its index's memory in the NIF and its
-  writer process, at once. Every later call with the handle or the name
-  raises `ArgumentError`.
+  Drops the table: frees its ETS tables, its name, its index's memory in
+  the NIF and its writer process at once. Every later call on the table
+  raises `ArgumentError`, except `drop/1` itself, which returns `:ok` again,
+  by handle or by name (a name that names no table is taken as one already
+  dropped).
+
+      iex> table = Larder.Table.new(key: :id)
+      iex> Larder.Table.drop(table)
+      :ok
+      iex> Larder.Table.drop(table)
+      :ok
   """
   @spec drop(table()) :: :ok
-  def drop(table) do
-    table = handle!(table)
-    live!(table)
-    write!(table, :drop)
+  def drop(%__MODULE__{} = table) do
+    if valid?(table), do: write!(table, :drop), else: :ok
+  rescue
+    # Its writer exited meanwhile: the table went with it.
+    e in ArgumentError -> if valid?(table), do: reraise(e, __STACKTRACE__), else: :ok
   end
+
+  def drop(name) when is_atom(name) and name not in [nil, true, false] do
+    case :persistent_term.get({__MODULE__, name}, nil) do
+      %__MODULE__{} = table -> drop(table)
+      nil -> :ok
+    end
+  end
+
+  def drop(other), do: handle!(other)
 
   ## Writes go through the writer process
 
@@ -752,27 +831,11 @@ defmodule Larder.Table do
       if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
   end
 
-  defp config!(opts) do
-    Larder.Options.check_keys!(opts, @valid_opts, "Larder.Table")
-
-    unless Keyword.has_key?(opts, :key), do: raise(ArgumentError, "option :key is required")
-
-    index = Keyword.get(opts, :index, [])
-    store = Keyword.get(opts, :store)
-    name = Keyword.get(opts, :name)
-
-    unless proper_list?(index),
-      do: raise(ArgumentError, "option :index must be a list, got: #{inspect(index, limit: 10)}")
-
-    unless store == nil or proper_list?(store),
-      do:
-        raise(
-          ArgumentError,
-          "option :store must be a list of fields, got: #{inspect(store, limit: 10)}"
-        )
-
-    unless is_atom(name) and name not in [true, false],
-      do: raise(ArgumentError, "option :name must be an atom, got: #{inspect(name, limit: 10)}")
+  defp config!(opts, kind) do
+    opts = Larder.Options.validate!(opts, schema(kind), "Larder.Table")
+    index = Keyword.fetch!(opts, :index)
+    store = Keyword.fetch!(opts, :store)
+    name = Keyword.fetch!(opts, :name)
 
     entries = Enum.map(index, &entry!/1)
 
@@ -791,9 +854,22 @@ defmodule Larder.Table do
       key: key,
       entries: entries,
       store: store && Enum.uniq([key | store]),
-      name: name
+      name: name,
+      telemetry: Keyword.fetch!(opts, :telemetry)
     }
   end
+
+  defp schema(:new) do
+    [
+      key: {{:custom, "a field name", fn _ -> true end}, :required},
+      index: {{:custom, "a list of field names and {name, fun} entries", &proper_list?/1}, []},
+      store: {{:or_nil, {:custom, "a list of fields", &proper_list?/1}}, nil},
+      name: {{:or_nil, :atom}, nil},
+      telemetry: {:boolean, true}
+    ]
+  end
+
+  defp schema(:start_link), do: Keyword.put(schema(:new), :name, {:atom, :required})
 
   defp proper_list?([_ | rest]), do: proper_list?(rest)
   defp proper_list?([]), do: true

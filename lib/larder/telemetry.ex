@@ -3,21 +3,24 @@ defmodule Larder.Telemetry do
   The `:telemetry` events Larder emits, with their measurements and metadata.
 
   Larder does not depend on `:telemetry`: it emits events only when the
-  `:telemetry` application is loadable at run time, which each cache and
-  register checks once, when it starts (`Code.ensure_loaded?(:telemetry)`),
-  and stores in its own configuration. A cache or register started before
-  `:telemetry` was available emits nothing until it is started again.
-  Without `:telemetry`, or with the per-instance option `telemetry: false`
-  (`Larder.Cache.start_link/1`, `Larder.Register.new/1`), an event costs one
-  boolean check of that stored answer.
+  `:telemetry` application is loadable at run time, which each cache,
+  register, bag and table checks once, when it is created or started
+  (`Code.ensure_loaded?(:telemetry)`), and stores in its own handle or
+  configuration. An instance created before `:telemetry` was available
+  emits nothing until it is created again. Without `:telemetry`, or with
+  the per-instance option `telemetry: false` (`Larder.Cache.start_link/1`,
+  `Larder.Register.new/1`, `Larder.Bag.new/1` and `Larder.Bag.load/2`,
+  `Larder.Table.new/1`), an event costs one boolean check of that stored
+  answer.
 
   Event names are fixed; the instance is in the metadata (`:cache`, the
-  cache's name; `:register`, the register's name, or its handle when it has
-  none). Spans follow `:telemetry.span/3`: a `:start` event, then a `:stop`
-  event or, when the call raises, exits or throws, an `:exception` event.
+  cache's name; `:register`, `:bag` and `:table`, the instance's name, or
+  its handle when it has none). Spans follow `:telemetry.span/3`: a
+  `:start` event, then a `:stop` event or, when the call raises, exits or
+  throws, an `:exception` event.
 
-  Handlers run in the process that emits the event: a caller of the cache
-  or register, or the cache's own process (invalidations received, L2
+  Handlers run in the process that emits the event: a caller of the
+  instance, or the cache's own process (invalidations received, L2
   connection events). Never in the middle of a write: events are emitted
   after the slot lock of the write is released. A handler that is slow
   slows that process down; one that raises is handled as `:telemetry`
@@ -94,6 +97,52 @@ defmodule Larder.Telemetry do
       or a process of the L2 died and the cache restarts it. Measurements:
       `:system_time`. Metadata: `:cache`, `:reason` (`:connection_lost` or
       `:process_died`).
+
+  ## Bag spans
+
+  Each of these emits `[:larder, :bag, op, :start]`, then
+  `[:larder, :bag, op, :stop]` or `[:larder, :bag, op, :exception]`:
+
+    * `op = :dump`: `Larder.Bag.dump/2` and `dump!/2`.
+    * `op = :load`: `Larder.Bag.load/2` and `load!/2`; on or off by
+      `load/2`'s own `:telemetry` option, which the loaded bag keeps.
+
+  `:start` measurements: `:system_time`, `:monotonic_time`. Metadata:
+  `:bag` (the name, or the handle of a bag without one; for `:load`, the
+  `:name` option, or `nil`) and `:path`, plus `:telemetry_span_context`.
+
+  `:stop` measurements: `:duration`, `:monotonic_time`. Metadata: `:bag`
+  (for `:load`, the loaded bag: its name, or its handle), `:path` and
+  `:result`: `:ok`, or `:error` with `:error`, the `Larder.Error` returned
+  (`:file_error`, `:corrupt_snapshot`).
+
+  `:exception` measurements: `:duration`, `:monotonic_time`. Metadata:
+  `:bag`, `:path`, `:kind`, `:reason`, `:stacktrace` (a bag dropped during
+  its dump).
+
+  ## Table spans
+
+  Each of these emits `[:larder, :table, op, :start]`, then
+  `[:larder, :table, op, :stop]` or `[:larder, :table, op, :exception]`:
+
+    * `op = :search`: `Larder.Table.search/2`, `search_ids/2`,
+      `search_many/2` and `count/2`. Metadata `:op` says which (`:search`,
+      `:search_ids`, `:search_many`, `:count`) and `:conditions` holds the
+      conditions (for `:search_many`, the list of them). `:stop` metadata
+      adds `:results`: the records or keys returned, the count, or for
+      `:search_many` the records of all the searches together.
+    * `op = :write`: `Larder.Table.insert/2`, `insert_many/2`, `update/3`,
+      `upsert/3` and `delete/2`, one span per call (`insert_many/2`'s
+      chunks are one span). Metadata `:op` (`:insert`, `:insert_many`,
+      `:update`, `:upsert`, `:delete`) and, for the last three, `:key`.
+      `:stop` metadata adds `:result`: `:ok`, or `:not_found` for an
+      `update/3` of a key with no record.
+
+  Measurements as for the Cache spans. Metadata also `:table` (the name, or
+  the handle of a table without one) and `:telemetry_span_context`;
+  `:exception` adds `:kind`, `:reason`, `:stacktrace` (bad conditions or
+  records, a dropped table, an `upsert/3` function that raised). A table
+  without events costs each search one check of a field of its handle.
 
   ## Register events
 

@@ -119,7 +119,7 @@ defmodule Larder.BagModelTest do
           Bag.lookup(bag, k) == for({_, v} <- :ets.lookup(model, k), do: v)
       end)
 
-    Bag.delete_table(bag)
+    Bag.drop(bag)
     :ets.delete(model)
 
     failures =
@@ -375,7 +375,7 @@ defmodule Larder.BagBadInputTest do
       {:delete, [h, t]},
       {:delete, [h, t, t]},
       # Never the bags under test: deleting them is legitimate.
-      {:delete_table,
+      {:drop,
        [
          :proper_types.oneof([
            t,
@@ -433,7 +433,7 @@ defmodule Larder.BagBadInputTest do
     live = Bag.new(dedup: dedup)
     named = Bag.new(dedup: dedup, name: name)
     deleted = Bag.new()
-    Bag.delete_table(deleted)
+    Bag.drop(deleted)
     reserved = {:reserved, make_ref()}
     data = for v <- 1..20, do: {reserved, v}
     Bag.insert_many(live, data)
@@ -459,14 +459,14 @@ defmodule Larder.BagBadInputTest do
           into: failures,
           do: {:lost_data, bag}
 
-    Bag.delete_table(live)
-    Bag.delete_table(name)
+    Bag.drop(live)
+    Bag.drop(name)
     :proper.equals(failures, [])
   end
 
-  # Deleting the bags under test is legitimate: delete_table gets others.
-  defp call({:delete_table, [{:"$bag", which}]}, env) when which in [:live, :named],
-    do: call({:delete_table, [{:"$bag", :deleted}]}, env)
+  # Deleting the bags under test is legitimate: drop gets others.
+  defp call({:drop, [{:"$bag", which}]}, env) when which in [:live, :named],
+    do: call({:drop, [{:"$bag", :deleted}]}, env)
 
   defp call({fun, args}, env) do
     args = fun |> path_position() |> confine(Enum.map(args, &resolve(&1, env)), env)
@@ -499,8 +499,8 @@ defmodule Larder.BagBadInputTest do
   # What a call returned; cleans up what it created. Returns failures.
   defp check({:error, %Larder.Error{}}, fun) when fun in [:dump, :load], do: []
   defp check({:error, other}, fun) when fun in [:dump, :load], do: [{fun, :error, other}]
-  defp check({:ok, %Bag{} = bag}, :load), do: Bag.delete_table(bag) && []
-  defp check(%Bag{} = bag, fun) when fun in [:new, :load!], do: Bag.delete_table(bag) && []
+  defp check({:ok, %Bag{} = bag}, :load), do: Bag.drop(bag) && []
+  defp check(%Bag{} = bag, fun) when fun in [:new, :load!], do: Bag.drop(bag) && []
 
   defp check({:ok, pid}, :start_link) do
     GenServer.stop(pid)

@@ -336,9 +336,33 @@ defmodule Larder.BagTest do
       assert Bag.lookup(bag, :k) == [:from_task]
       assert Bag.lookup(name, :k) == [:from_task]
       assert Bag.size(name) == 1
-      assert Bag.delete_table(name) == :ok
+      assert Bag.drop(name) == :ok
+      assert Bag.drop(name) == :ok
+      assert Bag.drop(bag) == :ok
       assert_raise ArgumentError, ~r/no Larder.Bag named/, fn -> Bag.lookup(name, :k) end
       assert_raise ArgumentError, ~r/does not exist/, fn -> Bag.lookup(bag, :k) end
+    end
+
+    test "drop/1 frees the fingerprint set at once, though a handle remains" do
+      bag = Bag.new()
+      Bag.insert_many(bag, for(i <- 1..20_000, do: {i, i}))
+      %{fps: fps} = bag
+      {empty, _lock} = Larder.Bag.Dedup.new()
+      assert Larder.Native.bag_fps_memory(fps) > Larder.Native.bag_fps_memory(empty)
+
+      :ok = Bag.drop(bag)
+      assert Larder.Native.bag_fps_count(fps) == 0
+      assert Larder.Native.bag_fps_memory(fps) == Larder.Native.bag_fps_memory(empty)
+    end
+
+    test "drop/1 of an old handle leaves a new bag of the same name alone", context do
+      old = Bag.new(name: context.test)
+      :ok = Bag.drop(old)
+      new = Bag.new(name: context.test)
+      Bag.insert(new, :k, :v)
+      assert Bag.drop(old) == :ok
+      assert Bag.lookup(context.test, :k) == [:v]
+      :ok = Bag.drop(new)
     end
 
     test "a second bag with the same name is refused", context do
@@ -375,7 +399,9 @@ defmodule Larder.BagTest do
     end
 
     test "start_link/1 requires a name" do
-      assert_raise ArgumentError, ~r/requires the :name option/, fn -> Bag.start_link([]) end
+      assert_raise ArgumentError,
+                   ~r/expected Larder.Bag option :name to be an atom, got nothing/,
+                   fn -> Bag.start_link([]) end
     end
 
     test "a bag whose owner exited raises a clear error", context do
@@ -405,7 +431,7 @@ defmodule Larder.BagTest do
     test "a deleted bag raises ArgumentError from every function" do
       for dedup <- [true, false] do
         bag = Bag.new(dedup: dedup)
-        assert Bag.delete_table(bag) == :ok
+        assert Bag.drop(bag) == :ok
 
         calls = [
           fn -> Bag.insert(bag, 1, 1) end,
@@ -419,13 +445,15 @@ defmodule Larder.BagTest do
           fn -> Bag.memory(bag) end,
           fn -> Bag.keys(bag) end,
           fn -> Enum.to_list(Bag.stream(bag)) end,
-          fn -> Bag.dump(bag, "/tmp/never-written") end,
-          fn -> Bag.delete_table(bag) end
+          fn -> Bag.dump(bag, "/tmp/never-written") end
         ]
 
         for call <- calls do
           assert_raise ArgumentError, ~r/Larder.Bag .* does not exist/, call
         end
+
+        # drop/1 alone is idempotent.
+        assert Bag.drop(bag) == :ok
       end
     end
 
@@ -470,11 +498,14 @@ defmodule Larder.BagTest do
                      Bag.new(bogus: 1)
                    end
 
-      assert_raise ArgumentError, ~r/invalid value for option :dedup/, fn ->
+      assert_raise ArgumentError, ~r/expected Larder.Bag option :dedup to be /, fn ->
         Bag.new(dedup: :yes)
       end
 
-      assert_raise ArgumentError, ~r/invalid value for option :name/, fn -> Bag.new(name: "x") end
+      assert_raise ArgumentError, ~r/expected Larder.Bag option :name to be /, fn ->
+        Bag.new(name: "x")
+      end
+
       assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.new(:oops) end
 
       assert_raise ArgumentError, ~r/unknown Larder.Bag options \[:dedup\]/, fn ->
@@ -504,7 +535,7 @@ defmodule Larder.BagTest do
       assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec(:oops) end
       assert_raise ArgumentError, ~r/keyword list/, fn -> Bag.child_spec([{:name, :a} | :x]) end
 
-      assert_raise ArgumentError, ~r/invalid value for option :name/, fn ->
+      assert_raise ArgumentError, ~r/expected Larder.Bag option :name to be /, fn ->
         Bag.child_spec(name: "x")
       end
 
@@ -526,7 +557,7 @@ defmodule Larder.BagTest do
               fn -> Bag.insert_many(forged, [{1, 1}]) end,
               fn -> Bag.delete(forged, 1) end,
               fn -> Bag.delete(forged, 1, 1) end,
-              fn -> Bag.delete_table(forged) end
+              fn -> Bag.drop(forged) end
             ] do
           assert_raise ArgumentError, ~r/bag argument .* is not a usable Larder.Bag/, call
         end
@@ -536,6 +567,7 @@ defmodule Larder.BagTest do
         assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.insert(forged, 1, 1) end
         assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.dump(forged, "x") end
         assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.keys(forged) end
+        assert_raise ArgumentError, ~r/Larder.Bag/, fn -> Bag.drop(forged) end
       end
 
       assert :ets.info(foreign, :size) == 0
@@ -1115,7 +1147,7 @@ defmodule Larder.BagTest do
       assert {:ok, bag} = Bag.load(path, create_atoms: true)
       assert Bag.lookup(bag, :k) == [String.to_existing_atom(name)]
 
-      assert_raise ArgumentError, ~r/invalid value for option :create_atoms/, fn ->
+      assert_raise ArgumentError, ~r/expected Larder.Bag option :create_atoms to be /, fn ->
         Bag.load(path, create_atoms: :yes)
       end
     end

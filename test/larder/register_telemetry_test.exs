@@ -45,7 +45,7 @@ defmodule Larder.RegisterTelemetryTest do
     # one takeover, one event: the next write takes a free slot
     :ok = Register.put(reg, :b, 2)
     refute_received {:event, @takeover, _, %{register: ^name}}
-    :ok = Register.delete_register(reg)
+    :ok = Register.drop(reg)
   end
 
   test "a reader that commits a dead writer's record emits it too; unnamed: the handle" do
@@ -55,7 +55,7 @@ defmodule Larder.RegisterTelemetryTest do
 
     assert Task.await(Task.async(fn -> Register.get(reg, :a) end)) == :new
     assert_receive {:event, @takeover, %{count: 1}, %{register: ^reg, slot: 1}}
-    :ok = Register.delete_register(reg)
+    :ok = Register.drop(reg)
   end
 
   test "telemetry: false emits nothing" do
@@ -65,7 +65,7 @@ defmodule Larder.RegisterTelemetryTest do
     :ok = Register.put(reg, :b, 1)
     assert Register.get(reg, :a) == :new
     refute_received {:event, @takeover, _, %{register: ^reg}}
-    :ok = Register.delete_register(reg)
+    :ok = Register.drop(reg)
   end
 
   test "the :telemetry option is checked" do

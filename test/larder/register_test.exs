@@ -137,7 +137,7 @@ defmodule Larder.RegisterTest do
     test "a deleted register raises ArgumentError naming it", %{reg: reg} do
       :ok = Register.put(reg, :k, 1)
       assert Register.get(reg, :k) == 1
-      assert Register.delete_register(reg) == :ok
+      assert Register.drop(reg) == :ok
 
       for call <- [
             fn -> Register.get(reg, :k) end,
@@ -147,11 +147,13 @@ defmodule Larder.RegisterTest do
             fn -> Register.update(reg, :k, 0, &(&1 + 1)) end,
             fn -> Register.delete(reg, :k) end,
             fn -> Register.keys(reg) end,
-            fn -> Register.size(reg) end,
-            fn -> Register.delete_register(reg) end
+            fn -> Register.size(reg) end
           ] do
         assert_raise ArgumentError, ~r/unknown register: #Larder.Register</, call
       end
+
+      # drop/1 alone is idempotent.
+      assert Register.drop(reg) == :ok
     end
 
     test "a named register resolves by name and raises once deleted", context do
@@ -162,7 +164,9 @@ defmodule Larder.RegisterTest do
       assert Register.get(name, :k) == 1
       assert Register.size(name) == 1
       assert_raise ArgumentError, ~r/already in use/, fn -> Register.new(name: name) end
-      :ok = Register.delete_register(name)
+      :ok = Register.drop(name)
+      assert Register.drop(name) == :ok
+      assert Register.drop(reg) == :ok
       message = "unknown register: #{inspect(name)}"
       assert_raise ArgumentError, message, fn -> Register.get(name, :k) end
       assert_raise ArgumentError, message, fn -> Register.put(name, :k, 1) end
@@ -172,7 +176,7 @@ defmodule Larder.RegisterTest do
       assert Register.get(name, :k) == nil
       :ok = Register.put(reg2, :k, 2)
       assert Register.get(name, :k) == 2
-      :ok = Register.delete_register(reg2)
+      :ok = Register.drop(reg2)
     end
   end
 
@@ -211,12 +215,12 @@ defmodule Larder.RegisterTest do
       assert Register.get(reg, 5) == 5
     end
 
-    test "delete_register/1 releases this process's copies" do
+    test "drop/1 releases this process's copies" do
       reg = Register.new()
       :ok = Register.put(reg, :k, 1)
       assert Register.get(reg, :k) == 1
       assert local_copies() != %{}
-      :ok = Register.delete_register(reg)
+      :ok = Register.drop(reg)
       assert local_copies() == %{}
     end
 
@@ -342,7 +346,7 @@ defmodule Larder.RegisterTest do
             max_cached: 2 ** 64
           ] do
         assert_raise ArgumentError,
-                     ~r/expected #{inspect(opt)} to be an integer in 1..#{max}/,
+                     ~r/expected Larder.Register option #{inspect(opt)} to be an integer in 1..#{max}/,
                      fn ->
                        Register.new([{opt, bad}])
                      end
@@ -351,7 +355,7 @@ defmodule Larder.RegisterTest do
       reg = Register.new(slots: max, max_cached: max)
       :ok = Register.put(reg, :k, 1)
       assert Register.get(reg, :k) == 1
-      :ok = Register.delete_register(reg)
+      :ok = Register.drop(reg)
     end
 
     # Issue 8: an unbounded option (slots: 10 ** 12) made the allocator abort
@@ -395,7 +399,7 @@ defmodule Larder.RegisterTest do
         end)
 
       assert_receive {:read, memory_with_copies, 50}, 30_000
-      for reg <- regs, do: :ok = Register.delete_register(reg)
+      for reg <- regs, do: :ok = Register.drop(reg)
       send(reader, :access)
       assert_receive {:accessed, :v}
       assert_receive {:after, memory_after, [_only_other]}
@@ -412,7 +416,7 @@ defmodule Larder.RegisterTest do
       assert Register.get(reg, :k) == 1
       assert Register.get(other, :k) == 1
       # Deleted by another process, so this one keeps its copies for now.
-      Task.await(Task.async(fn -> Register.delete_register(reg) end))
+      Task.await(Task.async(fn -> Register.drop(reg) end))
       assert map_size(local_copies()) == 2
       # A miss on the other register (another process wrote its slot).
       Task.await(Task.async(fn -> Register.put(other, :k, 2) end))
@@ -442,7 +446,7 @@ defmodule Larder.RegisterTest do
       other = Register.new()
       :ok = Register.put(other, :k, 2)
       assert map_size(local_copies()) == 1
-      :ok = Register.delete_register(other)
+      :ok = Register.drop(other)
     end
   end
 
@@ -520,7 +524,7 @@ defmodule Larder.RegisterTest do
         :proper_types.tuple([:proper_types.exactly(:forget), reg]),
         # Never on the live handle, nor one forged from it (a changed :name
         # still names its owner): it would delete the register under test.
-        :proper_types.tuple([:proper_types.exactly(:delete_register), nasty(dead, dead)])
+        :proper_types.tuple([:proper_types.exactly(:drop), nasty(dead, dead)])
       ])
     end
 
@@ -538,13 +542,13 @@ defmodule Larder.RegisterTest do
     defp bad_call({:update, reg, key, default, fun}), do: Register.update(reg, key, default, fun)
     defp bad_call({:delete, reg, key}), do: Register.delete(reg, key)
     defp bad_call({:forget, reg}), do: Register.forget(reg)
-    defp bad_call({:delete_register, reg}), do: Register.delete_register(reg)
+    defp bad_call({:drop, reg}), do: Register.drop(reg)
 
-    defp cleanup(%Register{} = reg), do: Register.delete_register(reg)
+    defp cleanup(%Register{} = reg), do: Register.drop(reg)
 
     defp cleanup({:ok, pid}) do
       %Register{} = reg = GenServer.call(pid, :handle)
-      Register.delete_register(reg)
+      Register.drop(reg)
     end
 
     # A name already in use (a registered process): OTP's start_link result.
@@ -578,7 +582,7 @@ defmodule Larder.RegisterTest do
       live = Register.new(slots: 4, max_cached: 4)
       for {k, v} <- @seeds, do: :ok = Register.put(live, k, v)
       dead = Register.new()
-      :ok = Register.delete_register(dead)
+      :ok = Register.drop(dead)
       seed_keys = Enum.map(@seeds, &elem(&1, 0))
 
       property =
@@ -593,7 +597,7 @@ defmodule Larder.RegisterTest do
         end)
 
       Larder.Test.PropEr.check(property, numtests: 150, max_size: 8)
-      :ok = Register.delete_register(live)
+      :ok = Register.drop(live)
     end
 
     defp check_calls(live, calls, seed_keys) do
@@ -622,7 +626,7 @@ defmodule Larder.RegisterTest do
       assert_raise ArgumentError, ~r/keyword list/, fn -> Register.child_spec(:x) end
       assert_raise ArgumentError, ~r/:name/, fn -> Register.child_spec([]) end
       assert_raise ArgumentError, ~r/fun/, fn -> Register.update(reg, :k, 0, fn -> 1 end) end
-      :ok = Register.delete_register(reg)
+      :ok = Register.drop(reg)
     end
   end
 
@@ -654,7 +658,7 @@ defmodule Larder.RegisterTest do
       assert {:ets.info(tab, :size), :ets.info(tab, :memory)} == before
       assert Register.get(reg, :hot) == value
       eventually(fn -> Enum.all?(ids, &(:ets.lookup(Larder.Lock.Holders, &1) == [])) end)
-      :ok = Register.delete_register(reg)
+      :ok = Register.drop(reg)
     end
   end
 
@@ -744,7 +748,7 @@ defmodule Larder.RegisterTest do
                 else: {:halt, {false, model}}
             end)
 
-          Register.delete_register(reg)
+          Register.drop(reg)
           ok?
         end)
 
@@ -857,7 +861,7 @@ defmodule Larder.RegisterTest do
       assert after_kills.table <= before.table
       assert after_kills.owner <= before.owner + 1_000
       assert after_kills.queue == 0
-      :ok = Register.delete_register(reg)
+      :ok = Register.drop(reg)
     end
   end
 

@@ -152,12 +152,15 @@ defmodule Larder.TableTest do
 
     test "options are validated" do
       assert_raise ArgumentError,
-                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store, :name\]/,
+                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store, :name, :telemetry\]/,
                    fn ->
                      Table.new(keys: :id)
                    end
 
-      assert_raise ArgumentError, ~r/option :key is required/, fn -> Table.new(index: []) end
+      assert_raise ArgumentError,
+                   ~r/expected Larder.Table option :key to be a field name, got nothing \(it is required\)/,
+                   fn -> Table.new(index: []) end
+
       assert_raise ArgumentError, ~r/reserved/, fn -> Table.new(key: :id, index: [:and]) end
       assert_raise ArgumentError, ~r/:index entry/, fn -> Table.new(key: :id, index: ["s"]) end
     end

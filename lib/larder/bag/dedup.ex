@@ -262,6 +262,16 @@ defmodule Larder.Bag.Dedup do
     end
   end
 
+  @doc """
+  Frees the fingerprint set's memory (every shard) at once, even while
+  handles to it remain: run by `Larder.Bag.drop/1`, after the table is gone.
+  """
+  @spec free(term()) :: :ok
+  def free(fps) do
+    for shard <- 0..(@slots - 1), do: Native.bag_fps_clear(fps, shard)
+    :ok
+  end
+
   @doc "The bytes of the fingerprint set and the lock."
   @spec bytes(term()) :: non_neg_integer()
   def bytes(fps), do: Native.bag_fps_memory(fps) + @slots * 8

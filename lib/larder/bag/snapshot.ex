@@ -241,7 +241,7 @@ defmodule Larder.Bag.Snapshot do
     end)
     |> case do
       {:bad, seen, why} ->
-        Larder.Bag.delete_table(bag)
+        Larder.Bag.drop(bag)
         corrupt("the chunk at pair #{seen} #{why}", path)
 
       _total ->
@@ -249,7 +249,7 @@ defmodule Larder.Bag.Snapshot do
     end
   catch
     kind, reason ->
-      Larder.Bag.delete_table(bag)
+      Larder.Bag.drop(bag)
       :erlang.raise(kind, reason, __STACKTRACE__)
   end
 

@@ -62,22 +62,6 @@ defmodule Larder.Cache.Config do
           l2: {module(), term()} | nil
         }
 
-  @defaults [
-    name: nil,
-    l2: nil,
-    ttl: :infinity,
-    max_bytes: :infinity,
-    max_entries: :infinity,
-    compressed: false,
-    compression_level: 1,
-    max_value_bytes: 67_108_864,
-    namespace: "larder",
-    version: 1,
-    local_copy_min_bytes: 65_536,
-    local_copy_max_bytes: 67_108_864,
-    telemetry: true
-  ]
-
   # Upper bounds of the numeric options (documented in Larder.Cache.start_link/1).
   @max_ttl 3_153_600_000_000
   @max_bytes 1_125_899_906_842_624
@@ -134,9 +118,15 @@ defmodule Larder.Cache.Config do
       [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
         ttl
 
+      # Anything else takes the one option check: it raises for what it
+      # refuses, and gives the first of a ttl given twice.
       _ ->
-        raise ArgumentError,
-              "expected put/4 options to be [ttl: ttl] with ttl an integer in 1..#{@max_ttl} (ms) or :infinity, got: #{inspect(opts)}"
+        opts
+        |> Options.validate!(
+          [ttl: {{:or_infinity, {:integer, 1, @max_ttl}}, cfg.ttl}],
+          "Larder.Cache.put/4"
+        )
+        |> Keyword.fetch!(:ttl)
     end
   end
 
@@ -146,77 +136,7 @@ defmodule Larder.Cache.Config do
   """
   @spec validate!(keyword()) :: keyword()
   def validate!(opts) do
-    opts = Options.merge!(opts, @defaults, "Larder.Cache")
-    check!(opts, :name, &(is_atom(&1) and &1 != nil), "an atom")
-
-    check!(
-      opts,
-      :l2,
-      &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1)),
-      "nil or {module, opts}"
-    )
-
-    check!(
-      opts,
-      :ttl,
-      &pos_or_infinity?(&1, @max_ttl),
-      "an integer in 1..#{@max_ttl} (ms) or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_bytes,
-      &pos_or_infinity?(&1, @max_bytes),
-      "an integer in 1..#{@max_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :max_entries,
-      &pos_or_infinity?(&1, @max_entries),
-      "an integer in 1..#{@max_entries} or :infinity"
-    )
-
-    check!(opts, :compressed, &is_boolean/1, "a boolean")
-    check!(opts, :telemetry, &is_boolean/1, "a boolean")
-    check!(opts, :compression_level, &(&1 in 0..9), "an integer from 0 to 9")
-
-    check!(
-      opts,
-      :namespace,
-      &(is_binary(&1) and byte_size(&1) in 1..@max_string_bytes),
-      "a string of 1 to #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :version,
-      &((is_integer(&1) and abs(&1) <= @max_version) or
-          (is_binary(&1) and byte_size(&1) <= @max_string_bytes)),
-      "an integer of at most #{@max_version} in absolute value or a string of at most #{@max_string_bytes} bytes"
-    )
-
-    check!(
-      opts,
-      :local_copy_min_bytes,
-      &(&1 == :infinity or (is_integer(&1) and &1 in 0..@max_copy_bytes)),
-      "an integer in 0..#{@max_copy_bytes} or :infinity"
-    )
-
-    check!(
-      opts,
-      :local_copy_max_bytes,
-      &(is_integer(&1) and &1 in 0..@max_copy_bytes),
-      "an integer in 0..#{@max_copy_bytes}"
-    )
-
-    # L2 value bounds (kept together; see the :max_value_bytes docs)
-    check!(
-      opts,
-      :max_value_bytes,
-      &(is_integer(&1) and &1 >= 1024 and &1 <= @max_max_value_bytes),
-      "an integer from 1024 to #{@max_max_value_bytes}"
-    )
+    opts = Options.validate!(opts, schema(), "Larder.Cache")
 
     case opts[:l2] do
       {mod, l2_opts} ->
@@ -235,9 +155,29 @@ defmodule Larder.Cache.Config do
     opts
   end
 
-  defp check!(opts, key, valid?, expected),
-    do: Options.check!(opts, key, valid?, expected, "Larder.Cache")
-
-  defp pos_or_infinity?(value, max),
-    do: value == :infinity or (is_integer(value) and value > 0 and value <= max)
+  defp schema do
+    [
+      name: {:atom, :required},
+      l2:
+        {{:custom, "nil or {module, opts}",
+          &(is_nil(&1) or match?({m, o} when is_atom(m) and is_list(o), &1))}, nil},
+      ttl: {{:or_infinity, {:integer, 1, @max_ttl}}, :infinity},
+      max_bytes: {{:or_infinity, {:integer, 1, @max_bytes}}, :infinity},
+      max_entries: {{:or_infinity, {:integer, 1, @max_entries}}, :infinity},
+      compressed: {:boolean, false},
+      compression_level: {{:integer, 0, 9}, 1},
+      # L2 value bounds (kept together; see the :max_value_bytes docs)
+      max_value_bytes: {{:integer, 1024, @max_max_value_bytes}, 67_108_864},
+      namespace: {{:string, 1, @max_string_bytes}, "larder"},
+      version:
+        {{:custom,
+          "an integer of at most #{@max_version} in absolute value " <>
+            "or a string of at most #{@max_string_bytes} bytes",
+          &((is_integer(&1) and abs(&1) <= @max_version) or
+              (is_binary(&1) and byte_size(&1) <= @max_string_bytes))}, 1},
+      local_copy_min_bytes: {{:or_infinity, {:integer, 0, @max_copy_bytes}}, 65_536},
+      local_copy_max_bytes: {{:integer, 0, @max_copy_bytes}, 67_108_864},
+      telemetry: {:boolean, true}
+    ]
+  end
 end

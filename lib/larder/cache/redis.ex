@@ -88,18 +88,6 @@ defmodule Larder.Cache.Redis do
 
   alias Larder.Options
 
-  @defaults [
-    host: "127.0.0.1",
-    port: 6379,
-    database: 0,
-    password: nil,
-    timeout: 1000,
-    reconnect_sleep: 100,
-    pool_size: 2,
-    max_reply_bytes: 134_217_728,
-    max_message_bytes: 1_048_576
-  ]
-
   # Upper bounds of the numeric options (documented in the moduledoc).
   @max_database 1_000_000
   @max_timeout 600_000
@@ -323,55 +311,20 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec validate_opts!(keyword()) :: keyword()
   def validate_opts!(opts) do
-    opts = Options.merge!(opts, @defaults, "Redis")
+    schema = [
+      host: {{:string, 1, 255}, "127.0.0.1"},
+      port: {{:integer, 1, 65_535}, 6379},
+      database: {{:integer, 0, @max_database}, 0},
+      password: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil},
+      timeout: {{:integer, 1, @max_timeout}, 1000},
+      reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
+      pool_size: {{:integer, 1, @max_pool_size}, 2},
+      max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
+      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576}
+    ]
 
-    check!(opts, :host, &(is_binary(&1) and &1 != "" and byte_size(&1) <= 255), "a host name")
-    check!(opts, :port, &(is_integer(&1) and &1 in 1..65_535), "a TCP port number (1..65535)")
-    check!(opts, :database, &int_in?(&1, 0, @max_database), "an integer in 0..#{@max_database}")
-    check!(opts, :password, &(is_nil(&1) or is_binary(&1)), "nil or a string")
-
-    check!(
-      opts,
-      :timeout,
-      &int_in?(&1, 1, @max_timeout),
-      "a positive integer (ms) up to #{@max_timeout}"
-    )
-
-    check!(
-      opts,
-      :reconnect_sleep,
-      &int_in?(&1, 1, @max_reconnect_sleep),
-      "a positive integer (ms) up to #{@max_reconnect_sleep}"
-    )
-
-    check!(
-      opts,
-      :pool_size,
-      &int_in?(&1, 1, @max_pool_size),
-      "a positive integer up to #{@max_pool_size}"
-    )
-
-    check!(
-      opts,
-      :max_reply_bytes,
-      &int_in?(&1, 1024, @max_max_reply_bytes),
-      "an integer in 1024..#{@max_max_reply_bytes}"
-    )
-
-    check!(
-      opts,
-      :max_message_bytes,
-      &int_in?(&1, 1024, @max_max_reply_bytes),
-      "an integer in 1024..#{@max_max_reply_bytes}"
-    )
-
-    opts
+    Options.validate!(opts, schema, "Larder.Cache.Redis")
   end
-
-  defp int_in?(value, min, max), do: is_integer(value) and value >= min and value <= max
-
-  defp check!(opts, key, valid?, expected),
-    do: Options.check!(opts, key, valid?, expected, "Redis")
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
   ## pool slot), replaces one that dies or holds more than its memory bound,

@@ -12,7 +12,7 @@ defmodule Larder.Register.Local do
   # absent one: valid while the slot's counter still equals tag.
   #
   # Under @held it holds %{local => {versions, tab}}: the registers this
-  # process has copies of. Every register death (delete_register/1, owner
+  # process has copies of. Every register death (drop/1, owner
   # exit, shutdown) bumps one VM-wide counter, `deaths`; a process that
   # misses, or makes its first copy of a register, and sees `deaths` moved
   # since its last sweep (@swept) drops its copies of every dead register.

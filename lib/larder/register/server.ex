@@ -1,5 +1,5 @@
 # The owner of a register: creates its table and publishes its name; marks
-# the register dead and drops the table on delete_register/1, owner exit or
+# the register dead and drops the table on drop/1, owner exit or
 # shutdown.
 defmodule Larder.Register.Server do
   @moduledoc false
@@ -38,7 +38,7 @@ defmodule Larder.Register.Server do
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.reg, state}
 
-  def handle_call(:delete_register, _from, state) do
+  def handle_call(:drop, _from, state) do
     shutdown(state.reg)
     {:stop, :normal, :ok, %{state | reg: nil}}
   end
@@ -55,7 +55,7 @@ defmodule Larder.Register.Server do
   def terminate(_reason, %{reg: reg}), do: shutdown(reg)
 
   # Marks the register dead before its table goes, so that no process-local
-  # copy can be served after delete_register/1 returns.
+  # copy can be served after drop/1 returns.
   defp shutdown(reg) do
     Store.kill(reg)
     if name = reg.name, do: :persistent_term.erase({Larder.Register, name})

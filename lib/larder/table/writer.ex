@@ -44,7 +44,9 @@ defmodule Larder.Table.Writer do
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
       store: config.store,
       writer: self(),
-      name: config.name
+      name: config.name,
+      # :telemetry is looked for once, here, when the table starts.
+      telemetry: Larder.Telemetry.enabled?(config.telemetry)
     }
 
     case register(table) do

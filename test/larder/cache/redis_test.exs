@@ -20,16 +20,18 @@ defmodule Larder.Cache.RedisTest do
   end
 
   test "unknown and invalid options raise ArgumentError naming them" do
-    assert_raise ArgumentError, ~r/unknown Redis options \[:bogus\].*:host/, fn ->
+    assert_raise ArgumentError, ~r/unknown Larder.Cache.Redis options \[:bogus\].*:host/, fn ->
       Larder.Cache.Redis.init([bogus: 1], self(), "ch")
     end
 
-    assert_raise ArgumentError, ~r/:port to be a TCP port/, fn ->
-      Larder.Cache.Redis.init([port: "x"], self(), "ch")
-    end
+    assert_raise ArgumentError,
+                 ~r/expected Larder.Cache.Redis option :port to be an integer in 1..65535, got: "x"/,
+                 fn ->
+                   Larder.Cache.Redis.init([port: "x"], self(), "ch")
+                 end
 
     # checked by Larder.Cache.start_link/1 in the caller, not in the cache
-    assert_raise ArgumentError, ~r/:timeout to be a positive integer/, fn ->
+    assert_raise ArgumentError, ~r/option :timeout to be an integer in 1..600000, got: 0/, fn ->
       Larder.Cache.start_link(name: :bad_redis_opts, l2: {Larder.Cache.Redis, timeout: 0})
     end
   end
