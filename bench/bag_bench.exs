@@ -19,51 +19,10 @@ base_opts = [warmup: 1, runs: runs]
 # to show the gap.
 slow_opts = [warmup: 0, runs: 1]
 
-# The machine is shared and noisy: rather than all runs of one column and
-# then the next, every row takes its runs in rounds, one run of each column
-# per round (in a rotating order), so a burst of load hits all columns alike.
-# Bench.row/4 gets the results already computed.
-interleave = fn cells, base ->
-  {timed, done} = Enum.split_with(cells, fn {_col, cell} -> not match?(%{kind: _}, cell) end)
-
-  timed =
-    for {col, cell} <- timed do
-      {fun, opts} = if is_function(cell), do: {cell, []}, else: cell
-      {col, fun, Keyword.merge(base, opts)}
-    end
-
-  rotate = fn list, n ->
-    {front, back} = Enum.split(list, rem(n, length(list)))
-    back ++ front
-  end
-
-  once = fn {_col, fun, opts} -> Bench.measure(fun, Keyword.merge(opts, warmup: 0, runs: 1)) end
-
-  rounds = fn key, default ->
-    timed |> Enum.map(fn {_, _, o} -> Keyword.get(o, key, default) end)
-  end
-
-  for round <- 1..Enum.max(rounds.(:warmup, 1))//1,
-      {_, _, opts} = cell <- timed,
-      round <= Keyword.get(opts, :warmup, 1),
-      do: once.(cell)
-
-  samples =
-    for round <- 1..Enum.max(rounds.(:runs, 5)),
-        {col, _, opts} = cell <- rotate.(timed, round),
-        round <= Keyword.get(opts, :runs, 5),
-        do: {col, once.(cell).median_us}
-
-  results =
-    for {col, _fun, opts} <- timed, into: %{} do
-      mine = for {^col, us} <- samples, do: us
-      {col, Bench.summarize(mine, opts[:ops], Keyword.get(opts, :parallel, 1))}
-    end
-
-  Map.merge(Map.new(done), results)
-end
-
-row = fn bench, label, cells, opts -> Bench.row(bench, label, interleave.(cells, opts)) end
+# The machine is shared and noisy: every row takes its runs in rounds, one
+# run of each column per round in a rotating order (Bench.interleave/2), so
+# a burst of load hits all columns alike.
+row = fn bench, label, cells, opts -> Bench.row(bench, label, Bench.interleave(cells, opts)) end
 
 bag = "ETS :bag"
 dup = "ETS :duplicate_bag"
