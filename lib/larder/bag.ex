@@ -143,34 +143,33 @@ defmodule Larder.Bag do
   batch in one pass and filters it in one NIF call per 4,096 pairs, so a
   batch costs less than its pairs inserted one by one.
 
-  `mix run bench/bag_bench.exs` measures `Larder.Bag` against the targets
-  of the issue. Its latest run here was `--quick` (200k pairs over 2k keys,
-  ratios of medians in the same run, the machine loaded by other jobs: in
-  that run `dedup: false`, the same ETS calls as the anchor, measured 1.11x
-  to 1.37x, so read every ratio as ±0.3):
+  `mix run bench/bag_bench.exs` measures `Larder.Bag` against its targets,
+  at 1M pairs over 10k keys; each figure is a ratio of medians in one run
+  on a quiet 2-core x86_64 machine (OTP 25):
 
-    * Fill with `insert/3`: 2.83x `:duplicate_bag` (target `<= 1.5x`,
-      missed at this size; the design run above measured 1.47x at 1M), and
-      6.0x faster than ETS `:bag` (target `>= 7x`, missed; 8.0x at 1M).
-    * Fill with `insert_many/2` in batches of 1,000: 2.22x
-      `:duplicate_bag` (target `<= 1.3x`, missed; 0.93x at 1M).
-    * 10k inserts into a prefilled bag: 3.82x `:duplicate_bag` (target
-      `<= 1.5x`, missed; the anchor takes 2.7 ms, where the machine's noise
-      weighs most; 1.56x at 1M).
-    * `lookup/2` of 10k random keys holding ~100 values each: 1.08x an ETS
-      `:bag` `:ets.lookup/2` (target `<= 1.2x`).
-    * Memory: 1.26x an ETS `:bag` holding the same pairs, in words, the
+    * Fill with `insert/3`: 1.94x `:duplicate_bag` (target `<= 1.5x`,
+      missed), 7.35x faster than ETS `:bag` (target `>= 7x`).
+    * Fill with `insert_many/2` in batches of 1,000: 1.69x
+      `:duplicate_bag` (target `<= 1.3x`, missed).
+    * 10k inserts into a prefilled bag: 2.15x `:duplicate_bag` (target
+      `<= 1.5x`, missed).
+    * `lookup/2` of keys holding ~100 values each: 0.89x an ETS `:bag`
+      `:ets.lookup/2` (target `<= 1.2x`).
+    * Memory: 1.25x an ETS `:bag` holding the same pairs, in words, the
       fingerprint set included (target `<= 1.5x`).
-    * Restart from a snapshot with `load/2`: 3.1x faster than re-inserting
+    * Restart from a snapshot with `load/2`: 4.05x faster than re-inserting
       the pairs with `insert/3` (target `>= 5x`, missed). `load/2` decodes,
       fingerprints and inserts each chunk in bulk; what remains is the ETS
       insert of every pair, which re-inserting pays too, so the speed-up is
       bounded by how little `insert/3` adds to it.
-    * `dedup: false`: 1.14x `:duplicate_bag` for the fill, 1.11x with
-      batches (target `<= 1.1x`; the same ETS calls, so this is noise).
+    * `dedup: false`: 1.06x `:duplicate_bag` for the fill, 1.11x with
+      batches, 0.94x steady (the same ETS calls as the anchor).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose
       cost depends on the storage rather than on Larder.
 
+  What a deduplicating insert adds to the `:duplicate_bag` insert is two
+  `phash2/2` calls, the key's lock slot (two atomics operations) and one
+  NIF call.
   """
 
   alias Larder.Bag.Dedup

@@ -124,16 +124,15 @@ defmodule Larder.Table do
 
   | | map index | `store: [:idx, :spec, :value, :currency]` | full records |
   |---|---|---|---|
-  | search, median per request | 1.31 ms | 10.3 us | 10.9 us |
-  | `search_many/2`, per search of 1,000 | 1.75 ms | 4.94 us (202k/s) | 5.55 us |
-  | memory (ETS words x 8 + NIF bytes; map: process heap) | 59.4 MB | 119 MB (with the id-to-terms map) | 508 MB |
-  | `insert_many/2` of records already in memory | 75.5 ms | 2.16 s | 2.30 s |
+  | search, median per request | 2.14 ms | 2.97 us | 3.28 us |
+  | search, each timed alone: median / p99 | 2.19 / 5.17 ms | 2.73 / 5.29 us | 2.87 / 6.75 us |
+  | `search_many/2`, per search of 1,000 | 2.06 ms | 4.83 us (207k/s) | 5.98 us |
+  | memory (ETS words x 8 + NIF bytes; map: process heap) | 71.3 MB | 119 MB (with the id-to-terms map) | 508 MB |
+  | `insert_many/2` of records already in memory | 149 ms | 1.80 s | 2.28 s |
 
-  Targets: search median <= 5 us (missed), `search_many` >= 300k
+  Targets: search median <= 4 us (met), `search_many` >= 300k
   searches/s (missed), memory with `:store` <= 127 MB (met), build <= 2 s
-  (missed). The harness's full GC of its catalogue-sized heap before each
-  run leaves the caches cold, so a single search pays for cache misses that
-  the 1,000 searches of one `search_many/2` share.
+  (met with `:store`, missed with full records).
   """
 
   alias Larder.Index
