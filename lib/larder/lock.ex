@@ -11,9 +11,10 @@ defmodule Larder.Lock do
   # Acquiring is a compare-and-swap of 0 to the caller's id. A held slot is
   # retried at once a few times (its holder most likely runs on another
   # scheduler and is about to release it), then with a yield between tries.
-  # Each try past the spins checks the holder: an id whose process is dead
-  # (absent from the registry, or its pid no longer alive) is replaced by the
-  # caller's in one compare-and-swap, so exactly one waiter takes a dead
+  # Each try past the spins checks the holder: an id whose process has
+  # finished exiting (the registry deleted it on the process's :DOWN, which
+  # comes after any dirty NIF the process was running has returned) is
+  # replaced by the caller's in one compare-and-swap, so exactly one waiter takes a dead
   # holder's slot over. Since ids are never reused, a dead holder's id can
   # never be mistaken for a live process.
   #

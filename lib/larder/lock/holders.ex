@@ -45,14 +45,18 @@ defmodule Larder.Lock.Holders do
       raise RuntimeError, "Larder.Lock needs the :larder application to be started"
   end
 
-  @doc "Whether the process holding `id` is alive."
+  @doc """
+  Whether the process holding `id` may still act: true until the registry
+  has deleted its entry, on the process's `:DOWN`.
+
+  `Process.alive?/1` is not enough: a process killed while it runs a dirty
+  NIF counts as not alive at once (it is exiting), yet the NIF runs on to
+  its end and may still change what the holder was writing. The runtime
+  sends the `:DOWN` only once the process has finished exiting, so a holder
+  is taken over only after everything it started has stopped.
+  """
   @spec alive?(pos_integer()) :: boolean()
-  def alive?(id) do
-    case :ets.lookup(@table, id) do
-      [{_, pid}] -> Process.alive?(pid)
-      [] -> false
-    end
-  end
+  def alive?(id), do: :ets.member(@table, id)
 
   @doc "The number of registered holders (live, or dead and not yet deleted)."
   @spec size() :: non_neg_integer()
