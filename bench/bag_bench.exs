@@ -36,14 +36,11 @@ gen_rows = fn n, keys ->
   for _ <- 1..n, do: {:rand.uniform(keys), :rand.uniform(1_000_000_000)}
 end
 
-# Workload data lives in persistent_term, off the bench process's heap: with
+# Workload data lives off the bench process's heap (Bench.off_heap/2): with
 # millions of rows on the heap, every garbage collection during a timed run
 # would copy them, and the contender that allocates (Larder.Bag builds its
 # ETS object) would pay for the data set's size rather than for its own work.
-stash = fn name, data ->
-  :persistent_term.put({:bag_bench, name}, data)
-  :persistent_term.get({:bag_bench, name})
-end
+stash = &Bench.off_heap/2
 
 ets_table = fn type -> fn -> :ets.new(:bench, [type, :public]) end end
 larder_bag = fn opts -> fn -> Bag.new(opts) end end
@@ -305,4 +302,4 @@ bench
 )
 |> Bench.finish()
 
-for {{:bag_bench, _} = key, _} <- :persistent_term.get(), do: :persistent_term.erase(key)
+Bench.release_off_heap()

@@ -22,14 +22,13 @@ opts = [warmup: 1, runs: runs, interleave: true]
 
 :rand.seed(:exsss, {2026, 11, 22})
 
-:persistent_term.put(
-  {:bag_designs, :rows},
-  for(_ <- 1..rows_n, do: {:rand.uniform(keys_n), :rand.uniform(1_000_000_000)})
-)
+rows =
+  Bench.off_heap(
+    :rows,
+    for(_ <- 1..rows_n, do: {:rand.uniform(keys_n), :rand.uniform(1_000_000_000)})
+  )
 
-rows = :persistent_term.get({:bag_designs, :rows})
-:persistent_term.put({:bag_designs, :batches}, Enum.chunk_every(rows, 1_000))
-batches = :persistent_term.get({:bag_designs, :batches})
+batches = Bench.off_heap(:batches, Enum.chunk_every(rows, 1_000))
 :erlang.garbage_collect()
 
 ets = fn type ->
@@ -131,5 +130,4 @@ bench =
 
 Enum.each(designs, fn {name, d} -> d.drop.(pre[name]) end)
 Bench.finish(bench)
-:persistent_term.erase({:bag_designs, :rows})
-:persistent_term.erase({:bag_designs, :batches})
+Bench.release_off_heap()

@@ -59,17 +59,12 @@ alias IndexBench.Loops
 bench = Bench.start("Larder.Table: price search on the catalogue")
 {source, prices, requests} = Catalogue.reference_or_generated()
 
-# The catalogue and the map index live in persistent_term, off this process's
-# heap. The harness collects this process's garbage before every timed run;
-# with 487k prices on the heap that collection copies hundreds of MB and
-# leaves the caches cold for the searches timed right after it.
-off_heap = fn key, value ->
-  :persistent_term.put({IndexBench, key}, value)
-  :persistent_term.get({IndexBench, key})
-end
-
-prices = off_heap.(:prices, prices)
-requests = off_heap.(:requests, requests)
+# The catalogue and the map index live off this process's heap
+# (Bench.off_heap/2): with 487k prices on the heap, the collection before
+# every timed run would copy hundreds of MB and leave the caches cold for
+# the searches timed right after it.
+prices = Bench.off_heap(:prices, prices)
+requests = Bench.off_heap(:requests, requests)
 IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} requests")
 
 # Expected answers by a plain filter: each request matches exactly one price.
@@ -111,7 +106,7 @@ ets_search = &Loops.ets_search/2
 
 ## Check every contender's answers before timing them
 
-map_index = off_heap.(:map_index, build_map_index.())
+map_index = Bench.off_heap(:map_index, build_map_index.())
 table = build_table.(store: store)
 full_table = build_table.([])
 ets = build_ets.()

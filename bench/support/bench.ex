@@ -137,6 +137,29 @@ defmodule Larder.Bench do
     end
   end
 
+  @doc """
+  Stores workload data in `:persistent_term` under `key` and returns the
+  stored term, which lives off the calling process's heap.
+
+  The harness collects the caller's garbage before every timed run. With a
+  large data set on the heap, that collection (and any during the run)
+  copies it, leaves the caches cold, and makes a contender pay for the
+  data set's size rather than for its own work. `release_off_heap/0`
+  erases everything stored this way.
+  """
+  @spec off_heap(term(), data) :: data when data: var
+  def off_heap(key, data) do
+    :persistent_term.put({__MODULE__, key}, data)
+    :persistent_term.get({__MODULE__, key})
+  end
+
+  @doc "Erases every term stored by `off_heap/2`."
+  @spec release_off_heap() :: :ok
+  def release_off_heap do
+    for {{__MODULE__, _} = key, _} <- :persistent_term.get(), do: :persistent_term.erase(key)
+    :ok
+  end
+
   @doc "Records a figure that is not a time, such as memory in words."
   @spec value(number(), String.t()) :: result()
   def value(number, unit), do: %{kind: :value, value: number, unit: unit}

@@ -7,16 +7,15 @@ alias Larder.Bench
 bench = Bench.start("Larder.Bag: ETS :bag semantics at close to :duplicate_bag speed", [])
 
 :rand.seed(:exsss, {2026, 11, 21})
-# The rows live in persistent_term, off this process's heap, so that garbage
-# collections during the timed fills do not copy them (see bench/bag_bench.exs).
-:persistent_term.put(
-  {:larder_demo, :bag_rows},
-  for(_ <- 1..1_000_000, do: {:rand.uniform(10_000), :rand.uniform(1_000_000_000)})
-)
+# The rows live off this process's heap (Bench.off_heap/2), so that garbage
+# collections during the timed fills do not copy them.
+rows =
+  Bench.off_heap(
+    :bag_rows,
+    for(_ <- 1..1_000_000, do: {:rand.uniform(10_000), :rand.uniform(1_000_000_000)})
+  )
 
-rows = :persistent_term.get({:larder_demo, :bag_rows})
-:persistent_term.put({:larder_demo, :bag_batches}, Enum.chunk_every(rows, 1_000))
-batches = :persistent_term.get({:larder_demo, :bag_batches})
+batches = Bench.off_heap(:bag_batches, Enum.chunk_every(rows, 1_000))
 :erlang.garbage_collect()
 
 cell = fn fill, new, drop -> {fill, setup: new, teardown: drop} end
@@ -70,5 +69,4 @@ for label <- [one, many] do
   )
 end
 
-:persistent_term.erase({:larder_demo, :bag_rows})
-:persistent_term.erase({:larder_demo, :bag_batches})
+Bench.release_off_heap()
