@@ -255,7 +255,6 @@ defmodule Larder.BagBadInputTest do
     ])
   end
 
-  # Lists, tuples and maps nested up to 100,000 deep.
   # Deep, improper and huge terms are generated as small descriptors and
   # built just before the call: PropEr walks every generated value, which
   # would cost more than the calls themselves on terms of this size.

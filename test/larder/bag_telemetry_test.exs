@@ -11,18 +11,7 @@ defmodule Larder.BagTelemetryTest do
               do: [:larder, :bag, op, kind]
 
   setup ctx do
-    id = {__MODULE__, ctx.test}
-    me = self()
-
-    :ok =
-      :telemetry.attach_many(
-        id,
-        @events,
-        fn event, measurements, meta, _ -> send(me, {:event, event, measurements, meta}) end,
-        nil
-      )
-
-    on_exit(fn -> :telemetry.detach(id) end)
+    :ok = Larder.Test.TelemetryEvents.forward({__MODULE__, ctx.test}, @events)
 
     dir =
       Path.join(System.tmp_dir!(), "larder_bag_telemetry_#{System.unique_integer([:positive])}")

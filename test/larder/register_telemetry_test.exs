@@ -8,19 +8,7 @@ defmodule Larder.RegisterTelemetryTest do
   @takeover [:larder, :register, :lock, :takeover]
 
   setup ctx do
-    id = {__MODULE__, ctx.test}
-    me = self()
-
-    :ok =
-      :telemetry.attach_many(
-        id,
-        [@takeover],
-        fn event, measurements, meta, _ -> send(me, {:event, event, measurements, meta}) end,
-        nil
-      )
-
-    on_exit(fn -> :telemetry.detach(id) end)
-    :ok
+    Larder.Test.TelemetryEvents.forward({__MODULE__, ctx.test}, [@takeover])
   end
 
   # White box, as in register_test.exs: the slot held by the holder id of a

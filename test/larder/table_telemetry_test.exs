@@ -11,19 +11,7 @@ defmodule Larder.TableTelemetryTest do
               do: [:larder, :table, op, kind]
 
   setup ctx do
-    id = {__MODULE__, ctx.test}
-    me = self()
-
-    :ok =
-      :telemetry.attach_many(
-        id,
-        @events,
-        fn event, measurements, meta, _ -> send(me, {:event, event, measurements, meta}) end,
-        nil
-      )
-
-    on_exit(fn -> :telemetry.detach(id) end)
-    :ok
+    Larder.Test.TelemetryEvents.forward({__MODULE__, ctx.test}, @events)
   end
 
   defp new_table(opts \\ []) do
