@@ -268,7 +268,11 @@ defmodule Larder.BagTest do
       end
 
       adds = for v <- 1..70_000, do: dirty.(&Native.bag_fps_add/3, &Native.bag_fps_add_dirty/3, v)
-      assert {:dirty, true} in adds and Enum.all?(adds, &(&1 in [true, {:dirty, true}]))
+      assert {:dirty, true} in adds
+      # A shard keeps 32 bits of each fingerprint: among 70k, about one pair
+      # of them collides there (add answers false, the value is present).
+      assert Enum.all?(adds, &(&1 in [true, false, {:dirty, true}, {:dirty, false}]))
+      assert Enum.count(adds, &(&1 in [false, {:dirty, false}])) <= 5
 
       removes =
         for v <- 1..70_000,

@@ -20,8 +20,9 @@ use std::sync::{Mutex, MutexGuard};
 /// could resize a table of BIG_TABLE buckets or more; its `_dirty` variant
 /// then does the work on a dirty scheduler.
 const MAX_BATCH: usize = 4_096;
-/// The most shards a set can have (`Larder.Lock`'s slot limit).
-const MAX_SHARDS: u32 = 1 << 20;
+/// The most shards a set can have (a bag has 256): a batch call keeps a
+/// word per shard.
+const MAX_SHARDS: u32 = 1 << 16;
 /// A table this large (512 KiB) is resized only on a dirty scheduler.
 const BIG_TABLE: usize = 1 << 16;
 
@@ -48,23 +49,60 @@ impl Hasher for Mix {
 
 type Build = BuildHasherDefault<Mix>;
 
-/// A set of u64 in one array, open addressing with linear probing: a
-/// lookup or an insert reads one cache line in the common case (a table
-/// with separate control bytes reads two). 0 marks a free bucket; the
-/// fingerprint 0 is kept in `zero`. The table grows past 3/4 full and
-/// shrinks below 1/8, so memory follows deletes.
+/// The 32 bits a shard keeps of a fingerprint: the high half of a 64-bit
+/// mix (MurmurHash3's finaliser) of all 64 bits. Two distinct fingerprints
+/// of one shard keep the same 32 bits with probability 2^-32; they then
+/// count as one in `Open` (the `more` counts keep deletes right), and the
+/// caller's exact check tells their pairs apart.
+fn reduce(fp: u64) -> u32 {
+    let mut x = fp;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^= x >> 33;
+    (x >> 32) as u32
+}
+
+/// Asks the CPU to start loading the cache line at `p` (a hint: no effect on
+/// what the program computes).
+#[inline(always)]
+fn prefetch(p: *const u32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees,
+    // whatever the address.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// A set of u32 in one array, open addressing with linear probing: a
+/// lookup or an insert reads one cache line in the common case. 0 marks a
+/// free bucket; the value 0 is kept in `zero`. A value's home bucket comes
+/// from its high bits, so resizing needs nothing but the values. The table
+/// grows past 3/4 full and shrinks below 1/8, so memory follows deletes.
 #[derive(Default)]
 struct Open {
-    buckets: Vec<u64>,
+    buckets: Vec<u32>,
     len: usize,
     zero: bool,
 }
 
 impl Open {
-    fn home(&self, fp: u64) -> usize {
-        // Fibonacci hashing: the high bits of the product spread every bit.
-        let bits = self.buckets.len().trailing_zeros();
-        (fp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    fn home(&self, x: u32) -> usize {
+        // The values are uniform: their high bits pick the bucket.
+        ((u128::from(x) * self.buckets.len() as u128) >> 32) as usize
+    }
+
+    /// Where a lookup of `x` starts reading (for a prefetch).
+    fn home_ptr(&self, x: u32) -> *const u32 {
+        match self.buckets.len() {
+            0 => std::ptr::null(),
+            _ => self.buckets[self.home(x)..].as_ptr(),
+        }
     }
 
     fn len(&self) -> usize {
@@ -72,58 +110,46 @@ impl Open {
     }
 
     fn bytes(&self) -> usize {
-        self.buckets.len() * 8
+        self.buckets.len() * std::mem::size_of::<u32>()
     }
 
-    /// Whether an insert (`grow`) or a removal would copy a table of
-    /// BIG_TABLE buckets or more: too long for a normal scheduler.
-    fn big_resize(&self, grow: bool) -> bool {
-        let n = self.buckets.len();
-        n >= BIG_TABLE
-            && if grow {
-                (self.len + 1) * 4 > n * 3
-            } else {
-                self.len.saturating_sub(1) * 8 < n
-            }
-    }
-
-    /// Inserts `fp`; whether it was absent.
-    fn insert(&mut self, fp: u64) -> bool {
-        if fp == 0 {
+    /// Inserts `x`; whether it was absent.
+    fn insert(&mut self, x: u32) -> bool {
+        if x == 0 {
             return !std::mem::replace(&mut self.zero, true);
         }
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             self.resize((self.buckets.len() * 2).max(16));
         }
         let mask = self.buckets.len() - 1;
-        let mut i = self.home(fp);
+        let mut i = self.home(x);
         loop {
             match self.buckets[i] {
                 0 => {
-                    self.buckets[i] = fp;
+                    self.buckets[i] = x;
                     self.len += 1;
                     return true;
                 }
-                x if x == fp => return false,
+                y if y == x => return false,
                 _ => i = (i + 1) & mask,
             }
         }
     }
 
-    /// Removes `fp`; whether it was present.
-    fn remove(&mut self, fp: u64) -> bool {
-        if fp == 0 {
+    /// Removes `x`; whether it was present.
+    fn remove(&mut self, x: u32) -> bool {
+        if x == 0 {
             return std::mem::replace(&mut self.zero, false);
         }
         if self.buckets.is_empty() {
             return false;
         }
         let mask = self.buckets.len() - 1;
-        let mut i = self.home(fp);
+        let mut i = self.home(x);
         loop {
             match self.buckets[i] {
                 0 => return false,
-                x if x == fp => break,
+                y if y == x => break,
                 _ => i = (i + 1) & mask,
             }
         }
@@ -132,18 +158,18 @@ impl Open {
         let mut j = i;
         loop {
             j = (j + 1) & mask;
-            let x = self.buckets[j];
-            if x == 0 {
+            let y = self.buckets[j];
+            if y == 0 {
                 break;
             }
-            let home = self.home(x);
+            let home = self.home(y);
             let between = if i <= j {
                 i < home && home <= j
             } else {
                 i < home || home <= j
             };
             if !between {
-                self.buckets[i] = x;
+                self.buckets[i] = y;
                 i = j;
             }
         }
@@ -160,57 +186,105 @@ impl Open {
     fn resize(&mut self, size: usize) {
         let old = std::mem::replace(&mut self.buckets, vec![0; size]);
         let mask = size - 1;
-        for fp in old.into_iter().filter(|&fp| fp != 0) {
-            let mut i = self.home(fp);
+        for x in old.into_iter().filter(|&x| x != 0) {
+            let mut i = self.home(x);
             while self.buckets[i] != 0 {
                 i = (i + 1) & mask;
             }
-            self.buckets[i] = fp;
+            self.buckets[i] = x;
         }
     }
 }
 
-/// The fingerprints of one lock slot. `one` holds every fingerprint present;
-/// `more` counts the extra pairs of a fingerprint held by several pairs (a
-/// collision), so that deleting one of them keeps it.
+/// The fingerprints of one lock slot, by their 32 kept bits. `one` holds
+/// every value present; `more` counts the extra pairs of a value held by
+/// several pairs (a collision), so that deleting one of them keeps it.
 #[derive(Default)]
 struct Shard {
     one: Open,
-    more: HashMap<u64, u32, Build>,
+    more: HashMap<u32, u32, Build>,
 }
 
 impl Shard {
     fn bytes(&self) -> usize {
         // hashbrown: one control byte per bucket plus the entry.
-        self.one.bytes() + self.more.capacity() * 17
+        self.one.bytes() + self.more.capacity() * 9
     }
 
-    /// Adds `fp` if it is absent; whether it was.
-    fn add(&mut self, fp: u64) -> bool {
-        self.one.insert(fp)
+    /// Whether `n` changes of kind `op` could resize a table of BIG_TABLE
+    /// buckets or more: too long for a normal scheduler.
+    fn heavy(&self, op: Op, n: usize) -> bool {
+        let size = self.one.buckets.len();
+        size >= BIG_TABLE
+            && if op.grows() {
+                (self.one.len + n) * 4 > size * 3
+            } else {
+                self.one.len.saturating_sub(n) * 8 < size
+            }
     }
 
-    /// Counts one more pair under `fp`.
-    fn incr(&mut self, fp: u64) {
-        if !self.one.insert(fp) {
-            *self.more.entry(fp).or_insert(0) += 1;
+    /// Starts loading the bucket an operation on `x` reads first.
+    fn prefetch(&self, x: u32) {
+        prefetch(self.one.home_ptr(x));
+    }
+
+    /// Adds `x` if it is absent; whether it was.
+    fn add(&mut self, x: u32) -> bool {
+        self.one.insert(x)
+    }
+
+    /// Counts one more pair under `x`.
+    fn incr(&mut self, x: u32) {
+        if !self.one.insert(x) {
+            *self.more.entry(x).or_insert(0) += 1;
         }
     }
 
-    /// Counts one pair less under `fp`.
-    fn remove(&mut self, fp: u64) {
-        match self.more.get_mut(&fp) {
+    /// Counts one pair less under `x`.
+    fn remove(&mut self, x: u32) {
+        match self.more.get_mut(&x) {
             Some(extra) if *extra > 1 => *extra -= 1,
             Some(_) => {
-                self.more.remove(&fp);
+                self.more.remove(&x);
             }
             None => {
-                self.one.remove(fp);
+                self.one.remove(x);
             }
         }
         if self.more.is_empty() && self.more.capacity() > 0 {
             self.more.shrink_to(0);
         }
+    }
+
+    fn apply(&mut self, op: Op, x: u32) -> bool {
+        match op {
+            Op::Add => self.add(x),
+            Op::Incr => {
+                self.incr(x);
+                true
+            }
+            Op::Remove => {
+                self.remove(x);
+                true
+            }
+        }
+    }
+}
+
+/// One change to a fingerprint.
+#[derive(Clone, Copy)]
+enum Op {
+    /// Adds it if absent (whether it was).
+    Add,
+    /// Counts one more pair under it.
+    Incr,
+    /// Counts one pair less under it.
+    Remove,
+}
+
+impl Op {
+    fn grows(self) -> bool {
+        !matches!(self, Op::Remove)
     }
 }
 
@@ -224,26 +298,92 @@ pub struct FpSet {
 impl rustler::Resource for FpSet {}
 
 impl FpSet {
-    fn shard(&self, fp: u64) -> MutexGuard<'_, Shard> {
-        let i = ((fp >> 32) % self.shards.len() as u64) as usize;
+    fn index(&self, fp: u64) -> usize {
+        ((fp >> 32) % self.shards.len() as u64) as usize
+    }
+
+    fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
         // A shard's writers hold its lock slot in Elixir, so this mutex is
         // never contended; no code panics while holding it, and a poisoned
         // one would still hold consistent counts.
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on `fp`'s shard and accounts for a change in its size.
-    fn with<R>(&self, fp: u64, f: impl FnOnce(&mut Shard) -> R) -> R {
-        let mut shard = self.shard(fp);
-        let before = shard.bytes();
-        let result = f(&mut shard);
-        let after = shard.bytes();
+    fn account(&self, before: usize, after: usize) {
         if after > before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
         } else if after < before {
             self.bytes.fetch_sub(before - after, Ordering::Relaxed);
         }
-        result
+    }
+
+    /// Applies `op` to `fp`. On a normal scheduler (`dirty == false`),
+    /// `None`, changing nothing, when that could resize a big table.
+    fn single(&self, fp: u64, op: Op, dirty: bool) -> Option<bool> {
+        let mut shard = self.lock(self.index(fp));
+        if !dirty && shard.heavy(op, 1) {
+            return None;
+        }
+        let before = shard.bytes();
+        let result = shard.apply(op, reduce(fp));
+        self.account(before, shard.bytes());
+        Some(result)
+    }
+
+    /// Applies `op` to every fingerprint of `fps` in order, calling
+    /// `each(position, result)`. Locks the shards the batch touches once,
+    /// in increasing order, and prefetches the bucket of the fingerprint a
+    /// few places ahead, so the cache misses of a batch overlap. On a
+    /// normal scheduler (`dirty == false`), `None`, changing nothing, when
+    /// the batch could resize a big table.
+    fn batch(
+        &self,
+        fps: &[u64],
+        op: Op,
+        dirty: bool,
+        mut each: impl FnMut(usize, bool),
+    ) -> Option<()> {
+        const AHEAD: usize = 8;
+        const NONE: u32 = u32::MAX;
+        // How many fingerprints go to each shard, then each shard's place
+        // among the locked ones.
+        let mut place: Vec<u32> = vec![0; self.shards.len()];
+        for &fp in fps {
+            place[self.index(fp)] += 1;
+        }
+        let mut guards: Vec<MutexGuard<'_, Shard>> = Vec::new();
+        let mut counts: Vec<usize> = Vec::new();
+        for (index, slot) in place.iter_mut().enumerate() {
+            if *slot == 0 {
+                *slot = NONE;
+            } else {
+                counts.push(*slot as usize);
+                *slot = guards.len() as u32;
+                guards.push(self.lock(index));
+            }
+        }
+        if !dirty
+            && guards
+                .iter()
+                .zip(&counts)
+                .any(|(shard, &n)| shard.heavy(op, n))
+        {
+            return None;
+        }
+        let at: Vec<(usize, u32)> = fps
+            .iter()
+            .map(|&fp| (place[self.index(fp)] as usize, reduce(fp)))
+            .collect();
+        let before: usize = guards.iter().map(|shard| shard.bytes()).sum();
+        for (i, &(g, x)) in at.iter().enumerate() {
+            if let Some(&(ahead, y)) = at.get(i + AHEAD) {
+                guards[ahead].prefetch(y);
+            }
+            each(i, guards[g].apply(op, x));
+        }
+        let after: usize = guards.iter().map(|shard| shard.bytes()).sum();
+        self.account(before, after);
+        Some(())
     }
 }
 
@@ -272,16 +412,9 @@ fn join(key_hash: u32, value_hash: u32) -> u64 {
     u64::from(key_hash) << 32 | u64::from(value_hash)
 }
 
-/// One change to a single fingerprint.
-#[derive(Clone, Copy)]
-enum Op {
-    Add,
-    Incr,
-    Remove,
-}
-
-/// Applies `op` to the fingerprint; on a normal scheduler (`dirty == false`)
-/// answers `:dirty`, changing nothing, when it would resize a big table.
+/// Applies `op` to one fingerprint: `op`'s answer (`Op::Add`'s boolean,
+/// `:ok` for the others), or `:dirty` when, on a normal scheduler, that
+/// could resize a big table.
 fn single<'a>(
     env: Env<'a>,
     set_term: Term<'a>,
@@ -289,23 +422,11 @@ fn single<'a>(
     op: Op,
     dirty: bool,
 ) -> NifResult<Term<'a>> {
-    let result = set(set_term)?.with(fp, |shard| {
-        if !dirty && shard.one.big_resize(!matches!(op, Op::Remove)) {
-            return None;
-        }
-        Some(match op {
-            Op::Add => shard.add(fp).encode(env),
-            Op::Incr => {
-                shard.incr(fp);
-                crate::atoms::ok().encode(env)
-            }
-            Op::Remove => {
-                shard.remove(fp);
-                crate::atoms::ok().encode(env)
-            }
-        })
-    });
-    Ok(result.unwrap_or_else(|| crate::atoms::dirty().encode(env)))
+    Ok(match set(set_term)?.single(fp, op, dirty) {
+        None => crate::atoms::dirty().encode(env),
+        Some(new) if matches!(op, Op::Add) => new.encode(env),
+        Some(_) => crate::atoms::ok().encode(env),
+    })
 }
 
 /// Adds the fingerprint if absent: `true` if it was absent (the pair is
@@ -377,63 +498,39 @@ fn bag_fps_remove_dirty<'a>(
     single(env, set, join(key_hash, value_hash), Op::Remove, true)
 }
 
-fn batch(fps: Vec<u64>) -> NifResult<Vec<u64>> {
+/// The fingerprints of a binary of big-endian u64 (at most MAX_BATCH).
+fn decode(bin: &rustler::Binary) -> NifResult<Vec<u64>> {
+    if !bin.len().is_multiple_of(8) || bin.len() > MAX_BATCH * 8 {
+        return Err(rustler::Error::BadArg);
+    }
+    Ok(bin
+        .as_slice()
+        .chunks_exact(8)
+        .map(|bytes| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(bytes);
+            u64::from_be_bytes(word)
+        })
+        .collect())
+}
+
+/// Applies `op` to a batch of fingerprints: `:ok`, or `:dirty` when, on a
+/// normal scheduler, that could resize a big table.
+fn many<'a>(
+    env: Env<'a>,
+    set_term: Term<'a>,
+    fps: Vec<u64>,
+    op: Op,
+    dirty: bool,
+) -> NifResult<Term<'a>> {
+    let set = set(set_term)?;
     if fps.len() > MAX_BATCH {
-        Err(rustler::Error::BadArg)
-    } else {
-        Ok(fps)
+        return Err(rustler::Error::BadArg);
     }
-}
-
-/// Whether applying a batch of `fps` could resize a big table: a shard it
-/// touches is big and the whole batch landing in it would cross a resize
-/// threshold (adding when `grow`, removing otherwise). Conservative.
-fn big_batch(set: &FpSet, fps: &[u64], grow: bool) -> bool {
-    let n = fps.len();
-    fps.iter().any(|&fp| {
-        let shard = set.shard(fp);
-        let (len, buckets) = (shard.one.len, shard.one.buckets.len());
-        buckets >= BIG_TABLE
-            && if grow {
-                (len + n) * 4 > buckets * 3
-            } else {
-                len.saturating_sub(n) * 8 < buckets
-            }
+    Ok(match set.batch(&fps, op, dirty, |_, _| ()) {
+        Some(()) => crate::atoms::ok().encode(env),
+        None => crate::atoms::dirty().encode(env),
     })
-}
-
-fn incr_many<'a>(
-    env: Env<'a>,
-    set_term: Term<'a>,
-    fps: Vec<u64>,
-    dirty: bool,
-) -> NifResult<Term<'a>> {
-    let set = set(set_term)?;
-    let fps = batch(fps)?;
-    if !dirty && big_batch(set, &fps, true) {
-        return Ok(crate::atoms::dirty().encode(env));
-    }
-    for fp in fps {
-        set.with(fp, |shard| shard.incr(fp));
-    }
-    Ok(crate::atoms::ok().encode(env))
-}
-
-fn remove_many<'a>(
-    env: Env<'a>,
-    set_term: Term<'a>,
-    fps: Vec<u64>,
-    dirty: bool,
-) -> NifResult<Term<'a>> {
-    let set = set(set_term)?;
-    let fps = batch(fps)?;
-    if !dirty && big_batch(set, &fps, false) {
-        return Ok(crate::atoms::dirty().encode(env));
-    }
-    for fp in fps {
-        set.with(fp, |shard| shard.remove(fp));
-    }
-    Ok(crate::atoms::ok().encode(env))
 }
 
 /// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096):
@@ -441,19 +538,19 @@ fn remove_many<'a>(
 /// `bag_fps_incr_many_dirty/2`).
 #[rustler::nif]
 fn bag_fps_incr_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    incr_many(env, set, fps, false)
+    many(env, set, fps, Op::Incr, false)
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
 fn bag_fps_incr_many_dirty<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    incr_many(env, set, fps, true)
+    many(env, set, fps, Op::Incr, true)
 }
 
 /// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096):
 /// `:ok`, or `:dirty` as `bag_fps_incr_many/2`.
 #[rustler::nif]
 fn bag_fps_remove_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    remove_many(env, set, fps, false)
+    many(env, set, fps, Op::Remove, false)
 }
 
 #[rustler::nif(schedule = "DirtyCpu")]
@@ -462,7 +559,7 @@ fn bag_fps_remove_many_dirty<'a>(
     set: Term<'a>,
     fps: Vec<u64>,
 ) -> NifResult<Term<'a>> {
-    remove_many(env, set, fps, true)
+    many(env, set, fps, Op::Remove, true)
 }
 
 /// Empties shard `index` (0-based), before it is rebuilt from the table
@@ -474,7 +571,7 @@ fn bag_fps_clear(set_term: Term, index: u32) -> NifResult<rustler::Atom> {
     if index >= set.shards.len() {
         return Err(rustler::Error::BadArg);
     }
-    let mut shard = set.shards[index].lock().unwrap_or_else(|e| e.into_inner());
+    let mut shard = set.lock(index);
     let before = shard.bytes();
     *shard = Shard::default();
     set.bytes.fetch_sub(before, Ordering::Relaxed);
@@ -510,28 +607,17 @@ fn add_bin<'a>(
     dirty: bool,
 ) -> NifResult<Term<'a>> {
     let set = set(set_term)?;
-    if !bin.len().is_multiple_of(8) || bin.len() > MAX_BATCH * 8 {
-        return Err(rustler::Error::BadArg);
-    }
-    let fps: Vec<u64> = bin
-        .as_slice()
-        .chunks_exact(8)
-        .map(|bytes| {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(bytes);
-            u64::from_be_bytes(word)
-        })
-        .collect();
-    if !dirty && big_batch(set, &fps, true) {
-        return Ok(crate::atoms::dirty().encode(env));
-    }
-    let present: Vec<usize> = fps
-        .iter()
-        .enumerate()
-        .filter(|&(_, &fp)| !set.with(fp, |shard| shard.add(fp)))
-        .map(|(i, _)| i)
-        .collect();
-    Ok(present.encode(env))
+    let fps = decode(&bin)?;
+    let mut present: Vec<usize> = Vec::new();
+    let result = set.batch(&fps, Op::Add, dirty, |i, new| {
+        if !new {
+            present.push(i);
+        }
+    });
+    Ok(match result {
+        Some(()) => present.encode(env),
+        None => crate::atoms::dirty().encode(env),
+    })
 }
 
 /// `bag_fps_add/3` over a binary of big-endian u64 fingerprints (at most
@@ -561,18 +647,16 @@ fn bag_fps_add_bin_dirty<'a>(
 /// binary of big-endian u64 fingerprints (at most 4,096 of them).
 #[rustler::nif]
 fn bag_fps_slots(fps: rustler::Binary, slots: u32) -> NifResult<Vec<u32>> {
-    if slots == 0 || !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8 {
+    if slots == 0 || slots > MAX_SHARDS || !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8
+    {
         return Err(rustler::Error::BadArg);
     }
-    let mut used: Vec<u32> = fps
-        .as_slice()
-        .chunks_exact(8)
-        .map(|bytes| {
-            let key_hash = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            key_hash % slots + 1
-        })
-        .collect();
-    used.sort_unstable();
-    used.dedup();
-    Ok(used)
+    let mut used = vec![false; slots as usize];
+    for bytes in fps.as_slice().chunks_exact(8) {
+        let key_hash = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        used[(key_hash % slots) as usize] = true;
+    }
+    Ok((1..=slots)
+        .filter(|&slot| used[slot as usize - 1])
+        .collect())
 }
