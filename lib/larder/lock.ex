@@ -141,6 +141,83 @@ defmodule Larder.Lock do
 
   def with_slot(lock, _slot, _on_takeover, _fun), do: bad_lock!(lock)
 
+  @doc """
+  Runs `fun.()` holding every slot of `slots` (a strictly increasing list)
+  and returns its result: `with_slot/4` for a set of slots. Takes them in
+  increasing order, so two callers never wait on each other in a cycle;
+  runs `on_takeover.(slot)` for each slot whose holder died. Releases every
+  slot taken when `fun` returns or raises, and when taking a slot fails.
+  """
+  @spec with_slots(t(), [slot()], (slot() -> term()), (() -> result)) :: result
+        when result: var
+  def with_slots(%__MODULE__{atomics: atomics} = lock, slots, on_takeover, fun)
+      when is_list(slots) and is_function(on_takeover, 1) and is_function(fun, 0) do
+    me = Holders.id()
+    held = take_all(lock, slots, me, on_takeover, 0, [])
+
+    try do
+      fun.()
+    after
+      release_all(atomics, held, me)
+    end
+  end
+
+  def with_slots(%__MODULE__{}, slots, on_takeover, fun) do
+    cond do
+      not is_list(slots) ->
+        raise ArgumentError, "expected slots to be a list, got: #{inspect(slots)}"
+
+      not is_function(on_takeover, 1) ->
+        raise ArgumentError,
+              "expected on_takeover to be a 1-arity function, got: #{inspect(on_takeover)}"
+
+      true ->
+        raise ArgumentError, "expected fun to be a 0-arity function, got: #{inspect(fun)}"
+    end
+  end
+
+  def with_slots(lock, _slots, _on_takeover, _fun), do: bad_lock!(lock)
+
+  defp take_all(
+         %__MODULE__{atomics: atomics, slots: n} = lock,
+         [slot | rest],
+         me,
+         on_takeover,
+         last,
+         held
+       )
+       when is_integer(slot) and slot > last and slot <= n do
+    try do
+      case take(atomics, slot, me, 0) do
+        :acquired -> :ok
+        {:taken_over, dead} -> repair(atomics, slot, me, dead, fn -> on_takeover.(slot) end)
+      end
+    catch
+      kind, reason ->
+        release_all(atomics, held, me)
+        :erlang.raise(kind, reason, __STACKTRACE__)
+    end
+
+    take_all(lock, rest, me, on_takeover, slot, [slot | held])
+  end
+
+  defp take_all(_lock, [], _me, _on_takeover, _last, held), do: held
+
+  defp take_all(%__MODULE__{atomics: atomics, slots: n}, slots, me, _on_takeover, _last, held) do
+    release_all(atomics, held, me)
+
+    raise ArgumentError,
+          "expected slots to be a strictly increasing list of integers in 1..#{n}, " <>
+            "got: #{inspect(slots)}"
+  end
+
+  defp release_all(atomics, [slot | held], me) do
+    _ = :atomics.compare_exchange(atomics, slot, me, 0)
+    release_all(atomics, held, me)
+  end
+
+  defp release_all(_atomics, [], _me), do: :ok
+
   defp repair(atomics, slot, me, dead, on_takeover) do
     on_takeover.()
   catch

@@ -85,6 +85,108 @@ defmodule Larder.LockTest do
     end
   end
 
+  describe "with_slots/4" do
+    test "holds every slot while fun runs and releases them all after" do
+      lock = Lock.new(8)
+      parent = self()
+
+      result =
+        Lock.with_slots(lock, [2, 5, 7], fn _ -> flunk("nobody died") end, fn ->
+          for slot <- 1..8, do: send(parent, {slot, Lock.holder(lock, slot)})
+          :ran
+        end)
+
+      assert result == :ran
+      for slot <- [2, 5, 7], do: assert_received({^slot, :alive})
+      for slot <- [1, 3, 4, 6, 8], do: assert_received({^slot, :free})
+      for slot <- 1..8, do: assert(:atomics.get(lock.atomics, slot) == 0)
+      assert Lock.with_slots(lock, [], fn _ -> :ok end, fn -> :empty end) == :empty
+    end
+
+    test "batches of overlapping slot sets never overlap on a slot and never deadlock" do
+      lock = Lock.new(6)
+      inside = :atomics.new(6, signed: true)
+      overlaps = :atomics.new(1, signed: true)
+
+      tasks =
+        for _ <- 1..8 do
+          Task.async(fn ->
+            for _ <- 1..300 do
+              slots = Enum.filter(1..6, fn _ -> :rand.uniform(2) == 1 end)
+
+              Lock.with_slots(lock, slots, fn _ -> flunk("nobody died") end, fn ->
+                for s <- slots,
+                    :atomics.add_get(inside, s, 1) != 1,
+                    do: :atomics.add(overlaps, 1, 1)
+
+                :erlang.yield()
+                for s <- slots, do: :atomics.sub(inside, s, 1)
+              end)
+            end
+          end)
+        end
+
+      Enum.each(tasks, &Task.await(&1, 120_000))
+      assert :atomics.get(overlaps, 1) == 0
+      for slot <- 1..6, do: assert(:atomics.get(lock.atomics, slot) == 0)
+    end
+
+    test "runs on_takeover for each slot a dead holder left, and releases on raise" do
+      lock = Lock.new(4)
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          Lock.with_slots(lock, [1, 3], fn _ -> :ok end, fn ->
+            send(parent, :holding)
+            Process.sleep(:infinity)
+          end)
+        end)
+
+      assert_receive :holding, 5_000
+      kill(holder)
+
+      assert Lock.with_slots(lock, [1, 2, 3], &send(parent, {:took_over, &1}), fn -> :ran end) ==
+               :ran
+
+      assert_received {:took_over, 1}
+      assert_received {:took_over, 3}
+      refute_received {:took_over, _}
+
+      assert_raise RuntimeError, fn ->
+        Lock.with_slots(lock, [2, 4], fn _ -> :ok end, fn -> raise "x" end)
+      end
+
+      for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
+    end
+
+    test "a slot list that is not strictly increasing, or out of range, raises and holds nothing" do
+      lock = Lock.new(4)
+      ok = fn -> :ok end
+
+      for bad <- [[2, 1], [1, 1], [0], [5], [1, :a], [1 | 2], :x] do
+        assert_raise ArgumentError, ~r/slots/, fn ->
+          Lock.with_slots(lock, bad, fn _ -> :ok end, ok)
+        end
+
+        for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
+      end
+
+      assert_raise ArgumentError, ~r/on_takeover/, fn -> Lock.with_slots(lock, [1], ok, ok) end
+
+      assert_raise ArgumentError, ~r/lock/, fn ->
+        Lock.with_slots(:x, [1], fn _ -> :ok end, ok)
+      end
+
+      # A slot the caller holds already raises too, and releases the others.
+      assert_raise ArgumentError, ~r/already held by this process/, fn ->
+        Lock.with_slot(lock, 3, ok, fn -> Lock.with_slots(lock, [1, 3], fn _ -> :ok end, ok) end)
+      end
+
+      for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
+    end
+  end
+
   describe "takeover" do
     test "a holder that dies holding the slot is taken over, and on_takeover runs once" do
       lock = Lock.new(1)

@@ -113,7 +113,7 @@ defmodule Larder.Bag.Dedup do
     pairs = :lists.reverse(pairs)
     fingerprints = Fingerprint.binary(pairs, mask)
 
-    lock_all(lock, slots(fingerprints, []), tab, fps, mask, fn ->
+    Lock.with_slots(lock, slots(fingerprints, []), &repair(tab, fps, mask, &1), fn ->
       case add_bin(fps, fingerprints, 0, []) do
         [] -> :ets.insert(tab, pairs)
         present -> :ets.insert(tab, checked(tab, fps, mask, pairs, present))
@@ -131,16 +131,6 @@ defmodule Larder.Bag.Dedup do
 
   defp slots(bin, acc),
     do: [Native.bag_fps_slots(bin, @slots) | acc] |> Enum.concat() |> Enum.sort() |> Enum.dedup()
-
-  # Takes the slots in increasing order (two batches never wait on each
-  # other in a cycle), then runs `fun`.
-  defp lock_all(lock, [slot | rest], tab, fps, mask, fun) do
-    Lock.with_slot(lock, slot, fn -> repair(tab, fps, mask, slot) end, fn ->
-      lock_all(lock, rest, tab, fps, mask, fun)
-    end)
-  end
-
-  defp lock_all(_lock, [], _tab, _fps, _mask, fun), do: fun.()
 
   # Adds the fingerprints of the binary, in NIF-sized chunks; the positions
   # (in the whole binary) of those that were present.
