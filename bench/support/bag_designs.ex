@@ -55,7 +55,7 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
   def insert_many({tab, fps, lock}, pairs) do
     slots = pairs |> Enum.map(fn {k, _} -> F.slot(F.key_hash(k), @slots) end) |> Enum.uniq()
 
-    locked(lock, Enum.sort(slots), fn ->
+    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
       kept =
         for {k, v} = pair <- pairs,
             :ets.insert_new(fps, {F.whole(k, v, F.full_mask()), 1}) or
@@ -65,11 +65,6 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
       :ets.insert(tab, kept)
     end)
   end
-
-  defp locked(lock, [slot | rest], fun),
-    do: Lock.with_slot(lock, slot, fn -> :ok end, fn -> locked(lock, rest, fun) end)
-
-  defp locked(_lock, [], fun), do: fun.()
 
   def memory({tab, fps, _}), do: :ets.info(tab, :memory) + :ets.info(fps, :memory) + @slots
   def drop({tab, fps, _}), do: :ets.delete(tab) and :ets.delete(fps)
@@ -102,7 +97,7 @@ defmodule Larder.Bench.BagDesigns.BatchSort do
     sorted = :lists.usort(pairs)
     slots = sorted |> Enum.map(fn {k, _} -> :erlang.phash2(k, @slots) + 1 end) |> Enum.uniq()
 
-    locked(lock, Enum.sort(slots), fn ->
+    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
       kept =
         sorted
         |> Enum.chunk_by(&elem(&1, 0))
@@ -114,11 +109,6 @@ defmodule Larder.Bench.BagDesigns.BatchSort do
       :ets.insert(tab, kept)
     end)
   end
-
-  defp locked(lock, [slot | rest], fun),
-    do: Lock.with_slot(lock, slot, fn -> :ok end, fn -> locked(lock, rest, fun) end)
-
-  defp locked(_lock, [], fun), do: fun.()
 
   def memory({tab, _}), do: :ets.info(tab, :memory) + @slots
   def drop({tab, _}), do: :ets.delete(tab)
@@ -149,15 +139,10 @@ defmodule Larder.Bench.BagDesigns.PairSet do
   def insert_many({tab, seen, lock}, pairs) do
     slots = pairs |> Enum.map(fn {k, _} -> :erlang.phash2(k, @slots) + 1 end) |> Enum.uniq()
 
-    locked(lock, Enum.sort(slots), fn ->
+    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
       :ets.insert(tab, for(pair <- pairs, :ets.insert_new(seen, {pair}), do: pair))
     end)
   end
-
-  defp locked(lock, [slot | rest], fun),
-    do: Lock.with_slot(lock, slot, fn -> :ok end, fn -> locked(lock, rest, fun) end)
-
-  defp locked(_lock, [], fun), do: fun.()
 
   def memory({tab, seen, _}), do: :ets.info(tab, :memory) + :ets.info(seen, :memory) + @slots
   def drop({tab, seen, _}), do: :ets.delete(tab) and :ets.delete(seen)

@@ -1,12 +1,14 @@
-//! The fingerprint set of `Larder.Bag`: the 64-bit fingerprints of the pairs
-//! a bag holds, in shards that match the bag's lock slots. Elixir computes
-//! the fingerprints (`Larder.Bag.Store`); this only counts them, so every
+//! The fingerprint set of `Larder.Bag`: the fingerprints of the pairs a bag
+//! holds, in shards that match the bag's lock slots. Elixir computes the
+//! fingerprints (`Larder.Bag.Fingerprint`); this only counts them, so every
 //! call is O(fingerprints passed) and touches no user term.
 //!
 //! A fingerprint is `key_hash << 32 | value_hash`; its shard is
 //! `key_hash % shards`, the lock slot of the key (minus one), so the writer
 //! that holds a key's slot is the only one that changes its shard and a
-//! shard can be rebuilt from the table while its slot is held.
+//! shard can be rebuilt from the table while its slot is held. A shard keeps
+//! 32 bits of each fingerprint (`reduce`): half the memory, so a random
+//! insert reads a smaller table.
 
 use rustler::{Encoder, Env, NifResult, ResourceArc, Term};
 use std::collections::HashMap;
