@@ -8,10 +8,10 @@ defmodule Larder.Bag do
   ETS `:bag` deduplicates each insert by comparing the new object with every
   object already stored under its key. `Larder.Bag` stores the pairs in an
   ETS `:duplicate_bag`, whose inserts compare nothing, and keeps beside it a
-  set of 64-bit fingerprints of the pairs it holds (a NIF resource). A pair
-  whose fingerprint is not in the set is new and is inserted at once; only a
-  pair whose fingerprint is there (the pair itself, or a rare collision) is
-  compared, with `=:=`, to its key's values.
+  set of fingerprints (hashes) of the pairs it holds, in a NIF resource. A
+  pair whose fingerprint is not in the set is new and is inserted at once;
+  only a pair whose fingerprint is there (the pair itself, or a rare
+  collision) is compared, with `=:=`, to its key's values.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :fruit, "pear")
@@ -110,9 +110,10 @@ defmodule Larder.Bag do
       fsynced: after a crash or power loss, `path` holds the previous
       snapshot or the complete new one.
     * The fingerprint set's native code never touches a key or a value (the
-      fingerprints are computed in Erlang by `:erlang.phash2/2`, which
-      yields on large terms), takes at most 4,096 fingerprints per call, and
-      counts its memory in `memory/1`.
+      fingerprints are computed in Erlang by `:erlang.phash2/1,2`, which
+      yield on large terms), takes at most 4,096 fingerprints per call,
+      leaves any resize of a large table to a dirty scheduler, and counts
+      its memory in `memory/1`.
 
   ## Performance
 
