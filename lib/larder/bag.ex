@@ -122,55 +122,60 @@ defmodule Larder.Bag do
   `bench/support/bag_designs.ex`; 1M pairs over 10k keys, ~100 values a
   key), with ETS `:duplicate_bag` and `:bag` in the same run. Each figure
   is a ratio of medians to `:duplicate_bag` (memory: to `:bag`), from one
-  full run on a shared 2-core machine under load from other jobs; rerun the
-  command for figures on your machine.
+  full run on a quiet 2-core x86_64 machine (OTP 25); rerun the command for
+  figures on your machine.
 
   | design | fill, `insert/3` | fill, `insert_many/2` x1000 | 10k inserts into 1M | memory vs `:bag` |
   |---|---|---|---|---|
-  | ETS `:bag` | 11.8x | 12.9x | 20.5x | 1.00x |
-  | 0. `ordered_set` of `{[key \| value]}` (`==`, term order) | 1.57x | 1.80x | 2.18x | 1.12x |
-  | 1. `:duplicate_bag` + NIF fingerprint set (this module) | 1.47x | 0.93x | 1.56x | 1.23x |
-  | 2. `:duplicate_bag` + ETS `set` of fingerprints | 3.48x | 2.67x | 2.28x | 2.24x |
-  | 3. `:duplicate_bag`, batch sorted and checked, no fingerprints | 14.5x | 14.3x | 20.0x | 1.00x |
-  | 4. `:duplicate_bag` + ETS `set` of the pairs themselves | 3.22x | 2.70x | 2.27x | 2.25x |
+  | ETS `:bag` | 14.6x | 15.6x | 20.1x | 1.00x |
+  | 0. `ordered_set` of `{[key \| value]}` (`==`, term order) | 2.33x | 2.43x | 2.34x | 1.12x |
+  | 1. `:duplicate_bag` + NIF fingerprint set (this module) | 1.81x | 1.28x | 1.51x | 1.11x |
+  | 2. `:duplicate_bag` + ETS `set` of fingerprints | 2.98x | 2.87x | 2.24x | 2.00x |
+  | 3. `:duplicate_bag`, batch sorted and checked, no fingerprints | 16.6x | 15.9x | 20.0x | 1.00x |
+  | 4. `:duplicate_bag` + ETS `set` of the pairs themselves | 2.87x | 2.94x | 2.37x | 2.25x |
 
-  Design 1 won on every time, with memory at about 1.25x a `:bag`. An
-  insert of a new pair costs two `phash2/2` calls, a lock slot and one NIF
-  call whose table read is one cache line, beside the ETS insert; an ETS
-  `set` (designs 2 and 4) costs a second ETS insert of a whole object and
-  doubles the memory; design 0 walks a tree of a million nodes per insert
-  and cannot give `=:=` or insertion order; design 3 makes the comparison
-  a `:bag` makes, in Erlang. `insert_many/2` of design 1 fingerprints a
-  batch in one pass and filters it in one NIF call per 4,096 pairs, so a
-  batch costs less than its pairs inserted one by one.
+  Design 1 won on every time, with memory at about 1.1x a `:bag`. An
+  insert of a new pair costs two `phash2` calls, a lock slot and one NIF
+  call, beside the ETS insert; an ETS `set` (designs 2 and 4) costs a
+  second ETS insert of a whole object and doubles the memory; design 0
+  walks a tree of a million nodes per insert and cannot give `=:=` or
+  insertion order; design 3 makes the comparison a `:bag` makes, in
+  Erlang. `insert_many/2` of design 1 fingerprints a batch in one pass,
+  takes its lock slots in one loop, and filters it in one NIF call per
+  4,096 pairs that locks each shard it touches once and loads the table
+  buckets a few fingerprints ahead, so the cache misses of a batch overlap.
 
   `mix run bench/bag_bench.exs` measures `Larder.Bag` against its targets,
-  at 1M pairs over 10k keys; each figure is a ratio of medians in one run
-  on a quiet 2-core x86_64 machine (OTP 25):
+  at 1M pairs over 10k keys. Each figure is a ratio of medians in one run,
+  given as the range over two full runs on a quiet 2-core x86_64 machine
+  (OTP 25):
 
-    * Fill with `insert/3`: 1.94x `:duplicate_bag` (target `<= 1.5x`,
-      missed), 7.35x faster than ETS `:bag` (target `>= 7x`).
-    * Fill with `insert_many/2` in batches of 1,000: 1.69x
+    * Fill with `insert/3`: 1.56-1.83x `:duplicate_bag` (target `<= 1.5x`,
+      missed), 7.2-9.0x faster than ETS `:bag` (target `>= 7x`).
+    * Fill with `insert_many/2` in batches of 1,000: 1.30-1.52x
       `:duplicate_bag` (target `<= 1.3x`, missed).
-    * 10k inserts into a prefilled bag: 2.15x `:duplicate_bag` (target
-      `<= 1.5x`, missed).
-    * `lookup/2` of keys holding ~100 values each: 0.89x an ETS `:bag`
+    * 10k inserts into a prefilled bag: 2.05-2.07x `:duplicate_bag`
+      (target `<= 1.5x`, missed).
+    * `lookup/2` of keys holding ~100 values each: 0.86-0.88x an ETS `:bag`
       `:ets.lookup/2` (target `<= 1.2x`).
-    * Memory: 1.25x an ETS `:bag` holding the same pairs, in words, the
+    * Memory: 1.13x an ETS `:bag` holding the same pairs, in words, the
       fingerprint set included (target `<= 1.5x`).
-    * Restart from a snapshot with `load/2`: 4.05x faster than re-inserting
-      the pairs with `insert/3` (target `>= 5x`, missed). `load/2` decodes,
-      fingerprints and inserts each chunk in bulk; what remains is the ETS
-      insert of every pair, which re-inserting pays too, so the speed-up is
-      bounded by how little `insert/3` adds to it.
-    * `dedup: false`: 1.06x `:duplicate_bag` for the fill, 1.11x with
-      batches, 0.94x steady (the same ETS calls as the anchor).
+    * Restart from a snapshot with `load/2`: 4.4-4.7x faster than
+      re-inserting the pairs with `insert/3` (target `>= 5x`, missed).
+      `load/2` decodes, fingerprints and inserts each chunk in bulk; the
+      same file loaded as a `dedup: false` bag, which counts no
+      fingerprints, takes 240-242 ms against 276-292 ms, so decoding and the
+      ETS insert alone bound the speed-up near 5x.
+    * `dedup: false`: 0.95-1.11x `:duplicate_bag` for the fill, 0.95-1.07x
+      with batches, 1.03x steady (the same ETS calls as the anchor).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose
       cost depends on the storage rather than on Larder.
 
   What a deduplicating insert adds to the `:duplicate_bag` insert is two
-  `phash2/2` calls, the key's lock slot (two atomics operations) and one
-  NIF call.
+  `phash2` calls, the key's lock slot (two atomics operations) and one NIF
+  call whose table read lands on a random cache line of the fingerprint
+  set (about 4 MB to 8 MB at 1M pairs): that read, a cache miss, is most of
+  the difference.
   """
 
   alias Larder.Bag.Dedup
