@@ -135,16 +135,7 @@ defmodule Larder.LockTest do
       lock = Lock.new(4)
       parent = self()
 
-      holder =
-        spawn(fn ->
-          Lock.with_slots(lock, [1, 3], fn _ -> :ok end, fn ->
-            send(parent, :holding)
-            Process.sleep(:infinity)
-          end)
-        end)
-
-      assert_receive :holding, 5_000
-      kill(holder)
+      kill(holding(&Lock.with_slots(lock, [1, 3], fn _ -> :ok end, &1)))
 
       assert Lock.with_slots(lock, [1, 2, 3], &send(parent, {:took_over, &1}), fn -> :ran end) ==
                :ran
@@ -193,16 +184,7 @@ defmodule Larder.LockTest do
       parent = self()
 
       for _ <- 1..200 do
-        holder =
-          spawn(fn ->
-            Lock.with_slot(lock, 1, fn -> :ok end, fn ->
-              send(parent, :holding)
-              Process.sleep(:infinity)
-            end)
-          end)
-
-        assert_receive :holding, 5_000
-        kill(holder)
+        kill(holding(&Lock.with_slot(lock, 1, fn -> :ok end, &1)))
 
         assert Lock.with_slot(lock, 1, fn -> send(parent, :took_over) end, fn -> :ran end) == :ran
         assert_received :took_over
@@ -217,15 +199,7 @@ defmodule Larder.LockTest do
       lock = Lock.new(1)
       parent = self()
 
-      holder =
-        spawn(fn ->
-          :acquired = Lock.acquire(lock, 1)
-          send(parent, :holding)
-          Process.sleep(:infinity)
-        end)
-
-      assert_receive :holding
-      kill(holder)
+      kill(holding(&acquire_then(lock, &1)))
 
       assert_raise RuntimeError, "repair failed", fn ->
         Lock.with_slot(lock, 1, fn -> raise "repair failed" end, fn -> flunk("ran") end)
@@ -247,14 +221,7 @@ defmodule Larder.LockTest do
       lock = Lock.new(1)
       parent = self()
 
-      holder =
-        spawn(fn ->
-          :acquired = Lock.acquire(lock, 1)
-          send(parent, :holding)
-          Process.sleep(:infinity)
-        end)
-
-      assert_receive :holding
+      holder = holding(&acquire_then(lock, &1))
       waiter = spawn_link(fn -> send(parent, {:got, Lock.acquire(lock, 1)}) end)
       refute_receive {:got, _}, 50
       kill(holder)
@@ -300,14 +267,7 @@ defmodule Larder.LockTest do
       parent = self()
 
       for _ <- 1..50 do
-        holder =
-          spawn(fn ->
-            :acquired = Lock.acquire(lock, 1)
-            send(parent, :holding)
-            Process.sleep(:infinity)
-          end)
-
-        assert_receive :holding
+        holder = holding(&acquire_then(lock, &1))
 
         waiters =
           for _ <- 1..4 do
@@ -459,6 +419,28 @@ defmodule Larder.LockTest do
     Lock.with_slot(lock, 1, fn -> :ok end, fn -> if rem(n, 2) == 0, do: :erlang.yield() end)
     if rem(n, 2) == 1, do: :erlang.yield()
     loop_with_slot(lock, n + 1)
+  end
+
+  # A process that runs `hold.(sleep)`, where `sleep` tells the test it holds
+  # what `hold` took and then sleeps for ever; returns once it holds.
+  defp holding(hold) do
+    parent = self()
+
+    holder =
+      spawn(fn ->
+        hold.(fn ->
+          send(parent, :holding)
+          Process.sleep(:infinity)
+        end)
+      end)
+
+    assert_receive :holding, 5_000
+    holder
+  end
+
+  defp acquire_then(lock, fun) do
+    :acquired = Lock.acquire(lock, 1)
+    fun.()
   end
 
   defp kill(pid) do
