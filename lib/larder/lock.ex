@@ -150,10 +150,11 @@ defmodule Larder.Lock do
   """
   @spec with_slots(t(), [slot()], (slot() -> term()), (() -> result)) :: result
         when result: var
-  def with_slots(%__MODULE__{atomics: atomics} = lock, slots, on_takeover, fun)
+  def with_slots(%__MODULE__{atomics: atomics, slots: n}, slots, on_takeover, fun)
       when is_list(slots) and is_function(on_takeover, 1) and is_function(fun, 0) do
+    check_increasing!(slots, 0, n, slots)
     me = Holders.id()
-    held = take_all(lock, slots, me, on_takeover, 0, [])
+    held = take_all(atomics, slots, me, on_takeover, [])
 
     try do
       fun.()
@@ -178,15 +179,21 @@ defmodule Larder.Lock do
 
   def with_slots(lock, _slots, _on_takeover, _fun), do: bad_lock!(lock)
 
-  defp take_all(
-         %__MODULE__{atomics: atomics, slots: n} = lock,
-         [slot | rest],
-         me,
-         on_takeover,
-         last,
-         held
-       )
-       when is_integer(slot) and slot > last and slot <= n do
+  defp check_increasing!([slot | rest], last, n, all)
+       when is_integer(slot) and slot > last and slot <= n,
+       do: check_increasing!(rest, slot, n, all)
+
+  defp check_increasing!([], _last, _n, _all), do: :ok
+
+  defp check_increasing!(_rest, _last, n, all) do
+    raise ArgumentError,
+          "expected slots to be a strictly increasing list of integers in 1..#{n}, " <>
+            "got: #{inspect(all)}"
+  end
+
+  # Takes the slots in order; on a failure (a nested acquire, a raising
+  # on_takeover) releases those taken before re-raising.
+  defp take_all(atomics, [slot | rest], me, on_takeover, held) do
     try do
       case take(atomics, slot, me, 0) do
         :acquired -> :ok
@@ -198,18 +205,10 @@ defmodule Larder.Lock do
         :erlang.raise(kind, reason, __STACKTRACE__)
     end
 
-    take_all(lock, rest, me, on_takeover, slot, [slot | held])
+    take_all(atomics, rest, me, on_takeover, [slot | held])
   end
 
-  defp take_all(_lock, [], _me, _on_takeover, _last, held), do: held
-
-  defp take_all(%__MODULE__{atomics: atomics, slots: n}, slots, me, _on_takeover, _last, held) do
-    release_all(atomics, held, me)
-
-    raise ArgumentError,
-          "expected slots to be a strictly increasing list of integers in 1..#{n}, " <>
-            "got: #{inspect(slots)}"
-  end
+  defp take_all(_atomics, [], _me, _on_takeover, held), do: held
 
   defp release_all(atomics, [slot | held], me) do
     _ = :atomics.compare_exchange(atomics, slot, me, 0)

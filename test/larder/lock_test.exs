@@ -163,6 +163,10 @@ defmodule Larder.LockTest do
         for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
       end
 
+      assert_raise ArgumentError, ~r/got: \[1, 3, 2\]/, fn ->
+        Lock.with_slots(lock, [1, 3, 2], fn _ -> :ok end, ok)
+      end
+
       assert_raise ArgumentError, ~r/on_takeover/, fn -> Lock.with_slots(lock, [1], ok, ok) end
 
       assert_raise ArgumentError, ~r/lock/, fn ->
