@@ -180,6 +180,7 @@ defmodule Larder.Bag do
 
   alias Larder.Bag.Dedup
   alias Larder.Bag.Fingerprint
+  alias Larder.Bag.Order
   alias Larder.Bag.Snapshot
 
   @enforce_keys [:tab, :dedup]
@@ -355,7 +356,10 @@ defmodule Larder.Bag do
   the last to the first, each new pair after its key's other values, so
   `lookup/2` returns a batch's new values of one key in reverse batch order,
   and of two `=:=` pairs in the batch the later one is kept. With
-  `dedup: false` the batch goes in in order, with repeats.
+  `dedup: false` the batch goes in in order, with repeats. That order holds
+  for batches of up to 8,000 pairs; for a longer batch, ETS may insert the
+  list from its end, and a key's new values of the batch then come back in
+  the reverse order.
 
   Raises `ArgumentError` if `pairs` is not a list of two-element tuples.
 
@@ -380,7 +384,7 @@ defmodule Larder.Bag do
 
   def insert_many(%__MODULE__{tab: tab, dedup: false} = bag, pairs) when is_list(pairs) do
     check_pairs(pairs, pairs)
-    :ets.insert(tab, pairs)
+    Order.insert(tab, pairs)
     :ok
   rescue
     e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
@@ -400,9 +404,9 @@ defmodule Larder.Bag do
   # yet (used by Larder.Bag.Snapshot); a deduplicating bag counts their
   # fingerprints and skips a pair the snapshot holds twice.
   def insert_objects(%__MODULE__{tab: tab, dedup: true, fps: fps, mask: mask}, pairs),
-    do: :ets.insert(tab, Dedup.load(tab, fps, mask, pairs))
+    do: Order.insert(tab, Dedup.load(tab, fps, mask, pairs))
 
-  def insert_objects(%__MODULE__{tab: tab}, pairs), do: :ets.insert(tab, pairs)
+  def insert_objects(%__MODULE__{tab: tab}, pairs), do: Order.insert(tab, pairs)
 
   defp check_pairs([{_, _} | rest], all), do: check_pairs(rest, all)
   defp check_pairs([], _all), do: :ok

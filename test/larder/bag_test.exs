@@ -21,6 +21,29 @@ defmodule Larder.BagTest do
     do: :ets.all() |> Enum.filter(&(:ets.info(&1, :owner) == self())) |> MapSet.new()
 
   describe "set semantics" do
+    test "a batch's values of one key keep their order whatever reductions the caller has left" do
+      # ETS takes a yielding path that reverses a list when the caller is
+      # low on reductions; Larder.Bag.Order yields first. Burning a random
+      # number of reductions before each call varies what is left.
+      for {n, runs} <- [{40, 1_000}, {1_000, 200}, {Larder.Bag.Order.direct(), 40}] do
+        values = Enum.to_list(1..n)
+        batch = for v <- values, do: {:k, v}
+
+        for _ <- 1..runs do
+          Enum.reduce(1..:rand.uniform(4_000), 0, &(&1 + &2))
+          dedup = Bag.new()
+          plain = Bag.new(dedup: false)
+          Bag.insert_many(dedup, batch)
+          Enum.reduce(1..:rand.uniform(4_000), 0, &(&1 + &2))
+          Bag.insert_many(plain, batch)
+          assert Bag.lookup(dedup, :k) == Enum.reverse(values)
+          assert Bag.lookup(plain, :k) == values
+          Bag.drop(dedup)
+          Bag.drop(plain)
+        end
+      end
+    end
+
     test "a pair is stored once, values of a key come back in insertion order" do
       bag = Bag.new()
       for _ <- 1..3, v <- [3, 1, 2], do: Bag.insert(bag, :k, v)

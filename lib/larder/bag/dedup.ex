@@ -28,6 +28,7 @@ defmodule Larder.Bag.Dedup do
   # shard while writers of other slots go on.
 
   alias Larder.Bag.Fingerprint
+  alias Larder.Bag.Order
   alias Larder.Lock
   alias Larder.Native
 
@@ -115,8 +116,8 @@ defmodule Larder.Bag.Dedup do
 
     Lock.with_slots(lock, slots(fingerprints, []), &repair(tab, fps, mask, &1), fn ->
       case add_bin(fps, fingerprints, 0, []) do
-        [] -> :ets.insert(tab, pairs)
-        present -> :ets.insert(tab, checked(tab, fps, mask, pairs, present))
+        [] -> Order.insert(tab, pairs)
+        present -> Order.insert(tab, checked(tab, fps, mask, pairs, present))
       end
     end)
   end
