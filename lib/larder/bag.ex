@@ -147,27 +147,27 @@ defmodule Larder.Bag do
 
   `mix run bench/bag_bench.exs` measures `Larder.Bag` against its targets,
   at 1M pairs over 10k keys. Each figure is a ratio of medians in one run,
-  given as the range over two full runs on a quiet 2-core x86_64 machine
+  given as the range over three full runs on a quiet 2-core x86_64 machine
   (OTP 25):
 
     * Fill with `insert/3`: 1.56-1.83x `:duplicate_bag` (target `<= 1.5x`,
       missed), 7.2-9.0x faster than ETS `:bag` (target `>= 7x`).
-    * Fill with `insert_many/2` in batches of 1,000: 1.30-1.52x
+    * Fill with `insert_many/2` in batches of 1,000: 1.30-1.55x
       `:duplicate_bag` (target `<= 1.3x`, missed).
-    * 10k inserts into a prefilled bag: 2.05-2.07x `:duplicate_bag`
+    * 10k inserts into a prefilled bag: 2.05-2.08x `:duplicate_bag`
       (target `<= 1.5x`, missed).
-    * `lookup/2` of keys holding ~100 values each: 0.86-0.88x an ETS `:bag`
+    * `lookup/2` of keys holding ~100 values each: 0.84-0.88x an ETS `:bag`
       `:ets.lookup/2` (target `<= 1.2x`).
     * Memory: 1.13x an ETS `:bag` holding the same pairs, in words, the
       fingerprint set included (target `<= 1.5x`).
-    * Restart from a snapshot with `load/2`: 4.4-4.7x faster than
+    * Restart from a snapshot with `load/2`: 4.2-4.7x faster than
       re-inserting the pairs with `insert/3` (target `>= 5x`, missed).
       `load/2` decodes, fingerprints and inserts each chunk in bulk; the
       same file loaded as a `dedup: false` bag, which counts no
-      fingerprints, takes 240-242 ms against 276-292 ms, so decoding and the
+      fingerprints, takes 230-242 ms against 276-292 ms, so decoding and the
       ETS insert alone bound the speed-up near 5x.
-    * `dedup: false`: 0.95-1.11x `:duplicate_bag` for the fill, 0.95-1.07x
-      with batches, 1.03x steady (the same ETS calls as the anchor).
+    * `dedup: false`: 0.95-1.11x `:duplicate_bag` for the fill, 0.95-1.16x
+      with batches, 1.00-1.03x steady (the same ETS calls as the anchor).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose
       cost depends on the storage rather than on Larder.
 
