@@ -431,74 +431,60 @@ fn single<'a>(
     })
 }
 
-/// Adds the fingerprint if absent: `true` if it was absent (the pair is
-/// new), `false` if present (the pair, or one colliding with it, is there;
-/// nothing is counted); `:dirty` if that needs `bag_fps_add_dirty/3`. The
-/// fingerprint comes as its key hash and value hash, small integers in
-/// Erlang.
-#[rustler::nif]
-fn bag_fps_add<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Add, false)
+/// Declares the NIF `$name` that applies `$op` to one fingerprint, given as
+/// its key hash and value hash (small integers in Erlang), on a normal
+/// scheduler, answering `:dirty` when that could resize a big table; and
+/// `$dirty`, the same on a dirty scheduler.
+macro_rules! single_nifs {
+    ($(#[$doc:meta])* $name:ident, $dirty:ident, $op:expr) => {
+        $(#[$doc])*
+        #[rustler::nif]
+        fn $name<'a>(
+            env: Env<'a>,
+            set: Term<'a>,
+            key_hash: u32,
+            value_hash: u32,
+        ) -> NifResult<Term<'a>> {
+            single(env, set, join(key_hash, value_hash), $op, false)
+        }
+
+        #[rustler::nif(schedule = "DirtyCpu")]
+        fn $dirty<'a>(
+            env: Env<'a>,
+            set: Term<'a>,
+            key_hash: u32,
+            value_hash: u32,
+        ) -> NifResult<Term<'a>> {
+            single(env, set, join(key_hash, value_hash), $op, true)
+        }
+    };
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_add_dirty<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Add, true)
-}
+single_nifs!(
+    /// Adds the fingerprint if absent: `true` if it was absent (the pair is
+    /// new), `false` if present (the pair, or one colliding with it, is
+    /// there; nothing is counted); `:dirty` if that needs
+    /// `bag_fps_add_dirty/3`.
+    bag_fps_add,
+    bag_fps_add_dirty,
+    Op::Add
+);
 
-/// Counts one more pair under the fingerprint, present or not: `:ok`, or
-/// `:dirty` if that needs `bag_fps_incr_dirty/3`.
-#[rustler::nif]
-fn bag_fps_incr<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Incr, false)
-}
+single_nifs!(
+    /// Counts one more pair under the fingerprint, present or not: `:ok`, or
+    /// `:dirty` if that needs `bag_fps_incr_dirty/3`.
+    bag_fps_incr,
+    bag_fps_incr_dirty,
+    Op::Incr
+);
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_incr_dirty<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Incr, true)
-}
-
-/// Counts one pair less under the fingerprint: `:ok`, or `:dirty` if that
-/// needs `bag_fps_remove_dirty/3`.
-#[rustler::nif]
-fn bag_fps_remove<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Remove, false)
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_remove_dirty<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    key_hash: u32,
-    value_hash: u32,
-) -> NifResult<Term<'a>> {
-    single(env, set, join(key_hash, value_hash), Op::Remove, true)
-}
+single_nifs!(
+    /// Counts one pair less under the fingerprint: `:ok`, or `:dirty` if
+    /// that needs `bag_fps_remove_dirty/3`.
+    bag_fps_remove,
+    bag_fps_remove_dirty,
+    Op::Remove
+);
 
 /// The fingerprints of a binary of big-endian u64 (at most MAX_BATCH).
 fn decode(bin: &rustler::Binary) -> NifResult<Vec<u64>> {
@@ -535,34 +521,40 @@ fn many<'a>(
     })
 }
 
-/// `bag_fps_incr/3` over a list of whole fingerprints (at most 4,096):
-/// `:ok`, or `:dirty` if it could resize a big table (then call
-/// `bag_fps_incr_many_dirty/2`).
-#[rustler::nif]
-fn bag_fps_incr_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    many(env, set, fps, Op::Incr, false)
+/// Declares the NIF `$name` that applies `$op` to a list of whole
+/// fingerprints (at most 4,096) on a normal scheduler, answering `:dirty`
+/// when that could resize a big table; and `$dirty`, the same on a dirty
+/// scheduler.
+macro_rules! many_nifs {
+    ($(#[$doc:meta])* $name:ident, $dirty:ident, $op:expr) => {
+        $(#[$doc])*
+        #[rustler::nif]
+        fn $name<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
+            many(env, set, fps, $op, false)
+        }
+
+        #[rustler::nif(schedule = "DirtyCpu")]
+        fn $dirty<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
+            many(env, set, fps, $op, true)
+        }
+    };
 }
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_incr_many_dirty<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    many(env, set, fps, Op::Incr, true)
-}
+many_nifs!(
+    /// `bag_fps_incr/3` over a list of whole fingerprints: `:ok`, or
+    /// `:dirty` (then call `bag_fps_incr_many_dirty/2`).
+    bag_fps_incr_many,
+    bag_fps_incr_many_dirty,
+    Op::Incr
+);
 
-/// `bag_fps_remove/3` over a list of whole fingerprints (at most 4,096):
-/// `:ok`, or `:dirty` as `bag_fps_incr_many/2`.
-#[rustler::nif]
-fn bag_fps_remove_many<'a>(env: Env<'a>, set: Term<'a>, fps: Vec<u64>) -> NifResult<Term<'a>> {
-    many(env, set, fps, Op::Remove, false)
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn bag_fps_remove_many_dirty<'a>(
-    env: Env<'a>,
-    set: Term<'a>,
-    fps: Vec<u64>,
-) -> NifResult<Term<'a>> {
-    many(env, set, fps, Op::Remove, true)
-}
+many_nifs!(
+    /// `bag_fps_remove/3` over a list of whole fingerprints: `:ok`, or
+    /// `:dirty` (then call `bag_fps_remove_many_dirty/2`).
+    bag_fps_remove_many,
+    bag_fps_remove_many_dirty,
+    Op::Remove
+);
 
 /// Empties shard `index` (0-based), before it is rebuilt from the table
 /// (freeing a table is one deallocation).
@@ -649,14 +641,12 @@ fn bag_fps_add_bin_dirty<'a>(
 /// binary of big-endian u64 fingerprints (at most 4,096 of them).
 #[rustler::nif]
 fn bag_fps_slots(fps: rustler::Binary, slots: u32) -> NifResult<Vec<u32>> {
-    if slots == 0 || slots > MAX_SHARDS || !fps.len().is_multiple_of(8) || fps.len() > MAX_BATCH * 8
-    {
+    if slots == 0 || slots > MAX_SHARDS {
         return Err(rustler::Error::BadArg);
     }
     let mut used = vec![false; slots as usize];
-    for bytes in fps.as_slice().chunks_exact(8) {
-        let key_hash = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        used[(key_hash % slots) as usize] = true;
+    for fp in decode(&fps)? {
+        used[((fp >> 32) as u32 % slots) as usize] = true;
     }
     Ok((1..=slots)
         .filter(|&slot| used[slot as usize - 1])
