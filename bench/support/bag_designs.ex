@@ -19,10 +19,9 @@ defmodule Larder.Bench.BagDesigns.OrderedSet do
   def drop(t), do: :ets.delete(t)
 end
 
-# Design 2: a :duplicate_bag for the pairs plus an ETS set {fingerprint,
-# count} (the same 64-bit fingerprints as Larder.Bag). insert_new/2 is the
-# test-and-set; a present fingerprint takes the exact check.
-defmodule Larder.Bench.BagDesigns.EtsFingerprints do
+# The lock of the designs that need one: a Larder.Lock of 256 slots, a key's
+# slot picked as Larder.Bag picks it, and a batch's slots taken in order.
+defmodule Larder.Bench.BagDesigns.Locked do
   @moduledoc false
 
   alias Larder.Bag.Fingerprint, as: F
@@ -30,16 +29,41 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
 
   @slots 256
 
+  def new, do: Lock.new(@slots)
+
+  @doc "The lock's memory, in words."
+  def words, do: @slots
+
+  def slot(key), do: F.slot(F.key_hash(key), @slots)
+  def slot_of_hash(key_hash), do: F.slot(key_hash, @slots)
+
+  def with_slot(lock, slot, fun), do: Lock.with_slot(lock, slot, fn -> :ok end, fun)
+
+  def with_batch(lock, pairs, fun) do
+    slots = pairs |> Enum.map(fn {k, _} -> slot(k) end) |> Enum.uniq() |> Enum.sort()
+    Lock.with_slots(lock, slots, fn _ -> :ok end, fun)
+  end
+end
+
+# Design 2: a :duplicate_bag for the pairs plus an ETS set {fingerprint,
+# count} (the fingerprints Larder.Bag computes, whole). insert_new/2 is the
+# test-and-set; a present fingerprint takes the exact check.
+defmodule Larder.Bench.BagDesigns.EtsFingerprints do
+  @moduledoc false
+
+  alias Larder.Bag.Fingerprint, as: F
+  alias Larder.Bench.BagDesigns.Locked
+
   def new do
     {:ets.new(__MODULE__, [:duplicate_bag, :public]), :ets.new(__MODULE__, [:set, :public]),
-     Lock.new(@slots)}
+     Locked.new()}
   end
 
   def insert({tab, fps, lock}, k, v) do
     hash = F.key_hash(k)
     fp = Bitwise.bsl(hash, 32) + F.value_hash(v, F.full_mask())
 
-    Lock.with_slot(lock, F.slot(hash, @slots), fn -> :ok end, fn ->
+    Locked.with_slot(lock, Locked.slot_of_hash(hash), fn ->
       if :ets.insert_new(fps, {fp, 1}) do
         :ets.insert(tab, {k, v})
       else
@@ -53,9 +77,7 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
   # insert of the batch (the within-batch check is left out: it only
   # matters for batches that repeat a pair).
   def insert_many({tab, fps, lock}, pairs) do
-    slots = pairs |> Enum.map(fn {k, _} -> F.slot(F.key_hash(k), @slots) end) |> Enum.uniq()
-
-    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
+    Locked.with_batch(lock, pairs, fn ->
       kept =
         for {k, v} = pair <- pairs,
             :ets.insert_new(fps, {F.whole(k, v, F.full_mask()), 1}) or
@@ -66,7 +88,9 @@ defmodule Larder.Bench.BagDesigns.EtsFingerprints do
     end)
   end
 
-  def memory({tab, fps, _}), do: :ets.info(tab, :memory) + :ets.info(fps, :memory) + @slots
+  def memory({tab, fps, _}),
+    do: :ets.info(tab, :memory) + :ets.info(fps, :memory) + Locked.words()
+
   def drop({tab, fps, _}), do: :ets.delete(tab) and :ets.delete(fps)
 end
 
@@ -78,14 +102,12 @@ end
 defmodule Larder.Bench.BagDesigns.BatchSort do
   @moduledoc false
 
-  alias Larder.Lock
+  alias Larder.Bench.BagDesigns.Locked
 
-  @slots 256
-
-  def new, do: {:ets.new(__MODULE__, [:duplicate_bag, :public]), Lock.new(@slots)}
+  def new, do: {:ets.new(__MODULE__, [:duplicate_bag, :public]), Locked.new()}
 
   def insert({tab, lock}, k, v) do
-    Lock.with_slot(lock, :erlang.phash2(k, @slots) + 1, fn -> :ok end, fn ->
+    Locked.with_slot(lock, Locked.slot(k), fn ->
       :lists.member({k, v}, :ets.lookup(tab, k)) or :ets.insert(tab, {k, v})
     end)
   end
@@ -95,9 +117,8 @@ defmodule Larder.Bench.BagDesigns.BatchSort do
     # order puts 1 and 1.0 side by side; usort compares with ==, so the
     # prototype would merge them: a real one must dedup with =:=.)
     sorted = :lists.usort(pairs)
-    slots = sorted |> Enum.map(fn {k, _} -> :erlang.phash2(k, @slots) + 1 end) |> Enum.uniq()
 
-    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
+    Locked.with_batch(lock, sorted, fn ->
       kept =
         sorted
         |> Enum.chunk_by(&elem(&1, 0))
@@ -110,7 +131,7 @@ defmodule Larder.Bench.BagDesigns.BatchSort do
     end)
   end
 
-  def memory({tab, _}), do: :ets.info(tab, :memory) + @slots
+  def memory({tab, _}), do: :ets.info(tab, :memory) + Locked.words()
   def drop({tab, _}), do: :ets.delete(tab)
 end
 
@@ -121,29 +142,27 @@ end
 defmodule Larder.Bench.BagDesigns.PairSet do
   @moduledoc false
 
-  alias Larder.Lock
-
-  @slots 256
+  alias Larder.Bench.BagDesigns.Locked
 
   def new do
     {:ets.new(__MODULE__, [:duplicate_bag, :public]), :ets.new(__MODULE__, [:set, :public]),
-     Lock.new(@slots)}
+     Locked.new()}
   end
 
   def insert({tab, seen, lock}, k, v) do
-    Lock.with_slot(lock, :erlang.phash2(k, @slots) + 1, fn -> :ok end, fn ->
+    Locked.with_slot(lock, Locked.slot(k), fn ->
       :ets.insert_new(seen, {{k, v}}) and :ets.insert(tab, {k, v})
     end)
   end
 
   def insert_many({tab, seen, lock}, pairs) do
-    slots = pairs |> Enum.map(fn {k, _} -> :erlang.phash2(k, @slots) + 1 end) |> Enum.uniq()
-
-    Lock.with_slots(lock, Enum.sort(slots), fn _ -> :ok end, fn ->
+    Locked.with_batch(lock, pairs, fn ->
       :ets.insert(tab, for(pair <- pairs, :ets.insert_new(seen, {pair}), do: pair))
     end)
   end
 
-  def memory({tab, seen, _}), do: :ets.info(tab, :memory) + :ets.info(seen, :memory) + @slots
+  def memory({tab, seen, _}),
+    do: :ets.info(tab, :memory) + :ets.info(seen, :memory) + Locked.words()
+
   def drop({tab, seen, _}), do: :ets.delete(tab) and :ets.delete(seen)
 end
