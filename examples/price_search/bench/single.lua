@@ -9,10 +9,4 @@ function init(args)
   f:close()
 end
 
-function done(summary, latency, requests)
-  io.write(string.format(
-    "WRK_JSON {\"requests\":%d,\"duration_us\":%d,\"p50_us\":%d,\"p99_us\":%d,\"errors\":%d,\"non_2xx\":%d}\n",
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    summary.errors.status))
-end
+dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "report.lua")
