@@ -34,8 +34,23 @@ defmodule Larder.Cache do
   every hit. A copy is replaced when its process reads a newer large
   version, dropped when its process reads the key and finds no value (a copy
   of a key that now holds a small value stays until the bound pushes it
-  out), and goes with the process. A write computes the value's size,
-  O(size), and copies it into ETS; eviction is O(log n) per evicted entry.
+  out), and goes with the process. Until then a process keeps its copy of
+  a value that was since replaced or deleted: an idle process holds on to
+  what it last read.
+
+  The copies of a cache that stopped are dropped by each process at its
+  next new copy of a large value (from any cache) or its next
+  `Larder.Register` miss; those of a cache that was killed, at its first
+  copy from a cache or register it held no copies of (the restarted cache,
+  say) or after any later stop. Restarting a cache therefore does not pile
+  copies up: `:local_copy_max_bytes` bounds the copies of each running
+  cache. One mechanism, shared with `Larder.Register`, does this: a
+  process that makes a new copy or misses reads one VM-wide counter of
+  deaths, and only when it moved does it look at the structures it holds
+  copies of (O(number held)).
+
+  A write computes the value's size, O(size), and copies it into ETS;
+  eviction is O(log n) per evicted entry.
 
   ## Concurrency
 

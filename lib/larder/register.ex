@@ -44,10 +44,11 @@ defmodule Larder.Register do
   serialised; writes to different slots run in parallel.
 
   Every register death (`drop/1`, its owner's exit, its
-  supervisor's shutdown) bumps one VM-wide counter. Each process lists in
-  its process dictionary the registers it holds copies of; when it misses,
-  or makes its first copy of a register, and the counter has moved since it
-  last looked, it drops its copies of every register that is dead.
+  supervisor's shutdown) bumps one VM-wide counter, which a `Larder.Cache`
+  that stops bumps too. Each process lists in its process dictionary the
+  registers (and caches) it holds copies of; when it misses, or makes its
+  first copy of a register, and the counter has moved since it last looked,
+  it drops its copies of every register (and cache) that is dead.
 
   ## Complexity and capacity
 
