@@ -105,6 +105,24 @@ defmodule Larder.Cache do
       write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
       until its ttl. Puts are not affected (`SET NX` never overwrites).
     * A loader must not call `fetch/3` for its own key (that raises).
+    * **Load cycles.** Loaders may read other keys, of this cache or of
+      others. Loaders that end up waiting for each other's loads (the
+      loader of `:a` fetches `:b` while the loader of `:b` fetches `:a`,
+      in two processes; or any longer ring, across any caches) would wait
+      for ever: instead, the wait that closes the ring is refused, and that
+      `fetch/3` (or `get/3`, which then returns its default) answers
+      `{:error, %Larder.Error{reason: :load_cycle}}` at once. Its loader
+      decides what to do with it; the other loads of the ring then get its
+      outcome the usual way (usually a `:loader_failed` error), so every
+      call returns, and later calls load those keys again. A waiting
+      process that runs a loader records whom it waits for in one VM-wide
+      ETS table and follows that chain of waits (at most 1,000 steps, an
+      ETS lookup and a look at one load's waiters each); other waits cost
+      nothing more. Not detected: a ring longer than 1,000 loads, and a
+      ring that goes through a wait Larder cannot see (a loader that waits
+      for a task or a message from a process that fetches). A loader that
+      never returns blocks its callers and the waiters of its key, like
+      any function call without a timeout.
 
   ## Eviction and expiry
 
@@ -128,6 +146,9 @@ defmodule Larder.Cache do
     * The loader returns `{:ok, value}` or `{:error, reason}`; an error, a
       raise or anything else is `{:error, %Larder.Error{reason:
       :loader_failed}}`, is not cached, and is given to every waiter.
+    * A `fetch/3` made by a loader that would close a ring of loads waiting
+      for each other returns `{:error, %Larder.Error{reason: :load_cycle}}`
+      instead of waiting (see Concurrency).
     * A cache that stops or is killed while a `fetch/3` or `get/3` is
       loading gives that caller and its waiters `{:error, %Larder.Error{reason:
       :cache_stopped}}`. A call that starts after the cache stopped raises
