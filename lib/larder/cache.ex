@@ -52,6 +52,16 @@ defmodule Larder.Cache do
   A write computes the value's size, O(size), and copies it into ETS;
   eviction is O(log n) per evicted entry.
 
+  Sizes are `:erlang.external_size/1`, which counts a binary's own bytes.
+  A value that is a binary cut from a larger one (a sub-binary, such as a
+  `binary_part/3` of a request body) is stored as a copy of just its bytes,
+  so it neither keeps the larger binary alive nor is counted for less than
+  it holds. A sub-binary *inside* another term (a map or tuple holding a
+  slice of a large binary) is stored as it is: it keeps the whole larger
+  binary alive for as long as the entry lives, while `stats/1` and
+  `:max_bytes` count only the slice. Apply `:binary.copy/1` to such slices
+  before caching them.
+
   ## Concurrency
 
     * **Hits take no lock.** A hit is one `:ets.lookup/2` and an expiry

@@ -499,6 +499,29 @@ defmodule Larder.Cache.StoreTest do
     end
   end
 
+  describe "a binary cut from a larger one" do
+    # Issue 16: a 100-byte part of a 20 MB binary kept the 20 MB alive in
+    # the L1, and stats/1 counted 100 bytes.
+    test "is stored alone, small or large, put or loaded, and counted as such", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      big = :binary.copy(<<7>>, 1_000_000)
+
+      :ok = Cache.put(cache, :small, binary_part(big, 10, 100))
+      :ok = Cache.put(cache, :large, binary_part(big, 0, 2_000))
+      loaded = binary_part(big, 5, 300)
+      assert Cache.fetch(cache, :loaded, fn -> {:ok, loaded} end) == {:ok, loaded}
+
+      for {key, size} <- [small: 100, large: 2_000, loaded: 300] do
+        stored = Cache.get(cache, key)
+        assert byte_size(stored) == size
+        assert :binary.referenced_byte_size(stored) == size
+      end
+
+      assert Cache.stats(cache).bytes < 3_000
+      assert_consistent(cache)
+    end
+  end
+
   describe "numeric options have upper bounds" do
     test "values above them raise ArgumentError naming the option" do
       for {opt, value} <- [
