@@ -1,5 +1,6 @@
 # Starts what Larder shares between all its structures: the holder registry
-# of Larder.Lock, and the register-deaths counter of Larder.Register.
+# of Larder.Lock and its wait-for graph, and the deaths counter of
+# Larder.LocalCopies.
 defmodule Larder.Application do
   @moduledoc false
 
@@ -9,7 +10,8 @@ defmodule Larder.Application do
   def start(_type, _args) do
     # Created here so that the table outlives a restart of its registry.
     :ok = Larder.Lock.Holders.create_table()
-    :ok = Larder.Register.Local.setup()
+    :ok = Larder.Lock.Waits.create_table()
+    :ok = Larder.LocalCopies.setup()
 
     Supervisor.start_link([Larder.Lock.Holders],
       strategy: :one_for_one,

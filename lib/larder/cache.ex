@@ -34,8 +34,33 @@ defmodule Larder.Cache do
   every hit. A copy is replaced when its process reads a newer large
   version, dropped when its process reads the key and finds no value (a copy
   of a key that now holds a small value stays until the bound pushes it
-  out), and goes with the process. A write computes the value's size,
-  O(size), and copies it into ETS; eviction is O(log n) per evicted entry.
+  out), and goes with the process. Until then a process keeps its copy of
+  a value that was since replaced or deleted: an idle process holds on to
+  what it last read.
+
+  The copies of a cache that stopped are dropped by each process at its
+  next new copy of a large value (from any cache) or its next
+  `Larder.Register` miss; those of a cache that was killed, at its first
+  copy from a cache or register it held no copies of (the restarted cache,
+  say) or after any later stop. Restarting a cache therefore does not pile
+  copies up: `:local_copy_max_bytes` bounds the copies of each running
+  cache. One mechanism, shared with `Larder.Register`, does this: a
+  process that makes a new copy or misses reads one VM-wide counter of
+  deaths, and only when it moved does it look at the structures it holds
+  copies of (O(number held)).
+
+  A write computes the value's size, O(size), and copies it into ETS;
+  eviction is O(log n) per evicted entry.
+
+  Sizes are `:erlang.external_size/1`, which counts a binary's own bytes.
+  A value that is a binary cut from a larger one (a sub-binary, such as a
+  `binary_part/3` of a request body) is stored as a copy of just its bytes,
+  so it neither keeps the larger binary alive nor is counted for less than
+  it holds. A sub-binary *inside* another term (a map or tuple holding a
+  slice of a large binary) is stored as it is: it keeps the whole larger
+  binary alive for as long as the entry lives, while `stats/1` and
+  `:max_bytes` count only the slice. Apply `:binary.copy/1` to such slices
+  before caching them.
 
   ## Concurrency
 
@@ -90,6 +115,24 @@ defmodule Larder.Cache do
       write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
       until its ttl. Puts are not affected (`SET NX` never overwrites).
     * A loader must not call `fetch/3` for its own key (that raises).
+    * **Load cycles.** Loaders may read other keys, of this cache or of
+      others. Loaders that end up waiting for each other's loads (the
+      loader of `:a` fetches `:b` while the loader of `:b` fetches `:a`,
+      in two processes; or any longer ring, across any caches) would wait
+      for ever: instead, the wait that closes the ring is refused, and that
+      `fetch/3` (or `get/3`, which then returns its default) answers
+      `{:error, %Larder.Error{reason: :load_cycle}}` at once. Its loader
+      decides what to do with it; the other loads of the ring then get its
+      outcome the usual way (usually a `:loader_failed` error), so every
+      call returns, and later calls load those keys again. A waiting
+      process that runs a loader records whom it waits for in one VM-wide
+      ETS table and follows that chain of waits (at most 1,000 steps, an
+      ETS lookup and a look at one load's waiters each); other waits cost
+      nothing more. Not detected: a ring longer than 1,000 loads, and a
+      ring that goes through a wait Larder cannot see (a loader that waits
+      for a task or a message from a process that fetches). A loader that
+      never returns blocks its callers and the waiters of its key, like
+      any function call without a timeout.
 
   ## Eviction and expiry
 
@@ -113,6 +156,9 @@ defmodule Larder.Cache do
     * The loader returns `{:ok, value}` or `{:error, reason}`; an error, a
       raise or anything else is `{:error, %Larder.Error{reason:
       :loader_failed}}`, is not cached, and is given to every waiter.
+    * A `fetch/3` made by a loader that would close a ring of loads waiting
+      for each other returns `{:error, %Larder.Error{reason: :load_cycle}}`
+      instead of waiting (see Concurrency).
     * A cache that stops or is killed while a `fetch/3` or `get/3` is
       loading gives that caller and its waiters `{:error, %Larder.Error{reason:
       :cache_stopped}}`. A call that starts after the cache stopped raises

@@ -25,6 +25,9 @@ defmodule Larder.Error do
       error or something other than `{:ok, value}`, raised, threw or exited.
     * `:cache_stopped` - `Larder.Cache`: the cache stopped (or was killed)
       while the call was loading or waiting for another process's load.
+    * `:load_cycle` - `Larder.Cache.fetch/3` called by a loader: waiting
+      for that key's load would close a ring of loads waiting for each
+      other (in one cache or across caches), which would never end.
     * `:l2_unavailable` - `Larder.Cache` and `Larder.Cache.Redis`: the L2
       could not be reached or did not answer within its timeout.
     * `:l2_failed` - the L2 answered with an error, or did not start.
@@ -43,6 +46,7 @@ defmodule Larder.Error do
           | :file_error
           | :loader_failed
           | :cache_stopped
+          | :load_cycle
           | :l2_unavailable
           | :l2_failed
           | :l2_bad_reply

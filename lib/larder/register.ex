@@ -44,10 +44,11 @@ defmodule Larder.Register do
   serialised; writes to different slots run in parallel.
 
   Every register death (`drop/1`, its owner's exit, its
-  supervisor's shutdown) bumps one VM-wide counter. Each process lists in
-  its process dictionary the registers it holds copies of; when it misses,
-  or makes its first copy of a register, and the counter has moved since it
-  last looked, it drops its copies of every register that is dead.
+  supervisor's shutdown) bumps one VM-wide counter, which a `Larder.Cache`
+  that stops bumps too. Each process lists in its process dictionary the
+  registers (and caches) it holds copies of; when it misses, or makes its
+  first copy of a register, and the counter has moved since it last looked,
+  it drops its copies of every register (and cache) that is dead.
 
   ## Complexity and capacity
 
@@ -76,6 +77,15 @@ defmodule Larder.Register do
       one sweep of the registers the process holds copies of (O(number held)).
       A process also keeps a map of the registers it holds copies of, its
       counter as of its last sweep and, once it has written, its holder id.
+    * Idle readers keep what they read. A process keeps its copy of a value
+      after another process replaces or deletes it, until it next reads
+      that key (which refreshes the copy), the register dies (then until
+      its next sweep), `:max_cached` drops its copies, or it calls
+      `forget/1`: no other process can reach into its dictionary. A
+      process that read a large value once and then waits (a pool worker,
+      a long-lived connection process) keeps that value alive however
+      often it is replaced; have it call `forget/1` when it is done with a
+      register, or read through a short-lived process.
 
   ## Options and their bounds
 

@@ -6,6 +6,12 @@ defmodule Larder.Cache.Loader do
   @moduledoc false
 
   alias Larder.Cache.{Remote, Stats, Store}
+  alias Larder.Lock.Waits
+
+  # Set in the process dictionary while the process runs a loader: only
+  # then can another process be waiting for it, so only then can a wait of
+  # its own close a cycle (Larder.Lock.Waits).
+  @in_loader {__MODULE__, :in_loader}
 
   # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3, nothing found).
   # The hit path is the same as traced/3's, without the source tag.
@@ -133,7 +139,7 @@ defmodule Larder.Cache.Loader do
   defp run_loader(cfg, key, ref, fun, l2_state) do
     Stats.count(cfg, :loads)
 
-    case fun.() do
+    case call_loader(fun) do
       {:ok, value} ->
         # Only the load that still holds its lock writes, to L1 then to L2:
         # a put or delete that came in between has the last word.
@@ -170,6 +176,16 @@ defmodule Larder.Cache.Loader do
     end
   end
 
+  defp call_loader(fun) do
+    outer = Process.put(@in_loader, true)
+
+    try do
+      fun.()
+    after
+      if outer == nil, do: Process.delete(@in_loader)
+    end
+  end
+
   # Waiters registered themselves under our ref; take them all at once
   # (after the lock row changed) and send each the result.
   defp reply_waiters(cfg, ref, result) do
@@ -187,9 +203,18 @@ defmodule Larder.Cache.Loader do
   # so the result will come. No message goes to the loading process's
   # mailbox. Waiters also watch the owner: a cache that stops mid-load
   # answers them {:error, :cache_stopped}.
+  #
+  # A waiter that is itself running a loader could be waited for, so its
+  # wait could close a cycle of loaders waiting for each other (in this
+  # cache or across caches): once it knows it registered in time, it
+  # records its wait in Larder.Lock.Waits (a record that holds while its
+  # registration is in the waiters table, i.e. until the loader takes it to
+  # answer), and answers {:error, :load_cycle} instead of waiting when the
+  # chain of waits comes back to it.
   defp wait(cfg, key, fun, pid, ref) do
     loader = Process.monitor(pid)
     owner = Process.monitor(cfg.owner)
+    watched? = Process.get(@in_loader) == true
 
     outcome =
       try do
@@ -197,13 +222,20 @@ defmodule Larder.Cache.Loader do
 
         case Store.lookup(cfg, key) do
           {:loading, ^pid, ^ref} ->
-            await(ref, loader, owner)
+            # Registered before the loader took its waiters: our wait is
+            # real until it answers, and can be recorded as such.
+            if watched? and Waits.wait_for(pid, cfg.waiters, ref) == :cycle do
+              if unregister(cfg, ref), do: :cycle, else: await(ref, loader, owner)
+            else
+              await(ref, loader, owner)
+            end
 
           _changed ->
             # false: the loader took us already, its result is on the way
             if unregister(cfg, ref), do: :retry, else: await(ref, loader, owner)
         end
       after
+        if watched?, do: Waits.done()
         Process.demonitor(loader, [:flush])
         Process.demonitor(owner, [:flush])
       end
@@ -224,6 +256,16 @@ defmodule Larder.Cache.Loader do
 
       :owner_down ->
         {:error, stopped(cfg, key)}
+
+      :cycle ->
+        {:error,
+         {:error,
+          Larder.Error.new(
+            :load_cycle,
+            "this loader waits for a load that waits, through other loads, for this one",
+            cache: cfg.name,
+            key: key
+          )}}
     end
   end
 

@@ -8,7 +8,7 @@ defmodule Larder.Cache.Owner do
 
   require Logger
 
-  alias Larder.Cache.{Codec, Config, Expiry, Remote, Stats, Store}
+  alias Larder.Cache.{Codec, Config, Expiry, LocalCopies, Remote, Stats, Store}
   alias Larder.Telemetry
 
   # L2 restart backoff after one of its processes died: doubles up to the max.
@@ -193,6 +193,7 @@ defmodule Larder.Cache.Owner do
   def terminate(_reason, %{cfg: cfg}) do
     :persistent_term.erase(config_key(cfg.name))
     Remote.stop(cfg)
+    LocalCopies.died(cfg)
   end
 
   defp restart_l2(%{cfg: cfg} = state) do

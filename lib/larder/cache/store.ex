@@ -249,6 +249,7 @@ defmodule Larder.Cache.Store do
 
   # {row, version, size, large_value_or_nil}, made before taking the slot.
   defp new_value(cfg, value, ttl) do
+    value = unshare(value)
     version = next_version(cfg)
     size = :erlang.external_size(value)
 
@@ -258,6 +259,18 @@ defmodule Larder.Cache.Store do
       {{nil, version, Expiry.expires_at(ttl), size, value}, version, size, nil}
     end
   end
+
+  # A binary that is a small part of a larger one (a sub-binary) would keep
+  # the whole of that one alive in ETS, while its size counts only the
+  # part: store a copy of the part alone, O(its size). Sub-binaries inside
+  # other terms are left as they are (finding them means walking the value).
+  defp unshare(value) when is_binary(value) do
+    if :binary.referenced_byte_size(value) > 2 * byte_size(value),
+      do: :binary.copy(value),
+      else: value
+  end
+
+  defp unshare(value), do: value
 
   # Runs fun.(slot) holding key's slot, after repairing what a dead holder
   # of the slot left half done.

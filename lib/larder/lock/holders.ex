@@ -1,6 +1,7 @@
 # The holder registry of Larder.Lock: hands each process a small integer id
 # once, in a public ETS table {id, pid}, and deletes the entry when the
-# process exits, so that waiters can tell a live holder from a dead one.
+# process exits, so that waiters can tell a live holder from a dead one
+# (and deletes its row of Larder.Lock.Waits, if any).
 defmodule Larder.Lock.Holders do
   @moduledoc false
 
@@ -79,8 +80,9 @@ defmodule Larder.Lock.Holders do
   end
 
   @impl true
-  def handle_info({{__MODULE__, id}, _ref, :process, _pid, _reason}, state) do
+  def handle_info({{__MODULE__, id}, _ref, :process, pid, _reason}, state) do
     :ets.delete(@table, id)
+    Larder.Lock.Waits.forget(pid)
     {:noreply, state}
   end
 

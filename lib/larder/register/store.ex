@@ -6,7 +6,7 @@
 defmodule Larder.Register.Store do
   @moduledoc false
 
-  alias Larder.Lock
+  alias Larder.{LocalCopies, Lock}
   alias Larder.Register
   alias Larder.Register.Local
 
@@ -28,7 +28,7 @@ defmodule Larder.Register.Store do
       versions: :atomics.new(slots, signed: true),
       slots: slots,
       local: {Register, :erlang.unique_integer([:positive])},
-      deaths: Local.deaths(),
+      deaths: LocalCopies.deaths(),
       server: server,
       name: Keyword.fetch!(opts, :name),
       max_cached: Keyword.fetch!(opts, :max_cached),
@@ -188,7 +188,7 @@ defmodule Larder.Register.Store do
   """
   @spec read(Register.t(), term()) :: {:ok, pos_integer(), term()} | :error
   def read(reg, key) do
-    Local.reclaim(reg)
+    LocalCopies.reclaim(reg.deaths)
     slot = slot(reg, key)
     read(reg, key, slot, counter(reg, slot))
   rescue

@@ -406,6 +406,120 @@ defmodule Larder.Cache.StoreTest do
     end
 
     defp key_n({:big, n}), do: n
+
+    # A process that reads `key` of the cache it is told about twice (a
+    # copy, then a repeat hit), and reports its memory after a collection
+    # and the number of its process-dictionary entries.
+    defp reader do
+      parent = self()
+
+      spawn_link(fn ->
+        reader_loop(parent)
+      end)
+    end
+
+    defp reader_loop(parent) do
+      receive do
+        {:read, cache, key} ->
+          value = Cache.get(cache, key)
+          ^value = Cache.get(cache, key)
+          :erlang.garbage_collect()
+          {:memory, memory} = Process.info(self(), :memory)
+          send(parent, {:read, length(value), memory, length(Process.get())})
+          reader_loop(parent)
+
+        {:register, reg, key} ->
+          send(parent, {:register, Larder.Register.get(reg, key)})
+          reader_loop(parent)
+
+        {:copies, data} ->
+          send(parent, {:copies, for({{^data, _}, _} <- Process.get(), do: :copy)})
+          reader_loop(parent)
+      end
+    end
+
+    defp read_in(reader, cache, key) do
+      send(reader, {:read, cache, key})
+      assert_receive {:read, 20_000, memory, entries}, 10_000
+      {memory, entries}
+    end
+
+    # Issue 16, item 6: copies were keyed by an incarnation's data table,
+    # never visited again once it stopped, and the bound held only per
+    # incarnation: a reader's heap grew by one copy per restart.
+    test "of a cache that stopped or was killed are reclaimed across 200 restarts", ctx do
+      name = :"#{ctx.test}"
+      big = Enum.to_list(1..20_000)
+      reader = reader()
+
+      readings =
+        for i <- 1..200 do
+          {:ok, pid} = Cache.start_link(name: name, local_copy_min_bytes: 1_000)
+          Process.unlink(pid)
+          :ok = Cache.put(name, :big, big)
+          reading = read_in(reader, name, :big)
+          ref = Process.monitor(pid)
+          # half stop normally, half are killed (no terminate/2)
+          if rem(i, 2) == 0, do: GenServer.stop(pid), else: Process.exit(pid, :kill)
+          assert_receive {:DOWN, ^ref, :process, _, _}
+          reading
+        end
+
+      {memory_early, entries_early} = Enum.at(readings, 9)
+      {memory_late, entries_late} = List.last(readings)
+      # One copy of `big` is about 320 KB: 200 kept would be 64 MB.
+      assert memory_late < memory_early + 1_000_000
+      assert entries_late <= entries_early
+      unlink(reader)
+    end
+
+    test "of a cache that stopped are reclaimed at the process's next Register miss", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      data = cfg(cache).data
+      :ok = Cache.put(cache, :big, Enum.to_list(1..20_000))
+      reader = reader()
+      read_in(reader, cache, :big)
+      send(reader, {:copies, data})
+      assert_receive {:copies, [:copy]}
+
+      GenServer.stop(cfg(cache).owner)
+      reg = Larder.Register.new()
+      :ok = Larder.Register.put(reg, :k, :v)
+      send(reader, {:register, reg, :k})
+      assert_receive {:register, :v}
+      send(reader, {:copies, data})
+      assert_receive {:copies, []}
+      :ok = Larder.Register.drop(reg)
+      unlink(reader)
+    end
+
+    defp unlink(pid) do
+      Process.unlink(pid)
+      Process.exit(pid, :kill)
+    end
+  end
+
+  describe "a binary cut from a larger one" do
+    # Issue 16: a 100-byte part of a 20 MB binary kept the 20 MB alive in
+    # the L1, and stats/1 counted 100 bytes.
+    test "is stored alone, small or large, put or loaded, and counted as such", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      big = :binary.copy(<<7>>, 1_000_000)
+
+      :ok = Cache.put(cache, :small, binary_part(big, 10, 100))
+      :ok = Cache.put(cache, :large, binary_part(big, 0, 2_000))
+      loaded = binary_part(big, 5, 300)
+      assert Cache.fetch(cache, :loaded, fn -> {:ok, loaded} end) == {:ok, loaded}
+
+      for {key, size} <- [small: 100, large: 2_000, loaded: 300] do
+        stored = Cache.get(cache, key)
+        assert byte_size(stored) == size
+        assert :binary.referenced_byte_size(stored) == size
+      end
+
+      assert Cache.stats(cache).bytes < 3_000
+      assert_consistent(cache)
+    end
   end
 
   describe "numeric options have upper bounds" do
