@@ -127,7 +127,11 @@ defmodule Larder.Cache do
       than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
       update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
       (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
-      unknown and is being repaired" (see below).
+      unknown and is being repaired" (see below). The same holds for a
+      Redis that refuses the cache (a password it now requires, `NOAUTH`):
+      its commands fail with `:l2_failed`, and the Redis L2 retries its
+      subscription with a backoff (up to 2 s) and one log line, no process
+      crashing, until the password matches again.
     * Everything that comes from the L2 is untrusted. A reply that is not
       what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
       An invalidation message that is not a 16-byte node id with a
