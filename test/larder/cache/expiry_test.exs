@@ -18,6 +18,21 @@ defmodule Larder.Cache.ExpiryTest do
   defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
   defp clock(cache), do: :atomics.get(cfg(cache).clock, 1)
 
+  # Resumes the suspended process `pid` and has it handle the system
+  # `request` (:suspend, {:replace_state, fun}) right after the next message
+  # in its mailbox: both system messages go in before it runs (the format
+  # is :sys's, {:system, from, request}), so whatever that next message
+  # makes the process send itself comes after them.
+  defp after_next_message(pid, request) do
+    resume = make_ref()
+    next = make_ref()
+    send(pid, {:system, {self(), resume}, :resume})
+    send(pid, {:system, {self(), next}, request})
+    assert_receive {^resume, :ok}, 5_000
+    assert_receive {^next, _reply}, 5_000
+    :ok
+  end
+
   defp fill(cache, n, opts) do
     for i <- 1..n, do: :ok = Cache.put(cache, i, i, opts)
     :ok
@@ -30,12 +45,13 @@ defmodule Larder.Cache.ExpiryTest do
     :ok = Cache.put(cache, :short, 1, ttl: 50)
     owner = Process.whereis(cache)
 
-    # The sweep starts; the cache's process is then stopped between two of
-    # its slices (before this fix, after the whole sweep, with the clock
+    # The sweep starts, and the cache's process is stopped right after its
+    # first slice (before this fix, after the whole sweep, with the clock
     # standing still while it ran; and the clock was the process's own).
-    send(owner, :sweep)
     :ok = :sys.suspend(owner)
     on_exit(fn -> Process.alive?(owner) and :sys.resume(owner) end)
+    send(owner, :sweep)
+    after_next_message(owner, :suspend)
 
     # hits keep seeing time pass: the short entry stops being served
     before = clock(cache)
@@ -59,19 +75,25 @@ defmodule Larder.Cache.ExpiryTest do
     owner = Process.whereis(cache)
     test = self()
 
+    # The sweep's message, then a message from the L2 (not a valid one: it
+    # is counted), then a look at the table from inside the cache's process
+    # when it gets there. All three are in its mailbox before it starts.
+    :ok = :sys.suspend(owner)
     send(owner, :sweep)
-    # a message from the L2 (not a valid one: it is counted), then a look
-    # at the table from inside the cache's process when it gets there
     send(owner, {:larder_cache_l2, :message, "not an invalidation"})
 
-    :sys.replace_state(owner, fn state ->
-      send(test, {:seen, Store.entries(state.cfg), Stats.get(state.cfg, :bad_messages)})
-      state
-    end)
+    after_next_message(
+      owner,
+      {:replace_state,
+       fn state ->
+         send(test, {:seen, Store.entries(state.cfg), Stats.get(state.cfg, :bad_messages)})
+         state
+       end}
+    )
 
+    # one slice, then the messages that were waiting, then the rest
     assert_received {:seen, entries, 1}
-    assert entries > 0, "the whole sweep ran before the messages behind it"
-    assert entries < n
+    assert entries == n - Expiry.slice_rows(), "the whole sweep ran before the messages behind it"
 
     # and the sweep finishes
     eventually(fn -> Cache.stats(cache).entries == 0 end, 500)
