@@ -487,7 +487,7 @@ defmodule Larder.Cache.Redis do
   end
 
   defp sub_reply({:error, message}, state),
-    do: {:halt, sub_failed(state, {:error_reply, truncate(message)})}
+    do: {:halt, sub_failed(state, {:error_reply, error_text(message)})}
 
   defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
     do: {:cont, %{state | sub: %{sub | expect: expect}}}
@@ -513,6 +513,11 @@ defmodule Larder.Cache.Redis do
 
   # anything else once subscribed is not ours: ignored
   defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+
+  defp error_text(message) when is_binary(message),
+    do: binary_part(message, 0, min(byte_size(message), 200))
+
+  defp error_text(other), do: truncate(other)
 
   # A subscription that is lost is reported to the subscriber; a connection
   # attempt that fails is logged, the first of a run of failures only.
