@@ -41,9 +41,9 @@ defmodule Larder.Cache.Redis do
   is disconnected returns `{:error, :no_connection}` at once; a command to a
   server that does not answer is bounded by the call timeout. Its pub/sub
   client (`eredis_sub`) is not used: it crashes on any error reply to
-  `SUBSCRIBE` (a `NOAUTH` after the server's password changed made it crash
-  on every reconnection), so the pub/sub connection is Larder's own, reading
-  replies with eredis's parser (`eredis_parser`).
+  `SUBSCRIBE` (such as `NOAUTH` once the server requires a password), and
+  would crash again on every reconnection. The pub/sub connection is
+  Larder's own, reading replies with eredis's parser (`eredis_parser`).
 
   Larder does not depend on eredis: an application that uses this module
   installs it (on Debian, `apt-get install erlang-redis-client`, which
