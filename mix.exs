@@ -17,7 +17,7 @@ defmodule Larder.MixProject do
       deps: [],
       # eredis is optional (see application/0): its modules are called only
       # from Larder.Cache.Redis, which checks that they are loadable.
-      xref: [exclude: [:eredis, :eredis_sub]],
+      xref: [exclude: [:eredis, :eredis_parser]],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
       docs: [main: "Larder"]

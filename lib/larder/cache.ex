@@ -137,11 +137,23 @@ defmodule Larder.Cache do
   ## Eviction and expiry
 
   `:ttl` (and `put/4`'s `ttl:`) expire entries in L1 and L2. A hit checks
-  expiry against a clock the cache's process moves forward every 10 ms
-  (reading the system clock on every hit is slower than the rest of the
-  hit), so an L1 entry may be served up to about 10 ms past its ttl, never
-  before; expired L1 rows are swept every 5 s. An L2 hit backfills L1 with a
-  full `:ttl`, so a value can outlive its L2 copy by up to one ttl.
+  expiry against a clock (one atomic read: reading the system clock on every
+  hit is slower than the rest of the hit) that a small process of the
+  cache's own, apart from the cache's process, moves forward every 10 ms.
+  It runs at high priority and does nothing else, so neither a busy cache
+  process nor a machine busy with normal-priority work holds it up: an L1
+  entry may be served up to 10 ms past its ttl plus that process's
+  scheduling delay, never before.
+
+  Expired L1 rows that nobody reads (a read deletes the expired row it
+  finds) are swept every 5 s by the cache's process, in slices of 1,000
+  rows: between two slices it handles its other messages (invalidations
+  from other nodes, clears), so a sweep of n rows costs O(n) in all but
+  holds the process for one slice at a time. A row written during a sweep
+  may wait for the next one. The table is fixed (`:ets.safe_fixtable/2`)
+  while a sweep runs, so rows deleted meanwhile release their memory when
+  it ends. An L2 hit backfills L1 with a full `:ttl`, so a value can outlive
+  its L2 copy by up to one ttl.
 
   When `:max_entries` or `:max_bytes` (the sum of `:erlang.external_size/1`
   of the values) is exceeded, the oldest writes are evicted first (FIFO, not
@@ -173,7 +185,11 @@ defmodule Larder.Cache do
       than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
       update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
       (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
-      unknown and is being repaired" (see below).
+      unknown and is being repaired" (see below). The same holds for a
+      Redis that refuses the cache (a password it now requires, `NOAUTH`):
+      its commands fail with `:l2_failed`, and the Redis L2 retries its
+      subscription with a backoff (up to 2 s) and one log line, no process
+      crashing, until the password matches again.
     * Everything that comes from the L2 is untrusted. A reply that is not
       what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
       An invalidation message that is not a 16-byte node id with a

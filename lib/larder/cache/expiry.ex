@@ -1,23 +1,23 @@
 # Expiry: the coarse clock hits compare expiry times with (moved forward by
-# the cache's process every tick) and the periodic sweep of what has
-# expired or was left behind by dead processes.
+# a small process of its own per cache) and the periodic sweep, in slices,
+# of what has expired or was left behind by dead processes.
 defmodule Larder.Cache.Expiry do
   @moduledoc false
 
   alias Larder.Cache.{Eviction, Store}
 
+  @tick_ms 10
   @sweep_ms 5_000
+  # Rows a sweep slice looks at: every row of the slice matches one clause
+  # of the sweep's match spec, so a slice scans exactly this many rows and
+  # deletes at most this many.
+  @slice_rows 1_000
 
   def now, do: System.monotonic_time(:millisecond)
 
-  # Hits compare expiry with the owner's clock, an atomic it moves forward
-  # every tick: reading the system clock on every hit cost more than the
-  # rest of the hit. It lags real time by at most a tick (and the owner's
-  # scheduling delay), so an entry may be served that much past its ttl,
-  # never before.
-  def tick_ms, do: 10
-
   def sweep_ms, do: @sweep_ms
+
+  def slice_rows, do: @slice_rows
 
   def new_clock, do: :atomics.new(1, signed: true)
 
@@ -26,32 +26,104 @@ defmodule Larder.Cache.Expiry do
   def expires_at(:infinity), do: :infinity
   def expires_at(ttl), do: now() + ttl
 
+  # Hits compare expiry with the clock, an atomic moved forward every tick:
+  # reading the system clock on every hit cost more than the rest of the
+  # hit, and a read of one atomic costs the same whoever writes it. It lags
+  # real time by at most a tick plus the clock process's scheduling delay,
+  # so an entry may be served that much past its ttl, never before.
   def live?(_cfg, :infinity), do: true
   def live?(cfg, expires), do: expires > :atomics.get(cfg.clock, 1)
 
-  # Called every @sweep_ms by the owner: deletes the rows whose time is up,
+  ## The clock
+  #
+  # A process of its own, not the cache's process: that one sweeps, clears
+  # and applies invalidations, and a tick queued behind them stopped the
+  # clock (a sweep of 1M rows held it for half a second). It does nothing
+  # but tick, at high priority so that a machine busy with normal work
+  # still runs it on time; it monitors the cache's process and ends with
+  # it. The cache's process monitors it and starts another if it dies.
+
+  # {pid, monitor ref}; called by the cache's process.
+  def start_clock(cfg) do
+    owner = self()
+    clock = cfg.clock
+    spawn_monitor(fn -> clock_init(clock, owner) end)
+  end
+
+  defp clock_init(clock, owner) do
+    Process.flag(:priority, :high)
+    ref = Process.monitor(owner)
+    clock_loop(clock, ref)
+  end
+
+  defp clock_loop(clock, ref) do
+    :atomics.put(clock, 1, now())
+
+    receive do
+      {:DOWN, ^ref, :process, _, _} -> :ok
+    after
+      @tick_ms -> clock_loop(clock, ref)
+    end
+  end
+
+  ## The sweep
+  #
+  # Every @sweep_ms the cache's process deletes the rows whose time is up,
   # the loading markers of loaders that died (their waiters clear them too,
   # if any), repairs the slots whose holder died mid-write (the next writer
   # of the slot would, but it may never come), and evicts what a writer
-  # that died before evicting left over the limits.
+  # that died before evicting left over the limits. The table is walked in
+  # slices of @slice_rows rows (sweep/1 starts, sweep/2 goes on from a
+  # continuation; each returns {:more, continuation} or :done), and the
+  # cache's process handles its other messages between two slices.
+  #
+  # Between two slices the table changes (writes, this sweep's deletes). A
+  # continuation over a :set that changed is not safe: one whose table
+  # shrank meanwhile is refused (badarg), so the sweep fixes the table
+  # (:ets.safe_fixtable/2) from its first slice to its last. That makes the
+  # walk visit every row that was there at the start once (rows written
+  # meanwhile may or may not be visited), at the price of keeping the rows
+  # deleted during the sweep in memory until it ends. A row is deleted only
+  # if the key still holds the version the slice saw, under the key's slot
+  # (Store.delete_version/3), so a row replaced meanwhile is left alone.
+
   def sweep(cfg) do
     now = now()
 
-    expired = [
-      {{:"$1", :"$2", :"$3", :_, :_}, [{:is_integer, :"$2"}, {:"=<", :"$3", now}],
-       [{{:"$1", :"$2"}}]}
+    spec = [
+      {{:"$1", :"$2", :"$3", :_, :_},
+       [{:is_integer, :"$2"}, {:is_integer, :"$3"}, {:"=<", :"$3", now}],
+       [{{:expired, :"$1", :"$2"}}]},
+      {{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:loading, :"$1", :"$2", :"$3"}}]},
+      # any other row (a live value) is counted in the slice, and dropped
+      {:_, [], [false]}
     ]
 
-    for {key, version} <- :ets.select(cfg.data, expired),
-        do: Store.delete_version(cfg, key, version)
+    :ets.safe_fixtable(cfg.data, true)
+    slice(cfg, :ets.select(cfg.data, spec, @slice_rows))
+  end
 
-    loading = [{{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:"$1", :"$2", :"$3"}}]}]
+  def sweep(cfg, continuation), do: slice(cfg, :ets.select(continuation))
 
-    for {key, pid, ref} <- :ets.select(cfg.data, loading), not Process.alive?(pid) do
-      Store.unlock(cfg, key, pid, ref)
-    end
+  # (a slice short of @slice_rows rows is the last one: every row matches)
+  defp slice(cfg, {rows, continuation}) do
+    Enum.each(rows, &sweep_row(cfg, &1))
+    if length(rows) < @slice_rows, do: finish(cfg), else: {:more, continuation}
+  end
 
+  defp slice(cfg, :"$end_of_table"), do: finish(cfg)
+
+  defp finish(cfg) do
+    :ets.safe_fixtable(cfg.data, false)
     Store.repair_dead_writers(cfg)
     Eviction.evict(cfg)
+    :done
+  end
+
+  defp sweep_row(_cfg, false), do: :ok
+  defp sweep_row(cfg, {:expired, key, version}), do: Store.delete_version(cfg, key, version)
+
+  defp sweep_row(cfg, {:loading, key, pid, ref}) do
+    unless Process.alive?(pid), do: Store.unlock(cfg, key, pid, ref)
   end
 end

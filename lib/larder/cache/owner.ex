@@ -22,7 +22,9 @@ defmodule Larder.Cache.Owner do
   @max_pending_keys 1_000
 
   # The state: %{cfg: %Config{} (also in persistent_term, for callers),
-  # subscribed_before, l2_backoff, l2_spec, l2_restart, pending}.
+  # subscribed_before, l2_backoff, l2_spec, l2_restart, pending, clock
+  # ({pid, ref} of the clock process), sweeping (a sweep's slices are under
+  # way)}.
 
   def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
 
@@ -50,7 +52,6 @@ defmodule Larder.Cache.Owner do
         :persistent_term.put(config_key(cfg.name), cfg)
         read_generation(cfg)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
-        Process.send_after(self(), :tick, Expiry.tick_ms())
 
         state = %{
           cfg: cfg,
@@ -58,6 +59,8 @@ defmodule Larder.Cache.Owner do
           l2_backoff: @l2_restart_min_ms,
           l2_spec: opts[:l2],
           l2_restart: nil,
+          clock: Expiry.start_clock(cfg),
+          sweeping: false,
           pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms}
         }
 
@@ -134,17 +137,18 @@ defmodule Larder.Cache.Owner do
     {:noreply, schedule_repair(put_in(state.pending.worker, nil))}
   end
 
-  def handle_info(:tick, state) do
-    Expiry.tick(state.cfg)
-    Process.send_after(self(), :tick, Expiry.tick_ms())
-    {:noreply, state}
+  def handle_info({:DOWN, ref, :process, pid, _reason}, %{clock: {pid, ref}} = state) do
+    # the clock process was killed: hits must not see time stop
+    {:noreply, %{state | clock: Expiry.start_clock(state.cfg)}}
   end
 
-  def handle_info(:sweep, state) do
-    Expiry.sweep(state.cfg)
-    Process.send_after(self(), :sweep, Expiry.sweep_ms())
-    {:noreply, state}
-  end
+  # The sweep goes in slices, each a message to ourselves queued behind
+  # whatever arrived meanwhile; the next sweep is due sweep_ms after one ends.
+  def handle_info(:sweep, %{sweeping: false} = state),
+    do: {:noreply, swept(state, Expiry.sweep(state.cfg))}
+
+  def handle_info({:larder_cache_sweep, continuation}, %{sweeping: true} = state),
+    do: {:noreply, swept(state, Expiry.sweep(state.cfg, continuation))}
 
   def handle_info(:restart_l2, state), do: {:noreply, restart_l2(%{state | l2_restart: nil})}
 
@@ -172,6 +176,16 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  defp swept(state, {:more, continuation}) do
+    send(self(), {:larder_cache_sweep, continuation})
+    %{state | sweeping: true}
+  end
+
+  defp swept(state, :done) do
+    Process.send_after(self(), :sweep, Expiry.sweep_ms())
+    %{state | sweeping: false}
+  end
 
   defp received(cfg, message) do
     Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :received], %{count: 1}, %{

@@ -40,8 +40,10 @@ defmodule Larder.Cache.Redis do
   is down and keeps reconnecting in the background; a command sent while it
   is disconnected returns `{:error, :no_connection}` at once; a command to a
   server that does not answer is bounded by the call timeout. Its pub/sub
-  client (`eredis_sub`) does reconnect mid-run but refuses to start while
-  Redis is down.
+  client (`eredis_sub`) is not used: it crashes on any error reply to
+  `SUBSCRIBE` (such as `NOAUTH` once the server requires a password), and
+  would crash again on every reconnection. The pub/sub connection is
+  Larder's own, reading replies with eredis's parser (`eredis_parser`).
 
   Larder does not depend on eredis: an application that uses this module
   installs it (on Debian, `apt-get install erlang-redis-client`, which
@@ -65,10 +67,24 @@ defmodule Larder.Cache.Redis do
   pids in a table callers read, replaces a client that died after
   `:reconnect_sleep` ms (its callers get `:l2_unavailable` meanwhile),
   kills a client that holds more than twice `:max_reply_bytes` (checked
-  every 100 ms), starts `eredis_sub` again on a timer while Redis is down,
-  and subscribes again after every reconnection. No process crashes in a
-  loop: reconnection is a timer, not a restart, and the cache's process
+  every 100 ms), and runs the pub/sub connection itself. No process crashes
+  in a loop: reconnection is a timer, not a restart, and the cache's process
   never sees a client's exit.
+
+  The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
+  and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
+  a handshake reply that is not the one Redis sends, bytes that are not
+  RESP, a reply larger than `:max_message_bytes`, a handshake not done
+  within `:timeout` ms, or a lost connection closes it: the cache gets
+  `{:larder_cache_l2, :disconnected}` if it was subscribed (the
+  `[:larder, :cache, :l2, :disconnected]` event), the first failure of a
+  run of failures is logged as one warning, and the keeper connects again
+  after `:reconnect_sleep` ms, doubling the wait after each failure up to
+  2 s (or `:reconnect_sleep`, if longer). Once subscribed again (the
+  server's password matches, or Redis is back) the cache gets
+  `{:larder_cache_l2, :connected}`, and the wait is back to
+  `:reconnect_sleep`. Replies that are not messages on the channel are
+  ignored once subscribed.
 
   ## Failures
 
@@ -96,6 +112,9 @@ defmodule Larder.Cache.Redis do
   @max_max_reply_bytes 4_294_967_296
   # How often the keeper checks its clients' memory.
   @watch_ms 100
+  # Longest wait between two pub/sub connection attempts (unless
+  # :reconnect_sleep is longer).
+  @sub_max_wait_ms 2_000
   # Longest wait for the keeper to start the clients, beyond their connect
   # timeouts.
   @init_timeout 5_000
@@ -130,7 +149,7 @@ defmodule Larder.Cache.Redis do
   # eredis is an optional dependency of Larder: it is loaded only by users of
   # this module, who list it in their own application (see "Client").
   defp ensure_eredis! do
-    unless Code.ensure_loaded?(:eredis) and Code.ensure_loaded?(:eredis_sub) do
+    unless Code.ensure_loaded?(:eredis) and Code.ensure_loaded?(:eredis_parser) do
       raise ArgumentError,
             "Larder.Cache.Redis needs the eredis client, which is not loadable: " <>
               "install it (Debian: apt-get install erlang-redis-client) and add :eredis " <>
@@ -328,8 +347,8 @@ defmodule Larder.Cache.Redis do
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
   ## pool slot), replaces one that dies or holds more than its memory bound,
-  ## and relays pub/sub: it owns eredis_sub, acknowledges its messages and
-  ## forwards them to the subscriber, and restarts it on a timer.
+  ## and runs the pub/sub connection (below), relaying its messages to the
+  ## subscriber.
 
   defp keeper_init(parent, ref, subscriber, channel, opts) do
     Process.flag(:trap_exit, true)
@@ -345,10 +364,11 @@ defmodule Larder.Cache.Redis do
       password: String.to_charlist(opts[:password] || ""),
       clients: %{},
       sub: nil,
+      sub_wait: opts[:reconnect_sleep],
+      sub_failing: false,
       # eredis keeps a reply in its heap or as binaries while it parses:
       # twice the largest reply we accept, plus slack.
-      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576,
-      sub_memory_limit: 2 * opts[:max_message_bytes] + 1_048_576
+      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
     }
 
     # eredis connects in start_link (bounded by :timeout each), so the
@@ -389,62 +409,164 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  ## The pub/sub connection, run by the keeper itself on its own socket:
+  ## AUTH (with a password) and SUBSCRIBE, then every message is relayed.
+  ## Each reply is checked. An error reply (NOAUTH, WRONGPASS, NOPERM...),
+  ## a handshake reply that is not the one Redis sends, bytes that are not
+  ## RESP, a reply above :max_message_bytes, a handshake not done within
+  ## :timeout, or a lost connection closes the socket: the subscriber gets
+  ## :disconnected if it was subscribed, the first failure of a streak is
+  ## logged (one line), and the keeper connects again after a wait that
+  ## doubles from :reconnect_sleep up to @sub_max_wait_ms, back to
+  ## :reconnect_sleep once subscribed. Nothing crashes; nothing is retried
+  ## faster than that.
+
   defp sub_connect(state) do
-    result =
-      try do
-        :eredis_sub.start_link(
-          state.host,
-          state.opts[:port],
-          state.password,
-          state.opts[:reconnect_sleep],
-          :infinity,
-          :drop
-        )
-      catch
-        kind, reason -> {:error, {kind, reason}}
+    opts = state.opts
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
+
+    with {:ok, socket} <- :gen_tcp.connect(state.host, opts[:port], tcp_opts, opts[:timeout]) do
+      auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
+      expect = if opts[:password], do: [:auth, :subscribe], else: [:subscribe]
+      commands = Enum.map(auth ++ [["SUBSCRIBE", state.channel]], &command/1)
+
+      with :ok <- :gen_tcp.send(socket, commands),
+           :ok <- :inet.setopts(socket, active: :once) do
+        timer = Process.send_after(self(), {:sub_timeout, socket}, opts[:timeout])
+        sub = %{socket: socket, parser: :eredis_parser.init(), expect: expect, partial: 0}
+        %{state | sub: Map.put(sub, :timer, timer)}
+      else
+        {:error, reason} ->
+          :gen_tcp.close(socket)
+          sub_failed(state, {:connection_error, reason})
       end
-
-    case result do
-      {:ok, sub} ->
-        :eredis_sub.controlling_process(sub)
-        :eredis_sub.subscribe(sub, [state.channel])
-        %{state | sub: sub}
-
-      {:error, _reason} ->
-        Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
-        %{state | sub: nil}
+    else
+      {:error, reason} -> sub_failed(state, {:connection_error, reason})
     end
   end
 
-  defp keeper_loop(%{sub: sub, parent: parent, subscriber: subscriber} = state) do
+  defp command(args) do
+    ["*", Integer.to_string(length(args)), "\r\n"] ++
+      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
+  end
+
+  defp sub_data(%{sub: sub} = state, data) do
+    :inet.setopts(sub.socket, active: :once)
+
+    case parse(sub.parser, data, []) do
+      {:ok, replies, parser, tail} ->
+        # the bytes of the reply being read: bounded like a message
+        partial = if replies == [], do: sub.partial + tail, else: tail
+        state = %{state | sub: %{sub | parser: parser, partial: partial}}
+
+        max = state.opts[:max_message_bytes]
+
+        case Enum.reduce_while(replies, state, &sub_reply/2) do
+          %{sub: %{partial: partial}} = state when partial > max ->
+            sub_failed(state, :message_too_large)
+
+          state ->
+            state
+        end
+
+      :error ->
+        sub_failed(state, :bad_reply)
+    end
+  end
+
+  # {:ok, replies, parser, bytes of an unfinished reply} or :error (not RESP)
+  defp parse(parser, data, replies) do
+    case :eredis_parser.parse(parser, data) do
+      {:continue, parser} -> {:ok, Enum.reverse(replies), parser, byte_size(data)}
+      {kind, value, parser} -> {:ok, Enum.reverse([{kind, value} | replies]), parser, 0}
+      {kind, value, rest, parser} -> parse(parser, rest, [{kind, value} | replies])
+      _other -> :error
+    end
+  catch
+    _kind, _reason -> :error
+  end
+
+  defp sub_reply({:error, message}, state),
+    do: {:halt, sub_failed(state, {:error_reply, error_text(message)})}
+
+  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
+    do: {:cont, %{state | sub: %{sub | expect: expect}}}
+
+  defp sub_reply({:ok, ["subscribe", channel, _count]}, %{sub: %{expect: [:subscribe]}} = state)
+       when channel == state.channel do
+    %{sub: sub} = state
+    Process.cancel_timer(sub.timer)
+    send(state.subscriber, {:larder_cache_l2, :connected})
+    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
+    sub = %{sub | expect: [], timer: nil}
+    {:cont, %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}}
+  end
+
+  defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
+       when channel == state.channel and is_binary(payload) do
+    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    {:cont, state}
+  end
+
+  defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
+    do: {:halt, sub_failed(state, {:bad_reply, truncate(reply)})}
+
+  # anything else once subscribed is not ours: ignored
+  defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+
+  defp error_text(message) when is_binary(message),
+    do: binary_part(message, 0, min(byte_size(message), 200))
+
+  defp error_text(other), do: truncate(other)
+
+  # A subscription that is lost is reported to the subscriber; a connection
+  # attempt that fails is logged, the first of a run of failures only.
+  defp sub_failed(state, reason) do
+    lost? = state.sub != nil and state.sub.expect == []
+
+    if sub = state.sub do
+      if sub.timer, do: Process.cancel_timer(sub.timer)
+      :gen_tcp.close(sub.socket)
+    end
+
+    cond do
+      lost? ->
+        send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+      not state.sub_failing ->
+        Logger.warning(
+          "Larder.Cache.Redis: the pub/sub connection failed (#{inspect(reason)}); " <>
+            "connecting again every #{state.sub_wait} ms, backing off to " <>
+            "#{sub_max_wait(state)} ms, until it subscribes"
+        )
+
+      true ->
+        :ok
+    end
+
+    Process.send_after(self(), :reconnect, state.sub_wait)
+    wait = min(state.sub_wait * 2, sub_max_wait(state))
+    %{state | sub: nil, sub_failing: not lost?, sub_wait: wait}
+  end
+
+  defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
+
+  defp keeper_loop(%{sub: sub, parent: parent} = state) do
+    socket = sub && sub.socket
+
     receive do
-      {:message, _channel, payload, ^sub} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        send(subscriber, {:larder_cache_l2, :message, payload})
-        keeper_loop(state)
+      {:tcp, ^socket, data} when socket != nil ->
+        keeper_loop(sub_data(state, data))
 
-      {:subscribed, _channel, ^sub} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        send(subscriber, {:larder_cache_l2, :connected})
-        keeper_loop(state)
+      {:tcp_closed, ^socket} when socket != nil ->
+        keeper_loop(sub_failed(state, :closed))
 
-      {:eredis_connected, ^sub} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        :eredis_sub.subscribe(sub, [state.channel])
-        keeper_loop(state)
+      {:tcp_error, ^socket, reason} when socket != nil ->
+        keeper_loop(sub_failed(state, {:tcp_error, reason}))
 
-      {:eredis_disconnected, ^sub} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        send(subscriber, {:larder_cache_l2, :disconnected})
-        keeper_loop(state)
-
-      {:eredis_reconnect_attempt, ^sub} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        keeper_loop(state)
-
-      {:eredis_reconnect_failed, ^sub, _reason} when sub != nil ->
-        :eredis_sub.ack_message(sub)
-        keeper_loop(state)
+      {:sub_timeout, ^socket} when socket != nil ->
+        # (a timer that fired as the subscription came up is ignored)
+        keeper_loop(if sub.expect == [], do: state, else: sub_failed(state, :timeout))
 
       :reconnect ->
         keeper_loop(if sub == nil, do: sub_connect(state), else: state)
@@ -475,12 +597,6 @@ defmodule Larder.Cache.Redis do
   # A client that died (eredis raises on bytes that are not RESP) is
   # replaced after reconnect_sleep; until then its slot answers
   # :l2_unavailable.
-  defp handle_exit(%{sub: pid} = state, pid, reason) when pid != nil do
-    Logger.warning("Larder.Cache.Redis: pub/sub client exited: #{inspect(truncate(reason))}")
-    Process.send_after(self(), :reconnect, state.opts[:reconnect_sleep])
-    %{state | sub: nil}
-  end
-
   defp handle_exit(state, pid, reason) do
     case Map.pop(state.clients, pid) do
       {nil, _clients} ->
@@ -495,13 +611,10 @@ defmodule Larder.Cache.Redis do
   end
 
   # A server that sends an endless reply makes eredis buffer it for ever:
-  # kill a client (or the pub/sub client) that holds more than the limit.
+  # kill a client that holds more than the limit (the pub/sub connection
+  # bounds its own replies).
   defp watch(state) do
-    limits =
-      Enum.map(state.clients, fn {pid, _slot} -> {pid, state.memory_limit} end) ++
-        if(state.sub, do: [{state.sub, state.sub_memory_limit}], else: [])
-
-    for {pid, limit} <- limits, memory(pid) > limit do
+    for {pid, _slot} <- state.clients, memory(pid) > state.memory_limit do
       Logger.warning(
         "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
       )
@@ -524,7 +637,7 @@ defmodule Larder.Cache.Redis do
 
   defp shutdown(state) do
     for pid <- Map.keys(state.clients), do: stop_client(pid)
-    if state.sub, do: Process.exit(state.sub, :kill)
+    if state.sub, do: :gen_tcp.close(state.sub.socket)
     :ok
   end
 

@@ -10,6 +10,7 @@ defmodule Larder.Cache.RedisFaultTest do
   alias Larder.Support.RedisServer
   alias Larder.Test.GarbageServer
 
+  import ExUnit.CaptureLog
   import Larder.Test.Eventually
 
   @moduletag :redis
@@ -178,6 +179,66 @@ defmodule Larder.Cache.RedisFaultTest do
     assert Cache.get(b, :k) == 2
   end
 
+  describe "the server's password changes mid-run (CONFIG SET requirepass)" do
+    test "the pub/sub connection backs off without crashing, L1 serves, it recovers", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], timeout: 200)
+      share(a, b, :k, 1)
+      owner = Process.whereis(b)
+      {Cache.Redis, %{keeper: keeper}} = config(b).l2
+      :erlang.trace(keeper, true, [:procs])
+
+      log =
+        capture_log(fn ->
+          # connections made before keep their authentication: close them all
+          ["+OK\r\n", "+OK\r\n", _pubsub, _normal] =
+            commands(ctx.server, [
+              ["CONFIG", "SET", "requirepass", "secret"],
+              ["AUTH", "secret"],
+              ["CLIENT", "KILL", "TYPE", "pubsub"],
+              ["CLIENT", "KILL", "TYPE", "normal"]
+            ])
+
+          # the data connections reconnect unauthenticated: Redis refuses
+          # their commands (NOAUTH), an error, not a crash
+          eventually(fn ->
+            match?({:error, %Larder.Error{reason: :l2_failed}}, Cache.put(a, :p, 1))
+          end)
+
+          # a's and b's pub/sub connections fail (NOAUTH) for 2 s
+          Process.sleep(2_000)
+          assert Cache.get(b, :k) in [1, nil]
+          assert Cache.fetch(b, :l1, fn -> {:ok, :served} end) == {:ok, :served}
+          assert Cache.get(b, :l1) == :served
+
+          # a node given the password subscribes and writes
+          [c] = start_nodes(ctx, [:c], password: "secret")
+          assert Cache.put(c, :c, 1) == :ok
+
+          ["+OK\r\n", "+OK\r\n"] =
+            commands(ctx.server, [["AUTH", "secret"], ["CONFIG", "SET", "requirepass", ""]])
+
+          # the subscription comes back: an invalidation from a arrives again
+          await(fn ->
+            seen = Cache.stats(b).invalidations
+            Cache.put(a, :k, 2)
+            Process.sleep(50)
+            Cache.stats(b).invalidations > seen
+          end)
+        end)
+
+      assert Process.whereis(b) == owner
+      assert match?({Cache.Redis, %{keeper: ^keeper}}, config(b).l2)
+      # no crash report, and no process of the keeper's restarted in a loop
+      refute log =~ "terminating"
+      spawned = spawns(keeper)
+      assert length(spawned) <= 2, "the keeper started #{length(spawned)} processes"
+      # one warning per cache for the failing subscription, not one per attempt
+      assert length(Regex.scan(~r/pub\/sub connection failed/, log)) == 2
+      assert log =~ "NOAUTH"
+      await(fn -> Cache.put(a, :k, 3) == :ok and Cache.get(b, :k) in [3, nil] end)
+    end
+  end
+
   describe "a hostile publisher on the invalidation channel" do
     test "bad messages are ignored and counted; good ones still work", ctx do
       [a, b] = start_nodes(ctx, [:a, :b], max_value_bytes: 100_000)
@@ -306,7 +367,7 @@ defmodule Larder.Cache.RedisFaultTest do
   ## Helpers
 
   defp start_nodes(ctx, suffixes, opts \\ []) do
-    {redis_opts, cache_opts} = Keyword.split(opts, [:timeout, :pool_size])
+    {redis_opts, cache_opts} = Keyword.split(opts, [:timeout, :pool_size, :password])
     l2 = {Cache.Redis, Keyword.merge([port: ctx.server.port, timeout: 500], redis_opts)}
 
     names =
@@ -359,6 +420,33 @@ defmodule Larder.Cache.RedisFaultTest do
   defp raw_set(server, cache, key, bin) do
     "+OK\r\n" =
       RedisServer.command(server, ["SET", Larder.Cache.Remote.l2_key(config(cache), key), bin])
+  end
+
+  # Commands sent one after the other on one connection (so AUTH holds).
+  defp commands(server, commands) do
+    {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", server.port, [:binary, active: false])
+
+    try do
+      for args <- commands do
+        payload = ["*#{length(args)}\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")]
+        :ok = :gen_tcp.send(socket, payload)
+        {:ok, reply} = :gen_tcp.recv(socket, 0, 1_000)
+        reply
+      end
+    after
+      :gen_tcp.close(socket)
+    end
+  end
+
+  # the processes the traced keeper started (a pub/sub client it restarted)
+  defp spawns(keeper) do
+    receive do
+      {:trace, ^keeper, :spawn, pid, _mfa} -> [pid | spawns(keeper)]
+      {:trace, ^keeper, _event, _pid} -> spawns(keeper)
+      {:trace, ^keeper, _event, _pid, _} -> spawns(keeper)
+    after
+      0 -> []
+    end
   end
 
   defp process_memory(pid), do: pid |> Process.info(:memory) |> elem(1)
