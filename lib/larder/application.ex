@@ -1,5 +1,6 @@
 # Starts what Larder shares between all its structures: the holder registry
-# of Larder.Lock, and the register-deaths counter of Larder.Register.
+# of Larder.Lock, the register-deaths counter of Larder.Register, and the
+# table of live Larder.Bag dumps.
 defmodule Larder.Application do
   @moduledoc false
 
@@ -10,6 +11,7 @@ defmodule Larder.Application do
     # Created here so that the table outlives a restart of its registry.
     :ok = Larder.Lock.Holders.create_table()
     :ok = Larder.Register.Local.setup()
+    :ok = Larder.Bag.Snapshot.create_table()
 
     Supervisor.start_link([Larder.Lock.Holders],
       strategy: :one_for_one,
