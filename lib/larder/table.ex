@@ -24,6 +24,9 @@ defmodule Larder.Table do
   of terms for a multi-valued index. A condition `{name, value}` holds when
   the record's term for `name` (one of them, for a multi-valued index) is
   `===` to `value`; `{name, {:in, values}}` holds when one of `values` does.
+  On OTP 25 `0.0 === -0.0`, and so a condition on either zero finds both,
+  also inside tuples and lists; inside a map, a zero's sign still tells two
+  terms apart.
   A list of conditions may name the same multi-valued index several times:
   `[char: {"Term", "18"}, char: {"Router", "Included"}]`.
 
