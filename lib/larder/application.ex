@@ -1,6 +1,6 @@
 # Starts what Larder shares between all its structures: the holder registry
-# of Larder.Lock and its wait-for graph, and the deaths counter of
-# Larder.LocalCopies.
+# of Larder.Lock and its wait-for graph, the deaths counter of
+# Larder.LocalCopies, and the table of live Larder.Bag dumps.
 defmodule Larder.Application do
   @moduledoc false
 
@@ -8,11 +8,16 @@ defmodule Larder.Application do
 
   @impl true
   def start(_type, _args) do
-    # Created here so that the table outlives a restart of its registry.
+    # Tables created here live as long as the application, whatever
+    # happens to the processes that use them.
     :ok = Larder.Lock.Holders.create_table()
     :ok = Larder.Lock.Waits.create_table()
     :ok = Larder.LocalCopies.setup()
+    :ok = Larder.Bag.Snapshot.create_table()
 
+    # The only child, the holder janitor, is :temporary: killing it never
+    # counts towards this supervisor's restart intensity, so it cannot stop
+    # the application (see Larder.Lock.Holders).
     Supervisor.start_link([Larder.Lock.Holders],
       strategy: :one_for_one,
       name: Larder.Supervisor

@@ -700,6 +700,13 @@ defmodule Larder.Bag do
   written or synced; if only the final sync of the directory fails, `path`
   already holds the new file, but it may not survive a power loss. Raises
   `ArgumentError` if `path` is not a string or holds a null byte.
+
+  The temporary file is named `<path>.<os pid>.<token>-<n>.tmp`. A dump
+  killed mid-write (or a VM that died during one) leaves it behind; the next
+  dump of the same `path`, from this VM or another OS process, deletes every
+  such file whose writer is gone, and never one a live dump is writing. It
+  lists the directory once to find them. Dumps of one `path` may run
+  concurrently: each renames a whole file over it.
   """
   @spec dump(bag(), Path.t()) :: :ok | {:error, Larder.Error.t()}
   def dump(%__MODULE__{dedup: dedup, telemetry: telemetry} = bag, path)

@@ -59,12 +59,48 @@ defmodule Larder.Error do
   @doc """
   Builds an error.
 
+  `reason` must be an atom, `message` a string or `nil`, and `details` a
+  map (not a struct) or a list of `{key, value}` pairs (a keyword list);
+  anything else
+  raises `ArgumentError` naming the argument.
+
       iex> Larder.Error.new(:corrupt_snapshot, "bad checksum", path: "x.snap").details
       %{path: "x.snap"}
   """
-  @spec new(reason(), String.t() | nil, Enumerable.t()) :: t()
-  def new(reason, message \\ nil, details \\ %{}) when is_atom(reason) do
-    %__MODULE__{reason: reason, message: message, details: Map.new(details)}
+  @spec new(reason(), String.t() | nil, map() | [{term(), term()}]) :: t()
+  def new(reason, message \\ nil, details \\ %{})
+
+  def new(reason, message, details)
+      when is_atom(reason) and (is_binary(message) or is_nil(message)) do
+    %__MODULE__{reason: reason, message: message, details: details!(details, details)}
+  end
+
+  def new(reason, _message, _details) when not is_atom(reason),
+    do: raise(ArgumentError, "expected reason to be an atom, got: #{inspect(reason, limit: 10)}")
+
+  def new(_reason, message, _details) do
+    raise ArgumentError,
+          "expected message to be a string or nil, got: #{inspect(message, limit: 10)}"
+  end
+
+  # A map as it is; a list only when it is a proper list of pairs (walked
+  # once, so an improper or huge one costs no more than its length).
+  defp details!(details, _all) when is_map(details) and not is_struct(details), do: details
+
+  defp details!(details, all) when is_list(details) do
+    if pairs?(details), do: Map.new(details), else: bad_details!(all)
+  end
+
+  defp details!(_details, all), do: bad_details!(all)
+
+  defp pairs?([{_, _} | rest]), do: pairs?(rest)
+  defp pairs?([]), do: true
+  defp pairs?(_other), do: false
+
+  defp bad_details!(details) do
+    raise ArgumentError,
+          "expected details to be a map or a list of {key, value} pairs, got: " <>
+            inspect(details, limit: 10)
   end
 
   @impl true

@@ -11,12 +11,13 @@ defmodule Larder.Lock do
   # Acquiring is a compare-and-swap of 0 to the caller's id. A held slot is
   # retried at once a few times (its holder most likely runs on another
   # scheduler and is about to release it), then with a yield between tries.
-  # Each try past the spins checks the holder: an id whose process has
-  # finished exiting (the registry deleted it on the process's :DOWN, which
-  # comes after any dirty NIF the process was running has returned) is
-  # replaced by the caller's in one compare-and-swap, so exactly one waiter takes a dead
-  # holder's slot over. Since ids are never reused, a dead holder's id can
-  # never be mistaken for a live process.
+  # Each try past the spins checks the holder: an id whose process is no
+  # longer alive (Holders.alive?/1, which reads the holder table and the
+  # runtime and never waits on a process) is replaced by the caller's in one
+  # compare-and-swap, so exactly one waiter takes a dead holder's slot over.
+  # Since ids are never reused, a dead holder's id can never be mistaken for
+  # a live process. A holder killed inside a dirty NIF counts as dead at
+  # once, though the NIF runs on to its end (see Holders.alive?/1).
   #
   # The holder of a slot taken over learns it (`:taken_over`), and
   # `with_slot/4` then runs the caller's `on_takeover` before anything else,

@@ -24,6 +24,9 @@ defmodule Larder.Table do
   of terms for a multi-valued index. A condition `{name, value}` holds when
   the record's term for `name` (one of them, for a multi-valued index) is
   `===` to `value`; `{name, {:in, values}}` holds when one of `values` does.
+  On OTP 25 `0.0 === -0.0`, and so a condition on either zero finds both,
+  also inside tuples and lists; inside a map, a zero's sign still tells two
+  terms apart.
   A list of conditions may name the same multi-valued index several times:
   `[char: {"Term", "18"}, char: {"Router", "Included"}]`.
 
@@ -79,6 +82,16 @@ defmodule Larder.Table do
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 
+  A function that a writer runs (an `upsert/3` function, and index
+  functions in `update/3`, `upsert/3` and on the records a write replaces)
+  must not write to any `Larder.Table`, its own or another: such a write
+  (`insert/2`, `insert_many/2`, `update/3`, `upsert/3`, `delete/2`,
+  `drop/1`) raises `ArgumentError` there, and the function fails as any
+  function that raises does (see "Failures"). Two writers whose functions
+  wrote each other's tables would otherwise wait on each other for ever.
+  Reads are allowed. A function that waits on another process which writes
+  to the table cannot be detected and would wait for ever: do not.
+
   A chunk of at least 256 new records whose integer keys are all above any
   key the table has held (a build) is written differently, to spare copying
   its rows to the writer: the writer grants the caller a claim, during which
@@ -111,7 +124,8 @@ defmodule Larder.Table do
   write raise in the caller: the chunk it was in is not written (earlier
   chunks of an `insert_many/2` are). Index functions also run in the writer
   (on records it replaces, and in `update/3` and `upsert/3`); they should be
-  pure and quick. If one raises there on a record it accepted before, the
+  pure and quick, and must not write to a table (that raises, see
+  "Concurrency"). If one raises there on a record it accepted before, the
   writer finds the old terms in the index instead.
 
   ## Performance
@@ -380,9 +394,11 @@ defmodule Larder.Table do
   changes. Returns `{:ok, stored}`, the record as stored.
 
   `fun` runs in the writer process, as do the index functions on its result:
-  it must be quick and must not write to the table (that raises
-  `ArgumentError`). When `fun` raises, `upsert/3` raises the same in the
-  caller and nothing is written. Raises `ArgumentError` when `fun` is not a
+  it must be quick and must not write to any `Larder.Table`, this one or
+  another (that raises `ArgumentError`, see "Concurrency": two upserts
+  whose functions wrote each other's tables would wait on each other for
+  ever). When `fun` raises, `upsert/3` raises the same in the caller and
+  nothing is written. Raises `ArgumentError` when `fun` is not a
   one-argument function or returns anything but a map whose key field is
   `key` (`===`).
 
@@ -654,9 +670,11 @@ defmodule Larder.Table do
   defp send_write!(table, request) do
     live!(table)
 
-    if self() == table.writer do
+    if Writer.writer?() do
       raise ArgumentError,
-            "Larder.Table writes cannot be nested (a function run by the table's writer wrote to it)"
+            "Larder.Table writes cannot be made from a function that a table's writer runs " <>
+              "(an upsert/3 function or an index function): two such writes could wait " <>
+              "on each other for ever"
     end
 
     :gen_server.send_request(table.writer, request)

@@ -932,6 +932,83 @@ defmodule Larder.BagTest do
       refute File.exists?(Path.dirname(path))
     end
 
+    # A dump killed mid-write (its temporary file already has bytes, the
+    # rename not done) leaves the file; the next dump of the path deletes it.
+    test "a dump killed mid-write leaves no temporary file past the next dump", context do
+      path = tmp_path(context)
+      dir = Path.dirname(path)
+      bag = Bag.new(dedup: false)
+      Bag.insert_many(bag, for(k <- 1..150_000, do: {k, {k, "padding to make the file larger"}}))
+
+      left =
+        for _round <- 1..6 do
+          {pid, ref} = spawn_monitor(fn -> Bag.dump(bag, path) end)
+          wait_for_bytes(dir, pid)
+          for _ <- 1..:rand.uniform(200), do: :erlang.yield()
+          Process.exit(pid, :kill)
+          assert_receive {:DOWN, ^ref, :process, ^pid, _}
+          left = temp_files(dir)
+
+          assert Bag.dump(Bag.new(), path) == :ok
+          assert temp_files(dir) == []
+          assert Bag.size(Bag.load!(path)) == 0
+          length(left)
+        end
+
+      # The kills did land mid-write.
+      assert Enum.sum(left) > 0
+    end
+
+    test "concurrent dumps of one path all succeed and leave no temporary file", context do
+      path = tmp_path(context)
+      bag = Bag.new()
+      Bag.insert_many(bag, for(k <- 1..2_000, do: {k, k}))
+
+      for _round <- 1..30 do
+        tasks = for _ <- 1..3, do: Task.async(fn -> Bag.dump(bag, path) end)
+        assert Enum.map(tasks, &Task.await(&1, 60_000)) == [:ok, :ok, :ok]
+        assert temp_files(Path.dirname(path)) == []
+        assert Bag.size(Bag.load!(path)) == 2_000
+      end
+    end
+
+    test "a dump deletes the temporary files of its path whose writers are gone", context do
+      path = tmp_path(context)
+      dir = Path.dirname(path)
+      token = "0123456789abcdef"
+      # An OS process that has exited, and one still running.
+      {dead, 0} = System.cmd("sh", ["-c", "echo $$"])
+      dead = String.trim(dead)
+      live = Port.open({:spawn_executable, System.find_executable("sleep")}, args: ["60"])
+      {:os_pid, live_pid} = Port.info(live, :os_pid)
+      [{:token, mine}] = :ets.lookup(Larder.Bag.Snapshot, :token)
+      n = System.unique_integer([:positive])
+
+      stale = [
+        "#{path}.#{dead}.#{token}-1.tmp",
+        # A previous VM with this VM's OS pid.
+        "#{path}.#{System.pid()}.#{token}-2.tmp",
+        # This VM, a number no live dump holds.
+        "#{path}.#{System.pid()}.#{mine}-#{n}.tmp"
+      ]
+
+      kept = [
+        "#{path}.#{live_pid}.#{token}-3.tmp",
+        # Other paths' files, and names that are not a dump's.
+        "#{path}x.#{dead}.#{token}-4.tmp",
+        "#{path}.1.#{dead}.#{token}-5.tmp",
+        "#{path}.#{dead}.#{token}-6.tmp.keep",
+        "#{path}.tmp-7"
+      ]
+
+      for file <- stale ++ kept, do: File.write!(file, "x")
+      assert Bag.dump(Bag.new(), path) == :ok
+      Port.close(live)
+
+      assert Enum.sort(File.ls!(dir)) ==
+               Enum.sort([Path.basename(path) | Enum.map(kept, &Path.basename/1)])
+    end
+
     # Seen by the kernel: fsync of the temporary file before the rename, then
     # fsync of the directory. Needs strace and ptrace rights; skipped otherwise.
     @tag :strace
@@ -979,6 +1056,22 @@ defmodule Larder.BagTest do
     end
   end
 
+  defp temp_files(dir), do: dir |> File.ls!() |> Enum.filter(&String.ends_with?(&1, ".tmp"))
+
+  # Waits until a temporary file in `dir` has bytes while `pid` still runs.
+  defp wait_for_bytes(dir, pid) do
+    has_bytes? =
+      Enum.any?(temp_files(dir), fn name ->
+        match?({:ok, %{size: size}} when size > 0, File.stat(Path.join(dir, name)))
+      end)
+
+    cond do
+      has_bytes? -> :ok
+      Process.alive?(pid) -> Process.sleep(1) && wait_for_bytes(dir, pid)
+      true -> flunk("the dump ended before its temporary file had bytes")
+    end
+  end
+
   # Whether strace reports every thread of the VM attached ("Process N
   # attached with T threads", or one line per thread).
   defp all_attached?(port, threads, seen) do
@@ -1010,7 +1103,7 @@ defmodule Larder.BagTest do
   # rename over `path`, the directory's open, an fsync.
   defp assert_order(calls, path) do
     dir = Regex.escape(Path.dirname(path))
-    tmp = Regex.escape(path) <> "\\.tmp-\\d+\""
+    tmp = Regex.escape(path) <> "\\.\\d+\\.[0-9a-f]{16}-\\d+\\.tmp\""
 
     kinds =
       Enum.flat_map(calls, fn line ->

@@ -334,8 +334,8 @@ defmodule Larder.LockTest do
       assert memory < 100_000
     end
 
-    test "a restarted registry keeps the ids of live holders and watches them again" do
-      # Isolated: killing the registry must not disturb the other tests.
+    test "a killed janitor: ids stay, the next registration starts one that watches them all" do
+      # Isolated: killing the janitor must not disturb the other tests.
       result =
         Larder.Test.Isolated.run(
           quote do
@@ -353,25 +353,129 @@ defmodule Larder.LockTest do
             ref = Process.monitor(old)
             Process.exit(old, :kill)
             receive do: ({:DOWN, ^ref, _, _, _} -> :ok)
+            alive_after_kill = Holders.alive?(id)
 
-            wait = fn wait ->
-              case Process.whereis(Holders) do
-                nil -> Process.sleep(5) && wait.(wait)
-                pid -> :sys.get_state(pid) && pid
-              end
-            end
-
-            wait.(wait)
-            alive_after_restart = Holders.alive?(id)
-            send(live, :stop)
+            # The holder exits while no janitor runs: it counts as dead at
+            # once, though its entry, whose monitor went with the janitor,
+            # stays.
             mref = Process.monitor(live)
+            send(live, :stop)
             receive do: ({:DOWN, ^mref, _, _, _} -> :ok)
-            :sys.get_state(Holders)
-            {alive_after_restart, :ets.lookup(Holders, id)}
+
+            without_janitor =
+              {Process.whereis(Holders), Holders.alive?(id), :ets.lookup(Holders, id)}
+
+            # The next registration starts a janitor, which watches every
+            # entry again and so deletes that one.
+            Task.await(Task.async(&Holders.id/0))
+            janitor = Process.whereis(Holders)
+            :sys.get_state(janitor)
+            {alive_after_kill, without_janitor, janitor != old, :ets.lookup(Holders, id)}
           end
         )
 
-      assert result == {:ok, {true, []}}
+      assert {:ok, {true, {nil, false, [{_, _}]}, true, []}} = result
+    end
+
+    # Killing the janitor any number of times stops nothing: with it as a
+    # permanent child, four kills within five seconds exceeded
+    # Larder.Supervisor's restart intensity and stopped the :larder
+    # application, and writers raised "needs the :larder application to be
+    # started" while it restarted. Isolated: the old behaviour would stop
+    # the application for the rest of the suite.
+    test "the janitor killed 50 times: no writer raises, the application runs, takeover works" do
+      result =
+        Larder.Test.Isolated.run(
+          quote do
+            alias Larder.Lock.Holders
+
+            {:ok, _} = Larder.Cache.start_link(name: :isolated_cache)
+            bag = Larder.Bag.new()
+            reg = Larder.Register.new()
+            table = Larder.Table.new(key: :id)
+            stop = :atomics.new(1, [])
+            parent = self()
+
+            write = fn
+              :bag, i -> :ok = Larder.Bag.insert(bag, rem(i, 50), i)
+              :register, i -> :ok = Larder.Register.put(reg, rem(i, 50), i)
+              :table, i -> :ok = Larder.Table.insert(table, %{id: rem(i, 50), n: i})
+              :cache, i -> :ok = Larder.Cache.put(:isolated_cache, rem(i, 50), i)
+            end
+
+            # Each write in a fresh process, so that processes register
+            # while the janitor is being killed.
+            loop = fn loop, kind, i, failures ->
+              if :atomics.get(stop, 1) == 1 do
+                send(parent, {:writer, kind, i, failures})
+              else
+                {pid, ref} = spawn_monitor(fn -> write.(kind, i) end)
+
+                failures =
+                  receive do
+                    {:DOWN, ^ref, :process, ^pid, :normal} -> failures
+                    {:DOWN, ^ref, :process, ^pid, reason} -> [reason | failures]
+                  end
+
+                loop.(loop, kind, i + 1, Enum.take(failures, 3))
+              end
+            end
+
+            kinds = [:bag, :register, :table, :cache]
+            for kind <- kinds, do: spawn(fn -> loop.(loop, kind, 0, []) end)
+
+            # Kill whichever janitor runs, 50 times, as fast as one appears.
+            wait = fn wait, tries ->
+              case Process.whereis(Holders) do
+                nil when tries > 0 -> Process.sleep(1) && wait.(wait, tries - 1)
+                other -> other
+              end
+            end
+
+            kills =
+              Enum.count(1..50, fn _ ->
+                case wait.(wait, 5_000) do
+                  nil ->
+                    false
+
+                  janitor ->
+                    ref = Process.monitor(janitor)
+                    Process.exit(janitor, :kill)
+                    receive do: ({:DOWN, ^ref, _, _, _} -> true)
+                end
+              end)
+
+            :atomics.put(stop, 1, 1)
+            writers = for _ <- kinds, do: receive(do: ({:writer, kind, n, f} -> {kind, n, f}))
+
+            # A holder killed while it holds a slot is taken over.
+            lock = Lock.new(1)
+
+            holder =
+              spawn(fn ->
+                :acquired = Lock.acquire(lock, 1)
+                send(parent, :holding)
+                receive do: (:never -> :ok)
+              end)
+
+            receive do: (:holding -> :ok)
+            Process.exit(holder, :kill)
+
+            {kills, Enum.map(writers, fn {kind, n, failures} -> {kind, n > 0, failures} end),
+             List.keymember?(Application.started_applications(), :larder, 0),
+             Lock.acquire(lock, 1)}
+          end,
+          120_000
+        )
+
+      assert {:ok, {kills, writers, started?, takeover}} = result
+      assert kills == 50
+
+      assert Enum.sort(writers) ==
+               Enum.sort(for kind <- [:bag, :register, :table, :cache], do: {kind, true, []})
+
+      assert started?
+      assert takeover == :taken_over
     end
   end
 

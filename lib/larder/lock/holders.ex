@@ -1,16 +1,32 @@
-# The holder registry of Larder.Lock: hands each process a small integer id
-# once, in a public ETS table {id, pid}, and deletes the entry when the
-# process exits, so that waiters can tell a live holder from a dead one
-# (and deletes its row of Larder.Lock.Waits, if any).
+# The holder registry of Larder.Lock: each process takes a small integer id
+# once and records it in a public ETS table {id, pid}; a janitor process
+# deletes the entries of processes that exited (and their rows of
+# Larder.Lock.Waits, if any).
 defmodule Larder.Lock.Holders do
   @moduledoc false
 
   use GenServer
 
   # The table belongs to the process that runs Larder.Application.start/2
-  # (the application master's), so entries outlive a restart of this
-  # process; a restarted registry monitors every entry again. Ids come from
-  # :erlang.unique_integer([:positive, :monotonic]): never reused in a VM.
+  # (the application master's), so it lives as long as the application.
+  # Ids come from :erlang.unique_integer([:positive, :monotonic]): never
+  # reused in a VM.
+  #
+  # Nothing a lock does waits on a process. A process registers itself:
+  # it inserts its own entry, then tells the janitor (this GenServer) to
+  # monitor it. Whether a holder is alive is read from the table and the
+  # runtime (`alive?/1`), not from the janitor, whose only job is to delete
+  # the entries of processes that exited, so that the table does not grow.
+  #
+  # So the janitor may be killed at any time, any number of times, without
+  # a lock or a caller noticing. It is a :temporary child of
+  # Larder.Supervisor: its exits never count towards the supervisor's
+  # restart intensity (which a permanent child killed four times in five
+  # seconds would exceed, stopping the application). The next process that
+  # registers while no janitor runs starts one; a new janitor monitors every
+  # entry in the table, so an entry that lost its monitor with a killed
+  # janitor is deleted once the next one runs (or at once if its process is
+  # already gone).
   @table __MODULE__
   @id {__MODULE__, :id}
 
@@ -21,13 +37,21 @@ defmodule Larder.Lock.Holders do
     :ok
   end
 
+  @doc "The janitor's child spec: `:temporary`, see the comment above."
+  @spec child_spec(term()) :: Supervisor.child_spec()
+  def child_spec(_arg) do
+    %{id: __MODULE__, start: {__MODULE__, :start_link, [[]]}, restart: :temporary}
+  end
+
   @doc false
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(_opts), do: GenServer.start_link(__MODULE__, [], name: __MODULE__)
 
   @doc """
   The calling process's holder id. The first call in a process registers it
-  (one call to the registry); later calls read the process dictionary.
+  (one ETS insert and a message to the janitor, or, when no janitor runs,
+  starting one); later calls read the process dictionary. Never waits on
+  the janitor. Raises only when the :larder application is not started.
   """
   @spec id() :: pos_integer()
   def id do
@@ -38,26 +62,53 @@ defmodule Larder.Lock.Holders do
   end
 
   defp register do
-    id = GenServer.call(__MODULE__, :register, :infinity)
+    id = :erlang.unique_integer([:positive, :monotonic])
+
+    try do
+      :ets.insert(@table, {id, self()})
+    rescue
+      ArgumentError ->
+        raise RuntimeError, "Larder.Lock needs the :larder application to be started"
+    end
+
     Process.put(@id, id)
+
+    case Process.whereis(__MODULE__) do
+      nil -> start_janitor()
+      janitor -> send(janitor, {:watch, id, self()})
+    end
+
     id
+  end
+
+  # A janitor started now monitors every entry, this one included. Another
+  # process may start one first ({:already_started, _}), or the application
+  # may be stopping (the supervisor is gone): either way there is nothing
+  # more to do here.
+  defp start_janitor do
+    _ = Supervisor.start_child(Larder.Supervisor, __MODULE__)
+    :ok
   catch
-    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown, :killed] ->
-      raise RuntimeError, "Larder.Lock needs the :larder application to be started"
+    :exit, _ -> :ok
   end
 
   @doc """
-  Whether the process holding `id` may still act: true until the registry
-  has deleted its entry, on the process's `:DOWN`.
+  Whether the process holding `id` may still act: it registered and is
+  alive. A snapshot: a process may exit just after.
 
-  `Process.alive?/1` is not enough: a process killed while it runs a dirty
-  NIF counts as not alive at once (it is exiting), yet the NIF runs on to
-  its end and may still change what the holder was writing. The runtime
-  sends the `:DOWN` only once the process has finished exiting, so a holder
-  is taken over only after everything it started has stopped.
+  A process killed while it runs a dirty NIF counts as not alive at once,
+  while the NIF runs on to its end (OTP 25 sends the `:DOWN` of a monitor
+  at the same moment, so waiting for it would not help). A lock's holder
+  must therefore not rely on a dirty NIF it started having stopped when its
+  slot is taken over.
   """
   @spec alive?(pos_integer()) :: boolean()
-  def alive?(id), do: :ets.member(@table, id)
+  def alive?(id) do
+    case :ets.lookup(@table, id) do
+      [{_, pid}] -> Process.alive?(pid)
+      [] -> false
+    end
+  end
 
   @doc "The number of registered holders (live, or dead and not yet deleted)."
   @spec size() :: non_neg_integer()
@@ -65,21 +116,18 @@ defmodule Larder.Lock.Holders do
 
   @impl true
   def init([]) do
-    # Entries registered under a previous run of this process lost their
-    # monitors: monitor them again (a dead one is reported at once).
+    # Entries registered while no janitor ran, or under a killed one, have
+    # no monitor: monitor every entry (a dead one is reported at once).
     :ets.foldl(fn {id, pid}, :ok -> watch(id, pid) end, :ok, @table)
     {:ok, nil}
   end
 
   @impl true
-  def handle_call(:register, {pid, _tag}, state) do
-    id = :erlang.unique_integer([:positive, :monotonic])
+  def handle_info({:watch, id, pid}, state) do
     :ok = watch(id, pid)
-    true = :ets.insert(@table, {id, pid})
-    {:reply, id, state}
+    {:noreply, state}
   end
 
-  @impl true
   def handle_info({{__MODULE__, id}, _ref, :process, pid, _reason}, state) do
     :ets.delete(@table, id)
     Larder.Lock.Waits.forget(pid)

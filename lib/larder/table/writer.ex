@@ -25,6 +25,15 @@ defmodule Larder.Table.Writer do
   @spec start_link(map()) :: GenServer.on_start()
   def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil})
 
+  @doc """
+  Whether the calling process is a table's writer, that is, whether a write
+  now would come from a function a writer runs (an `upsert/3` function or an
+  index function). Such a write is refused: it could wait for ever on a
+  writer that waits on this one.
+  """
+  @spec writer?() :: boolean()
+  def writer?, do: Process.get(__MODULE__, false)
+
   @doc "The handle of the table `writer` owns."
   @spec handle(pid()) :: Table.t()
   def handle(writer), do: GenServer.call(writer, :handle, :infinity)
@@ -32,6 +41,7 @@ defmodule Larder.Table.Writer do
   @impl true
   def init({config, owner}) do
     Process.flag(:trap_exit, true)
+    Process.put(__MODULE__, true)
     if owner, do: Process.monitor(owner)
 
     table = %Table{

@@ -1,9 +1,14 @@
 //! Index keys: a canonical byte encoding of a term, so two terms share a
 //! bitmap exactly when they are `===`. Atoms (by their immediate value, stable
 //! for the VM's life; keys are never persisted), integers that fit in i64,
-//! binaries, tuples and list cells are encoded directly, which is several
-//! times cheaper than `term_to_binary`; any other term falls back to its
-//! external format under its own tag.
+//! floats, binaries, tuples and list cells are encoded directly, which is
+//! several times cheaper than `term_to_binary`; any other term falls back to
+//! its external format under its own tag.
+//!
+//! Floats are encoded by their bits with `-0.0` taken as `0.0`: on OTP 25
+//! `-0.0 === 0.0` (they are one map key too), while their external formats
+//! differ. A float inside a term that falls back to the external format (a
+//! map's value, say) is not normalised.
 //!
 //! Encoding and decoding walk the term with an explicit stack, never by
 //! recursion, so a term of any depth is safe. Both count their work in a
@@ -23,6 +28,7 @@ const BIN: u8 = b'b';
 const TUPLE: u8 = b't';
 const CONS: u8 = b'c';
 const NIL: u8 = b'n';
+const FLOAT: u8 = b'f';
 const OTHER: u8 = b'x';
 
 /// Bytes copied per budget unit.
@@ -142,6 +148,15 @@ fn encode_one(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<bool
             }
             Err(_) => encode_other(term, out, budget)?,
         },
+        TermType::Float => match term.decode::<f64>() {
+            Ok(float) => {
+                // `-0.0 == 0.0` in Rust too: both get the bits of `0.0`.
+                let float = if float == 0.0 { 0.0 } else { float };
+                out.push(FLOAT);
+                out.extend_from_slice(&float.to_bits().to_le_bytes());
+            }
+            Err(_) => encode_other(term, out, budget)?,
+        },
         // A bitstring that is not whole bytes is no Binary: external format.
         TermType::Binary => match term.decode::<Binary>() {
             Ok(bin) => {
@@ -166,7 +181,7 @@ fn encode_one(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<bool
 fn encode_other(term: Term, out: &mut Vec<u8>, budget: &mut Budget) -> Result<(), NativeError> {
     let bounded = matches!(
         term.get_type(),
-        TermType::Integer | TermType::Float | TermType::Pid | TermType::Port | TermType::Ref
+        TermType::Integer | TermType::Pid | TermType::Port | TermType::Ref
     );
     if !bounded && !budget.dirty() {
         return Err(NativeError::Dirty);
@@ -206,6 +221,7 @@ pub fn key_term<'a>(env: Env<'a>, key: &[u8]) -> Result<Term<'a>, NativeError> {
             // SAFETY: the value is an atom's immediate term, valid in every env.
             ATOM => unsafe { Term::new(env, take_u64(&mut rest)? as ERL_NIF_TERM) },
             INT => (take_u64(&mut rest)? as i64).encode(env),
+            FLOAT => f64::from_bits(take_u64(&mut rest)?).encode(env),
             NIL => Term::list_new_empty(env),
             BIN => {
                 let len =

@@ -335,9 +335,11 @@ defmodule Larder.Table.WriterTest do
 
       assert Table.get(table, 1) == %{id: 1, a: 1, tags: []}
 
-      assert_raise ArgumentError, ~r/cannot be nested/, fn ->
-        Table.upsert(table, 1, fn r -> Table.insert(table, r) && r end)
-      end
+      assert_raise ArgumentError,
+                   ~r/cannot be made from a function that a table's writer runs/,
+                   fn ->
+                     Table.upsert(table, 1, fn r -> Table.insert(table, r) && r end)
+                   end
 
       assert_raise ArgumentError, ~r/must return a map whose key field :id is 1/, fn ->
         Table.upsert(table, 1, fn r -> %{r | id: 2} end)
@@ -348,6 +350,98 @@ defmodule Larder.Table.WriterTest do
       end
 
       assert consistent?(table, [1])
+    end
+
+    # Each upsert function writes the other table. Without a refusal each
+    # writer waits on the other for ever (and every later write to either
+    # with them); so every such write raises. A barrier inside the
+    # functions puts both writers in them at once in half the rounds. The
+    # receive timeout only detects a hang.
+    test "functions that write another table are refused: two never deadlock" do
+      a = Table.new(key: :id, index: [:n])
+      b = Table.new(key: :id, index: [:n])
+      parent = self()
+
+      for round <- 1..300 do
+        barrier? = rem(round, 2) == 0
+
+        cross = fn mine, other, tag ->
+          fn record ->
+            if barrier? do
+              send(parent, {:inside, tag, self()})
+              receive do: (:go -> :ok)
+            end
+
+            :ok = Table.insert(other, %{id: round, n: tag})
+            %{id: round, n: if(record, do: record.n + 1, else: 0), from: mine}
+          end
+        end
+
+        tasks =
+          for {mine, other, tag} <- [{a, b, :a}, {b, a, :b}] do
+            Task.async(fn ->
+              try do
+                Table.upsert(mine, round, cross.(mine, other, tag))
+              rescue
+                e in ArgumentError -> {:refused, Exception.message(e)}
+              end
+            end)
+          end
+
+        if barrier? do
+          writers =
+            for tag <- [:a, :b] do
+              assert_receive {:inside, ^tag, writer}, 10_000
+              writer
+            end
+
+          Enum.each(writers, &send(&1, :go))
+        end
+
+        for result <- Task.yield_many(tasks, 10_000) do
+          assert {_task, {:ok, {:refused, message}}} = result
+          assert message =~ "cannot be made from a function that a table's writer runs"
+        end
+      end
+
+      # Nothing was written, and both tables still take writes.
+      assert Table.size(a) == 0 and Table.size(b) == 0
+      :ok = Table.insert(a, %{id: 1, n: 1})
+      assert {:ok, %{n: 2}} = Table.upsert(b, 1, fn nil -> %{id: 1, n: 2} end)
+      assert Table.search_ids(a, n: 1) == [1] and Table.search_ids(b, n: 2) == [1]
+    end
+
+    test "index functions run by the writer, and drop/1, are refused too" do
+      other = Table.new(key: :id)
+
+      writing =
+        Table.new(
+          key: :id,
+          index: [
+            {:w,
+             fn r ->
+               :ok = Table.insert(other, %{id: r.id})
+               r.n
+             end}
+          ]
+        )
+
+      # insert/2 computes index terms in the caller: allowed.
+      :ok = Table.insert(writing, %{id: 1, n: 1})
+      assert Table.size(other) == 1
+
+      # update/3 computes them in the writer: refused, record unchanged.
+      assert_raise ArgumentError, ~r/writer runs/, fn ->
+        Table.update(writing, 1, %{n: 2})
+      end
+
+      assert Table.search_ids(writing, w: 1) == [1]
+
+      assert_raise ArgumentError, ~r/writer runs/, fn ->
+        Table.upsert(other, 1, fn r -> Table.drop(writing) && r end)
+      end
+
+      assert Table.get(writing, 1) == %{id: 1, n: 1}
     end
   end
 end
