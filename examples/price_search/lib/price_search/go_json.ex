@@ -77,7 +77,10 @@ defmodule PriceSearch.GoJSON do
   defp value(<<>>, _pos, _depth), do: {:error, :eof}
 
   defp literal(rest, pos, <<>>, tree), do: {:ok, tree, rest, pos}
-  defp literal(<<c, rest::binary>>, pos, <<c, more::binary>>, tree), do: literal(rest, pos + 1, more, tree)
+
+  defp literal(<<c, rest::binary>>, pos, <<c, more::binary>>, tree),
+    do: literal(rest, pos + 1, more, tree)
+
   defp literal(<<>>, _pos, _more, _tree), do: {:error, :eof}
   defp literal(_rest, pos, _more, _tree), do: {:error, pos}
 
@@ -193,7 +196,10 @@ defmodule PriceSearch.GoJSON do
   defp scan_string(<<?\\>>, _pos, _start, _whole), do: {:error, :eof}
   defp scan_string(<<?\\, _, _::binary>>, pos, _start, _whole), do: {:error, pos + 1}
   defp scan_string(<<c, _::binary>>, pos, _start, _whole) when c < 0x20, do: {:error, pos}
-  defp scan_string(<<_, rest::binary>>, pos, start, whole), do: scan_string(rest, pos + 1, start, whole)
+
+  defp scan_string(<<_, rest::binary>>, pos, start, whole),
+    do: scan_string(rest, pos + 1, start, whole)
+
   defp scan_string(<<>>, _pos, _start, _whole), do: {:error, :eof}
 
   defp hex4(<<a, b, c, d, rest::binary>>, pos) do
@@ -217,7 +223,10 @@ defmodule PriceSearch.GoJSON do
   # The raw string is well-formed here; escapes are valid.
   defp unquote(<<>>, acc), do: IO.iodata_to_binary(:lists.reverse(acc))
 
-  defp unquote(<<?\\, ?u, a::binary-size(4), ?\\, ?u, b::binary-size(4), rest::binary>> = bin, acc) do
+  defp unquote(
+         <<?\\, ?u, a::binary-size(4), ?\\, ?u, b::binary-size(4), rest::binary>> = bin,
+         acc
+       ) do
     hi = String.to_integer(a, 16)
     lo = String.to_integer(b, 16)
 

@@ -61,9 +61,15 @@ defmodule PriceSearch.Request do
 
   @doc """
   Reads a single search body: its first JSON value.
+
+  `reader` is `:auto` (jiffy first, see "Performance") or `:exact` (only
+  the exact reader: the same answer, slower; tests compare the two).
   """
-  @spec single(binary()) :: {:ok, t()} | {:error, error()}
-  def single(body) do
+  @spec single(binary(), :auto | :exact) :: {:ok, t()} | {:error, error()}
+  def single(body, reader \\ :auto)
+  def single(body, :exact), do: slow_single(body)
+
+  def single(body, :auto) do
     case fast(body, :single) do
       {:ok, request, _rest} -> {:ok, request}
       :slow -> slow_single(body)
@@ -73,13 +79,14 @@ defmodule PriceSearch.Request do
   @doc """
   Reads a bulk body: the requests in order, and `:error` when a value could
   not be read (the requests before it still count), as Go's stream decoder
-  does.
+  does; `{:too_many, max}` when it holds more than `max` requests.
+  `reader` as for `single/2`.
   """
-  @spec bulk(binary(), pos_integer()) ::
+  @spec bulk(binary(), pos_integer(), :auto | :exact) ::
           {:ok | :error, [t()]} | {:too_many, pos_integer()}
-  def bulk(body, max \\ 65_536), do: stream(body, max, 0, [])
+  def bulk(body, max \\ 65_536, reader \\ :auto), do: stream(body, max, reader, 0, [])
 
-  defp stream(rest, max, count, acc) do
+  defp stream(rest, max, reader, count, acc) do
     case GoJSON.skip_ws(rest, 0) do
       {"", _} ->
         {:ok, :lists.reverse(acc)}
@@ -92,14 +99,14 @@ defmodule PriceSearch.Request do
         {:too_many, max}
 
       {rest, _} ->
-        case fast(rest, :bulk) do
+        case if(reader == :auto, do: fast(rest, :bulk), else: :slow) do
           {:ok, request, rest} ->
-            stream(rest, max, count + 1, [request | acc])
+            stream(rest, max, reader, count + 1, [request | acc])
 
           :slow ->
             with {:ok, tree, rest, _pos} <- GoJSON.value(rest, 0),
                  {:ok, request} <- from_tree(tree, :bulk) do
-              stream(rest, max, count + 1, [request | acc])
+              stream(rest, max, reader, count + 1, [request | acc])
             else
               _ -> {:error, :lists.reverse(acc)}
             end
