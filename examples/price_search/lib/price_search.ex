@@ -5,6 +5,7 @@ defmodule PriceSearch do
 
     * `PriceSearch.Store` loads the catalogue (`PriceSearch.Catalogue`) at
       start and holds the table and the map index.
+    * `PriceSearch.Request` reads request bodies as the Go service does.
     * `PriceSearch.Search` is the reference's search semantics.
     * `PriceSearch.HTTP` serves them over mochiweb, JSON by jiffy.
 

@@ -3,82 +3,68 @@ defmodule PriceSearch.SearchTest do
 
   alias PriceSearch.Search
 
-  test "conditions/1 of a valid request, with and without charValues" do
+  test "conditions/1 of a request: offering, group, spec, then its characteristics" do
     request = %{
-      "offeringId" => "o",
-      "groupId" => "group1",
-      "priceSpecId" => "MRC",
-      "charValues" => [%{"char" => "Term", "value" => "12"}, %{"char" => "VPN", "value" => "v"}],
-      "ignored" => 1
+      offering: "o",
+      group: "group1",
+      spec: "MRC",
+      chars: [{"Term", "12"}, {"VPN", "v"}],
+      id: 0
     }
 
     assert Search.conditions(request) ==
-             {:ok,
-              [
-                offering_id: "o",
-                group_id: "group1",
-                spec: "MRC",
-                char: {"Term", "12"},
-                char: {"VPN", "v"}
-              ]}
-
-    assert {:ok, [offering_id: "o", group_id: "group1", spec: "MRC"]} =
-             Search.conditions(Map.put(request, "charValues", nil))
-
-    too_many = for i <- 1..65, do: %{"char" => "c#{i}", "value" => "v"}
-
-    assert {:error, "field charValues has more than 64 entries"} =
-             Search.conditions(Map.put(request, "charValues", too_many))
+             [
+               offering_id: "o",
+               group_id: "group1",
+               spec: "MRC",
+               char: {"Term", "12"},
+               char: {"VPN", "v"}
+             ]
   end
 
-  # Seeded random terms of every JSON-decoded shape (and some that jiffy
-  # never makes): conditions/1 answers {:ok, _} or {:error, message}, never raises.
-  test "conditions/1 never raises, on any term" do
-    rand = :rand.seed_s(:exsss, 9)
+  # Go's FindPriceIndexBy looks values up in this order and names the first
+  # one it does not know: offering, each characteristic (name, then value),
+  # spec, group; with more than 64 characteristics they are checked first.
+  test "the bitmap search names the first unknown value in Go's order" do
+    name = :"#{__MODULE__}.order"
+    prices = PriceSearch.Catalogue.generate(offerings: 1)
+    start_supervised!({PriceSearch.Store, name: name, load: fn -> {"test", prices} end})
+    {:ok, store} = await(name)
+    [p | _] = prices
+    chars = Enum.map(p.chars, &{&1.char, &1.value})
+    good = %{offering: p.offering_id, group: p.group_id, spec: p.spec, chars: chars, id: 0}
+    assert {:ok, %{idx: idx}} = Search.bitmap(store, good)
+    assert idx == p.idx
 
-    Enum.reduce(1..3_000, rand, fn _, rand ->
-      {term, rand} = term(rand, 3)
+    answer = fn changes -> Search.bitmap(store, Map.merge(good, changes)) end
+    bad_char = [{"Colour", "red"} | chars]
+    bad_value = chars ++ [{"Term", "999"}]
 
-      case Search.conditions(term) do
-        {:ok, conditions} -> assert Keyword.keyword?(conditions)
-        {:error, message} -> assert is_binary(message)
-      end
+    for {changes, message} <- [
+          {%{offering: "x", group: "x", spec: "x", chars: bad_char},
+           "unable find offeringId in index"},
+          {%{group: "x", spec: "x", chars: bad_char}, "unable to find charId in index"},
+          {%{group: "x", spec: "x", chars: bad_value}, "unable to find charValue in index"},
+          {%{chars: [{"Term", "999"}, {"Colour", "red"}]}, "unable to find charValue in index"},
+          {%{group: "x", spec: "x"}, "unable find specId in index"},
+          {%{group: "x"}, "unable find groupId in index"},
+          {%{chars: []}, "unable find price, no default and >1 found"},
+          {%{chars: List.duplicate(hd(chars), 70) ++ [{"Colour", "red"}]},
+           "unable to find charId in index"},
+          {%{spec: "x", chars: List.duplicate(hd(chars), 70)}, "unable find specId in index"}
+        ] do
+      assert answer.(changes) == {:error, message}
 
-      rand
-    end)
-  end
-
-  @fields ~w(offeringId groupId priceSpecId charValues char value)
-
-  defp term(rand, depth) do
-    {kind, rand} = :rand.uniform_s(if(depth > 0, do: 9, else: 6), rand)
-
-    case kind do
-      1 -> {nil, rand}
-      2 -> {:rand.uniform_s(3, rand) |> elem(0) > 1, rand}
-      3 -> :rand.uniform_s(1000, rand)
-      4 -> {"s", rand}
-      5 -> {{:not, :json}, rand}
-      6 -> {1.5, rand}
-      7 -> list(rand, depth - 1)
-      8 -> map(rand, depth - 1)
-      9 -> map(rand, depth - 1)
+      assert [{:error, ^message}, {:ok, %{idx: ^idx}}] =
+               Search.bitmap_many(store, [Map.merge(good, changes), good])
     end
-  end
 
-  defp list(rand, depth) do
-    {n, rand} = :rand.uniform_s(4, rand)
-    Enum.map_reduce(1..n, rand, fn _, rand -> term(rand, depth) end)
-  end
+    # Repeated characteristics, many of them: the same price.
+    assert {:ok, %{idx: ^idx}} = answer.(%{chars: Enum.flat_map(1..30, fn _ -> chars end)})
 
-  defp map(rand, depth) do
-    {n, rand} = :rand.uniform_s(6, rand)
-
-    Enum.reduce(1..n, {%{}, rand}, fn _, {map, rand} ->
-      {i, rand} = :rand.uniform_s(length(@fields), rand)
-      {value, rand} = term(rand, depth)
-      {Map.put(map, Enum.at(@fields, i - 1), value), rand}
-    end)
+    # The map search says only "unable find price".
+    assert Search.map(store, Map.merge(good, %{group: "x", chars: bad_char})) ==
+             {:error, "unable find price"}
   end
 
   test "the store and the listener refuse bad options with an ArgumentError naming them" do

@@ -3,6 +3,11 @@
 # the generated one otherwise. The suites wait for it through GET /health.
 ExUnit.start(assert_receive_timeout: 5_000, timeout: 300_000)
 
+# Tests whose expected answers are the reference catalogue's need it loaded.
+unless File.exists?(Path.join(PriceSearch.Catalogue.default_dir(), "prices-487k.csv.gz")) do
+  ExUnit.configure(exclude: [:reference_catalogue])
+end
+
 defmodule PriceSearch.TestClient do
   # A real HTTP client (OTP's httpc) against a listener on 127.0.0.1.
 

@@ -1,31 +1,38 @@
 defmodule PriceSearch.HTTP do
   @moduledoc """
   The HTTP interface, on mochiweb, with the Go reference service's routes,
-  status codes and bodies.
+  status codes and bodies (the README's "Compatibility" section lists where
+  it differs, and why).
 
   | route | answer |
   |---|---|
   | `POST /v1/search/bitmap/prices` | 200 `{"id","spec","value","currency"}`; 404 (text) when no price |
   | `POST /v1/search/map/prices` | the same, over the map index |
-  | `POST /v5/search/bitmap/bulk/prices` | 200, chunked NDJSON: `{"price":{...},"id":N}` or `{"error":{"message":"..."},"id":N}` per line |
+  | `POST /v5/search/bitmap/bulk/prices` | 200, chunked NDJSON: `{"price":{...},"error":{},"id":N}` or `{"error":{"message":"..."},"id":N}` per request |
   | `GET /health` | 200 once the catalogue is loaded, 503 before |
 
   Every route answers 503 until the catalogue is loaded; an unknown path
   404, a known path with another method 405 (with `Allow`). Errors are
-  plain text, one line.
+  plain text, one line, the Go service's.
+
+  Request bodies are read by `PriceSearch.Request` as Go reads them; the
+  answers are built by `PriceSearch.JSON`. This module only moves bytes.
 
   ## Failures
 
-  Every body is untrusted. Malformed JSON is a 400 that says at which byte
-  (and, in a bulk body, on which line); a missing field, or one of the wrong
-  type, a 400 that names it. A body over the limit is a 413, refused from its
-  `Content-Length` before it is read (a chunked body is read up to the limit);
-  the connection is then closed. A bulk body may hold at most 65,536 lines; a
-  bulk line must be a JSON object with an `"id"` in 0..65535, else the whole
-  body is a 400. A line that is well-formed JSON but not a valid request, or
-  that matches no price, gets its own error line. Any other failure while
-  handling a request is logged and answered 500; the listener and the other
-  connections go on.
+  Every body is untrusted. A single search body that cannot be read is a 400
+  with Go's message (`PriceSearch.Request`); a search that finds nothing a
+  404 with Go's message (`PriceSearch.Search`). A bulk body is read as a
+  stream of JSON values; at the first one that cannot be read it stops, as
+  Go does: the requests before it are answered and the body ends with the
+  line `Unable decode body` (a 400 with that text when there are none).
+
+  Limits, which no Go client meets (Go has none): 1 MB per search body,
+  32 MB and 65,536 requests per bulk body. A body over the limit is a 413,
+  refused from its `Content-Length` before it is read (a chunked body is
+  read up to the limit); the connection is then closed. Any other failure
+  while handling a request is logged and answered 500; the listener and the
+  other connections go on.
 
   ## Concurrency
 
@@ -35,12 +42,14 @@ defmodule PriceSearch.HTTP do
   """
 
   require Logger
-  alias PriceSearch.{JSON, Search, Store}
+  alias PriceSearch.{JSON, Request, Search, Store}
 
-  @single_limit 64 * 1024
+  @single_limit 1024 * 1024
   @bulk_limit 32 * 1024 * 1024
   @bulk_lines 65_536
   @ndjson [{"Content-Type", "application/x-ndjson"}]
+  @json [{"Content-Type", "application/json"}]
+  @text [{"Content-Type", "text/plain; charset=utf-8"}, {"X-Content-Type-Options", "nosniff"}]
 
   @doc """
   Starts a listener.
@@ -132,14 +141,15 @@ defmodule PriceSearch.HTTP do
   defp route('/v5/search/bitmap/bulk/prices', _, req, _), do: not_allowed(req, "POST")
   defp route('/v1/search/map/prices', _, req, _), do: not_allowed(req, "POST")
   defp route('/health', _, req, _), do: not_allowed(req, "GET")
-  defp route(_, _, req, _), do: text(req, 404, "not found")
+  defp route(_, _, req, _), do: text(req, 404, "404 page not found")
 
+  # Go answers 405 with an empty body; Allow is ours.
   defp not_allowed(req, allow),
-    do: text(req, 405, "method not allowed", [{"Allow", allow}])
+    do: respond(req, 405, [{"Allow", allow}], [])
 
   defp health(req, store) do
     case Store.fetch(store) do
-      {:ok, _} -> text(req, 200, "ok")
+      {:ok, _} -> respond(req, 200, [], [])
       :loading -> text(req, 503, "loading the catalogue")
     end
   end
@@ -149,10 +159,9 @@ defmodule PriceSearch.HTTP do
   defp single(req, store_name, kind) do
     with {:ok, store} <- loaded(store_name),
          {:ok, body} <- body(req, @single_limit),
-         {:ok, request} <- decode(body, nil),
-         {:ok, conditions} <- request_conditions(request) do
-      case apply(Search, kind, [store, conditions]) do
-        {:ok, price} -> respond(req, 200, "application/json", [], JSON.price(price))
+         {:ok, request} <- decode(body) do
+      case apply(Search, kind, [store, request]) do
+        {:ok, price} -> respond(req, 200, @json, JSON.price_line(price))
         {:error, message} -> text(req, 404, message)
       end
     else
@@ -160,9 +169,9 @@ defmodule PriceSearch.HTTP do
     end
   end
 
-  defp request_conditions(request) do
-    case Search.conditions(request) do
-      {:ok, conditions} -> {:ok, conditions}
+  defp decode(body) do
+    case Request.single(body) do
+      {:ok, request} -> {:ok, request}
       {:error, message} -> {:error, 400, message}
     end
   end
@@ -171,71 +180,37 @@ defmodule PriceSearch.HTTP do
 
   defp bulk(req, store_name) do
     with {:ok, store} <- loaded(store_name),
-         {:ok, body} <- body(req, @bulk_limit),
-         {:ok, parsed} <- bulk_lines(:binary.split(body, "\n", [:global]), 1, 0, []) do
-      searches = for {_id, {:ok, conditions}} <- parsed, do: conditions
-      answers = Search.bitmap_many(store, searches)
-      resp = :mochiweb_request.respond({200, @ndjson, :chunked}, req)
-      write_lines(parsed, answers, resp, 0, [])
-      :mochiweb_response.write_chunk("", resp)
+         {:ok, body} <- body(req, @bulk_limit) do
+      case Request.bulk(body, @bulk_lines) do
+        {:too_many, max} -> error(req, 413, "a bulk body holds at most #{max} requests")
+        {:error, []} -> respond(req, 400, @text, JSON.bulk_stopped())
+        {status, requests} -> bulk_answer(req, store, requests, status)
+      end
     else
       {:error, status, message} -> error(req, status, message)
     end
   end
 
-  # Lines in order, each {id, {:ok, conditions} | {:error, message}}; a
-  # malformed line stops the whole body.
-  defp bulk_lines([], _n, _count, acc), do: {:ok, :lists.reverse(acc)}
-
-  defp bulk_lines([line | rest], n, count, acc) do
-    case strip_cr(line) do
-      "" ->
-        bulk_lines(rest, n + 1, count, acc)
-
-      _ when count == @bulk_lines ->
-        {:error, 413, "a bulk body holds at most #{@bulk_lines} requests"}
-
-      line ->
-        case decode(line, n) do
-          {:ok, %{"id" => id} = request} when is_integer(id) and id in 0..65_535 ->
-            bulk_lines(rest, n + 1, count + 1, [{id, Search.conditions(request)} | acc])
-
-          {:ok, %{}} ->
-            {:error, 400, "line #{n}: field id must be an integer in 0..65535"}
-
-          {:ok, _} ->
-            {:error, 400, "line #{n}: a request must be a JSON object"}
-
-          {:error, _, _} = error ->
-            error
-        end
-    end
-  end
-
-  defp strip_cr(line) do
-    size = byte_size(line) - 1
-
-    case line do
-      <<content::binary-size(size), ?\r>> -> content
-      _ -> line
-    end
+  defp bulk_answer(req, store, requests, status) do
+    answers = Search.bitmap_many(store, requests)
+    resp = :mochiweb_request.respond({200, @ndjson, :chunked}, req)
+    write_lines(requests, answers, resp, 0, [])
+    if status == :error, do: :mochiweb_response.write_chunk(JSON.bulk_stopped(), resp)
+    :mochiweb_response.write_chunk("", resp)
   end
 
   @chunk_lines 1_000
 
   # Writes the answers in chunks of 1,000 lines.
-  defp write_lines([], _answers, resp, _n, acc), do: write_chunk(acc, resp)
+  defp write_lines([], [], resp, _n, acc), do: write_chunk(acc, resp)
 
-  defp write_lines(parsed, answers, resp, @chunk_lines, acc) do
+  defp write_lines(requests, answers, resp, @chunk_lines, acc) do
     write_chunk(acc, resp)
-    write_lines(parsed, answers, resp, 0, [])
+    write_lines(requests, answers, resp, 0, [])
   end
 
-  defp write_lines([{id, {:ok, _}} | rest], [answer | answers], resp, n, acc),
-    do: write_lines(rest, answers, resp, n + 1, [acc | JSON.bulk_line(id, answer)])
-
-  defp write_lines([{id, {:error, _} = error} | rest], answers, resp, n, acc),
-    do: write_lines(rest, answers, resp, n + 1, [acc | JSON.bulk_line(id, error)])
+  defp write_lines([request | requests], [answer | answers], resp, n, acc),
+    do: write_lines(requests, answers, resp, n + 1, [acc | JSON.bulk_line(request.id, answer)])
 
   defp write_chunk([], _resp), do: :ok
   defp write_chunk(data, resp), do: :mochiweb_response.write_chunk(data, resp)
@@ -261,7 +236,7 @@ defmodule PriceSearch.HTTP do
     :exit, {:body_too_large, _} ->
       # The rest of the body is not read: the connection cannot be reused.
       force_close()
-      {:error, 413, "request body larger than #{limit} bytes"}
+      {:error, 413, "Request body must not be larger than #{div(limit, 1024 * 1024)}MB"}
 
     _, _ ->
       force_close()
@@ -296,36 +271,14 @@ defmodule PriceSearch.HTTP do
   # mochiweb closes the connection after the response when this key is set.
   defp force_close, do: Process.put(:mochiweb_request_force_close, true)
 
-  # `line` is the bulk line's number, nil for a whole body.
-  defp decode(json, line) do
-    {:ok, :jiffy.decode(json, [:return_maps])}
-  catch
-    # jiffy raises {position, reason}; older versions threw {:error, that}.
-    kind, {pos, reason} when kind in [:error, :throw] and is_integer(pos) ->
-      {:error, 400, "#{where(line)}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
-
-    :throw, {:error, {pos, reason}} when is_integer(pos) ->
-      {:error, 400, "#{where(line)}malformed JSON at byte #{pos}: #{reason_text(reason)}"}
-
-    _, _ ->
-      {:error, 400, "#{where(line)}malformed JSON"}
-  end
-
-  defp where(nil), do: ""
-  defp where(line), do: "line #{line}: "
-
-  defp reason_text(reason) when is_atom(reason),
-    do: reason |> Atom.to_string() |> String.replace("_", " ")
-
-  defp reason_text(reason), do: inspect(reason)
-
-  defp text(req, status, message, headers \\ []),
-    do: respond(req, status, "text/plain; charset=utf-8", headers, [message, ?\n])
+  # Go's http.Error: the message and a newline, as text nobody should sniff.
+  defp text(req, status, message),
+    do: respond(req, status, @text, [message, ?\n])
 
   # A whole response in one send, with the headers mochiweb's respond/2 would
   # write (Server, Date, Content-Length, Connection: close when it will close),
   # without building its header tree for each response.
-  defp respond(req, status, content_type, headers, body) do
+  defp respond(req, status, headers, body) do
     close = if :mochiweb_request.should_close(req), do: "Connection: close\r\n", else: []
 
     :mochiweb_request.send(
@@ -334,8 +287,6 @@ defmodule PriceSearch.HTTP do
         status_line(status),
         "Server: MochiWeb/1.0\r\nDate: ",
         :mochiweb_clock.rfc1123(),
-        "\r\nContent-Type: ",
-        content_type,
         "\r\nContent-Length: ",
         Integer.to_string(IO.iodata_length(body)),
         "\r\n",

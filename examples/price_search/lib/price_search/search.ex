@@ -1,119 +1,136 @@
 defmodule PriceSearch.Search do
+  @many_chars 64
+
   @moduledoc """
   The reference service's search semantics over a loaded `PriceSearch.Store`:
-  request validation, the bitmap search (`Larder.Table`), the map-index
-  search, and the choice among several matches.
+  the bitmap search (`Larder.Table`), the map-index search, the choice among
+  several matches, and the Go service's messages when nothing is found.
 
-  A request is the decoded JSON object
-  `{"offeringId","groupId","priceSpecId","charValues":[{"char","value"}...]}`.
-  `offeringId`, `groupId` and `priceSpecId` are required strings; an
-  unknown value is an error. `charValues` may be absent or null; each given
-  characteristic must match exactly, an omitted one is not checked. Unknown
-  fields are ignored. One match is the answer; among several, the default
-  price (lowest row first), or an error when none is a default.
+  A search is a `t:PriceSearch.Request.t/0`. Each given characteristic must
+  match exactly, an omitted one is not checked. One match is the answer;
+  among several, the default price (lowest row first), or an error when none
+  is a default.
 
   ## Failures
 
-  `conditions/1` answers `{:error, message}` naming the field at fault; the
-  searches answer `{:error, message}` when nothing (or no default) matches.
-  Nothing here raises on any decoded JSON.
+  The searches answer `{:error, message}` with the Go service's message when
+  nothing (or no default) matches. The bitmap search names the first value
+  that is unknown, in Go's order: the offering, each characteristic in the
+  request's order (its name, then its value), the price spec, the group:
+  `unable find offeringId in index`, `unable to find charId in index`,
+  `unable to find charValue in index`, `unable find specId in index`,
+  `unable find groupId in index`; then `unable find price` (no match) or
+  `unable find price, no default and >1 found`. The map search says only
+  the last two, as Go's does. Nothing here raises on any request.
 
   ## Performance
 
   A search is one `Larder.Table.search/2` (or one `Larder.Table.search_many/2`
   for a bulk body); finding which value is unknown costs map lookups, and
-  only when nothing matched.
+  only when nothing matched. A request with more than #{@many_chars}
+  characteristics has them checked first and repeats dropped, so the table
+  search never gets more conditions than the catalogue has values.
   """
 
   alias Larder.Table
-  alias PriceSearch.{Catalogue, Store}
-
-  @max_chars 64
+  alias PriceSearch.{Catalogue, Request, Store}
 
   @typedoc "An answer: the price's stored fields, or a message saying why none."
   @type answer :: {:ok, map()} | {:error, String.t()}
 
+  @no_price "unable find price"
+  @no_default "unable find price, no default and >1 found"
+
   @doc """
-  The `Larder.Table` conditions of a decoded request, or `{:error, message}`
-  naming the field that is missing or of the wrong type. At most
-  #{@max_chars} `charValues`.
+  The `Larder.Table` conditions of a request: offering, group, spec, then
+  its characteristics.
   """
-  @spec conditions(term()) :: {:ok, keyword()} | {:error, String.t()}
-  def conditions(%{} = request) do
-    with {:ok, offering} <- required(request, "offeringId"),
-         {:ok, group} <- required(request, "groupId"),
-         {:ok, spec} <- required(request, "priceSpecId"),
-         {:ok, chars} <- chars(Map.get(request, "charValues")) do
-      {:ok, [{:offering_id, offering}, {:group_id, group}, {:spec, spec} | chars]}
-    end
+  @spec conditions(Request.t()) :: keyword()
+  def conditions(%{offering: offering, group: group, spec: spec, chars: chars}) do
+    [
+      {:offering_id, offering},
+      {:group_id, group},
+      {:spec, spec} | for({c, v} <- chars, do: {:char, {c, v}})
+    ]
   end
-
-  def conditions(_other), do: {:error, "the request must be a JSON object"}
-
-  defp required(request, field) do
-    case request do
-      %{^field => value} when is_binary(value) -> {:ok, value}
-      %{^field => nil} -> {:error, "missing field #{field}"}
-      %{^field => _} -> {:error, "field #{field} must be a string"}
-      _ -> {:error, "missing field #{field}"}
-    end
-  end
-
-  defp chars(nil), do: {:ok, []}
-  defp chars(list) when is_list(list), do: chars(list, 0, [])
-  defp chars(_), do: {:error, "field charValues must be an array"}
-
-  defp chars([], _i, acc), do: {:ok, :lists.reverse(acc)}
-
-  defp chars(_list, @max_chars, _acc),
-    do: {:error, "field charValues has more than #{@max_chars} entries"}
-
-  defp chars([%{"char" => c, "value" => v} | rest], i, acc) when is_binary(c) and is_binary(v),
-    do: chars(rest, i + 1, [{:char, {c, v}} | acc])
-
-  defp chars([%{} = cv | _], i, _acc) do
-    field = if is_binary(Map.get(cv, "char")), do: "value", else: "char"
-    {:error, "field charValues[#{i}].#{field} must be a string"}
-  end
-
-  defp chars([_ | _], i, _acc), do: {:error, "field charValues[#{i}] must be an object"}
 
   @doc "Searches the bitmap indexes (`Larder.Table.search/2`)."
-  @spec bitmap(Store.t(), keyword()) :: answer()
-  def bitmap(store, conditions),
-    do: choose(Table.search(store.table, conditions), store, conditions)
-
-  @doc "Answers many searches with one `Larder.Table.search_many/2`, in order."
-  @spec bitmap_many(Store.t(), [keyword()]) :: [answer()]
-  def bitmap_many(_store, []), do: []
-
-  def bitmap_many(store, many) do
-    store.table
-    |> Table.search_many(many)
-    |> Enum.zip_with(many, &choose(&1, store, &2))
+  @spec bitmap(Store.t(), Request.t()) :: answer()
+  def bitmap(store, request) do
+    case prepare(store, request) do
+      {:ok, conditions} -> choose(Table.search(store.table, conditions), store, request)
+      error -> error
+    end
   end
 
+  @doc "Answers many searches with one `Larder.Table.search_many/2`, in order."
+  @spec bitmap_many(Store.t(), [Request.t()]) :: [answer()]
+  def bitmap_many(_store, []), do: []
+
+  def bitmap_many(store, requests) do
+    prepared = Enum.map(requests, &prepare(store, &1))
+    found = Table.search_many(store.table, for({:ok, conditions} <- prepared, do: conditions))
+    answer_many(prepared, requests, found, store, [])
+  end
+
+  defp answer_many([], [], [], _store, acc), do: :lists.reverse(acc)
+
+  defp answer_many([{:ok, _} | prepared], [request | requests], [prices | found], store, acc),
+    do: answer_many(prepared, requests, found, store, [choose(prices, store, request) | acc])
+
+  defp answer_many([error | prepared], [_ | requests], found, store, acc),
+    do: answer_many(prepared, requests, found, store, [error | acc])
+
   @doc "Searches the Go-style map index: the offering's prices, scanned."
-  @spec map(Store.t(), keyword()) :: answer()
-  def map(store, conditions),
-    do: choose(Catalogue.map_search(store.map_index, conditions), store, conditions)
+  @spec map(Store.t(), Request.t()) :: answer()
+  def map(store, request) do
+    case Catalogue.map_search(store.map_index, conditions(request)) do
+      [price] -> {:ok, price}
+      [] -> {:error, @no_price}
+      prices -> default(prices)
+    end
+  end
 
-  defp choose([price], _store, _conditions), do: {:ok, price}
-  defp choose([], store, conditions), do: {:error, no_match(store, conditions)}
+  # A request with many characteristics is checked before it is searched, and
+  # its repeats dropped: what reaches the table is bounded by the catalogue.
+  defp prepare(store, %{chars: chars} = request) when length(chars) > @many_chars do
+    case unknown(store, request) do
+      nil -> {:ok, conditions(%{request | chars: Enum.uniq(chars)})}
+      message -> {:error, message}
+    end
+  end
 
-  defp choose(prices, _store, _conditions) do
+  defp prepare(_store, request), do: {:ok, conditions(request)}
+
+  defp choose([price], _store, _request), do: {:ok, price}
+  defp choose([], store, request), do: {:error, unknown(store, request) || @no_price}
+  defp choose(prices, _store, _request), do: default(prices)
+
+  defp default(prices) do
     case Enum.find(prices, & &1.is_default) do
-      nil -> {:error, "#{length(prices)} prices match and none is the default"}
+      nil -> {:error, @no_default}
       price -> {:ok, price}
     end
   end
 
-  defp no_match(store, [{:offering_id, o}, {:group_id, g}, {:spec, s} | _]) do
+  # The first unknown value in the Go service's order, or nil.
+  defp unknown(store, %{offering: o, group: g, spec: s, chars: chars}) do
     cond do
-      not Map.has_key?(store.offerings, o) -> "unknown offeringId: #{o}"
-      not Map.has_key?(store.groups, g) -> "unknown groupId: #{g}"
-      not Map.has_key?(store.specs, s) -> "unknown priceSpecId: #{s}"
-      true -> "no price matches the request"
+      not Map.has_key?(store.offerings, o) -> "unable find offeringId in index"
+      message = unknown_char(store.chars, chars) -> message
+      not Map.has_key?(store.specs, s) -> "unable find specId in index"
+      not Map.has_key?(store.groups, g) -> "unable find groupId in index"
+      true -> nil
+    end
+  end
+
+  defp unknown_char(_known, []), do: nil
+
+  defp unknown_char(known, [{c, v} | rest]) do
+    case known do
+      %{^c => %{^v => _}} -> unknown_char(known, rest)
+      %{^c => _} -> "unable to find charValue in index"
+      _ -> "unable to find charId in index"
     end
   end
 end

@@ -24,7 +24,7 @@ defmodule PriceSearch.Store do
   alias Larder.Table
   alias PriceSearch.Catalogue
 
-  @enforce_keys [:table, :map_index, :offerings, :groups, :specs, :source, :size]
+  @enforce_keys [:table, :map_index, :offerings, :groups, :specs, :chars, :source, :size]
   defstruct @enforce_keys
 
   @typedoc "A loaded catalogue."
@@ -34,6 +34,7 @@ defmodule PriceSearch.Store do
           offerings: %{String.t() => true},
           groups: %{String.t() => true},
           specs: %{String.t() => true},
+          chars: %{String.t() => %{String.t() => true}},
           source: String.t(),
           size: non_neg_integer()
         }
@@ -114,6 +115,7 @@ defmodule PriceSearch.Store do
       offerings: set_of(prices, & &1.offering_id),
       groups: set_of(prices, & &1.group_id),
       specs: set_of(prices, & &1.spec),
+      chars: chars_of(prices),
       source: source,
       size: Table.size(table)
     }
@@ -126,6 +128,17 @@ defmodule PriceSearch.Store do
   end
 
   defp set_of(prices, fun), do: prices |> Enum.map(&{fun.(&1), true}) |> Map.new()
+
+  # Each characteristic's values, for the search's "unknown char or value"
+  # errors. Prices share few distinct lists of characteristics (9,744 in the
+  # reference catalogue): those first, then their values.
+  defp chars_of(prices) do
+    lists = Enum.reduce(prices, %{}, fn price, acc -> Map.put(acc, price.chars, true) end)
+
+    for {chars, true} <- lists, %{char: c, value: v} <- chars, reduce: %{} do
+      acc -> Map.update(acc, c, %{v => true}, &Map.put(&1, v, true))
+    end
+  end
 
   defp log_loaded(store, ms) do
     mb = fn bytes -> "#{Float.round(bytes / 1_000_000, 1)} MB" end
