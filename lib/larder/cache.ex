@@ -406,27 +406,37 @@ defmodule Larder.Cache do
 
     case cfg.l2 do
       nil ->
-        Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
+        {:ok, _generation, _published?} = Owner.invalidate_all(cfg, :local)
+        :ok
 
       _l2 ->
         case Remote.incr_generation(cfg) do
-          {:ok, generation} ->
-            Owner.set_generation(cfg, generation)
-            # A generation we had already moved to still clears L1.
-            Store.clear(cfg)
-
-            case Remote.publish(cfg, {:all, generation}) do
-              :ok -> :ok
+          {:ok, _incremented} ->
+            # the owner moves to the L2's generation (checked, as every
+            # hint is) and clears L1 before it answers
+            case Owner.invalidate_all(cfg, :incremented) do
+              {:ok, _generation, true} -> :ok
+              {:ok, generation, false} -> publish_all(cfg, generation)
               error -> unknown_outcome(cfg, :all, error)
             end
 
-          error ->
-            Store.clear(cfg)
-            unknown_outcome(cfg, :all, error)
+          {:error, %Larder.Error{reason: reason}} = error ->
+            # L1 is cleared either way; an INCR that Redis refused (a key
+            # that holds no generation) makes the owner write a fresh one,
+            # which moves every node like a successful call would
+            case Owner.invalidate_all(cfg, {:failed, reason}) do
+              {:ok, _generation, true} -> :ok
+              _not_renewed -> unknown_outcome(cfg, :all, error)
+            end
         end
     end
-  rescue
-    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+  end
+
+  defp publish_all(cfg, generation) do
+    case Remote.publish(cfg, {:all, generation}) do
+      :ok -> :ok
+      error -> unknown_outcome(cfg, :all, error)
+    end
   end
 
   @doc """

@@ -142,11 +142,9 @@ defmodule Larder.Cache.Remote do
     end
   end
 
-  # The generation stored in the L2: {:ok, generation}, :none (no L2, or no
-  # generation yet) or :error. A key that holds no generation is a decode
-  # error and is ignored.
-  def read_generation(%{l2: nil}), do: :none
-
+  # The generation stored in the L2: {:ok, generation}, :none (no key),
+  # :bad (a key that holds no generation: counted as a decode error) or
+  # {:error, %Larder.Error{}} (counted as an L2 error).
   def read_generation(%{l2: {mod, state}} = cfg) do
     case mod.get(state, generation_key(cfg)) do
       {:ok, bin} ->
@@ -156,7 +154,7 @@ defmodule Larder.Cache.Remote do
 
           :error ->
             Stats.count(cfg, :decode_errors)
-            :error
+            :bad
         end
 
       :miss ->
@@ -164,8 +162,13 @@ defmodule Larder.Cache.Remote do
 
       other ->
         failed(cfg, other)
-        :error
     end
+  end
+
+  # Writes `generation` into the generation key, only if the key is absent
+  # with mode :new: :ok or {:error, %Larder.Error{}} (counted).
+  def write_generation(%{l2: {mod, state}} = cfg, generation, mode) do
+    ok(cfg, mod.put(state, generation_key(cfg), Integer.to_string(generation), :infinity, mode))
   end
 
   # A process the L2 linked to the cache's process died.
@@ -186,7 +189,8 @@ defmodule Larder.Cache.Remote do
   # are not counted again.
 
   # Bumps and publishes the generation: {:done, g}, {:generation, g} (bumped,
-  # not published) or :failed.
+  # not published) or {:failed, reason} (the reason of the L2's error, or
+  # :l2_bad_reply for an INCR reply that is not a generation).
   def repair_all(%{l2: {mod, state}} = cfg) do
     with {:ok, g} <- mod.incr(state, generation_key(cfg)),
          {:ok, g} <- Codec.parse_generation(g) do
@@ -194,7 +198,8 @@ defmodule Larder.Cache.Remote do
         do: sent_done(cfg, g),
         else: {:generation, g}
     else
-      _ -> :failed
+      {:error, %Larder.Error{reason: reason}} -> {:failed, reason}
+      _bad_reply -> {:failed, :l2_bad_reply}
     end
   end
 

@@ -1,0 +1,138 @@
+defmodule Larder.Cache.GenerationTest do
+  # Races on the generation: invalidate_all/1 called from many processes at
+  # once, on a local-only cache and on two nodes sharing a real redis-server.
+  # Each runs thousands of rounds, since the races they guard against showed
+  # up about once in 1,500 rounds.
+  use ExUnit.Case, async: true
+
+  alias Larder.Cache
+  alias Larder.Cache.{Owner, Remote}
+  alias Larder.Support.RedisServer
+
+  import Larder.Test.Eventually
+
+  test "local-only: concurrent invalidate_all/1 returns only once L1 is clear", ctx do
+    name = :"#{ctx.module}.#{ctx.test}"
+    start_supervised!({Cache, name: name})
+
+    # Every round: a value, then callers that each invalidate and read at
+    # once; none may read the value after its own :ok.
+    stale =
+      for round <- 1..2_500, reduce: 0 do
+        stale ->
+          :ok = Cache.put(name, :k, {:old, round})
+
+          reads =
+            1..6
+            |> Enum.map(fn _ ->
+              Task.async(fn ->
+                :ok = Cache.invalidate_all(name)
+                Cache.get(name, :k)
+              end)
+            end)
+            |> Task.await_many(:infinity)
+
+          stale + Enum.count(reads, &(&1 != nil))
+      end
+
+    assert stale == 0, "#{stale} reads after :ok saw the old value"
+  end
+
+  describe "two nodes on one redis-server" do
+    @describetag :redis
+
+    setup ctx do
+      server = RedisServer.start()
+      on_exit(fn -> RedisServer.stop(server) end)
+      prefix = "#{inspect(ctx.module)}.#{ctx.test}"
+      l2 = {Cache.Redis, port: server.port, timeout: 2_000}
+
+      nodes =
+        for suffix <- [:a, :b] do
+          name = :"#{prefix}.#{suffix}"
+          start_supervised!({Cache, name: name, l2: l2, namespace: prefix}, id: name)
+          name
+        end
+
+      for name <- nodes do
+        eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+      end
+
+      %{server: server, nodes: nodes}
+    end
+
+    test "racing invalidate_all/1 calls leave both nodes on Redis's generation", ctx do
+      [a, b] = ctx.nodes
+      gen_key = Remote.generation_key(config(a))
+
+      # 24 callers split over the two nodes, released at once, for 3,000
+      # rounds; after each
+      # round both nodes must come to Redis's generation (messages are
+      # asynchronous, so they get a moment) and share one L2 key.
+      behind =
+        for round <- 1..3_000, reduce: [] do
+          behind ->
+            results =
+              1..24
+              |> Enum.map(fn i ->
+                Task.async(fn -> Cache.invalidate_all(Enum.at([a, b], rem(i, 2))) end)
+              end)
+              |> Task.await_many(:infinity)
+
+            assert Enum.all?(results, &(&1 == :ok))
+
+            redis = redis_generation(ctx.server, gen_key)
+
+            if settled?(fn -> generation(a) == redis and generation(b) == redis end),
+              do: behind,
+              else: [{round, redis, generation(a), generation(b)} | behind]
+        end
+
+      assert behind == [], "nodes left off Redis's generation: #{inspect(Enum.take(behind, 5))}"
+
+      :ok = Cache.put(a, :k, :shared)
+      assert Cache.get(b, :k) == :shared
+    end
+  end
+
+  # Runs fun.(i) for i in 1..n in n processes released together; their results.
+  defp race(n, fun) do
+    parent = self()
+    go = make_ref()
+
+    tasks =
+      for i <- 1..n do
+        Task.async(fn ->
+          send(parent, {:ready, go})
+          receive do: ({^go, :go} -> fun.(i))
+        end)
+      end
+
+    for _ <- 1..n, do: receive(do: ({:ready, ^go} -> :ok))
+    for %Task{pid: pid} <- tasks, do: send(pid, {go, :go})
+    Task.await_many(tasks, :infinity)
+  end
+
+  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp generation(name), do: :atomics.get(config(name).generation, 1)
+
+  defp settled_after_sleep(fun, tries) do
+    Process.sleep(5)
+    settled?(fun, tries - 1)
+  end
+
+  defp redis_generation(server, key) do
+    <<"$", rest::binary>> = RedisServer.command(server, ["GET", key])
+    [_len, value | _] = String.split(rest, "\r\n")
+    String.to_integer(value)
+  end
+
+  # true once fun holds, polling for up to 2 s (a stuck node stays stuck)
+  defp settled?(fun, tries \\ 400) do
+    cond do
+      fun.() -> true
+      tries == 0 -> false
+      true -> settled_after_sleep(fun, tries)
+    end
+  end
+end
