@@ -346,6 +346,7 @@ defmodule Larder.Cache do
   def put(cache, key, value, opts \\ []) do
     cfg = config!(cache)
     ttl = Config.put_ttl!(cfg, opts)
+    Remote.check_key!(cfg, key)
     write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
   end
 
@@ -373,6 +374,7 @@ defmodule Larder.Cache do
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
     cfg = config!(cache)
+    Remote.check_key!(cfg, key)
     write_span(cfg, :delete, key, fn -> remove(cfg, key) end)
   end
 

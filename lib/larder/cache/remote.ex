@@ -5,7 +5,7 @@
 defmodule Larder.Cache.Remote do
   @moduledoc false
 
-  alias Larder.Cache.{Codec, Stats}
+  alias Larder.Cache.{Codec, ExternalTerm, Stats}
   alias Larder.Telemetry
 
   ## Keys
@@ -19,6 +19,36 @@ defmodule Larder.Cache.Remote do
   def l2_key(cfg, key) do
     generation = :atomics.get(cfg.generation, 1)
     [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
+  end
+
+  # A key of an L2-backed cache goes to the other nodes in its invalidation
+  # message, which they check like an L2 value (no fun, at most
+  # :max_value_bytes): a key they would refuse is refused here, with an
+  # ArgumentError, before anything is written. Called on every put/4 and
+  # delete/2 and on an L1 miss (such a key never gets into L1), never on a
+  # hit. Keys that cannot hold a fun skip the encoding.
+  def check_key!(%{l2: nil}, _key), do: :ok
+
+  def check_key!(_cfg, key)
+      when is_binary(key) or is_atom(key) or is_integer(key) or is_float(key) or is_pid(key) or
+             is_reference(key) or is_port(key),
+      do: :ok
+
+  def check_key!(cfg, key) do
+    case ExternalTerm.check(:erlang.term_to_binary(key, [:deterministic]), cfg.max_value_bytes) do
+      {:ok, _plain} ->
+        :ok
+
+      {:error, :fun} ->
+        raise ArgumentError,
+              "expected key to hold no fun in a cache with an L2 (other nodes refuse " <>
+                "invalidations that carry one), got: #{inspect(key, limit: 10)}"
+
+      {:error, _too_large} ->
+        raise ArgumentError,
+              "expected key to take at most :max_value_bytes (#{cfg.max_value_bytes}) in a " <>
+                "cache with an L2, got: #{inspect(key, limit: 10, printable_limit: 100)}"
+    end
   end
 
   # Binary keys stay readable in redis-cli; other terms are encoded
