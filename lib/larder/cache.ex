@@ -188,9 +188,10 @@ defmodule Larder.Cache do
       every node to one fresh generation, and after Redis restarts empty
       the old nodes (on resubscribing) and any new node agree on one. An
       L2 error while reading leaves the node's generation as it is (counted
-      in `:l2_errors`; the next hint reads again), and an `invalidate_all/1`
-      whose read failed returns the error and is repaired like a failed
-      INCR. Until a hint comes, nodes that missed a loss keep using their
+      in `:l2_errors`) and the node reads again after 100 ms, doubling up to
+      5 s while the L2 keeps failing, or at the next hint; an
+      `invalidate_all/1` whose read failed returns the error and is repaired
+      like a failed INCR. Until a hint comes, nodes that missed a loss keep using their
       generation: they still agree with each other, since they never
       changed it.
     * On a cache with an L2, a key whose invalidation the other nodes

@@ -24,7 +24,8 @@ defmodule Larder.Cache.Owner do
 
   # The state: %{cfg: %Config{} (also in persistent_term, for callers),
   # subscribed_before, l2_backoff, l2_spec, l2_restart, pending, verify
-  # (true while a :verify_generation message is on its way to us)}.
+  # (true while a :verify_generation message is on its way to us),
+  # retry_timer and retry_wait (a failed generation read, read again)}.
 
   def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
 
@@ -77,7 +78,9 @@ defmodule Larder.Cache.Owner do
           l2_spec: opts[:l2],
           l2_restart: nil,
           pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms},
-          verify: false
+          verify: false,
+          retry_timer: nil,
+          retry_wait: @repair_min_ms
         }
 
         {:ok, state}
@@ -137,6 +140,28 @@ defmodule Larder.Cache.Owner do
   def handle_info(:verify_generation, %{cfg: cfg} = state) do
     sync_generation(cfg)
     {:noreply, %{state | verify: false}}
+  end
+
+  # A generation read or renewal failed (sync_generation/1 said so): read
+  # again after 100 ms, doubling up to 5 s while the L2 keeps failing, since
+  # no other hint may come (a peer's message heard while our commands could
+  # not reach Redis yet, after a restart).
+  def handle_info(:generation_failed, %{retry_timer: nil} = state) do
+    timer = Process.send_after(self(), :retry_generation, state.retry_wait)
+
+    {:noreply,
+     %{state | retry_timer: timer, retry_wait: min(state.retry_wait * 2, @l2_restart_max_ms)}}
+  end
+
+  def handle_info(:generation_failed, state), do: {:noreply, state}
+
+  def handle_info(:retry_generation, %{cfg: cfg} = state) do
+    state = %{state | retry_timer: nil}
+
+    case sync_generation(cfg) do
+      {:ok, _g, _published?} -> {:noreply, %{state | retry_wait: @repair_min_ms}}
+      _failed_and_rescheduled -> {:noreply, state}
+    end
   end
 
   def handle_info({:larder_cache_l2, :disconnected}, %{cfg: cfg} = state) do
@@ -271,7 +296,8 @@ defmodule Larder.Cache.Owner do
   # publishes it so that the other nodes check too. Going back to a lower
   # value instead would reach generations whose L2 keys were written before
   # the loss. Every move clears L1, whose rows belong to the old generation.
-  # An L2 error leaves the local value (counted); the next hint retries.
+  # An L2 error leaves the local value (counted) and the read is tried again
+  # after a backoff (or at the next hint, whichever comes first).
 
   # {:ok, generation, published?} or {:error, %Larder.Error{}}.
   defp sync_generation(%{l2: nil} = cfg), do: {:ok, local_generation(cfg), false}
@@ -286,6 +312,14 @@ defmodule Larder.Cache.Owner do
       :bad -> renew(cfg, local, :always, 2)
       error -> l2_error(error)
     end
+    |> retry_on_error()
+  end
+
+  defp retry_on_error({:ok, _g, _published?} = ok), do: ok
+
+  defp retry_on_error(error) do
+    send(self(), :generation_failed)
+    error
   end
 
   defp renew(cfg, local, mode, attempts) do
