@@ -5,9 +5,15 @@
 #     lookup;
 #   * a miss storm: 1,000 processes fetch one cold key (loader calls);
 #   * Redis down: hits and misses vs a raw ETS lookup; and the cross-node
-#     invalidation latency while Redis is up.
+#     invalidation latency while Redis is up;
+#   * a lost generation: how long two nodes take to agree again after a
+#     FLUSHALL (then invalidate_all/1) and after Redis restarts empty (then
+#     a new node starts), on a redis-server of its own.
 #
-#   mix run bench/cache_bench.exs [--quick] [--json PATH]
+#   mix run bench/cache_bench.exs [--quick] [--json PATH] [--only NAME,...]
+#
+# --only runs the named workloads (large, hits, storm, down, invalidation,
+# generation_loss) and skips the others.
 #
 # Starts its own redis-server on a free loopback port (skips the Redis
 # workloads, saying so, if none is installed).
@@ -29,6 +35,7 @@ defmodule Larder.CacheBench do
 
   def run(argv) do
     bench = Bench.start("Larder.Cache: ETS L1 + Redis L2", argv)
+    workloads = workloads!(argv)
     redis = if RedisServer.available?(), do: RedisServer.start()
 
     unless redis do
@@ -37,16 +44,35 @@ defmodule Larder.CacheBench do
 
     try do
       bench
-      |> large(redis)
-      |> small_hits()
-      |> storm()
-      |> redis_down(redis)
-      |> invalidation(redis)
+      |> only(workloads, "large", &large(&1, redis))
+      |> only(workloads, "hits", &small_hits/1)
+      |> only(workloads, "storm", &storm/1)
+      |> only(workloads, "down", &redis_down(&1, redis))
+      |> only(workloads, "invalidation", &invalidation(&1, redis))
+      |> only(workloads, "generation_loss", &generation_loss(&1, redis))
       |> Bench.finish()
     after
       if redis, do: RedisServer.stop(redis)
     end
   end
+
+  @workloads ~w(large hits storm down invalidation generation_loss)
+
+  # The workloads --only names (all of them without it).
+  defp workloads!(argv) do
+    {opts, _rest, _invalid} = OptionParser.parse(argv, switches: [only: :string])
+    names = if opts[:only], do: String.split(opts[:only], ",", trim: true), else: @workloads
+
+    for name <- names, name not in @workloads do
+      raise ArgumentError,
+            "unknown workload #{inspect(name)}, expected one of #{inspect(@workloads)}"
+    end
+
+    names
+  end
+
+  defp only(bench, workloads, workload, run),
+    do: if(workload in workloads, do: run.(bench), else: bench)
 
   defp start_cache(name, opts) do
     {:ok, pid} = Cache.start_link([name: name] ++ opts)
@@ -497,6 +523,113 @@ defmodule Larder.CacheBench do
       :<=,
       100
     )
+  end
+
+  ## A lost generation
+
+  @loss_title "Generation lost: until two nodes agree again"
+  @loss_col "until the nodes agree"
+
+  def generation_loss(bench, nil), do: bench
+
+  # On a redis-server of its own, which this workload restarts.
+  def generation_loss(bench, _redis) do
+    server = RedisServer.start()
+    Process.put(:loss_server, server)
+
+    try do
+      bench
+      |> Bench.table(@loss_title, [@loss_col])
+      |> flushall_row()
+      |> empty_restart_row()
+    after
+      RedisServer.stop(Process.get(:loss_server))
+    end
+  end
+
+  # FLUSHALL, then invalidate_all/1 on A: timed from the call until B no
+  # longer serves the value it held (its L1 cleared, its generation A's).
+  defp flushall_row(bench) do
+    server = Process.get(:loss_server)
+    a = start_cache(:bench_loss_a, l2: redis_l2(server), namespace: "loss")
+    b = start_cache(:bench_loss_b, l2: redis_l2(server), namespace: "loss")
+    wait_subscribed(a, b)
+
+    setup = fn ->
+      :ok = Cache.put(a, :k, :old)
+      wait_until(fn -> Cache.get(b, :k) == :old end)
+      "+OK\r\n" = RedisServer.command(server, ["FLUSHALL"])
+    end
+
+    converge = fn _ ->
+      :ok = Cache.invalidate_all(a)
+      wait_until(fn -> Cache.get(b, :k) == nil end)
+    end
+
+    bench =
+      Bench.row(
+        bench,
+        "FLUSHALL, invalidate_all on A",
+        %{@loss_col => converge},
+        setup: setup,
+        runs: Bench.pick(bench, 5, 30),
+        warmup: 1
+      )
+
+    GenServer.stop(a)
+    GenServer.stop(b)
+    bench
+  end
+
+  # Redis killed and restarted empty: timed from the restarted server's
+  # first answer, through a new node C's start, until a key C writes is read
+  # by the old node A from L2 (A resubscribed and both use one generation).
+  defp empty_restart_row(bench) do
+    server = Process.get(:loss_server)
+    a = start_cache(:bench_restart_a, l2: redis_l2(server), namespace: "restart")
+    :ok = Cache.invalidate_all(a)
+
+    setup = fn ->
+      # A is back on the previous run's server
+      wait_until(fn -> Cache.put(a, :k, :old) == :ok or Process.sleep(10) end)
+      :ok = RedisServer.kill(Process.get(:loss_server))
+      server = RedisServer.restart(Process.get(:loss_server))
+      Process.put(:loss_server, server)
+      :"bench_restart_c#{System.unique_integer([:positive])}"
+    end
+
+    converge = fn c ->
+      start_cache(c, l2: redis_l2(Process.get(:loss_server)), namespace: "restart")
+      wait_agree(a, c, 0)
+    end
+
+    bench =
+      Bench.row(
+        bench,
+        "restarted empty, new node C",
+        %{@loss_col => converge},
+        setup: setup,
+        teardown: fn c -> GenServer.stop(c) end,
+        runs: Bench.pick(bench, 3, 15),
+        warmup: 1
+      )
+
+    GenServer.stop(a)
+    bench
+  end
+
+  # C writes a new key until A reads it from L2.
+  defp wait_agree(a, c, i) do
+    key = {:probe, i}
+
+    unless Cache.put(c, key, i) == :ok and Cache.get(a, key) == i do
+      Process.sleep(1)
+      wait_agree(a, c, i + 1)
+    end
+  end
+
+  defp wait_until(fun) do
+    unless fun.(), do: wait_until(fun)
   end
 
   defp wait_subscribed(a, b) do

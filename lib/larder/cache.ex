@@ -101,12 +101,18 @@ defmodule Larder.Cache do
     * **Clearing** (`invalidate_all/1`, a generation change, a resubscribe)
       runs in the cache's process, which holds every slot meanwhile: no
       write is half done when the L1 empties, and killing the caller cannot
-      stop a clear half way.
+      stop a clear half way. `invalidate_all/1` returns only once that
+      clear is done, however many calls race.
+    * **One writer of the generation.** The generation in every L2 key is
+      this node's copy of the L2's generation key, and only the cache's
+      process changes it, after reading the key (see "Generations" under
+      Failures): concurrent `invalidate_all/1` calls and messages from
+      other nodes cannot leave a node on an older generation than the L2's.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
       `invalidate_all/1` publishes the new generation, and every instance
-      clears its L1. An instance ignores its own messages. Messages
+      reads the generation key, moves to it and clears its L1. An instance ignores its own messages. Messages
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
@@ -225,7 +231,39 @@ defmodule Larder.Cache do
       bomb, a fun, or atoms this node does not know) is a miss plus a
       `:decode_errors` and `:l2_errors` count, never a crash, and the load
       replaces it. A generation key that does not hold an integer from 0 to
-      2^62 - 1 counts a `:decode_errors` and is ignored.
+      2^62 - 1 counts a `:decode_errors` and is replaced (see below).
+    * **Generations.** The L2's generation key is the truth. A node reads
+      it (GET) at start, on every (re)subscription, after its own
+      `invalidate_all/1` and on every other node's `{:all, generation}`
+      that differs from its own, and moves to what the key holds when that
+      is at least its own generation. A key that is missing, that holds no
+      generation, or that holds a lower one than the node's means Redis
+      lost it (`FLUSHALL`, a restart without its data, another program
+      writing it): the node writes a fresh generation above every one it
+      used, the larger of its own plus 1 and the system time in
+      milliseconds (`SET NX` when the key is missing, so that nodes finding
+      it missing together agree), reads the key back, moves to what it
+      holds and publishes it, so that every other node reads it too. A
+      node never goes back to a lower generation, whose L2 keys may hold
+      values written before the loss. Every move clears L1. So after a
+      `FLUSHALL` the next `invalidate_all/1` (or a node's start) moves
+      every node to one fresh generation, and after Redis restarts empty
+      the old nodes (on resubscribing) and any new node agree on one. An
+      L2 error while reading leaves the node's generation as it is (counted
+      in `:l2_errors`) and the node reads again after 100 ms, doubling up to
+      5 s while the L2 keeps failing, or at the next hint; an
+      `invalidate_all/1` whose read failed returns the error and is repaired
+      like a failed INCR. Until a hint comes, nodes that missed a loss keep using their
+      generation: they still agree with each other, since they never
+      changed it.
+    * On a cache with an L2, a key whose invalidation the other nodes
+      would refuse (one that holds a fun, or whose external encoding is
+      larger than `:max_value_bytes`) raises `ArgumentError` from `put/4`,
+      `delete/2`, and from `fetch/3`, `fetch!/3` and `get/3` on an L1 miss;
+      such a key never gets into L1, so those calls always refuse it, and
+      an L1 hit checks nothing. Binaries, atoms, numbers, pids, references
+      and ports are accepted without a check. A local-only cache takes any
+      key.
     * A name that is not a running cache raises `ArgumentError`.
 
   ## Telemetry
@@ -408,6 +446,7 @@ defmodule Larder.Cache do
   def put(cache, key, value, opts \\ []) do
     cfg = config!(cache)
     ttl = Config.put_ttl!(cfg, opts)
+    Remote.check_key!(cfg, key)
     write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
   end
 
@@ -435,6 +474,7 @@ defmodule Larder.Cache do
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
     cfg = config!(cache)
+    Remote.check_key!(cfg, key)
     write_span(cfg, :delete, key, fn -> remove(cfg, key) end)
   end
 
@@ -458,9 +498,12 @@ defmodule Larder.Cache do
   the L2, so every node moves to it), which orphans the old L2 keys, and
   clears L1 here and, through the invalidation channel, on the other nodes.
 
-  Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 could not be
-  reached (L1 is cleared here either way); the generation is then bumped
-  and published as soon as the L2 answers again.
+  Returns `:ok` once L1 here is clear and this node is on the L2's new
+  generation, or `{:error, %Larder.Error{}}` if the L2 could not be reached
+  (L1 is cleared here either way); the generation is then bumped and
+  published as soon as the L2 answers again. If the generation key was
+  lost or holds no generation, a fresh one replaces it (see "Generations"
+  under Failures).
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
   def invalidate_all(cache) do
@@ -468,27 +511,37 @@ defmodule Larder.Cache do
 
     case cfg.l2 do
       nil ->
-        Owner.set_generation(cfg, :atomics.get(cfg.generation, 1) + 1)
+        {:ok, _generation, _published?} = Owner.invalidate_all(cfg, :local)
+        :ok
 
       _l2 ->
         case Remote.incr_generation(cfg) do
-          {:ok, generation} ->
-            Owner.set_generation(cfg, generation)
-            # A generation we had already moved to still clears L1.
-            Store.clear(cfg)
-
-            case Remote.publish(cfg, {:all, generation}) do
-              :ok -> :ok
+          {:ok, _incremented} ->
+            # the owner moves to the L2's generation (checked, as every
+            # hint is) and clears L1 before it answers
+            case Owner.invalidate_all(cfg, :incremented) do
+              {:ok, _generation, true} -> :ok
+              {:ok, generation, false} -> publish_all(cfg, generation)
               error -> unknown_outcome(cfg, :all, error)
             end
 
-          error ->
-            Store.clear(cfg)
-            unknown_outcome(cfg, :all, error)
+          {:error, %Larder.Error{reason: reason}} = error ->
+            # L1 is cleared either way; an INCR that Redis refused (a key
+            # that holds no generation) makes the owner write a fresh one,
+            # which moves every node like a successful call would
+            case Owner.invalidate_all(cfg, {:failed, reason}) do
+              {:ok, _generation, true} -> :ok
+              _not_renewed -> unknown_outcome(cfg, :all, error)
+            end
         end
     end
-  rescue
-    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
+  end
+
+  defp publish_all(cfg, generation) do
+    case Remote.publish(cfg, {:all, generation}) do
+      :ok -> :ok
+      error -> unknown_outcome(cfg, :all, error)
+    end
   end
 
   @doc """

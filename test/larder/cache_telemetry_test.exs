@@ -157,6 +157,10 @@ defmodule Larder.CacheTelemetryTest do
     test "an L2 failure is an :error result, an L2 error event, and no invalidation sent", ctx do
       l2 = start_l2()
       cache = start_cache(ctx, l2: {MemoryL2, server: l2})
+      # the start published the generation it gave the new L2
+      assert_receive {:event, [:larder, :cache, :invalidation, :sent], _,
+                      %{cache: ^cache, message: {:all, _}}}
+
       :ok = MemoryL2.set_down(l2, true)
 
       assert {:error, error} = Cache.put(cache, :k, 1)
@@ -216,9 +220,10 @@ defmodule Larder.CacheTelemetryTest do
                     %{cache: ^b, message: {:key, :k}}}
 
     :ok = Cache.invalidate_all(a)
+    g = :atomics.get(config(a).generation, 1)
 
     assert_receive {:event, [:larder, :cache, :invalidation, :sent], _,
-                    %{cache: ^a, message: {:all, g}}}
+                    %{cache: ^a, message: {:all, ^g}}}
 
     assert_receive {:event, [:larder, :cache, :invalidation, :received], _,
                     %{cache: ^b, message: {:all, ^g}}}

@@ -427,6 +427,41 @@ defmodule Larder.CacheTest do
       assert Cache.get(c, :k2) == 2
     end
 
+    test "a key that holds a fun is refused by every call of an L2-backed cache", ctx do
+      l2 = start_l2(ctx)
+      a = start_cache(ctx, l2: {MemoryL2, server: l2})
+      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      # other nodes refuse an invalidation that carries a fun: refused here
+      key = {:k, [fn -> :x end]}
+
+      for call <- [
+            fn -> Cache.put(a, key, 1) end,
+            fn -> Cache.delete(a, key) end,
+            fn -> Cache.fetch(a, key, fn -> {:ok, 1} end) end,
+            fn -> Cache.get(a, key) end
+          ] do
+        assert_raise ArgumentError, ~r/expected key to hold no fun/, call
+      end
+
+      assert Cache.stats(a).entries == 0
+      assert Cache.fetch(a, :k, fn -> {:ok, :still_works} end) == {:ok, :still_works}
+
+      # pids, refs and ports travel
+      port = Port.open({:spawn, "cat"}, [])
+      on_exit(fn -> if Port.info(port), do: Port.close(port) end)
+      key = {self(), make_ref(), port}
+      :ok = Cache.put(a, key, 1)
+      assert Cache.get(b, key) == 1
+      :ok = Cache.put(a, key, 2)
+      eventually(fn -> Cache.get(b, key) == 2 end, 50, 10)
+
+      # a local-only cache sends nothing: any key
+      local = start_cache(ctx)
+      fun_key = {:k, fn -> :x end}
+      :ok = Cache.put(local, fun_key, 1)
+      assert Cache.get(local, fun_key) == 1
+    end
+
     test "different namespaces and versions do not share keys", ctx do
       l2 = start_l2(ctx)
       a = start_cache(ctx, l2: {MemoryL2, server: l2}, namespace: "a")
@@ -441,7 +476,8 @@ defmodule Larder.CacheTest do
       l2 = start_l2(ctx)
       writer = start_cache(ctx, l2: {MemoryL2, server: l2})
       :ok = Cache.put(writer, :k, :original)
-      [key] = MemoryL2.keys(l2)
+      gen_key = Larder.Cache.Remote.generation_key(:persistent_term.get({Cache, writer}))
+      [key] = MemoryL2.keys(l2) -- [gen_key]
 
       # corrupt bytes
       :ok = MemoryL2.raw_put(l2, key, <<131, 0, 1, 2, 3>>)

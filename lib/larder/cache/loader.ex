@@ -44,6 +44,8 @@ defmodule Larder.Cache.Loader do
   end
 
   defp missed(cfg, key, fun, lookup) do
+    # before the loading marker: a key the L2 refuses raises ArgumentError
+    Remote.check_key!(cfg, key)
     Stats.count(cfg, :l1_misses)
 
     try do

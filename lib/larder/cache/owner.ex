@@ -1,6 +1,7 @@
 # The process behind a cache: owns its ETS tables, starts the L2 (and starts
-# it again if it dies), applies the invalidations other nodes publish,
-# repairs L2 writes whose outcome is unknown, and sweeps expired rows.
+# it again if it dies), is the only writer of the local generation (checked
+# against the L2's), applies the invalidations other nodes publish, repairs
+# L2 writes whose outcome is unknown, and sweeps expired rows.
 defmodule Larder.Cache.Owner do
   @moduledoc false
 
@@ -24,7 +25,8 @@ defmodule Larder.Cache.Owner do
   # The state: %{cfg: %Config{} (also in persistent_term, for callers),
   # subscribed_before, l2_backoff, l2_spec, l2_restart, pending, clock
   # ({pid, ref} of the clock process), sweeping (a sweep's slices are under
-  # way)}.
+  # way), verify (true while a :verify_generation message is on its way to
+  # us), retry_timer and retry_wait (a failed generation read, read again)}.
 
   def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
 
@@ -42,6 +44,22 @@ defmodule Larder.Cache.Owner do
     :ok
   end
 
+  @doc """
+  The owner's part of `Larder.Cache.invalidate_all/1`, once the caller's
+  INCR of the generation key returned (`:incremented`) or failed
+  (`{:failed, reason}`, the reason of its `Larder.Error`), or for a
+  local-only cache (`:local`). Returns once L1 is clear: `{:ok, generation,
+  published?}` (published? when the owner found the L2's generation lost,
+  wrote a fresh one and published it) or, when it could not read the L2's
+  generation, `{:error, %Larder.Error{}}`.
+  """
+  def invalidate_all(cfg, how) do
+    GenServer.call(cfg.owner, {:invalidate_all, how}, :infinity)
+  catch
+    :exit, _ ->
+      raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
+  end
+
   @impl true
   def init(opts) do
     Process.flag(:trap_exit, true)
@@ -50,7 +68,7 @@ defmodule Larder.Cache.Owner do
       {:ok, cfg} ->
         Expiry.tick(cfg)
         :persistent_term.put(config_key(cfg.name), cfg)
-        read_generation(cfg)
+        sync_generation(cfg)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
 
         state = %{
@@ -61,7 +79,10 @@ defmodule Larder.Cache.Owner do
           l2_restart: nil,
           clock: Expiry.start_clock(cfg),
           sweeping: false,
-          pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms}
+          pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms},
+          verify: false,
+          retry_timer: nil,
+          retry_wait: @repair_min_ms
         }
 
         {:ok, state}
@@ -74,29 +95,75 @@ defmodule Larder.Cache.Owner do
   @impl true
   def handle_call(:clear_l1, _from, state), do: {:reply, Store.clear(state.cfg), state}
 
+  def handle_call({:invalidate_all, how}, _from, %{cfg: cfg} = state) do
+    before = local_generation(cfg)
+
+    reply =
+      case how do
+        :local -> {:ok, adopt(cfg, min(before + 1, Codec.max_generation())), false}
+        :incremented -> sync_generation(cfg)
+        # Redis away: nothing to read, the pending repair will do it
+        {:failed, :l2_unavailable} -> {:ok, before, false}
+        # Redis answered, but not with a generation: check the key
+        {:failed, _reason} -> sync_generation(cfg)
+      end
+
+    # a move cleared L1 already; a generation we had moved to still clears it
+    if local_generation(cfg) == before, do: Store.clear(cfg)
+    {:reply, reply, state}
+  end
+
   @impl true
   def handle_info({:larder_cache_l2, :message, payload}, %{cfg: cfg} = state) do
     node_id = cfg.node_id
 
     case Codec.decode_message(payload, cfg.max_value_bytes) do
       {:ok, ^node_id, _message} ->
-        :ok
+        {:noreply, state}
 
       {:ok, _other_node, {:key, key} = message} ->
         Stats.count(cfg, :invalidations)
         Store.delete(cfg, key)
         received(cfg, message)
+        {:noreply, state}
 
       {:ok, _other_node, {:all, generation} = message} ->
+        # a hint: the generation moves only to what the L2 holds
         Stats.count(cfg, :invalidations)
-        set_generation(cfg, generation)
         received(cfg, message)
+        {:noreply, verify_soon(state, generation)}
 
       :error ->
         Stats.count(cfg, :bad_messages)
+        {:noreply, state}
     end
+  end
 
-    {:noreply, state}
+  def handle_info(:verify_generation, %{cfg: cfg} = state) do
+    sync_generation(cfg)
+    {:noreply, %{state | verify: false}}
+  end
+
+  # A generation read or renewal failed (sync_generation/1 said so): read
+  # again after 100 ms, doubling up to 5 s while the L2 keeps failing, since
+  # no other hint may come (a peer's message heard while our commands could
+  # not reach Redis yet, after a restart).
+  def handle_info(:generation_failed, %{retry_timer: nil} = state) do
+    timer = Process.send_after(self(), :retry_generation, state.retry_wait)
+
+    {:noreply,
+     %{state | retry_timer: timer, retry_wait: min(state.retry_wait * 2, @l2_restart_max_ms)}}
+  end
+
+  def handle_info(:generation_failed, state), do: {:noreply, state}
+
+  def handle_info(:retry_generation, %{cfg: cfg} = state) do
+    state = %{state | retry_timer: nil}
+
+    case sync_generation(cfg) do
+      {:ok, _g, _published?} -> {:noreply, %{state | retry_wait: @repair_min_ms}}
+      _failed_and_rescheduled -> {:noreply, state}
+    end
   end
 
   def handle_info({:larder_cache_l2, :disconnected}, %{cfg: cfg} = state) do
@@ -115,7 +182,8 @@ defmodule Larder.Cache.Owner do
     missed? = state.subscribed_before or Stats.get(cfg, :l2_errors) > 0
 
     if missed?, do: Store.clear(cfg)
-    read_generation(cfg)
+    # Redis may also have lost the generation (restarted empty) meanwhile
+    sync_generation(cfg)
     state = %{state | subscribed_before: true}
     {:noreply, repair(state)}
   end
@@ -214,7 +282,7 @@ defmodule Larder.Cache.Owner do
     case Remote.start(cfg, state.l2_spec) do
       {:ok, cfg} ->
         :persistent_term.put(config_key(cfg.name), cfg)
-        read_generation(cfg)
+        sync_generation(cfg)
         %{state | cfg: cfg, l2_backoff: @l2_restart_min_ms, subscribed_before: true}
 
       {:error, error} ->
@@ -225,27 +293,100 @@ defmodule Larder.Cache.Owner do
     end
   end
 
-  defp read_generation(cfg) do
+  ## The generation
+  #
+  # The L2's generation key is the truth, and this process is the only
+  # writer of the local copy (the atomic every L2 key is built from), so
+  # checks and moves never interleave. A hint that the generation may have
+  # changed (a peer's {:all, g}, this node's INCR, a (re)subscription, the
+  # start, a repaired invalidate-all) makes it GET the key and adopt what
+  # the L2 holds; a GET returns a value at least as new as any INCR already
+  # published, so a delayed older message cannot pull a node back. A key
+  # that is missing, not a generation, or below the local value means the
+  # L2 lost it (FLUSHALL, a restart with no data, another program): the
+  # node writes a fresh generation above every one it has used, max(local
+  # + 1, the system time in ms), with SET NX if the key was missing (so
+  # nodes that find it missing together agree), reads it back, adopts it and
+  # publishes it so that the other nodes check too. Going back to a lower
+  # value instead would reach generations whose L2 keys were written before
+  # the loss. Every move clears L1, whose rows belong to the old generation.
+  # An L2 error leaves the local value (counted) and the read is tried again
+  # after a backoff (or at the next hint, whichever comes first).
+
+  # {:ok, generation, published?} or {:error, %Larder.Error{}}.
+  defp sync_generation(%{l2: nil} = cfg), do: {:ok, local_generation(cfg), false}
+
+  defp sync_generation(cfg) do
+    local = local_generation(cfg)
+
     case Remote.read_generation(cfg) do
-      {:ok, generation} -> set_generation(cfg, generation)
-      _none_or_error -> :ok
+      {:ok, g} when g >= local -> {:ok, adopt(cfg, g), false}
+      {:ok, _lower} -> renew(cfg, local, :always, 2)
+      :none -> renew(cfg, local, :new, 2)
+      :bad -> renew(cfg, local, :always, 2)
+      error -> l2_error(error)
+    end
+    |> retry_on_error()
+  end
+
+  defp retry_on_error({:ok, _g, _published?} = ok), do: ok
+
+  defp retry_on_error(error) do
+    send(self(), :generation_failed)
+    error
+  end
+
+  defp renew(cfg, local, mode, attempts) do
+    fresh = min(max(local + 1, System.os_time(:millisecond)), Codec.max_generation())
+
+    with :ok <- Remote.write_generation(cfg, fresh, mode),
+         {:ok, g} when g >= local <- Remote.read_generation(cfg) do
+      adopt(cfg, g)
+
+      # the other nodes check too; if they cannot hear it now, the pending
+      # invalidate-all makes them (an INCR and a publish, once the L2 answers)
+      if Remote.publish(cfg, {:all, g}) != :ok, do: send(self(), {:larder_cache_pending, :all})
+      {:ok, g, true}
+    else
+      # another node wrote a lower value, or removed it again, meanwhile
+      {:ok, _lower} when attempts > 1 -> renew(cfg, local, :always, attempts - 1)
+      :none when attempts > 1 -> renew(cfg, local, :new, attempts - 1)
+      :bad when attempts > 1 -> renew(cfg, local, :always, attempts - 1)
+      {:error, %Larder.Error{}} = error -> error
+      other -> l2_error(other)
     end
   end
 
-  # Generations only move forward; moving clears L1, whose rows belong to
-  # the old one. Values outside 0..max_generation are ignored (callers
-  # check them first; this is the last guard before the atomic).
-  def set_generation(cfg, generation)
-      when is_integer(generation) and generation >= 0 do
-    if generation <= Codec.max_generation() and generation > :atomics.get(cfg.generation, 1) do
+  defp l2_error({:error, %Larder.Error{}} = error), do: error
+
+  defp l2_error(other) do
+    {:error,
+     Larder.Error.new(:l2_failed, "the L2 generation could not be read or renewed", got: other)}
+  end
+
+  defp adopt(cfg, generation) do
+    if generation != local_generation(cfg) do
       :atomics.put(cfg.generation, 1, generation)
       Store.clear(cfg)
     end
 
-    :ok
+    generation
   end
 
-  def set_generation(_cfg, _generation), do: :ok
+  defp local_generation(cfg), do: :atomics.get(cfg.generation, 1)
+
+  # A peer's {:all, g}: one check for however many hints are already queued
+  # (the :verify_generation message goes behind them), none when g is ours.
+  defp verify_soon(%{verify: true} = state, _generation), do: state
+
+  defp verify_soon(%{cfg: cfg} = state, generation) do
+    if generation == local_generation(cfg) do
+      state
+    else
+      send(self(), :verify_generation)
+      %{state | verify: true}
+    end
+  end
 
   ## Pending invalidations
   #
@@ -316,6 +457,7 @@ defmodule Larder.Cache.Owner do
         seq ->
           case Remote.repair_all(cfg) do
             {:done, g} -> {:done, seq, g}
+            {:failed, reason} -> {:failed, seq, reason}
             other -> other
           end
       end
@@ -340,13 +482,21 @@ defmodule Larder.Cache.Owner do
 
     all =
       case all_result do
-        {:done, seq, g} ->
-          set_generation(cfg, g)
+        {:done, seq, _g} ->
+          sync_generation(cfg)
           if p.all == seq, do: nil, else: p.all
 
-        {:generation, g} ->
-          set_generation(cfg, g)
+        {:generation, _g} ->
+          sync_generation(cfg)
           p.all
+
+        {:failed, seq, reason} when reason != :l2_unavailable ->
+          # Redis refused the INCR (a key that holds no generation): a
+          # renewed generation, published, does what the repair was for
+          case sync_generation(cfg) do
+            {:ok, _g, true} when p.all == seq -> nil
+            _other -> p.all
+          end
 
         _ ->
           p.all

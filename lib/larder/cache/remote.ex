@@ -5,7 +5,7 @@
 defmodule Larder.Cache.Remote do
   @moduledoc false
 
-  alias Larder.Cache.{Codec, Stats}
+  alias Larder.Cache.{Codec, ExternalTerm, Stats}
   alias Larder.Telemetry
 
   ## Keys
@@ -19,6 +19,36 @@ defmodule Larder.Cache.Remote do
   def l2_key(cfg, key) do
     generation = :atomics.get(cfg.generation, 1)
     [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
+  end
+
+  # A key of an L2-backed cache goes to the other nodes in its invalidation
+  # message, which they check like an L2 value (no fun, at most
+  # :max_value_bytes): a key they would refuse is refused here, with an
+  # ArgumentError, before anything is written. Called on every put/4 and
+  # delete/2 and on an L1 miss (such a key never gets into L1), never on a
+  # hit. Keys that cannot hold a fun skip the encoding.
+  def check_key!(%{l2: nil}, _key), do: :ok
+
+  def check_key!(_cfg, key)
+      when is_binary(key) or is_atom(key) or is_integer(key) or is_float(key) or is_pid(key) or
+             is_reference(key) or is_port(key),
+      do: :ok
+
+  def check_key!(cfg, key) do
+    case ExternalTerm.check(:erlang.term_to_binary(key, [:deterministic]), cfg.max_value_bytes) do
+      {:ok, _plain} ->
+        :ok
+
+      {:error, :fun} ->
+        raise ArgumentError,
+              "expected key to hold no fun in a cache with an L2 (other nodes refuse " <>
+                "invalidations that carry one), got: #{inspect(key, limit: 10)}"
+
+      {:error, _too_large} ->
+        raise ArgumentError,
+              "expected key to take at most :max_value_bytes (#{cfg.max_value_bytes}) in a " <>
+                "cache with an L2, got: #{inspect(key, limit: 10, printable_limit: 100)}"
+    end
   end
 
   # Binary keys stay readable in redis-cli; other terms are encoded
@@ -142,11 +172,9 @@ defmodule Larder.Cache.Remote do
     end
   end
 
-  # The generation stored in the L2: {:ok, generation}, :none (no L2, or no
-  # generation yet) or :error. A key that holds no generation is a decode
-  # error and is ignored.
-  def read_generation(%{l2: nil}), do: :none
-
+  # The generation stored in the L2: {:ok, generation}, :none (no key),
+  # :bad (a key that holds no generation: counted as a decode error) or
+  # {:error, %Larder.Error{}} (counted as an L2 error).
   def read_generation(%{l2: {mod, state}} = cfg) do
     case mod.get(state, generation_key(cfg)) do
       {:ok, bin} ->
@@ -156,7 +184,7 @@ defmodule Larder.Cache.Remote do
 
           :error ->
             Stats.count(cfg, :decode_errors)
-            :error
+            :bad
         end
 
       :miss ->
@@ -164,8 +192,13 @@ defmodule Larder.Cache.Remote do
 
       other ->
         failed(cfg, other)
-        :error
     end
+  end
+
+  # Writes `generation` into the generation key, only if the key is absent
+  # with mode :new: :ok or {:error, %Larder.Error{}} (counted).
+  def write_generation(%{l2: {mod, state}} = cfg, generation, mode) do
+    ok(cfg, mod.put(state, generation_key(cfg), Integer.to_string(generation), :infinity, mode))
   end
 
   # A process the L2 linked to the cache's process died.
@@ -186,7 +219,8 @@ defmodule Larder.Cache.Remote do
   # are not counted again.
 
   # Bumps and publishes the generation: {:done, g}, {:generation, g} (bumped,
-  # not published) or :failed.
+  # not published) or {:failed, reason} (the reason of the L2's error, or
+  # :l2_bad_reply for an INCR reply that is not a generation).
   def repair_all(%{l2: {mod, state}} = cfg) do
     with {:ok, g} <- mod.incr(state, generation_key(cfg)),
          {:ok, g} <- Codec.parse_generation(g) do
@@ -194,7 +228,8 @@ defmodule Larder.Cache.Remote do
         do: sent_done(cfg, g),
         else: {:generation, g}
     else
-      _ -> :failed
+      {:error, %Larder.Error{reason: reason}} -> {:failed, reason}
+      _bad_reply -> {:failed, :l2_bad_reply}
     end
   end
 

@@ -243,6 +243,7 @@ defmodule Larder.Cache.RedisFaultTest do
     test "bad messages are ignored and counted; good ones still work", ctx do
       [a, b] = start_nodes(ctx, [:a, :b], max_value_bytes: 100_000)
       share(a, b, :k, 1)
+      generation = generation(b)
       owner = Process.whereis(b)
       memory_before = process_memory(owner)
       node = :crypto.strong_rand_bytes(16)
@@ -279,7 +280,7 @@ defmodule Larder.Cache.RedisFaultTest do
 
       eventually(fn -> Cache.stats(b).bad_messages == length(payloads) end)
       assert Cache.get(b, :k) == 1
-      assert generation(b) == 0
+      assert generation(b) == generation
       assert Process.whereis(b) == owner
       :erlang.garbage_collect(owner)
       assert process_memory(owner) < memory_before + 1_000_000
@@ -297,20 +298,92 @@ defmodule Larder.Cache.RedisFaultTest do
       assert Process.whereis(b) == owner
     end
 
-    test "a huge number in the generation key is counted; the cache starts", ctx do
+    test "a huge number in the generation key is counted and replaced; the cache starts", ctx do
       server = ctx.server
       gen_key = ctx.prefix <> ":1:gen"
       "+OK\r\n" = RedisServer.command(server, ["SET", gen_key, String.duplicate("9", 100)])
       [a] = start_nodes(ctx, [:a])
-      assert generation(a) == 0
       assert Cache.stats(a).decode_errors >= 1
+      # a fresh generation took its place
+      assert generation(a) == redis_generation(server, gen_key)
       assert Cache.fetch(a, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      assert Cache.invalidate_all(a) == :ok
+      assert generation(a) == redis_generation(server, gen_key)
+    end
+  end
 
-      # INCR on a value that is not an integer: Redis errors, put is unaffected
-      assert {:error, %Larder.Error{}} = Cache.invalidate_all(a)
-      "+OK\r\n" = RedisServer.command(server, ["SET", gen_key, "41"])
-      eventually(fn -> Cache.invalidate_all(a) == :ok end)
-      assert generation(a) >= 42
+  describe "Redis loses the generation key" do
+    test "FLUSHALL: invalidate_all/1 moves every node to a fresh generation", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b])
+      :ok = Cache.invalidate_all(a)
+      await(fn -> generation(b) == generation(a) end)
+      used = generation(a)
+      share(a, b, :k, :old)
+
+      "+OK\r\n" = RedisServer.command(ctx.server, ["FLUSHALL"])
+      # written to L2 after the flush, under the generation both nodes hold
+      :ok = Cache.put(a, :before_call, :stale)
+      await(fn -> Cache.get(b, :before_call) == :stale end)
+
+      assert Cache.invalidate_all(a) == :ok
+      assert Cache.get(a, :k) == nil
+      assert Cache.get(a, :before_call) == nil
+      await(fn -> Cache.get(b, :k) == nil and Cache.get(b, :before_call) == nil end)
+      gen_key = Larder.Cache.Remote.generation_key(config(a))
+      assert generation(a) == generation(b)
+      assert generation(a) == redis_generation(ctx.server, gen_key)
+      # above every generation used before, so old L2 keys never come back
+      assert generation(a) > used
+
+      # later calls, from either node, keep both on Redis's generation
+      for node <- [b, a, b] do
+        assert Cache.invalidate_all(node) == :ok
+        g = redis_generation(ctx.server, gen_key)
+        await(fn -> generation(a) == g and generation(b) == g end)
+      end
+
+      :ok = Cache.put(b, :k, :new)
+      assert Cache.get(a, :k) == :new
+    end
+
+    test "restarted empty: a node started afterwards and the old one agree", ctx do
+      [a] = start_nodes(ctx, [:a])
+      for _ <- 1..3, do: :ok = Cache.invalidate_all(a)
+      :ok = Cache.put(a, :k, :old)
+
+      :ok = RedisServer.kill(ctx.server)
+      server = RedisServer.restart(ctx.server)
+      on_exit(fn -> RedisServer.stop(server) end)
+      [c] = start_nodes(ctx, [:c])
+
+      await(fn -> generation(a) == generation(c) end)
+      gen_key = Larder.Cache.Remote.generation_key(config(a))
+      assert generation(c) == redis_generation(server, gen_key)
+
+      # one set of L2 keys: what one writes, the other reads
+      :ok = Cache.put(c, :k, :new)
+      await(fn -> Cache.get(a, :k) == :new end)
+      :ok = Cache.put(a, :j, 1)
+      assert Cache.get(c, :j) == 1
+    end
+
+    test "a key that holds no generation, written mid-run: invalidate_all/1 still works", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b])
+      share(a, b, :k, :old)
+      gen_key = Larder.Cache.Remote.generation_key(config(a))
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", gen_key, "not a generation"])
+
+      assert Cache.invalidate_all(a) == :ok
+      assert Cache.get(a, :k) == nil
+      await(fn -> Cache.get(b, :k) == nil end)
+      g = redis_generation(ctx.server, gen_key)
+      await(fn -> generation(a) == g and generation(b) == g end)
+
+      assert Cache.invalidate_all(b) == :ok
+      g = redis_generation(ctx.server, gen_key)
+      await(fn -> generation(a) == g and generation(b) == g end)
+      # nothing is left to repair
+      assert pending(a) == %{keys: %{}, all: nil}
     end
   end
 
@@ -395,6 +468,12 @@ defmodule Larder.Cache.RedisFaultTest do
 
   defp config(name), do: :persistent_term.get(Owner.config_key(name))
   defp generation(name), do: :atomics.get(config(name).generation, 1)
+
+  defp redis_generation(server, key) do
+    <<"$", rest::binary>> = RedisServer.command(server, ["GET", key])
+    [_length, value | _] = String.split(rest, "\r\n")
+    String.to_integer(value)
+  end
 
   defp pending(name) do
     name
