@@ -82,20 +82,19 @@ defmodule Larder.Cache.Redis.Cluster do
   @spec slot(binary()) :: 0..16_383
   def slot(key) when is_binary(key), do: crc16(hash_part(key)) &&& @slots - 1
 
-  defp hash_part(key) do
-    case :binary.match(key, "{") do
-      :nomatch ->
-        key
+  # The bytes between the first { and the next }, when there are any, else
+  # the key. A byte scan: :binary.match/2 with an uncompiled pattern costs
+  # more than the whole CRC of a short key.
+  defp hash_part(key), do: find_open(key, key)
 
-      {open, 1} ->
-        from = open + 1
+  defp find_open(<<?{, rest::binary>>, key), do: find_close(rest, 0, rest, key)
+  defp find_open(<<_, rest::binary>>, key), do: find_open(rest, key)
+  defp find_open(<<>>, key), do: key
 
-        case :binary.match(key, "}", scope: {from, byte_size(key) - from}) do
-          {close, 1} when close > from -> binary_part(key, from, close - from)
-          _ -> key
-        end
-    end
-  end
+  defp find_close(<<?}, _::binary>>, n, tag, _key) when n > 0, do: binary_part(tag, 0, n)
+  defp find_close(<<?}, _::binary>>, 0, _tag, key), do: key
+  defp find_close(<<_, rest::binary>>, n, tag, key), do: find_close(rest, n + 1, tag, key)
+  defp find_close(<<>>, _n, _tag, key), do: key
 
   @doc """
   `"{tag}:name"`, where tag is `prefix` (or, when `prefix` is empty or
@@ -121,17 +120,17 @@ defmodule Larder.Cache.Redis.Cluster do
   @spec slot_map(term(), binary()) :: {:ok, slot_map()} | {:error, Larder.Error.t()}
   def slot_map(reply, default_host) when is_list(reply) and is_binary(default_host) do
     {ranges, bad} = ranges(reply, default_host, @max_entries, [], 0)
+    {ranges, overlapping} = disjoint(Enum.sort(ranges))
     masters = ranges |> Enum.map(&elem(&1, 2)) |> Enum.uniq()
     index = masters |> Enum.with_index() |> Map.new()
-    slots = :erlang.make_tuple(@slots, nil)
 
     slots =
-      Enum.reduce(ranges, slots, fn {first, last, address}, acc ->
-        i = Map.fetch!(index, address)
-        Enum.reduce(first..last, acc, &put_elem(&2, &1, i))
-      end)
+      ranges
+      |> Enum.map(fn {first, last, address} -> {first, last, Map.fetch!(index, address)} end)
+      |> fill(0, [])
+      |> List.to_tuple()
 
-    {:ok, %{slots: slots, masters: List.to_tuple(masters), bad: bad}}
+    {:ok, %{slots: slots, masters: List.to_tuple(masters), bad: bad + overlapping}}
   end
 
   def slot_map(reply, default_host) when is_binary(default_host) do
@@ -163,6 +162,24 @@ defmodule Larder.Cache.Redis.Cluster do
   end
 
   defp range(_entry, _default_host), do: :error
+
+  # Sorted ranges without those that overlap an earlier one (counted): a
+  # reply's ranges are disjoint, and this keeps the work O(slots).
+  defp disjoint(sorted), do: disjoint(sorted, -1, [], 0)
+
+  defp disjoint([{first, last, _} = range | rest], end_, acc, bad) when first > end_,
+    do: disjoint(rest, last, [range | acc], bad)
+
+  defp disjoint([_ | rest], end_, acc, bad), do: disjoint(rest, end_, acc, bad + 1)
+  defp disjoint([], _end, acc, bad), do: {Enum.reverse(acc), bad}
+
+  # The 16,384 entries, slot by slot: nil in the gaps.
+  defp fill([{first, last, i} | rest], next, acc) do
+    acc = List.duplicate(i, last - first + 1) ++ List.duplicate(nil, first - next) ++ acc
+    fill(rest, last + 1, acc)
+  end
+
+  defp fill([], next, acc), do: Enum.reverse(List.duplicate(nil, @slots - next) ++ acc)
 
   @doc "The master that serves `slot`, or nil when no node does."
   @spec master(slot_map(), 0..16_383) :: address() | nil

@@ -80,6 +80,19 @@ defmodule Larder.Cache.Redis.ClusterTest do
       assert Cluster.master(map, 350) == nil
     end
 
+    test "a range that overlaps an earlier one is counted, not used; 16,384 of them stay cheap" do
+      reply = [[0, 100, ["a", 1]], [50, 200, ["b", 2]], [101, 16_383, ["c", 3]]]
+      assert {:ok, map} = Cluster.slot_map(reply, "h")
+      assert map.bad == 1
+      assert Cluster.master(map, 60) == {"a", 1}
+      assert Cluster.master(map, 150) == {"c", 3}
+
+      # 16,383 overlapping entries read, and the 3,616 past 16,384 skipped unread as one
+      hostile = List.duplicate([0, 16_383, ["a", 1]], 20_000)
+      assert {:ok, %{bad: 16_384} = map} = Cluster.slot_map(hostile, "h")
+      assert Cluster.master(map, 16_383) == {"a", 1}
+    end
+
     test "a reply that is not a list is an :l2_bad_reply error" do
       assert {:error, %Larder.Error{reason: :l2_bad_reply}} = Cluster.slot_map("ERR", "h")
       assert {:ok, %{bad: 0}} = Cluster.slot_map([], "h")
