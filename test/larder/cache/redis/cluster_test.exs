@@ -148,13 +148,13 @@ defmodule Larder.Cache.Redis.ClusterTest do
           :proper_types.any(),
           :proper_types.binary(),
           :proper_types.bind(
-            {:proper_types.oneof(["MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", ""]),
-             :proper_types.binary(), host_gen(), int_gen()},
-            fn {kind, junk, host, port} ->
+            {:proper_types.oneof(["MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", ""]), int_gen(),
+             host_gen(), int_gen()},
+            fn {kind, slot, host, port} ->
               :proper_types.exactly(
                 IO.iodata_to_binary([
                   kind,
-                  junk,
+                  to_string_safe(slot),
                   " ",
                   to_string_safe(host),
                   ":",
