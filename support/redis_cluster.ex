@@ -108,6 +108,50 @@ defmodule Larder.Support.RedisCluster do
     wait_ok(cluster)
   end
 
+  @doc """
+  Starts moving `slot` from master `from` to master `to` by hand and stops
+  halfway, as a reshard does between its steps: `to` is IMPORTING, `from`
+  is MIGRATING, no key has moved yet. Keys that are no longer on `from`
+  then get `ASK`. Go on with `migrate_keys/4` and `finish_migration/3`.
+  """
+  def begin_migration(%__MODULE__{}, slot, %RedisServer{} = from, %RedisServer{} = to) do
+    s = Integer.to_string(slot)
+    {:ok, ["OK"]} = cli(to, ~w(CLUSTER SETSLOT #{s} IMPORTING #{node_id(from)}))
+    {:ok, ["OK"]} = cli(from, ~w(CLUSTER SETSLOT #{s} MIGRATING #{node_id(to)}))
+    :ok
+  end
+
+  @doc "Moves every key of `slot` from `from` to `to` (`MIGRATE`); returns how many."
+  def migrate_keys(%__MODULE__{}, slot, %RedisServer{} = from, %RedisServer{} = to) do
+    case cli(from, ~w(CLUSTER GETKEYSINSLOT #{slot} 100000)) do
+      {:ok, []} ->
+        0
+
+      {:ok, keys} ->
+        {:ok, ["OK"]} =
+          cli(
+            from,
+            ["MIGRATE", "127.0.0.1", Integer.to_string(to.port), "", "0", "5000", "KEYS"] ++ keys
+          )
+
+        length(keys)
+    end
+  end
+
+  @doc """
+  Gives `slot` to master `to` on every master (`CLUSTER SETSLOT ... NODE`),
+  which ends a migration, and waits until the cluster is ok.
+  """
+  def finish_migration(%__MODULE__{} = cluster, slot, %RedisServer{} = to) do
+    id = node_id(to)
+
+    for master <- masters(cluster) do
+      {:ok, ["OK"]} = cli(master, ~w(CLUSTER SETSLOT #{slot} NODE #{id}))
+    end
+
+    wait_ok(cluster)
+  end
+
   @doc "How many slots `master` serves, in its own `CLUSTER NODES` view."
   def slot_count(%RedisServer{} = master) do
     {:ok, lines} = cli(master, ~w(CLUSTER NODES))

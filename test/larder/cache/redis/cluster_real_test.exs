@@ -90,6 +90,38 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
     end
   end
 
+  test "a slot halfway through a migration: ASK names the importing node, ASKING reads there",
+       ctx do
+    {map, conns} = route(ctx.cluster)
+    key = "{ask:#{System.unique_integer([:positive])}}k"
+    slot = Cluster.slot(key)
+    {_, from_port} = source = Cluster.master(map, slot)
+    {_, to_port} = target = Enum.find(Cluster.masters(map), &(&1 != source))
+
+    [from, to] =
+      Enum.map([from_port, to_port], fn p -> Enum.find(ctx.cluster.nodes, &(&1.port == p)) end)
+
+    assert {:ok, "OK"} = :eredis.q(conns[source], ["SET", key, "v"])
+
+    :ok = RedisCluster.begin_migration(ctx.cluster, slot, from, to)
+    # the key is still on the source, which serves it
+    assert {:ok, "v"} = :eredis.q(conns[source], ["GET", key])
+    assert RedisCluster.migrate_keys(ctx.cluster, slot, from, to) == 1
+
+    assert {:error, error} = :eredis.q(conns[source], ["GET", key])
+    assert Cluster.redirect(error, "127.0.0.1") == {:ask, slot, target}
+    # without ASKING the target sends us back to the owner
+    assert {:error, back} = :eredis.q(conns[target], ["GET", key])
+    assert Cluster.redirect(back, "127.0.0.1") == {:moved, slot, source}
+    assert [{:ok, "OK"}, {:ok, "v"}] = :eredis.qp(conns[target], [["ASKING"], ["GET", key]])
+
+    :ok = RedisCluster.finish_migration(ctx.cluster, slot, to)
+    assert {:error, moved} = :eredis.q(conns[source], ["GET", key])
+    assert Cluster.redirect(moved, "127.0.0.1") == {:moved, slot, target}
+    {map, _} = route(ctx.cluster)
+    assert Cluster.master(map, slot) == target
+  end
+
   # The slot map from a node's CLUSTER SLOTS, and a connection per master.
   defp route(cluster) do
     conn = connect(hd(RedisCluster.seeds(cluster)))
