@@ -104,12 +104,18 @@ defmodule Larder.Support.RedisServer do
     port
   end
 
+  # A test's own commands are not what it measures: on a loaded 2-core
+  # machine a reply can take over a second, so they wait up to 5 s.
+  @command_timeout_ms 5_000
+
   @doc "Sends one command over a fresh connection (RESP) and returns the raw reply."
   def command(%__MODULE__{port: port}, args) do
-    {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 1_000)
+    {:ok, socket} =
+      :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], @command_timeout_ms)
+
     payload = ["*#{length(args)}\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")]
     :ok = :gen_tcp.send(socket, payload)
-    {:ok, reply} = :gen_tcp.recv(socket, 0, 1_000)
+    {:ok, reply} = :gen_tcp.recv(socket, 0, @command_timeout_ms)
     :gen_tcp.close(socket)
     reply
   end
