@@ -302,6 +302,7 @@ defmodule Larder.Cache do
   """
 
   alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
+  alias Larder.Cache.Supervisor, as: CacheSupervisor
   alias Larder.Telemetry
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
@@ -350,14 +351,24 @@ defmodule Larder.Cache do
       (default `true`: emitted when `:telemetry` is loaded when the cache
       starts; see `Larder.Telemetry`).
   """
-  @spec start_link(keyword()) :: GenServer.on_start()
-  def start_link(opts), do: Owner.start_link(Config.validate!(opts))
+  @spec start_link(keyword()) ::
+          {:ok, pid()} | {:error, Larder.Error.t() | {:already_started, pid()} | term()}
+  def start_link(opts), do: CacheSupervisor.start_link(Config.validate!(opts))
 
-  @doc "A child specification for a supervisor; takes `start_link/1`'s options."
+  @doc """
+  A child specification for a supervisor; takes `start_link/1`'s options.
+  The child is the cache's own supervisor (`type: :supervisor`; see
+  "Processes").
+  """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     opts = Config.validate!(opts)
-    %{id: {__MODULE__, opts[:name]}, start: {Owner, :start_link, [opts]}}
+
+    %{
+      id: {__MODULE__, opts[:name]},
+      start: {CacheSupervisor, :start_link, [opts]},
+      type: :supervisor
+    }
   end
 
   @doc """

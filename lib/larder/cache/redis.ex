@@ -120,29 +120,52 @@ defmodule Larder.Cache.Redis do
   @init_timeout 5_000
 
   @doc """
-  Starts the keeper process (linked to the caller), which starts the eredis
-  clients and the pub/sub relay, and subscribes `subscriber` to `channel`.
-  Succeeds while Redis is down or not Redis. Raises `ArgumentError` when the
-  eredis client is not loadable (see "Client").
+  Checks `opts` and builds the state: the table of client pids (owned by
+  the caller, public, filled by the keeper) and the options, with the child
+  spec of the keeper process (see "Client"), which the cache runs under its
+  supervision tree. A keeper that restarts fills the same table, so the
+  state never changes. Starts no process. Raises `ArgumentError` for a bad
+  option or when the eredis client is not loadable (see "Client").
   """
   @impl true
-  @spec init(keyword(), pid(), binary()) :: {:ok, map()}
+  @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
     ensure_eredis!()
+    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
+    for slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none})
+
+    state = %{
+      table: table,
+      pool_size: opts[:pool_size],
+      timeout: opts[:timeout],
+      opts: opts,
+      subscriber: subscriber,
+      channel: channel
+    }
+
+    {:ok, state, %{id: __MODULE__, start: {__MODULE__, :start_link, [state]}}}
+  end
+
+  # The start of init/3's child spec: the keeper, linked to the caller (a
+  # supervisor). It starts the eredis clients (each connecting within
+  # :timeout) and the pub/sub connection; it succeeds while Redis is down
+  # or not Redis.
+  @doc false
+  @spec start_link(map()) :: {:ok, pid()} | {:error, :timeout}
+  def start_link(state) do
+    check_args!(state, [])
     parent = self()
     ref = make_ref()
-    keeper = spawn_link(fn -> keeper_init(parent, ref, subscriber, channel, opts) end)
+    keeper = spawn_link(fn -> keeper_init(parent, ref, state) end)
 
     receive do
-      {^ref, table} ->
-        {:ok,
-         %{table: table, keeper: keeper, pool_size: opts[:pool_size], timeout: opts[:timeout]}}
+      {^ref, :ready} -> {:ok, keeper}
     after
-      @init_timeout + opts[:pool_size] * opts[:timeout] ->
+      @init_timeout + state.pool_size * state.timeout ->
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
-        raise "Larder.Cache.Redis: the client processes did not start"
+        {:error, :timeout}
     end
   end
 
@@ -227,24 +250,15 @@ defmodule Larder.Cache.Redis do
     state |> query(["PUBLISH", channel, payload]) |> integer_reply("PUBLISH", 2 ** 63 - 1) |> ok()
   end
 
-  @doc "Stops the clients, the relay and the keeper."
+  @doc """
+  Nothing to release: the keeper is stopped by its supervisor, and the
+  table goes with the process that called `init/3`.
+  """
   @impl true
   @spec stop(map()) :: :ok
   def stop(state) do
     check_args!(state, [])
-    %{keeper: keeper} = state
-
-    Process.unlink(keeper)
-    ref = Process.monitor(keeper)
-    send(keeper, :stop)
-
-    receive do
-      {:DOWN, ^ref, _, _, _} -> :ok
-    after
-      5_000 ->
-        Process.exit(keeper, :kill)
-        :ok
-    end
+    :ok
   end
 
   # Commands on one connection are answered in order, so a large value
@@ -277,7 +291,8 @@ defmodule Larder.Cache.Redis do
 
   defp check_args!(state, binaries) do
     unless match?(
-             %{table: _, keeper: keeper, pool_size: _, timeout: _} when is_pid(keeper),
+             %{table: table, pool_size: size, timeout: _, opts: _, subscriber: sub, channel: _}
+             when is_reference(table) and is_integer(size) and size > 0 and is_pid(sub),
              state
            ) do
       raise ArgumentError,
@@ -350,9 +365,10 @@ defmodule Larder.Cache.Redis do
   ## and runs the pub/sub connection (below), relaying its messages to the
   ## subscriber.
 
-  defp keeper_init(parent, ref, subscriber, channel, opts) do
+  defp keeper_init(parent, ref, %{opts: opts, table: table} = l2) do
     Process.flag(:trap_exit, true)
-    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
+    %{subscriber: subscriber, channel: channel} = l2
+    put_slot(table, :keeper, self())
 
     state = %{
       parent: parent,
@@ -374,7 +390,7 @@ defmodule Larder.Cache.Redis do
     # eredis connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
-    send(parent, {ref, table})
+    send(parent, {ref, :ready})
     Process.send_after(self(), :watch, @watch_ms)
     keeper_loop(sub_connect(state))
   end
@@ -398,12 +414,12 @@ defmodule Larder.Cache.Redis do
 
     case result do
       {:ok, client} ->
-        :ets.insert(state.table, {slot, client})
+        put_slot(state.table, slot, client)
         %{state | clients: Map.put(state.clients, client, slot)}
 
       {:error, _reason} ->
         # callers see :l2_unavailable until the retry succeeds
-        :ets.insert(state.table, {slot, :none})
+        put_slot(state.table, slot, :none)
         Process.send_after(self(), {:start_client, slot}, opts[:reconnect_sleep])
         state
     end
@@ -604,7 +620,7 @@ defmodule Larder.Cache.Redis do
 
       {slot, clients} ->
         Logger.warning("Larder.Cache.Redis: client exited: #{inspect(truncate(reason))}")
-        :ets.insert(state.table, {slot, :none})
+        put_slot(state.table, slot, :none)
         Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
         %{state | clients: clients}
     end
@@ -639,6 +655,14 @@ defmodule Larder.Cache.Redis do
     for pid <- Map.keys(state.clients), do: stop_client(pid)
     if state.sub, do: :gen_tcp.close(state.sub.socket)
     :ok
+  end
+
+  # The table belongs to the process that called init/3; once it is gone
+  # nobody reads it.
+  defp put_slot(table, slot, value) do
+    :ets.insert(table, {slot, value})
+  catch
+    :error, :badarg -> true
   end
 
   defp stop_client(client) do
