@@ -74,8 +74,10 @@ defmodule Larder.Cache.L2Conformance do
 
   def init(ctx, channel \\ nil) do
     mod = ctx.l2_module
+
     {:ok, state} =
       Larder.Test.L2Process.start(mod, ctx.l2_opts, self(), channel || key(ctx, "channel"))
+
     ExUnit.Callbacks.on_exit(fn -> mod.stop(state) end)
     {mod, state}
   end

@@ -160,7 +160,11 @@ defmodule Larder.Cache.Owner do
     timer = Process.send_after(self(), :retry_generation, state.retry_wait)
 
     {:noreply,
-     %{state | retry_timer: timer, retry_wait: min(state.retry_wait * 2, @generation_retry_max_ms)}}
+     %{
+       state
+       | retry_timer: timer,
+         retry_wait: min(state.retry_wait * 2, @generation_retry_max_ms)
+     }}
   end
 
   def handle_info(:generation_failed, state), do: {:noreply, state}

@@ -63,13 +63,18 @@ defmodule Larder.Cache.Redis do
   eredis is not built for a peer that is not Redis: its client process
   crashes on bytes that are not RESP, and it buffers a bulk reply of any
   declared length for as long as the bytes keep coming. So one keeper
-  process, linked to the cache's process, owns the clients: it keeps their
-  pids in a table callers read, replaces a client that died after
-  `:reconnect_sleep` ms (its callers get `:l2_unavailable` meanwhile),
-  kills a client that holds more than twice `:max_reply_bytes` (checked
-  every 100 ms), and runs the pub/sub connection itself. No process crashes
-  in a loop: reconnection is a timer, not a restart, and the cache's process
-  never sees a client's exit.
+  process, the child spec `init/3` returns (run by the cache's supervision
+  tree, see "Processes" in `Larder.Cache`), owns the clients: it keeps
+  their pids in the table of the state, which the cache's process owns and
+  callers read, replaces a client that died after `:reconnect_sleep` ms
+  (its callers get `:l2_unavailable` meanwhile), kills a client that holds
+  more than twice `:max_reply_bytes` (checked every 100 ms), and runs the
+  pub/sub connection itself. A client that dies is replaced by the keeper,
+  on a timer, rather than by a supervisor: a hostile server kills a client
+  on every reply, a loop that no restart intensity should count as a bug.
+  No process crashes in a loop: reconnection is a timer, not a restart.
+  If the keeper itself dies (a bug, or killed), the cache starts another,
+  which fills the same table: the state callers hold stays valid.
 
   The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
   and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),

@@ -253,8 +253,10 @@ defmodule Larder.Cache.L2InputPropertyTest do
   test "Larder.Cache.Redis: arbitrary arguments raise ArgumentError or return an allowed value" do
     server = RedisServer.start()
     on_exit(fn -> RedisServer.stop(server) end)
+
     {:ok, state} =
       Larder.Test.L2Process.start(Cache.Redis, [port: server.port, timeout: 500], self(), "ch")
+
     states = [state, state, state, :not_a_state, %{}, %{state | table: :x}]
 
     property =
@@ -294,6 +296,7 @@ defmodule Larder.Cache.L2InputPropertyTest do
     {:ok, agent} = Agent.start_link(fn -> "" end)
     garbage = GarbageServer.start(fn _request -> Agent.get(agent, & &1) end)
     on_exit(fn -> GarbageServer.stop(garbage) end)
+
     {:ok, state} =
       Larder.Test.L2Process.start(Cache.Redis, [port: garbage.port, timeout: 100], self(), "ch")
 

@@ -141,7 +141,12 @@ defmodule Larder.Cache.RedisFaultTest do
 
         # Larder.Cache.Redis's own functions
         {:ok, state} =
-          Larder.Test.L2Process.start(Cache.Redis, [port: garbage.port, timeout: 200], self(), "ch")
+          Larder.Test.L2Process.start(
+            Cache.Redis,
+            [port: garbage.port, timeout: 200],
+            self(),
+            "ch"
+          )
 
         for _ <- 1..3 do
           assert_miss_or_error(Cache.Redis.get(state, "k"))
