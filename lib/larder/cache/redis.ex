@@ -643,7 +643,19 @@ defmodule Larder.Cache.Redis do
       Process.exit(pid, :kill)
     end
 
+    # A keeper that was replaced (its runner killed) may still be shutting
+    # down beside us and write its last slot updates over ours: the table
+    # says what this keeper holds again within one watch.
+    for {pid, slot} <- state.clients, :ets.lookup(state.table, slot) != [{slot, pid}],
+        do: put_slot(state.table, slot, pid)
+
+    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
+      do: put_slot(state.table, :keeper, self())
+
     :ok
+  catch
+    # the table's owner is gone: the cache is stopping
+    :error, :badarg -> :ok
   end
 
   defp memory(pid) do
