@@ -5,7 +5,7 @@
 defmodule Larder.Support.RedisServer do
   @moduledoc false
 
-  defstruct [:port, :dir, :os_pid, :erl_port]
+  defstruct [:port, :dir, :os_pid, :erl_port, config: nil, args: []]
 
   @doc "True when a redis-server binary is on the PATH."
   def available?, do: System.find_executable("redis-server") != nil
@@ -14,6 +14,10 @@ defmodule Larder.Support.RedisServer do
   Starts redis-server on `port` (default: a free one). The server is killed
   when the returned handle's owner exits, even if the VM dies (it watches
   its stdin).
+
+  `:config` is a config file passed first (a sentinel needs one it can
+  rewrite); `:args` are more command-line words, after the defaults (e.g.
+  `["--sentinel"]` or `["--cluster-enabled", "yes"]`).
   """
   def start(opts \\ []) do
     port = Keyword.get_lazy(opts, :port, &free_port/0)
@@ -21,9 +25,13 @@ defmodule Larder.Support.RedisServer do
     File.mkdir_p!(dir)
     redis = System.find_executable("redis-server") || raise "redis-server is not installed"
 
+    config = Keyword.get(opts, :config)
+    extra = Keyword.get(opts, :args, [])
+
     args =
-      ~w(--port #{port} --bind 127.0.0.1 --save "" --appendonly no --dir #{dir}) ++
-        ~w(--logfile #{Path.join(dir, "redis.log")})
+      List.wrap(config) ++
+        ~w(--port #{port} --bind 127.0.0.1 --save "" --appendonly no --dir #{dir}) ++
+        ~w(--logfile #{Path.join(dir, "redis.log")}) ++ extra
 
     script = ~s(#{redis} #{Enum.join(args, " ")} & echo "pid $!"; read _; kill -9 $! 2>/dev/null)
 
@@ -37,7 +45,15 @@ defmodule Larder.Support.RedisServer do
         5_000 -> raise "redis-server did not start"
       end
 
-    server = %__MODULE__{port: port, dir: dir, os_pid: os_pid, erl_port: erl_port}
+    server = %__MODULE__{
+      port: port,
+      dir: dir,
+      os_pid: os_pid,
+      erl_port: erl_port,
+      config: config,
+      args: extra
+    }
+
     wait_ready(server, 100)
     server
   end
@@ -68,8 +84,10 @@ defmodule Larder.Support.RedisServer do
     :ok
   end
 
-  @doc "Starts a new server on the same port and dir."
-  def restart(%__MODULE__{} = server), do: start(port: server.port, dir: server.dir)
+  @doc "Starts a new server on the same port, dir, config file and arguments."
+  def restart(%__MODULE__{} = server) do
+    start(port: server.port, dir: server.dir, config: server.config, args: server.args)
+  end
 
   @doc "Kills the server and removes its dir."
   def stop(%__MODULE__{} = server) do

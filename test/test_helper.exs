@@ -8,3 +8,5 @@
 # bounds on waiting, not on speed: no test asserts how fast anything is.
 ExUnit.start(assert_receive_timeout: 5_000, timeout: 300_000)
 Code.require_file("../support/redis_server.ex", __DIR__)
+Code.require_file("../support/redis_cluster.ex", __DIR__)
+Code.require_file("../support/redis_sentinel.ex", __DIR__)

@@ -56,8 +56,10 @@ defmodule Larder.Cache.L2 do
     * `{:larder_cache_l2, :connected}` each time the subscription is
       (re-)established, so that the cache can re-read what it may have missed.
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
-      subscription's connection is lost; the cache only reports it (the
-      `[:larder, :cache, :l2, :disconnected]` event of `Larder.Telemetry`).
+      subscription's connection is lost, or the L2 moves to another server
+      (a Sentinel failover) whether or not it was subscribed: the cache
+      reports it (the `[:larder, :cache, :l2, :disconnected]` event of
+      `Larder.Telemetry`) and clears its L1 at the next `:connected`.
 
   ## Failures
 

@@ -180,7 +180,9 @@ defmodule Larder.Cache.Owner do
 
   def handle_info({:larder_cache_l2, :disconnected}, %{cfg: cfg} = state) do
     connection(cfg, :disconnected, %{reason: :connection_lost})
-    {:noreply, state}
+    # messages may be missed from now on (or were, before a first
+    # subscription): the next subscription clears L1
+    {:noreply, %{state | subscribed_before: true}}
   end
 
   def handle_info({:larder_cache_l2, :connected}, %{cfg: cfg} = state) do

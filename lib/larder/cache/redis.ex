@@ -107,6 +107,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
+  alias Larder.Cache.Redis.Sentinel
   alias Larder.Options
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -120,6 +121,8 @@ defmodule Larder.Cache.Redis do
   # Longest wait between two pub/sub connection attempts (unless
   # :reconnect_sleep is longer).
   @sub_max_wait_ms 2_000
+  # Wait before connecting again to a sentinel whose subscription was lost.
+  @sentinel_retry_ms 1_000
   # Longest wait for the keeper to start the clients, beyond their connect
   # timeouts.
   @init_timeout 5_000
@@ -280,9 +283,11 @@ defmodule Larder.Cache.Redis do
         {:ok, value}
 
       {:error, reason} when is_binary(reason) ->
+        if match?("READONLY" <> _, reason), do: master_moved?(table)
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
 
       {:error, reason} ->
+        master_moved?(table)
         {:error, unavailable(reason)}
 
       other ->
@@ -292,6 +297,16 @@ defmodule Larder.Cache.Redis do
     :exit, reason -> {:error, unavailable(exit_reason(reason))}
     # the keeper (and its table) is gone, or the client is being replaced
     :error, _ -> {:error, unavailable(:no_client)}
+  end
+
+  # A READONLY reply or a lost connection: with Sentinel, the master may
+  # have moved; the keeper asks the sentinels (at most once per
+  # :reconnect_sleep, whatever the number of callers that hint it).
+  defp master_moved?(table) do
+    case :ets.lookup(table, :sentinel) do
+      [{:sentinel, keeper}] -> send(keeper, :check_master)
+      [] -> :ok
+    end
   end
 
   defp check_args!(state, binaries) do
@@ -359,10 +374,13 @@ defmodule Larder.Cache.Redis do
       reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
       pool_size: {{:integer, 1, @max_pool_size}, 2},
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
-      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576}
+      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
+      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil}
     ]
 
-    Options.validate!(opts, schema, "Larder.Cache.Redis")
+    opts
+    |> Options.validate!(schema, "Larder.Cache.Redis")
+    |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
   end
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
@@ -381,8 +399,14 @@ defmodule Larder.Cache.Redis do
       channel: channel,
       opts: opts,
       table: table,
-      host: String.to_charlist(opts[:host]),
+      # the master's address; nil while Sentinel names none
+      host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
+      port: opts[:port],
+      master_warned: false,
       password: String.to_charlist(opts[:password] || ""),
+      sentinel: opts[:sentinel],
+      watchers: %{},
+      check: nil,
       clients: %{},
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
@@ -392,12 +416,21 @@ defmodule Larder.Cache.Redis do
       memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
     }
 
+    # with Sentinel, the master first (the clients are started below)
+    state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
+
     # eredis connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
     send(parent, {ref, :ready})
     Process.send_after(self(), :watch, @watch_ms)
     keeper_loop(sub_connect(state))
+  end
+
+  defp start_client(%{host: nil} = state, slot) do
+    put_slot(state.table, slot, :none)
+    Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
+    state
   end
 
   defp start_client(state, slot) do
@@ -407,7 +440,7 @@ defmodule Larder.Cache.Redis do
       try do
         :eredis.start_link(
           state.host,
-          opts[:port],
+          state.port,
           opts[:database],
           state.password,
           opts[:reconnect_sleep],
@@ -442,11 +475,13 @@ defmodule Larder.Cache.Redis do
   ## :reconnect_sleep once subscribed. Nothing crashes; nothing is retried
   ## faster than that.
 
+  defp sub_connect(%{host: nil} = state), do: sub_failed(state, :no_master)
+
   defp sub_connect(state) do
     opts = state.opts
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
 
-    with {:ok, socket} <- :gen_tcp.connect(state.host, opts[:port], tcp_opts, opts[:timeout]) do
+    with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
       auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
       expect = if opts[:password], do: [:auth, :subscribe], else: [:subscribe]
       commands = Enum.map(auth ++ [["SUBSCRIBE", state.channel]], &command/1)
@@ -566,16 +601,36 @@ defmodule Larder.Cache.Redis do
     end
 
     Process.send_after(self(), :reconnect, state.sub_wait)
+    # the master may have moved (Sentinel)
+    if state.sentinel, do: send(self(), :check_master)
     wait = min(state.sub_wait * 2, sub_max_wait(state))
     %{state | sub: nil, sub_failing: not lost?, sub_wait: wait}
   end
 
   defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
 
-  defp keeper_loop(%{sub: sub, parent: parent} = state) do
+  defp keeper_loop(%{sub: sub, parent: parent, watchers: watchers} = state) do
     socket = sub && sub.socket
 
     receive do
+      {:tcp, w, data} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_data(state, w, data))
+
+      {:tcp_closed, w} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_lost(state, w))
+
+      {:tcp_error, w, _reason} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_lost(state, w))
+
+      {:watch_sentinel, addr} ->
+        keeper_loop(watch_sentinel(state, addr))
+
+      :check_master ->
+        keeper_loop(request_check(state))
+
+      :find_master ->
+        keeper_loop(find_master(%{state | check: nil}))
+
       {:tcp, ^socket, data} when socket != nil ->
         keeper_loop(sub_data(state, data))
 
@@ -593,12 +648,15 @@ defmodule Larder.Cache.Redis do
         keeper_loop(if sub == nil, do: sub_connect(state), else: state)
 
       {:start_client, slot} ->
-        keeper_loop(start_client(state, slot))
+        # (a move may have started that slot's client meanwhile)
+        taken? = Enum.any?(state.clients, fn {_pid, s} -> s == slot end)
+        keeper_loop(if taken?, do: state, else: start_client(state, slot))
 
       :watch ->
         watch(state)
         Process.send_after(self(), :watch, @watch_ms)
-        keeper_loop(state)
+        # no master known (Sentinel named none, or it was down): ask again
+        keeper_loop(if state.sentinel && state.host == nil, do: request_check(state), else: state)
 
       :stop ->
         shutdown(state)
@@ -646,7 +704,8 @@ defmodule Larder.Cache.Redis do
     # A keeper that was replaced (its runner killed) may still be shutting
     # down beside us and write its last slot updates over ours: the table
     # says what this keeper holds again within one watch.
-    for {pid, slot} <- state.clients, :ets.lookup(state.table, slot) != [{slot, pid}],
+    for {pid, slot} <- state.clients,
+        :ets.lookup(state.table, slot) != [{slot, pid}],
         do: put_slot(state.table, slot, pid)
 
     if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
@@ -668,7 +727,116 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  ## Sentinel: the keeper finds the master at start, holds a +switch-master
+  ## subscription on every sentinel (reconnected every second while one is
+  ## away), and asks the sentinels again on a +switch-master, a caller's
+  ## READONLY or lost connection, or a lost subscription, at most once per
+  ## :reconnect_sleep. A master other than the one in use (checked with its
+  ## own ROLE) moves every connection to it: the clients are replaced and
+  ## the pub/sub connection reconnects, so the cache resubscribes and
+  ## clears its L1 (writes acknowledged by the old master may be lost).
+
+  defp request_check(%{check: nil} = state) do
+    %{state | check: Process.send_after(self(), :find_master, state.opts[:reconnect_sleep])}
+  end
+
+  defp request_check(state), do: state
+
+  defp find_master(state) do
+    password = state.opts[:password]
+
+    case Sentinel.master(state.sentinel, password, state.opts[:timeout]) do
+      {:ok, {host, port}} ->
+        host = String.to_charlist(host)
+
+        cond do
+          {host, port} == {state.host, state.port} -> state
+          # at start: no connection to move yet
+          state.clients == %{} and state.sub == nil -> %{state | host: host, port: port}
+          true -> move(state, host, port)
+        end
+
+      {:error, reason} ->
+        unless state.master_warned do
+          Logger.warning(
+            "Larder.Cache.Redis: no master from Sentinel yet (#{inspect(truncate(reason))})"
+          )
+        end
+
+        %{state | master_warned: true}
+    end
+  end
+
+  defp move(state, host, port) do
+    if state.host,
+      do: Logger.warning("Larder.Cache.Redis: the master moved to #{host}:#{port}; moving")
+
+    for {pid, slot} <- state.clients do
+      stop_client(pid)
+      put_slot(state.table, slot, :none)
+    end
+
+    state = %{state | host: host, port: port, clients: %{}, master_warned: false}
+    state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+
+    # Whether or not it was subscribed, the cache must clear its L1 when the
+    # subscription comes up on the new master: what it read from the old
+    # one may be lost. :disconnected tells it so.
+    send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+    case state.sub do
+      nil ->
+        state
+
+      %{socket: socket} = sub ->
+        if sub.timer, do: Process.cancel_timer(sub.timer)
+        :gen_tcp.close(socket)
+        sub_connect(%{state | sub: nil, sub_wait: state.opts[:reconnect_sleep]})
+    end
+  end
+
+  defp watch_sentinels(state) do
+    put_slot(state.table, :sentinel, self())
+    Enum.reduce(state.sentinel[:sentinels], state, &watch_sentinel(&2, &1))
+  end
+
+  defp watch_sentinel(state, addr) do
+    case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
+      {:ok, socket} ->
+        watcher = %{addr: addr, parser: :eredis_parser.init(), partial: 0}
+        %{state | watchers: Map.put(state.watchers, socket, watcher)}
+
+      {:error, _reason} ->
+        Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+        state
+    end
+  end
+
+  defp sentinel_data(state, socket, data) do
+    watcher = Map.fetch!(state.watchers, socket)
+    :inet.setopts(socket, active: :once)
+
+    case Sentinel.read(watcher.parser, watcher.partial, data) do
+      {:ok, events, parser, partial} ->
+        watcher = %{watcher | parser: parser, partial: partial}
+        state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
+        master = state.sentinel[:master]
+        if Enum.member?(events, {:switch, master}), do: find_master(state), else: state
+
+      :error ->
+        :gen_tcp.close(socket)
+        sentinel_lost(state, socket)
+    end
+  end
+
+  defp sentinel_lost(state, socket) do
+    {%{addr: addr}, watchers} = Map.pop(state.watchers, socket)
+    Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+    %{state | watchers: watchers}
+  end
+
   defp shutdown(state) do
+    for socket <- Map.keys(state.watchers), do: :gen_tcp.close(socket)
     for pid <- Map.keys(state.clients), do: stop_client(pid)
     if state.sub, do: :gen_tcp.close(state.sub.socket)
     :ok

@@ -1,0 +1,206 @@
+# Starts a throwaway Sentinel set: a master, a replica and three sentinels
+# (`redis-server --sentinel`) on free loopback ports, with a 1 s
+# down-after-milliseconds, and drives kills, pauses and failovers for the
+# tests and the benchmarks. Not part of the library.
+defmodule Larder.Support.RedisSentinel do
+  @moduledoc false
+
+  alias Larder.Support.RedisCluster
+  alias Larder.Support.RedisServer
+
+  defstruct [:name, :data, :sentinels]
+
+  @name "mymaster"
+
+  @doc """
+  Starts the master, its replica and three sentinels (quorum 2), and waits
+  until every sentinel knows the master, the replica and the two other
+  sentinels. Every process is killed when the caller exits, even if the VM
+  dies.
+
+  Options: `:name` (default #{inspect(@name)}), `:down_after` (ms, default
+  1000), `:failover_timeout` (ms, default 5000).
+  """
+  def start(opts \\ []) do
+    name = Keyword.get(opts, :name, @name)
+    down_after = Keyword.get(opts, :down_after, 1_000)
+    failover_timeout = Keyword.get(opts, :failover_timeout, 5_000)
+
+    master = RedisServer.start()
+
+    replica =
+      RedisServer.start(
+        args: ~w(--replicaof 127.0.0.1 #{master.port} --repl-ping-replica-period 1)
+      )
+
+    sentinels =
+      for _ <- 1..3 do
+        port = RedisServer.free_port()
+
+        dir =
+          Path.join(
+            System.tmp_dir!(),
+            "larder-sentinel-#{port}-#{System.unique_integer([:positive])}"
+          )
+
+        File.mkdir_p!(dir)
+        config = Path.join(dir, "sentinel.conf")
+
+        File.write!(config, """
+        sentinel resolve-hostnames no
+        sentinel monitor #{name} 127.0.0.1 #{master.port} 2
+        sentinel down-after-milliseconds #{name} #{down_after}
+        sentinel failover-timeout #{name} #{failover_timeout}
+        sentinel parallel-syncs #{name} 1
+        """)
+
+        RedisServer.start(port: port, dir: dir, config: config, args: ["--sentinel"])
+      end
+
+    set = %__MODULE__{name: name, data: [master, replica], sentinels: sentinels}
+    wait_agreed(set)
+    set
+  end
+
+  @doc "The sentinels' addresses, `[{\"127.0.0.1\", port}, ...]`, as the L2 option takes them."
+  def addresses(%__MODULE__{sentinels: sentinels}),
+    do: Enum.map(sentinels, &{"127.0.0.1", &1.port})
+
+  @doc """
+  The master every answering sentinel names now (`SENTINEL
+  get-master-addr-by-name`), as one of the data nodes; nil while they
+  disagree or none answers.
+  """
+  def master(%__MODULE__{} = set) do
+    case master_addrs(set) do
+      [port | rest] -> if Enum.all?(rest, &(&1 == port)), do: data_node(set, port)
+      [] -> nil
+    end
+  end
+
+  @doc "The data node that is not the master (as the sentinels see it), or nil."
+  def replica(%__MODULE__{data: data} = set) do
+    case master(set) do
+      nil -> nil
+      master -> Enum.find(data, &(&1.port != master.port))
+    end
+  end
+
+  @doc """
+  Waits until every live sentinel names the same master, that node's
+  `ROLE` says master, and each sentinel sees its replica and two other
+  sentinels. Returns the master.
+  """
+  def wait_agreed(%__MODULE__{} = set, timeout \\ 30_000) do
+    wait_until(timeout, "the sentinels to agree", fn ->
+      with %RedisServer{} = master <- master(set),
+           "master" <- RedisCluster.role(master),
+           true <- Enum.all?(live(set.sentinels), &settled?(&1, set.name)) do
+        master
+      else
+        _ -> nil
+      end
+    end)
+  end
+
+  @doc """
+  Kills the current master with SIGKILL. Returns it (its port stays taken
+  by nothing; `RedisServer.restart/1` brings it back as a stale master).
+  """
+  def kill_master(%__MODULE__{} = set) do
+    master = master(set) || raise "the sentinels do not agree on a master"
+    RedisServer.kill(master)
+    master
+  end
+
+  @doc """
+  Waits until the sentinels agree on a master other than `old` (a data
+  node) and that node says master. Returns the new master.
+  """
+  def wait_failover(%__MODULE__{} = set, %RedisServer{port: old_port}, timeout \\ 30_000) do
+    wait_until(timeout, "a failover", fn ->
+      with %RedisServer{port: port} = master when port != old_port <- master(set),
+           "master" <- RedisCluster.role(master) do
+        master
+      else
+        _ -> nil
+      end
+    end)
+  end
+
+  @doc "Pauses a node, data or sentinel (SIGSTOP)."
+  defdelegate pause(node), to: RedisServer
+
+  @doc "Resumes a paused node (SIGCONT)."
+  defdelegate resume(node), to: RedisServer
+
+  @doc "Kills a node (SIGKILL)."
+  defdelegate kill(node), to: RedisServer
+
+  @doc "Kills every process and removes their dirs."
+  def stop(%__MODULE__{data: data, sentinels: sentinels}) do
+    Enum.each(sentinels ++ data, &RedisServer.stop/1)
+  end
+
+  defp master_addrs(set) do
+    set.sentinels
+    |> live()
+    |> Enum.flat_map(fn sentinel ->
+      case RedisCluster.cli(sentinel, ~w(SENTINEL get-master-addr-by-name #{set.name})) do
+        {:ok, [_host, port]} -> [port]
+        _ -> []
+      end
+    end)
+  end
+
+  defp data_node(set, port), do: Enum.find(set.data, &(Integer.to_string(&1.port) == port))
+
+  # A sentinel that sees one replica and two other sentinels of the master,
+  # and no failover in progress.
+  defp settled?(sentinel, name) do
+    case RedisCluster.cli(sentinel, ~w(SENTINEL master #{name})) do
+      {:ok, lines} ->
+        info =
+          lines
+          |> Enum.chunk_every(2)
+          |> Map.new(fn
+            [k, v] -> {k, v}
+            [k] -> {k, nil}
+          end)
+
+        info["num-slaves"] == "1" and info["num-other-sentinels"] == "2" and
+          not String.contains?(info["flags"] || "", "failover") and
+          not String.contains?(info["flags"] || "", "down")
+
+      _ ->
+        false
+    end
+  end
+
+  defp live(nodes) do
+    Enum.filter(nodes, fn %RedisServer{os_pid: pid} ->
+      match?({_, 0}, System.cmd("kill", ["-0", Integer.to_string(pid)], stderr_to_stdout: true))
+    end)
+  end
+
+  defp wait_until(timeout, what, fun) do
+    deadline = System.monotonic_time(:millisecond) + timeout
+    do_wait_until(deadline, what, fun)
+  end
+
+  defp do_wait_until(deadline, what, fun) do
+    result = fun.()
+
+    cond do
+      result ->
+        result
+
+      System.monotonic_time(:millisecond) > deadline ->
+        raise "timed out waiting for #{what}"
+
+      true ->
+        Process.sleep(100)
+        do_wait_until(deadline, what, fun)
+    end
+  end
+end
