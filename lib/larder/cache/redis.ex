@@ -25,6 +25,11 @@ defmodule Larder.Cache.Redis do
       the cache's `:max_value_bytes`.
     * `:max_message_bytes` - the same for the pub/sub connection, whose
       messages are small, 1024 to 2^32 (default `1048576`).
+    * `:sentinel` - run against the master a Sentinel set names, instead of
+      `:host` and `:port` (default `nil`): `[sentinels: [{"127.0.0.1",
+      26379}, ...], master: "mymaster"]`, with 1 to 16 sentinels, and
+      optional `:username` and `:password` sent to the sentinels with
+      `AUTH`. The data nodes get `:password`. See "Sentinel".
 
   ## Concurrency
 
@@ -90,6 +95,37 @@ defmodule Larder.Cache.Redis do
   `{:larder_cache_l2, :connected}`, and the wait is back to
   `:reconnect_sleep`. Replies that are not messages on the channel are
   ignored once subscribed.
+
+  ## Sentinel
+
+  With `:sentinel`, the keeper asks the sentinels in turn for the master
+  (`SENTINEL get-master-addr-by-name`), each within `:timeout`, and uses
+  the first address whose node answers `ROLE` with `master`. It holds a
+  `+switch-master` subscription on every sentinel it can reach (one it
+  cannot reach is tried again every second), and asks the sentinels again
+  on a `+switch-master` for its master, when a command gets `READONLY` or
+  finds its connection lost, when the pub/sub connection fails, and every
+  100 ms while it knows no master; at most once per `:reconnect_sleep`
+  however many callers hint it. What a sentinel or a node says is checked
+  (a reply that is not RESP, is larger than 64 KB, or has the wrong shape
+  counts as no answer). A master other than the one in use moves every
+  connection: the command clients are replaced and the pub/sub connection
+  reconnects to the new master, and the cache gets `{:larder_cache_l2,
+  :disconnected}` then `:connected`, so it clears its L1 and reads the
+  generation there (writes the old master acknowledged may be lost, since
+  replication is asynchronous).
+
+  What a failover costs a caller: from the old master's death until the
+  sentinels elect a new one (their `down-after-milliseconds` plus the
+  election) and the keeper hears of it (a `+switch-master`, or its next
+  check), L2 calls fail with `:l2_unavailable` (L1 hits are served, misses
+  call the loader, and writes are repaired once the L2 answers, as in any
+  outage); then every node's L1 is empty once, and values written to the
+  old master that it had not yet replicated are gone (a miss, never an old
+  value, since the nodes agree on the new master's generation key, or
+  renew it if it was lost). The check runs in the keeper, which relays
+  pub/sub messages too: while it asks the sentinels (each within
+  `:timeout`), messages wait.
 
   ## Failures
 
