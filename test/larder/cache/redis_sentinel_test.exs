@@ -1,10 +1,12 @@
 defmodule Larder.Cache.RedisSentinelTest do
   # Larder.Cache.Redis under Sentinel, on a real Sentinel set (a master, a
-  # replica, three sentinels; support/redis_sentinel.ex): the master is
+  # replica, three sentinels; support/redis_sentinel.ex): the L2
+  # conformance suite passes, the master is
   # found through the sentinels and checked with ROLE, every node follows a
   # failover (the master SIGKILLed) with all its connections, its
   # subscription included, and clears its L1 when it moves.
   use ExUnit.Case, async: false
+  use Larder.Cache.L2Conformance
 
   import Larder.Test.Eventually
 
@@ -18,6 +20,16 @@ defmodule Larder.Cache.RedisSentinelTest do
     set = RedisSentinel.start()
     on_exit(fn -> RedisSentinel.stop(set) end)
     %{set: set}
+  end
+
+  setup ctx do
+    %{
+      l2_module: Cache.Redis,
+      l2_opts: [
+        timeout: 500,
+        sentinel: [sentinels: RedisSentinel.addresses(ctx.set), master: ctx.set.name]
+      ]
+    }
   end
 
   defp start_nodes(ctx, suffixes) do
