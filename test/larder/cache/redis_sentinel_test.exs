@@ -109,4 +109,50 @@ defmodule Larder.Cache.RedisSentinelTest do
     assert Cache.get(b, :only_b) in [:in_l1, nil]
     assert Cache.stats(b).l1_misses == misses + 1
   end
+
+  describe "sentinels that are not Redis, or name a bad master" do
+    for mode <- [:random, :wrong_types, :endless, :close_mid_reply, :silent, :bad_address] do
+      test "#{mode}: the cache starts, serves L1, its L2 calls fail with errors", ctx do
+        garbage =
+          case unquote(mode) do
+            :bad_address ->
+              Larder.Test.GarbageServer.start(fn _ ->
+                "*2\r\n$9\r\n127.0.0.1\r\n$6\r\n999999\r\n"
+              end)
+
+            mode ->
+              Larder.Test.GarbageServer.start(mode)
+          end
+
+        on_exit(fn -> Larder.Test.GarbageServer.stop(garbage) end)
+        name = :"#{ctx.module}.#{ctx.test}"
+        sentinel = [sentinels: [{"127.0.0.1", garbage.port}], master: "m"]
+
+        start_supervised!(
+          {Cache, name: name, l2: {Cache.Redis, timeout: 200, sentinel: sentinel}}
+        )
+
+        owner = Process.whereis(name)
+        keeper = keeper(name)
+
+        for round <- 1..3 do
+          assert {:error, %Larder.Error{}} = Cache.put(name, :k, round)
+          assert Cache.get(name, :k) == round
+          assert Cache.fetch(name, {:l, round}, fn -> {:ok, round} end) == {:ok, round}
+          Process.sleep(100)
+        end
+
+        assert Process.whereis(name) == owner
+        # the keeper runs, and was never restarted
+        assert is_pid(keeper) and keeper(name) == keeper and Process.alive?(keeper)
+        assert Cache.stats(name).l2_errors >= 3
+      end
+    end
+  end
+
+  defp keeper(name) do
+    {Cache.Redis, %{table: table}} = :persistent_term.get({Cache, name}).l2
+    [{:keeper, pid}] = :ets.lookup(table, :keeper)
+    pid
+  end
 end
