@@ -16,10 +16,61 @@ defmodule Larder.Cache do
   back into L1 (the "backfill" without which an L1 gains nothing); then the
   loader, whose `{:ok, value}` is written to L1 and L2.
 
-  A cache is a process started with `start_link/1` (or under a supervisor
-  with `child_spec/1`) and named by its `:name`; every function takes that
-  name. Reads and writes do not go through the process: they use its ETS
-  table and the L2 client directly from the caller.
+  A cache is a small tree of processes started with `start_link/1` (or
+  under a supervisor with `child_spec/1`) and named by its `:name`; every
+  function takes that name. Reads and writes do not go through those
+  processes: they use the cache's ETS tables and the L2's state directly
+  from the caller.
+
+  ## Processes
+
+  `start_link/1` starts a supervisor (`:rest_for_one`) whose pid it
+  returns, with three children, in this order:
+
+    1. **the cache's process** (the owner), registered under `:name`: it
+       owns the ETS tables and the state of the L2 (what its `init/3`
+       built), is the only writer of the generation, applies invalidations,
+       repairs L2 writes and sweeps. It is `:temporary` and *significant*:
+       it is never restarted, and when it exits, for any reason, the
+       supervisor stops the other children and exits (`:shutdown`). A
+       restart would bring back an empty cache under the same name, which
+       its callers could not tell from the one they used; so, as before
+       the tree, the cache ends and its own supervisor (the application's)
+       decides. The tables live and die with this process.
+    2. **the L2's processes** (connections, subscribers), from the child
+       spec the L2's `init/3` returned (see "Lifecycle" in
+       `Larder.Cache.L2`), run by a small process of the cache that never
+       exits of its own: when any of them exits it stops the rest, counts
+       an `:l2_errors`, emits `[:larder, :cache, :l2, :disconnected]` with
+       reason `:process_died`, logs one line, and starts them again after
+       100 ms, doubling up to 5 s while they keep exiting within 5 s of a
+       start. A restart costs no L1 entry and no generation: L1 keeps
+       serving, L2 calls fail with `:l2_unavailable` for the gap, and once
+       the new processes are up the cache's process reads the generation
+       and, when the subscription is back, clears L1 (invalidations may
+       have been missed meanwhile), as after any resubscription. The L2's
+       state does not change across a restart (it holds stable names only),
+       so callers never see a stale one. An L2 in a crash loop therefore
+       costs a log line per restart and never stops the cache. Restarting
+       is not how the L2 reconnects: `Larder.Cache.Redis`'s connections
+       stay up and reconnect on their own.
+    3. **the expiry clock** (see "Eviction and expiry"), restarted at once
+       if it dies.
+
+  The supervisor allows 5 restarts of the L2's runner or the clock in 5 s
+  (each exits only when killed or by a bug); more stop the cache.
+
+  `start_link/1` returns once the tree is up and the generation read (when
+  the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
+  whose `init/3` raises or whose processes cannot start gives `{:error,
+  %Larder.Error{reason: :l2_failed}}`; a name in use gives `{:error,
+  {:already_started, pid}}` with the owner's pid. Stopping the supervisor
+  (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
+  then the L2's processes, then the owner, which erases the cache's
+  config. Killing the supervisor makes the owner stop the same way a
+  moment later (a linked exit): calls made in between still work. Killing
+  the owner ends the cache at once (its tables go with it), and its
+  supervisor exits.
 
   ## Complexity
 
@@ -202,10 +253,10 @@ defmodule Larder.Cache do
       well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
       to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
       counted in `:bad_messages`.
-      If a process the L2 linked to the cache's process dies, the cache's
-      process logs it, counts an `:l2_errors`, stops the L2 and starts it
-      again (after 100 ms, doubling up to 5 s while it fails); L1 keeps
-      serving throughout and the cache's process does not restart.
+      If one of the L2's processes dies, the cache logs it, counts an
+      `:l2_errors` and starts the L2's processes again (after 100 ms,
+      doubling up to 5 s while they keep dying; see "Processes"); L1
+      keeps serving throughout and the cache's process does not restart.
     * Writes whose L2 outcome is unknown: when the L2 write of a `put/4`,
       `delete/2` or `invalidate_all/1` fails (a timeout, a dropped
       connection, a reply that is not Redis), it may still land, or the old
@@ -302,6 +353,7 @@ defmodule Larder.Cache do
   """
 
   alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
+  alias Larder.Cache.Supervisor, as: CacheSupervisor
   alias Larder.Telemetry
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
@@ -350,14 +402,24 @@ defmodule Larder.Cache do
       (default `true`: emitted when `:telemetry` is loaded when the cache
       starts; see `Larder.Telemetry`).
   """
-  @spec start_link(keyword()) :: GenServer.on_start()
-  def start_link(opts), do: Owner.start_link(Config.validate!(opts))
+  @spec start_link(keyword()) ::
+          {:ok, pid()} | {:error, Larder.Error.t() | {:already_started, pid()} | term()}
+  def start_link(opts), do: CacheSupervisor.start_link(Config.validate!(opts))
 
-  @doc "A child specification for a supervisor; takes `start_link/1`'s options."
+  @doc """
+  A child specification for a supervisor; takes `start_link/1`'s options.
+  The child is the cache's own supervisor (`type: :supervisor`; see
+  "Processes").
+  """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     opts = Config.validate!(opts)
-    %{id: {__MODULE__, opts[:name]}, start: {Owner, :start_link, [opts]}}
+
+    %{
+      id: {__MODULE__, opts[:name]},
+      start: {CacheSupervisor, :start_link, [opts]},
+      type: :supervisor
+    }
   end
 
   @doc """

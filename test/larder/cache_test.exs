@@ -74,11 +74,27 @@ defmodule Larder.CacheTest do
 
     test "a killed cache raises a clear ArgumentError", ctx do
       name = :"#{ctx.test}"
+      # the cache's supervisor killed: its owner ends with it (a linked
+      # exit, so a moment later)
+      {:ok, pid} = Cache.start_link(name: name)
+      Process.unlink(pid)
+      owner = Process.whereis(name)
+      refs = for p <- [pid, owner], do: Process.monitor(p)
+      Process.exit(pid, :kill)
+      for ref <- refs, do: assert_receive({:DOWN, ^ref, _, _, _})
+
+      # (the owner stopped in order, as in a stop: its config is gone too)
+      assert_raise ArgumentError, ~r/unknown cache/, fn ->
+        Cache.fetch(name, :k, fn -> {:ok, 1} end)
+      end
+
+      # the owner killed: the supervisor ends the cache (the owner is not
+      # restarted, its tables are gone)
       {:ok, pid} = Cache.start_link(name: name)
       Process.unlink(pid)
       ref = Process.monitor(pid)
-      Process.exit(pid, :kill)
-      assert_receive {:DOWN, ^ref, _, _, _}
+      Process.exit(Process.whereis(name), :kill)
+      assert_receive {:DOWN, ^ref, _, _, :shutdown}
 
       assert_raise ArgumentError, ~r/unknown cache.*no longer running/, fn ->
         Cache.fetch(name, :k, fn -> {:ok, 1} end)

@@ -74,7 +74,10 @@ defmodule Larder.Cache.L2Conformance do
 
   def init(ctx, channel \\ nil) do
     mod = ctx.l2_module
-    {:ok, state} = mod.init(ctx.l2_opts, self(), channel || key(ctx, "channel"))
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(mod, ctx.l2_opts, self(), channel || key(ctx, "channel"))
+
     ExUnit.Callbacks.on_exit(fn -> mod.stop(state) end)
     {mod, state}
   end
@@ -83,7 +86,7 @@ defmodule Larder.Cache.L2Conformance do
   def subscriber(ctx, channel, parent) do
     pid =
       spawn_link(fn ->
-        {:ok, _state} = ctx.l2_module.init(ctx.l2_opts, self(), channel)
+        {:ok, _state} = Larder.Test.L2Process.start(ctx.l2_module, ctx.l2_opts, self(), channel)
         forward(parent)
       end)
 

@@ -32,7 +32,7 @@ defmodule Larder.Cache.Config do
     :max_value_bytes,
     :telemetry
   ]
-  defstruct [l2: nil] ++ @enforce_keys
+  defstruct [l2: nil, l2_child: nil] ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -59,7 +59,8 @@ defmodule Larder.Cache.Config do
           local_copy_max_bytes: non_neg_integer(),
           max_value_bytes: pos_integer(),
           telemetry: boolean(),
-          l2: {module(), term()} | nil
+          l2: {module(), term()} | nil,
+          l2_child: Supervisor.child_spec() | nil
         }
 
   # Upper bounds of the numeric options (documented in Larder.Cache.start_link/1).

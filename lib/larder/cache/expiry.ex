@@ -40,30 +40,26 @@ defmodule Larder.Cache.Expiry do
   # and applies invalidations, and a tick queued behind them stopped the
   # clock (a sweep of 1M rows held it for half a second). It does nothing
   # but tick, at high priority so that a machine busy with normal work
-  # still runs it on time; it monitors the cache's process and ends with
-  # it. The cache's process monitors it and starts another if it dies.
+  # still runs it on time. It is a child of the cache's supervisor
+  # (Larder.Cache.Supervisor), started after the cache's process, which
+  # starts another if it dies and stops it with the cache.
 
-  # {pid, monitor ref}; called by the cache's process.
-  def start_clock(cfg) do
-    owner = self()
-    clock = cfg.clock
-    spawn_monitor(fn -> clock_init(clock, owner) end)
+  # {:ok, pid}, linked to the caller (the cache's supervisor); the cache's
+  # process has put its config in persistent_term.
+  def start_clock(name) do
+    %{clock: clock} = :persistent_term.get(Larder.Cache.Config.key(name))
+    {:ok, spawn_link(fn -> clock_init(clock) end)}
   end
 
-  defp clock_init(clock, owner) do
+  defp clock_init(clock) do
     Process.flag(:priority, :high)
-    ref = Process.monitor(owner)
-    clock_loop(clock, ref)
+    clock_loop(clock)
   end
 
-  defp clock_loop(clock, ref) do
+  defp clock_loop(clock) do
     :atomics.put(clock, 1, now())
-
-    receive do
-      {:DOWN, ^ref, :process, _, _} -> :ok
-    after
-      @tick_ms -> clock_loop(clock, ref)
-    end
+    Process.sleep(@tick_ms)
+    clock_loop(clock)
   end
 
   ## The sweep

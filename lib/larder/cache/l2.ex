@@ -10,18 +10,42 @@ defmodule Larder.Cache.L2 do
 
   ## Lifecycle
 
-  The cache's owner process calls `c:init/3` once. The implementation starts
-  whatever processes it needs *linked to the caller* and returns a state that
-  any process may then pass to the other callbacks (callers use it directly,
-  they do not go through the cache's owner). `c:init/3` must not fail when the
-  backend is unreachable: it returns a state that reports errors until the
-  backend comes back, and reconnects on its own.
+  A cache is a small supervision tree (see "Processes" in `Larder.Cache`),
+  and an L2's processes are part of it. The cache's owner process calls
+  `c:init/3` once, at start: it checks the options and builds the state,
+  which any process may then pass to the other callbacks (callers use it
+  directly, they do not go through the cache's owner). `c:init/3` starts
+  no process; what it creates (an ETS table, say) belongs to the owner and
+  lives as long as the cache.
 
-  If a process the implementation linked to the caller exits (with a reason
-  other than `:normal`), the cache calls `c:stop/1` and then `c:init/3`
-  again after a backoff, and serves L1 meanwhile; the implementation should
-  replace its own crashed processes itself where it can, as
-  `Larder.Cache.Redis` does, so that this stays rare.
+  The processes (connections, subscribers, watchers) are a child spec
+  that `c:init/3` returns with the state (`{:ok, state, child_spec}`, the
+  shape of Nebulex's adapters); the cache runs that child under a
+  supervisor of its own, after the owner. The state must therefore hold
+  only names that stay valid when those processes restart: a process that
+  restarts publishes what callers need (its pid, a connection's pid) where
+  the state points (`Larder.Cache.Redis` keeps its clients' pids in an ETS
+  table that its keeper fills again when it restarts), so callers never
+  see a stale state and the state is never replaced. An L2 with no process
+  of its own (an in-memory one, in tests) returns `{:ok, state}`.
+
+  The child must not fail to start when the backend is unreachable: it
+  starts, reports errors until the backend comes back, and reconnects on
+  its own, with a backoff, without exiting. Crashing is not the way to
+  reconnect: the cache treats an exit as a bug. When the child (or any
+  process of it) exits, the cache stops them all, counts an `:l2_errors`,
+  emits `[:larder, :cache, :l2, :disconnected]` (reason `:process_died`)
+  and starts the child again after 100 ms, doubling up to 5 s while it
+  keeps stopping within 5 s of its start; L1 keeps serving throughout,
+  L2 calls fail with an error meanwhile, and the owner (with its tables)
+  is never restarted for it. An L2 caught in a crash loop therefore costs
+  a log line and one restart per backoff period, never the cache. A child
+  that cannot start when the cache starts makes `Larder.Cache.start_link/1`
+  return `{:error, %Larder.Error{reason: :l2_failed}}`; later it is tried
+  again with the same backoff.
+
+  When the cache stops, the L2's processes are stopped first (each within
+  its child spec's `:shutdown`), then the owner calls `c:stop/1`.
 
   ## Messages
 
@@ -32,8 +56,10 @@ defmodule Larder.Cache.L2 do
     * `{:larder_cache_l2, :connected}` each time the subscription is
       (re-)established, so that the cache can re-read what it may have missed.
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
-      subscription's connection is lost; the cache only reports it (the
-      `[:larder, :cache, :l2, :disconnected]` event of `Larder.Telemetry`).
+      subscription's connection is lost, or the L2 moves to another server
+      (a Sentinel failover) whether or not it was subscribed: the cache
+      reports it (the `[:larder, :cache, :l2, :disconnected]` event of
+      `Larder.Telemetry`) and clears its L1 at the next `:connected`.
 
   ## Failures
 
@@ -51,8 +77,14 @@ defmodule Larder.Cache.L2 do
   @type key :: binary()
   @type error :: {:error, Larder.Error.t()}
 
-  @doc "Starts the level (linked to the caller) and subscribes `subscriber` to `channel`."
-  @callback init(opts :: keyword(), subscriber :: pid(), channel :: binary()) :: {:ok, state()}
+  @doc """
+  Builds the state, in the cache's owner process, and the child spec of the
+  L2's processes (see "Lifecycle"), which subscribe `subscriber` to
+  `channel`; an L2 that runs no process returns `{:ok, state}`. Starts no
+  process; may raise `ArgumentError` for bad options.
+  """
+  @callback init(opts :: keyword(), subscriber :: pid(), channel :: binary()) ::
+              {:ok, state()} | {:ok, state(), Supervisor.child_spec()}
 
   @doc "Reads `key`: `{:ok, binary}`, `:miss`, or an error."
   @callback get(state(), key()) :: {:ok, binary()} | :miss | error()
@@ -79,7 +111,7 @@ defmodule Larder.Cache.L2 do
   @doc "Publishes `payload` to every subscriber of `channel`."
   @callback publish(state(), channel :: binary(), payload :: binary()) :: :ok | error()
 
-  @doc "Stops what `c:init/3` started."
+  @doc "Releases what `c:init/3` made, once the L2's processes have stopped."
   @callback stop(state()) :: :ok
 
   @doc """

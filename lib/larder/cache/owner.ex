@@ -1,5 +1,5 @@
-# The process behind a cache: owns its ETS tables, starts the L2 (and starts
-# it again if it dies), is the only writer of the local generation (checked
+# The process behind a cache: owns its ETS tables and the L2's state (its
+# processes run beside it, under the cache's supervisor), is the only writer of the local generation (checked
 # against the L2's), applies the invalidations other nodes publish, repairs
 # L2 writes whose outcome is unknown, and sweeps expired rows.
 defmodule Larder.Cache.Owner do
@@ -12,9 +12,8 @@ defmodule Larder.Cache.Owner do
   alias Larder.Cache.{Codec, Config, Expiry, LocalCopies, Remote, Stats, Store}
   alias Larder.Telemetry
 
-  # L2 restart backoff after one of its processes died: doubles up to the max.
-  @l2_restart_min_ms 100
-  @l2_restart_max_ms 5_000
+  # Longest wait between two reads of a generation that keep failing.
+  @generation_retry_max_ms 5_000
   # Pending invalidations: retried after 100 ms, doubling while the L2
   # stays away up to 400 ms (so a recovered L2 is noticed within that);
   # more keys than @max_pending_keys degrade to one invalidate-all.
@@ -23,8 +22,7 @@ defmodule Larder.Cache.Owner do
   @max_pending_keys 1_000
 
   # The state: %{cfg: %Config{} (also in persistent_term, for callers),
-  # subscribed_before, l2_backoff, l2_spec, l2_restart, pending, clock
-  # ({pid, ref} of the clock process), sweeping (a sweep's slices are under
+  # subscribed_before, pending, sweeping (a sweep's slices are under
   # way), verify (true while a :verify_generation message is on its way to
   # us), retry_timer and retry_wait (a failed generation read, read again)}.
 
@@ -60,6 +58,14 @@ defmodule Larder.Cache.Owner do
       raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
   end
 
+  @doc """
+  Called by the L2 runner once the L2's processes run (at the cache's start,
+  before start_link/1 returns, and after each restart): the owner reads the
+  generation then. `restart?` is true after a restart, when invalidations
+  may have been missed.
+  """
+  def l2_started(cfg, restart?), do: GenServer.call(cfg.owner, {:l2_started, restart?}, :infinity)
+
   @impl true
   def init(opts) do
     Process.flag(:trap_exit, true)
@@ -68,16 +74,13 @@ defmodule Larder.Cache.Owner do
       {:ok, cfg} ->
         Expiry.tick(cfg)
         :persistent_term.put(config_key(cfg.name), cfg)
-        sync_generation(cfg)
+        # an L2 with processes is read once they run (l2_started/2)
+        if cfg.l2_child == nil, do: sync_generation(cfg)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
 
         state = %{
           cfg: cfg,
           subscribed_before: false,
-          l2_backoff: @l2_restart_min_ms,
-          l2_spec: opts[:l2],
-          l2_restart: nil,
-          clock: Expiry.start_clock(cfg),
           sweeping: false,
           pending: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @repair_min_ms},
           verify: false,
@@ -94,6 +97,11 @@ defmodule Larder.Cache.Owner do
 
   @impl true
   def handle_call(:clear_l1, _from, state), do: {:reply, Store.clear(state.cfg), state}
+
+  def handle_call({:l2_started, restart?}, _from, %{cfg: cfg} = state) do
+    sync_generation(cfg)
+    {:reply, :ok, %{state | subscribed_before: state.subscribed_before or restart?}}
+  end
 
   def handle_call({:invalidate_all, how}, _from, %{cfg: cfg} = state) do
     before = local_generation(cfg)
@@ -152,7 +160,11 @@ defmodule Larder.Cache.Owner do
     timer = Process.send_after(self(), :retry_generation, state.retry_wait)
 
     {:noreply,
-     %{state | retry_timer: timer, retry_wait: min(state.retry_wait * 2, @l2_restart_max_ms)}}
+     %{
+       state
+       | retry_timer: timer,
+         retry_wait: min(state.retry_wait * 2, @generation_retry_max_ms)
+     }}
   end
 
   def handle_info(:generation_failed, state), do: {:noreply, state}
@@ -168,7 +180,9 @@ defmodule Larder.Cache.Owner do
 
   def handle_info({:larder_cache_l2, :disconnected}, %{cfg: cfg} = state) do
     connection(cfg, :disconnected, %{reason: :connection_lost})
-    {:noreply, state}
+    # messages may be missed from now on (or were, before a first
+    # subscription): the next subscription clears L1
+    {:noreply, %{state | subscribed_before: true}}
   end
 
   def handle_info({:larder_cache_l2, :connected}, %{cfg: cfg} = state) do
@@ -205,11 +219,6 @@ defmodule Larder.Cache.Owner do
     {:noreply, schedule_repair(put_in(state.pending.worker, nil))}
   end
 
-  def handle_info({:DOWN, ref, :process, pid, _reason}, %{clock: {pid, ref}} = state) do
-    # the clock process was killed: hits must not see time stop
-    {:noreply, %{state | clock: Expiry.start_clock(state.cfg)}}
-  end
-
   # The sweep goes in slices, each a message to ourselves queued behind
   # whatever arrived meanwhile; the next sweep is due sweep_ms after one ends.
   def handle_info(:sweep, %{sweeping: false} = state),
@@ -218,29 +227,19 @@ defmodule Larder.Cache.Owner do
   def handle_info({:larder_cache_sweep, continuation}, %{sweeping: true} = state),
     do: {:noreply, swept(state, Expiry.sweep(state.cfg, continuation))}
 
-  def handle_info(:restart_l2, state), do: {:noreply, restart_l2(%{state | l2_restart: nil})}
-
   def handle_info({:EXIT, _pid, :normal}, state), do: {:noreply, state}
 
   def handle_info({:EXIT, pid, reason}, %{cfg: cfg} = state) do
-    # A process the L2 linked to us died (our supervisor's exit is handled
-    # by GenServer itself). L1 keeps serving; the L2 is stopped and started
-    # again after a backoff, its calls failing with an error meanwhile.
+    # A process an L2 linked to us in init/3 died (our supervisor's exit is
+    # handled by GenServer itself): L2 processes belong in its child_spec/1,
+    # which the cache's supervisor runs and restarts; this one is reported.
     Logger.warning(
-      "Larder.Cache #{inspect(cfg.name)}: L2 process #{inspect(pid)} exited " <>
-        "(#{inspect(reason, limit: 10, printable_limit: 200)}); restarting the L2"
+      "Larder.Cache #{inspect(cfg.name)}: a process linked by the L2's init/3 " <>
+        "(#{inspect(pid)}) exited (#{inspect(reason, limit: 10, printable_limit: 200)})"
     )
 
     Remote.process_died(cfg)
-
-    if state.l2_restart == nil do
-      # one restart for however many of its processes went down
-      Remote.stop(cfg)
-      Process.send_after(self(), :restart_l2, state.l2_backoff)
-      {:noreply, %{state | l2_restart: :scheduled}}
-    else
-      {:noreply, state}
-    end
+    {:noreply, state}
   end
 
   def handle_info(_other, state), do: {:noreply, state}
@@ -276,21 +275,6 @@ defmodule Larder.Cache.Owner do
     :persistent_term.erase(config_key(cfg.name))
     Remote.stop(cfg)
     LocalCopies.died(cfg)
-  end
-
-  defp restart_l2(%{cfg: cfg} = state) do
-    case Remote.start(cfg, state.l2_spec) do
-      {:ok, cfg} ->
-        :persistent_term.put(config_key(cfg.name), cfg)
-        sync_generation(cfg)
-        %{state | cfg: cfg, l2_backoff: @l2_restart_min_ms, subscribed_before: true}
-
-      {:error, error} ->
-        Logger.warning("Larder.Cache #{inspect(cfg.name)}: #{Exception.message(error)}")
-        backoff = min(state.l2_backoff * 2, @l2_restart_max_ms)
-        Process.send_after(self(), :restart_l2, backoff)
-        %{state | l2_backoff: backoff, l2_restart: :scheduled}
-    end
   end
 
   ## The generation

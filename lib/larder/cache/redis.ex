@@ -25,6 +25,11 @@ defmodule Larder.Cache.Redis do
       the cache's `:max_value_bytes`.
     * `:max_message_bytes` - the same for the pub/sub connection, whose
       messages are small, 1024 to 2^32 (default `1048576`).
+    * `:sentinel` - run against the master a Sentinel set names, instead of
+      `:host` and `:port` (default `nil`): `[sentinels: [{"127.0.0.1",
+      26379}, ...], master: "mymaster"]`, with 1 to 16 sentinels, and
+      optional `:username` and `:password` sent to the sentinels with
+      `AUTH`. The data nodes get `:password`. See "Sentinel".
 
   ## Concurrency
 
@@ -63,13 +68,18 @@ defmodule Larder.Cache.Redis do
   eredis is not built for a peer that is not Redis: its client process
   crashes on bytes that are not RESP, and it buffers a bulk reply of any
   declared length for as long as the bytes keep coming. So one keeper
-  process, linked to the cache's process, owns the clients: it keeps their
-  pids in a table callers read, replaces a client that died after
-  `:reconnect_sleep` ms (its callers get `:l2_unavailable` meanwhile),
-  kills a client that holds more than twice `:max_reply_bytes` (checked
-  every 100 ms), and runs the pub/sub connection itself. No process crashes
-  in a loop: reconnection is a timer, not a restart, and the cache's process
-  never sees a client's exit.
+  process, the child spec `init/3` returns (run by the cache's supervision
+  tree, see "Processes" in `Larder.Cache`), owns the clients: it keeps
+  their pids in the table of the state, which the cache's process owns and
+  callers read, replaces a client that died after `:reconnect_sleep` ms
+  (its callers get `:l2_unavailable` meanwhile), kills a client that holds
+  more than twice `:max_reply_bytes` (checked every 100 ms), and runs the
+  pub/sub connection itself. A client that dies is replaced by the keeper,
+  on a timer, rather than by a supervisor: a hostile server kills a client
+  on every reply, a loop that no restart intensity should count as a bug.
+  No process crashes in a loop: reconnection is a timer, not a restart.
+  If the keeper itself dies (a bug, or killed), the cache starts another,
+  which fills the same table: the state callers hold stays valid.
 
   The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
   and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
@@ -85,6 +95,37 @@ defmodule Larder.Cache.Redis do
   `{:larder_cache_l2, :connected}`, and the wait is back to
   `:reconnect_sleep`. Replies that are not messages on the channel are
   ignored once subscribed.
+
+  ## Sentinel
+
+  With `:sentinel`, the keeper asks the sentinels in turn for the master
+  (`SENTINEL get-master-addr-by-name`), each within `:timeout`, and uses
+  the first address whose node answers `ROLE` with `master`. It holds a
+  `+switch-master` subscription on every sentinel it can reach (one it
+  cannot reach is tried again every second), and asks the sentinels again
+  on a `+switch-master` for its master, when a command gets `READONLY` or
+  finds its connection lost, when the pub/sub connection fails, and every
+  100 ms while it knows no master; at most once per `:reconnect_sleep`
+  however many callers hint it. What a sentinel or a node says is checked
+  (a reply that is not RESP, is larger than 64 KB, or has the wrong shape
+  counts as no answer). A master other than the one in use moves every
+  connection: the command clients are replaced and the pub/sub connection
+  reconnects to the new master, and the cache gets `{:larder_cache_l2,
+  :disconnected}` then `:connected`, so it clears its L1 and reads the
+  generation there (writes the old master acknowledged may be lost, since
+  replication is asynchronous).
+
+  What a failover costs a caller: from the old master's death until the
+  sentinels elect a new one (their `down-after-milliseconds` plus the
+  election) and the keeper hears of it (a `+switch-master`, or its next
+  check), L2 calls fail with `:l2_unavailable` (L1 hits are served, misses
+  call the loader, and writes are repaired once the L2 answers, as in any
+  outage); then every node's L1 is empty once, and values written to the
+  old master that it had not yet replicated are gone (a miss, never an old
+  value, since the nodes agree on the new master's generation key, or
+  renew it if it was lost). The check runs in the keeper, which relays
+  pub/sub messages too: while it asks the sentinels (each within
+  `:timeout`), messages wait.
 
   ## Failures
 
@@ -102,6 +143,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
+  alias Larder.Cache.Redis.Sentinel
   alias Larder.Options
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -115,34 +157,59 @@ defmodule Larder.Cache.Redis do
   # Longest wait between two pub/sub connection attempts (unless
   # :reconnect_sleep is longer).
   @sub_max_wait_ms 2_000
+  # Wait before connecting again to a sentinel whose subscription was lost.
+  @sentinel_retry_ms 1_000
   # Longest wait for the keeper to start the clients, beyond their connect
   # timeouts.
   @init_timeout 5_000
 
   @doc """
-  Starts the keeper process (linked to the caller), which starts the eredis
-  clients and the pub/sub relay, and subscribes `subscriber` to `channel`.
-  Succeeds while Redis is down or not Redis. Raises `ArgumentError` when the
-  eredis client is not loadable (see "Client").
+  Checks `opts` and builds the state: the table of client pids (owned by
+  the caller, public, filled by the keeper) and the options, with the child
+  spec of the keeper process (see "Client"), which the cache runs under its
+  supervision tree. A keeper that restarts fills the same table, so the
+  state never changes. Starts no process. Raises `ArgumentError` for a bad
+  option or when the eredis client is not loadable (see "Client").
   """
   @impl true
-  @spec init(keyword(), pid(), binary()) :: {:ok, map()}
+  @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
     ensure_eredis!()
+    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
+    for slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none})
+
+    state = %{
+      table: table,
+      pool_size: opts[:pool_size],
+      timeout: opts[:timeout],
+      opts: opts,
+      subscriber: subscriber,
+      channel: channel
+    }
+
+    {:ok, state, %{id: __MODULE__, start: {__MODULE__, :start_link, [state]}}}
+  end
+
+  # The start of init/3's child spec: the keeper, linked to the caller (a
+  # supervisor). It starts the eredis clients (each connecting within
+  # :timeout) and the pub/sub connection; it succeeds while Redis is down
+  # or not Redis.
+  @doc false
+  @spec start_link(map()) :: {:ok, pid()} | {:error, :timeout}
+  def start_link(state) do
+    check_args!(state, [])
     parent = self()
     ref = make_ref()
-    keeper = spawn_link(fn -> keeper_init(parent, ref, subscriber, channel, opts) end)
+    keeper = spawn_link(fn -> keeper_init(parent, ref, state) end)
 
     receive do
-      {^ref, table} ->
-        {:ok,
-         %{table: table, keeper: keeper, pool_size: opts[:pool_size], timeout: opts[:timeout]}}
+      {^ref, :ready} -> {:ok, keeper}
     after
-      @init_timeout + opts[:pool_size] * opts[:timeout] ->
+      @init_timeout + state.pool_size * state.timeout ->
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
-        raise "Larder.Cache.Redis: the client processes did not start"
+        {:error, :timeout}
     end
   end
 
@@ -227,24 +294,15 @@ defmodule Larder.Cache.Redis do
     state |> query(["PUBLISH", channel, payload]) |> integer_reply("PUBLISH", 2 ** 63 - 1) |> ok()
   end
 
-  @doc "Stops the clients, the relay and the keeper."
+  @doc """
+  Nothing to release: the keeper is stopped by its supervisor, and the
+  table goes with the process that called `init/3`.
+  """
   @impl true
   @spec stop(map()) :: :ok
   def stop(state) do
     check_args!(state, [])
-    %{keeper: keeper} = state
-
-    Process.unlink(keeper)
-    ref = Process.monitor(keeper)
-    send(keeper, :stop)
-
-    receive do
-      {:DOWN, ^ref, _, _, _} -> :ok
-    after
-      5_000 ->
-        Process.exit(keeper, :kill)
-        :ok
-    end
+    :ok
   end
 
   # Commands on one connection are answered in order, so a large value
@@ -261,9 +319,11 @@ defmodule Larder.Cache.Redis do
         {:ok, value}
 
       {:error, reason} when is_binary(reason) ->
+        if match?("READONLY" <> _, reason), do: master_moved?(table)
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
 
       {:error, reason} ->
+        master_moved?(table)
         {:error, unavailable(reason)}
 
       other ->
@@ -275,9 +335,20 @@ defmodule Larder.Cache.Redis do
     :error, _ -> {:error, unavailable(:no_client)}
   end
 
+  # A READONLY reply or a lost connection: with Sentinel, the master may
+  # have moved; the keeper asks the sentinels (at most once per
+  # :reconnect_sleep, whatever the number of callers that hint it).
+  defp master_moved?(table) do
+    case :ets.lookup(table, :sentinel) do
+      [{:sentinel, keeper}] -> send(keeper, :check_master)
+      [] -> :ok
+    end
+  end
+
   defp check_args!(state, binaries) do
     unless match?(
-             %{table: _, keeper: keeper, pool_size: _, timeout: _} when is_pid(keeper),
+             %{table: table, pool_size: size, timeout: _, opts: _, subscriber: sub, channel: _}
+             when is_reference(table) and is_integer(size) and size > 0 and is_pid(sub),
              state
            ) do
       raise ArgumentError,
@@ -339,10 +410,13 @@ defmodule Larder.Cache.Redis do
       reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
       pool_size: {{:integer, 1, @max_pool_size}, 2},
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
-      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576}
+      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
+      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil}
     ]
 
-    Options.validate!(opts, schema, "Larder.Cache.Redis")
+    opts
+    |> Options.validate!(schema, "Larder.Cache.Redis")
+    |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
   end
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
@@ -350,9 +424,10 @@ defmodule Larder.Cache.Redis do
   ## and runs the pub/sub connection (below), relaying its messages to the
   ## subscriber.
 
-  defp keeper_init(parent, ref, subscriber, channel, opts) do
+  defp keeper_init(parent, ref, %{opts: opts, table: table} = l2) do
     Process.flag(:trap_exit, true)
-    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
+    %{subscriber: subscriber, channel: channel} = l2
+    put_slot(table, :keeper, self())
 
     state = %{
       parent: parent,
@@ -360,8 +435,14 @@ defmodule Larder.Cache.Redis do
       channel: channel,
       opts: opts,
       table: table,
-      host: String.to_charlist(opts[:host]),
+      # the master's address; nil while Sentinel names none
+      host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
+      port: opts[:port],
+      master_warned: false,
       password: String.to_charlist(opts[:password] || ""),
+      sentinel: opts[:sentinel],
+      watchers: %{},
+      check: nil,
       clients: %{},
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
@@ -371,12 +452,21 @@ defmodule Larder.Cache.Redis do
       memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
     }
 
+    # with Sentinel, the master first (the clients are started below)
+    state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
+
     # eredis connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
-    send(parent, {ref, table})
+    send(parent, {ref, :ready})
     Process.send_after(self(), :watch, @watch_ms)
     keeper_loop(sub_connect(state))
+  end
+
+  defp start_client(%{host: nil} = state, slot) do
+    put_slot(state.table, slot, :none)
+    Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
+    state
   end
 
   defp start_client(state, slot) do
@@ -386,7 +476,7 @@ defmodule Larder.Cache.Redis do
       try do
         :eredis.start_link(
           state.host,
-          opts[:port],
+          state.port,
           opts[:database],
           state.password,
           opts[:reconnect_sleep],
@@ -398,12 +488,12 @@ defmodule Larder.Cache.Redis do
 
     case result do
       {:ok, client} ->
-        :ets.insert(state.table, {slot, client})
+        put_slot(state.table, slot, client)
         %{state | clients: Map.put(state.clients, client, slot)}
 
       {:error, _reason} ->
         # callers see :l2_unavailable until the retry succeeds
-        :ets.insert(state.table, {slot, :none})
+        put_slot(state.table, slot, :none)
         Process.send_after(self(), {:start_client, slot}, opts[:reconnect_sleep])
         state
     end
@@ -421,11 +511,13 @@ defmodule Larder.Cache.Redis do
   ## :reconnect_sleep once subscribed. Nothing crashes; nothing is retried
   ## faster than that.
 
+  defp sub_connect(%{host: nil} = state), do: sub_failed(state, :no_master)
+
   defp sub_connect(state) do
     opts = state.opts
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
 
-    with {:ok, socket} <- :gen_tcp.connect(state.host, opts[:port], tcp_opts, opts[:timeout]) do
+    with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
       auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
       expect = if opts[:password], do: [:auth, :subscribe], else: [:subscribe]
       commands = Enum.map(auth ++ [["SUBSCRIBE", state.channel]], &command/1)
@@ -545,16 +637,36 @@ defmodule Larder.Cache.Redis do
     end
 
     Process.send_after(self(), :reconnect, state.sub_wait)
+    # the master may have moved (Sentinel)
+    if state.sentinel, do: send(self(), :check_master)
     wait = min(state.sub_wait * 2, sub_max_wait(state))
     %{state | sub: nil, sub_failing: not lost?, sub_wait: wait}
   end
 
   defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
 
-  defp keeper_loop(%{sub: sub, parent: parent} = state) do
+  defp keeper_loop(%{sub: sub, parent: parent, watchers: watchers} = state) do
     socket = sub && sub.socket
 
     receive do
+      {:tcp, w, data} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_data(state, w, data))
+
+      {:tcp_closed, w} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_lost(state, w))
+
+      {:tcp_error, w, _reason} when is_map_key(watchers, w) ->
+        keeper_loop(sentinel_lost(state, w))
+
+      {:watch_sentinel, addr} ->
+        keeper_loop(watch_sentinel(state, addr))
+
+      :check_master ->
+        keeper_loop(request_check(state))
+
+      :find_master ->
+        keeper_loop(find_master(%{state | check: nil}))
+
       {:tcp, ^socket, data} when socket != nil ->
         keeper_loop(sub_data(state, data))
 
@@ -572,12 +684,15 @@ defmodule Larder.Cache.Redis do
         keeper_loop(if sub == nil, do: sub_connect(state), else: state)
 
       {:start_client, slot} ->
-        keeper_loop(start_client(state, slot))
+        # (a move may have started that slot's client meanwhile)
+        taken? = Enum.any?(state.clients, fn {_pid, s} -> s == slot end)
+        keeper_loop(if taken?, do: state, else: start_client(state, slot))
 
       :watch ->
         watch(state)
         Process.send_after(self(), :watch, @watch_ms)
-        keeper_loop(state)
+        # no master known (Sentinel named none, or it was down): ask again
+        keeper_loop(if state.sentinel && state.host == nil, do: request_check(state), else: state)
 
       :stop ->
         shutdown(state)
@@ -604,7 +719,7 @@ defmodule Larder.Cache.Redis do
 
       {slot, clients} ->
         Logger.warning("Larder.Cache.Redis: client exited: #{inspect(truncate(reason))}")
-        :ets.insert(state.table, {slot, :none})
+        put_slot(state.table, slot, :none)
         Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
         %{state | clients: clients}
     end
@@ -622,7 +737,20 @@ defmodule Larder.Cache.Redis do
       Process.exit(pid, :kill)
     end
 
+    # A keeper that was replaced (its runner killed) may still be shutting
+    # down beside us and write its last slot updates over ours: the table
+    # says what this keeper holds again within one watch.
+    for {pid, slot} <- state.clients,
+        :ets.lookup(state.table, slot) != [{slot, pid}],
+        do: put_slot(state.table, slot, pid)
+
+    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
+      do: put_slot(state.table, :keeper, self())
+
     :ok
+  catch
+    # the table's owner is gone: the cache is stopping
+    :error, :badarg -> :ok
   end
 
   defp memory(pid) do
@@ -635,10 +763,127 @@ defmodule Larder.Cache.Redis do
     end
   end
 
+  ## Sentinel: the keeper finds the master at start, holds a +switch-master
+  ## subscription on every sentinel (reconnected every second while one is
+  ## away), and asks the sentinels again on a +switch-master, a caller's
+  ## READONLY or lost connection, or a lost subscription, at most once per
+  ## :reconnect_sleep. A master other than the one in use (checked with its
+  ## own ROLE) moves every connection to it: the clients are replaced and
+  ## the pub/sub connection reconnects, so the cache resubscribes and
+  ## clears its L1 (writes acknowledged by the old master may be lost).
+
+  defp request_check(%{check: nil} = state) do
+    %{state | check: Process.send_after(self(), :find_master, state.opts[:reconnect_sleep])}
+  end
+
+  defp request_check(state), do: state
+
+  defp find_master(state) do
+    password = state.opts[:password]
+
+    case Sentinel.master(state.sentinel, password, state.opts[:timeout]) do
+      {:ok, {host, port}} ->
+        host = String.to_charlist(host)
+
+        cond do
+          {host, port} == {state.host, state.port} -> state
+          # at start: no connection to move yet
+          state.clients == %{} and state.sub == nil -> %{state | host: host, port: port}
+          true -> move(state, host, port)
+        end
+
+      {:error, reason} ->
+        unless state.master_warned do
+          Logger.warning(
+            "Larder.Cache.Redis: no master from Sentinel yet (#{inspect(truncate(reason))})"
+          )
+        end
+
+        %{state | master_warned: true}
+    end
+  end
+
+  defp move(state, host, port) do
+    if state.host,
+      do: Logger.warning("Larder.Cache.Redis: the master moved to #{host}:#{port}; moving")
+
+    for {pid, slot} <- state.clients do
+      stop_client(pid)
+      put_slot(state.table, slot, :none)
+    end
+
+    state = %{state | host: host, port: port, clients: %{}, master_warned: false}
+    state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+
+    # Whether or not it was subscribed, the cache must clear its L1 when the
+    # subscription comes up on the new master: what it read from the old
+    # one may be lost. :disconnected tells it so.
+    send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+    case state.sub do
+      nil ->
+        state
+
+      %{socket: socket} = sub ->
+        if sub.timer, do: Process.cancel_timer(sub.timer)
+        :gen_tcp.close(socket)
+        sub_connect(%{state | sub: nil, sub_wait: state.opts[:reconnect_sleep]})
+    end
+  end
+
+  defp watch_sentinels(state) do
+    put_slot(state.table, :sentinel, self())
+    Enum.reduce(state.sentinel[:sentinels], state, &watch_sentinel(&2, &1))
+  end
+
+  defp watch_sentinel(state, addr) do
+    case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
+      {:ok, socket} ->
+        watcher = %{addr: addr, parser: :eredis_parser.init(), partial: 0}
+        %{state | watchers: Map.put(state.watchers, socket, watcher)}
+
+      {:error, _reason} ->
+        Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+        state
+    end
+  end
+
+  defp sentinel_data(state, socket, data) do
+    watcher = Map.fetch!(state.watchers, socket)
+    :inet.setopts(socket, active: :once)
+
+    case Sentinel.read(watcher.parser, watcher.partial, data) do
+      {:ok, events, parser, partial} ->
+        watcher = %{watcher | parser: parser, partial: partial}
+        state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
+        master = state.sentinel[:master]
+        if Enum.member?(events, {:switch, master}), do: find_master(state), else: state
+
+      :error ->
+        :gen_tcp.close(socket)
+        sentinel_lost(state, socket)
+    end
+  end
+
+  defp sentinel_lost(state, socket) do
+    {%{addr: addr}, watchers} = Map.pop(state.watchers, socket)
+    Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+    %{state | watchers: watchers}
+  end
+
   defp shutdown(state) do
+    for socket <- Map.keys(state.watchers), do: :gen_tcp.close(socket)
     for pid <- Map.keys(state.clients), do: stop_client(pid)
     if state.sub, do: :gen_tcp.close(state.sub.socket)
     :ok
+  end
+
+  # The table belongs to the process that called init/3; once it is gone
+  # nobody reads it.
+  defp put_slot(table, slot, value) do
+    :ets.insert(table, {slot, value})
+  catch
+    :error, :badarg -> true
   end
 
   defp stop_client(client) do

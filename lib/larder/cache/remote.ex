@@ -58,13 +58,17 @@ defmodule Larder.Cache.Remote do
 
   ## Lifecycle (the cache's process)
 
-  # {:ok, cfg with its l2 started} or {:error, %Larder.Error{}}.
+  # {:ok, cfg with its l2 state (and the child spec of its processes, which
+  # the cache's L2Runner starts)} or {:error, %Larder.Error{}}.
   def start(cfg, nil), do: {:ok, %{cfg | l2: nil}}
 
   def start(cfg, {mod, l2_opts}) do
     case mod.init(l2_opts, self(), channel(cfg)) do
       {:ok, state} ->
         {:ok, %{cfg | l2: {mod, state}}}
+
+      {:ok, state, child_spec} ->
+        {:ok, %{cfg | l2: {mod, state}, l2_child: child_spec}}
 
       other ->
         {:error, Larder.Error.new(:l2_failed, "the L2 did not start", returned: other)}

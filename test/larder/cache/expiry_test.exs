@@ -18,6 +18,8 @@ defmodule Larder.Cache.ExpiryTest do
   defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
   defp clock(cache), do: :atomics.get(cfg(cache).clock, 1)
 
+  defp clock_process(cache), do: Larder.Cache.Supervisor.child(cache, :clock)
+
   # Resumes the suspended process `pid` and has it handle the system
   # `request` (:suspend, {:replace_state, fun}) right after the next message
   # in its mailbox: both system messages go in before it runs (the format
@@ -146,18 +148,20 @@ defmodule Larder.Cache.ExpiryTest do
   test "the clock process ends with the cache and is replaced if killed", ctx do
     cache = start_cache(ctx)
     owner = Process.whereis(cache)
-    {clock_pid, _ref} = :sys.get_state(owner).clock
+    clock_pid = clock_process(cache)
     Process.exit(clock_pid, :kill)
 
     eventually(fn ->
-      {pid, _ref} = :sys.get_state(owner).clock
-      pid != clock_pid and Process.alive?(pid)
+      pid = clock_process(cache)
+      is_pid(pid) and pid != clock_pid and Process.alive?(pid)
     end)
 
     before = clock(cache)
     eventually(fn -> clock(cache) > before end)
+    # the cache's process (and its tables) stayed
+    assert Process.whereis(cache) == owner
 
-    {new_clock, _ref} = :sys.get_state(owner).clock
+    new_clock = clock_process(cache)
     ref = Process.monitor(new_clock)
     :ok = stop_supervised({Cache, cache})
     assert_receive {:DOWN, ^ref, :process, ^new_clock, _}

@@ -253,8 +253,11 @@ defmodule Larder.Cache.L2InputPropertyTest do
   test "Larder.Cache.Redis: arbitrary arguments raise ArgumentError or return an allowed value" do
     server = RedisServer.start()
     on_exit(fn -> RedisServer.stop(server) end)
-    {:ok, state} = Cache.Redis.init([port: server.port, timeout: 500], self(), "ch")
-    states = [state, state, state, :not_a_state, %{}, %{state | keeper: :x}]
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(Cache.Redis, [port: server.port, timeout: 500], self(), "ch")
+
+    states = [state, state, state, :not_a_state, %{}, %{state | table: :x}]
 
     property =
       :proper.forall(
@@ -293,7 +296,9 @@ defmodule Larder.Cache.L2InputPropertyTest do
     {:ok, agent} = Agent.start_link(fn -> "" end)
     garbage = GarbageServer.start(fn _request -> Agent.get(agent, & &1) end)
     on_exit(fn -> GarbageServer.stop(garbage) end)
-    {:ok, state} = Cache.Redis.init([port: garbage.port, timeout: 100], self(), "ch")
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(Cache.Redis, [port: garbage.port, timeout: 100], self(), "ch")
 
     name = :"#{__MODULE__}.garbage_replies"
     l2 = {Cache.Redis, port: garbage.port, timeout: 100}

@@ -39,7 +39,9 @@ defmodule Larder.Cache.RedisTest do
   @tag :capture_log
   test "calls to a server that is down return :l2_unavailable within the timeout" do
     port = RedisServer.free_port()
-    {:ok, state} = Larder.Cache.Redis.init([port: port, timeout: 200], self(), "ch")
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(Larder.Cache.Redis, [port: port, timeout: 200], self(), "ch")
 
     assert {:error, %Larder.Error{reason: :l2_unavailable}} = Larder.Cache.Redis.get(state, "k")
 

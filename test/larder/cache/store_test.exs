@@ -459,8 +459,12 @@ defmodule Larder.Cache.StoreTest do
           :ok = Cache.put(name, :big, big)
           reading = read_in(reader, name, :big)
           ref = Process.monitor(pid)
-          # half stop normally, half are killed (no terminate/2)
-          if rem(i, 2) == 0, do: GenServer.stop(pid), else: Process.exit(pid, :kill)
+          # half stop normally, half are killed (the cache's process, so
+          # no terminate/2; the cache's supervisor then ends)
+          if rem(i, 2) == 0,
+            do: GenServer.stop(pid),
+            else: Process.exit(Process.whereis(name), :kill)
+
           assert_receive {:DOWN, ^ref, :process, _, _}
           reading
         end

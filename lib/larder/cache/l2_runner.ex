@@ -1,0 +1,99 @@
+# Runs the L2's processes (the child spec its init/3 returned)
+# under a supervisor of their own, and starts them again, after a backoff,
+# when they stop: the piece of the cache's tree that makes an L2 in a crash
+# loop cost L1 nothing.
+defmodule Larder.Cache.L2Runner do
+  @moduledoc false
+
+  use GenServer
+
+  require Logger
+
+  alias Larder.Cache.{Config, Owner, Remote}
+
+  # Backoff between two starts of the L2's processes: doubles up to the max
+  # while they keep stopping (or failing to start), back to the min once
+  # they stayed up for @max_ms.
+  @min_ms 100
+  @max_ms 5_000
+
+  def start_link(name), do: GenServer.start_link(__MODULE__, name)
+
+  def backoff_ms, do: {@min_ms, @max_ms}
+
+  @impl true
+  def init(name) do
+    cfg = :persistent_term.get(Config.key(name))
+
+    case cfg.l2_child do
+      nil ->
+        :ignore
+
+      spec ->
+        Process.flag(:trap_exit, true)
+
+        case start_l2(spec) do
+          {:ok, sup} ->
+            :ok = Owner.l2_started(cfg, false)
+            {:ok, %{name: name, spec: spec, sup: sup, wait: @min_ms, started: now()}}
+
+          {:error, reason} ->
+            {:stop, Larder.Error.new(:l2_failed, "the L2 did not start", reason: reason)}
+        end
+    end
+  end
+
+  # One supervisor for the L2's processes, with no restart of its own: when
+  # one of them stops, the others are stopped too (:one_for_all, in the
+  # order of their shutdown) and this process starts them all again.
+  defp start_l2(spec) do
+    Supervisor.start_link(List.wrap(spec), strategy: :one_for_all, max_restarts: 0)
+  catch
+    kind, reason -> {:error, {kind, reason}}
+  end
+
+  @impl true
+  def handle_info({:EXIT, sup, reason}, %{sup: sup} = state) do
+    cfg = :persistent_term.get(Config.key(state.name))
+
+    Logger.warning(
+      "Larder.Cache #{inspect(state.name)}: the L2's processes stopped " <>
+        "(#{inspect(reason, limit: 10, printable_limit: 200)}); starting them again"
+    )
+
+    Remote.process_died(cfg)
+    wait = if now() - state.started >= @max_ms, do: @min_ms, else: state.wait
+    Process.send_after(self(), :restart, wait)
+    {:noreply, %{state | sup: nil, wait: min(wait * 2, @max_ms)}}
+  end
+
+  def handle_info(:restart, %{sup: nil} = state) do
+    case start_l2(state.spec) do
+      {:ok, sup} ->
+        :ok = Owner.l2_started(:persistent_term.get(Config.key(state.name)), true)
+        {:noreply, %{state | sup: sup, started: now()}}
+
+      {:error, reason} ->
+        Logger.warning(
+          "Larder.Cache #{inspect(state.name)}: the L2 did not start " <>
+            "(#{inspect(reason, limit: 10, printable_limit: 200)}); trying again in #{state.wait} ms"
+        )
+
+        Process.send_after(self(), :restart, state.wait)
+        {:noreply, %{state | wait: min(state.wait * 2, @max_ms)}}
+    end
+  end
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, %{sup: sup}) when is_pid(sup) do
+    Supervisor.stop(sup, :shutdown)
+  catch
+    :exit, _ -> :ok
+  end
+
+  def terminate(_reason, _state), do: :ok
+
+  defp now, do: System.monotonic_time(:millisecond)
+end

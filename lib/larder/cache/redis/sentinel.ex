@@ -1,0 +1,235 @@
+# Sentinel for Larder.Cache.Redis: the :sentinel option's check, finding the
+# master (SENTINEL get-master-addr-by-name, then the node's own ROLE), and
+# the +switch-master subscriptions the keeper holds on every sentinel.
+# Everything a sentinel or a node says is untrusted: checked, bounded, and
+# a bad answer is an answer from nobody.
+defmodule Larder.Cache.Redis.Sentinel do
+  @moduledoc false
+
+  # The most sentinels one cache asks, and the largest reply read from one.
+  @max_sentinels 16
+  @max_reply_bytes 65_536
+
+  @doc "Checks the :sentinel option; raises ArgumentError naming what is wrong."
+  def validate!(nil), do: nil
+
+  def validate!(opts) when is_list(opts) do
+    opts =
+      Larder.Options.validate!(
+        opts,
+        [
+          sentinels:
+            {{:custom, "a list of 1 to #{@max_sentinels} {host, port} tuples", &sentinels?/1},
+             :required},
+          master: {{:string, 1, 255}, :required},
+          username: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil},
+          password: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil}
+        ],
+        "Larder.Cache.Redis :sentinel"
+      )
+
+    opts
+  end
+
+  def validate!(other) do
+    raise ArgumentError,
+          "expected Larder.Cache.Redis option :sentinel to be a keyword list, got: " <>
+            inspect(other, limit: 10)
+  end
+
+  defp sentinels?(list) when is_list(list) and list != [] and length(list) <= @max_sentinels,
+    do: Enum.all?(list, &address?/1)
+
+  defp sentinels?(_), do: false
+
+  defp address?({host, port}),
+    do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535
+
+  defp address?(_), do: false
+
+  @doc """
+  The master the sentinels name, checked with its own `ROLE`:
+  `{:ok, {host, port}}` or `{:error, reason}`. Sentinels are asked in turn
+  (each within `timeout`); the first whose master says it is one wins.
+  `password` is the data nodes'.
+  """
+  def master(sentinel, password, timeout) do
+    Enum.reduce_while(sentinel[:sentinels], {:error, :no_sentinel}, fn {host, port}, acc ->
+      with {:ok, [reply]} <-
+             request(
+               host,
+               port,
+               auth(sentinel) ++
+                 [
+                   ["SENTINEL", "get-master-addr-by-name", sentinel[:master]]
+                 ],
+               timeout
+             ),
+           {:ok, addr} <- parse_addr(reply),
+           :ok <- check_role(addr, password, timeout) do
+        {:halt, {:ok, addr}}
+      else
+        {:error, reason} -> {:cont, {:error, reason}}
+        _other -> {:cont, acc}
+      end
+    end)
+  end
+
+  defp parse_addr([host, port]) when is_binary(host) and is_binary(port) do
+    case Integer.parse(port) do
+      {n, ""} when n in 1..65_535 and byte_size(host) in 1..255 -> {:ok, {host, n}}
+      _ -> {:error, :bad_master_address}
+    end
+  end
+
+  defp parse_addr(:undefined), do: {:error, :unknown_master}
+  defp parse_addr(_), do: {:error, :bad_master_address}
+
+  defp check_role({host, port}, password, timeout) do
+    auth = if password, do: [["AUTH", password]], else: []
+
+    case request(host, port, auth ++ [["ROLE"]], timeout) do
+      {:ok, [["master" | _]]} -> :ok
+      {:ok, [[role | _]]} when is_binary(role) -> {:error, {:not_master, role}}
+      {:ok, _} -> {:error, :bad_role_reply}
+      {:error, _} = error -> error
+    end
+  end
+
+  defp auth(sentinel) do
+    case {sentinel[:username], sentinel[:password]} do
+      {_, nil} -> []
+      {nil, password} -> [["AUTH", password]]
+      {username, password} -> [["AUTH", username, password]]
+    end
+  end
+
+  @doc """
+  Connects to one sentinel and subscribes to `+switch-master`: `{:ok,
+  socket}` (active once; the keeper reads it) or `{:error, reason}`. The
+  replies to AUTH and SUBSCRIBE come first, on the socket.
+  """
+  def subscribe({host, port}, sentinel, timeout) do
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+
+    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
+      commands = auth(sentinel) ++ [["SUBSCRIBE", "+switch-master"]]
+
+      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &command/1)),
+           :ok <- :inet.setopts(socket, active: :once) do
+        {:ok, socket}
+      else
+        error ->
+          :gen_tcp.close(socket)
+          error
+      end
+    end
+  end
+
+  @doc """
+  Reads `data` from a sentinel's subscription: `{:ok, events, parser,
+  partial}`, where events are `{:switch, master_name}` for each
+  `+switch-master` message (the addresses in it are not used: the master
+  is asked again), or `:error` for bytes that are not RESP or a reply too
+  large.
+  """
+  def read(parser, partial, data) do
+    case parse(parser, data, []) do
+      {:ok, replies, parser, tail} ->
+        partial = if replies == [], do: partial + tail, else: tail
+
+        if partial > @max_reply_bytes do
+          :error
+        else
+          events =
+            for {:ok, ["message", "+switch-master", payload]} when is_binary(payload) <- replies,
+                [name | _] = String.split(payload, " ", parts: 2),
+                do: {:switch, name}
+
+          errors = for {:error, _} <- replies, do: :error
+          if errors == [], do: {:ok, events, parser, partial}, else: :error
+        end
+
+      :error ->
+        :error
+    end
+  end
+
+  # One request on a fresh connection: the replies to `commands`, in
+  # order, or {:error, reason}. An error reply is an error.
+  defp request(host, port, commands, timeout) do
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    deadline = System.monotonic_time(:millisecond) + timeout
+
+    case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
+      {:ok, socket} ->
+        try do
+          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &command/1)) do
+            receive_replies(socket, :eredis_parser.init(), length(commands), [], 0, deadline)
+          end
+        after
+          :gen_tcp.close(socket)
+        end
+
+      {:error, reason} ->
+        {:error, reason}
+    end
+  end
+
+  defp receive_replies(_socket, _parser, 0, replies, _bytes, _deadline) do
+    replies = Enum.reverse(replies)
+
+    case Enum.find(replies, &match?({:error, _}, &1)) do
+      nil -> {:ok, values(replies)}
+      {:error, message} -> {:error, {:error_reply, message}}
+    end
+  end
+
+  defp receive_replies(socket, parser, left, replies, bytes, deadline) do
+    wait = max(deadline - System.monotonic_time(:millisecond), 0)
+
+    with {:ok, data} <- :gen_tcp.recv(socket, 0, wait),
+         bytes = bytes + byte_size(data),
+         true <- bytes <= @max_reply_bytes || {:error, :reply_too_large},
+         {:ok, new, parser, _tail} <- parse(parser, data, []) do
+      taken = Enum.take(new, left)
+
+      receive_replies(
+        socket,
+        parser,
+        left - length(taken),
+        Enum.reverse(taken, replies),
+        bytes,
+        deadline
+      )
+    else
+      :error -> {:error, :bad_reply}
+      {:error, _} = error -> error
+    end
+  end
+
+  # The replies after AUTH's "OK": the last one per command asked for.
+  defp values(replies) do
+    case replies do
+      [{:ok, "OK"}, _ | _] -> values(tl(replies))
+      _ -> Enum.map(replies, fn {:ok, value} -> value end)
+    end
+  end
+
+  defp parse(parser, data, replies) do
+    case :eredis_parser.parse(parser, data) do
+      {:continue, parser} -> {:ok, Enum.reverse(replies), parser, byte_size(data)}
+      {kind, value, parser} -> {:ok, Enum.reverse([{kind, value} | replies]), parser, 0}
+      {kind, value, rest, parser} -> parse(parser, rest, [{kind, value} | replies])
+      _other -> :error
+    end
+  catch
+    _kind, _reason -> :error
+  end
+
+  @doc "A RESP command."
+  def command(args) do
+    ["*", Integer.to_string(length(args)), "\r\n"] ++
+      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
+  end
+end

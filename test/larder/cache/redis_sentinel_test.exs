@@ -1,0 +1,158 @@
+defmodule Larder.Cache.RedisSentinelTest do
+  # Larder.Cache.Redis under Sentinel, on a real Sentinel set (a master, a
+  # replica, three sentinels; support/redis_sentinel.ex): the L2
+  # conformance suite passes, the master is
+  # found through the sentinels and checked with ROLE, every node follows a
+  # failover (the master SIGKILLed) with all its connections, its
+  # subscription included, and clears its L1 when it moves.
+  use ExUnit.Case, async: false
+  use Larder.Cache.L2Conformance
+
+  import Larder.Test.Eventually
+
+  alias Larder.Cache
+  alias Larder.Support.RedisSentinel
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup_all do
+    set = RedisSentinel.start()
+    on_exit(fn -> RedisSentinel.stop(set) end)
+    %{set: set}
+  end
+
+  setup ctx do
+    %{
+      l2_module: Cache.Redis,
+      l2_opts: [
+        timeout: 500,
+        sentinel: [sentinels: RedisSentinel.addresses(ctx.set), master: ctx.set.name]
+      ]
+    }
+  end
+
+  defp start_nodes(ctx, suffixes) do
+    for suffix <- suffixes do
+      name = :"#{ctx.module}.#{ctx.test}.#{suffix}"
+
+      l2 =
+        {Cache.Redis,
+         timeout: 500,
+         sentinel: [sentinels: RedisSentinel.addresses(ctx.set), master: ctx.set.name]}
+
+      start_supervised!({Cache, name: name, l2: l2, namespace: "#{ctx.test}"}, id: name)
+      # subscribed (invalidations published before are not heard)
+      eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+      name
+    end
+  end
+
+  test "the :sentinel option is checked in the caller" do
+    for bad <- [
+          [master: "m"],
+          [sentinels: [], master: "m"],
+          [sentinels: [{"h", 0}], master: "m"],
+          [sentinels: [{"h", 1}]],
+          [sentinels: [{"h", 1}], master: "m", bogus: 1],
+          :not_a_list
+        ] do
+      assert_raise ArgumentError, ~r/sentinel/, fn ->
+        Cache.start_link(name: :sentinel_opts, l2: {Cache.Redis, sentinel: bad})
+      end
+    end
+  end
+
+  test "a cache finds the master through the sentinels", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    :ok = Cache.put(a, :k, 1)
+    assert Cache.get(b, :k) == 1
+    :ok = Cache.put(a, :k, 2)
+    eventually(fn -> Cache.get(b, :k) == 2 end)
+  end
+
+  test "the master SIGKILLed: every node moves to the new one, clears L1, writes resume",
+       ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    :ok = Cache.put(a, :k, 1)
+    {:ok, :in_l1} = Cache.fetch(b, :only_b, fn -> {:ok, :in_l1} end)
+    assert Cache.get(b, :only_b) == :in_l1
+
+    old = RedisSentinel.kill_master(ctx.set)
+    new = RedisSentinel.wait_failover(ctx.set, old)
+    assert new.port != old.port
+
+    # writes resume on the new master
+    eventually(fn -> Cache.put(a, :k, 2) == :ok end, 500, 20)
+
+    # b hears a's writes again: its subscription moved to the new master
+    # (messages published since the kill reach b through it only)
+    eventually(
+      fn ->
+        seen = Cache.stats(b).invalidations
+        :ok = Cache.put(a, :k, 3)
+        Process.sleep(50)
+        Cache.stats(b).invalidations > seen
+      end,
+      200,
+      0
+    )
+
+    # (the generation key may have been lost with the old master: the nodes
+    # then agree on a fresh one, and a's write is read once they do)
+    eventually(fn -> Cache.put(a, :k, 4) == :ok and Cache.get(b, :k) == 4 end)
+
+    # b cleared its L1 when it subscribed there: :only_b, untouched since,
+    # is an L1 miss (its L2 copy may be lost with the old master, since
+    # replication is asynchronous)
+    misses = Cache.stats(b).l1_misses
+    assert Cache.get(b, :only_b) in [:in_l1, nil]
+    assert Cache.stats(b).l1_misses == misses + 1
+  end
+
+  describe "sentinels that are not Redis, or name a bad master" do
+    for mode <- [:random, :wrong_types, :endless, :close_mid_reply, :silent, :bad_address] do
+      test "#{mode}: the cache starts, serves L1, its L2 calls fail with errors", ctx do
+        garbage =
+          case unquote(mode) do
+            :bad_address ->
+              Larder.Test.GarbageServer.start(fn _ ->
+                "*2\r\n$9\r\n127.0.0.1\r\n$6\r\n999999\r\n"
+              end)
+
+            mode ->
+              Larder.Test.GarbageServer.start(mode)
+          end
+
+        on_exit(fn -> Larder.Test.GarbageServer.stop(garbage) end)
+        name = :"#{ctx.module}.#{ctx.test}"
+        sentinel = [sentinels: [{"127.0.0.1", garbage.port}], master: "m"]
+
+        start_supervised!(
+          {Cache, name: name, l2: {Cache.Redis, timeout: 200, sentinel: sentinel}}
+        )
+
+        owner = Process.whereis(name)
+        keeper = keeper(name)
+
+        for round <- 1..3 do
+          assert {:error, %Larder.Error{}} = Cache.put(name, :k, round)
+          assert Cache.get(name, :k) == round
+          assert Cache.fetch(name, {:l, round}, fn -> {:ok, round} end) == {:ok, round}
+          Process.sleep(100)
+        end
+
+        assert Process.whereis(name) == owner
+        # the keeper runs, and was never restarted
+        assert is_pid(keeper) and keeper(name) == keeper and Process.alive?(keeper)
+        assert Cache.stats(name).l2_errors >= 3
+      end
+    end
+  end
+
+  defp keeper(name) do
+    {Cache.Redis, %{table: table}} = :persistent_term.get({Cache, name}).l2
+    [{:keeper, pid}] = :ets.lookup(table, :keeper)
+    pid
+  end
+end
