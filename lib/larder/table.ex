@@ -151,6 +151,7 @@ defmodule Larder.Table do
 
   alias Larder.Index
   alias Larder.Table.Records
+  alias Larder.Table.Snapshot
   alias Larder.Table.Writer
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
@@ -235,6 +236,108 @@ defmodule Larder.Table do
       type: :worker,
       restart: :transient
     }
+  end
+
+  ## Snapshots
+
+  @doc """
+  Writes the table to the file `path`: its definition (key, `:store`
+  fields, index names), its records and its index's bitmaps (Roaring's
+  portable serialisation), in checksummed chunks. Returns `:ok` once the
+  file is durable, or `{:error, %Larder.Error{reason: :file_error}}` when it
+  cannot be written (`path` then keeps its old contents, if any).
+
+  The table's writer process writes the file, so the snapshot is one state
+  of the table (a consistent cut): writes sent during the dump wait for it
+  and are not in the file; reads go on. It writes a temporary file
+  `<path>.<os pid>.<token>-<n>.tmp`, fsyncs it, renames it over `path` and
+  fsyncs the directory; a dump killed mid-write leaves that file, which the
+  next dump of `path` deletes (as `Larder.Bag.dump/2` does).
+
+  Raises `ArgumentError` for a table that is gone or a `path` that is not a
+  string without null bytes.
+  """
+  @spec dump(table(), Path.t()) :: :ok | {:error, Larder.Error.t()}
+  def dump(table, path) do
+    table = handle!(table)
+    path!(path)
+    write!(table, {:dump, path})
+  end
+
+  @doc "Like `dump/2`, but raises the `Larder.Error` on failure."
+  @spec dump!(table(), Path.t()) :: :ok
+  def dump!(table, path) do
+    with {:error, error} <- dump(table, path), do: raise(error)
+  end
+
+  @doc """
+  Reads a snapshot written by `dump/2` into a new table owned by the
+  calling process (as `new/1` makes one).
+
+  Takes the options of `new/1`, which must define the table as the dumped
+  one was: the same `:key`, `:store` fields and index names in the same
+  order. Index functions cannot be stored in a file: the caller passes the
+  same functions again, and they must compute what the dumped table's did
+  (they are used for later writes; the loaded index is the file's, no
+  record is re-indexed). `:name` and `:telemetry` may differ.
+
+  The whole file is read and checked (magic, version, each chunk's length,
+  checksum and count, the trailer's totals) and its definition compared
+  with the options before the table is created; then each chunk is decoded
+  with `binary_to_term/2`'s `:safe` option (no new atoms) and checked for
+  its shape as it is inserted (records in lists, the index's bitmaps in
+  one NIF call on a dirty scheduler). Returns:
+
+    * `{:error, %Larder.Error{reason: :file_error}}` when the file cannot be
+      read;
+    * `{:error, %Larder.Error{reason: :definition_mismatch}}` when the
+      file's definition differs from the options;
+    * `{:error, %Larder.Error{reason: :corrupt_snapshot}}` for any other
+      bad file (truncated, damaged, another format such as a
+      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know).
+
+  On an error no table is left behind. Raises `ArgumentError` for bad
+  options or `path`, or when a table with that `:name` exists.
+
+      iex> table = Larder.Table.new(key: :id, index: [:color])
+      iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :blue}])
+      iex> path = Path.join(System.tmp_dir!(), "larder_doctest_#{System.unique_integer([:positive])}.table")
+      iex> Larder.Table.dump(table, path)
+      :ok
+      iex> {:ok, copy} = Larder.Table.load(path, key: :id, index: [:color])
+      iex> File.rm!(path)
+      iex> Larder.Table.search(copy, color: :red)
+      [%{id: 1, color: :red}]
+  """
+  @spec load(Path.t(), keyword()) :: {:ok, t()} | {:error, Larder.Error.t()}
+  def load(path, opts) do
+    path!(path)
+    config = config!(opts, :new)
+
+    with {:ok, read} <- Snapshot.read(path, config) do
+      case Writer.load(config, self(), {read, path}) do
+        {:ok, writer} -> {:ok, Writer.handle(writer)}
+        {:error, {:shutdown, %Larder.Error{} = error}} -> {:error, error}
+        {:error, %ArgumentError{} = error} -> raise error
+        {:error, reason} -> exit(reason)
+      end
+    end
+  end
+
+  @doc "Like `load/2`, but returns the table and raises the `Larder.Error` on failure."
+  @spec load!(Path.t(), keyword()) :: t()
+  def load!(path, opts) do
+    case load(path, opts) do
+      {:ok, table} -> table
+      {:error, error} -> raise error
+    end
+  end
+
+  defp path!(path) do
+    unless is_binary(path) and not String.contains?(path, <<0>>) do
+      raise ArgumentError,
+            "path must be a string without null bytes, got: #{inspect(path, limit: 10)}"
+    end
   end
 
   ## Writing

@@ -9,6 +9,7 @@ defmodule Larder.Table.Writer do
   alias Larder.Index
   alias Larder.Table
   alias Larder.Table.Records
+  alias Larder.Table.Snapshot
 
   @direct_limit 0x80000000
   @max_id 0xFFFFFFFF
@@ -19,11 +20,19 @@ defmodule Larder.Table.Writer do
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
   @spec start(map(), pid()) :: GenServer.on_start()
-  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner})
+  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner, nil})
+
+  @doc """
+  Starts the writer of a table owned by `owner`, filled from a snapshot
+  that `Larder.Table.Snapshot.read/2` checked; `{:error, %Larder.Error{}}`
+  when its contents are bad (the writer then stops, its tables with it).
+  """
+  @spec load(map(), pid(), {map(), Path.t()}) :: GenServer.on_start()
+  def load(config, owner, snapshot), do: GenServer.start(__MODULE__, {config, owner, snapshot})
 
   @doc "Starts the writer of a supervised table, linked to the caller."
   @spec start_link(map()) :: GenServer.on_start()
-  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil})
+  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil, nil})
 
   @doc """
   Whether the calling process is a table's writer, that is, whether a write
@@ -39,7 +48,7 @@ defmodule Larder.Table.Writer do
   def handle(writer), do: GenServer.call(writer, :handle, :infinity)
 
   @impl true
-  def init({config, owner}) do
+  def init({config, owner, snapshot}) do
     Process.flag(:trap_exit, true)
     Process.put(__MODULE__, true)
     if owner, do: Process.monitor(owner)
@@ -59,9 +68,21 @@ defmodule Larder.Table.Writer do
       telemetry: Larder.Telemetry.enabled?(config.telemetry)
     }
 
-    case register(table) do
-      :ok -> {:ok, %__MODULE__{table: table, owner: owner}}
+    with {:ok, state} <- fill(%__MODULE__{table: table, owner: owner}, snapshot),
+         :ok <- register(table) do
+      {:ok, state}
+    else
       {:error, error} -> {:stop, error}
+    end
+  end
+
+  defp fill(state, nil), do: {:ok, state}
+
+  defp fill(state, {read, path}) do
+    case Snapshot.fill(state.table, read, path) do
+      {:ok, {next, free, top}} -> {:ok, %{state | next: next, free: free, top: top}}
+      # A shutdown: a bad file is not a crash to report.
+      {:error, error} -> {:error, {:shutdown, error}}
     end
   end
 
@@ -95,6 +116,14 @@ defmodule Larder.Table.Writer do
 
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.table, state}
+
+  # A dump by the writer: no write runs during it, so the file is one
+  # state of the table.
+  def handle_call({:dump, path}, _from, state) do
+    {:reply, Snapshot.dump(state.table, state.next, state.free, path), state}
+  catch
+    kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
+  end
 
   def handle_call(:drop, _from, state) do
     release(state)

@@ -13,7 +13,7 @@ use crate::index::index;
 use crate::key::{encode, key_term, next_cell, tuple_elems, elem};
 use crate::posting::{Chunk, Posting};
 use crate::budget::Budget;
-use crate::rev::Change;
+use crate::rev::Reverse;
 use roaring::RoaringBitmap;
 use rustler::{Binary, Encoder, Env, NifResult, OwnedBinary, Term};
 use std::sync::Arc;
@@ -134,7 +134,6 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
             .map(|_| Default::default()),
         ..State::default()
     };
-    let mut changes: Vec<Change> = Vec::new();
     let mut key = Vec::with_capacity(64);
     let mut rest = entries;
     while let Some(entry) = next_cell(&mut rest) {
@@ -160,15 +159,12 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
             .get_or_insert_with(&key, || posting)
             .ok_or(NativeError::Internal)?;
         if let Some(reverse) = next.reverse.as_mut() {
-            let posting = Arc::make_mut(slot);
-            posting.tid = reverse.intern(&Arc::from(key.as_slice()))?;
-            for (_, chunk) in &posting.chunks {
-                changes.extend(chunk.ids.iter().map(|id| (id, posting.tid, 0, true)));
-            }
+            Arc::make_mut(slot).tid = reverse.intern(&Arc::from(key.as_slice()))?;
         }
     }
-    if let Some(reverse) = next.reverse.as_mut() {
-        reverse.apply(changes, &mut budget)?;
+    if let Some(mut reverse) = next.reverse.take() {
+        build_reverse(&next, &mut reverse);
+        next.reverse = Some(reverse);
     }
     let _writer = index.writer(true)?;
     let current = index.state.load_full().ok_or(NativeError::Dropped)?;
@@ -177,6 +173,84 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
     }
     index.state.store(Some(Arc::new(next)));
     Ok(())
+}
+
+/// Fills the id-to-terms map of a fresh index from its postings, one
+/// 64Ki-id range at a time: the (low 16 bits, tid) pairs of the range are
+/// gathered term by term in tid order and sorted by id, stably (a counting
+/// sort when the range is dense), so each row's tids come out sorted and
+/// each 64-id leaf is set once. O(pairs + chunks).
+fn build_reverse(state: &State, reverse: &mut Reverse) {
+    let mut postings: Vec<&Posting> = state.bitmaps.values().map(|p| p.as_ref()).collect();
+    postings.sort_unstable_by_key(|p| p.tid);
+    let mut highs: Vec<u16> = postings
+        .iter()
+        .flat_map(|p| p.chunks.iter().map(|(high, _)| *high))
+        .collect();
+    highs.sort_unstable();
+    highs.dedup();
+    let mut cursors = vec![0usize; postings.len()];
+    let mut pairs: Vec<(u16, u32)> = Vec::new();
+    let mut sorted: Vec<(u16, u32)> = Vec::new();
+    let mut counts: Vec<u32> = Vec::new();
+    for high in highs {
+        pairs.clear();
+        for (posting, cursor) in postings.iter().zip(cursors.iter_mut()) {
+            if let Some((h, chunk)) = posting.chunks.get(*cursor) {
+                if *h == high {
+                    *cursor += 1;
+                    pairs.extend(chunk.ids.iter().map(|id| (id as u16, posting.tid)));
+                }
+            }
+        }
+        // Stable by id: tids stay in ascending order within a row.
+        if pairs.len() < 1 << 14 {
+            pairs.sort_by_key(|&(low, _)| low);
+            sorted.clear();
+            sorted.extend_from_slice(&pairs);
+        } else {
+            counts.clear();
+            counts.resize(1 << 16, 0);
+            for &(low, _) in &pairs {
+                counts[low as usize] += 1;
+            }
+            let mut at = 0u32;
+            for count in counts.iter_mut() {
+                let n = *count;
+                *count = at;
+                at += n;
+            }
+            sorted.clear();
+            sorted.resize(pairs.len(), (0, 0));
+            for &pair in &pairs {
+                let slot = &mut counts[pair.0 as usize];
+                sorted[*slot as usize] = pair;
+                *slot += 1;
+            }
+        }
+        let mut rest = sorted.as_slice();
+        while let Some(&(first, _)) = rest.first() {
+            let leaf = first >> 6;
+            let n = rest
+                .iter()
+                .position(|&(low, _)| low >> 6 != leaf)
+                .unwrap_or(rest.len());
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let mut ends = [0u32; 64];
+            let mut tids = Vec::with_capacity(group.len());
+            for &(low, tid) in group {
+                tids.push(tid);
+                ends[(low & 63) as usize] = tids.len() as u32;
+            }
+            // A slot with no tids ends where the slot before it ends.
+            for slot in 1..64 {
+                ends[slot] = ends[slot].max(ends[slot - 1]);
+            }
+            let base = (u32::from(high) << 16) | (u32::from(leaf) << 6);
+            reverse.set_leaf(base, ends, tids);
+        }
+    }
 }
 
 /// Loads exported postings into an empty index. O(terms + bytes + ids
