@@ -710,6 +710,26 @@ defmodule Larder.Table do
     )
   end
 
+  @doc """
+  The distinct values the index `name` holds (each term that at least one
+  record has), in no particular order. O(terms of every index).
+
+      iex> table = Larder.Table.new(key: :id, index: [:color])
+      iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :red}])
+      iex> Larder.Table.values(table, :color)
+      [:red]
+  """
+  @spec values(table(), term()) :: [term()]
+  def values(table, name) do
+    table = handle!(table)
+    indexed!(table, name)
+
+    guard(table, fn ->
+      live!(table)
+      for {^name, value} <- Index.terms(table.index), do: value
+    end)
+  end
+
   @doc "The number of records. O(1)."
   @spec size(table()) :: non_neg_integer()
   def size(table) do
