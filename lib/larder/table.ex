@@ -50,6 +50,18 @@ defmodule Larder.Table do
   A table made with `:name` can be used through that atom anywhere a
   handle is taken.
 
+  ## Snapshots
+
+  `dump/2` writes a table to a file, `load/2` reads it into a new table:
+  the definition (key, `:store` fields, index names), the records and the
+  index's bitmaps (Roaring's portable serialisation, one bitmap per 64Ki
+  ids), in CRC-checked chunks, written to a temporary file, fsynced and
+  renamed, as `Larder.Bag`'s snapshots are. Loading inserts the records in
+  lists and rebuilds the index from its bytes: no record is re-indexed, no
+  index function runs. Index functions cannot be stored, so `load/2` takes
+  the options of `new/1` and refuses a file whose definition differs; the
+  caller must pass the same functions as the dumped table had.
+
   ## Complexity
 
   `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
@@ -62,7 +74,10 @@ defmodule Larder.Table do
   `:store` (whose stored record no longer holds them), read from the
   index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
   that record). `size/1` is
-  O(1); `count/2` is a bitmap count.
+  O(1); `count/2` is a bitmap count. `dump/2` and `load/2` are O(records +
+  index bytes); `load/2` decodes the records' chunks in as many processes
+  as there are schedulers, and builds the index (and its id-to-terms map,
+  with `:store`) in one NIF call on a dirty scheduler.
 
   ## Concurrency
 
@@ -91,6 +106,11 @@ defmodule Larder.Table do
   wrote each other's tables would otherwise wait on each other for ever.
   Reads are allowed. A function that waits on another process which writes
   to the table cannot be detected and would wait for ever: do not.
+
+  `dump/2` runs in the writer process: the file is one state of the table
+  (a consistent cut, every write before it whole and none after it); the
+  writes sent meanwhile wait for the dump, reads do not. A table being
+  loaded is not visible to anyone until `load/2` returns.
 
   A chunk of at least 256 new records whose integer keys are all above any
   key the table has held (a build) is written differently, to spare copying
@@ -128,6 +148,18 @@ defmodule Larder.Table do
   "Concurrency"). If one raises there on a record it accepted before, the
   writer finds the old terms in the index instead.
 
+  `dump/2` returns `{:error, %Larder.Error{reason: :file_error}}` when the
+  file cannot be written (the old file at `path`, if any, is kept).
+  `load/2` never raises on a bad file and leaves no table behind: a file
+  that cannot be read is `:file_error`, one of another definition
+  `:definition_mismatch`, and any damaged, truncated or foreign file
+  `:corrupt_snapshot` (every chunk's length and CRC are checked before
+  anything is created, payloads are decoded with `binary_to_term/2`'s
+  `:safe` option, shapes are checked, and the NIF validates the bitmaps'
+  bytes with Roaring's checked deserialisation). Checksums catch damage,
+  not forgery: a file forged with valid checksums whose index names row
+  ids that have no record loads, and a search skips those ids.
+
   ## Performance
 
   From one full run of `mix run bench/index_bench.exs` on the 487,200-price
@@ -144,6 +176,11 @@ defmodule Larder.Table do
   | memory (ETS words x 8 + NIF bytes; map: process heap) | 71.3 MB | 119 MB (with the id-to-terms map) | 508 MB |
   | `insert_many/2` of records already in memory | 149 ms | 1.80 s | 2.28 s |
 
+  `make bench-startup` (`examples/price_search/bench/startup_bench.exs`)
+  times `load/2` of the snapshot of that catalogue (with `:store`) against
+  rebuilding it with `insert_many/2` in the same run, and the service's
+  start-up from the snapshot and from the CSV. Target: `load/2` <= 0.3 s.
+
   Targets: search median <= 4 us (met), `search_many` >= 300k
   searches/s (missed), memory with `:store` <= 127 MB (met), build <= 2 s
   (met with `:store`, missed with full records).
@@ -151,7 +188,6 @@ defmodule Larder.Table do
 
   alias Larder.Index
   alias Larder.Table.Records
-  alias Larder.Table.Snapshot
   alias Larder.Table.Writer
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
@@ -314,13 +350,11 @@ defmodule Larder.Table do
     path!(path)
     config = config!(opts, :new)
 
-    with {:ok, read} <- Snapshot.read(path, config) do
-      case Writer.load(config, self(), {read, path}) do
-        {:ok, writer} -> {:ok, Writer.handle(writer)}
-        {:error, {:shutdown, %Larder.Error{} = error}} -> {:error, error}
-        {:error, %ArgumentError{} = error} -> raise error
-        {:error, reason} -> exit(reason)
-      end
+    case Writer.load(config, self(), path) do
+      {:ok, writer} -> {:ok, Writer.handle(writer)}
+      {:error, {:shutdown, %Larder.Error{} = error}} -> {:error, error}
+      {:error, %ArgumentError{} = error} -> raise error
+      {:error, reason} -> exit(reason)
     end
   end
 

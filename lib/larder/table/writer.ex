@@ -23,12 +23,13 @@ defmodule Larder.Table.Writer do
   def start(config, owner), do: GenServer.start(__MODULE__, {config, owner, nil})
 
   @doc """
-  Starts the writer of a table owned by `owner`, filled from a snapshot
-  that `Larder.Table.Snapshot.read/2` checked; `{:error, %Larder.Error{}}`
-  when its contents are bad (the writer then stops, its tables with it).
+  Starts the writer of a table owned by `owner`, filled from the snapshot
+  at `path` (read here, so the file's bytes are this process's garbage, not
+  the caller's); `{:error, {:shutdown, %Larder.Error{}}}` when the file is
+  bad (the writer then stops, its tables with it).
   """
-  @spec load(map(), pid(), {map(), Path.t()}) :: GenServer.on_start()
-  def load(config, owner, snapshot), do: GenServer.start(__MODULE__, {config, owner, snapshot})
+  @spec load(map(), pid(), Path.t()) :: GenServer.on_start()
+  def load(config, owner, path), do: GenServer.start(__MODULE__, {config, owner, path})
 
   @doc "Starts the writer of a supervised table, linked to the caller."
   @spec start_link(map()) :: GenServer.on_start()
@@ -48,7 +49,16 @@ defmodule Larder.Table.Writer do
   def handle(writer), do: GenServer.call(writer, :handle, :infinity)
 
   @impl true
-  def init({config, owner, snapshot}) do
+  def init({config, owner, path}) do
+    # A snapshot is checked whole before any table is created.
+    case path && Snapshot.read(path, config) do
+      {:error, error} -> {:stop, {:shutdown, error}}
+      {:ok, read} -> init(config, owner, {read, path})
+      nil -> init(config, owner, nil)
+    end
+  end
+
+  defp init(config, owner, snapshot) do
     Process.flag(:trap_exit, true)
     Process.put(__MODULE__, true)
     if owner, do: Process.monitor(owner)
@@ -80,9 +90,14 @@ defmodule Larder.Table.Writer do
 
   defp fill(state, {read, path}) do
     case Snapshot.fill(state.table, read, path) do
-      {:ok, {next, free, top}} -> {:ok, %{state | next: next, free: free, top: top}}
+      {:ok, {next, free, top}} ->
+        # The file's bytes and the decoded chunks are garbage now.
+        :erlang.garbage_collect()
+        {:ok, %{state | next: next, free: free, top: top}}
+
       # A shutdown: a bad file is not a crash to report.
-      {:error, error} -> {:error, {:shutdown, error}}
+      {:error, error} ->
+        {:error, {:shutdown, error}}
     end
   end
 
