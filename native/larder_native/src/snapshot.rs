@@ -7,12 +7,12 @@
 //! immediate value, which another VM does not share.
 
 use crate::atoms;
+use crate::budget::Budget;
 use crate::error::{reply, NativeError};
 use crate::expr::State;
 use crate::index::index;
-use crate::key::{encode, key_term, next_cell, tuple_elems, elem};
+use crate::key::{elem, encode, key_term, next_cell, tuple_elems};
 use crate::posting::{Chunk, Posting};
-use crate::budget::Budget;
 use crate::rev::Reverse;
 use roaring::RoaringBitmap;
 use rustler::{Binary, Encoder, Env, NifResult, OwnedBinary, Term};
@@ -96,7 +96,8 @@ fn parse_posting(bytes: &[u8]) -> Result<Posting, NativeError> {
     for _ in 0..count {
         let len = take_u32(&mut rest)? as usize;
         let mut data = take(&mut rest, len)?;
-        let ids = RoaringBitmap::deserialize_from(&mut data).map_err(|_| NativeError::BadSnapshot)?;
+        let ids =
+            RoaringBitmap::deserialize_from(&mut data).map_err(|_| NativeError::BadSnapshot)?;
         if !data.is_empty() {
             return Err(NativeError::BadSnapshot);
         }
@@ -257,5 +258,8 @@ fn build_reverse(state: &State, reverse: &mut Reverse) {
 /// with `reverse`), so on a dirty scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn index_import<'a>(env: Env<'a>, index_term: Term<'a>, entries: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, import(index_term, entries).map(|()| atoms::ok().encode(env)))
+    reply(
+        env,
+        import(index_term, entries).map(|()| atoms::ok().encode(env)),
+    )
 }
