@@ -192,10 +192,6 @@ defmodule PriceSearch.Store do
       size: Table.size(table)
     }
 
-    # The load's garbage (the CSV's text, or the snapshot's bytes and
-    # decoded terms) goes before the service answers, so its RSS then is
-    # what it keeps.
-    :erlang.garbage_collect()
     :persistent_term.put({__MODULE__, name}, store)
     ms = System.convert_time_unit(System.monotonic_time() - started, :native, :millisecond)
     log_loaded(store, ms)
