@@ -5,7 +5,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 BENCHES := $(sort $(wildcard bench/*_bench.exs))
 BENCH_ARGS ?=
 
-.PHONY: setup demo test bench bench-quick bench-http serve check format release-check report
+.PHONY: setup demo test bench bench-quick bench-http bench-startup serve check format release-check report
 
 PRICE_SEARCH := examples/price_search
 
@@ -33,6 +33,13 @@ bench-http: setup
 	@mkdir -p bench/results
 	cd $(PRICE_SEARCH) && mix compile
 	cd $(PRICE_SEARCH) && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
+
+# The service's start-up, cold (CSV) and warm (snapshot), to the first 200
+# on /health, its RSS then, and Larder.Table.load/2 of the catalogue.
+bench-startup: setup
+	@mkdir -p bench/results
+	cd $(PRICE_SEARCH) && mix compile
+	cd $(PRICE_SEARCH) && mix run --no-start bench/startup_bench.exs --json ../../bench/results/startup_bench.json
 
 # Builds examples/release_check as a release and boots it (also part of `make test`).
 release-check: setup

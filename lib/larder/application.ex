@@ -1,6 +1,6 @@
 # Starts what Larder shares between all its structures: the holder registry
 # of Larder.Lock and its wait-for graph, the deaths counter of
-# Larder.LocalCopies, and the table of live Larder.Bag dumps.
+# Larder.LocalCopies, and the table of live snapshot dumps.
 defmodule Larder.Application do
   @moduledoc false
 
@@ -13,7 +13,7 @@ defmodule Larder.Application do
     :ok = Larder.Lock.Holders.create_table()
     :ok = Larder.Lock.Waits.create_table()
     :ok = Larder.LocalCopies.setup()
-    :ok = Larder.Bag.Snapshot.create_table()
+    :ok = Larder.SnapshotFile.create_table()
 
     # The only child, the holder janitor, is :temporary: killing it never
     # counts towards this supervisor's restart intensity, so it cannot stop

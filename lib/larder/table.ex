@@ -50,6 +50,18 @@ defmodule Larder.Table do
   A table made with `:name` can be used through that atom anywhere a
   handle is taken.
 
+  ## Snapshots
+
+  `dump/2` writes a table to a file, `load/2` reads it into a new table:
+  the definition (key, `:store` fields, index names), the records and the
+  index's bitmaps (Roaring's portable serialisation, one bitmap per 64Ki
+  ids), in CRC-checked chunks, written to a temporary file, fsynced and
+  renamed, as `Larder.Bag`'s snapshots are. Loading inserts the records in
+  lists and rebuilds the index from its bytes: no record is re-indexed, no
+  index function runs. Index functions cannot be stored, so `load/2` takes
+  the options of `new/1` and refuses a file whose definition differs; the
+  caller must pass the same functions as the dumped table had.
+
   ## Complexity
 
   `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
@@ -62,7 +74,10 @@ defmodule Larder.Table do
   `:store` (whose stored record no longer holds them), read from the
   index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
   that record). `size/1` is
-  O(1); `count/2` is a bitmap count.
+  O(1); `count/2` is a bitmap count. `dump/2` and `load/2` are O(records +
+  index bytes); `load/2` decodes the records' chunks in as many processes
+  as there are schedulers, and builds the index (and its id-to-terms map,
+  with `:store`) in one NIF call on a dirty scheduler.
 
   ## Concurrency
 
@@ -91,6 +106,11 @@ defmodule Larder.Table do
   wrote each other's tables would otherwise wait on each other for ever.
   Reads are allowed. A function that waits on another process which writes
   to the table cannot be detected and would wait for ever: do not.
+
+  `dump/2` runs in the writer process: the file is one state of the table
+  (a consistent cut, every write before it whole and none after it); the
+  writes sent meanwhile wait for the dump, reads do not. A table being
+  loaded is not visible to anyone until `load/2` returns.
 
   A chunk of at least 256 new records whose integer keys are all above any
   key the table has held (a build) is written differently, to spare copying
@@ -128,6 +148,18 @@ defmodule Larder.Table do
   "Concurrency"). If one raises there on a record it accepted before, the
   writer finds the old terms in the index instead.
 
+  `dump/2` returns `{:error, %Larder.Error{reason: :file_error}}` when the
+  file cannot be written (the old file at `path`, if any, is kept).
+  `load/2` never raises on a bad file and leaves no table behind: a file
+  that cannot be read is `:file_error`, one of another definition
+  `:definition_mismatch`, and any damaged, truncated or foreign file
+  `:corrupt_snapshot` (every chunk's length and CRC are checked before
+  anything is created, payloads are decoded with `binary_to_term/2`'s
+  `:safe` option, shapes are checked, and the NIF validates the bitmaps'
+  bytes with Roaring's checked deserialisation). Checksums catch damage,
+  not forgery: a file forged with valid checksums whose index names row
+  ids that have no record loads, and a search skips those ids.
+
   ## Performance
 
   From one full run of `mix run bench/index_bench.exs` on the 487,200-price
@@ -143,6 +175,11 @@ defmodule Larder.Table do
   | `search_many/2`, per search of 1,000 | 2.06 ms | 4.83 us (207k/s) | 5.98 us |
   | memory (ETS words x 8 + NIF bytes; map: process heap) | 71.3 MB | 119 MB (with the id-to-terms map) | 508 MB |
   | `insert_many/2` of records already in memory | 149 ms | 1.80 s | 2.28 s |
+
+  `make bench-startup` (`examples/price_search/bench/startup_bench.exs`)
+  times `load/2` of the snapshot of that catalogue (with `:store`) against
+  rebuilding it with `insert_many/2` in the same run, and the service's
+  start-up from the snapshot and from the CSV. Target: `load/2` <= 0.3 s.
 
   Targets: search median <= 4 us (met), `search_many` >= 300k
   searches/s (missed), memory with `:store` <= 127 MB (met), build <= 2 s
@@ -235,6 +272,106 @@ defmodule Larder.Table do
       type: :worker,
       restart: :transient
     }
+  end
+
+  ## Snapshots
+
+  @doc """
+  Writes the table to the file `path`: its definition (key, `:store`
+  fields, index names), its records and its index's bitmaps (Roaring's
+  portable serialisation), in checksummed chunks. Returns `:ok` once the
+  file is durable, or `{:error, %Larder.Error{reason: :file_error}}` when it
+  cannot be written (`path` then keeps its old contents, if any).
+
+  The table's writer process writes the file, so the snapshot is one state
+  of the table (a consistent cut): writes sent during the dump wait for it
+  and are not in the file; reads go on. It writes a temporary file
+  `<path>.<os pid>.<token>-<n>.tmp`, fsyncs it, renames it over `path` and
+  fsyncs the directory; a dump killed mid-write leaves that file, which the
+  next dump of `path` deletes (as `Larder.Bag.dump/2` does).
+
+  Raises `ArgumentError` for a table that is gone or a `path` that is not a
+  string without null bytes.
+  """
+  @spec dump(table(), Path.t()) :: :ok | {:error, Larder.Error.t()}
+  def dump(table, path) do
+    table = handle!(table)
+    path!(path)
+    write!(table, {:dump, path})
+  end
+
+  @doc "Like `dump/2`, but raises the `Larder.Error` on failure."
+  @spec dump!(table(), Path.t()) :: :ok
+  def dump!(table, path) do
+    with {:error, error} <- dump(table, path), do: raise(error)
+  end
+
+  @doc """
+  Reads a snapshot written by `dump/2` into a new table owned by the
+  calling process (as `new/1` makes one).
+
+  Takes the options of `new/1`, which must define the table as the dumped
+  one was: the same `:key`, `:store` fields and index names in the same
+  order. Index functions cannot be stored in a file: the caller passes the
+  same functions again, and they must compute what the dumped table's did
+  (they are used for later writes; the loaded index is the file's, no
+  record is re-indexed). `:name` and `:telemetry` may differ.
+
+  The whole file is read and checked (magic, version, each chunk's length,
+  checksum and count, the trailer's totals) and its definition compared
+  with the options before the table is created; then each chunk is decoded
+  with `binary_to_term/2`'s `:safe` option (no new atoms) and checked for
+  its shape as it is inserted (records in lists, the index's bitmaps in
+  one NIF call on a dirty scheduler). Returns:
+
+    * `{:error, %Larder.Error{reason: :file_error}}` when the file cannot be
+      read;
+    * `{:error, %Larder.Error{reason: :definition_mismatch}}` when the
+      file's definition differs from the options;
+    * `{:error, %Larder.Error{reason: :corrupt_snapshot}}` for any other
+      bad file (truncated, damaged, another format such as a
+      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know).
+
+  On an error no table is left behind. Raises `ArgumentError` for bad
+  options or `path`, or when a table with that `:name` exists.
+
+      iex> table = Larder.Table.new(key: :id, index: [:color])
+      iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :blue}])
+      iex> path = Path.join(System.tmp_dir!(), "larder_doctest_#{System.unique_integer([:positive])}.table")
+      iex> Larder.Table.dump(table, path)
+      :ok
+      iex> {:ok, copy} = Larder.Table.load(path, key: :id, index: [:color])
+      iex> File.rm!(path)
+      iex> Larder.Table.search(copy, color: :red)
+      [%{id: 1, color: :red}]
+  """
+  @spec load(Path.t(), keyword()) :: {:ok, t()} | {:error, Larder.Error.t()}
+  def load(path, opts) do
+    path!(path)
+    config = config!(opts, :new)
+
+    case Writer.load(config, self(), path) do
+      {:ok, writer} -> {:ok, Writer.handle(writer)}
+      {:error, {:shutdown, %Larder.Error{} = error}} -> {:error, error}
+      {:error, %ArgumentError{} = error} -> raise error
+      {:error, reason} -> exit(reason)
+    end
+  end
+
+  @doc "Like `load/2`, but returns the table and raises the `Larder.Error` on failure."
+  @spec load!(Path.t(), keyword()) :: t()
+  def load!(path, opts) do
+    case load(path, opts) do
+      {:ok, table} -> table
+      {:error, error} -> raise error
+    end
+  end
+
+  defp path!(path) do
+    unless is_binary(path) and not String.contains?(path, <<0>>) do
+      raise ArgumentError,
+            "path must be a string without null bytes, got: #{inspect(path, limit: 10)}"
+    end
   end
 
   ## Writing
@@ -605,6 +742,26 @@ defmodule Larder.Table do
       end,
       fn _ -> :ok end
     )
+  end
+
+  @doc """
+  The distinct values the index `name` holds (each term that at least one
+  record has), in no particular order. O(terms of every index).
+
+      iex> table = Larder.Table.new(key: :id, index: [:color])
+      iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :red}])
+      iex> Larder.Table.values(table, :color)
+      [:red]
+  """
+  @spec values(table(), term()) :: [term()]
+  def values(table, name) do
+    table = handle!(table)
+    indexed!(table, name)
+
+    guard(table, fn ->
+      live!(table)
+      for {^name, value} <- Index.terms(table.index), do: value
+    end)
   end
 
   @doc "The number of records. O(1)."

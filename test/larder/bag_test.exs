@@ -908,15 +908,15 @@ defmodule Larder.BagTest do
     test "sync_dir/1 fsyncs a directory and reports a missing one as a Larder.Error",
          context do
       dir = Path.dirname(tmp_path(context))
-      assert Larder.Bag.Snapshot.sync_dir(dir) == :ok
+      assert Larder.SnapshotFile.sync_dir(dir) == :ok
 
       File.rm_rf!(dir)
 
       assert {:error, %Larder.Error{reason: :file_error, details: %{posix: :enoent}}} =
-               Larder.Bag.Snapshot.sync_dir(dir)
+               Larder.SnapshotFile.sync_dir(dir)
 
       assert {:error, %Larder.Error{reason: :file_error, details: %{posix: :enotdir}}} =
-               Larder.Bag.Snapshot.sync_dir(Path.join(File.cwd!(), "mix.exs"))
+               Larder.SnapshotFile.sync_dir(Path.join(File.cwd!(), "mix.exs"))
     end
 
     test "a synced dump loads back; a dump into a removed directory leaves nothing", context do
@@ -981,7 +981,7 @@ defmodule Larder.BagTest do
       dead = String.trim(dead)
       live = Port.open({:spawn_executable, System.find_executable("sleep")}, args: ["60"])
       {:os_pid, live_pid} = Port.info(live, :os_pid)
-      [{:token, mine}] = :ets.lookup(Larder.Bag.Snapshot, :token)
+      [{:token, mine}] = :ets.lookup(Larder.SnapshotFile, :token)
       n = System.unique_integer([:positive])
 
       stale = [

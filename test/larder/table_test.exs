@@ -364,6 +364,17 @@ defmodule Larder.TableTest do
         Enum.reduce(proc_ops, m, &model(&2, proc, &1))
       end)
 
+    # The table's snapshot, loaded, must hold the model too (dump/2 and
+    # load/2 as one more step of the scenario).
+    path = Path.join(System.tmp_dir!(), "larder_model_#{System.unique_integer([:positive])}")
+    :ok = Table.dump(table, path)
+    copy = Table.load!(path, key: :id, index: [:a, :b, {:m, & &1.tags}], store: store)
+    File.rm!(path)
+
+    agrees?(table, model, queries, store) and agrees?(copy, model, queries, store)
+  end
+
+  defp agrees?(table, model, queries, store) do
     project = fn r -> if store, do: Map.take(r, [:id | store]), else: r end
     sort = fn rs -> Enum.sort_by(rs, & &1.id) end
 

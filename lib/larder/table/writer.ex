@@ -9,6 +9,7 @@ defmodule Larder.Table.Writer do
   alias Larder.Index
   alias Larder.Table
   alias Larder.Table.Records
+  alias Larder.Table.Snapshot
 
   @direct_limit 0x80000000
   @max_id 0xFFFFFFFF
@@ -19,11 +20,20 @@ defmodule Larder.Table.Writer do
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
   @spec start(map(), pid()) :: GenServer.on_start()
-  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner})
+  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner, nil})
+
+  @doc """
+  Starts the writer of a table owned by `owner`, filled from the snapshot
+  at `path` (read here, so the file's bytes are this process's garbage, not
+  the caller's); `{:error, {:shutdown, %Larder.Error{}}}` when the file is
+  bad (the writer then stops, its tables with it).
+  """
+  @spec load(map(), pid(), Path.t()) :: GenServer.on_start()
+  def load(config, owner, path), do: GenServer.start(__MODULE__, {config, owner, path})
 
   @doc "Starts the writer of a supervised table, linked to the caller."
   @spec start_link(map()) :: GenServer.on_start()
-  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil})
+  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil, nil})
 
   @doc """
   Whether the calling process is a table's writer, that is, whether a write
@@ -39,7 +49,16 @@ defmodule Larder.Table.Writer do
   def handle(writer), do: GenServer.call(writer, :handle, :infinity)
 
   @impl true
-  def init({config, owner}) do
+  def init({config, owner, path}) do
+    # A snapshot is checked whole before any table is created.
+    case path && Snapshot.read(path, config) do
+      {:error, error} -> {:stop, {:shutdown, error}}
+      {:ok, read} -> init(config, owner, {read, path})
+      nil -> init(config, owner, nil)
+    end
+  end
+
+  defp init(config, owner, snapshot) do
     Process.flag(:trap_exit, true)
     Process.put(__MODULE__, true)
     if owner, do: Process.monitor(owner)
@@ -59,9 +78,26 @@ defmodule Larder.Table.Writer do
       telemetry: Larder.Telemetry.enabled?(config.telemetry)
     }
 
-    case register(table) do
-      :ok -> {:ok, %__MODULE__{table: table, owner: owner}}
+    with {:ok, state} <- fill(%__MODULE__{table: table, owner: owner}, snapshot),
+         :ok <- register(table) do
+      {:ok, state}
+    else
       {:error, error} -> {:stop, error}
+    end
+  end
+
+  defp fill(state, nil), do: {:ok, state}
+
+  defp fill(state, {read, path}) do
+    case Snapshot.fill(state.table, read, path) do
+      {:ok, {next, free, top}} ->
+        # The file's bytes and the decoded chunks are garbage now.
+        :erlang.garbage_collect()
+        {:ok, %{state | next: next, free: free, top: top}}
+
+      # A shutdown: a bad file is not a crash to report.
+      {:error, error} ->
+        {:error, {:shutdown, error}}
     end
   end
 
@@ -95,6 +131,14 @@ defmodule Larder.Table.Writer do
 
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.table, state}
+
+  # A dump by the writer: no write runs during it, so the file is one
+  # state of the table.
+  def handle_call({:dump, path}, _from, state) do
+    {:reply, Snapshot.dump(state.table, state.next, state.free, path), state}
+  catch
+    kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
+  end
 
   def handle_call(:drop, _from, state) do
     release(state)

@@ -18,4 +18,5 @@ rustler::atoms! {
     dropped,
     too_deep,
     internal,
+    bad_snapshot,
 }

@@ -21,6 +21,8 @@ pub enum NativeError {
     TooDeep,
     #[error("a stored key could not be turned back into a term")]
     Internal,
+    #[error("index data from a snapshot is malformed, or the index is not empty")]
+    BadSnapshot,
     #[error("the call is over the normal scheduler's budget")]
     Dirty,
 }
@@ -35,6 +37,7 @@ impl NativeError {
             NativeError::Dropped => atoms::dropped(),
             NativeError::TooDeep => atoms::too_deep(),
             NativeError::Internal => atoms::internal(),
+            NativeError::BadSnapshot => atoms::bad_snapshot(),
             NativeError::Dirty => atoms::dirty(),
         }
     }

@@ -40,7 +40,7 @@ const COPY_UNITS: u64 = 32;
 
 pub struct IndexResource {
     /// The current snapshot; `None` once the index is dropped.
-    state: ArcSwapOption<State>,
+    pub(crate) state: ArcSwapOption<State>,
     writer: Mutex<()>,
 }
 
@@ -56,10 +56,10 @@ impl Default for IndexResource {
 #[rustler::resource_impl]
 impl rustler::Resource for IndexResource {}
 
-type Index = ResourceArc<IndexResource>;
+pub(crate) type Index = ResourceArc<IndexResource>;
 
 /// The index behind a handle; a forged or foreign handle is `BadIndex`.
-fn index(term: Term) -> Result<Index, NativeError> {
+pub(crate) fn index(term: Term) -> Result<Index, NativeError> {
     Index::decode(term).map_err(|_| NativeError::BadIndex)
 }
 
@@ -68,7 +68,7 @@ impl IndexResource {
     /// snapshots), so a poisoned one is simply taken. With `wait == false`
     /// (a normal scheduler) a busy mutex is `Dirty`: the call moves to a dirty
     /// scheduler and waits there.
-    fn writer(&self, wait: bool) -> Result<MutexGuard<'_, ()>, NativeError> {
+    pub(crate) fn writer(&self, wait: bool) -> Result<MutexGuard<'_, ()>, NativeError> {
         if wait {
             return Ok(self.writer.lock().unwrap_or_else(|e| e.into_inner()));
         }

@@ -11,6 +11,7 @@ mod index;
 mod key;
 mod posting;
 mod rev;
+mod snapshot;
 mod stack;
 mod terms;
 mod trie;

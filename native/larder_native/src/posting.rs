@@ -44,6 +44,17 @@ impl Drop for Chunk {
 }
 
 impl Chunk {
+    /// A chunk holding `ids` (all of one 64Ki-id range, not empty), counted
+    /// in `LIVE_BYTES`.
+    pub fn of(ids: RoaringBitmap) -> Chunk {
+        let mut chunk = Chunk {
+            ids,
+            ..Chunk::default()
+        };
+        chunk.recount();
+        chunk
+    }
+
     /// Brings the span and the share of `LIVE_BYTES` up to date after a change.
     fn recount(&mut self) {
         self.lo = self.ids.min().unwrap_or(0);

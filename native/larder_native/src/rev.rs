@@ -144,6 +144,20 @@ impl Reverse {
         }
     }
 
+    /// Sets the leaf of the 64 row ids from `base` (a multiple of 64) at
+    /// once, for a map being built from scratch: slot `i`'s tids are
+    /// `tids[ends[i - 1]..ends[i]]`, each slot's sorted. An empty leaf is
+    /// not stored.
+    pub fn set_leaf(&mut self, base: u32, ends: [u32; SLOTS], tids: Vec<u32>) {
+        if tids.is_empty() {
+            return;
+        }
+        let (leaf, _) = self.rows.leaf_mut(base);
+        leaf.ends = ends;
+        leaf.tids = tids;
+        leaf.recount();
+    }
+
     /// The keys of the terms row `id` is in.
     pub fn terms(&self, id: u32) -> impl Iterator<Item = &Arc<[u8]>> {
         let tids = self

@@ -10,10 +10,23 @@ defmodule PriceSearch.Store do
   keep their sharing), and request processes search it directly with
   `fetch/1`: no process sits in the request path.
 
+  ## Snapshots
+
+  A catalogue read from a CSV file is snapshotted after it is loaded
+  (`PriceSearch.Snapshot`: the table and the prices, named by the CSV's
+  SHA-256, in `:snapshot_dir`); the next start loads the snapshot instead
+  of parsing and indexing the CSV, when the CSV's bytes are unchanged.
+  `origin/1` and the "loaded" log line say where the data came from. The
+  snapshot is written after the catalogue is published, so it never delays
+  the first answer.
+
   ## Failures
 
   A catalogue that cannot be read makes the store fall back to the generated
-  one, as `PriceSearch.Catalogue.reference_or_generated/1` does. If the store
+  one, as `PriceSearch.Catalogue.reference_or_generated/1` does. A missing
+  snapshot is made; a damaged or foreign one is logged as a warning and
+  the CSV is loaded (and snapshotted again); a snapshot that cannot be
+  written is logged and the service goes on. If the store
   process dies, its table goes with it; `fetch/1` then answers `:loading`
   until the restarted store has loaded again.
   """
@@ -22,9 +35,19 @@ defmodule PriceSearch.Store do
   require Logger
 
   alias Larder.Table
-  alias PriceSearch.Catalogue
+  alias PriceSearch.{Catalogue, Snapshot}
 
-  @enforce_keys [:table, :map_index, :offerings, :groups, :specs, :chars, :source, :size]
+  @enforce_keys [
+    :table,
+    :map_index,
+    :offerings,
+    :groups,
+    :specs,
+    :chars,
+    :source,
+    :origin,
+    :size
+  ]
   defstruct @enforce_keys
 
   @typedoc "A loaded catalogue."
@@ -36,8 +59,15 @@ defmodule PriceSearch.Store do
           specs: %{String.t() => true},
           chars: %{String.t() => %{String.t() => true}},
           source: String.t(),
+          origin: origin(),
           size: non_neg_integer()
         }
+
+  @typedoc """
+  Where the loaded data came from: a snapshot, the CSV (no usable snapshot),
+  or a `:load` function (no snapshot is kept).
+  """
+  @type origin :: :snapshot | :csv | :load
 
   # The fields a search answers with, as the Go bitmap service keeps them.
   @store [:idx, :spec, :value, :currency, :is_default]
@@ -49,18 +79,24 @@ defmodule PriceSearch.Store do
 
     * `:name` - the store's name (an atom), also the key requests fetch it
       by. Default `PriceSearch.Store`.
-    * `:load` - a zero-arity function returning `{source, prices}`.
-      Default: the shared CSV when present, the generated catalogue
-      otherwise (`PriceSearch.Catalogue.reference_or_generated/0`).
+    * `:csv` - the path of a catalogue CSV (`.csv` or `.csv.gz`), loaded
+      through its snapshot (see "Snapshots").
+    * `:load` - instead of `:csv`, a zero-arity function returning
+      `{source, prices}`; no snapshot is kept.
+      Default: the shared CSV when present (as `:csv`), the generated
+      catalogue otherwise (`PriceSearch.Catalogue.reference_or_generated/0`).
+    * `:snapshot_dir` - the snapshots' directory, or `false` for none.
+      Default: `PriceSearch.Snapshot.default_dir/0` (`PRICE_SEARCH_SNAPSHOT_DIR`,
+      else outside the source tree).
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
-    {name, load} = options!(opts)
-    GenServer.start_link(__MODULE__, {name, load}, name: name)
+    {name, load, dir} = options!(opts)
+    GenServer.start_link(__MODULE__, {name, load, dir}, name: name)
   end
 
   defp options!(opts) do
-    valid = [:name, :load]
+    valid = [:name, :load, :csv, :snapshot_dir]
 
     case Keyword.keys(opts) -- valid do
       [] ->
@@ -71,19 +107,52 @@ defmodule PriceSearch.Store do
     end
 
     name = Keyword.get(opts, :name, __MODULE__)
-    load = Keyword.get(opts, :load, &default_load/0)
+    dir = Keyword.get_lazy(opts, :snapshot_dir, &Snapshot.default_dir/0)
+
+    load =
+      case {Keyword.fetch(opts, :load), Keyword.fetch(opts, :csv)} do
+        {{:ok, _}, {:ok, _}} -> raise ArgumentError, "give :load or :csv, not both"
+        {{:ok, load}, :error} -> load
+        {:error, {:ok, csv}} -> csv!(csv)
+        {:error, :error} -> default_load()
+      end
 
     unless is_atom(name), do: raise(ArgumentError, ":name must be an atom, got: #{inspect(name)}")
 
-    unless is_function(load, 0),
+    unless is_function(load, 0) or match?({:csv, _}, load),
       do: raise(ArgumentError, ":load must be a function of arity 0, got: #{inspect(load)}")
 
-    {name, load}
+    unless dir == false or is_binary(dir),
+      do: raise(ArgumentError, ":snapshot_dir must be a path or false, got: #{inspect(dir)}")
+
+    {name, load, dir}
   end
 
+  defp csv!(csv) when is_binary(csv), do: {:csv, csv}
+  defp csv!(csv), do: raise(ArgumentError, ":csv must be a path, got: #{inspect(csv)}")
+
+  # The shared CSV when present, through its snapshot; else the generated
+  # catalogue.
   defp default_load do
-    {source, prices, _requests} = Catalogue.reference_or_generated()
-    {source, prices}
+    csv = Path.join(Catalogue.default_dir(), "prices-487k.csv.gz")
+
+    if File.exists?(csv) do
+      {:csv, csv}
+    else
+      fn ->
+        {source, prices, _requests} = Catalogue.reference_or_generated()
+        {source, prices}
+      end
+    end
+  end
+
+  @doc "Where the loaded catalogue of the store `name` came from, or `:loading`."
+  @spec origin(atom()) :: origin() | :loading
+  def origin(name \\ __MODULE__) do
+    case fetch(name) do
+      {:ok, store} -> store.origin
+      :loading -> :loading
+    end
   end
 
   @doc "The loaded catalogue of the store `name`, or `:loading`."
@@ -96,48 +165,130 @@ defmodule PriceSearch.Store do
   end
 
   @impl true
-  def init({name, load}) do
+  def init({name, load, dir}) do
     # Unpublished before its table goes, so no request searches a dropped table.
     Process.flag(:trap_exit, true)
-    {:ok, %{name: name, load: load, table: nil}, {:continue, :load}}
+    {:ok, %{name: name, load: load, dir: dir, table: nil}, {:continue, :load}}
   end
 
   @impl true
-  def handle_continue(:load, %{name: name, load: load} = state) do
+  def handle_continue(:load, %{name: name} = state) do
     started = System.monotonic_time()
-    {source, prices} = load.()
-    table = Table.new(Catalogue.table_opts(store: @store))
-    :ok = Table.insert_many(table, prices)
+    {source, origin, table, prices, save} = load(state)
+
+    # The sets of known values come from the index's terms (a few hundred),
+    # not from the 487,200 prices.
+    known = known(table)
 
     store = %__MODULE__{
       table: table,
       map_index: Catalogue.map_index(prices),
-      offerings: set_of(prices, & &1.offering_id),
-      groups: set_of(prices, & &1.group_id),
-      specs: set_of(prices, & &1.spec),
-      chars: chars_of(prices),
+      offerings: known.offerings,
+      groups: known.groups,
+      specs: known.specs,
+      chars: known.chars,
       source: source,
+      origin: origin,
       size: Table.size(table)
     }
 
     :persistent_term.put({__MODULE__, name}, store)
     ms = System.convert_time_unit(System.monotonic_time() - started, :native, :millisecond)
-    :erlang.garbage_collect()
     log_loaded(store, ms)
-    {:noreply, %{state | table: table, load: nil}, :hibernate}
+    state = %{state | table: table, load: nil}
+
+    case save do
+      nil ->
+        :erlang.garbage_collect()
+        {:noreply, state, :hibernate}
+
+      base ->
+        {:noreply, state, {:continue, {:save, base, prices}}}
+    end
   end
 
-  defp set_of(prices, fun), do: prices |> Enum.map(&{fun.(&1), true}) |> Map.new()
+  # Written after the catalogue is published: the first answers do not wait.
+  def handle_continue({:save, base, prices}, state) do
+    case Snapshot.save(base, state.table, prices) do
+      :ok ->
+        Logger.info("price catalogue snapshot written to #{base}.{table,prices}")
 
-  # Each characteristic's values, for the search's "unknown char or value"
-  # errors. Prices share few distinct lists of characteristics (9,744 in the
-  # reference catalogue): those first, then their values.
-  defp chars_of(prices) do
-    lists = Enum.reduce(prices, %{}, fn price, acc -> Map.put(acc, price.chars, true) end)
-
-    for {chars, true} <- lists, %{char: c, value: v} <- chars, reduce: %{} do
-      acc -> Map.update(acc, c, %{v => true}, &Map.put(&1, v, true))
+      {:error, reason} ->
+        Logger.warning("cannot write the price catalogue snapshot: #{inspect(reason)}")
     end
+
+    :erlang.garbage_collect()
+    {:noreply, state, :hibernate}
+  end
+
+  # {source, origin, table, prices, base of a snapshot to write or nil}
+  defp load(%{load: {:csv, csv}, dir: dir}) do
+    base =
+      with dir when is_binary(dir) <- dir,
+           {:ok, sum} <- Snapshot.checksum(csv) do
+        Snapshot.base(dir, sum)
+      else
+        _ -> nil
+      end
+
+    loaded =
+      if base && File.exists?(base <> ".table") do
+        case Snapshot.load(base, table_opts()) do
+          {:ok, table, prices} ->
+            {csv, :snapshot, table, prices, nil}
+
+          {:error, error} ->
+            Logger.warning(
+              "price catalogue snapshot not used, loading the CSV: #{Exception.message(error)}"
+            )
+
+            nil
+        end
+      end
+
+    loaded || load_csv(csv, base)
+  end
+
+  defp load(%{load: load}) do
+    {source, prices} = load.()
+    {source, :load, build(prices), prices, nil}
+  end
+
+  defp load_csv(csv, base) do
+    case Catalogue.load(csv) do
+      {:ok, prices} ->
+        {csv, :csv, build(prices), prices, base}
+
+      {:error, error} ->
+        Logger.warning(
+          "cannot load #{csv}, serving the generated catalogue: #{Exception.message(error)}"
+        )
+
+        prices = Catalogue.generate()
+        {"generated (seed 1)", :load, build(prices), prices, nil}
+    end
+  end
+
+  defp table_opts, do: Catalogue.table_opts(store: @store)
+
+  defp build(prices) do
+    table = Table.new(table_opts())
+    :ok = Table.insert_many(table, prices)
+    table
+  end
+
+  # Offerings, groups, specs and each characteristic's values, as sets.
+  defp known(table) do
+    set = fn name -> Map.new(Table.values(table, name), &{&1, true}) end
+
+    chars =
+      table
+      |> Table.values(:char)
+      |> Enum.reduce(%{}, fn {c, v}, acc ->
+        Map.update(acc, c, %{v => true}, &Map.put(&1, v, true))
+      end)
+
+    %{offerings: set.(:offering_id), groups: set.(:group_id), specs: set.(:spec), chars: chars}
   end
 
   defp log_loaded(store, ms) do
@@ -146,7 +297,7 @@ defmodule PriceSearch.Store do
     map_bytes = :persistent_term.info().memory
 
     Logger.info(
-      "price catalogue loaded from #{store.source}: #{store.size} prices in #{ms} ms; " <>
+      "price catalogue loaded from #{store.source} (#{store.origin}): #{store.size} prices in #{ms} ms; " <>
         "table #{mb.(Table.memory(store.table))}, map index (persistent terms) #{mb.(map_bytes)}, " <>
         "VM total #{mb.(:erlang.memory(:total))}, OS pid #{System.pid()}"
     )

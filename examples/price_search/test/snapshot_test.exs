@@ -1,0 +1,141 @@
+defmodule PriceSearch.SnapshotTest do
+  # The store's snapshot: a second start loads it instead of the CSV and
+  # serves the same answers; a changed CSV is never served from the old
+  # snapshot; a damaged snapshot falls back to the CSV with a warning.
+  use ExUnit.Case, async: true
+
+  import ExUnit.CaptureLog
+
+  alias Larder.Table
+  alias PriceSearch.{Catalogue, Snapshot, Store}
+
+  @moduletag :tmp_dir
+
+  defp write_csv(path, prices) do
+    lines =
+      for p <- prices do
+        chars = Enum.map_join(p.chars, "|", & &1.char)
+        values = Enum.map_join(p.chars, "|", & &1.value)
+
+        Enum.join(
+          [
+            p.idx,
+            p.offering_id,
+            p.group_id,
+            p.spec,
+            chars,
+            values,
+            p.value,
+            p.is_default,
+            p.currency
+          ],
+          ","
+        )
+      end
+
+    File.write!(
+      path,
+      :zlib.gzip([
+        "idx,offeringId,groupId,spec,chars,values,value,isDefault,currency\n",
+        Enum.join(lines, "\n"),
+        "\n"
+      ])
+    )
+  end
+
+  # Starts a store on `csv`, waits until it has loaded and written its
+  # snapshot (the save runs in the continue after publishing), stops it.
+  defp start(context, csv) do
+    name = :"#{context.test} #{System.unique_integer([:positive])}"
+
+    pid =
+      start_supervised!({Store, name: name, csv: csv, snapshot_dir: context.snapshots}, id: name)
+
+    store = await(name)
+    _ = :sys.get_state(pid)
+    answers = answers(store, context.requests)
+    first = Table.get(store.table, hd(context.prices).idx)
+    stop_supervised!(name)
+    known = Map.take(store, [:offerings, :groups, :specs, :chars, :size])
+    {store.origin, answers, Map.put(known, :first, first)}
+  end
+
+  defp await(name) do
+    case Store.fetch(name) do
+      {:ok, store} -> store
+      :loading -> Process.sleep(20) && await(name)
+    end
+  end
+
+  defp answers(store, requests) do
+    for conditions <- requests do
+      {Table.search(store.table, conditions), Catalogue.map_search(store.map_index, conditions)}
+    end
+  end
+
+  setup %{tmp_dir: dir} do
+    prices = Catalogue.generate(offerings: 1)
+    csv = Path.join(dir, "prices.csv.gz")
+    write_csv(csv, prices)
+
+    %{
+      csv: csv,
+      prices: prices,
+      snapshots: Path.join(dir, "snapshots"),
+      requests: Catalogue.sample_requests(prices, 30)
+    }
+  end
+
+  test "a second start loads the snapshot and answers the same", context do
+    {:csv, first, known} = start(context, context.csv)
+    assert [_, _] = File.ls!(context.snapshots)
+    assert {:snapshot, ^first, ^known} = start(context, context.csv)
+    assert Enum.all?(first, fn {bitmap, map} -> bitmap != [] and map != [] end)
+  end
+
+  test "a changed CSV is loaded, not the old snapshot, and replaces it", context do
+    {:csv, _, _} = start(context, context.csv)
+    [p | rest] = context.prices
+    write_csv(context.csv, [%{p | value: p.value + 1} | rest])
+    {origin, answers, known} = start(context, context.csv)
+    assert origin == :csv
+    assert known.first.value == p.value + 1
+    # The old snapshot is gone; the new one is used next.
+    assert [_, _] = File.ls!(context.snapshots)
+    assert {:snapshot, ^answers, ^known} = start(context, context.csv)
+  end
+
+  for {ext, what} <- [{".table", "table"}, {".prices", "prices"}] do
+    test "a damaged #{what} file falls back to the CSV with a warning", context do
+      {:csv, answers, _} = start(context, context.csv)
+      {:ok, sum} = Snapshot.checksum(context.csv)
+      file = Snapshot.base(context.snapshots, sum) <> unquote(ext)
+      data = File.read!(file)
+      at = div(byte_size(data), 2)
+      <<before::binary-size(at), byte, after_::binary>> = data
+      File.write!(file, <<before::binary, Bitwise.bxor(byte, 1), after_::binary>>)
+
+      log = capture_log(fn -> assert {:csv, ^answers, _} = start(context, context.csv) end)
+      assert log =~ "snapshot not used, loading the CSV"
+      # Written again, whole.
+      assert {:snapshot, ^answers, _} = start(context, context.csv)
+    end
+  end
+
+  test "snapshot_dir: false keeps none; bad options raise", context do
+    name = :"#{context.test}"
+    start_supervised!({Store, name: name, csv: context.csv, snapshot_dir: false})
+    assert await(name).origin == :csv
+    refute File.exists?(context.snapshots)
+
+    assert_raise ArgumentError, ~r/:snapshot_dir/, fn ->
+      Store.start_link(name: :y, snapshot_dir: 1)
+    end
+
+    assert_raise ArgumentError, ~r/:csv/, fn -> Store.start_link(name: :y, csv: 1) end
+
+    assert_raise ArgumentError, ~r/not both/, fn ->
+      Store.start_link(name: :y, csv: "a", load: fn -> nil end)
+    end
+  end
+end

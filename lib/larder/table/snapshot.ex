@@ -1,0 +1,394 @@
+# The snapshot file format of Larder.Table: its definition, its ETS rows and
+# keys, and its index's postings (Roaring's portable bytes), in checksummed
+# chunks; the writer process dumps it (a consistent cut) and fills a new
+# table from it without re-indexing a record.
+defmodule Larder.Table.Snapshot do
+  @moduledoc false
+
+  # File layout (integers big-endian):
+  #
+  #   "LARDERTAB" <<version::8>>
+  #   chunk*      <<kind::8, size::32, count::32, crc32::32, payload::binary-size(size)>>
+  #   trailer     <<0::8, rows::64, keys::64, terms::64>>
+  #
+  # Each `payload` is term_to_binary/1 (uncompressed) of a list of `count`
+  # items, `crc32` covers it. The kinds, in this order:
+  #
+  #   1 definition (exactly one chunk, count 1):
+  #     [{key_field, store, index_names, next, free}], where store is nil
+  #     or the stored fields (key first), index_names the names of the
+  #     :index entries in order, and next/free the writer's state of
+  #     non-integer keys (the next fresh row id, the freed ids);
+  #   2 rows: ETS objects {row_id, stored_record};
+  #   3 keys: {key, row_id} for keys that are not their own row id;
+  #   4 index: {term, postings}, postings being the NIF's
+  #     <<chunks::32, (bytes::32, Roaring portable bitmap)*>>, one bitmap per
+  #     64Ki-id chunk of the term's ids.
+  #
+  # The trailer counts the items of kinds 2, 3 and 4, so a file cut at a
+  # chunk boundary is caught too. Nothing may follow it.
+  #
+  # A file is not trusted on load. The whole file is read and every chunk's
+  # length, checksum, kind order and count (at most @max_chunk_count) are
+  # checked against the bytes before anything is decoded or created. Each
+  # payload is decoded with binary_to_term(payload, [:safe, :used]) (no
+  # compressed term, no new atom, the term fills the payload) and must be a
+  # proper list of `count` items of its kind's shape; the definition must
+  # equal the one load/2 is given; rows must hold the key field (a row id
+  # below 2^31 is the record's key), keys must point at rows whose record has
+  # that key, and the free ids must be distinct, unused and below `next`.
+  # The index bytes are checked by the NIF (Roaring's checked
+  # deserialisation, chunk ranges, distinct terms). Checksums catch damage,
+  # not forgery: a file made on purpose with ids in the index that have no
+  # row is loaded, and a search skips those ids (as it skips a row deleted
+  # since the index answered); `count/2` counts them.
+  #
+  # Writing is Larder.SnapshotFile's: a temporary file, fsync, rename, and
+  # the sweep of killed dumps' temporary files.
+
+  alias Larder.Native
+  alias Larder.Table
+
+  @magic "LARDERTAB"
+  @version 1
+  @chunk 4_096
+  @max_chunk_count 65_536
+  @direct_limit 0x80000000
+  @max_id 0xFFFFFFFF
+
+  @definition 1
+  @rows 2
+  @keys 3
+  @index 4
+
+  @doc """
+  Writes `table` (run by its writer, so no write interleaves) to `path`;
+  `next` and `free` are the writer's id state.
+  """
+  @spec dump(Table.t(), non_neg_integer(), [non_neg_integer()], Path.t()) ::
+          :ok | {:error, Larder.Error.t()}
+  def dump(table, next, free, path) do
+    names = Enum.map(table.entries, &elem(&1, 0))
+    terms = Native.index_export(table.index.ref)
+
+    Larder.SnapshotFile.write(path, "Larder.Table.dump/2", fn write ->
+      definition = [{table.key, table.store, names, next, free}]
+
+      with :ok <- write.([@magic, @version]),
+           :ok <- write.(chunk(@definition, definition)),
+           {:ok, rows} <- write_ets(write, @rows, table.rows),
+           {:ok, keys} <- write_ets(write, @keys, table.keys),
+           {:ok, count} <- write_list(write, @index, terms, 0) do
+        write.(<<0, rows::64, keys::64, count::64>>)
+      end
+    end)
+  end
+
+  defp chunk(kind, items) do
+    payload = :erlang.term_to_binary(items)
+    [<<kind, byte_size(payload)::32, length(items)::32, :erlang.crc32(payload)::32>>, payload]
+  end
+
+  defp write_ets(write, kind, tab) do
+    write_select(write, kind, :ets.select(tab, [{:_, [], [:"$_"]}], @chunk), 0)
+  end
+
+  defp write_select(_write, _kind, :"$end_of_table", total), do: {:ok, total}
+
+  defp write_select(write, kind, {items, cont}, total) do
+    case write.(chunk(kind, items)) do
+      :ok -> write_select(write, kind, :ets.select(cont), total + length(items))
+      error -> error
+    end
+  end
+
+  defp write_list(_write, _kind, [], total), do: {:ok, total}
+
+  defp write_list(write, kind, items, total) do
+    {now, rest} = Enum.split(items, @chunk)
+
+    case write.(chunk(kind, now)) do
+      :ok -> write_list(write, kind, rest, total + length(now))
+      error -> error
+    end
+  end
+
+  @doc """
+  Reads and checks the framing of the snapshot at `path` and its
+  definition against `config` (the validated options of `load/2`).
+  Returns what `fill/3` needs; nothing is created.
+  """
+  @spec read(Path.t(), map()) :: {:ok, map()} | {:error, Larder.Error.t()}
+  def read(path, config) do
+    with {:ok, data} <- read_file(path),
+         {:ok, chunks} <- parse(data, path),
+         {:ok, definition} <- definition(chunks, config, path) do
+      {:ok, Map.put(definition, :chunks, chunks)}
+    end
+  end
+
+  defp read_file(path) do
+    case File.read(path) do
+      {:ok, data} ->
+        {:ok, data}
+
+      {:error, posix} ->
+        {:error,
+         Larder.Error.new(:file_error, "cannot read: #{:file.format_error(posix)}",
+           path: path,
+           posix: posix
+         )}
+    end
+  end
+
+  defp parse(<<@magic, @version, rest::binary>>, path),
+    do: parse_chunks(rest, @definition, [], {0, 0, 0}, path)
+
+  defp parse(<<@magic, version, _::binary>>, path),
+    do: corrupt("unsupported snapshot version #{version}", path)
+
+  defp parse(_data, path), do: corrupt("not a Larder.Table snapshot", path)
+
+  defp parse_chunks(<<0, rows::64, keys::64, terms::64>>, _kind, acc, seen, path) do
+    cond do
+      acc == [] -> corrupt("no definition", path)
+      seen != {rows, keys, terms} -> corrupt("the trailer's counts do not match the chunks", path)
+      true -> {:ok, Enum.reverse(acc)}
+    end
+  end
+
+  defp parse_chunks(<<0, _::binary>>, _kind, _acc, _seen, path),
+    do: corrupt("truncated, or bytes after the trailer", path)
+
+  defp parse_chunks(
+         <<kind, size::32, count::32, crc::32, payload::binary-size(size), rest::binary>>,
+         last,
+         acc,
+         seen,
+         path
+       )
+       when kind in @definition..@index do
+    cond do
+      kind < last or (kind == @definition and acc != []) or
+          (last == @definition and acc == [] and kind != @definition) ->
+        corrupt("a chunk of kind #{kind} out of order", path)
+
+      count == 0 or count > @max_chunk_count or (kind == @definition and count != 1) ->
+        corrupt("a chunk of kind #{kind} announces #{count} items", path)
+
+      :erlang.crc32(payload) != crc ->
+        corrupt("checksum mismatch in a chunk of kind #{kind}", path)
+
+      true ->
+        parse_chunks(rest, kind, [{kind, count, payload} | acc], add(seen, kind, count), path)
+    end
+  end
+
+  defp parse_chunks(<<kind, _::binary>>, _last, _acc, _seen, path) when kind in 1..4,
+    do: corrupt("truncated", path)
+
+  defp parse_chunks(<<kind, _::binary>>, _last, _acc, _seen, path),
+    do: corrupt("unknown chunk kind #{kind}", path)
+
+  defp parse_chunks(<<>>, _last, _acc, _seen, path), do: corrupt("truncated", path)
+
+  defp add(seen, @definition, _count), do: seen
+  defp add({r, k, t}, @rows, count), do: {r + count, k, t}
+  defp add({r, k, t}, @keys, count), do: {r, k + count, t}
+  defp add({r, k, t}, @index, count), do: {r, k, t + count}
+
+  defp definition([{@definition, 1, payload} | _], config, path) do
+    names = Enum.map(config.entries, &elem(&1, 0))
+
+    case decode(payload) do
+      {:ok, [{key, store, file_names, next, free}], 1} ->
+        cond do
+          {key, store, file_names} != {config.key, config.store, names} ->
+            {:error,
+             Larder.Error.new(
+               :definition_mismatch,
+               "the snapshot's table definition differs from the one given to load/2",
+               path: path,
+               snapshot: [key: key, store: store, index: file_names],
+               given: [key: config.key, store: config.store, index: names]
+             )}
+
+          not (is_integer(next) and next >= @direct_limit and next <= @max_id + 1) ->
+            corrupt("a bad next row id", path)
+
+          not proper_ids?(free, next) ->
+            corrupt("bad free row ids", path)
+
+          true ->
+            {:ok, %{next: next, free: free}}
+        end
+
+      {:ok, _other, _count} ->
+        corrupt("a definition of the wrong shape", path)
+
+      {:error, why} ->
+        corrupt("the definition #{why}", path)
+    end
+  end
+
+  defp proper_ids?([id | rest], next)
+       when is_integer(id) and id >= @direct_limit and id < next,
+       do: proper_ids?(rest, next)
+
+  defp proper_ids?([], _next), do: true
+  defp proper_ids?(_other, _next), do: false
+
+  # A compressed term (tag 80) declares its uncompressed size: a few bytes
+  # could ask for gigabytes. dump/4 never writes one.
+  defp decode(<<131, 80, _::binary>>), do: {:error, "is compressed"}
+
+  defp decode(payload) do
+    {term, used} = :erlang.binary_to_term(payload, [:safe, :used])
+
+    cond do
+      used != byte_size(payload) -> {:error, "has bytes after its term"}
+      not is_list(term) -> {:error, "is not a list"}
+      true -> {:ok, term, length(term)}
+    end
+  rescue
+    # binary_to_term/2 raises ArgumentError on a bad or unsafe term, and
+    # length/1 on an improper list.
+    _ -> {:error, "is not a valid external term, or holds an atom this VM does not know"}
+  end
+
+  @doc """
+  Fills the new, empty `table` (in its writer's init) from what `read/2`
+  returned. Returns the writer's id state `{next, free, top}`, or an error
+  (the caller then stops the writer, and its tables go with it).
+  """
+  @spec fill(Table.t(), map(), Path.t()) ::
+          {:ok, {non_neg_integer(), [non_neg_integer()], non_neg_integer()}}
+          | {:error, Larder.Error.t()}
+  def fill(table, %{chunks: [_definition | chunks], next: next, free: free}, path) do
+    names = Map.new(table.entries, fn {name, _} -> {name, true} end)
+    {rows, others} = Enum.split_with(chunks, &(elem(&1, 0) == @rows))
+
+    with {:ok, top} <- fill_rows(table, rows),
+         {:ok, {keyed, terms}} <- fill_others(table, names, others),
+         :ok <- check_ids(table, keyed, free, next, path),
+         :ok <- import(table, terms, path) do
+      {:ok, {next, free, top}}
+    else
+      {:error, %Larder.Error{}} = error -> error
+      {:error, why} -> corrupt("a chunk #{why}", path)
+    end
+  end
+
+  # Rows are decoded and inserted (the rows table is public) by as many
+  # processes as there are schedulers: decoding records is most of a load.
+  # Each process's garbage goes with it.
+  defp fill_rows(table, chunks) do
+    chunks
+    |> Task.async_stream(&fill_chunk(table, &1),
+      max_concurrency: System.schedulers_online(),
+      ordered: false,
+      timeout: :infinity
+    )
+    |> Enum.reduce_while({:ok, 0}, fn
+      {:ok, {:ok, top}}, {:ok, max} -> {:cont, {:ok, max(top, max)}}
+      {:ok, {:error, _} = error}, _ -> {:halt, error}
+    end)
+  end
+
+  defp fill_chunk(table, {_kind, count, payload}) do
+    with {:ok, items, ^count} <- decode(payload),
+         {:ok, top} <- rows(items, table.key, 0) do
+      :ets.insert(table.rows, items)
+      {:ok, top}
+    else
+      {:ok, _items, n} -> {:error, "holds #{n} items, its header says #{count}"}
+      {:error, _} = error -> error
+    end
+  end
+
+  defp fill_others(table, names, chunks) do
+    Enum.reduce_while(chunks, {:ok, {[], []}}, fn {kind, count, payload}, {:ok, acc} ->
+      with {:ok, items, ^count} <- decode(payload),
+           {:ok, acc} <- take(kind, items, table, names, acc) do
+        {:cont, {:ok, acc}}
+      else
+        {:ok, _items, n} -> {:halt, {:error, "holds #{n} items, its header says #{count}"}}
+        {:error, why} -> {:halt, {:error, why}}
+      end
+    end)
+  end
+
+  defp take(@keys, items, table, _names, {keyed, terms}) do
+    case keys(items, table, keyed) do
+      {:ok, keyed} ->
+        :ets.insert(table.keys, items)
+        {:ok, {keyed, terms}}
+
+      error ->
+        error
+    end
+  end
+
+  defp take(@index, items, _table, names, {keyed, terms}) do
+    if Enum.all?(
+         items,
+         &match?({{name, _}, bin} when is_map_key(names, name) and is_binary(bin), &1)
+       ),
+       do: {:ok, {keyed, [items | terms]}},
+       else: {:error, "holds an index entry of the wrong shape"}
+  end
+
+  # Rows `{id, record}`: a record with the key field; an id below 2^31 is
+  # the record's key (an id above is checked through the keys).
+  defp rows([{id, record} | rest], key, top) when is_integer(id) and id >= 0 and is_map(record) do
+    case record do
+      %{^key => ^id} when id < @direct_limit -> rows(rest, key, max(top, id + 1))
+      %{^key => _} when id >= @direct_limit and id <= @max_id -> rows(rest, key, top)
+      _ -> {:error, "holds a row whose key does not match its id"}
+    end
+  end
+
+  defp rows([], _key, top), do: {:ok, top}
+  defp rows(_other, _key, _top), do: {:error, "holds a row of the wrong shape"}
+
+  defp keys([{key, id} | rest], table, keyed) when is_integer(id) and id >= @direct_limit do
+    field = table.key
+
+    case :ets.lookup(table.rows, id) do
+      [{_, %{^field => ^key}}] -> keys(rest, table, [id | keyed])
+      _ -> {:error, "holds a key whose row is missing or has another key"}
+    end
+  end
+
+  defp keys([], _table, keyed), do: {:ok, keyed}
+  defp keys(_other, _table, _keyed), do: {:error, "holds a key of the wrong shape"}
+
+  # Every keyed id and free id distinct and below `next`, and every row
+  # above 2^31 named by a key.
+  defp check_ids(_table, [], [], _next, _path), do: :ok
+
+  defp check_ids(table, keyed, free, next, path) do
+    all = keyed ++ free
+
+    rows_above =
+      :ets.select_count(table.rows, [{{:"$1", :_}, [{:>=, :"$1", @direct_limit}], [true]}])
+
+    cond do
+      Enum.any?(keyed, &(&1 >= next)) -> corrupt("a key's row id is not below next", path)
+      length(Enum.uniq(all)) != length(all) -> corrupt("row ids given twice", path)
+      rows_above != :ets.info(table.keys, :size) -> corrupt("rows without a key", path)
+      true -> :ok
+    end
+  end
+
+  defp import(table, terms, path) do
+    case Native.index_import(table.index.ref, Enum.concat(terms)) do
+      :ok -> :ok
+      {:error, :bad_snapshot} -> corrupt("the index data is malformed", path)
+    end
+  end
+
+  defp corrupt(message, path) do
+    {:error, Larder.Error.new(:corrupt_snapshot, message, path: path)}
+  end
+end

@@ -1,0 +1,386 @@
+defmodule Larder.Table.SnapshotTest do
+  # Larder.Table.dump/2 and load/2: round trips that answer every search as
+  # the original does, every damaged or foreign file an error (never a
+  # crash, never a table left behind), bad arguments ArgumentError, and a
+  # dump during writes one state of the table.
+  use ExUnit.Case, async: true
+
+  alias Larder.Table
+  alias Larder.Test.Isolated
+
+  @moduletag :tmp_dir
+
+  defp opts(store), do: [key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}], store: store]
+
+  defp records(seed, n) do
+    :rand.seed(:exsss, {seed, 2, 3})
+
+    for i <- 1..n do
+      key = if rem(i, 4) == 0, do: "k#{i}", else: i * 3
+
+      %{
+        id: key,
+        a: Enum.random([:x, :y, 1, 1.0, "s", {:t, 1}]),
+        tags: Enum.take_random([:p, :q, "r", 7, {1, [2]}], :rand.uniform(3) - 1),
+        junk: i
+      }
+    end
+  end
+
+  defp searches(seed) do
+    :rand.seed(:exsss, {seed, 9, 9})
+    values = [:x, :y, 1, 1.0, "s", {:t, 1}, :p, :q, "r", 7, {1, [2]}, :none]
+
+    for _ <- 1..200 do
+      case :rand.uniform(4) do
+        1 -> [a: Enum.random(values)]
+        2 -> [m: Enum.random(values)]
+        3 -> [a: Enum.random(values), m: Enum.random(values)]
+        4 -> [m: {:in, Enum.take_random(values, 3)}, a: {:in, Enum.take_random(values, 2)}]
+      end
+    end
+  end
+
+  defp build(store, seed, n) do
+    table = Table.new(opts(store))
+    records = records(seed, n)
+    :ok = Table.insert_many(table, records)
+    # Deletes free row ids (reused later) and empty some bitmaps' chunks.
+    for %{id: id} <- Enum.take_every(records, 7), do: Table.delete(table, id)
+    table
+  end
+
+  defp same?(a, b, seed) do
+    sorted = &(&1 |> Table.stream() |> Enum.sort_by(fn r -> :erlang.term_to_binary(r.id) end))
+
+    Table.size(a) == Table.size(b) and sorted.(a) == sorted.(b) and
+      Enum.all?(searches(seed), fn q ->
+        Table.search(a, q) == Table.search(b, q) and Table.count(a, q) == Table.count(b, q)
+      end)
+  end
+
+  describe "round trip" do
+    for store <- [nil, [:a, :tags]] do
+      test "answers every search as the original (store: #{inspect(store)})", %{tmp_dir: dir} do
+        for seed <- 1..4 do
+          table = build(unquote(store), seed, 2_000)
+          path = Path.join(dir, "t#{seed}")
+          assert :ok = Table.dump(table, path)
+          assert {:ok, copy} = Table.load(path, opts(unquote(store)))
+          assert same?(table, copy, seed)
+
+          # Later writes to both (freed ids reused, replaced records
+          # re-indexed from the loaded index) keep them equal.
+          more = records(seed + 100, 300)
+          for t <- [table, copy], do: :ok = Table.insert_many(t, more)
+          for t <- [table, copy], r <- Enum.take(more, 50), do: Table.delete(t, r.id)
+          for t <- [table, copy], do: Table.insert(t, %{id: "fresh", a: :x, tags: [:p]})
+          assert same?(table, copy, seed)
+
+          for t <- [table, copy], do: Table.drop(t)
+        end
+      end
+    end
+
+    test "an empty table, a name and telemetry off", %{tmp_dir: dir} do
+      path = Path.join(dir, "empty")
+      :ok = Table.dump(Table.new(key: :id, index: [:a]), path)
+      name = :"snap_#{System.unique_integer([:positive])}"
+      copy = Table.load!(path, key: :id, index: [:a], name: name, telemetry: false)
+      assert Table.size(name) == 0
+      assert Table.search(copy, a: 1) == []
+      :ok = Table.insert(name, %{id: 1, a: 1})
+      assert Table.search(name, a: 1) == [%{id: 1, a: 1}]
+    end
+
+    test "the loaded table belongs to the caller", %{tmp_dir: dir} do
+      path = Path.join(dir, "owned")
+      :ok = Table.dump(build(nil, 1, 100), path)
+      parent = self()
+
+      pid =
+        spawn(fn ->
+          send(parent, Table.load(path, opts(nil)))
+          receive do: (:stop -> :ok)
+        end)
+
+      assert_receive {:ok, copy}
+      ref = Process.monitor(copy.writer)
+      send(pid, :stop)
+      assert_receive {:DOWN, ^ref, :process, _, _}
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.size(copy) end
+    end
+  end
+
+  describe "bad files" do
+    setup %{tmp_dir: dir} do
+      path = Path.join(dir, "good")
+      :ok = Table.dump(build([:a, :tags], 5, 3_000), path)
+      %{good: File.read!(path), dir: dir}
+    end
+
+    defp load_file(dir, data, opts \\ opts([:a, :tags])) do
+      path = Path.join(dir, "bad#{System.unique_integer([:positive])}")
+      File.write!(path, data)
+      Table.load(path, opts)
+    end
+
+    # Positions of each section's first bytes: header, each chunk's header
+    # and payload, the trailer.
+    defp sections(<<"LARDERTAB", 1, rest::binary>>), do: [0, 9] ++ chunk_offsets(rest, 10)
+
+    defp chunk_offsets(<<0, _::binary-size(24)>>, at), do: [at, at + 5, at + 24]
+
+    defp chunk_offsets(<<_k, size::32, _::64, _payload::binary-size(size), rest::binary>>, at),
+      do:
+        [at, at + 3, at + 11, at + 13, at + 13 + div(size, 2)] ++
+          chunk_offsets(rest, at + 13 + size)
+
+    test "a byte flipped in any section is an error, and no table is left", %{
+      good: good,
+      dir: dir
+    } do
+      tables = length(:ets.all())
+
+      for at <- sections(good) do
+        <<before::binary-size(at), byte, rest::binary>> = good
+
+        assert {:error, %Larder.Error{reason: reason}} =
+                 load_file(dir, <<before::binary, Bitwise.bxor(byte, 0x5A), rest::binary>>)
+
+        assert reason in [:corrupt_snapshot, :definition_mismatch], "flip at #{at}"
+      end
+
+      assert length(:ets.all()) == tables
+    end
+
+    test "every truncation is an error", %{good: good, dir: dir} do
+      step = max(div(byte_size(good), 300), 1)
+
+      for len <- Enum.to_list(0..(byte_size(good) - 1)//step) ++ [byte_size(good) - 1] do
+        assert {:error, %Larder.Error{reason: :corrupt_snapshot}} =
+                 load_file(dir, binary_part(good, 0, len))
+      end
+
+      assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = load_file(dir, good <> "x")
+    end
+
+    test "wrong magic or version, a Bag snapshot, an empty file, a huge length", %{
+      good: good,
+      dir: dir
+    } do
+      <<_::binary-size(9), 1, rest::binary>> = good
+
+      assert {:error, %{reason: :corrupt_snapshot} = e} =
+               load_file(dir, "LARDERTAB" <> <<2>> <> rest)
+
+      assert e.message =~ "version 2"
+      assert {:error, %{reason: :corrupt_snapshot}} = load_file(dir, "LARDERBAX" <> <<1>> <> rest)
+      assert {:error, %{reason: :corrupt_snapshot}} = load_file(dir, "")
+
+      bag = Larder.Bag.new()
+      Larder.Bag.insert(bag, :a, 1)
+      bag_path = Path.join(dir, "bag")
+      :ok = Larder.Bag.dump(bag, bag_path)
+
+      assert {:error, %{reason: :corrupt_snapshot, message: "not a Larder.Table snapshot"}} =
+               Table.load(bag_path, opts(nil))
+
+      huge = "LARDERTAB" <> <<1, 1, 0xFFFFFFFF::32, 1::32, 0::32>> <> "tiny"
+      assert {:error, %{reason: :corrupt_snapshot}} = load_file(dir, huge)
+      assert {:error, %{reason: :file_error}} = Table.load(Path.join(dir, "missing"), opts(nil))
+    end
+
+    test "a file of another definition is refused", %{good: good, dir: dir} do
+      for other <- [
+            opts(nil),
+            opts([:a]),
+            [key: :other, index: [:a, {:m, & &1}], store: [:a, :tags]],
+            [key: :id, index: [{:m, & &1}, :a], store: [:a, :tags]],
+            [key: :id, index: [:a], store: [:a, :tags]]
+          ] do
+        assert {:error, %Larder.Error{reason: :definition_mismatch}} = load_file(dir, good, other)
+      end
+    end
+
+    # Chunks re-framed with valid checksums: what only forgery (or a bug)
+    # makes. Each is an error, in a separate VM in case the NIF crashed.
+    test "forged chunks with valid checksums are errors (isolated VM)", %{good: good, dir: dir} do
+      <<"LARDERTAB", 1, rest::binary>> = good
+      chunks = parse(rest)
+
+      frame = fn chunks ->
+        counts = Enum.reduce(chunks, {0, 0, 0}, &count/2)
+        {r, k, t} = counts
+
+        ["LARDERTAB", 1]
+        |> Kernel.++(
+          for {kind, n, p} <- chunks,
+              do: [<<kind, byte_size(p)::32, n::32, :erlang.crc32(p)::32>>, p]
+        )
+        |> Kernel.++([<<0, r::64, k::64, t::64>>])
+        |> IO.iodata_to_binary()
+      end
+
+      replace = fn kind, fun ->
+        {before, [{^kind, _n, p} | after_]} = Enum.split_while(chunks, &(elem(&1, 0) != kind))
+        items = fun.(:erlang.binary_to_term(p))
+        before ++ [{kind, length(items), :erlang.term_to_binary(items)} | after_]
+      end
+
+      garbage = <<1::32, 20::32, 12346::little-32, 1::little-32>> <> :binary.copy(<<0xFF>>, 12)
+
+      forged = [
+        # Index postings: garbage Roaring bytes, a count of 2^32 - 1 chunks,
+        # an empty bitmap, a term given twice, a term of an unknown index.
+        replace.(4, fn [{t, _} | rest] -> [{t, garbage} | rest] end),
+        replace.(4, fn [{t, b} | rest] -> [{t, <<0xFFFFFFFF::32, b::binary>>} | rest] end),
+        replace.(4, fn [{t, _} | rest] ->
+          [{t, <<1::32, 8::32, 12346::little-32, 0::little-32>>} | rest]
+        end),
+        replace.(4, fn [e | rest] -> [e, e | rest] end),
+        replace.(4, fn [{{_, v}, b} | rest] -> [{{:nope, v}, b} | rest] end),
+        replace.(4, fn [_ | rest] -> [:not_a_pair | rest] end),
+        # Rows: a row whose key is not its id, a non-map, a non-list.
+        replace.(2, fn [{id, r} | rest] -> [{id, %{r | id: id + 1}} | rest] end),
+        replace.(2, fn [{id, _} | rest] -> [{id, :x} | rest] end),
+        replace.(2, fn _ -> [{1}] end),
+        # Keys pointing at no row, definition of the wrong shape.
+        replace.(3, fn [{k, _id} | rest] -> [{k, 0xFFFFFFF0} | rest] end),
+        replace.(1, fn [{k, s, n, _next, f}] -> [{k, s, n, 0, f}] end),
+        replace.(1, fn [{k, s, n, next, _}] -> [{k, s, n, next, [next]}] end),
+        replace.(1, fn [{k, s, n, next, _}] -> [{k, s, n, next, :bad}] end),
+        # A compressed payload.
+        Enum.map(chunks, fn
+          {2, n, p} -> {2, n, :erlang.term_to_binary(:erlang.binary_to_term(p), compressed: 9)}
+          other -> other
+        end)
+      ]
+
+      paths =
+        for {chunks, i} <- Enum.with_index(forged) do
+          path = Path.join(dir, "forged#{i}")
+          File.write!(path, frame.(chunks))
+          path
+        end
+
+      result =
+        Isolated.run(
+          quote do
+            _ = [:tags, :junk]
+
+            for path <- unquote(paths) do
+              Larder.Table.load(path,
+                key: :id,
+                index: [:a, {:m, &Map.get(&1, :tags, [])}],
+                store: [:a, :tags]
+              )
+            end
+          end,
+          120_000
+        )
+
+      assert {:ok, results} = result
+
+      for {r, i} <- Enum.with_index(results) do
+        assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = r,
+               "forgery #{i}: #{inspect(r)}"
+      end
+    end
+
+    defp parse(<<0, _::binary-size(24)>>), do: []
+
+    defp parse(<<kind, size::32, n::32, _::32, p::binary-size(size), rest::binary>>),
+      do: [{kind, n, p} | parse(rest)]
+
+    defp count({2, n, _}, {r, k, t}), do: {r + n, k, t}
+    defp count({3, n, _}, {r, k, t}), do: {r, k + n, t}
+    defp count({4, n, _}, {r, k, t}), do: {r, k, t + n}
+    defp count(_, acc), do: acc
+  end
+
+  describe "bad arguments" do
+    test "raise ArgumentError naming the argument", %{tmp_dir: dir} do
+      table = Table.new(key: :id)
+      assert_raise ArgumentError, ~r/path/, fn -> Table.dump(table, :nope) end
+      assert_raise ArgumentError, ~r/path/, fn -> Table.dump(table, "a\0b") end
+      assert_raise ArgumentError, ~r/path/, fn -> Table.load(123, key: :id) end
+      assert_raise ArgumentError, ~r/table must be/, fn -> Table.dump(:erlang.make_ref(), "x") end
+      assert_raise ArgumentError, ~r/:key/, fn -> Table.load(Path.join(dir, "x"), []) end
+
+      assert_raise ArgumentError, ~r/bogus/, fn ->
+        Table.load(Path.join(dir, "x"), key: :id, bogus: 1)
+      end
+
+      Table.drop(table)
+
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn ->
+        Table.dump(table, Path.join(dir, "d"))
+      end
+    end
+
+    test "a name in use raises, after the file checked out", %{tmp_dir: dir} do
+      path = Path.join(dir, "named")
+      :ok = Table.dump(Table.new(key: :id), path)
+      name = :"snap_taken_#{System.unique_integer([:positive])}"
+      _ = Table.new(key: :id, name: name)
+      assert_raise ArgumentError, ~r/exists/, fn -> Table.load(path, key: :id, name: name) end
+    end
+
+    test "an unwritable path is a file error", %{tmp_dir: dir} do
+      table = Table.new(key: :id)
+
+      assert {:error, %Larder.Error{reason: :file_error}} =
+               Table.dump(table, Path.join([dir, "no", "such", "dir"]))
+
+      assert Table.size(table) == 0
+    end
+  end
+
+  describe "concurrency" do
+    # The writer process dumps: a dump is one state of the table. One
+    # process inserts records 1, 2, 3, ... one write each; every snapshot
+    # must hold exactly 1..k for some k, indexed alike.
+    test "dumps during writes are consistent cuts", %{tmp_dir: dir} do
+      table = Table.new(key: :id, index: [:even, {:tag, &[&1.id, :all]}], store: [:even])
+      parent = self()
+
+      writer =
+        spawn_link(fn ->
+          Enum.each(Stream.iterate(1, &(&1 + 1)), fn i ->
+            if rem(i, 50) == 0, do: send(parent, {:at, i})
+            Table.insert(table, %{id: i, even: rem(i, 2) == 0})
+          end)
+        end)
+
+      assert_receive {:at, 50}, 5_000
+
+      for round <- 1..30 do
+        path = Path.join(dir, "cut#{round}")
+        :ok = Table.dump(table, path)
+        copy = Table.load!(path, key: :id, index: [:even, {:tag, &[&1.id, :all]}], store: [:even])
+        k = Table.size(copy)
+        assert Table.search_ids(copy, tag: :all) == Enum.to_list(1..k//1)
+        assert Table.count(copy, even: true) == div(k, 2)
+
+        assert Enum.sort(Larder.Index.terms_of(copy.index, k)) ==
+                 Enum.sort([{:tag, k}, {:tag, :all}, {:even, rem(k, 2) == 0}])
+
+        Table.drop(copy)
+      end
+
+      Process.unlink(writer)
+      Process.exit(writer, :kill)
+    end
+
+    test "a dump deletes the temporary files of killed dumps", %{tmp_dir: dir} do
+      path = Path.join(dir, "swept")
+      [{:token, token}] = :ets.lookup(Larder.SnapshotFile, :token)
+      stale = "#{path}.#{System.pid()}.#{token}-#{System.unique_integer([:positive])}.tmp"
+      File.write!(stale, "half a dump")
+      :ok = Table.dump(Table.new(key: :id), path)
+      refute File.exists?(stale)
+      assert File.ls!(dir) == ["swept"]
+    end
+  end
+end
