@@ -404,8 +404,38 @@ defmodule PriceSearch.Catalogue do
     |> elem(2)
   end
 
-  @doc "Searches a `map_index/1` as the Go map variant does: fetch the offering, scan its prices."
-  @spec map_search(%{String.t() => [price()]}, keyword()) :: [price()]
+  @doc """
+  Searches a `map_index/1` as the Go map variant (`FindPriceBy`) does: fetch
+  the offering's prices and scan them in row order. A price whose group or
+  spec differs is skipped at once; each requested characteristic is looked
+  up in the price's characteristics by name (the first with that name) and
+  its value compared, the first mismatch skipping the price. The first
+  matching default price is the answer at once; otherwise a single match is,
+  and several matches without a default are `{:error, :no_default}`.
+
+  `chars` is the request's `{char, value}` list. The scan allocates nothing
+  but its answer.
+  """
+  @spec map_find(
+          %{String.t() => [price()]},
+          String.t(),
+          String.t(),
+          String.t(),
+          [{String.t(), String.t()}]
+        ) :: {:ok, price()} | {:error, :no_price | :no_default}
+  def map_find(map_index, offering, group, spec, chars) do
+    case map_index do
+      %{^offering => prices} -> scan(prices, group, spec, chars, nil)
+      _ -> {:error, :no_price}
+    end
+  end
+
+  @doc """
+  `map_find/5` with `Larder.Table` conditions (offering, group, spec and
+  characteristics, as `conditions/1` makes them).
+  """
+  @spec map_search(%{String.t() => [price()]}, keyword()) ::
+          {:ok, price()} | {:error, :no_price | :no_default}
   def map_search(map_index, conditions) do
     {o, g, s, chars} =
       Enum.reduce(conditions, {nil, nil, nil, []}, fn
@@ -415,11 +445,41 @@ defmodule PriceSearch.Catalogue do
         {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
       end)
 
-    map_index
-    |> Map.get(o, [])
-    |> Enum.filter(fn p ->
-      p.group_id == g and p.spec == s and
-        Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
-    end)
+    map_find(map_index, o, g, s, :lists.reverse(chars))
   end
+
+  # found: nil (no match yet), the one match, or :many (only a default answers).
+  defp scan(
+         [%{group_id: group, spec: spec, chars: have} = price | rest],
+         group,
+         spec,
+         chars,
+         found
+       ) do
+    if chars_match?(chars, have) do
+      case price do
+        %{is_default: true} -> {:ok, price}
+        _ when found == nil -> scan(rest, group, spec, chars, price)
+        _ -> scan(rest, group, spec, chars, :many)
+      end
+    else
+      scan(rest, group, spec, chars, found)
+    end
+  end
+
+  defp scan([_ | rest], group, spec, chars, found), do: scan(rest, group, spec, chars, found)
+  defp scan([], _group, _spec, _chars, nil), do: {:error, :no_price}
+  defp scan([], _group, _spec, _chars, :many), do: {:error, :no_default}
+  defp scan([], _group, _spec, _chars, price), do: {:ok, price}
+
+  defp chars_match?([], _have), do: true
+
+  defp chars_match?([{char, value} | chars], have),
+    do: value_of(have, char, value) and chars_match?(chars, have)
+
+  # Whether the price's first characteristic named `char` has `value`.
+  defp value_of([%{char: char, value: value} | _], char, value), do: true
+  defp value_of([%{char: char} | _], char, _value), do: false
+  defp value_of([_ | have], char, value), do: value_of(have, char, value)
+  defp value_of([], _char, _value), do: false
 end
