@@ -29,8 +29,10 @@ serve: setup
 	cd $(PRICE_SEARCH) && mix compile
 	cd $(PRICE_SEARCH) && { ulimit -n $$(ulimit -Hn) 2>/dev/null || true; } && exec mix run --no-halt
 
-# The service on core 0 with one scheduler, wrk on core 1; DURATION=2s for a
-# short run. Writes bench/results/http_bench.json.
+# The service on core 0 with one scheduler, then on both cores, wrk on core 1;
+# DURATION=2s for a short run, ROUNDS=3 for the best of three. GO_BIN=<the Go
+# reference binary you built> measures it in the same run, interleaved.
+# Writes bench/results/http_bench.json.
 bench-http: setup
 	@mkdir -p bench/results
 	cd $(PRICE_SEARCH) && mix compile

@@ -1,7 +1,8 @@
 defmodule PriceSearch.HTTP.Server do
   # The HTTP/1.1 listener under PriceSearch.HTTP: acceptors on gen_tcp, one
-  # process per connection, OTP's {packet, :http_bin} parsing, idle and
-  # request timeouts, a connection cap and counters (see PriceSearch.HTTP).
+  # process per connection, OTP's http_bin parsing (erlang:decode_packet/3 on
+  # what one recv brought, not a recv per line), idle and request timeouts,
+  # a connection cap and counters (see PriceSearch.HTTP).
   @moduledoc false
 
   use GenServer
@@ -53,8 +54,7 @@ defmodule PriceSearch.HTTP.Server do
       reuseaddr: true,
       nodelay: true,
       active: false,
-      packet: :http_bin,
-      packet_size: @max_line
+      packet: :raw
     ]
 
     case :gen_tcp.listen(Keyword.fetch!(opts, :port), listen_opts) do
@@ -127,61 +127,95 @@ defmodule PriceSearch.HTTP.Server do
   end
 
   ## One request
+  # What was received but not yet parsed is in the process dictionary
+  # (:price_search_buffer), so that the handler's read_body/2 can use it.
 
   defp request_line(%{socket: socket, opts: opts} = req) do
-    case :gen_tcp.recv(socket, 0, opts.idle_timeout) do
-      {:ok, {:http_request, method, {:abs_path, path}, version}} ->
-        deadline = System.monotonic_time(:millisecond) + opts.request_timeout
+    buffer = Process.get(:price_search_buffer, "")
 
-        headers(%{req | method: method, path: path, version: version, deadline: deadline}, [], 0)
-
-      {:ok, {:http_request, method, :*, version}} ->
-        deadline = System.monotonic_time(:millisecond) + opts.request_timeout
-        headers(%{req | method: method, path: "*", version: version, deadline: deadline}, [], 0)
+    case :erlang.decode_packet(:http_bin, buffer, packet_size: @max_line) do
+      {:ok, {:http_request, method, path, version}, rest} ->
+        Process.put(:price_search_buffer, rest)
+        req = %{req | method: method, path: abs_path(path), version: version}
+        req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
+        headers(req, [], 0)
 
       # Blank lines before a request are allowed.
-      {:ok, {:http_error, line}} when line in ["\r\n", "\n"] ->
+      {:ok, {:http_error, line}, rest} when line in ["\r\n", "\n"] ->
+        Process.put(:price_search_buffer, rest)
         request_line(req)
 
-      {:error, :timeout} ->
-        :counters.add(req.counters, @idle_closed, 1)
-
-      {:error, :emsgsize} ->
+      {:more, _} when byte_size(buffer) > @max_line ->
         bad_request(%{req | version: {1, 1}})
 
-      {:error, _} ->
-        :ok
+      {:more, _} ->
+        # Idle until the first byte; then the request's deadline runs.
+        {timeout, req} =
+          if buffer == "",
+            do: {opts.idle_timeout, req},
+            else: {remaining(req), req}
 
-      {:ok, _} ->
+        case :gen_tcp.recv(socket, 0, timeout) do
+          {:ok, data} ->
+            Process.put(:price_search_buffer, buffer <> data)
+            req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
+            request_line(req)
+
+          {:error, :timeout} when buffer == "" ->
+            :counters.add(req.counters, @idle_closed, 1)
+
+          {:error, :timeout} ->
+            :counters.add(req.counters, @timed_out, 1)
+
+          {:error, _} ->
+            :ok
+        end
+
+      _ ->
         bad_request(%{req | version: {1, 1}})
     end
   end
 
+  defp deadline(opts), do: System.monotonic_time(:millisecond) + opts.request_timeout
+
+  defp abs_path({:abs_path, path}), do: path
+  defp abs_path(_), do: "*"
+
   defp headers(req, _acc, @max_headers), do: bad_request(req)
 
   defp headers(%{socket: socket} = req, acc, n) do
-    case :gen_tcp.recv(socket, 0, remaining(req)) do
-      {:ok, {:http_header, _, name, _, value}} ->
+    buffer = Process.get(:price_search_buffer)
+
+    case :erlang.decode_packet(:httph_bin, buffer, packet_size: @max_line) do
+      {:ok, {:http_header, _, name, _, value}, rest} ->
+        Process.put(:price_search_buffer, rest)
         headers(req, [{header_name(name), value} | acc], n + 1)
 
-      {:ok, :http_eoh} ->
-        :ok = :inet.setopts(socket, packet: :raw)
+      {:ok, :http_eoh, rest} ->
+        Process.put(:price_search_buffer, rest)
         req = %{req | headers: acc}
         # A body the handler does not read leaves the connection unusable.
         Process.put(:price_search_close, body?(req))
         req.opts.handler.(req)
         next(req)
 
-      {:error, :timeout} ->
-        :counters.add(req.counters, @timed_out, 1)
-
-      {:error, :closed} ->
-        :ok
-
-      {:error, _} ->
+      {:more, _} when byte_size(buffer) > @max_line ->
         bad_request(req)
 
-      {:ok, _} ->
+      {:more, _} ->
+        case :gen_tcp.recv(socket, 0, remaining(req)) do
+          {:ok, data} ->
+            Process.put(:price_search_buffer, buffer <> data)
+            headers(req, acc, n)
+
+          {:error, :timeout} ->
+            :counters.add(req.counters, @timed_out, 1)
+
+          {:error, _} ->
+            :ok
+        end
+
+      _ ->
         bad_request(req)
     end
   end
@@ -190,7 +224,6 @@ defmodule PriceSearch.HTTP.Server do
     if close?(req) do
       :ok
     else
-      :ok = :inet.setopts(req.socket, packet: :http_bin)
       request_line(%{req | method: nil, path: nil, headers: [], deadline: nil})
     end
   end
@@ -248,14 +281,14 @@ defmodule PriceSearch.HTTP.Server do
 
       {nil, te} ->
         if String.downcase(te) == "chunked",
-          do: continue(req, fn -> chunked(req, "", [], 0, limit) end),
+          do: continue(req, fn -> chunked(req, take_buffer(), [], 0, limit) end),
           else: bad_body()
 
       {length, nil} ->
         case Integer.parse(String.trim(length)) do
           {n, ""} when n > limit -> too_large()
           {0, ""} -> {:ok, ""}
-          {n, ""} when n > 0 -> continue(req, fn -> recv(req, n) end)
+          {n, ""} when n > 0 -> continue(req, fn -> exactly(req, n) end)
           _ -> bad_body()
         end
 
@@ -284,6 +317,24 @@ defmodule PriceSearch.HTTP.Server do
           do: :gen_tcp.send(req.socket, "HTTP/1.1 100 Continue\r\n\r\n")
 
         read.()
+    end
+  end
+
+  defp take_buffer do
+    buffer = Process.get(:price_search_buffer, "")
+    Process.put(:price_search_buffer, "")
+    buffer
+  end
+
+  # n bytes of body: what the buffer holds, then the socket's.
+  defp exactly(req, n) do
+    case take_buffer() do
+      <<body::binary-size(n), rest::binary>> ->
+        Process.put(:price_search_buffer, rest)
+        {:ok, body}
+
+      buffer ->
+        with {:ok, more} <- recv(req, n - byte_size(buffer)), do: {:ok, buffer <> more}
     end
   end
 
@@ -336,14 +387,20 @@ defmodule PriceSearch.HTTP.Server do
   end
 
   defp trailers(req, buffer, acc) do
-    case :binary.split(buffer, "\r\n\r\n") do
-      [_, _rest] ->
+    case buffer do
+      "\r\n" <> rest ->
+        Process.put(:price_search_buffer, rest)
         {:ok, IO.iodata_to_binary(acc)}
 
-      [_] ->
-        if binary_part(buffer, 0, min(2, byte_size(buffer))) == "\r\n",
-          do: {:ok, IO.iodata_to_binary(acc)},
-          else: trailer_more(req, buffer, acc)
+      _ ->
+        case :binary.split(buffer, "\r\n\r\n") do
+          [_, rest] ->
+            Process.put(:price_search_buffer, rest)
+            {:ok, IO.iodata_to_binary(acc)}
+
+          [_] ->
+            trailer_more(req, buffer, acc)
+        end
     end
   end
 
@@ -367,6 +424,8 @@ defmodule PriceSearch.HTTP.Server do
   # up to `bytes` of it, for at most `ms` without data, so that closing does
   # not reset the connection under the response.
   def linger(req, bytes, ms) when bytes > 0 do
+    Process.put(:price_search_buffer, "")
+
     case :gen_tcp.recv(req.socket, 0, ms) do
       {:ok, data} -> linger(req, bytes - byte_size(data), ms)
       {:error, _} -> :ok
