@@ -18,7 +18,17 @@ defmodule PriceSearch.HTTP.Server do
   @timed_out 4
   @refused 5
 
-  defstruct [:socket, :method, :path, :version, :deadline, :counters, :opts, headers: []]
+  defstruct [
+    :socket,
+    :method,
+    :path,
+    :version,
+    :deadline,
+    :counters,
+    :opts,
+    headers: [],
+    close: false
+  ]
 
   ## Listener
 
@@ -189,11 +199,16 @@ defmodule PriceSearch.HTTP.Server do
     case :erlang.decode_packet(:httph_bin, buffer, packet_size: @max_line) do
       {:ok, {:http_header, _, name, _, value}, rest} ->
         Process.put(:price_search_buffer, rest)
-        headers(req, [{header_name(name), value} | acc], n + 1)
+
+        case kept(name) do
+          nil -> headers(req, acc, n + 1)
+          name -> headers(req, [{name, value} | acc], n + 1)
+        end
 
       {:ok, :http_eoh, rest} ->
         Process.put(:price_search_buffer, rest)
         req = %{req | headers: acc}
+        req = %{req | close: closes?(req)}
         # A body the handler does not read leaves the connection unusable.
         Process.put(:price_search_close, body?(req))
         req.opts.handler.(req)
@@ -224,7 +239,7 @@ defmodule PriceSearch.HTTP.Server do
     if close?(req) do
       :ok
     else
-      request_line(%{req | method: nil, path: nil, headers: [], deadline: nil})
+      request_line(%{req | method: nil, path: nil, headers: [], deadline: nil, close: false})
     end
   end
 
@@ -232,7 +247,7 @@ defmodule PriceSearch.HTTP.Server do
     header(req, "transfer-encoding") != nil or
       case header(req, "content-length") do
         nil -> false
-        length -> String.trim(length) != "0"
+        length -> length != "0"
       end
   end
 
@@ -241,9 +256,13 @@ defmodule PriceSearch.HTTP.Server do
     respond(req, 400, [{"Content-Type", "text/plain; charset=utf-8"}], "400 Bad Request\n")
   end
 
-  # Known header names come as atoms ('Content-Length'); others as binaries.
-  defp header_name(name) when is_atom(name), do: name |> Atom.to_string() |> String.downcase()
-  defp header_name(name), do: String.downcase(name)
+  # The headers the server reads, by their lower-case names; the others are
+  # dropped. decode_packet gives known names as atoms, others capitalised.
+  defp kept(:"Content-Length"), do: "content-length"
+  defp kept(:"Transfer-Encoding"), do: "transfer-encoding"
+  defp kept(:Connection), do: "connection"
+  defp kept("Expect"), do: "expect"
+  defp kept(_), do: nil
 
   defp remaining(%{deadline: deadline}),
     do: max(deadline - System.monotonic_time(:millisecond), 0)
@@ -258,12 +277,15 @@ defmodule PriceSearch.HTTP.Server do
   end
 
   # Whether the connection closes after this response.
-  def close?(req) do
-    Process.get(:price_search_close, false) or
-      case {req.version, header(req, "connection")} do
-        {{1, 1}, value} -> value != nil and String.downcase(value) =~ "close"
-        {_, value} -> not (value != nil and String.downcase(value) =~ "keep-alive")
-      end
+  def close?(req), do: req.close or Process.get(:price_search_close, false)
+
+  defp closes?(req) do
+    case {req.version, header(req, "connection")} do
+      {{1, 1}, nil} -> false
+      {{1, 1}, value} -> String.downcase(value) =~ "close"
+      {_, nil} -> true
+      {_, value} -> not (String.downcase(value) =~ "keep-alive")
+    end
   end
 
   # The connection is closed after the response.
@@ -285,7 +307,7 @@ defmodule PriceSearch.HTTP.Server do
           else: bad_body()
 
       {length, nil} ->
-        case Integer.parse(String.trim(length)) do
+        case Integer.parse(length) do
           {n, ""} when n > limit -> too_large()
           {0, ""} -> {:ok, ""}
           {n, ""} when n > 0 -> continue(req, fn -> exactly(req, n) end)
