@@ -13,17 +13,10 @@ defmodule PriceSearch.HostileTest do
 
   setup_all do
     :ok = C.await_loaded(PriceSearch.port())
-    {:ok, store} = PriceSearch.Store.fetch()
-    # A request that finds a price: the first price's own fields.
-    [{_, [price | _]} | _] = Enum.take(store.map_index, 1)
-
-    request =
-      :jiffy.encode(%{
-        "offeringId" => price.offering_id,
-        "groupId" => price.group_id,
-        "priceSpecId" => price.spec,
-        "charValues" => for(c <- price.chars, do: %{"char" => c.char, "value" => c.value})
-      })
+    # The reference's single request, on the catalogue the service loaded.
+    {source, prices, _} = PriceSearch.Catalogue.reference_or_generated()
+    single = PriceSearch.Catalogue.single_request(prices, source)
+    request = :jiffy.encode(PriceSearch.Catalogue.request_json(single))
 
     %{request: request}
   end

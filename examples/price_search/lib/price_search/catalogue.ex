@@ -377,12 +377,58 @@ defmodule PriceSearch.Catalogue do
     end)
   end
 
+  @typedoc "The Go-style map index: see `map_index/1`."
+  @opaque map_index :: %{
+            ids: %{String.t() => pos_integer()},
+            offerings: %{
+              String.t() => {[non_neg_integer()], pos_integer(), tuple(), tuple()}
+            }
+          }
+
   @doc """
   The Go service's map index, the baseline of the benchmark and the demo:
-  offering -> the list of its prices.
+  offering -> its prices in row order, scanned by `map_find/5`.
+
+  The strings are numbered (one map of the distinct group, spec,
+  characteristic and value strings), so comparing two is comparing two
+  integers, as cheap as Go's length-then-bytes comparison of strings that
+  differ; and each offering's prices are laid out for a scan: a list of
+  their group-and-spec numbers, and one flat tuple of their characteristics'
+  name and value numbers (each price's padded to the offering's most).
   """
-  @spec map_index([price()]) :: %{String.t() => [price()]}
-  def map_index(prices), do: Enum.group_by(prices, & &1.offering_id)
+  @spec map_index([price()]) :: map_index()
+  def map_index(prices) do
+    ids =
+      prices
+      |> Enum.flat_map(fn p ->
+        [p.group_id, p.spec | Enum.flat_map(p.chars, &[&1.char, &1.value])]
+      end)
+      |> Enum.uniq()
+      |> Enum.with_index(1)
+      |> Map.new()
+
+    offerings =
+      prices
+      |> Enum.group_by(& &1.offering_id)
+      |> Map.new(fn {offering, prices} ->
+        stride = 2 * (prices |> Enum.map(&length(&1.chars)) |> Enum.max())
+        codes = for p <- prices, do: code(Map.fetch!(ids, p.group_id), Map.fetch!(ids, p.spec))
+
+        chars =
+          prices
+          |> Enum.flat_map(fn p ->
+            chars = Enum.flat_map(p.chars, &[Map.fetch!(ids, &1.char), Map.fetch!(ids, &1.value)])
+            chars ++ List.duplicate(0, stride - length(chars))
+          end)
+          |> List.to_tuple()
+
+        {offering, {codes, stride, chars, List.to_tuple(prices)}}
+      end)
+
+    %{ids: ids, offerings: offerings}
+  end
+
+  defp code(group, spec), do: group <<< 32 ||| spec
 
   @doc """
   The map index's live heap in bytes, comparable with the Go service's live
@@ -413,19 +459,18 @@ defmodule PriceSearch.Catalogue do
   matching default price is the answer at once; otherwise a single match is,
   and several matches without a default are `{:error, :no_default}`.
 
-  `chars` is the request's `{char, value}` list. The scan allocates nothing
-  but its answer.
+  `chars` is the request's `{char, value}` list. A string the catalogue does
+  not have matches no price. The search allocates the request's numbers
+  (a few words per characteristic) and nothing per price scanned.
   """
-  @spec map_find(
-          %{String.t() => [price()]},
-          String.t(),
-          String.t(),
-          String.t(),
-          [{String.t(), String.t()}]
-        ) :: {:ok, price()} | {:error, :no_price | :no_default}
-  def map_find(map_index, offering, group, spec, chars) do
-    case map_index do
-      %{^offering => prices} -> scan(prices, group, spec, chars, nil)
+  @spec map_find(map_index(), String.t(), String.t(), String.t(), [{String.t(), String.t()}]) ::
+          {:ok, price()} | {:error, :no_price | :no_default}
+  def map_find(%{ids: ids, offerings: offerings}, offering, group, spec, chars) do
+    with %{^offering => {codes, stride, table, prices}} <- offerings,
+         %{^group => g, ^spec => s} <- ids,
+         {:ok, chars} <- numbers(chars, ids, []) do
+      scan(codes, 0, code(g, s), chars, stride, table, prices, nil)
+    else
       _ -> {:error, :no_price}
     end
   end
@@ -434,8 +479,7 @@ defmodule PriceSearch.Catalogue do
   `map_find/5` with `Larder.Table` conditions (offering, group, spec and
   characteristics, as `conditions/1` makes them).
   """
-  @spec map_search(%{String.t() => [price()]}, keyword()) ::
-          {:ok, price()} | {:error, :no_price | :no_default}
+  @spec map_search(map_index(), keyword()) :: {:ok, price()} | {:error, :no_price | :no_default}
   def map_search(map_index, conditions) do
     {o, g, s, chars} =
       Enum.reduce(conditions, {nil, nil, nil, []}, fn
@@ -448,38 +492,49 @@ defmodule PriceSearch.Catalogue do
     map_find(map_index, o, g, s, :lists.reverse(chars))
   end
 
-  # found: nil (no match yet), the one match, or :many (only a default answers).
-  defp scan(
-         [%{group_id: group, spec: spec, chars: have} = price | rest],
-         group,
-         spec,
-         chars,
-         found
-       ) do
-    if chars_match?(chars, have) do
-      case price do
-        %{is_default: true} -> {:ok, price}
-        _ when found == nil -> scan(rest, group, spec, chars, price)
-        _ -> scan(rest, group, spec, chars, :many)
-      end
-    else
-      scan(rest, group, spec, chars, found)
+  defp numbers([], _ids, acc), do: {:ok, :lists.reverse(acc)}
+
+  defp numbers([{char, value} | chars], ids, acc) do
+    case ids do
+      %{^char => c, ^value => v} -> numbers(chars, ids, [{c, v} | acc])
+      _ -> :unknown
     end
   end
 
-  defp scan([_ | rest], group, spec, chars, found), do: scan(rest, group, spec, chars, found)
-  defp scan([], _group, _spec, _chars, nil), do: {:error, :no_price}
-  defp scan([], _group, _spec, _chars, :many), do: {:error, :no_default}
-  defp scan([], _group, _spec, _chars, price), do: {:ok, price}
+  # found: nil (no match yet), the one match, or :many (only a default answers).
+  defp scan([code | codes], i, code, chars, stride, table, prices, found) do
+    at = i * stride
 
-  defp chars_match?([], _have), do: true
+    if chars_match?(chars, table, at, at + stride) do
+      case elem(prices, i) do
+        %{is_default: true} = price -> {:ok, price}
+        price when found == nil -> scan(codes, i + 1, code, chars, stride, table, prices, price)
+        _ -> scan(codes, i + 1, code, chars, stride, table, prices, :many)
+      end
+    else
+      scan(codes, i + 1, code, chars, stride, table, prices, found)
+    end
+  end
 
-  defp chars_match?([{char, value} | chars], have),
-    do: value_of(have, char, value) and chars_match?(chars, have)
+  defp scan([_ | codes], i, code, chars, stride, table, prices, found),
+    do: scan(codes, i + 1, code, chars, stride, table, prices, found)
+
+  defp scan([], _, _, _, _, _, _, nil), do: {:error, :no_price}
+  defp scan([], _, _, _, _, _, _, :many), do: {:error, :no_default}
+  defp scan([], _, _, _, _, _, _, price), do: {:ok, price}
+
+  defp chars_match?([], _table, _at, _stop), do: true
+
+  defp chars_match?([{char, value} | chars], table, at, stop),
+    do: value_of(table, at, stop, char, value) and chars_match?(chars, table, at, stop)
 
   # Whether the price's first characteristic named `char` has `value`.
-  defp value_of([%{char: char, value: value} | _], char, value), do: true
-  defp value_of([%{char: char} | _], char, _value), do: false
-  defp value_of([_ | have], char, value), do: value_of(have, char, value)
-  defp value_of([], _char, _value), do: false
+  defp value_of(_table, at, stop, _char, _value) when at >= stop, do: false
+
+  defp value_of(table, at, stop, char, value) do
+    case elem(table, at) do
+      ^char -> elem(table, at + 1) == value
+      _ -> value_of(table, at + 2, stop, char, value)
+    end
+  end
 end
