@@ -399,13 +399,9 @@ defmodule PriceSearch.Catalogue do
   @spec map_index([price()]) :: map_index()
   def map_index(prices) do
     ids =
-      prices
-      |> Enum.flat_map(fn p ->
-        [p.group_id, p.spec | Enum.flat_map(p.chars, &[&1.char, &1.value])]
+      Enum.reduce(prices, %{}, fn p, ids ->
+        ids |> number(p.group_id) |> number(p.spec) |> number_chars(p.chars)
       end)
-      |> Enum.uniq()
-      |> Enum.with_index(1)
-      |> Map.new()
 
     offerings =
       prices
@@ -416,16 +412,40 @@ defmodule PriceSearch.Catalogue do
 
         chars =
           prices
-          |> Enum.flat_map(fn p ->
-            chars = Enum.flat_map(p.chars, &[Map.fetch!(ids, &1.char), Map.fetch!(ids, &1.value)])
-            chars ++ List.duplicate(0, stride - length(chars))
-          end)
+          |> Enum.flat_map(fn p -> pad(char_numbers(p.chars, ids), stride) end)
           |> List.to_tuple()
 
         {offering, {codes, stride, chars, List.to_tuple(prices)}}
       end)
 
     %{ids: ids, offerings: offerings}
+  end
+
+  # Strings are numbered 1, 2, ... as first met; 0 pads.
+  defp number(ids, string) do
+    case ids do
+      %{^string => _} -> ids
+      _ -> Map.put(ids, string, map_size(ids) + 1)
+    end
+  end
+
+  defp number_chars(ids, []), do: ids
+
+  defp number_chars(ids, [%{char: c, value: v} | chars]),
+    do: ids |> number(c) |> number(v) |> number_chars(chars)
+
+  defp char_numbers([], _ids), do: []
+
+  defp char_numbers([%{char: c, value: v} | chars], ids) do
+    %{^c => char, ^v => value} = ids
+    [char, value | char_numbers(chars, ids)]
+  end
+
+  defp pad(numbers, stride) do
+    case length(numbers) do
+      ^stride -> numbers
+      n -> numbers ++ List.duplicate(0, stride - n)
+    end
   end
 
   defp code(group, spec), do: group <<< 32 ||| spec
