@@ -23,16 +23,20 @@ test: setup
 
 # The price search service on port 8091, or PORT. exec: the VM replaces the
 # shell, so make's SIGTERM (which make passes to its child) stops it.
+# The soft file descriptor limit is raised to the hard one: each held
+# connection takes a descriptor.
 serve: setup
 	cd $(PRICE_SEARCH) && mix compile
-	cd $(PRICE_SEARCH) && exec mix run --no-halt
+	cd $(PRICE_SEARCH) && { ulimit -n $$(ulimit -Hn) 2>/dev/null || true; } && exec mix run --no-halt
 
-# The service on core 0 with one scheduler, wrk on core 1; DURATION=2s for a
-# short run. Writes bench/results/http_bench.json.
+# The service on core 0 with one scheduler, then on both cores, wrk on core 1;
+# DURATION=2s for a short run, ROUNDS=3 for the best of three. GO_BIN=<the Go
+# reference binary you built> measures it in the same run, interleaved.
+# Writes bench/results/http_bench.json.
 bench-http: setup
 	@mkdir -p bench/results
 	cd $(PRICE_SEARCH) && mix compile
-	cd $(PRICE_SEARCH) && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
+	cd $(PRICE_SEARCH) && { ulimit -n $$(ulimit -Hn) 2>/dev/null || true; } && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
 
 # The service's start-up, cold (CSV) and warm (snapshot), to the first 200
 # on /health, its RSS then, and Larder.Table.load/2 of the catalogue.

@@ -25,7 +25,7 @@ table = Table.new(Catalogue.table_opts(store: [:idx, :spec, :value, :currency]))
 
 # Both must give the same single price for every request.
 for conditions <- requests do
-  [%{value: v}] = Catalogue.map_search(map_index, conditions)
+  {:ok, %{value: v}} = Catalogue.map_search(map_index, conditions)
   [%{value: ^v}] = Table.search(table, conditions)
 end
 

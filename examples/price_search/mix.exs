@@ -7,7 +7,7 @@ defmodule PriceSearch.MixProject do
       version: "0.1.0",
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
-      # Larder by path; mochiweb and jiffy come from Debian (scripts/setup), never Hex.
+      # Larder by path; jiffy comes from Debian (scripts/setup), never Hex.
       deps: [{:larder, path: "../.."}]
     ]
   end
@@ -15,7 +15,7 @@ defmodule PriceSearch.MixProject do
   def application do
     [
       mod: {PriceSearch.Application, []},
-      extra_applications: [:logger, :mochiweb, :jiffy] ++ test_applications(Mix.env())
+      extra_applications: [:logger, :jiffy] ++ test_applications(Mix.env())
     ]
   end
 

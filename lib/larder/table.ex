@@ -164,17 +164,17 @@ defmodule Larder.Table do
 
   From one full run of `mix run bench/index_bench.exs` on the 487,200-price
   catalogue (100 reference requests, every answer checked against a plain
-  filter), on a quiet 2-core machine; the bench prints each figure as a
-  ratio to the Go-style map index (offering -> its prices, scanned)
-  measured in the same run:
+  filter), on a quiet 2-core machine (the bench also prints each figure as
+  a ratio to the Go-style map index measured in the same run; the README
+  has those):
 
-  | | map index | `store: [:idx, :spec, :value, :currency]` | full records |
-  |---|---|---|---|
-  | search, median per request | 2.14 ms | 2.97 us | 3.28 us |
-  | search, each timed alone: median / p99 | 2.19 / 5.17 ms | 2.73 / 5.29 us | 2.87 / 6.75 us |
-  | `search_many/2`, per search of 1,000 | 2.06 ms | 4.83 us (207k/s) | 5.98 us |
-  | memory (ETS words x 8 + NIF bytes; map: process heap) | 71.3 MB | 119 MB (with the id-to-terms map) | 508 MB |
-  | `insert_many/2` of records already in memory | 149 ms | 1.80 s | 2.28 s |
+  | | `store: [:idx, :spec, :value, :currency]` | full records |
+  |---|---|---|
+  | search, median per request | 2.97 us | 3.28 us |
+  | search, each timed alone: median / p99 | 2.73 / 5.29 us | 2.87 / 6.75 us |
+  | `search_many/2`, per search of 1,000 | 4.83 us (207k/s) | 5.98 us |
+  | memory (ETS words x 8 + NIF bytes) | 119 MB (with the id-to-terms map) | 508 MB |
+  | `insert_many/2` of records already in memory | 1.80 s | 2.28 s |
 
   `make bench-startup` (`examples/price_search/bench/startup_bench.exs`)
   times `load/2` of the snapshot of that catalogue (with `:store`) against

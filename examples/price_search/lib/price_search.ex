@@ -7,7 +7,7 @@ defmodule PriceSearch do
       start and holds the table and the map index.
     * `PriceSearch.Request` reads request bodies as the Go service does.
     * `PriceSearch.Search` is the reference's search semantics.
-    * `PriceSearch.HTTP` serves them over mochiweb, JSON by jiffy.
+    * `PriceSearch.HTTP` serves them over `gen_tcp`, JSON by jiffy.
 
   `make serve` (in the Larder root) starts it on port 8091, or `PORT`.
   """

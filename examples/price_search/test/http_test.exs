@@ -275,7 +275,7 @@ defmodule PriceSearch.HTTPTest do
     assert {503, _, _} = C.get(other, '/health')
     assert {503, _, _} = C.post(other, @bitmap, body)
     assert {503, _, _} = C.post(other, @bulk, body)
-    :ok = :mochiweb_socket_server.stop(listener)
+    :ok = PriceSearch.HTTP.stop(listener)
 
     # Still serving.
     assert {200, _, _} = C.post(port, @bitmap, body)

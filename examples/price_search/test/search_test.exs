@@ -1,7 +1,7 @@
 defmodule PriceSearch.SearchTest do
   use ExUnit.Case, async: true
 
-  alias PriceSearch.Search
+  alias PriceSearch.{Catalogue, Search}
 
   test "conditions/1 of a request: offering, group, spec, then its characteristics" do
     request = %{
@@ -65,6 +65,55 @@ defmodule PriceSearch.SearchTest do
     # The map search says only "unable find price".
     assert Search.map(store, Map.merge(good, %{group: "x", chars: bad_char})) ==
              {:error, "unable find price"}
+  end
+
+  # Go's FindPriceBy: in row order, a characteristic is the price's first one
+  # with that name; the first matching default answers, several matches
+  # without one are refused.
+  test "the map index finds prices as Go's map variant does" do
+    price = fn idx, group, chars, default ->
+      %{
+        idx: idx,
+        offering_id: "o",
+        group_id: group,
+        spec: "MRC",
+        chars: for({c, v} <- chars, do: %{char: c, value: v}),
+        value: idx,
+        is_default: default,
+        currency: ""
+      }
+    end
+
+    index =
+      Catalogue.map_index([
+        price.(0, "g1", [{"A", "1"}, {"A", "2"}], false),
+        price.(1, "g1", [{"A", "3"}, {"B", "1"}], false),
+        price.(2, "g1", [{"A", "3"}, {"B", "2"}], false),
+        price.(3, "g1", [{"A", "3"}, {"B", "2"}], true),
+        price.(4, "g2", [{"A", "4"}], false),
+        price.(5, "g2", [{"A", "4"}], false)
+      ])
+
+    find = fn group, chars -> Catalogue.map_find(index, "o", group, "MRC", chars) end
+
+    # Only the first "A" counts: its value is "1", so "2" matches nothing.
+    assert {:ok, %{idx: 0}} = find.("g1", [{"A", "1"}])
+    assert find.("g1", [{"A", "2"}]) == {:error, :no_price}
+    assert {:ok, %{idx: 1}} = find.("g1", [{"B", "1"}, {"A", "3"}])
+    # Two matches, the second a default.
+    assert {:ok, %{idx: 3}} = find.("g1", [{"B", "2"}])
+    # Two matches, no default.
+    assert find.("g2", []) == {:error, :no_default}
+    assert find.("g3", []) == {:error, :no_price}
+    assert Catalogue.map_find(index, "p", "g1", "MRC", []) == {:error, :no_price}
+
+    assert Catalogue.map_search(index,
+             offering_id: "o",
+             group_id: "g1",
+             spec: "MRC",
+             char: {"B", "1"}
+           ) ==
+             find.("g1", [{"B", "1"}])
   end
 
   test "the store and the listener refuse bad options with an ArgumentError naming them" do

@@ -377,12 +377,78 @@ defmodule PriceSearch.Catalogue do
     end)
   end
 
+  @typedoc "The Go-style map index: see `map_index/1`."
+  @opaque map_index :: %{
+            ids: %{String.t() => pos_integer()},
+            offerings: %{
+              String.t() => {[non_neg_integer()], pos_integer(), tuple(), tuple()}
+            }
+          }
+
   @doc """
   The Go service's map index, the baseline of the benchmark and the demo:
-  offering -> the list of its prices.
+  offering -> its prices in row order, scanned by `map_find/5`.
+
+  The strings are numbered (one map of the distinct group, spec,
+  characteristic and value strings), so comparing two is comparing two
+  integers, as cheap as Go's length-then-bytes comparison of strings that
+  differ; and each offering's prices are laid out for a scan: a list of
+  their group-and-spec numbers, and one flat tuple of their characteristics'
+  name and value numbers (each price's padded to the offering's most).
   """
-  @spec map_index([price()]) :: %{String.t() => [price()]}
-  def map_index(prices), do: Enum.group_by(prices, & &1.offering_id)
+  @spec map_index([price()]) :: map_index()
+  def map_index(prices) do
+    ids =
+      Enum.reduce(prices, %{}, fn p, ids ->
+        ids |> number(p.group_id) |> number(p.spec) |> number_chars(p.chars)
+      end)
+
+    offerings =
+      prices
+      |> Enum.group_by(& &1.offering_id)
+      |> Map.new(fn {offering, prices} ->
+        stride = 2 * (prices |> Enum.map(&length(&1.chars)) |> Enum.max())
+        codes = for p <- prices, do: code(Map.fetch!(ids, p.group_id), Map.fetch!(ids, p.spec))
+
+        chars =
+          prices
+          |> Enum.flat_map(fn p -> pad(char_numbers(p.chars, ids), stride) end)
+          |> List.to_tuple()
+
+        {offering, {codes, stride, chars, List.to_tuple(prices)}}
+      end)
+
+    %{ids: ids, offerings: offerings}
+  end
+
+  # Strings are numbered 1, 2, ... as first met; 0 pads.
+  defp number(ids, string) do
+    case ids do
+      %{^string => _} -> ids
+      _ -> Map.put(ids, string, map_size(ids) + 1)
+    end
+  end
+
+  defp number_chars(ids, []), do: ids
+
+  defp number_chars(ids, [%{char: c, value: v} | chars]),
+    do: ids |> number(c) |> number(v) |> number_chars(chars)
+
+  defp char_numbers([], _ids), do: []
+
+  defp char_numbers([%{char: c, value: v} | chars], ids) do
+    %{^c => char, ^v => value} = ids
+    [char, value | char_numbers(chars, ids)]
+  end
+
+  defp pad(numbers, stride) do
+    case length(numbers) do
+      ^stride -> numbers
+      n -> numbers ++ List.duplicate(0, stride - n)
+    end
+  end
+
+  defp code(group, spec), do: group <<< 32 ||| spec
 
   @doc """
   The map index's live heap in bytes, comparable with the Go service's live
@@ -404,8 +470,36 @@ defmodule PriceSearch.Catalogue do
     |> elem(2)
   end
 
-  @doc "Searches a `map_index/1` as the Go map variant does: fetch the offering, scan its prices."
-  @spec map_search(%{String.t() => [price()]}, keyword()) :: [price()]
+  @doc """
+  Searches a `map_index/1` as the Go map variant (`FindPriceBy`) does: fetch
+  the offering's prices and scan them in row order. A price whose group or
+  spec differs is skipped at once; each requested characteristic is looked
+  up in the price's characteristics by name (the first with that name) and
+  its value compared, the first mismatch skipping the price. The first
+  matching default price is the answer at once; otherwise a single match is,
+  and several matches without a default are `{:error, :no_default}`.
+
+  `chars` is the request's `{char, value}` list. A string the catalogue does
+  not have matches no price. The search allocates the request's numbers
+  (a few words per characteristic) and nothing per price scanned.
+  """
+  @spec map_find(map_index(), String.t(), String.t(), String.t(), [{String.t(), String.t()}]) ::
+          {:ok, price()} | {:error, :no_price | :no_default}
+  def map_find(%{ids: ids, offerings: offerings}, offering, group, spec, chars) do
+    with %{^offering => {codes, stride, table, prices}} <- offerings,
+         %{^group => g, ^spec => s} <- ids,
+         {:ok, chars} <- numbers(chars, ids, []) do
+      scan(codes, 0, code(g, s), chars, stride, table, prices, nil)
+    else
+      _ -> {:error, :no_price}
+    end
+  end
+
+  @doc """
+  `map_find/5` with `Larder.Table` conditions (offering, group, spec and
+  characteristics, as `conditions/1` makes them).
+  """
+  @spec map_search(map_index(), keyword()) :: {:ok, price()} | {:error, :no_price | :no_default}
   def map_search(map_index, conditions) do
     {o, g, s, chars} =
       Enum.reduce(conditions, {nil, nil, nil, []}, fn
@@ -415,11 +509,52 @@ defmodule PriceSearch.Catalogue do
         {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
       end)
 
-    map_index
-    |> Map.get(o, [])
-    |> Enum.filter(fn p ->
-      p.group_id == g and p.spec == s and
-        Enum.all?(chars, fn {c, v} -> Enum.any?(p.chars, &(&1.char == c and &1.value == v)) end)
-    end)
+    map_find(map_index, o, g, s, :lists.reverse(chars))
+  end
+
+  defp numbers([], _ids, acc), do: {:ok, :lists.reverse(acc)}
+
+  defp numbers([{char, value} | chars], ids, acc) do
+    case ids do
+      %{^char => c, ^value => v} -> numbers(chars, ids, [{c, v} | acc])
+      _ -> :unknown
+    end
+  end
+
+  # found: nil (no match yet), the one match, or :many (only a default answers).
+  defp scan([code | codes], i, code, chars, stride, table, prices, found) do
+    at = i * stride
+
+    if chars_match?(chars, table, at, at + stride) do
+      case elem(prices, i) do
+        %{is_default: true} = price -> {:ok, price}
+        price when found == nil -> scan(codes, i + 1, code, chars, stride, table, prices, price)
+        _ -> scan(codes, i + 1, code, chars, stride, table, prices, :many)
+      end
+    else
+      scan(codes, i + 1, code, chars, stride, table, prices, found)
+    end
+  end
+
+  defp scan([_ | codes], i, code, chars, stride, table, prices, found),
+    do: scan(codes, i + 1, code, chars, stride, table, prices, found)
+
+  defp scan([], _, _, _, _, _, _, nil), do: {:error, :no_price}
+  defp scan([], _, _, _, _, _, _, :many), do: {:error, :no_default}
+  defp scan([], _, _, _, _, _, _, price), do: {:ok, price}
+
+  defp chars_match?([], _table, _at, _stop), do: true
+
+  defp chars_match?([{char, value} | chars], table, at, stop),
+    do: value_of(table, at, stop, char, value) and chars_match?(chars, table, at, stop)
+
+  # Whether the price's first characteristic named `char` has `value`.
+  defp value_of(_table, at, stop, _char, _value) when at >= stop, do: false
+
+  defp value_of(table, at, stop, char, value) do
+    case elem(table, at) do
+      ^char -> elem(table, at + 1) == value
+      _ -> value_of(table, at + 2, stop, char, value)
+    end
   end
 end

@@ -1,6 +1,7 @@
 defmodule PriceSearch.HTTP do
   @moduledoc """
-  The HTTP interface, on mochiweb, with the Go reference service's routes,
+  The HTTP interface, on OTP's `gen_tcp` and its `{packet, :http_bin}`
+  parsing (`PriceSearch.HTTP.Server`), with the Go reference service's routes,
   status codes and bodies (the README's "Compatibility" section lists where
   it differs, and why).
 
@@ -34,15 +35,37 @@ defmodule PriceSearch.HTTP do
   while handling a request is logged and answered 500; the listener and the
   other connections go on.
 
+  Hostile clients. A connection waiting for its next request is closed after
+  `:idle_timeout` (60 s). A request's head and body must arrive within
+  `:request_timeout` (10 s) of its first line: a head dribbled past it is cut
+  off, a body announced but not sent in time is a 400 and the connection
+  closes. Connections over `:max_connections` (100,000) are closed at once;
+  in practice the process's file descriptor limit (`ulimit -n`) binds first,
+  two descriptors for each connection held by a client on the same host, one
+  otherwise. A client that hangs up before its answer is sent is normal: it
+  is counted (`stats/1`, `:hangups`) and its connection's process ends
+  without a log. A request line or header longer than 16 KB, or more than
+  100 headers, is a 400 and closes the connection.
+
   ## Concurrency
 
-  mochiweb runs each connection in its own process; a request is decoded,
-  searched (straight on the `Larder.Table`, fetched from `PriceSearch.Store`
-  through `:persistent_term`) and answered in that process.
+  16 acceptor processes wait in `accept`; each, given a connection, starts
+  its replacement and serves that connection's requests (HTTP/1.1
+  keep-alive, pipelined requests in order). A request is decoded, searched
+  (straight on the `Larder.Table`, fetched from `PriceSearch.Store` through
+  `:persistent_term`) and answered in that process. Idle connections cost a
+  process blocked in `recv` (about 3 KB) and a socket; they take no
+  scheduler time, so held connections do not slow the others.
+
+  ## Performance
+
+  `make bench-http` runs wrk against the service (and against the Go
+  reference when given its address): see the example's README.
   """
 
   require Logger
   alias PriceSearch.{JSON, Request, Search, Store}
+  alias PriceSearch.HTTP.Server
 
   @single_limit 1024 * 1024
   @bulk_limit 32 * 1024 * 1024
@@ -50,6 +73,9 @@ defmodule PriceSearch.HTTP do
   @ndjson [{"Content-Type", "application/x-ndjson"}]
   @json [{"Content-Type", "application/json"}]
   @text [{"Content-Type", "text/plain; charset=utf-8"}, {"X-Content-Type-Options", "nosniff"}]
+
+  @max_timeout 3_600_000
+  @max_connections 1_000_000
 
   @doc """
   Starts a listener.
@@ -61,10 +87,29 @@ defmodule PriceSearch.HTTP do
     * `:store` - the name of the `PriceSearch.Store` to search. Default
       `PriceSearch.Store`.
     * `:name` - an atom to register the listener under. Default: none.
+    * `:idle_timeout` - ms a connection may wait for its next request before
+      it is closed, 1..3,600,000. Default 60,000.
+    * `:request_timeout` - ms a request's head and body may take to arrive,
+      from its first line, 1..3,600,000. Default 10,000.
+    * `:max_connections` - open connections at most, 1..1,000,000; one over
+      it is closed at once. Default 100,000 (the process's file descriptor
+      limit usually binds first).
+    * `:backlog` - the listen backlog, 1..65,535. Default 4,096.
+    * `:acceptors` - processes waiting in accept, 1..1,024. Default 16.
   """
-  @spec start_link(keyword()) :: {:ok, pid()} | {:error, term()}
+  @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
-    valid = [:port, :ip, :store, :name]
+    valid = [
+      :port,
+      :ip,
+      :store,
+      :name,
+      :idle_timeout,
+      :request_timeout,
+      :max_connections,
+      :backlog,
+      :acceptors
+    ]
 
     case Keyword.keys(opts) -- valid do
       [] ->
@@ -74,21 +119,30 @@ defmodule PriceSearch.HTTP do
         raise ArgumentError, "unknown options #{inspect(unknown)}, valid: #{inspect(valid)}"
     end
 
-    port = Keyword.get(opts, :port, 8091)
     store = Keyword.get(opts, :store, Store)
 
-    unless is_integer(port) and port in 0..65_535,
-      do: raise(ArgumentError, ":port must be an integer in 0..65535, got: #{inspect(port)}")
-
-    :mochiweb_http.start_link(
-      name: Keyword.get(opts, :name, :undefined),
+    Server.start_link(
+      name: Keyword.get(opts, :name),
       ip: Keyword.get(opts, :ip, {0, 0, 0, 0}),
-      port: port,
-      backlog: 1024,
-      nodelay: true,
-      acceptor_pool_size: 16,
-      loop: fn req -> handle(req, store) end
+      port: int!(opts, :port, 8091, 0..65_535),
+      idle_timeout: int!(opts, :idle_timeout, 60_000, 1..@max_timeout),
+      request_timeout: int!(opts, :request_timeout, 10_000, 1..@max_timeout),
+      max_connections: int!(opts, :max_connections, 100_000, 1..@max_connections),
+      backlog: int!(opts, :backlog, 4_096, 1..65_535),
+      acceptors: int!(opts, :acceptors, 16, 1..1_024),
+      handler: fn req -> handle(req, store) end
     )
+  end
+
+  defp int!(opts, key, default, first..last) do
+    case Keyword.get(opts, key, default) do
+      n when is_integer(n) and n >= first and n <= last ->
+        n
+
+      other ->
+        raise ArgumentError,
+              "#{inspect(key)} must be an integer in #{first}..#{last}, got: #{inspect(other)}"
+    end
   end
 
   @doc "A child spec for `start_link/1`."
@@ -98,22 +152,31 @@ defmodule PriceSearch.HTTP do
   end
 
   @doc "The port a listener serves on."
-  @spec port(pid() | atom()) :: :inet.port_number()
-  def port(listener), do: :mochiweb_socket_server.get(listener, :port)
+  @spec port(GenServer.server()) :: :inet.port_number()
+  def port(listener), do: Server.port(listener)
+
+  @doc """
+  A listener's counters: `:open` connections now; since it started,
+  `:hangups` (clients gone before their answer was sent), `:idle_closed`
+  (connections closed after `:idle_timeout`), `:timed_out` (requests whose
+  head or body did not arrive within `:request_timeout`), `:refused`
+  (connections over `:max_connections`).
+  """
+  @spec stats(GenServer.server()) :: %{atom() => non_neg_integer()}
+  def stats(listener), do: Server.stats(listener)
+
+  @doc "Stops a listener: it accepts no more; open connections end at their next idle timeout."
+  @spec stop(GenServer.server()) :: :ok
+  def stop(listener), do: GenServer.stop(listener)
 
   ## Routing
 
   @doc false
-  # mochiweb's loop: runs in the connection's process, once per request.
+  # Server's handler: runs in the connection's process, once per request.
   def handle(req, store) do
-    route(
-      path(:mochiweb_request.get(:raw_path, req)),
-      :mochiweb_request.get(:method, req),
-      req,
-      store
-    )
+    route(path(req.path), req.method, req, store)
   catch
-    # The client went away (mochiweb's own exit): nothing to answer.
+    # The client went away (Server's own exit): nothing to answer.
     :exit, :normal ->
       exit(:normal)
 
@@ -123,33 +186,33 @@ defmodule PriceSearch.HTTP do
         crash_reason: {reason, __STACKTRACE__}
       )
 
-      force_close()
+      Server.close_after()
       text(req, 500, "internal error")
   end
 
   defp path(raw_path) do
-    case :string.split(raw_path, '?') do
+    case :binary.split(raw_path, "?") do
       [path | _] -> path
     end
   end
 
-  defp route('/v1/search/bitmap/prices', :POST, req, store), do: single(req, store, :bitmap)
-  defp route('/v5/search/bitmap/bulk/prices', :POST, req, store), do: bulk(req, store)
-  defp route('/v1/search/map/prices', :POST, req, store), do: single(req, store, :map)
-  defp route('/health', :GET, req, store), do: health(req, store)
-  defp route('/v1/search/bitmap/prices', _, req, _), do: not_allowed(req, "POST")
-  defp route('/v5/search/bitmap/bulk/prices', _, req, _), do: not_allowed(req, "POST")
-  defp route('/v1/search/map/prices', _, req, _), do: not_allowed(req, "POST")
-  defp route('/health', _, req, _), do: not_allowed(req, "GET")
+  defp route("/v1/search/bitmap/prices", :POST, req, store), do: single(req, store, :bitmap)
+  defp route("/v5/search/bitmap/bulk/prices", :POST, req, store), do: bulk(req, store)
+  defp route("/v1/search/map/prices", :POST, req, store), do: single(req, store, :map)
+  defp route("/health", :GET, req, store), do: health(req, store)
+  defp route("/v1/search/bitmap/prices", _, req, _), do: not_allowed(req, "POST")
+  defp route("/v5/search/bitmap/bulk/prices", _, req, _), do: not_allowed(req, "POST")
+  defp route("/v1/search/map/prices", _, req, _), do: not_allowed(req, "POST")
+  defp route("/health", _, req, _), do: not_allowed(req, "GET")
   defp route(_, _, req, _), do: text(req, 404, "404 page not found")
 
   # Go answers 405 with an empty body; Allow is ours.
   defp not_allowed(req, allow),
-    do: respond(req, 405, [{"Allow", allow}], [])
+    do: Server.respond(req, 405, [{"Allow", allow}], [])
 
   defp health(req, store) do
     case Store.fetch(store) do
-      {:ok, _} -> respond(req, 200, [], [])
+      {:ok, _} -> Server.respond(req, 200, [], [])
       :loading -> text(req, 503, "loading the catalogue")
     end
   end
@@ -161,7 +224,7 @@ defmodule PriceSearch.HTTP do
          {:ok, body} <- body(req, @single_limit),
          {:ok, request} <- decode(body) do
       case apply(Search, kind, [store, request]) do
-        {:ok, price} -> respond(req, 200, @json, JSON.price_line(price))
+        {:ok, price} -> Server.respond(req, 200, @json, JSON.price_line(price))
         {:error, message} -> text(req, 404, message)
       end
     else
@@ -183,7 +246,7 @@ defmodule PriceSearch.HTTP do
          {:ok, body} <- body(req, @bulk_limit) do
       case Request.bulk(body, @bulk_lines) do
         {:too_many, max} -> error(req, 413, "a bulk body holds at most #{max} requests")
-        {:error, []} -> respond(req, 400, @text, JSON.bulk_stopped())
+        {:error, []} -> Server.respond(req, 400, @text, JSON.bulk_stopped())
         {status, requests} -> bulk_answer(req, store, requests, status)
       end
     else
@@ -193,10 +256,10 @@ defmodule PriceSearch.HTTP do
 
   defp bulk_answer(req, store, requests, status) do
     answers = Search.bitmap_many(store, requests)
-    resp = :mochiweb_request.respond({200, @ndjson, :chunked}, req)
-    write_lines(requests, answers, resp, 0, [])
-    if status == :error, do: :mochiweb_response.write_chunk(JSON.bulk_stopped(), resp)
-    :mochiweb_response.write_chunk("", resp)
+    Server.chunked_head(req, 200, @ndjson)
+    write_lines(requests, answers, req, 0, [])
+    if status == :error, do: Server.chunk(req, JSON.bulk_stopped())
+    Server.chunk(req, "")
   end
 
   @chunk_lines 1_000
@@ -213,7 +276,7 @@ defmodule PriceSearch.HTTP do
     do: write_lines(requests, answers, resp, n + 1, [acc | JSON.bulk_line(request.id, answer)])
 
   defp write_chunk([], _resp), do: :ok
-  defp write_chunk(data, resp), do: :mochiweb_response.write_chunk(data, resp)
+  defp write_chunk(data, req), do: Server.chunk(req, data)
 
   ## Helpers
 
@@ -225,93 +288,36 @@ defmodule PriceSearch.HTTP do
   end
 
   defp body(req, limit) do
-    case :mochiweb_request.recv_body(limit, req) do
-      :undefined -> {:ok, ""}
-      body -> {:ok, body}
+    case Server.read_body(req, limit) do
+      {:ok, body} ->
+        {:ok, body}
+
+      {:error, :too_large} ->
+        {:error, 413, "Request body must not be larger than #{div(limit, 1024 * 1024)}MB"}
+
+      {:error, :timeout} ->
+        {:error, 400, "request body not received in time"}
+
+      {:error, :bad} ->
+        {:error, 400, "unreadable request body (Content-Length or Transfer-Encoding)"}
     end
-  catch
-    :exit, :normal ->
-      exit(:normal)
-
-    :exit, {:body_too_large, _} ->
-      # The rest of the body is not read: the connection cannot be reused.
-      force_close()
-      {:error, 413, "Request body must not be larger than #{div(limit, 1024 * 1024)}MB"}
-
-    _, _ ->
-      force_close()
-      {:error, 400, "unreadable request body (Content-Length or Transfer-Encoding)"}
   end
 
   defp error(req, 413, message) do
     response = text(req, 413, message)
-
-    # Set by body/2 when the body was refused before it was read.
-    if Process.get(:mochiweb_request_force_close),
-      do: linger(:mochiweb_request.get(:socket, req), 0)
-
+    if Server.close?(req), do: Server.linger(req, 8 * 1024 * 1024, 1_000)
     response
   end
 
   defp error(req, status, message), do: text(req, status, message)
 
-  # After a 413 the client may still be sending the body it announced: read
-  # and drop up to 8 MB of it (for at most 1 s without data) before mochiweb
-  # closes, so the close does not reset the connection under the response.
-  @linger_bytes 8 * 1024 * 1024
-  defp linger(socket, read) when read < @linger_bytes do
-    case :mochiweb_socket.recv(socket, 0, 1_000) do
-      {:ok, data} -> linger(socket, read + byte_size(data))
-      {:error, _} -> :ok
-    end
-  end
-
-  defp linger(_socket, _read), do: :ok
-
-  # mochiweb closes the connection after the response when this key is set.
-  defp force_close, do: Process.put(:mochiweb_request_force_close, true)
+  # A refused body (the only 413 that closes) is not read: the connection
+  # closes after the answer. The rest of the body is not read: the connection closes after
+  # the answer. The client may still be sending the body: read and drop up
+  # to 8 MB of it (for at most 1 s without data), so the close does not
+  # reset the connection under the response.
 
   # Go's http.Error: the message and a newline, as text nobody should sniff.
   defp text(req, status, message),
-    do: respond(req, status, @text, [message, ?\n])
-
-  # A whole response in one send, with the headers mochiweb's respond/2 would
-  # write (Server, Date, Content-Length, Connection: close when it will close),
-  # without building its header tree for each response.
-  defp respond(req, status, headers, body) do
-    close = if :mochiweb_request.should_close(req), do: "Connection: close\r\n", else: []
-
-    :mochiweb_request.send(
-      [
-        version(:mochiweb_request.get(:version, req)),
-        status_line(status),
-        "Server: MochiWeb/1.0\r\nDate: ",
-        :mochiweb_clock.rfc1123(),
-        "\r\nContent-Length: ",
-        Integer.to_string(IO.iodata_length(body)),
-        "\r\n",
-        close,
-        for({name, value} <- headers, do: [name, ": ", value, "\r\n"]),
-        "\r\n",
-        body
-      ],
-      req
-    )
-  end
-
-  defp version({1, 1}), do: "HTTP/1.1 "
-  defp version({1, 0}), do: "HTTP/1.0 "
-  defp version({major, minor}), do: "HTTP/#{major}.#{minor} "
-
-  for {status, reason} <- [
-        {200, "OK"},
-        {400, "Bad Request"},
-        {404, "Not Found"},
-        {405, "Method Not Allowed"},
-        {413, "Request Entity Too Large"},
-        {500, "Internal Server Error"},
-        {503, "Service Unavailable"}
-      ] do
-    defp status_line(unquote(status)), do: unquote("#{status} #{reason}\r\n")
-  end
+    do: Server.respond(req, status, @text, [message, ?\n])
 end

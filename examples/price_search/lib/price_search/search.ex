@@ -81,13 +81,13 @@ defmodule PriceSearch.Search do
   defp answer_many([error | prepared], [_ | requests], found, store, acc),
     do: answer_many(prepared, requests, found, store, [error | acc])
 
-  @doc "Searches the Go-style map index: the offering's prices, scanned."
+  @doc "Searches the Go-style map index (`PriceSearch.Catalogue.map_find/5`)."
   @spec map(Store.t(), Request.t()) :: answer()
-  def map(store, request) do
-    case Catalogue.map_search(store.map_index, conditions(request)) do
-      [price] -> {:ok, price}
-      [] -> {:error, @no_price}
-      prices -> default(prices)
+  def map(store, %{offering: offering, group: group, spec: spec, chars: chars}) do
+    case Catalogue.map_find(store.map_index, offering, group, spec, chars) do
+      {:ok, price} -> {:ok, price}
+      {:error, :no_price} -> {:error, @no_price}
+      {:error, :no_default} -> {:error, @no_default}
     end
   end
 

@@ -53,7 +53,7 @@ defmodule PriceSearch.Store do
   @typedoc "A loaded catalogue."
   @type t :: %__MODULE__{
           table: Table.t(),
-          map_index: %{String.t() => [Catalogue.price()]},
+          map_index: Catalogue.map_index(),
           offerings: %{String.t() => true},
           groups: %{String.t() => true},
           specs: %{String.t() => true},

@@ -1,0 +1,561 @@
+defmodule PriceSearch.HTTP.Server do
+  # The HTTP/1.1 listener under PriceSearch.HTTP: acceptors on gen_tcp, one
+  # process per connection, OTP's http_bin parsing (erlang:decode_packet/3 on
+  # what one recv brought, not a recv per line), idle and request timeouts,
+  # a connection cap and counters (see PriceSearch.HTTP).
+  @moduledoc false
+
+  use GenServer
+
+  @max_headers 100
+  # A request or header line longer than this is a 400.
+  @max_line 16_384
+
+  # Counter indexes.
+  @open 1
+  @hangups 2
+  @idle_closed 3
+  @timed_out 4
+  @refused 5
+
+  defstruct [
+    :socket,
+    :method,
+    :path,
+    :version,
+    :deadline,
+    :counters,
+    :opts,
+    headers: [],
+    close: false
+  ]
+
+  ## Listener
+
+  def start_link(opts) do
+    case Keyword.get(opts, :name) do
+      nil -> GenServer.start_link(__MODULE__, opts)
+      name -> GenServer.start_link(__MODULE__, opts, name: name)
+    end
+  end
+
+  def port(server), do: GenServer.call(server, :port)
+
+  def stats(server) do
+    counters = GenServer.call(server, :counters)
+
+    %{
+      open: :counters.get(counters, @open),
+      hangups: :counters.get(counters, @hangups),
+      idle_closed: :counters.get(counters, @idle_closed),
+      timed_out: :counters.get(counters, @timed_out),
+      refused: :counters.get(counters, @refused)
+    }
+  end
+
+  @impl true
+  def init(opts) do
+    Process.flag(:trap_exit, true)
+
+    listen_opts = [
+      :binary,
+      ip: Keyword.fetch!(opts, :ip),
+      backlog: Keyword.fetch!(opts, :backlog),
+      reuseaddr: true,
+      nodelay: true,
+      active: false,
+      packet: :raw
+    ]
+
+    case :gen_tcp.listen(Keyword.fetch!(opts, :port), listen_opts) do
+      {:ok, listen} ->
+        counters = :counters.new(5, [:write_concurrency])
+
+        conn = %{
+          handler: Keyword.fetch!(opts, :handler),
+          idle_timeout: Keyword.fetch!(opts, :idle_timeout),
+          request_timeout: Keyword.fetch!(opts, :request_timeout),
+          max_connections: Keyword.fetch!(opts, :max_connections),
+          counters: counters
+        }
+
+        for _ <- 1..Keyword.fetch!(opts, :acceptors), do: spawn_acceptor(listen, conn)
+        {:ok, port} = :inet.port(listen)
+        {:ok, %{listen: listen, port: port, counters: counters}}
+
+      {:error, reason} ->
+        {:stop, reason}
+    end
+  end
+
+  @impl true
+  def handle_call(:port, _from, state), do: {:reply, state.port, state}
+  def handle_call(:counters, _from, state), do: {:reply, state.counters, state}
+
+  @impl true
+  def handle_info(_message, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(_reason, state), do: :gen_tcp.close(state.listen)
+
+  ## Acceptors: each accepts one connection, starts its replacement, then
+  ## serves the connection itself.
+
+  defp spawn_acceptor(listen, conn), do: spawn(fn -> accept(listen, conn) end)
+
+  defp accept(listen, conn) do
+    case :gen_tcp.accept(listen) do
+      {:ok, socket} ->
+        spawn_acceptor(listen, conn)
+        connection(socket, conn)
+
+      {:error, :closed} ->
+        :ok
+
+      {:error, _} ->
+        # Out of file descriptors, or the like: try again shortly.
+        Process.sleep(10)
+        accept(listen, conn)
+    end
+  end
+
+  defp connection(socket, %{counters: counters} = conn) do
+    :counters.add(counters, @open, 1)
+
+    if :counters.get(counters, @open) > conn.max_connections do
+      :counters.add(counters, @refused, 1)
+      :gen_tcp.close(socket)
+    else
+      try do
+        request_line(%__MODULE__{socket: socket, counters: counters, opts: conn})
+      after
+        :gen_tcp.close(socket)
+      end
+    end
+  after
+    :counters.sub(counters, @open, 1)
+  end
+
+  ## One request
+  # What was received but not yet parsed is in the process dictionary
+  # (:price_search_buffer), so that the handler's read_body/2 can use it.
+
+  defp request_line(%{socket: socket, opts: opts} = req) do
+    buffer = Process.get(:price_search_buffer, "")
+
+    case :erlang.decode_packet(:http_bin, buffer, packet_size: @max_line) do
+      {:ok, {:http_request, method, path, version}, rest} ->
+        Process.put(:price_search_buffer, rest)
+        req = %{req | method: method, path: abs_path(path), version: version}
+        req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
+        headers(req, [], 0)
+
+      # Blank lines before a request are allowed.
+      {:ok, {:http_error, line}, rest} when line in ["\r\n", "\n"] ->
+        Process.put(:price_search_buffer, rest)
+        request_line(req)
+
+      {:more, _} when byte_size(buffer) > @max_line ->
+        bad_request(%{req | version: {1, 1}})
+
+      {:more, _} ->
+        # Idle until the first byte; then the request's deadline runs.
+        {timeout, req} =
+          if buffer == "",
+            do: {opts.idle_timeout, req},
+            else: {remaining(req), req}
+
+        case :gen_tcp.recv(socket, 0, timeout) do
+          {:ok, data} ->
+            Process.put(:price_search_buffer, buffer <> data)
+            req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
+            request_line(req)
+
+          {:error, :timeout} when buffer == "" ->
+            :counters.add(req.counters, @idle_closed, 1)
+
+          {:error, :timeout} ->
+            :counters.add(req.counters, @timed_out, 1)
+
+          {:error, _} ->
+            :ok
+        end
+
+      _ ->
+        bad_request(%{req | version: {1, 1}})
+    end
+  end
+
+  defp deadline(opts), do: System.monotonic_time(:millisecond) + opts.request_timeout
+
+  defp abs_path({:abs_path, path}), do: path
+  defp abs_path(_), do: "*"
+
+  defp headers(req, _acc, @max_headers), do: bad_request(req)
+
+  defp headers(%{socket: socket} = req, acc, n) do
+    buffer = Process.get(:price_search_buffer)
+
+    case :erlang.decode_packet(:httph_bin, buffer, packet_size: @max_line) do
+      {:ok, {:http_header, _, name, _, value}, rest} ->
+        Process.put(:price_search_buffer, rest)
+
+        case kept(name) do
+          nil -> headers(req, acc, n + 1)
+          name -> headers(req, [{name, value} | acc], n + 1)
+        end
+
+      {:ok, :http_eoh, rest} ->
+        Process.put(:price_search_buffer, rest)
+        req = %{req | headers: acc}
+        req = %{req | close: closes?(req)}
+        # A body the handler does not read leaves the connection unusable.
+        Process.put(:price_search_close, body?(req))
+        req.opts.handler.(req)
+        next(req)
+
+      {:more, _} when byte_size(buffer) > @max_line ->
+        bad_request(req)
+
+      {:more, _} ->
+        case :gen_tcp.recv(socket, 0, remaining(req)) do
+          {:ok, data} ->
+            Process.put(:price_search_buffer, buffer <> data)
+            headers(req, acc, n)
+
+          {:error, :timeout} ->
+            :counters.add(req.counters, @timed_out, 1)
+
+          {:error, _} ->
+            :ok
+        end
+
+      _ ->
+        bad_request(req)
+    end
+  end
+
+  defp next(req) do
+    if close?(req) do
+      :ok
+    else
+      request_line(%{req | method: nil, path: nil, headers: [], deadline: nil, close: false})
+    end
+  end
+
+  defp body?(req) do
+    header(req, "transfer-encoding") != nil or
+      case header(req, "content-length") do
+        nil -> false
+        length -> length != "0"
+      end
+  end
+
+  defp bad_request(req) do
+    close_after()
+    respond(req, 400, [{"Content-Type", "text/plain; charset=utf-8"}], "400 Bad Request\n")
+  end
+
+  # The headers the server reads, by their lower-case names; the others are
+  # dropped. decode_packet gives known names as atoms, others capitalised.
+  defp kept(:"Content-Length"), do: "content-length"
+  defp kept(:"Transfer-Encoding"), do: "transfer-encoding"
+  defp kept(:Connection), do: "connection"
+  defp kept("Expect"), do: "expect"
+  defp kept(_), do: nil
+
+  defp remaining(%{deadline: deadline}),
+    do: max(deadline - System.monotonic_time(:millisecond), 0)
+
+  ## For the handler
+
+  def header(%{headers: headers}, name) do
+    case List.keyfind(headers, name, 0) do
+      {_, value} -> value
+      nil -> nil
+    end
+  end
+
+  # Whether the connection closes after this response.
+  def close?(req), do: req.close or Process.get(:price_search_close, false)
+
+  defp closes?(req) do
+    case {req.version, header(req, "connection")} do
+      {{1, 1}, nil} -> false
+      {{1, 1}, value} -> String.downcase(value) =~ "close"
+      {_, nil} -> true
+      {_, value} -> not (String.downcase(value) =~ "keep-alive")
+    end
+  end
+
+  # The connection is closed after the response.
+  def close_after, do: Process.put(:price_search_close, true)
+
+  @doc false
+  # Reads the body, up to `limit` bytes, within the request's deadline:
+  # {:ok, body} | {:error, :too_large} | {:error, :timeout} | {:error, :bad}.
+  def read_body(req, limit) do
+    Process.put(:price_search_close, false)
+
+    case {header(req, "content-length"), header(req, "transfer-encoding")} do
+      {nil, nil} ->
+        {:ok, ""}
+
+      {nil, te} ->
+        if String.downcase(te) == "chunked",
+          do: continue(req, fn -> chunked(req, take_buffer(), [], 0, limit) end),
+          else: bad_body()
+
+      {length, nil} ->
+        case Integer.parse(length) do
+          {n, ""} when n > limit -> too_large()
+          {0, ""} -> {:ok, ""}
+          {n, ""} when n > 0 -> continue(req, fn -> exactly(req, n) end)
+          _ -> bad_body()
+        end
+
+      _ ->
+        bad_body()
+    end
+  end
+
+  defp too_large do
+    close_after()
+    {:error, :too_large}
+  end
+
+  defp bad_body do
+    close_after()
+    {:error, :bad}
+  end
+
+  defp continue(req, read) do
+    case header(req, "expect") do
+      nil ->
+        read.()
+
+      expect ->
+        if String.downcase(expect) == "100-continue" and req.version == {1, 1},
+          do: :gen_tcp.send(req.socket, "HTTP/1.1 100 Continue\r\n\r\n")
+
+        read.()
+    end
+  end
+
+  defp take_buffer do
+    buffer = Process.get(:price_search_buffer, "")
+    Process.put(:price_search_buffer, "")
+    buffer
+  end
+
+  # n bytes of body: what the buffer holds, then the socket's.
+  defp exactly(req, n) do
+    case take_buffer() do
+      <<body::binary-size(n), rest::binary>> ->
+        Process.put(:price_search_buffer, rest)
+        {:ok, body}
+
+      buffer ->
+        with {:ok, more} <- recv(req, n - byte_size(buffer)), do: {:ok, buffer <> more}
+    end
+  end
+
+  defp recv(req, n) do
+    case :gen_tcp.recv(req.socket, n, remaining(req)) do
+      {:ok, data} ->
+        {:ok, data}
+
+      {:error, :timeout} ->
+        :counters.add(req.counters, @timed_out, 1)
+        close_after()
+        {:error, :timeout}
+
+      {:error, _} ->
+        # The client went away: nothing to answer.
+        exit(:normal)
+    end
+  end
+
+  # A chunked body: size line, data, CRLF; a 0 chunk (and trailers) ends it.
+  defp chunked(req, buffer, acc, size, limit) do
+    case :binary.split(buffer, "\r\n") do
+      [line, rest] ->
+        case Integer.parse(hd(String.split(line, ";")), 16) do
+          {0, _} ->
+            trailers(req, rest, acc)
+
+          {n, _} when n > 0 and size + n > limit ->
+            too_large()
+
+          {n, _} when n > 0 ->
+            with {:ok, data, rest} <- take(req, rest, n + 2),
+                 <<chunk::binary-size(n), "\r\n">> <- data do
+              chunked(req, rest, [acc | chunk], size + n, limit)
+            else
+              {:error, _} = error -> error
+              _ -> bad_body()
+            end
+
+          _ ->
+            bad_body()
+        end
+
+      [_] when byte_size(buffer) > 1024 ->
+        bad_body()
+
+      [_] ->
+        with {:ok, more} <- recv(req, 0), do: chunked(req, buffer <> more, acc, size, limit)
+    end
+  end
+
+  defp trailers(req, buffer, acc) do
+    case buffer do
+      "\r\n" <> rest ->
+        Process.put(:price_search_buffer, rest)
+        {:ok, IO.iodata_to_binary(acc)}
+
+      _ ->
+        case :binary.split(buffer, "\r\n\r\n") do
+          [_, rest] ->
+            Process.put(:price_search_buffer, rest)
+            {:ok, IO.iodata_to_binary(acc)}
+
+          [_] ->
+            trailer_more(req, buffer, acc)
+        end
+    end
+  end
+
+  defp trailer_more(_req, buffer, _acc) when byte_size(buffer) > 8192, do: bad_body()
+
+  defp trailer_more(req, buffer, acc) do
+    with {:ok, more} <- recv(req, 0), do: trailers(req, buffer <> more, acc)
+  end
+
+  defp take(_req, buffer, n) when byte_size(buffer) >= n do
+    <<data::binary-size(n), rest::binary>> = buffer
+    {:ok, data, rest}
+  end
+
+  defp take(req, buffer, n) do
+    with {:ok, more} <- recv(req, n - byte_size(buffer)), do: {:ok, buffer <> more, ""}
+  end
+
+  @doc false
+  # After a refused body the client may still be sending it: read and drop
+  # up to `bytes` of it, for at most `ms` without data, so that closing does
+  # not reset the connection under the response.
+  def linger(req, bytes, ms) when bytes > 0 do
+    Process.put(:price_search_buffer, "")
+
+    case :gen_tcp.recv(req.socket, 0, ms) do
+      {:ok, data} -> linger(req, bytes - byte_size(data), ms)
+      {:error, _} -> :ok
+    end
+  end
+
+  def linger(_req, _bytes, _ms), do: :ok
+
+  @doc false
+  # A whole response in one send.
+  def respond(req, status, headers, body) do
+    send!(req, [
+      head(req, status, headers),
+      "Content-Length: ",
+      Integer.to_string(IO.iodata_length(body)),
+      "\r\n\r\n",
+      body
+    ])
+  end
+
+  @doc false
+  # The head of a chunked response; then chunk/2 for each part, "" to end.
+  def chunked_head(req, status, headers),
+    do: send!(req, [head(req, status, headers), "Transfer-Encoding: chunked\r\n\r\n"])
+
+  @doc false
+  def chunk(req, ""), do: send!(req, "0\r\n\r\n")
+
+  def chunk(req, data) do
+    send!(req, [Integer.to_string(IO.iodata_length(data), 16), "\r\n", data, "\r\n"])
+  end
+
+  defp head(req, status, headers) do
+    [
+      version(req.version),
+      status_line(status),
+      "Date: ",
+      date(),
+      "\r\n",
+      if(close?(req), do: "Connection: close\r\n", else: []),
+      for({name, value} <- headers, do: [name, ": ", value, "\r\n"])
+    ]
+  end
+
+  # A client that hangs up before its answer is sent is normal: counted,
+  # and the connection's process ends.
+  defp send!(req, data) do
+    case :gen_tcp.send(req.socket, data) do
+      :ok ->
+        :ok
+
+      {:error, _} ->
+        :counters.add(req.counters, @hangups, 1)
+        exit(:normal)
+    end
+  end
+
+  # The Date header, made once a second per connection.
+  defp date do
+    now = System.os_time(:second)
+
+    case Process.get(:price_search_date) do
+      {^now, date} ->
+        date
+
+      _ ->
+        date = rfc1123(:calendar.system_time_to_universal_time(now, :second))
+        Process.put(:price_search_date, {now, date})
+        date
+    end
+  end
+
+  @days {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}
+  @months {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"}
+
+  defp rfc1123({{y, mo, d} = day, {h, mi, s}}) do
+    pad = fn n -> String.pad_leading(Integer.to_string(n), 2, "0") end
+
+    IO.iodata_to_binary([
+      elem(@days, :calendar.day_of_the_week(day) - 1),
+      ", ",
+      pad.(d),
+      " ",
+      elem(@months, mo - 1),
+      " ",
+      Integer.to_string(y),
+      " ",
+      pad.(h),
+      ":",
+      pad.(mi),
+      ":",
+      pad.(s),
+      " GMT"
+    ])
+  end
+
+  defp version({1, 0}), do: "HTTP/1.0 "
+  defp version(_), do: "HTTP/1.1 "
+
+  for {status, reason} <- [
+        {200, "OK"},
+        {400, "Bad Request"},
+        {404, "Not Found"},
+        {405, "Method Not Allowed"},
+        {413, "Request Entity Too Large"},
+        {500, "Internal Server Error"},
+        {503, "Service Unavailable"}
+      ] do
+    defp status_line(unquote(status)), do: unquote("#{status} #{reason}\r\n")
+  end
+end

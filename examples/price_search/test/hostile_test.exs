@@ -1,0 +1,197 @@
+defmodule PriceSearch.HostileTest do
+  # Clients that hold connections, dribble or hang up, against a real
+  # listener (short timeouts) on the application's loaded store. Not async:
+  # they hold thousands of sockets.
+  use ExUnit.Case
+
+  import ExUnit.CaptureLog
+
+  alias PriceSearch.TestClient, as: C
+
+  @bitmap '/v1/search/bitmap/prices'
+  @bulk "/v5/search/bitmap/bulk/prices"
+
+  setup_all do
+    :ok = C.await_loaded(PriceSearch.port())
+    # The reference's single request, on the catalogue the service loaded.
+    {source, prices, _} = PriceSearch.Catalogue.reference_or_generated()
+    single = PriceSearch.Catalogue.single_request(prices, source)
+    request = :jiffy.encode(PriceSearch.Catalogue.request_json(single))
+
+    %{request: request}
+  end
+
+  defp listener(opts) do
+    {:ok, pid} = PriceSearch.HTTP.start_link([port: 0, ip: {127, 0, 0, 1}] ++ opts)
+    Process.unlink(pid)
+
+    on_exit(fn ->
+      try do
+        PriceSearch.HTTP.stop(pid)
+      catch
+        :exit, _ -> :ok
+      end
+    end)
+
+    {pid, PriceSearch.HTTP.port(pid)}
+  end
+
+  defp connect(port),
+    do: :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false], 5_000)
+
+  # Polls until fun returns true (the server's side may lag the client's).
+  defp eventually(fun, tries \\ 200) do
+    cond do
+      fun.() -> true
+      tries == 0 -> false
+      true -> Process.sleep(25) && eventually(fun, tries - 1)
+    end
+  end
+
+  # Each connection takes two descriptors here (client and server side).
+  defp idle_count do
+    limit =
+      case Integer.parse(to_string(:os.cmd('ulimit -n'))) do
+        {n, _} -> n
+        :error -> 1024
+      end
+
+    min(3_000, div(limit - 400, 2))
+  end
+
+  test "thousands of idle connections: /health and a search are still answered", %{
+    request: request
+  } do
+    {listener, port} = listener([])
+    n = idle_count()
+    # mochiweb's cap (2,048 connections) is what this must get past.
+    if n < 2_100, do: IO.puts("# file descriptor limit: holding #{n} idle connections")
+
+    sockets =
+      for i <- 1..n do
+        {:ok, socket} = connect(port)
+        # Some half-sent requests among the silent ones.
+        if rem(i, 3) == 0, do: :ok = :gen_tcp.send(socket, "GET /hea")
+        socket
+      end
+
+    assert eventually(fn -> PriceSearch.HTTP.stats(listener).open == n end)
+
+    assert {200, _, ""} = C.get(port, '/health')
+    assert {200, _, "{\"id\"" <> _} = C.post(port, @bitmap, request)
+    assert {200, _, _} = C.post(port, '/v1/search/map/prices', request)
+
+    # The idle ones gone, only httpc's kept-alive sessions (at most 3) stay.
+    Enum.each(sockets, &:gen_tcp.close/1)
+    assert eventually(fn -> PriceSearch.HTTP.stats(listener).open <= 3 end)
+  end
+
+  test "an idle connection is closed after :idle_timeout, between requests too" do
+    {listener, port} = listener(idle_timeout: 200)
+    {:ok, silent} = connect(port)
+    {:ok, kept} = connect(port)
+    :ok = :gen_tcp.send(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert {:ok, "HTTP/1.1 200 OK\r\n" <> _} = :gen_tcp.recv(kept, 0, 5_000)
+
+    assert {:error, :closed} = :gen_tcp.recv(silent, 0, 10_000)
+    assert {:error, :closed} = :gen_tcp.recv(kept, 0, 10_000)
+    assert eventually(fn -> PriceSearch.HTTP.stats(listener).idle_closed == 2 end)
+  end
+
+  test "slowloris: headers dribbled past :request_timeout are cut off" do
+    {listener, port} = listener(request_timeout: 300)
+    {:ok, socket} = connect(port)
+    :ok = :gen_tcp.send(socket, "POST /v1/search/bitmap/prices HTTP/1.1\r\n")
+
+    # One header line every 50 ms, never the end of the head.
+    dribble =
+      Enum.reduce_while(1..200, :ok, fn i, :ok ->
+        Process.sleep(50)
+
+        case :gen_tcp.send(socket, "X-#{i}: y\r\n") do
+          :ok -> {:cont, :ok}
+          {:error, _} -> {:halt, :closed}
+        end
+      end)
+
+    assert dribble == :closed or :gen_tcp.recv(socket, 0, 5_000) == {:error, :closed}
+    assert PriceSearch.HTTP.stats(listener).timed_out == 1
+  end
+
+  test "slowloris: a body announced but never sent is refused after :request_timeout" do
+    {listener, port} = listener(request_timeout: 300)
+    {:ok, socket} = connect(port)
+
+    :ok =
+      :gen_tcp.send(
+        socket,
+        "POST /v1/search/bitmap/prices HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
+      )
+
+    assert {:ok, answer} = :gen_tcp.recv(socket, 0, 5_000)
+    assert answer =~ ~r"^HTTP/1.1 400 Bad Request\r\n"
+    assert answer =~ "Connection: close\r\n"
+    assert answer =~ "request body not received in time\n"
+    assert {:error, :closed} = :gen_tcp.recv(socket, 0, 5_000)
+    assert PriceSearch.HTTP.stats(listener).timed_out == 1
+  end
+
+  test "a client that hangs up in the middle of a bulk reply is counted, not logged", %{
+    request: request
+  } do
+    {listener, port} = listener([])
+    # 65,536 answers, about 6 MB: more than the socket buffers hold.
+    body = String.duplicate(request <> "\n", 65_536)
+
+    log =
+      capture_log(fn ->
+        for _ <- 1..3 do
+          {:ok, socket} =
+            :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false, recbuf: 4096])
+
+          head = "POST #{@bulk} HTTP/1.1\r\nHost: x\r\nContent-Length: #{byte_size(body)}\r\n\r\n"
+          :ok = :gen_tcp.send(socket, [head, body])
+          assert {:ok, "HTTP/1.1 200 OK\r\n" <> _} = :gen_tcp.recv(socket, 0, 30_000)
+          # Gone, with most of the reply unread.
+          :gen_tcp.close(socket)
+        end
+
+        assert eventually(fn -> PriceSearch.HTTP.stats(listener).hangups == 3 end)
+        assert eventually(fn -> PriceSearch.HTTP.stats(listener).open == 0 end)
+      end)
+
+    refute log =~ "[error]"
+    refute log =~ "stacktrace"
+
+    # Still serving.
+    assert {200, _, _} = C.post(port, @bitmap, request)
+  end
+
+  test "the listener refuses bad limits with an ArgumentError naming them" do
+    for {key, bad} <- [
+          idle_timeout: 0,
+          request_timeout: 3_600_001,
+          max_connections: 0,
+          backlog: :many,
+          acceptors: 2_000
+        ] do
+      assert_raise ArgumentError, ~r/^#{inspect(key)} must be an integer/, fn ->
+        PriceSearch.HTTP.start_link([{key, bad}])
+      end
+    end
+  end
+
+  test "connections over :max_connections are closed and counted; the others are served" do
+    {listener, port} = listener(max_connections: 2)
+    {:ok, a} = connect(port)
+    {:ok, b} = connect(port)
+    assert eventually(fn -> PriceSearch.HTTP.stats(listener).open == 2 end)
+    {:ok, c} = connect(port)
+    assert {:error, :closed} = :gen_tcp.recv(c, 0, 5_000)
+    assert PriceSearch.HTTP.stats(listener).refused == 1
+
+    :ok = :gen_tcp.send(a, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert {:ok, "HTTP/1.1 200 OK\r\n" <> _} = :gen_tcp.recv(a, 0, 5_000)
+    :gen_tcp.close(b)
+  end
+end
