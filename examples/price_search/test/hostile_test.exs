@@ -64,7 +64,7 @@ defmodule PriceSearch.HostileTest do
   } do
     {listener, port} = listener([])
     n = idle_count()
-    # mochiweb's cap (2,048 connections) is what this must get past.
+    # more than mochiweb's cap (2,048 connections), which the service once had.
     if n < 2_100, do: IO.puts("# file descriptor limit: holding #{n} idle connections")
 
     sockets =
