@@ -32,7 +32,7 @@ defmodule Larder.Cache.Config do
     :max_value_bytes,
     :telemetry
   ]
-  defstruct [l2: nil] ++ @enforce_keys
+  defstruct [l2: nil, invalidation: :pubsub] ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -59,6 +59,7 @@ defmodule Larder.Cache.Config do
           local_copy_max_bytes: non_neg_integer(),
           max_value_bytes: pos_integer(),
           telemetry: boolean(),
+          invalidation: :pubsub | :tracking,
           l2: {module(), term()} | nil
         }
 
@@ -103,6 +104,7 @@ defmodule Larder.Cache.Config do
       local_copy_min_bytes: opts[:local_copy_min_bytes],
       local_copy_max_bytes: opts[:local_copy_max_bytes],
       max_value_bytes: opts[:max_value_bytes],
+      invalidation: opts[:invalidation],
       # :telemetry is looked for once, here, at start (never at compile time).
       telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
     }
@@ -146,10 +148,13 @@ defmodule Larder.Cache.Config do
           raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
         end
 
-        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
+        if function_exported?(mod, :validate_opts!, 1),
+          do: mod.validate_opts!(Remote.l2_opts(opts, l2_opts))
 
       nil ->
-        :ok
+        if opts[:invalidation] == :tracking do
+          raise ArgumentError, "expected an :l2 with invalidation: :tracking, got: l2: nil"
+        end
     end
 
     opts
@@ -177,7 +182,8 @@ defmodule Larder.Cache.Config do
               (is_binary(&1) and byte_size(&1) <= @max_string_bytes))}, 1},
       local_copy_min_bytes: {{:or_infinity, {:integer, 0, @max_copy_bytes}}, 65_536},
       local_copy_max_bytes: {{:integer, 0, @max_copy_bytes}, 67_108_864},
-      telemetry: {:boolean, true}
+      telemetry: {:boolean, true},
+      invalidation: {{:in, [:pubsub, :tracking]}, :pubsub}
     ]
   end
 end

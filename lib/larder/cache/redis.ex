@@ -102,6 +102,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
+  alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -339,7 +340,8 @@ defmodule Larder.Cache.Redis do
       reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
       pool_size: {{:integer, 1, @max_pool_size}, 2},
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
-      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576}
+      max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
+      tracking_prefix: {{:or_nil, {:string, 1, 4096}}, nil}
     ]
 
     Options.validate!(opts, schema, "Larder.Cache.Redis")
@@ -366,6 +368,7 @@ defmodule Larder.Cache.Redis do
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
+      tracking: Tracking.new(opts[:tracking_prefix]),
       # eredis keeps a reply in its heap or as binaries while it parses:
       # twice the largest reply we accept, plus slack.
       memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
@@ -427,8 +430,9 @@ defmodule Larder.Cache.Redis do
 
     with {:ok, socket} <- :gen_tcp.connect(state.host, opts[:port], tcp_opts, opts[:timeout]) do
       auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
-      expect = if opts[:password], do: [:auth, :subscribe], else: [:subscribe]
-      commands = Enum.map(auth ++ [["SUBSCRIBE", state.channel]], &command/1)
+      {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
+      expect = if opts[:password], do: [:auth | expect], else: expect
+      commands = Enum.map(auth ++ subscribe, &command/1)
 
       with :ok <- :gen_tcp.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
@@ -489,17 +493,33 @@ defmodule Larder.Cache.Redis do
   defp sub_reply({:error, message}, state),
     do: {:halt, sub_failed(state, {:error_reply, error_text(message)})}
 
-  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
-    do: {:cont, %{state | sub: %{sub | expect: expect}}}
+  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]}} = state),
+    do: {:cont, handshake_step(state, expect)}
 
-  defp sub_reply({:ok, ["subscribe", channel, _count]}, %{sub: %{expect: [:subscribe]}} = state)
-       when channel == state.channel do
-    %{sub: sub} = state
-    Process.cancel_timer(sub.timer)
-    send(state.subscriber, {:larder_cache_l2, :connected})
-    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
-    sub = %{sub | expect: [], timer: nil}
-    {:cont, %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}}
+  defp sub_reply({:ok, id}, %{sub: %{expect: [:client_id | expect]}} = state) do
+    case Tracking.parse_id(id) do
+      {:ok, id} ->
+        {:cont, handshake_step(%{state | tracking: %{state.tracking | id: id}}, expect)}
+
+      :error ->
+        {:halt, sub_failed(state, {:bad_reply, truncate(id)})}
+    end
+  end
+
+  defp sub_reply(
+         {:ok, ["subscribe", channel, _count]},
+         %{sub: %{expect: [:subscribe | expect]}} = state
+       )
+       when channel == state.channel,
+       do: {:cont, handshake_step(state, expect)}
+
+  defp sub_reply(
+         {:ok, ["subscribe", channel, _count]},
+         %{sub: %{expect: [:tracking | expect]}} = state
+       ) do
+    if channel == Tracking.channel(),
+      do: {:cont, handshake_step(state, expect)},
+      else: {:halt, sub_failed(state, {:bad_reply, truncate(channel)})}
   end
 
   defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
@@ -508,11 +528,56 @@ defmodule Larder.Cache.Redis do
     {:cont, state}
   end
 
+  defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
+       when state.tracking != nil and channel == "__redis__:invalidate" do
+    send(state.subscriber, Tracking.relay(payload))
+    {:cont, state}
+  end
+
   defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
     do: {:halt, sub_failed(state, {:bad_reply, truncate(reply)})}
 
   # anything else once subscribed is not ours: ignored
   defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+
+  defp handshake_step(%{sub: sub} = state, [_ | _] = expect),
+    do: %{state | sub: %{sub | expect: expect}}
+
+  # Subscribed: with tracking, every data connection is redirected to this
+  # connection's (new) id first, so that the cache, which clears L1 on
+  # :connected, keeps nothing a write could have changed unreported.
+  defp handshake_step(%{sub: sub} = state, []) do
+    Process.cancel_timer(sub.timer)
+
+    state =
+      if state.tracking,
+        do: %{
+          state
+          | tracking:
+              Tracking.enable_all(
+                state.tracking,
+                state.tracking.id,
+                state.clients,
+                state.opts[:timeout]
+              )
+        },
+        else: state
+
+    send(state.subscriber, {:larder_cache_l2, :connected})
+    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
+    sub = %{sub | expect: [], timer: nil}
+    %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
+  end
+
+  # A data connection eredis reconnected (or a new one) gets its tracking
+  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
+  defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
+    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
+    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+    %{state | tracking: tracking}
+  end
+
+  defp check_tracking(state), do: state
 
   defp error_text(message) when is_binary(message),
     do: binary_part(message, 0, min(byte_size(message), 200))
@@ -577,7 +642,7 @@ defmodule Larder.Cache.Redis do
       :watch ->
         watch(state)
         Process.send_after(self(), :watch, @watch_ms)
-        keeper_loop(state)
+        keeper_loop(check_tracking(state))
 
       :stop ->
         shutdown(state)

@@ -16,6 +16,53 @@ defmodule Larder.Cache.Remote do
 
   def channel(cfg), do: cfg.prefix <> ":invalidate"
 
+  # What the L2 tracks with invalidation: :tracking: every key of this
+  # namespace and version, whatever its generation (the generation key too).
+  def tracking_prefix(namespace, version), do: prefix(namespace, version) <> ":"
+
+  # The L2's options, plus the prefix it tracks when the cache asks for
+  # invalidation: :tracking (from start_link/1's validated options or a config).
+  def l2_opts(%{invalidation: :tracking, prefix: prefix}, l2_opts),
+    do: [{:tracking_prefix, prefix <> ":"} | l2_opts]
+
+  def l2_opts(%{invalidation: _}, l2_opts), do: l2_opts
+
+  def l2_opts(opts, l2_opts) when is_list(opts) do
+    if opts[:invalidation] == :tracking,
+      do: [{:tracking_prefix, tracking_prefix(opts[:namespace], opts[:version])} | l2_opts],
+      else: l2_opts
+  end
+
+  # A key Redis reported changed (invalidation: :tracking): {:ok, key} for a
+  # key of the current generation, :other for the generation key or another
+  # generation's key (nothing in L1 to drop), :bad for anything else.
+  def tracked_key(cfg, l2_key) do
+    size = byte_size(cfg.prefix)
+
+    with <<prefix::binary-size(size), ?:, rest::binary>> when prefix == cfg.prefix <- l2_key,
+         [generation, encoded] <- :binary.split(rest, ":") do
+      if generation == Integer.to_string(:atomics.get(cfg.generation, 1)),
+        do: decode_key(cfg, encoded),
+        else: if(digits?(generation), do: :other, else: :bad)
+    else
+      ["gen"] -> :other
+      _ -> :bad
+    end
+  end
+
+  defp decode_key(_cfg, "b:" <> key), do: {:ok, key}
+
+  defp decode_key(cfg, "t:" <> bin) do
+    case Codec.decode_value(bin, cfg.max_value_bytes) do
+      {:ok, key} -> {:ok, key}
+      {:error, _} -> :bad
+    end
+  end
+
+  defp decode_key(_cfg, _other), do: :bad
+
+  defp digits?(bin), do: bin != "" and bin =~ ~r/\A[0-9]{1,19}\z/
+
   def l2_key(cfg, key) do
     generation = :atomics.get(cfg.generation, 1)
     [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
@@ -62,7 +109,7 @@ defmodule Larder.Cache.Remote do
   def start(cfg, nil), do: {:ok, %{cfg | l2: nil}}
 
   def start(cfg, {mod, l2_opts}) do
-    case mod.init(l2_opts, self(), channel(cfg)) do
+    case mod.init(l2_opts(cfg, l2_opts), self(), channel(cfg)) do
       {:ok, state} ->
         {:ok, %{cfg | l2: {mod, state}}}
 

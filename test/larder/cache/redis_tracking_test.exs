@@ -1,0 +1,211 @@
+defmodule Larder.Cache.RedisTrackingTest do
+  # invalidation: :tracking on a real redis-server: writes by a program
+  # other than Larder (a raw SET, FLUSHALL) drop the key from every node's
+  # L1; the subscriber's and the data connections' loss; hostile messages on
+  # the tracking channel; the L2 conformance suite with tracking on.
+  use ExUnit.Case, async: true
+  use Larder.Cache.L2Conformance
+
+  alias Larder.Cache
+  alias Larder.Cache.{Owner, Remote, Store}
+  alias Larder.Support.RedisServer
+
+  import Larder.Test.Eventually
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup ctx do
+    server = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(server) end)
+
+    %{
+      server: server,
+      prefix: "#{inspect(ctx.module)}.#{ctx.test}",
+      l2_module: Larder.Cache.Redis,
+      l2_opts: [port: server.port, timeout: 500, tracking_prefix: "Elixir."]
+    }
+  end
+
+  test "a foreign SET drops the key from every node's L1", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    share(a, b, {:user, 1}, :old)
+
+    foreign_set(ctx, a, "k", :new)
+    foreign_set(ctx, a, {:user, 1}, :new)
+
+    await(fn -> Cache.get(a, "k") == :new and Cache.get(b, "k") == :new end)
+    await(fn -> Cache.get(a, {:user, 1}) == :new and Cache.get(b, {:user, 1}) == :new end)
+  end
+
+  test "the invalidation-received event names the key", ctx do
+    [a] = start_nodes(ctx, [:a])
+    test_pid = self()
+    id = {__MODULE__, ctx.test}
+
+    :telemetry.attach_many(
+      id,
+      [[:larder, :cache, :invalidation, :received]],
+      fn _event, measurements, meta, _ -> send(test_pid, {:received, measurements, meta}) end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+    :ok = Cache.put(a, "k", :old)
+    foreign_set(ctx, a, "k", :new)
+    assert_receive {:received, %{count: 1}, %{cache: ^a, message: {:key, "k"}}}, 5_000
+  end
+
+  test "FLUSHALL clears every node's L1", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    "+OK\r\n" = RedisServer.command(ctx.server, ["FLUSHALL"])
+    await(fn -> Cache.get(a, "k") == nil and Cache.get(b, "k") == nil end)
+  end
+
+  test "the subscriber killed: L1 is cleared and tracking comes back", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    await_tracking(ctx, 4)
+
+    ":2\r\n" = RedisServer.command(ctx.server, ["CLIENT", "KILL", "TYPE", "pubsub"])
+    # (a resubscription clears L1: our write of "k" itself drops it anyway)
+    await(fn -> Store.entries(config(a)) == 0 and Store.entries(config(b)) == 0 end)
+    await_tracking(ctx, 4)
+
+    share(a, b, "k2", :old)
+    foreign_set(ctx, a, "k2", :new)
+    await(fn -> Cache.get(a, "k2") == :new and Cache.get(b, "k2") == :new end)
+  end
+
+  test "a data connection killed comes back with tracking on", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    await_tracking(ctx, 4)
+
+    # SKIPME yes (the default): our own connection survives
+    reply = RedisServer.command(ctx.server, ["CLIENT", "KILL", "TYPE", "normal"])
+    assert reply =~ ~r/^:[1-9]/
+    await_tracking(ctx, 4)
+
+    share(a, b, "k", :old)
+    foreign_set(ctx, a, "k", :new)
+    await(fn -> Cache.get(a, "k") == :new and Cache.get(b, "k") == :new end)
+  end
+
+  test "hostile publishes on the tracking channel are counted and ignored", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :v)
+
+    payloads = ["", "garbage", String.duplicate("x", 100_000), :erlang.term_to_binary([1, 2])]
+
+    for payload <- payloads do
+      RedisServer.command(ctx.server, ["PUBLISH", "__redis__:invalidate", payload])
+    end
+
+    await(fn -> Cache.stats(a).bad_messages == 4 and Cache.stats(b).bad_messages == 4 end)
+    assert Cache.get(a, "k") == :v and Cache.get(b, "k") == :v
+    assert Store.entries(config(a)) == 1
+  end
+
+  test "invalidation messages of the wrong shape or with foreign keys are counted and ignored",
+       ctx do
+    [a] = start_nodes(ctx, [:a])
+    :ok = Cache.put(a, "k", :v)
+    await(fn -> Cache.get(a, "k") == :v end)
+    cfg = config(a)
+    good = Remote.l2_key(cfg, "k")
+    base = Cache.stats(a)
+    g = Integer.to_string(:atomics.get(cfg.generation, 1))
+
+    bad = [
+      :bad,
+      "not a list",
+      [1, 2],
+      ["other:prefix:" <> good],
+      [cfg.prefix <> ":x:b:k"],
+      [cfg.prefix <> ":0"],
+      [cfg.prefix <> ":#{g}:z:k"],
+      [cfg.prefix <> ":#{g}:t:" <> <<131, 255, 0>>],
+      [cfg.prefix <> ":#{g}:t:" <> :erlang.term_to_binary(fn -> :ok end)],
+      List.duplicate(cfg.prefix <> ":#{g}:junk", 200_000)
+    ]
+
+    for keys <- bad, do: send(cfg.owner, {:larder_cache_l2, :invalidated, keys})
+    # another generation's key and the generation key: not bad, not ours
+    send(cfg.owner, {:larder_cache_l2, :invalidated, [cfg.prefix <> ":#{g}9:b:k"]})
+    send(cfg.owner, {:larder_cache_l2, :invalidated, [Remote.generation_key(cfg)]})
+
+    await(fn -> Cache.stats(a).bad_messages == base.bad_messages + length(bad) end)
+    assert Store.entries(cfg) == 1
+    assert Cache.stats(a).invalidations == base.invalidations
+    assert Process.alive?(cfg.owner)
+  end
+
+  test "invalidation: :tracking is checked at start_link", ctx do
+    assert_raise ArgumentError, ~r/:invalidation to be one of/, fn ->
+      Cache.start_link(name: :bad_invalidation, invalidation: :bogus)
+    end
+
+    assert_raise ArgumentError, ~r/expected an :l2 with invalidation: :tracking/, fn ->
+      Cache.start_link(name: :bad_invalidation, invalidation: :tracking)
+    end
+
+    _ = ctx
+  end
+
+  ## Helpers
+
+  defp start_nodes(ctx, suffixes) do
+    l2 = {Cache.Redis, port: ctx.server.port, timeout: 500}
+
+    names =
+      for suffix <- suffixes do
+        name = :"#{ctx.prefix}.#{suffix}"
+        opts = [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking]
+        start_supervised!({Cache, opts}, id: name)
+        name
+      end
+
+    for name <- names, do: await(fn -> Cache.stats(name).l2_errors == 0 end)
+    # tracking is on on every data connection (2 per node)
+    await_tracking(ctx, 2 * length(names))
+    names
+  end
+
+  # Both nodes hold value for key in L1 (b loaded it from L2).
+  defp share(a, b, key, value) do
+    :ok = Cache.put(a, key, value)
+
+    for node <- [a, b] do
+      await(fn ->
+        Cache.get(node, key) == value and match?([_], :ets.lookup(config(node).data, key))
+      end)
+    end
+  end
+
+  # A write by another program: the L2 key set straight through RESP.
+  defp foreign_set(ctx, node, key, value) do
+    l2_key = Remote.l2_key(config(node), key)
+    bin = :erlang.term_to_binary(value)
+    "+OK\r\n" = RedisServer.command(ctx.server, ["SET", l2_key, bin])
+  end
+
+  # n data connections track with a redirect (CLIENT LIST: flag t).
+  defp await_tracking(ctx, n) do
+    await(fn ->
+      list = RedisServer.command(ctx.server, ["CLIENT", "LIST", "TYPE", "normal"])
+
+      tracked =
+        list
+        |> String.split("\n")
+        |> Enum.count(&(&1 =~ ~r/ flags=\S*t\S* / and &1 =~ ~r/ redir=[1-9]/))
+
+      tracked == n
+    end)
+  end
+
+  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+
+  defp await(fun), do: eventually(fun, 500, 20)
+end
