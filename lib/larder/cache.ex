@@ -447,6 +447,13 @@ defmodule Larder.Cache do
     cfg = config!(cache)
     ttl = Config.put_ttl!(cfg, opts)
     Remote.check_key!(cfg, key)
+
+    if cfg.codec == :raw and not is_binary(value) do
+      raise ArgumentError,
+            "expected value to be a binary (the cache's codec is :raw), got: " <>
+              inspect(value, limit: 10)
+    end
+
     write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
   end
 

@@ -32,7 +32,7 @@ defmodule Larder.Cache.Config do
     :max_value_bytes,
     :telemetry
   ]
-  defstruct [l2: nil, invalidation: :pubsub] ++ @enforce_keys
+  defstruct [l2: nil, invalidation: :pubsub, codec: :term, key_prefix: ""] ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -60,6 +60,8 @@ defmodule Larder.Cache.Config do
           max_value_bytes: pos_integer(),
           telemetry: boolean(),
           invalidation: :pubsub | :tracking,
+          codec: :term | :raw,
+          key_prefix: binary(),
           l2: {module(), term()} | nil
         }
 
@@ -105,6 +107,8 @@ defmodule Larder.Cache.Config do
       local_copy_max_bytes: opts[:local_copy_max_bytes],
       max_value_bytes: opts[:max_value_bytes],
       invalidation: opts[:invalidation],
+      codec: opts[:codec],
+      key_prefix: opts[:key_prefix],
       # :telemetry is looked for once, here, at start (never at compile time).
       telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
     }
@@ -139,6 +143,12 @@ defmodule Larder.Cache.Config do
   @spec validate!(keyword()) :: keyword()
   def validate!(opts) do
     opts = Options.validate!(opts, schema(), "Larder.Cache")
+
+    if opts[:key_prefix] != "" and opts[:codec] != :raw do
+      raise ArgumentError,
+            "expected Larder.Cache option :key_prefix only with codec: :raw, got: " <>
+              inspect(opts[:key_prefix], limit: 10, printable_limit: 100)
+    end
 
     case opts[:l2] do
       {mod, l2_opts} ->
@@ -183,7 +193,9 @@ defmodule Larder.Cache.Config do
       local_copy_min_bytes: {{:or_infinity, {:integer, 0, @max_copy_bytes}}, 65_536},
       local_copy_max_bytes: {{:integer, 0, @max_copy_bytes}, 67_108_864},
       telemetry: {:boolean, true},
-      invalidation: {{:in, [:pubsub, :tracking]}, :pubsub}
+      invalidation: {{:in, [:pubsub, :tracking]}, :pubsub},
+      codec: {{:in, [:term, :raw]}, :term},
+      key_prefix: {{:string, 0, @max_string_bytes}, ""}
     ]
   end
 end

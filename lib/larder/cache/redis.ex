@@ -341,7 +341,7 @@ defmodule Larder.Cache.Redis do
       pool_size: {{:integer, 1, @max_pool_size}, 2},
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
-      tracking_prefix: {{:or_nil, {:string, 1, 4096}}, nil}
+      tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
     Options.validate!(opts, schema, "Larder.Cache.Redis")

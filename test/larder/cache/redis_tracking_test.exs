@@ -154,15 +154,84 @@ defmodule Larder.Cache.RedisTrackingTest do
     _ = ctx
   end
 
+  describe "codec: :raw" do
+    test "fronts keys another program writes, and writes the bytes as they are", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw, key_prefix: "app:")
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:user:1", "alice"])
+
+      assert Cache.get(a, "user:1") == "alice"
+      assert Cache.get(b, "user:1") == "alice"
+      assert :ok = Cache.put(a, "user:2", <<0, 255, "bob">>)
+
+      assert RedisServer.command(ctx.server, ["GET", "app:user:2"]) ==
+               "$5\r\n" <> <<0, 255, "bob">> <> "\r\n"
+
+      # tracking covers :key_prefix: the other program's write reaches both L1s
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:user:1", "alice2"])
+      await(fn -> Cache.get(a, "user:1") == "alice2" and Cache.get(b, "user:1") == "alice2" end)
+    end
+
+    test "invalidate_all/1 clears every node's L1 and leaves the keys in Redis", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw, key_prefix: "app:")
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:k", "v"])
+      assert Cache.get(a, "k") == "v" and Cache.get(b, "k") == "v"
+
+      assert :ok = Cache.invalidate_all(a)
+      await(fn -> Store.entries(config(a)) == 0 and Store.entries(config(b)) == 0 end)
+      assert RedisServer.command(ctx.server, ["GET", "app:k"]) == "$1\r\nv\r\n"
+      assert Cache.get(b, "k") == "v"
+    end
+
+    test "keys and values that are not binaries are refused", ctx do
+      [a] = start_nodes(ctx, [:a], codec: :raw, key_prefix: "app:")
+
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.put(a, :k, "v") end
+
+      assert_raise ArgumentError, ~r/expected value to be a binary/, fn ->
+        Cache.put(a, "k", :v)
+      end
+
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.get(a, {:k}) end
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.delete(a, 1) end
+
+      assert {:error, %Larder.Error{reason: :loader_failed}} =
+               Cache.fetch(a, "k", fn -> {:ok, 42} end)
+
+      assert Store.entries(config(a)) == 0
+    end
+
+    test "a value above :max_value_bytes is not served, and not replaced", ctx do
+      [a] = start_nodes(ctx, [:a], codec: :raw, key_prefix: "app:", max_value_bytes: 1024)
+      big = String.duplicate("x", 2048)
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:big", big])
+
+      assert Cache.get(a, "big") == nil
+      assert Cache.fetch(a, "big", fn -> {:ok, "small"} end) == {:ok, "small"}
+      assert Cache.stats(a).decode_errors >= 1
+      reply = RedisServer.command(ctx.server, ["STRLEN", "app:big"])
+      assert reply == ":2048\r\n"
+    end
+
+    test ":key_prefix needs codec: :raw" do
+      assert_raise ArgumentError, ~r/:key_prefix only with codec: :raw/, fn ->
+        Cache.start_link(name: :bad_key_prefix, key_prefix: "app:")
+      end
+
+      assert_raise ArgumentError, ~r/:codec to be one of/, fn ->
+        Cache.start_link(name: :bad_codec, codec: :json)
+      end
+    end
+  end
+
   ## Helpers
 
-  defp start_nodes(ctx, suffixes) do
+  defp start_nodes(ctx, suffixes, cache_opts \\ []) do
     l2 = {Cache.Redis, port: ctx.server.port, timeout: 500}
 
     names =
       for suffix <- suffixes do
         name = :"#{ctx.prefix}.#{suffix}"
-        opts = [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking]
+        opts = [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking] ++ cache_opts
         start_supervised!({Cache, opts}, id: name)
         name
       end

@@ -98,7 +98,9 @@ defmodule Larder.Cache.Redis.Tracking do
   def check(tracking, _clients, _timeout), do: {tracking, false}
 
   defp enable(tracking, pids, timeout) do
-    on = ["CLIENT", "TRACKING", "on", "REDIRECT", tracking.id, "BCAST", "PREFIX", tracking.prefix]
+    # (an empty prefix: every key)
+    prefix = if tracking.prefix == "", do: [], else: ["PREFIX", tracking.prefix]
+    on = ["CLIENT", "TRACKING", "on", "REDIRECT", tracking.id, "BCAST" | prefix]
     # (re-enabling with a new redirect needs it off first: Redis refuses a
     # prefix the connection already tracks)
     commands = [["CLIENT", "TRACKING", "off"], on]
