@@ -24,7 +24,13 @@ defmodule Larder.Cache.Redis do
       reading, 1024 to 2^32 (default `134217728`, 128 MB); keep it above
       the cache's `:max_value_bytes`.
     * `:max_message_bytes` - the same for the pub/sub connection, whose
-      messages are small, 1024 to 2^32 (default `1048576`).
+      messages are small, 1024 to 2^32 (default `1048576`). A tracking
+      report larger than this (one write of very many keys) closes the
+      connection like any oversized message: the cache clears its L1 when
+      it subscribes again.
+    * `:tracking_prefix` - set by `Larder.Cache` from its `invalidation:
+      :tracking` option (not by hand): the key prefix, 0 to 4096 bytes,
+      whose changes Redis reports (see "Tracking"; default `nil`, none).
 
   ## Concurrency
 
@@ -85,6 +91,31 @@ defmodule Larder.Cache.Redis do
   `{:larder_cache_l2, :connected}`, and the wait is back to
   `:reconnect_sleep`. Replies that are not messages on the channel are
   ignored once subscribed.
+
+  ## Tracking
+
+  With `:tracking_prefix`, the pub/sub connection also sends `CLIENT ID`
+  before subscribing, and subscribes to `__redis__:invalidate` along with
+  the cache's channel (each reply checked, as above). Once subscribed, the
+  keeper runs `CLIENT TRACKING off` and `CLIENT TRACKING on REDIRECT <id>
+  BCAST PREFIX <prefix>` on every command connection (in parallel, within
+  `:timeout`), so that Redis sends the pub/sub connection, as a message on
+  that channel, every key under the prefix that any client changes, or a
+  null after `FLUSHDB`/`FLUSHALL`; only then does the cache get
+  `{:larder_cache_l2, :connected}`. Each such message goes to the cache as
+  `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
+  place of the keys when it is not what Redis sends (anyone may `PUBLISH`
+  on that channel). A resubscription has a new id, so tracking is set
+  again on every connection before the cache hears of it. eredis
+  reconnects a command connection by itself, with tracking off: every
+  100 ms the keeper compares each client's socket with the one it turned
+  tracking on for, and turns it on for a new one; when no connection kept
+  its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
+  again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
+  Redis before 6.0, an ACL without it) is tried again every 100 ms, and
+  the first failure of a run is logged. With BCAST every tracking
+  connection reports every write, so each node receives `:pool_size`
+  reports of each write.
 
   ## Failures
 

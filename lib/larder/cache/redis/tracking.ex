@@ -5,6 +5,8 @@
 defmodule Larder.Cache.Redis.Tracking do
   @moduledoc false
 
+  require Logger
+
   # Redis sends tracking invalidations to a RESP2 redirect target as
   # messages on this channel: an array of keys, or nil after FLUSHDB or
   # FLUSHALL.
@@ -12,14 +14,23 @@ defmodule Larder.Cache.Redis.Tracking do
   # A client id is a 64-bit integer.
   @max_id_digits 20
 
-  @type t :: nil | %{prefix: binary(), id: binary() | nil, ports: %{pid() => port() | nil}}
+  @type t ::
+          nil
+          | %{
+              prefix: binary(),
+              id: binary() | nil,
+              ports: %{pid() => port() | nil},
+              failing: boolean()
+            }
 
   def channel, do: @channel
 
   @doc "The keeper's tracking state: nil when the cache does not track."
   @spec new(binary() | nil) :: t()
   def new(nil), do: nil
-  def new(prefix) when is_binary(prefix), do: %{prefix: prefix, id: nil, ports: %{}}
+
+  def new(prefix) when is_binary(prefix),
+    do: %{prefix: prefix, id: nil, ports: %{}, failing: false}
 
   @doc """
   What the pub/sub connection sends besides AUTH, and the replies it
@@ -112,8 +123,10 @@ defmodule Larder.Cache.Redis.Tracking do
           port = socket(pid)
 
           case safe_qp(pid, commands, timeout) do
-            [{:ok, "OK"}, {:ok, "OK"}] -> {pid, port}
-            _failed -> {pid, nil}
+            [{:ok, "OK"}, {:ok, "OK"}] -> {pid, port, nil}
+            # an error reply: Redis refuses tracking (not a lost connection)
+            [_, {:error, error}] when is_binary(error) -> {pid, nil, error}
+            _failed -> {pid, nil, nil}
           end
         end,
         timeout: timeout + 100,
@@ -121,11 +134,28 @@ defmodule Larder.Cache.Redis.Tracking do
         max_concurrency: max(length(pids), 1)
       )
       |> Enum.flat_map(fn
-        {:ok, pair} -> [pair]
+        {:ok, result} -> [result]
         {:exit, _} -> []
       end)
 
-    %{tracking | ports: Enum.into(results, tracking.ports)}
+    ports = Enum.into(results, tracking.ports, fn {pid, port, _error} -> {pid, port} end)
+    refused = for {_pid, _port, error} <- results, error != nil, do: error
+
+    cond do
+      refused == [] ->
+        %{tracking | ports: ports, failing: false}
+
+      tracking.failing ->
+        %{tracking | ports: ports}
+
+      true ->
+        Logger.warning(
+          "Larder.Cache.Redis: CLIENT TRACKING refused (#{inspect(hd(refused))}); " <>
+            "trying again every 100 ms"
+        )
+
+        %{tracking | ports: ports, failing: true}
+    end
   catch
     :exit, _ -> tracking
   end
