@@ -2,7 +2,8 @@ defmodule Larder.Cache.RedisTrackingTest do
   # invalidation: :tracking on a real redis-server: writes by a program
   # other than Larder (a raw SET, FLUSHALL) drop the key from every node's
   # L1; the subscriber's and the data connections' loss; hostile messages on
-  # the tracking channel; the L2 conformance suite with tracking on.
+  # the tracking channel; codec: :raw fronting another program's keys; the
+  # L2 conformance suite with tracking on.
   use ExUnit.Case, async: true
   use Larder.Cache.L2Conformance
 
