@@ -40,6 +40,31 @@ defmodule Larder.Cache.RedisTrackingTest do
     await(fn -> Cache.get(a, {:user, 1}) == :new and Cache.get(b, {:user, 1}) == :new end)
   end
 
+  test "readers racing 1,000 foreign writes never keep an old value", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    l2_key = Remote.l2_key(config(a), "k")
+    {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", ctx.server.port, [:binary, active: false])
+    stop = :atomics.new(1, [])
+
+    # readers load "k" into L1 again and again, racing each report
+    readers =
+      for node <- [a, b] do
+        Task.async(fn -> read_until(node, stop) end)
+      end
+
+    for i <- 1..1_000 do
+      bin = :erlang.term_to_binary(i)
+      args = ["SET", l2_key, bin]
+      :ok = :gen_tcp.send(writer, ["*3\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")])
+      {:ok, "+OK\r\n"} = :gen_tcp.recv(writer, 0, 5_000)
+      # polled every ms: a value kept past its report never gets there
+      eventually(fn -> Cache.get(a, "k") == i and Cache.get(b, "k") == i end, 10_000, 1)
+    end
+
+    :atomics.put(stop, 1, 1)
+    Enum.each(readers, &Task.await(&1, 10_000))
+  end
+
   test "the invalidation-received event names the key", ctx do
     [a] = start_nodes(ctx, [:a])
     test_pid = self()
@@ -172,6 +197,15 @@ defmodule Larder.Cache.RedisTrackingTest do
       await(fn -> Cache.get(a, "user:1") == "alice2" and Cache.get(b, "user:1") == "alice2" end)
     end
 
+    test "an empty :key_prefix tracks every key", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw)
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "user:9", "old"])
+      assert Cache.get(a, "user:9") == "old" and Cache.get(b, "user:9") == "old"
+
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "user:9", "new"])
+      await(fn -> Cache.get(a, "user:9") == "new" and Cache.get(b, "user:9") == "new" end)
+    end
+
     test "invalidate_all/1 clears every node's L1 and leaves the keys in Redis", ctx do
       [a, b] = start_nodes(ctx, [:a, :b], codec: :raw, key_prefix: "app:")
       "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:k", "v"])
@@ -273,6 +307,14 @@ defmodule Larder.Cache.RedisTrackingTest do
 
       tracked == n
     end)
+  end
+
+  defp read_until(node, stop) do
+    if :atomics.get(stop, 1) == 0 do
+      Cache.get(node, "k")
+      :erlang.yield()
+      read_until(node, stop)
+    end
   end
 
   defp config(name), do: :persistent_term.get(Owner.config_key(name))
