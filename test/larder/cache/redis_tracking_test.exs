@@ -40,8 +40,10 @@ defmodule Larder.Cache.RedisTrackingTest do
     await(fn -> Cache.get(a, {:user, 1}) == :new and Cache.get(b, {:user, 1}) == :new end)
   end
 
-  test "readers racing 1,000 foreign writes never keep an old value", ctx do
-    [a, b] = start_nodes(ctx, [:a, :b])
+  test "readers racing 1,600 foreign writes never keep an old value", ctx do
+    # one data connection each: one report per write, so no second report
+    # can hide a value kept past the first
+    [a, b] = start_nodes(ctx, [:a, :b], pool_size: 1)
     l2_key = Remote.l2_key(config(a), "k")
     {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", ctx.server.port, [:binary, active: false])
     stop = :atomics.new(1, [])
@@ -52,13 +54,25 @@ defmodule Larder.Cache.RedisTrackingTest do
         Task.async(fn -> read_until(node, stop) end)
       end
 
-    for i <- 1..1_000 do
-      bin = :erlang.term_to_binary(i)
-      args = ["SET", l2_key, bin]
-      :ok = :gen_tcp.send(writer, ["*3\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")])
-      {:ok, "+OK\r\n"} = :gen_tcp.recv(writer, 0, 5_000)
+    # Rounds of a few writes in a row: after the first one drops the key,
+    # the readers' loads are under way when the next ones land, so their
+    # reports race the loads' fills.
+    for round <- 1..400 do
+      last = round * 4
+
+      for i <- (last - 3)..last do
+        bin = :erlang.term_to_binary(i)
+        args = ["SET", l2_key, bin]
+
+        :ok =
+          :gen_tcp.send(writer, ["*3\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")])
+
+        {:ok, "+OK\r\n"} = :gen_tcp.recv(writer, 0, 5_000)
+        Process.sleep(Enum.random([0, 0, 1]))
+      end
+
       # polled every ms: a value kept past its report never gets there
-      eventually(fn -> Cache.get(a, "k") == i and Cache.get(b, "k") == i end, 10_000, 1)
+      eventually(fn -> Cache.get(a, "k") == last and Cache.get(b, "k") == last end, 5_000, 1)
     end
 
     :atomics.put(stop, 1, 1)
@@ -261,7 +275,8 @@ defmodule Larder.Cache.RedisTrackingTest do
   ## Helpers
 
   defp start_nodes(ctx, suffixes, cache_opts \\ []) do
-    l2 = {Cache.Redis, port: ctx.server.port, timeout: 500}
+    {pool_size, cache_opts} = Keyword.pop(cache_opts, :pool_size, 2)
+    l2 = {Cache.Redis, port: ctx.server.port, timeout: 500, pool_size: pool_size}
 
     names =
       for suffix <- suffixes do
@@ -272,8 +287,8 @@ defmodule Larder.Cache.RedisTrackingTest do
       end
 
     for name <- names, do: await(fn -> Cache.stats(name).l2_errors == 0 end)
-    # tracking is on on every data connection (2 per node)
-    await_tracking(ctx, 2 * length(names))
+    # tracking is on on every data connection
+    await_tracking(ctx, pool_size * length(names))
     names
   end
 
