@@ -32,7 +32,10 @@ defmodule Demo.PriceSearch do
   end
 end
 
-IO.puts("\n## Price search over HTTP (examples/price_search, its own HTTP/1.1 listener + jiffy)\n")
+IO.puts(
+  "\n## Price search over HTTP (examples/price_search, its own HTTP/1.1 listener + jiffy)\n"
+)
+
 {:ok, _} = Application.ensure_all_started(:inets)
 
 {source, prices, requests} = Catalogue.reference_or_generated()

@@ -167,6 +167,29 @@ defmodule Larder.Cache do
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
+    * **Invalidation on any program's write** (`invalidation: :tracking`).
+      Redis reports every change to a key under the cache's prefix (a
+      write, a delete, an expiry, an eviction, by any client) to each
+      node's subscription, and the node deletes the key from its L1 when
+      the report arrives; `FLUSHDB` and `FLUSHALL` clear its L1. A report
+      for a key of another generation, or for the generation key, changes
+      nothing. Larder's own invalidations are still published as with
+      `:pubsub`: they also cover what Redis does not report (a `delete/2`
+      of a key the L2 no longer holds, a value too large for the L2) and
+      `invalidate_all/1`. Redis reports this node's own writes too, so a
+      node's `put/4` drops its own L1 copy shortly after (the next read is
+      an L2 hit): with `:tracking` a written key stays in L1 only until
+      its report comes back. A read that races a foreign write cannot
+      keep the old value: the report removes the read's loading marker.
+      While the subscription is down, or once no data connection kept its
+      tracking through a reconnection, reports are lost, so the node
+      clears its L1 when both are back, as on a resubscribe.
+    * **`invalidate_all/1` with `codec: :raw`** clears every node's L1 and
+      leaves the data in Redis alone: the keys under `:key_prefix` belong
+      to whichever program writes them. It still increments the cache's
+      generation key (`<namespace>:<version>:gen`, outside the data), which
+      is how every node, including one that missed the message, learns to
+      clear its L1.
     * Concurrent `put/4`s of one key have no defined order between them.
     * The L2 has no compare-and-set: a load that wrote L1 and is about to
       write L2 (`SET NX`) when a `delete/2` runs can leave its value in L2
@@ -252,7 +275,15 @@ defmodule Larder.Cache do
       An invalidation message that is not a 16-byte node id with a
       well-formed `{:key, key}` or `{:all, generation}` (an integer from 0
       to 2^62 - 1), or is larger than `:max_value_bytes`, is ignored and
-      counted in `:bad_messages`.
+      counted in `:bad_messages`. With `invalidation: :tracking`, a report
+      that is not an array of keys or a null (anyone may `PUBLISH` to
+      `__redis__:invalidate`, and then sends a string), or that names a key
+      under the cache's prefix that is not one of its keys (a "t:" key
+      that is not a safe term within `:max_value_bytes`), is counted in
+      `:bad_messages` once and its well-formed keys are still dropped;
+      anyone who can publish there can at most make nodes drop keys.
+      Reports are bounded by the L2's message size (see
+      `Larder.Cache.Redis`'s `:max_message_bytes`).
       If one of the L2's processes dies, the cache logs it, counts an
       `:l2_errors` and starts the L2's processes again (after 100 ms,
       doubling up to 5 s while they keep dying; see "Processes"); L1
@@ -401,6 +432,35 @@ defmodule Larder.Cache do
     * `:telemetry` - `false` turns off this cache's `:telemetry` events
       (default `true`: emitted when `:telemetry` is loaded when the cache
       starts; see `Larder.Telemetry`).
+    * `:invalidation` - how a node learns that a key changed in the L2:
+      `:pubsub` (default), the invalidations that Larder nodes publish on
+      the cache's channel; or `:tracking`, those plus Redis's own report of
+      every write to the cache's keys by any program (server-assisted
+      client-side caching, `CLIENT TRACKING ... BCAST`), so that a key
+      another service writes, deletes, expires or flushes is dropped from
+      every node's L1. Needs an `:l2` that tracks (`Larder.Cache.Redis`
+      does; the cache passes it the prefix to track as its
+      `:tracking_prefix` option). It is an option of the cache, not of the
+      L2, because the cache alone knows which L2 keys are its own and how
+      they map back to its keys. See "Cross-node invalidation" under
+      Concurrency.
+    * `:codec` - how keys and values are stored in the L2: `:term`
+      (default), any term, its key built from `:namespace`, `:version`, the
+      generation and the key, and the value encoded with
+      `term_to_binary/2`; or `:raw`, for data another program reads or
+      writes: keys and values must be binaries (anything else raises
+      `ArgumentError` naming the key or the value; a loader that returns a
+      non-binary gives `{:error, %Larder.Error{reason: :loader_failed}}`),
+      the L2 key is exactly `:key_prefix <> key`, with no namespace,
+      version or generation in it, and the value is stored as its bytes.
+      A value read from the L2 above `:max_value_bytes` is not served (a
+      miss, counted in `:decode_errors`) and not overwritten (the load
+      writes with `SET NX`). See `invalidate_all/1` for what it does in
+      this mode.
+    * `:key_prefix` - with `codec: :raw`, a string of 0 to 1024 bytes put
+      before every key in the L2 (default `""`); with `invalidation:
+      :tracking` it is also the prefix Redis tracks (all keys when empty).
+      Given with `codec: :term`, it raises `ArgumentError`.
   """
   @spec start_link(keyword()) ::
           {:ok, pid()} | {:error, Larder.Error.t() | {:already_started, pid()} | term()}
@@ -509,6 +569,13 @@ defmodule Larder.Cache do
     cfg = config!(cache)
     ttl = Config.put_ttl!(cfg, opts)
     Remote.check_key!(cfg, key)
+
+    if cfg.codec == :raw and not is_binary(value) do
+      raise ArgumentError,
+            "expected value to be a binary (the cache's codec is :raw), got: " <>
+              inspect(value, limit: 10)
+    end
+
     write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
   end
 
@@ -566,6 +633,10 @@ defmodule Larder.Cache do
   published as soon as the L2 answers again. If the generation key was
   lost or holds no generation, a fresh one replaces it (see "Generations"
   under Failures).
+
+  With `codec: :raw` the L2 keys hold no generation: the call clears every
+  node's L1 and leaves the keys in Redis alone (only the generation key
+  moves), so the next reads load what Redis holds.
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
   def invalidate_all(cache) do

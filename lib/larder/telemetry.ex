@@ -81,7 +81,10 @@ defmodule Larder.Telemetry do
       `{:key, key}` or `{:all, generation}`.
     * `[:larder, :cache, :invalidation, :received]`: another node's
       invalidation arrived and was applied. Measurements: `:count` (1).
-      Metadata: `:cache`, `:message` as above.
+      Metadata: `:cache`, `:message` as above. With `invalidation:
+      :tracking`, also for each key Redis reported changed (`{:key, key}`,
+      whoever wrote it, this node included) and for a `FLUSHDB` or
+      `FLUSHALL` (`:flush`, L1 cleared).
     * `[:larder, :cache, :l2, :error]`: an L2 call failed, returned a value
       outside the `Larder.Cache.L2` behaviour, or returned a value that
       failed its checks, or a process of the L2 died; counted in `:l2_errors`

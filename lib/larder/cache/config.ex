@@ -32,7 +32,8 @@ defmodule Larder.Cache.Config do
     :max_value_bytes,
     :telemetry
   ]
-  defstruct [l2: nil, l2_child: nil] ++ @enforce_keys
+  defstruct [l2: nil, l2_child: nil, invalidation: :pubsub, codec: :term, key_prefix: ""] ++
+              @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -59,6 +60,9 @@ defmodule Larder.Cache.Config do
           local_copy_max_bytes: non_neg_integer(),
           max_value_bytes: pos_integer(),
           telemetry: boolean(),
+          invalidation: :pubsub | :tracking,
+          codec: :term | :raw,
+          key_prefix: binary(),
           l2: {module(), term()} | nil,
           l2_child: Supervisor.child_spec() | nil
         }
@@ -104,6 +108,9 @@ defmodule Larder.Cache.Config do
       local_copy_min_bytes: opts[:local_copy_min_bytes],
       local_copy_max_bytes: opts[:local_copy_max_bytes],
       max_value_bytes: opts[:max_value_bytes],
+      invalidation: opts[:invalidation],
+      codec: opts[:codec],
+      key_prefix: opts[:key_prefix],
       # :telemetry is looked for once, here, at start (never at compile time).
       telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
     }
@@ -139,6 +146,12 @@ defmodule Larder.Cache.Config do
   def validate!(opts) do
     opts = Options.validate!(opts, schema(), "Larder.Cache")
 
+    if opts[:key_prefix] != "" and opts[:codec] != :raw do
+      raise ArgumentError,
+            "expected Larder.Cache option :key_prefix only with codec: :raw, got: " <>
+              inspect(opts[:key_prefix], limit: 10, printable_limit: 100)
+    end
+
     case opts[:l2] do
       {mod, l2_opts} ->
         Code.ensure_loaded(mod)
@@ -147,10 +160,13 @@ defmodule Larder.Cache.Config do
           raise ArgumentError, "expected :l2 module #{inspect(mod)} to implement Larder.Cache.L2"
         end
 
-        if function_exported?(mod, :validate_opts!, 1), do: mod.validate_opts!(l2_opts)
+        if function_exported?(mod, :validate_opts!, 1),
+          do: mod.validate_opts!(Remote.l2_opts(opts, l2_opts))
 
       nil ->
-        :ok
+        if opts[:invalidation] == :tracking do
+          raise ArgumentError, "expected an :l2 with invalidation: :tracking, got: l2: nil"
+        end
     end
 
     opts
@@ -178,7 +194,10 @@ defmodule Larder.Cache.Config do
               (is_binary(&1) and byte_size(&1) <= @max_string_bytes))}, 1},
       local_copy_min_bytes: {{:or_infinity, {:integer, 0, @max_copy_bytes}}, 65_536},
       local_copy_max_bytes: {{:integer, 0, @max_copy_bytes}, 67_108_864},
-      telemetry: {:boolean, true}
+      telemetry: {:boolean, true},
+      invalidation: {{:in, [:pubsub, :tracking]}, :pubsub},
+      codec: {{:in, [:term, :raw]}, :term},
+      key_prefix: {{:string, 0, @max_string_bytes}, ""}
     ]
   end
 end

@@ -55,6 +55,12 @@ defmodule Larder.Cache.L2 do
       the channel, by any instance including the subscriber's own;
     * `{:larder_cache_l2, :connected}` each time the subscription is
       (re-)established, so that the cache can re-read what it may have missed.
+    * `{:larder_cache_l2, :invalidated, keys}` (with the cache's
+      `invalidation: :tracking`, which passes the L2 a `:tracking_prefix`
+      option): `keys` is the list of L2 keys under that prefix that any
+      client changed, or `:all` after the backend was flushed. `:connected`
+      is then also sent when the backend may have changed keys unreported
+      (the tracking was lost and is back).
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
       subscription's connection is lost, or the L2 moves to another server
       (a Sentinel failover) whether or not it was subscribed: the cache

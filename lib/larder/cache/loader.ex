@@ -142,6 +142,18 @@ defmodule Larder.Cache.Loader do
     Stats.count(cfg, :loads)
 
     case call_loader(fun) do
+      {:ok, value} when cfg.codec == :raw and not is_binary(value) ->
+        Store.unlock(cfg, key, self(), ref)
+        Stats.count(cfg, :load_errors)
+
+        {:error,
+         Larder.Error.new(
+           :loader_failed,
+           "the loader must return a binary value (the cache's codec is :raw)",
+           returned: {:ok, value},
+           key: key
+         )}
+
       {:ok, value} ->
         # Only the load that still holds its lock writes, to L1 then to L2:
         # a put or delete that came in between has the last word.

@@ -147,6 +147,13 @@ defmodule Larder.Cache.Owner do
     end
   end
 
+  # Redis's own report of changed keys (invalidation: :tracking), from any
+  # writer, this node included: untrusted like every message.
+  def handle_info({:larder_cache_l2, :invalidated, keys}, %{cfg: cfg} = state) do
+    tracked(cfg, keys)
+    {:noreply, state}
+  end
+
   def handle_info(:verify_generation, %{cfg: cfg} = state) do
     sync_generation(cfg)
     {:noreply, %{state | verify: false}}
@@ -253,6 +260,37 @@ defmodule Larder.Cache.Owner do
     Process.send_after(self(), :sweep, Expiry.sweep_ms())
     %{state | sweeping: false}
   end
+
+  # FLUSHDB or FLUSHALL: nothing L1 holds is in Redis any more.
+  defp tracked(cfg, :all) do
+    Stats.count(cfg, :invalidations)
+    Store.clear(cfg)
+    received(cfg, :flush)
+  end
+
+  defp tracked(cfg, keys) when is_list(keys) do
+    bad? =
+      Enum.reduce(keys, false, fn l2_key, bad? ->
+        case is_binary(l2_key) && Remote.tracked_key(cfg, l2_key) do
+          {:ok, key} ->
+            Stats.count(cfg, :invalidations)
+            Store.delete(cfg, key)
+            received(cfg, {:key, key})
+            bad?
+
+          :other ->
+            bad?
+
+          _bad ->
+            true
+        end
+      end)
+
+    if bad?, do: Stats.count(cfg, :bad_messages)
+    :ok
+  end
+
+  defp tracked(cfg, _bad), do: Stats.count(cfg, :bad_messages)
 
   defp received(cfg, message) do
     Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :received], %{count: 1}, %{

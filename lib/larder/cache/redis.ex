@@ -24,12 +24,18 @@ defmodule Larder.Cache.Redis do
       reading, 1024 to 2^32 (default `134217728`, 128 MB); keep it above
       the cache's `:max_value_bytes`.
     * `:max_message_bytes` - the same for the pub/sub connection, whose
-      messages are small, 1024 to 2^32 (default `1048576`).
+      messages are small, 1024 to 2^32 (default `1048576`). A tracking
+      report larger than this (one write of very many keys) closes the
+      connection like any oversized message: the cache clears its L1 when
+      it subscribes again.
     * `:sentinel` - run against the master a Sentinel set names, instead of
       `:host` and `:port` (default `nil`): `[sentinels: [{"127.0.0.1",
       26379}, ...], master: "mymaster"]`, with 1 to 16 sentinels, and
       optional `:username` and `:password` sent to the sentinels with
       `AUTH`. The data nodes get `:password`. See "Sentinel".
+    * `:tracking_prefix` - set by `Larder.Cache` from its `invalidation:
+      :tracking` option (not by hand): the key prefix, 0 to 4096 bytes,
+      whose changes Redis reports (see "Tracking"; default `nil`, none).
 
   ## Concurrency
 
@@ -127,6 +133,31 @@ defmodule Larder.Cache.Redis do
   pub/sub messages too: while it asks the sentinels (each within
   `:timeout`), messages wait.
 
+  ## Tracking
+
+  With `:tracking_prefix`, the pub/sub connection also sends `CLIENT ID`
+  before subscribing, and subscribes to `__redis__:invalidate` along with
+  the cache's channel (each reply checked, as above). Once subscribed, the
+  keeper runs `CLIENT TRACKING off` and `CLIENT TRACKING on REDIRECT <id>
+  BCAST PREFIX <prefix>` on every command connection (in parallel, within
+  `:timeout`), so that Redis sends the pub/sub connection, as a message on
+  that channel, every key under the prefix that any client changes, or a
+  null after `FLUSHDB`/`FLUSHALL`; only then does the cache get
+  `{:larder_cache_l2, :connected}`. Each such message goes to the cache as
+  `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
+  place of the keys when it is not what Redis sends (anyone may `PUBLISH`
+  on that channel). A resubscription has a new id, so tracking is set
+  again on every connection before the cache hears of it. eredis
+  reconnects a command connection by itself, with tracking off: every
+  100 ms the keeper compares each client's socket with the one it turned
+  tracking on for, and turns it on for a new one; when no connection kept
+  its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
+  again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
+  Redis before 6.0, an ACL without it) is tried again every 100 ms, and
+  the first failure of a run is logged. With BCAST every tracking
+  connection reports every write, so each node receives `:pool_size`
+  reports of each write.
+
   ## Failures
 
   Every call returns within `:timeout` ms; an unreachable, slow or failing
@@ -144,6 +175,7 @@ defmodule Larder.Cache.Redis do
   require Logger
 
   alias Larder.Cache.Redis.Sentinel
+  alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -411,7 +443,8 @@ defmodule Larder.Cache.Redis do
       pool_size: {{:integer, 1, @max_pool_size}, 2},
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
-      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil}
+      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
+      tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
     opts
@@ -447,6 +480,7 @@ defmodule Larder.Cache.Redis do
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
+      tracking: Tracking.new(opts[:tracking_prefix]),
       # eredis keeps a reply in its heap or as binaries while it parses:
       # twice the largest reply we accept, plus slack.
       memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
@@ -519,8 +553,9 @@ defmodule Larder.Cache.Redis do
 
     with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
       auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
-      expect = if opts[:password], do: [:auth, :subscribe], else: [:subscribe]
-      commands = Enum.map(auth ++ [["SUBSCRIBE", state.channel]], &command/1)
+      {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
+      expect = if opts[:password], do: [:auth | expect], else: expect
+      commands = Enum.map(auth ++ subscribe, &command/1)
 
       with :ok <- :gen_tcp.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
@@ -581,17 +616,33 @@ defmodule Larder.Cache.Redis do
   defp sub_reply({:error, message}, state),
     do: {:halt, sub_failed(state, {:error_reply, error_text(message)})}
 
-  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
-    do: {:cont, %{state | sub: %{sub | expect: expect}}}
+  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]}} = state),
+    do: {:cont, handshake_step(state, expect)}
 
-  defp sub_reply({:ok, ["subscribe", channel, _count]}, %{sub: %{expect: [:subscribe]}} = state)
-       when channel == state.channel do
-    %{sub: sub} = state
-    Process.cancel_timer(sub.timer)
-    send(state.subscriber, {:larder_cache_l2, :connected})
-    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
-    sub = %{sub | expect: [], timer: nil}
-    {:cont, %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}}
+  defp sub_reply({:ok, id}, %{sub: %{expect: [:client_id | expect]}} = state) do
+    case Tracking.parse_id(id) do
+      {:ok, id} ->
+        {:cont, handshake_step(%{state | tracking: %{state.tracking | id: id}}, expect)}
+
+      :error ->
+        {:halt, sub_failed(state, {:bad_reply, truncate(id)})}
+    end
+  end
+
+  defp sub_reply(
+         {:ok, ["subscribe", channel, _count]},
+         %{sub: %{expect: [:subscribe | expect]}} = state
+       )
+       when channel == state.channel,
+       do: {:cont, handshake_step(state, expect)}
+
+  defp sub_reply(
+         {:ok, ["subscribe", channel, _count]},
+         %{sub: %{expect: [:tracking | expect]}} = state
+       ) do
+    if channel == Tracking.channel(),
+      do: {:cont, handshake_step(state, expect)},
+      else: {:halt, sub_failed(state, {:bad_reply, truncate(channel)})}
   end
 
   defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
@@ -600,11 +651,56 @@ defmodule Larder.Cache.Redis do
     {:cont, state}
   end
 
+  defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
+       when state.tracking != nil and channel == "__redis__:invalidate" do
+    send(state.subscriber, Tracking.relay(payload))
+    {:cont, state}
+  end
+
   defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
     do: {:halt, sub_failed(state, {:bad_reply, truncate(reply)})}
 
   # anything else once subscribed is not ours: ignored
   defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+
+  defp handshake_step(%{sub: sub} = state, [_ | _] = expect),
+    do: %{state | sub: %{sub | expect: expect}}
+
+  # Subscribed: with tracking, every data connection is redirected to this
+  # connection's (new) id first, so that the cache, which clears L1 on
+  # :connected, keeps nothing a write could have changed unreported.
+  defp handshake_step(%{sub: sub} = state, []) do
+    Process.cancel_timer(sub.timer)
+
+    state =
+      if state.tracking,
+        do: %{
+          state
+          | tracking:
+              Tracking.enable_all(
+                state.tracking,
+                state.tracking.id,
+                state.clients,
+                state.opts[:timeout]
+              )
+        },
+        else: state
+
+    send(state.subscriber, {:larder_cache_l2, :connected})
+    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
+    sub = %{sub | expect: [], timer: nil}
+    %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
+  end
+
+  # A data connection eredis reconnected (or a new one) gets its tracking
+  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
+  defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
+    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
+    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+    %{state | tracking: tracking}
+  end
+
+  defp check_tracking(state), do: state
 
   defp error_text(message) when is_binary(message),
     do: binary_part(message, 0, min(byte_size(message), 200))
@@ -691,6 +787,7 @@ defmodule Larder.Cache.Redis do
       :watch ->
         watch(state)
         Process.send_after(self(), :watch, @watch_ms)
+        state = check_tracking(state)
         # no master known (Sentinel named none, or it was down): ask again
         keeper_loop(if state.sentinel && state.host == nil, do: request_check(state), else: state)
 

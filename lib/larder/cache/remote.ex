@@ -16,6 +16,75 @@ defmodule Larder.Cache.Remote do
 
   def channel(cfg), do: cfg.prefix <> ":invalidate"
 
+  # What the L2 tracks with invalidation: :tracking: with codec :term every
+  # key of this namespace and version, whatever its generation (the
+  # generation key too); with codec :raw the keys under :key_prefix.
+  def tracking_prefix(:raw, key_prefix, _namespace, _version), do: key_prefix
+
+  def tracking_prefix(:term, _key_prefix, namespace, version),
+    do: prefix(namespace, version) <> ":"
+
+  # The L2's options, plus the prefix it tracks when the cache asks for
+  # invalidation: :tracking (from start_link/1's validated options or a config).
+  def l2_opts(%{invalidation: :tracking} = cfg, l2_opts) do
+    prefix = if cfg.codec == :raw, do: cfg.key_prefix, else: cfg.prefix <> ":"
+    [{:tracking_prefix, prefix} | l2_opts]
+  end
+
+  def l2_opts(%{invalidation: _}, l2_opts), do: l2_opts
+
+  def l2_opts(opts, l2_opts) when is_list(opts) do
+    if opts[:invalidation] == :tracking do
+      prefix = tracking_prefix(opts[:codec], opts[:key_prefix], opts[:namespace], opts[:version])
+      [{:tracking_prefix, prefix} | l2_opts]
+    else
+      l2_opts
+    end
+  end
+
+  # A key Redis reported changed (invalidation: :tracking): {:ok, key} for a
+  # key of the current generation, :other for the generation key or another
+  # generation's key (nothing in L1 to drop), :bad for anything else.
+  def tracked_key(%{codec: :raw, key_prefix: prefix}, l2_key) do
+    size = byte_size(prefix)
+
+    case l2_key do
+      <<^prefix::binary-size(size), key::binary>> -> {:ok, key}
+      _ -> :bad
+    end
+  end
+
+  def tracked_key(cfg, l2_key) do
+    size = byte_size(cfg.prefix)
+
+    with <<prefix::binary-size(size), ?:, rest::binary>> when prefix == cfg.prefix <- l2_key,
+         [generation, encoded] <- :binary.split(rest, ":") do
+      if generation == Integer.to_string(:atomics.get(cfg.generation, 1)),
+        do: decode_key(cfg, encoded),
+        else: if(digits?(generation), do: :other, else: :bad)
+    else
+      ["gen"] -> :other
+      _ -> :bad
+    end
+  end
+
+  defp decode_key(_cfg, "b:" <> key), do: {:ok, key}
+
+  defp decode_key(cfg, "t:" <> bin) do
+    case Codec.decode_value(bin, cfg.max_value_bytes) do
+      {:ok, key} -> {:ok, key}
+      {:error, _} -> :bad
+    end
+  end
+
+  defp decode_key(_cfg, _other), do: :bad
+
+  defp digits?(bin), do: bin != "" and bin =~ ~r/\A[0-9]{1,19}\z/
+
+  # codec: :raw: exactly :key_prefix <> key, no generation (another
+  # program's keys).
+  def l2_key(%{codec: :raw} = cfg, key), do: cfg.key_prefix <> key
+
   def l2_key(cfg, key) do
     generation = :atomics.get(cfg.generation, 1)
     [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
@@ -27,6 +96,21 @@ defmodule Larder.Cache.Remote do
   # ArgumentError, before anything is written. Called on every put/4 and
   # delete/2 and on an L1 miss (such a key never gets into L1), never on a
   # hit. Keys that cannot hold a fun skip the encoding.
+  def check_key!(%{codec: :raw} = cfg, key) do
+    unless is_binary(key) do
+      raise ArgumentError,
+            "expected key to be a binary (the cache's codec is :raw), got: #{inspect(key, limit: 10)}"
+    end
+
+    if byte_size(key) > cfg.max_value_bytes do
+      raise ArgumentError,
+            "expected key to take at most :max_value_bytes (#{cfg.max_value_bytes}), " <>
+              "got #{byte_size(key)} bytes"
+    end
+
+    :ok
+  end
+
   def check_key!(%{l2: nil}, _key), do: :ok
 
   def check_key!(_cfg, key)
@@ -63,7 +147,7 @@ defmodule Larder.Cache.Remote do
   def start(cfg, nil), do: {:ok, %{cfg | l2: nil}}
 
   def start(cfg, {mod, l2_opts}) do
-    case mod.init(l2_opts, self(), channel(cfg)) do
+    case mod.init(l2_opts(cfg, l2_opts), self(), channel(cfg)) do
       {:ok, state} ->
         {:ok, %{cfg | l2: {mod, state}}}
 
@@ -93,6 +177,31 @@ defmodule Larder.Cache.Remote do
   # :max_value_bytes or holds a fun is a miss plus a decode error (and the
   # load replaces it); a reply of the wrong shape is an L2 error.
   def get(%{l2: nil}, _key), do: :none
+
+  # codec: :raw: the bytes as they are, within :max_value_bytes. A larger
+  # value is another program's: counted, and reported as a miss, so that the
+  # load's SET NX leaves it in place.
+  def get(%{l2: {mod, state}, codec: :raw} = cfg, key) do
+    case mod.get(state, l2_key(cfg, key)) do
+      {:ok, bin} when is_binary(bin) and byte_size(bin) <= cfg.max_value_bytes ->
+        Stats.count(cfg, :l2_hits)
+        {:ok, bin}
+
+      {:ok, bin} when is_binary(bin) ->
+        Stats.count(cfg, :l2_misses)
+        Stats.count(cfg, :decode_errors)
+        failed(cfg, :bad_value)
+        :miss
+
+      :miss ->
+        Stats.count(cfg, :l2_misses)
+        :miss
+
+      other ->
+        failed(cfg, other)
+        :error
+    end
+  end
 
   def get(%{l2: {mod, state}} = cfg, key) do
     case mod.get(state, l2_key(cfg, key)) do
@@ -125,7 +234,7 @@ defmodule Larder.Cache.Remote do
   def put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
 
   def put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
-    bin = Codec.encode_value(value, cfg.compression_level)
+    bin = if cfg.codec == :raw, do: value, else: Codec.encode_value(value, cfg.compression_level)
     l2_key = l2_key(cfg, key)
 
     if byte_size(bin) > cfg.max_value_bytes,

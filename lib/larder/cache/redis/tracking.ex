@@ -1,0 +1,177 @@
+# Server-assisted invalidation for the Redis L2 (the cache's `invalidation:
+# :tracking`): the pub/sub connection's extra handshake, CLIENT TRACKING on
+# every data connection, redirected to the pub/sub connection, and the
+# check that finds a data connection eredis reconnected on its own.
+defmodule Larder.Cache.Redis.Tracking do
+  @moduledoc false
+
+  require Logger
+
+  # Redis sends tracking invalidations to a RESP2 redirect target as
+  # messages on this channel: an array of keys, or nil after FLUSHDB or
+  # FLUSHALL.
+  @channel "__redis__:invalidate"
+  # A client id is a 64-bit integer.
+  @max_id_digits 20
+
+  @type t ::
+          nil
+          | %{
+              prefix: binary(),
+              id: binary() | nil,
+              ports: %{pid() => port() | nil},
+              failing: boolean()
+            }
+
+  def channel, do: @channel
+
+  @doc "The keeper's tracking state: nil when the cache does not track."
+  @spec new(binary() | nil) :: t()
+  def new(nil), do: nil
+
+  def new(prefix) when is_binary(prefix),
+    do: %{prefix: prefix, id: nil, ports: %{}, failing: false}
+
+  @doc """
+  What the pub/sub connection sends besides AUTH, and the replies it
+  expects: `CLIENT ID` before the subscription, and a subscription to the
+  tracking channel along with the cache's.
+  """
+  @spec handshake(t(), binary()) :: {[[binary()]], [atom()]}
+  def handshake(nil, channel), do: {[["SUBSCRIBE", channel]], [:subscribe]}
+
+  def handshake(_tracking, channel),
+    do:
+      {[["CLIENT", "ID"], ["SUBSCRIBE", channel, @channel]], [:client_id, :subscribe, :tracking]}
+
+  @doc "The `CLIENT ID` reply: `{:ok, id}` (decimal digits) or `:error`."
+  @spec parse_id(term()) :: {:ok, binary()} | :error
+  def parse_id(id) when is_binary(id) and byte_size(id) in 1..@max_id_digits do
+    case Integer.parse(id) do
+      {n, ""} when n > 0 -> {:ok, id}
+      _ -> :error
+    end
+  end
+
+  def parse_id(_other), do: :error
+
+  @doc """
+  The message for the cache of a message on the tracking channel (untrusted:
+  anyone may PUBLISH there, and then the payload is a binary, never the
+  array Redis sends).
+  """
+  @spec relay(term()) :: {:larder_cache_l2, :invalidated, [binary()] | :all | :bad}
+  def relay(:undefined), do: {:larder_cache_l2, :invalidated, :all}
+
+  def relay(keys) when is_list(keys) do
+    if Enum.all?(keys, &is_binary/1),
+      do: {:larder_cache_l2, :invalidated, keys},
+      else: {:larder_cache_l2, :invalidated, :bad}
+  end
+
+  def relay(_other), do: {:larder_cache_l2, :invalidated, :bad}
+
+  @doc """
+  Turns tracking on, redirected to the subscriber's new `id`, on every data
+  connection (a map of client pids), in parallel and within `timeout` ms.
+  A connection that did not answer OK is retried by `check/3`.
+  """
+  @spec enable_all(t(), binary(), map(), pos_integer()) :: t()
+  def enable_all(tracking, id, clients, timeout) do
+    tracking = %{tracking | id: id, ports: %{}}
+    enable(tracking, Map.keys(clients), timeout)
+  end
+
+  @doc """
+  Finds the data connections whose socket changed since tracking was turned
+  on for them (eredis reconnected, or a new client), and turns it on for
+  them. Returns `{tracking, gap?}`: `gap?` when no data connection kept its
+  tracking meanwhile, so that writes of that time may have gone unreported
+  (the cache then clears L1, as on a resubscription).
+  """
+  @spec check(t(), map(), pos_integer()) :: {t(), boolean()}
+  def check(%{id: id} = tracking, clients, timeout) when id != nil do
+    current = Map.new(Map.keys(clients), &{&1, socket(&1)})
+    stale = for {pid, port} <- current, port != nil, tracking.ports[pid] != port, do: pid
+
+    if stale == [] do
+      {tracking, false}
+    else
+      kept? =
+        Enum.any?(current, fn {pid, port} -> port != nil and tracking.ports[pid] == port end)
+
+      ports = Map.take(tracking.ports, Map.keys(clients))
+      tracking = enable(%{tracking | ports: ports}, stale, timeout)
+      {tracking, not kept?}
+    end
+  end
+
+  def check(tracking, _clients, _timeout), do: {tracking, false}
+
+  defp enable(tracking, pids, timeout) do
+    # (an empty prefix: every key)
+    prefix = if tracking.prefix == "", do: [], else: ["PREFIX", tracking.prefix]
+    on = ["CLIENT", "TRACKING", "on", "REDIRECT", tracking.id, "BCAST" | prefix]
+    # (re-enabling with a new redirect needs it off first: Redis refuses a
+    # prefix the connection already tracks)
+    commands = [["CLIENT", "TRACKING", "off"], on]
+
+    results =
+      pids
+      |> Task.async_stream(
+        fn pid ->
+          port = socket(pid)
+
+          case safe_qp(pid, commands, timeout) do
+            [{:ok, "OK"}, {:ok, "OK"}] -> {pid, port, nil}
+            # an error reply: Redis refuses tracking (not a lost connection)
+            [_, {:error, error}] when is_binary(error) -> {pid, nil, error}
+            _failed -> {pid, nil, nil}
+          end
+        end,
+        timeout: timeout + 100,
+        on_timeout: :kill_task,
+        max_concurrency: max(length(pids), 1)
+      )
+      |> Enum.flat_map(fn
+        {:ok, result} -> [result]
+        {:exit, _} -> []
+      end)
+
+    ports = Enum.into(results, tracking.ports, fn {pid, port, _error} -> {pid, port} end)
+    refused = for {_pid, _port, error} <- results, error != nil, do: error
+
+    cond do
+      refused == [] ->
+        %{tracking | ports: ports, failing: false}
+
+      tracking.failing ->
+        %{tracking | ports: ports}
+
+      true ->
+        Logger.warning(
+          "Larder.Cache.Redis: CLIENT TRACKING refused (#{inspect(hd(refused))}); " <>
+            "trying again every 100 ms"
+        )
+
+        %{tracking | ports: ports, failing: true}
+    end
+  catch
+    :exit, _ -> tracking
+  end
+
+  defp safe_qp(pid, commands, timeout) do
+    :eredis.qp(pid, commands, timeout)
+  catch
+    :exit, _ -> :error
+  end
+
+  # The socket of an eredis client (linked to it while it is connected), or
+  # nil: a new socket means eredis reconnected, with tracking off.
+  defp socket(pid) do
+    case Process.info(pid, :links) do
+      {:links, links} -> Enum.find(links, &is_port/1)
+      nil -> nil
+    end
+  end
+end

@@ -1,0 +1,338 @@
+defmodule Larder.Cache.RedisTrackingTest do
+  # invalidation: :tracking on a real redis-server: writes by a program
+  # other than Larder (a raw SET, FLUSHALL) drop the key from every node's
+  # L1; the subscriber's and the data connections' loss; hostile messages on
+  # the tracking channel; codec: :raw fronting another program's keys; the
+  # L2 conformance suite with tracking on.
+  use ExUnit.Case, async: true
+  use Larder.Cache.L2Conformance
+
+  alias Larder.Cache
+  alias Larder.Cache.{Owner, Remote, Store}
+  alias Larder.Support.RedisServer
+
+  import Larder.Test.Eventually
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup ctx do
+    server = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(server) end)
+
+    %{
+      server: server,
+      prefix: "#{inspect(ctx.module)}.#{ctx.test}",
+      l2_module: Larder.Cache.Redis,
+      l2_opts: [port: server.port, timeout: 500, tracking_prefix: "Elixir."]
+    }
+  end
+
+  test "a foreign SET drops the key from every node's L1", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    share(a, b, {:user, 1}, :old)
+
+    foreign_set(ctx, a, "k", :new)
+    foreign_set(ctx, a, {:user, 1}, :new)
+
+    await(fn -> Cache.get(a, "k") == :new and Cache.get(b, "k") == :new end)
+    await(fn -> Cache.get(a, {:user, 1}) == :new and Cache.get(b, {:user, 1}) == :new end)
+  end
+
+  test "readers racing 1,600 foreign writes never keep an old value", ctx do
+    # one data connection each: one report per write, so no second report
+    # can hide a value kept past the first
+    [a, b] = start_nodes(ctx, [:a, :b], pool_size: 1)
+    l2_key = Remote.l2_key(config(a), "k")
+    {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", ctx.server.port, [:binary, active: false])
+    stop = :atomics.new(1, [])
+
+    # readers load "k" into L1 again and again, racing each report
+    readers =
+      for node <- [a, b] do
+        Task.async(fn -> read_until(node, stop) end)
+      end
+
+    # Rounds of a few writes in a row: after the first one drops the key,
+    # the readers' loads are under way when the next ones land, so their
+    # reports race the loads' fills.
+    for round <- 1..400 do
+      last = round * 4
+
+      for i <- (last - 3)..last do
+        bin = :erlang.term_to_binary(i)
+        args = ["SET", l2_key, bin]
+
+        :ok =
+          :gen_tcp.send(writer, ["*3\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")])
+
+        {:ok, "+OK\r\n"} = :gen_tcp.recv(writer, 0, 5_000)
+        Process.sleep(Enum.random([0, 0, 1]))
+      end
+
+      # polled every ms: a value kept past its report never gets there
+      eventually(fn -> Cache.get(a, "k") == last and Cache.get(b, "k") == last end, 5_000, 1)
+    end
+
+    :atomics.put(stop, 1, 1)
+    Enum.each(readers, &Task.await(&1, 10_000))
+  end
+
+  test "the invalidation-received event names the key", ctx do
+    [a] = start_nodes(ctx, [:a])
+    test_pid = self()
+    id = {__MODULE__, ctx.test}
+
+    :telemetry.attach_many(
+      id,
+      [[:larder, :cache, :invalidation, :received]],
+      fn _event, measurements, meta, _ -> send(test_pid, {:received, measurements, meta}) end,
+      nil
+    )
+
+    on_exit(fn -> :telemetry.detach(id) end)
+    :ok = Cache.put(a, "k", :old)
+    foreign_set(ctx, a, "k", :new)
+    assert_receive {:received, %{count: 1}, %{cache: ^a, message: {:key, "k"}}}, 5_000
+  end
+
+  test "FLUSHALL clears every node's L1", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    "+OK\r\n" = RedisServer.command(ctx.server, ["FLUSHALL"])
+    await(fn -> Cache.get(a, "k") == nil and Cache.get(b, "k") == nil end)
+  end
+
+  test "the subscriber killed: L1 is cleared and tracking comes back", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+    await_tracking(ctx, 4)
+
+    ":2\r\n" = RedisServer.command(ctx.server, ["CLIENT", "KILL", "TYPE", "pubsub"])
+    # (a resubscription clears L1: our write of "k" itself drops it anyway)
+    await(fn -> Store.entries(config(a)) == 0 and Store.entries(config(b)) == 0 end)
+    await_tracking(ctx, 4)
+
+    share(a, b, "k2", :old)
+    foreign_set(ctx, a, "k2", :new)
+    await(fn -> Cache.get(a, "k2") == :new and Cache.get(b, "k2") == :new end)
+  end
+
+  test "a data connection killed comes back with tracking on", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    await_tracking(ctx, 4)
+
+    # SKIPME yes (the default): our own connection survives
+    reply = RedisServer.command(ctx.server, ["CLIENT", "KILL", "TYPE", "normal"])
+    assert reply =~ ~r/^:[1-9]/
+    await_tracking(ctx, 4)
+
+    share(a, b, "k", :old)
+    foreign_set(ctx, a, "k", :new)
+    await(fn -> Cache.get(a, "k") == :new and Cache.get(b, "k") == :new end)
+  end
+
+  test "hostile publishes on the tracking channel are counted and ignored", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :v)
+
+    payloads = ["", "garbage", String.duplicate("x", 100_000), :erlang.term_to_binary([1, 2])]
+
+    for payload <- payloads do
+      RedisServer.command(ctx.server, ["PUBLISH", "__redis__:invalidate", payload])
+    end
+
+    await(fn -> Cache.stats(a).bad_messages == 4 and Cache.stats(b).bad_messages == 4 end)
+    assert Cache.get(a, "k") == :v and Cache.get(b, "k") == :v
+    assert Store.entries(config(a)) == 1
+  end
+
+  test "invalidation messages of the wrong shape or with foreign keys are counted and ignored",
+       ctx do
+    [a] = start_nodes(ctx, [:a])
+    :ok = Cache.put(a, "k", :v)
+    await(fn -> Cache.get(a, "k") == :v end)
+    cfg = config(a)
+    good = Remote.l2_key(cfg, "k")
+    base = Cache.stats(a)
+    g = Integer.to_string(:atomics.get(cfg.generation, 1))
+
+    bad = [
+      :bad,
+      "not a list",
+      [1, 2],
+      ["other:prefix:" <> good],
+      [cfg.prefix <> ":x:b:k"],
+      [cfg.prefix <> ":0"],
+      [cfg.prefix <> ":#{g}:z:k"],
+      [cfg.prefix <> ":#{g}:t:" <> <<131, 255, 0>>],
+      [cfg.prefix <> ":#{g}:t:" <> :erlang.term_to_binary(fn -> :ok end)],
+      List.duplicate(cfg.prefix <> ":#{g}:junk", 200_000)
+    ]
+
+    for keys <- bad, do: send(cfg.owner, {:larder_cache_l2, :invalidated, keys})
+    # another generation's key and the generation key: not bad, not ours
+    send(cfg.owner, {:larder_cache_l2, :invalidated, [cfg.prefix <> ":#{g}9:b:k"]})
+    send(cfg.owner, {:larder_cache_l2, :invalidated, [Remote.generation_key(cfg)]})
+
+    await(fn -> Cache.stats(a).bad_messages == base.bad_messages + length(bad) end)
+    assert Store.entries(cfg) == 1
+    assert Cache.stats(a).invalidations == base.invalidations
+    assert Process.alive?(cfg.owner)
+  end
+
+  test "invalidation: :tracking is checked at start_link", ctx do
+    assert_raise ArgumentError, ~r/:invalidation to be one of/, fn ->
+      Cache.start_link(name: :bad_invalidation, invalidation: :bogus)
+    end
+
+    assert_raise ArgumentError, ~r/expected an :l2 with invalidation: :tracking/, fn ->
+      Cache.start_link(name: :bad_invalidation, invalidation: :tracking)
+    end
+
+    _ = ctx
+  end
+
+  describe "codec: :raw" do
+    test "fronts keys another program writes, and writes the bytes as they are", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw, key_prefix: "app:")
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:user:1", "alice"])
+
+      assert Cache.get(a, "user:1") == "alice"
+      assert Cache.get(b, "user:1") == "alice"
+      assert :ok = Cache.put(a, "user:2", <<0, 255, "bob">>)
+
+      assert RedisServer.command(ctx.server, ["GET", "app:user:2"]) ==
+               "$5\r\n" <> <<0, 255, "bob">> <> "\r\n"
+
+      # tracking covers :key_prefix: the other program's write reaches both L1s
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:user:1", "alice2"])
+      await(fn -> Cache.get(a, "user:1") == "alice2" and Cache.get(b, "user:1") == "alice2" end)
+    end
+
+    test "an empty :key_prefix tracks every key", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw)
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "user:9", "old"])
+      assert Cache.get(a, "user:9") == "old" and Cache.get(b, "user:9") == "old"
+
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "user:9", "new"])
+      await(fn -> Cache.get(a, "user:9") == "new" and Cache.get(b, "user:9") == "new" end)
+    end
+
+    test "invalidate_all/1 clears every node's L1 and leaves the keys in Redis", ctx do
+      [a, b] = start_nodes(ctx, [:a, :b], codec: :raw, key_prefix: "app:")
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:k", "v"])
+      assert Cache.get(a, "k") == "v" and Cache.get(b, "k") == "v"
+
+      assert :ok = Cache.invalidate_all(a)
+      await(fn -> Store.entries(config(a)) == 0 and Store.entries(config(b)) == 0 end)
+      assert RedisServer.command(ctx.server, ["GET", "app:k"]) == "$1\r\nv\r\n"
+      assert Cache.get(b, "k") == "v"
+    end
+
+    test "keys and values that are not binaries are refused", ctx do
+      [a] = start_nodes(ctx, [:a], codec: :raw, key_prefix: "app:")
+
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.put(a, :k, "v") end
+
+      assert_raise ArgumentError, ~r/expected value to be a binary/, fn ->
+        Cache.put(a, "k", :v)
+      end
+
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.get(a, {:k}) end
+      assert_raise ArgumentError, ~r/expected key to be a binary/, fn -> Cache.delete(a, 1) end
+
+      assert {:error, %Larder.Error{reason: :loader_failed}} =
+               Cache.fetch(a, "k", fn -> {:ok, 42} end)
+
+      assert Store.entries(config(a)) == 0
+    end
+
+    test "a value above :max_value_bytes is not served, and not replaced", ctx do
+      [a] = start_nodes(ctx, [:a], codec: :raw, key_prefix: "app:", max_value_bytes: 1024)
+      big = String.duplicate("x", 2048)
+      "+OK\r\n" = RedisServer.command(ctx.server, ["SET", "app:big", big])
+
+      assert Cache.get(a, "big") == nil
+      assert Cache.fetch(a, "big", fn -> {:ok, "small"} end) == {:ok, "small"}
+      assert Cache.stats(a).decode_errors >= 1
+      reply = RedisServer.command(ctx.server, ["STRLEN", "app:big"])
+      assert reply == ":2048\r\n"
+    end
+
+    test ":key_prefix needs codec: :raw" do
+      assert_raise ArgumentError, ~r/:key_prefix only with codec: :raw/, fn ->
+        Cache.start_link(name: :bad_key_prefix, key_prefix: "app:")
+      end
+
+      assert_raise ArgumentError, ~r/:codec to be one of/, fn ->
+        Cache.start_link(name: :bad_codec, codec: :json)
+      end
+    end
+  end
+
+  ## Helpers
+
+  defp start_nodes(ctx, suffixes, cache_opts \\ []) do
+    {pool_size, cache_opts} = Keyword.pop(cache_opts, :pool_size, 2)
+    l2 = {Cache.Redis, port: ctx.server.port, timeout: 500, pool_size: pool_size}
+
+    names =
+      for suffix <- suffixes do
+        name = :"#{ctx.prefix}.#{suffix}"
+        opts = [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking] ++ cache_opts
+        start_supervised!({Cache, opts}, id: name)
+        name
+      end
+
+    for name <- names, do: await(fn -> Cache.stats(name).l2_errors == 0 end)
+    # tracking is on on every data connection
+    await_tracking(ctx, pool_size * length(names))
+    names
+  end
+
+  # Both nodes hold value for key in L1 (b loaded it from L2).
+  defp share(a, b, key, value) do
+    :ok = Cache.put(a, key, value)
+
+    for node <- [a, b] do
+      await(fn ->
+        Cache.get(node, key) == value and match?([_], :ets.lookup(config(node).data, key))
+      end)
+    end
+  end
+
+  # A write by another program: the L2 key set straight through RESP.
+  defp foreign_set(ctx, node, key, value) do
+    l2_key = Remote.l2_key(config(node), key)
+    bin = :erlang.term_to_binary(value)
+    "+OK\r\n" = RedisServer.command(ctx.server, ["SET", l2_key, bin])
+  end
+
+  # n data connections track with a redirect (CLIENT LIST: flag t).
+  defp await_tracking(ctx, n) do
+    await(fn ->
+      list = RedisServer.command(ctx.server, ["CLIENT", "LIST", "TYPE", "normal"])
+
+      tracked =
+        list
+        |> String.split("\n")
+        |> Enum.count(&(&1 =~ ~r/ flags=\S*t\S* / and &1 =~ ~r/ redir=[1-9]/))
+
+      tracked == n
+    end)
+  end
+
+  defp read_until(node, stop) do
+    if :atomics.get(stop, 1) == 0 do
+      Cache.get(node, "k")
+      :erlang.yield()
+      read_until(node, stop)
+    end
+  end
+
+  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+
+  defp await(fun), do: eventually(fun, 500, 20)
+end
