@@ -723,7 +723,8 @@ defmodule Larder.Cache.Redis do
 
       not state.sub_failing ->
         Logger.warning(
-          "Larder.Cache.Redis: the pub/sub connection failed (#{inspect(reason)}); " <>
+          "Larder.Cache.Redis: the pub/sub connection of channel #{inspect(state.channel)} " <>
+            "failed (#{inspect(reason)}); " <>
             "connecting again every #{state.sub_wait} ms, backing off to " <>
             "#{sub_max_wait(state)} ms, until it subscribes"
         )
