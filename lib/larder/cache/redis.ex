@@ -216,6 +216,8 @@ defmodule Larder.Cache.Redis do
       pool_size: opts[:pool_size],
       timeout: opts[:timeout],
       opts: opts,
+      # only then can a failed command mean the master moved
+      sentinel?: opts[:sentinel] != nil,
       subscriber: subscriber,
       channel: channel
     }
@@ -342,7 +344,7 @@ defmodule Larder.Cache.Redis do
   # scheduler. A caller waits for each reply, so its own commands stay in
   # order whichever connection they take. The keeper replaces a client that
   # died, and its pid is looked up in the keeper's table.
-  defp query(%{table: table, pool_size: size, timeout: timeout}, command) do
+  defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
     slot = rem(:erlang.system_info(:scheduler_id), size)
     [{_, client}] = :ets.lookup(table, slot)
 
@@ -351,11 +353,11 @@ defmodule Larder.Cache.Redis do
         {:ok, value}
 
       {:error, reason} when is_binary(reason) ->
-        if match?("READONLY" <> _, reason), do: master_moved?(table)
+        if match?("READONLY" <> _, reason), do: master_moved?(state)
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
 
       {:error, reason} ->
-        master_moved?(table)
+        master_moved?(state)
         {:error, unavailable(reason)}
 
       other ->
@@ -370,7 +372,9 @@ defmodule Larder.Cache.Redis do
   # A READONLY reply or a lost connection: with Sentinel, the master may
   # have moved; the keeper asks the sentinels (at most once per
   # :reconnect_sleep, whatever the number of callers that hint it).
-  defp master_moved?(table) do
+  defp master_moved?(%{sentinel?: false}), do: :ok
+
+  defp master_moved?(%{table: table}) do
     case :ets.lookup(table, :sentinel) do
       [{:sentinel, keeper}] -> send(keeper, :check_master)
       [] -> :ok
