@@ -46,6 +46,25 @@ defmodule Larder.SnapshotFile do
   end
 
   @doc """
+  Reads a whole snapshot file: `{:ok, binary}`, or `{:error,
+  %Larder.Error{reason: :file_error}}` naming the path and the POSIX error.
+  """
+  @spec read(Path.t()) :: {:ok, binary()} | {:error, Larder.Error.t()}
+  def read(path) do
+    case File.read(path) do
+      {:ok, data} ->
+        {:ok, data}
+
+      {:error, posix} ->
+        {:error,
+         Larder.Error.new(:file_error, "cannot read: #{:file.format_error(posix)}",
+           path: path,
+           posix: posix
+         )}
+    end
+  end
+
+  @doc """
   Writes a file at `path` atomically and durably: `fun` gets a function that
   appends iodata to a temporary file next to `path` (returning `:ok` or
   `{:error, %Larder.Error{}}`) and returns `:ok` or an error; on `:ok` the

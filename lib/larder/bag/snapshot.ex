@@ -77,24 +77,10 @@ defmodule Larder.Bag.Snapshot do
     {create_atoms, opts} = Keyword.pop(opts, :create_atoms, false)
     decode_opts = if create_atoms, do: [:used], else: [:safe, :used]
 
-    with {:ok, data} <- read(path),
+    with {:ok, data} <- Larder.SnapshotFile.read(path),
          {:ok, dedup, chunks} <- parse(data, path) do
       bag = Larder.Bag.create(Keyword.put(opts, :dedup, dedup))
       fill(bag, chunks, decode_opts, path)
-    end
-  end
-
-  defp read(path) do
-    case File.read(path) do
-      {:ok, data} ->
-        {:ok, data}
-
-      {:error, posix} ->
-        {:error,
-         Larder.Error.new(:file_error, "cannot read: #{:file.format_error(posix)}",
-           path: path,
-           posix: posix
-         )}
     end
   end
 

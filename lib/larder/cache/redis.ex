@@ -174,7 +174,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.Sentinel
+  alias Larder.Cache.Redis.{RESP, Sentinel}
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -559,7 +559,7 @@ defmodule Larder.Cache.Redis do
       auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
       {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
       expect = if opts[:password], do: [:auth | expect], else: expect
-      commands = Enum.map(auth ++ subscribe, &command/1)
+      commands = Enum.map(auth ++ subscribe, &RESP.command/1)
 
       with :ok <- :gen_tcp.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
@@ -576,15 +576,10 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  defp command(args) do
-    ["*", Integer.to_string(length(args)), "\r\n"] ++
-      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
-  end
-
   defp sub_data(%{sub: sub} = state, data) do
     :inet.setopts(sub.socket, active: :once)
 
-    case parse(sub.parser, data, []) do
+    case RESP.parse(sub.parser, data, []) do
       {:ok, replies, parser, tail} ->
         # the bytes of the reply being read: bounded like a message
         partial = if replies == [], do: sub.partial + tail, else: tail
@@ -603,18 +598,6 @@ defmodule Larder.Cache.Redis do
       :error ->
         sub_failed(state, :bad_reply)
     end
-  end
-
-  # {:ok, replies, parser, bytes of an unfinished reply} or :error (not RESP)
-  defp parse(parser, data, replies) do
-    case :eredis_parser.parse(parser, data) do
-      {:continue, parser} -> {:ok, Enum.reverse(replies), parser, byte_size(data)}
-      {kind, value, parser} -> {:ok, Enum.reverse([{kind, value} | replies]), parser, 0}
-      {kind, value, rest, parser} -> parse(parser, rest, [{kind, value} | replies])
-      _other -> :error
-    end
-  catch
-    _kind, _reason -> :error
   end
 
   defp sub_reply({:error, message}, state),

@@ -178,44 +178,19 @@ defmodule Larder.Cache.Remote do
   # load replaces it); a reply of the wrong shape is an L2 error.
   def get(%{l2: nil}, _key), do: :none
 
-  # codec: :raw: the bytes as they are, within :max_value_bytes. A larger
-  # value is another program's: counted, and reported as a miss, so that the
-  # load's SET NX leaves it in place.
-  def get(%{l2: {mod, state}, codec: :raw} = cfg, key) do
-    case mod.get(state, l2_key(cfg, key)) do
-      {:ok, bin} when is_binary(bin) and byte_size(bin) <= cfg.max_value_bytes ->
-        Stats.count(cfg, :l2_hits)
-        {:ok, bin}
-
-      {:ok, bin} when is_binary(bin) ->
-        Stats.count(cfg, :l2_misses)
-        Stats.count(cfg, :decode_errors)
-        failed(cfg, :bad_value)
-        :miss
-
-      :miss ->
-        Stats.count(cfg, :l2_misses)
-        :miss
-
-      other ->
-        failed(cfg, other)
-        :error
-    end
-  end
-
   def get(%{l2: {mod, state}} = cfg, key) do
     case mod.get(state, l2_key(cfg, key)) do
       {:ok, bin} when is_binary(bin) ->
-        case Codec.decode_value(bin, cfg.max_value_bytes) do
+        case decode(cfg, bin) do
           {:ok, value} ->
             Stats.count(cfg, :l2_hits)
             {:ok, value}
 
-          {:error, _why} ->
+          :error ->
             Stats.count(cfg, :l2_misses)
             Stats.count(cfg, :decode_errors)
             failed(cfg, :bad_value)
-            :corrupt
+            rejected(cfg)
         end
 
       :miss ->
@@ -227,6 +202,23 @@ defmodule Larder.Cache.Remote do
         :error
     end
   end
+
+  # codec: :raw: the bytes as they are, within :max_value_bytes.
+  defp decode(%{codec: :raw} = cfg, bin),
+    do: if(byte_size(bin) <= cfg.max_value_bytes, do: {:ok, bin}, else: :error)
+
+  defp decode(cfg, bin) do
+    case Codec.decode_value(bin, cfg.max_value_bytes) do
+      {:ok, value} -> {:ok, value}
+      {:error, _why} -> :error
+    end
+  end
+
+  # A rejected raw value is another program's: a miss, so that the load's
+  # SET NX leaves it in place. A rejected term is corrupt: the load
+  # replaces it.
+  defp rejected(%{codec: :raw}), do: :miss
+  defp rejected(_cfg), do: :corrupt
 
   # A value whose encoding is over :max_value_bytes would be rejected by
   # every reader: it is not written, and the key is deleted instead so no

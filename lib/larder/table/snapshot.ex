@@ -120,24 +120,10 @@ defmodule Larder.Table.Snapshot do
   """
   @spec read(Path.t(), map()) :: {:ok, map()} | {:error, Larder.Error.t()}
   def read(path, config) do
-    with {:ok, data} <- read_file(path),
+    with {:ok, data} <- Larder.SnapshotFile.read(path),
          {:ok, chunks} <- parse(data, path),
          {:ok, definition} <- definition(chunks, config, path) do
       {:ok, Map.put(definition, :chunks, chunks)}
-    end
-  end
-
-  defp read_file(path) do
-    case File.read(path) do
-      {:ok, data} ->
-        {:ok, data}
-
-      {:error, posix} ->
-        {:error,
-         Larder.Error.new(:file_error, "cannot read: #{:file.format_error(posix)}",
-           path: path,
-           posix: posix
-         )}
     end
   end
 

@@ -6,6 +6,8 @@
 defmodule Larder.Cache.Redis.Sentinel do
   @moduledoc false
 
+  alias Larder.Cache.Redis.RESP
+
   # The most sentinels one cache asks, and the largest reply read from one.
   @max_sentinels 16
   @max_reply_bytes 65_536
@@ -115,7 +117,7 @@ defmodule Larder.Cache.Redis.Sentinel do
     with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
       commands = auth(sentinel) ++ [["SUBSCRIBE", "+switch-master"]]
 
-      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &command/1)),
+      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
            :ok <- :inet.setopts(socket, active: :once) do
         {:ok, socket}
       else
@@ -134,7 +136,7 @@ defmodule Larder.Cache.Redis.Sentinel do
   large.
   """
   def read(parser, partial, data) do
-    case parse(parser, data, []) do
+    case RESP.parse(parser, data, []) do
       {:ok, replies, parser, tail} ->
         partial = if replies == [], do: partial + tail, else: tail
 
@@ -164,7 +166,7 @@ defmodule Larder.Cache.Redis.Sentinel do
     case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
       {:ok, socket} ->
         try do
-          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &command/1)) do
+          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)) do
             receive_replies(socket, :eredis_parser.init(), length(commands), [], 0, deadline)
           end
         after
@@ -191,7 +193,7 @@ defmodule Larder.Cache.Redis.Sentinel do
     with {:ok, data} <- :gen_tcp.recv(socket, 0, wait),
          bytes = bytes + byte_size(data),
          true <- bytes <= @max_reply_bytes || {:error, :reply_too_large},
-         {:ok, new, parser, _tail} <- parse(parser, data, []) do
+         {:ok, new, parser, _tail} <- RESP.parse(parser, data, []) do
       taken = Enum.take(new, left)
 
       receive_replies(
@@ -214,22 +216,5 @@ defmodule Larder.Cache.Redis.Sentinel do
       [{:ok, "OK"}, _ | _] -> values(tl(replies))
       _ -> Enum.map(replies, fn {:ok, value} -> value end)
     end
-  end
-
-  defp parse(parser, data, replies) do
-    case :eredis_parser.parse(parser, data) do
-      {:continue, parser} -> {:ok, Enum.reverse(replies), parser, byte_size(data)}
-      {kind, value, parser} -> {:ok, Enum.reverse([{kind, value} | replies]), parser, 0}
-      {kind, value, rest, parser} -> parse(parser, rest, [{kind, value} | replies])
-      _other -> :error
-    end
-  catch
-    _kind, _reason -> :error
-  end
-
-  @doc "A RESP command."
-  def command(args) do
-    ["*", Integer.to_string(length(args)), "\r\n"] ++
-      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
   end
 end
