@@ -156,6 +156,10 @@ defmodule Larder.Cache.RedisTest do
       # a put that failed before may still be repaired (its L2 key deleted)
       # after that one succeeded: wait for the repairs, then write
       eventually(fn -> :sys.get_state(Process.whereis(a)).pending.keys == %{} end)
+      # and for a to be on the generation Redis holds (it renews the key it
+      # found missing once its commands get through): a put before that
+      # lands under the generation a leaves
+      eventually(fn -> on_redis_generation?(a, server) end)
       :ok = Cache.put(a, :k, 2)
 
       b = start_cache(ctx, :b, port)
@@ -204,6 +208,16 @@ defmodule Larder.Cache.RedisTest do
         Process.sleep(20)
         Cache.stats(cache).invalidations > before
       end)
+    end
+  end
+
+  defp on_redis_generation?(cache, server) do
+    cfg = :persistent_term.get(Cache.Config.key(cache))
+    local = Integer.to_string(:atomics.get(cfg.generation, 1))
+
+    case RedisServer.command(server, ["GET", Cache.Remote.generation_key(cfg)]) do
+      "$" <> rest -> match?([_len, ^local | _], String.split(rest, "\r\n"))
+      _nil_or_error -> false
     end
   end
 end

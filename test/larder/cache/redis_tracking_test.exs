@@ -151,7 +151,9 @@ defmodule Larder.Cache.RedisTrackingTest do
   test "invalidation messages of the wrong shape or with foreign keys are counted and ignored",
        ctx do
     [a] = start_nodes(ctx, [:a])
+    count_before = Cache.stats(a).invalidations
     :ok = Cache.put(a, "k", :v)
+    own_write_reported(a, count_before)
     await(fn -> Cache.get(a, "k") == :v end)
     cfg = config(a)
     good = Remote.l2_key(cfg, "k")
@@ -294,13 +296,25 @@ defmodule Larder.Cache.RedisTrackingTest do
 
   # Both nodes hold value for key in L1 (b loaded it from L2).
   defp share(a, b, key, value) do
+    counts = Map.new([a, b], &{&1, Cache.stats(&1).invalidations})
     :ok = Cache.put(a, key, value)
+    own_write_reported(a, counts[a])
+    # b also counts a's pub/sub message
+    own_write_reported(b, counts[b] + 1)
 
     for node <- [a, b] do
       await(fn ->
         Cache.get(node, key) == value and match?([_], :ets.lookup(config(node).data, key))
       end)
     end
+  end
+
+  # Redis reports a write once per tracking connection of a node (BCAST on
+  # each of its :pool_size connections), and each report drops the key from
+  # its L1: wait until all have come, so that none drops a copy read after.
+  defp own_write_reported(node, count_before) do
+    {_mod, %{pool_size: reports}} = config(node).l2
+    await(fn -> Cache.stats(node).invalidations >= count_before + reports end)
   end
 
   # A write by another program: the L2 key set straight through RESP.
