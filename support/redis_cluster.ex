@@ -87,7 +87,11 @@ defmodule Larder.Support.RedisCluster do
   def failover(%__MODULE__{} = cluster, %RedisServer{} = replica, timeout \\ 20_000) do
     old = master_of(cluster, replica)
     {:ok, ["OK"]} = cli(replica, ~w(CLUSTER FAILOVER))
-    wait_until(timeout, "#{replica.port} to become a master", fn -> role(replica) == "master" end)
+
+    RedisServer.wait_until(timeout, "#{replica.port} to become a master", fn ->
+      role(replica) == "master"
+    end)
+
     wait_ok(cluster, timeout)
     old
   end
@@ -189,13 +193,15 @@ defmodule Larder.Support.RedisCluster do
   `redis-cli --cluster check` finds the slots covered and agreed on.
   """
   def wait_ok(%__MODULE__{nodes: nodes} = cluster, timeout \\ 30_000) do
-    wait_until(timeout, "the cluster to be ok", fn ->
+    RedisServer.wait_until(timeout, "the cluster to be ok", fn ->
       live = Enum.filter(nodes, &alive?/1)
 
       Enum.all?(live, fn node ->
         match?({:ok, ["cluster_state:ok" | _]}, cli(node, ~w(CLUSTER INFO)))
       end) and check_ok?(cluster, live)
     end)
+
+    :ok
   end
 
   @doc "Runs one command on `node` with redis-cli: `{:ok, lines}` or `{:error, output}`."
@@ -260,25 +266,6 @@ defmodule Larder.Support.RedisCluster do
     cli = System.find_executable("redis-cli") || raise "redis-cli is not installed"
     secs = Float.to_string(timeout_ms / 1_000)
     System.cmd("timeout", ["-s", "KILL", secs, cli | args], stderr_to_stdout: true)
-  end
-
-  defp wait_until(timeout, what, fun) do
-    deadline = System.monotonic_time(:millisecond) + timeout
-    do_wait_until(deadline, what, fun)
-  end
-
-  defp do_wait_until(deadline, what, fun) do
-    cond do
-      fun.() ->
-        :ok
-
-      System.monotonic_time(:millisecond) > deadline ->
-        raise "timed out waiting for #{what}"
-
-      true ->
-        Process.sleep(100)
-        do_wait_until(deadline, what, fun)
-    end
   end
 
   defp tmp_dir(port) do

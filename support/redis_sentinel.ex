@@ -92,7 +92,7 @@ defmodule Larder.Support.RedisSentinel do
   sentinels. Returns the master.
   """
   def wait_agreed(%__MODULE__{} = set, timeout \\ 30_000) do
-    wait_until(timeout, "the sentinels to agree", fn ->
+    RedisServer.wait_until(timeout, "the sentinels to agree", fn ->
       with %RedisServer{} = master <- master(set),
            "master" <- RedisCluster.role(master),
            true <- Enum.all?(live(set.sentinels), &settled?(&1, set.name)) do
@@ -118,7 +118,7 @@ defmodule Larder.Support.RedisSentinel do
   node) and that node says master. Returns the new master.
   """
   def wait_failover(%__MODULE__{} = set, %RedisServer{port: old_port}, timeout \\ 30_000) do
-    wait_until(timeout, "a failover", fn ->
+    RedisServer.wait_until(timeout, "a failover", fn ->
       with %RedisServer{port: port} = master when port != old_port <- master(set),
            "master" <- RedisCluster.role(master) do
         master
@@ -181,26 +181,5 @@ defmodule Larder.Support.RedisSentinel do
     Enum.filter(nodes, fn %RedisServer{os_pid: pid} ->
       match?({_, 0}, System.cmd("kill", ["-0", Integer.to_string(pid)], stderr_to_stdout: true))
     end)
-  end
-
-  defp wait_until(timeout, what, fun) do
-    deadline = System.monotonic_time(:millisecond) + timeout
-    do_wait_until(deadline, what, fun)
-  end
-
-  defp do_wait_until(deadline, what, fun) do
-    result = fun.()
-
-    cond do
-      result ->
-        result
-
-      System.monotonic_time(:millisecond) > deadline ->
-        raise "timed out waiting for #{what}"
-
-      true ->
-        Process.sleep(100)
-        do_wait_until(deadline, what, fun)
-    end
   end
 end

@@ -96,6 +96,31 @@ defmodule Larder.Support.RedisServer do
     :ok
   end
 
+  @doc """
+  Calls `fun` every 100 ms until it returns a truthy value, which it
+  returns; raises naming `what` once `timeout` ms have passed.
+  """
+  def wait_until(timeout, what, fun) do
+    deadline = System.monotonic_time(:millisecond) + timeout
+    do_wait_until(deadline, what, fun)
+  end
+
+  defp do_wait_until(deadline, what, fun) do
+    result = fun.()
+
+    cond do
+      result ->
+        result
+
+      System.monotonic_time(:millisecond) > deadline ->
+        raise "timed out waiting for #{what}"
+
+      true ->
+        Process.sleep(100)
+        do_wait_until(deadline, what, fun)
+    end
+  end
+
   @doc "A TCP port nothing listens on right now."
   def free_port do
     {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
