@@ -140,7 +140,7 @@ defmodule PriceSearch.HTTP.Server do
   # What was received but not yet parsed is in the process dictionary
   # (:price_search_buffer), so that the handler's read_body/2 can use it.
 
-  defp request_line(%{socket: socket, opts: opts} = req) do
+  defp request_line(%{opts: opts} = req) do
     buffer = Process.get(:price_search_buffer, "")
 
     case :erlang.decode_packet(:http_bin, buffer, packet_size: @max_line) do
@@ -160,29 +160,38 @@ defmodule PriceSearch.HTTP.Server do
 
       {:more, _} ->
         # Idle until the first byte; then the request's deadline runs.
-        {timeout, req} =
+        {timeout, counter} =
           if buffer == "",
-            do: {opts.idle_timeout, req},
-            else: {remaining(req), req}
+            do: {opts.idle_timeout, @idle_closed},
+            else: {remaining(req), @timed_out}
 
-        case :gen_tcp.recv(socket, 0, timeout) do
-          {:ok, data} ->
-            Process.put(:price_search_buffer, buffer <> data)
-            req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
-            request_line(req)
-
-          {:error, :timeout} when buffer == "" ->
-            :counters.add(req.counters, @idle_closed, 1)
-
-          {:error, :timeout} ->
-            :counters.add(req.counters, @timed_out, 1)
-
-          {:error, _} ->
-            :ok
+        if read_head(req, buffer, timeout, counter) do
+          req = if req.deadline, do: req, else: %{req | deadline: deadline(opts)}
+          request_line(req)
+        else
+          :ok
         end
 
       _ ->
         bad_request(%{req | version: {1, 1}})
+    end
+  end
+
+  # Reads more of a request's head after `buffer`, within `timeout` ms:
+  # true, or false once the connection is done (a timeout, counted under
+  # `counter`, or the client gone).
+  defp read_head(req, buffer, timeout, counter) do
+    case :gen_tcp.recv(req.socket, 0, timeout) do
+      {:ok, data} ->
+        Process.put(:price_search_buffer, buffer <> data)
+        true
+
+      {:error, :timeout} ->
+        :counters.add(req.counters, counter, 1)
+        false
+
+      {:error, _} ->
+        false
     end
   end
 
@@ -193,7 +202,7 @@ defmodule PriceSearch.HTTP.Server do
 
   defp headers(req, _acc, @max_headers), do: bad_request(req)
 
-  defp headers(%{socket: socket} = req, acc, n) do
+  defp headers(req, acc, n) do
     buffer = Process.get(:price_search_buffer)
 
     case :erlang.decode_packet(:httph_bin, buffer, packet_size: @max_line) do
@@ -218,17 +227,9 @@ defmodule PriceSearch.HTTP.Server do
         bad_request(req)
 
       {:more, _} ->
-        case :gen_tcp.recv(socket, 0, remaining(req)) do
-          {:ok, data} ->
-            Process.put(:price_search_buffer, buffer <> data)
-            headers(req, acc, n)
-
-          {:error, :timeout} ->
-            :counters.add(req.counters, @timed_out, 1)
-
-          {:error, _} ->
-            :ok
-        end
+        if read_head(req, buffer, remaining(req), @timed_out),
+          do: headers(req, acc, n),
+          else: :ok
 
       _ ->
         bad_request(req)
