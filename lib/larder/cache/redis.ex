@@ -905,15 +905,23 @@ defmodule Larder.Cache.Redis do
     # one may be lost. :disconnected tells it so.
     send(state.subscriber, {:larder_cache_l2, :disconnected})
 
-    case state.sub do
-      nil ->
-        state
+    # The subscription moves at once, even when it is waiting out the
+    # backoff of its failures on the old master (up to 2 s): until it is
+    # up there, this node's commands reach the new master while its L1
+    # still holds what it read from the old one, and it hears no other
+    # node's writes.
+    state =
+      case state.sub do
+        nil ->
+          state
 
-      %{socket: socket} = sub ->
-        if sub.timer, do: Process.cancel_timer(sub.timer)
-        :gen_tcp.close(socket)
-        sub_connect(%{state | sub: nil, sub_wait: state.opts[:reconnect_sleep]})
-    end
+        %{socket: socket} = sub ->
+          if sub.timer, do: Process.cancel_timer(sub.timer)
+          :gen_tcp.close(socket)
+          %{state | sub: nil}
+      end
+
+    sub_connect(%{state | sub_wait: state.opts[:reconnect_sleep]})
   end
 
   defp watch_sentinels(state) do
