@@ -188,6 +188,30 @@ defmodule Larder.Cache.RedisFaultTest do
     assert Cache.get(b, :k) == 2
   end
 
+  test "the subscriber's connection killed (CLIENT KILL TYPE pubsub): L1 is cleared, " <>
+         "it resubscribes, invalidations flow again",
+       ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, :k, 1)
+    {:ok, :in_l1} = Cache.fetch(b, :only_b, fn -> {:ok, :in_l1} end)
+    owners = Enum.map([a, b], &Process.whereis/1)
+
+    ":2\r\n" = RedisServer.command(ctx.server, ["CLIENT", "KILL", "TYPE", "pubsub"])
+
+    # messages published meanwhile are lost to them: each clears its L1
+    # once it has subscribed again
+    eventually(fn ->
+      :ets.lookup(config(a).data, :k) == [] and :ets.lookup(config(b).data, :k) == [] and
+        :ets.lookup(config(b).data, :only_b) == []
+    end)
+
+    # a's invalidations reach b through its new subscription
+    share(a, b, :k2, 1)
+    :ok = Cache.put(a, :k2, 2)
+    eventually(fn -> Cache.get(b, :k2) == 2 end)
+    assert Enum.map([a, b], &Process.whereis/1) == owners
+  end
+
   describe "the server's password changes mid-run (CONFIG SET requirepass)" do
     test "the pub/sub connection backs off without crashing, L1 serves, it recovers", ctx do
       [a, b] = start_nodes(ctx, [:a, :b], timeout: 200)
