@@ -174,7 +174,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{RESP, Sentinel}
+  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, RESP, Sentinel}
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -209,7 +209,9 @@ defmodule Larder.Cache.Redis do
     opts = validate_opts!(opts)
     ensure_eredis!()
     table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
-    for slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none})
+
+    unless opts[:cluster],
+      do: for(slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none}))
 
     state = %{
       table: table,
@@ -218,6 +220,7 @@ defmodule Larder.Cache.Redis do
       opts: opts,
       # only then can a failed command mean the master moved
       sentinel?: opts[:sentinel] != nil,
+      cluster?: opts[:cluster] != nil,
       subscriber: subscriber,
       channel: channel
     }
@@ -235,7 +238,11 @@ defmodule Larder.Cache.Redis do
     check_args!(state, [])
     parent = self()
     ref = make_ref()
-    keeper = spawn_link(fn -> keeper_init(parent, ref, state) end)
+
+    keeper =
+      if state.cluster?,
+        do: spawn_link(fn -> ClusterKeeper.init(parent, ref, state) end),
+        else: spawn_link(fn -> keeper_init(parent, ref, state) end)
 
     receive do
       {^ref, :ready} -> {:ok, keeper}
@@ -343,7 +350,10 @@ defmodule Larder.Cache.Redis do
   # holds up whatever was sent after it: spread callers over the pool by
   # scheduler. A caller waits for each reply, so its own commands stay in
   # order whichever connection they take. The keeper replaces a client that
-  # died, and its pid is looked up in the keeper's table.
+  # died, and its pid is looked up in the keeper's table. On a cluster, the
+  # router sends it to the pool of the master of the key's slot.
+  defp query(%{cluster?: true} = state, command), do: ClusterRouter.query(state, command)
+
   defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
     slot = rem(:erlang.system_info(:scheduler_id), size)
     [{_, client}] = :ets.lookup(table, slot)
@@ -448,12 +458,15 @@ defmodule Larder.Cache.Redis do
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
       sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
+      cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
+      username: {{:or_nil, {:string, 1, 255}}, nil},
       tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
     opts
     |> Options.validate!(schema, "Larder.Cache.Redis")
     |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
+    |> ClusterKeeper.validate!(opts)
   end
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
@@ -476,7 +489,7 @@ defmodule Larder.Cache.Redis do
       host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
       port: opts[:port],
       master_warned: false,
-      password: String.to_charlist(opts[:password] || ""),
+      password: Auth.eredis_password(opts),
       sentinel: opts[:sentinel],
       watchers: %{},
       check: nil,
@@ -556,9 +569,9 @@ defmodule Larder.Cache.Redis do
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
 
     with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
-      auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
+      auth = Auth.commands(opts)
       {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
-      expect = if opts[:password], do: [:auth | expect], else: expect
+      expect = if auth != [], do: [:auth | expect], else: expect
       commands = Enum.map(auth ++ subscribe, &RESP.command/1)
 
       with :ok <- :gen_tcp.send(socket, commands),
@@ -864,9 +877,7 @@ defmodule Larder.Cache.Redis do
   defp request_check(state), do: state
 
   defp find_master(state) do
-    password = state.opts[:password]
-
-    case Sentinel.master(state.sentinel, password, state.opts[:timeout]) do
+    case Sentinel.master(state.sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
       {:ok, {host, port}} ->
         host = String.to_charlist(host)
 

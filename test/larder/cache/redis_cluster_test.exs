@@ -1,0 +1,158 @@
+defmodule Larder.Cache.RedisClusterTest do
+  # Larder.Cache.Redis on a real six-node Redis Cluster
+  # (support/redis_cluster.ex): the L2 conformance suite passes, commands
+  # follow their key's slot, invalidations travel by sharded pub/sub, the
+  # subscriber comes back after CLIENT KILL TYPE pubsub (the cache clearing
+  # its L1), and garbage answers to CLUSTER SLOTS are ignored and counted.
+  # Failover and resharding under load: redis_cluster_load_test.exs.
+  use ExUnit.Case, async: false
+  use Larder.Cache.L2Conformance
+
+  import Larder.Test.Eventually
+
+  alias Larder.Cache
+  alias Larder.Cache.Redis.ClusterKeeper
+  alias Larder.Support.RedisCluster
+  alias Larder.Test.GarbageServer
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup_all do
+    cluster = RedisCluster.start()
+    on_exit(fn -> RedisCluster.stop(cluster) end)
+    %{cluster: cluster}
+  end
+
+  setup ctx do
+    %{l2_module: Cache.Redis, l2_opts: [timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)]}
+  end
+
+  defp start_nodes(ctx, suffixes, opts \\ []) do
+    for suffix <- suffixes do
+      name = :"#{ctx.module}.#{ctx.test}.#{suffix}"
+      l2 = {Cache.Redis, [timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)] ++ opts}
+      start_supervised!({Cache, name: name, l2: l2, namespace: "#{ctx.test}"}, id: name)
+      eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+      name
+    end
+  end
+
+  test "the :cluster option is checked in the caller" do
+    for {bad, message} <- [
+          {[cluster: []], ~r/:cluster/},
+          {[cluster: [{"h", 0}]], ~r/:cluster/},
+          {[cluster: [{~c"h", 1}]], ~r/:cluster/},
+          {[cluster: List.duplicate({"h", 1}, 17)], ~r/:cluster/},
+          {[cluster: :nope], ~r/:cluster/},
+          {[cluster: [{"h", 1}], host: "x"], ~r/:cluster excludes :host/},
+          {[cluster: [{"h", 1}], port: 1], ~r/:cluster excludes :port/},
+          {[cluster: [{"h", 1}], sentinel: [sentinels: [{"h", 1}], master: "m"]],
+           ~r/:cluster excludes :sentinel/},
+          {[cluster: [{"h", 1}], database: 1], ~r/:database/}
+        ] do
+      assert_raise ArgumentError, message, fn ->
+        Cache.start_link(name: :cluster_opts, l2: {Cache.Redis, bad})
+      end
+    end
+
+    assert_raise ArgumentError, ~r/not supported/, fn ->
+      Cache.start_link(
+        name: :cluster_opts,
+        invalidation: :tracking,
+        l2: {Cache.Redis, cluster: [{"127.0.0.1", 1}]}
+      )
+    end
+  end
+
+  test "keys of every master are written and read through the cache, across nodes", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+
+    for i <- 1..300, do: :ok = Cache.put(a, {:k, i}, i)
+    for i <- 1..300, do: assert(Cache.get(b, {:k, i}) == i)
+
+    # the keys landed on every master
+    counts =
+      for m <- RedisCluster.masters(ctx.cluster) do
+        {:ok, [n]} = RedisCluster.cli(m, ["DBSIZE"])
+        String.to_integer(n)
+      end
+
+    assert Enum.all?(counts, &(&1 > 0)), inspect(counts)
+
+    :ok = Cache.put(a, {:k, 1}, :new)
+    eventually(fn -> Cache.get(b, {:k, 1}) == :new end)
+    :ok = Cache.invalidate_all(a)
+    eventually(fn -> Cache.get(b, {:k, 2}) == nil end)
+  end
+
+  test "CLIENT KILL TYPE pubsub: the subscriber comes back, the cache clears L1", ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    :ok = Cache.put(a, :k, 1)
+    assert Cache.get(b, :k) == 1
+    {:ok, :in_l1} = Cache.fetch(b, :only_b, fn -> {:ok, :in_l1} end)
+    assert Cache.stats(b).entries == 2
+
+    killed =
+      for m <- RedisCluster.masters(ctx.cluster) do
+        {:ok, [n]} = RedisCluster.cli(m, ["CLIENT", "KILL", "TYPE", "pubsub"])
+        String.to_integer(n)
+      end
+
+    # both nodes' subscriptions were on the channel's master
+    assert Enum.sum(killed) == 2
+
+    # every node resubscribes and clears its L1
+    eventually(fn -> Cache.stats(b).entries == 0 end)
+    assert Cache.get(b, :only_b) == :in_l1
+    assert Cache.get(b, :k) == 1
+
+    # invalidations flow again
+    eventually(
+      fn ->
+        seen = Cache.stats(b).invalidations
+        :ok = Cache.put(a, :k, System.unique_integer())
+        Process.sleep(50)
+        Cache.stats(b).invalidations > seen
+      end,
+      200,
+      0
+    )
+  end
+
+  test "garbage CLUSTER SLOTS answers are ignored and counted; the good seed is used", ctx do
+    garbage =
+      for mode <- [
+            :random,
+            :wrong_types,
+            :close_mid_reply,
+            fn _ -> "-ERR This instance has cluster support disabled\r\n" end,
+            fn _ -> "*1\r\n*3\r\n:0\r\n:99999\r\n*2\r\n$9\r\n127.0.0.1\r\n:1\r\n" end
+          ] do
+        GarbageServer.start(mode)
+      end
+
+    on_exit(fn -> Enum.each(garbage, &GarbageServer.stop/1) end)
+    seeds = Enum.map(garbage, &{"127.0.0.1", &1.port}) ++ RedisCluster.seeds(ctx.cluster)
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(Cache.Redis, [timeout: 300, cluster: seeds], self(), "ch")
+
+    assert :ok = Cache.Redis.put(state, "garbage:k", "v", :infinity, :always)
+    assert Cache.Redis.get(state, "garbage:k") == {:ok, "v"}
+    assert ClusterKeeper.bad_replies(state) >= 4
+  end
+
+  test "only garbage seeds: the L2 starts, its calls fail with documented errors", ctx do
+    garbage = GarbageServer.start(:wrong_types)
+    on_exit(fn -> GarbageServer.stop(garbage) end)
+    name = :"#{ctx.module}.#{ctx.test}"
+    l2 = {Cache.Redis, timeout: 200, cluster: [{"127.0.0.1", garbage.port}]}
+    start_supervised!({Cache, name: name, l2: l2})
+
+    for round <- 1..3 do
+      assert {:error, %Larder.Error{}} = Cache.put(name, :k, round)
+      assert Cache.get(name, :k) == round
+    end
+  end
+end
