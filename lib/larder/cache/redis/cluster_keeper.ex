@@ -151,6 +151,10 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       :refresh_now ->
         loop(refresh(%{state | refresh_timer: nil}, nil))
 
+      {:stop_clients, pids} ->
+        Enum.each(pids, &stop_client/1)
+        loop(state)
+
       {:start_client, node, i} ->
         loop(start_client(state, node, i))
 
@@ -322,19 +326,18 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     put(state.table, inserts)
     Enum.each(deletes, &delete(state.table, &1))
 
-    state =
-      Enum.reduce(gone, state, fn {host, port}, state ->
-        for i <- 0..(state.pool_size - 1), do: delete(state.table, {host, port, i})
+    # A master gone from the map (a replica now, or removed): callers no
+    # longer find its pool, and those already on it finish (a MOVED, most
+    # likely) before its clients are stopped, :timeout ms later.
+    {leaving, clients} = Enum.split_with(state.clients, fn {_, {node, _}} -> node in gone end)
 
-        clients =
-          Map.reject(state.clients, fn {pid, {node, _i}} ->
-            node == {host, port} and stop_client(pid)
-          end)
+    for {host, port} <- gone, i <- 0..(state.pool_size - 1),
+        do: delete(state.table, {host, port, i})
 
-        %{state | clients: clients}
-      end)
+    if leaving != [],
+      do: Process.send_after(self(), {:stop_clients, Enum.map(leaving, &elem(&1, 0))}, state.timeout)
 
-    %{state | map: map}
+    %{state | map: map, clients: Map.new(clients)}
   end
 
   defp start_client(state, {host, port} = node, i) do

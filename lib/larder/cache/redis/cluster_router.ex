@@ -30,6 +30,12 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   @max_hops 5
   @first_wait_ms 5
   @max_wait_ms 100
+  # The texts of Redis's TRYAGAIN and CLUSTERDOWN errors (see misparsed/9).
+  @retry_errors [
+    "TRYAGAIN Multiple keys request during rehashing of slot",
+    "CLUSTERDOWN The cluster is down",
+    "CLUSTERDOWN Hash slot not served"
+  ]
 
   @doc """
   Runs `command` (its second word is the key or channel that routes it) on
@@ -94,6 +100,19 @@ defmodule Larder.Cache.Redis.ClusterRouter do
     :exit, reason -> {:exit, reason}
   end
 
+  # eredis 1.2.0 returns an error reply that reached it in two TCP reads
+  # as {:ok, text}: a redirect's exact text, naming this key's slot, is
+  # that error, not a value.
+  defp handle({:ok, "MOVED " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
+    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
+
+  defp handle({:ok, "ASK " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
+    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
+
+  defp handle({:ok, text}, state, command, slot, node, deadline, hops, waits)
+       when text in @retry_errors,
+       do: handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+
   defp handle({:ok, value}, _state, _command, _slot, _node, _deadline, _hops, _waits),
     do: {:ok, value}
 
@@ -133,6 +152,13 @@ defmodule Larder.Cache.Redis.ClusterRouter do
        command: name,
        reply: inspect(other, limit: 10, printable_limit: 64)
      )}
+  end
+
+  defp misparsed(text, reply, state, command, slot, {host, _} = node, deadline, hops, waits) do
+    case Cluster.redirect(text, host) do
+      {_kind, ^slot, _to} -> handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+      _ -> reply
+    end
   end
 
   defp hop(_state, _command, _slot, _to, _asking?, _deadline, hops, _waits, reason)
