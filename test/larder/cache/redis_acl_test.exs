@@ -38,6 +38,7 @@ defmodule Larder.Cache.RedisAclTest do
 
   test "a cache with :username and :password writes, reads and hears invalidations", ctx do
     [a, b] = start_nodes(ctx, [:a, :b], username: "app", password: @password)
+
     eventually(fn -> Enum.all?([a, b], &:sys.get_state(Process.whereis(&1)).subscribed_before) end)
 
     :ok = Cache.put(a, :k, 1)

@@ -88,7 +88,9 @@ defmodule Larder.Cache.RedisClusterLoadTest do
     parent = self()
 
     for r <- 1..@runners do
-      spawn_link(fn -> run(l2, r, parent, %{}, 0, %{calls: 0, errors: 0, wrong: [], reasons: []}) end)
+      spawn_link(fn ->
+        run(l2, r, parent, %{}, 0, %{calls: 0, errors: 0, wrong: [], reasons: []})
+      end)
     end
   end
 

@@ -12,7 +12,7 @@ defmodule Larder.Cache.RedisClusterTest do
 
   alias Larder.Cache
   alias Larder.Cache.Redis.{Cluster, ClusterKeeper}
-  alias Larder.Support.RedisCluster
+  alias Larder.Support.{RedisCluster, RedisServer}
   alias Larder.Test.GarbageServer
 
   @moduletag :redis
@@ -28,11 +28,12 @@ defmodule Larder.Cache.RedisClusterTest do
     %{l2_module: Cache.Redis, l2_opts: [timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)]}
   end
 
-  defp start_nodes(ctx, suffixes, opts \\ []) do
+  defp start_nodes(ctx, suffixes, opts \\ [], cache_opts \\ []) do
     for suffix <- suffixes do
       name = :"#{ctx.module}.#{ctx.test}.#{suffix}"
       l2 = {Cache.Redis, [timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)] ++ opts}
-      start_supervised!({Cache, name: name, l2: l2, namespace: "#{ctx.test}"}, id: name)
+      cache = [name: name, l2: l2, namespace: "#{ctx.test}"] ++ cache_opts
+      start_supervised!({Cache, cache}, id: name)
       eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
       name
     end
@@ -54,14 +55,6 @@ defmodule Larder.Cache.RedisClusterTest do
       assert_raise ArgumentError, message, fn ->
         Cache.start_link(name: :cluster_opts, l2: {Cache.Redis, bad})
       end
-    end
-
-    assert_raise ArgumentError, ~r/not supported/, fn ->
-      Cache.start_link(
-        name: :cluster_opts,
-        invalidation: :tracking,
-        l2: {Cache.Redis, cluster: [{"127.0.0.1", 1}]}
-      )
     end
   end
 
@@ -157,6 +150,7 @@ defmodule Larder.Cache.RedisClusterTest do
        ctx do
     key = "split:#{System.unique_integer([:positive])}"
     slot = Cluster.slot(key)
+
     owner =
       Enum.find(
         RedisCluster.masters(ctx.cluster),
@@ -196,5 +190,75 @@ defmodule Larder.Cache.RedisClusterTest do
       )
 
     assert Cache.Redis.get(state, key) == {:ok, "real"}
+  end
+
+  describe "invalidation: :tracking on the cluster (per master)" do
+    defp tracking_nodes(ctx, suffixes) do
+      names = start_nodes(ctx, suffixes, [], invalidation: :tracking)
+      # every master tracks for every data connection of its pool (2 a node)
+      eventually(fn -> tracked(ctx) == 3 * 2 * length(names) end)
+      names
+    end
+
+    defp tracked(ctx) do
+      for m <- RedisCluster.masters(ctx.cluster), reduce: 0 do
+        acc ->
+          {:ok, lines} = RedisCluster.cli(m, ~w(CLIENT LIST TYPE normal))
+          acc + Enum.count(lines, &(&1 =~ ~r/ flags=\S*t\S* / and &1 =~ ~r/ redir=[1-9]/))
+      end
+    end
+
+    defp share(a, b, key, value) do
+      :ok = Cache.put(a, key, value)
+
+      for node <- [a, b],
+          do: eventually(fn -> Cache.get(node, key) == value and held?(node, key) end)
+    end
+
+    defp held?(node, key),
+      do: match?([_], :ets.lookup(:persistent_term.get(Cache.Owner.config_key(node)).data, key))
+
+    # a SET by another client, on the master that owns the key (the others
+    # answer MOVED)
+    defp foreign_set(ctx, node, key, value) do
+      l2_key = Cache.Remote.l2_key(:persistent_term.get(Cache.Owner.config_key(node)), key)
+      bin = :erlang.term_to_binary(value)
+
+      assert Enum.any?(
+               RedisCluster.masters(ctx.cluster),
+               &(RedisServer.command(&1, ["SET", l2_key, bin]) == "+OK\r\n")
+             )
+    end
+
+    test "a foreign SET of keys on every master drops them from every node's L1", ctx do
+      [a, b] = tracking_nodes(ctx, [:a, :b])
+      keys = for i <- 1..12, do: {:user, i}
+      for key <- keys, do: share(a, b, key, :old)
+      for key <- keys, do: foreign_set(ctx, a, key, :new)
+
+      for key <- keys, node <- [a, b], do: eventually(fn -> Cache.get(node, key) == :new end)
+    end
+
+    test "FLUSHALL on every master clears every node's L1", ctx do
+      [a, b] = tracking_nodes(ctx, [:a, :b])
+      share(a, b, "k", :old)
+      for m <- RedisCluster.masters(ctx.cluster), do: RedisCluster.cli(m, ["FLUSHALL"])
+      eventually(fn -> not held?(a, "k") and not held?(b, "k") end)
+      assert Cache.get(a, "k") == nil
+    end
+
+    test "CLIENT KILL TYPE pubsub: L1 is cleared and tracking comes back on every master", ctx do
+      [a, b] = tracking_nodes(ctx, [:a, :b])
+      share(a, b, "k", :old)
+
+      for m <- RedisCluster.masters(ctx.cluster),
+          do: RedisCluster.cli(m, ~w(CLIENT KILL TYPE pubsub))
+
+      eventually(fn -> not held?(b, "k") end)
+      eventually(fn -> tracked(ctx) == 12 end)
+      share(a, b, "k2", :old)
+      foreign_set(ctx, a, "k2", :new)
+      eventually(fn -> Cache.get(b, "k2") == :new end)
+    end
   end
 end

@@ -22,7 +22,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, RESP}
+  alias Larder.Cache.Redis.{Auth, Cluster, RESP, Tracking}
 
   @max_seeds 16
   @watch_ms 100
@@ -36,7 +36,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   @doc """
   Checks the :cluster option of `validated` (the other options checked),
   against the options the user gave (`raw`): 1 to #{@max_seeds} `{host,
-  port}` seeds, no :host, :port or :sentinel, :database 0, no tracking.
+  port}` seeds, no :host, :port or :sentinel, :database 0.
   Returns the options without :host and :port, which a cluster does not use.
   """
   @spec validate!(keyword(), keyword()) :: keyword()
@@ -64,12 +64,6 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
           raise ArgumentError,
                 "expected Larder.Cache.Redis option :database to be 0 with :cluster " <>
                   "(a Redis Cluster has one database), got: #{inspect(validated[:database])}"
-        end
-
-        if validated[:tracking_prefix] != nil do
-          raise ArgumentError,
-                "Larder.Cache invalidation: :tracking is not supported with " <>
-                  "Larder.Cache.Redis option :cluster; use invalidation: :pubsub"
         end
 
         validated |> Keyword.delete(:host) |> Keyword.delete(:port)
@@ -116,6 +110,11 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
+      # invalidation: :tracking, per master: its pub/sub connection for
+      # __redis__:invalidate (by node, and its socket's node)
+      tracking: opts[:tracking_prefix],
+      tsubs: %{},
+      tsockets: %{},
       memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
     }
 
@@ -126,10 +125,29 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     loop(sub_connect(state))
   end
 
-  defp loop(%{sub: sub, parent: parent} = state) do
+  defp loop(%{sub: sub, parent: parent, tsockets: tsockets} = state) do
     socket = sub && sub.socket
 
     receive do
+      {:tcp, t, data} when is_map_key(tsockets, t) ->
+        loop(tsub_data(state, Map.fetch!(tsockets, t), data))
+
+      {:tcp_closed, t} when is_map_key(tsockets, t) ->
+        loop(tsub_failed(state, Map.fetch!(tsockets, t), :closed))
+
+      {:tcp_error, t, reason} when is_map_key(tsockets, t) ->
+        loop(tsub_failed(state, Map.fetch!(tsockets, t), {:tcp_error, reason}))
+
+      {:tsub_timeout, t} when is_map_key(tsockets, t) ->
+        node = Map.fetch!(tsockets, t)
+
+        loop(
+          if state.tsubs[node].expect == [], do: state, else: tsub_failed(state, node, :timeout)
+        )
+
+      {:tsub_connect, node} ->
+        loop(tsub_connect(state, node))
+
       {:tcp, ^socket, data} when socket != nil ->
         loop(sub_data(state, data))
 
@@ -161,6 +179,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       :watch ->
         Process.send_after(self(), :watch, @watch_ms)
         watch(state)
+        state = check_tracking(state)
         # no map yet (no node answered): ask again
         loop(if state.map == nil, do: request_refresh(state), else: state)
 
@@ -309,8 +328,11 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     state =
       Enum.reduce(new, %{state | pools: masters}, fn node, state ->
-        Enum.reduce(0..(state.pool_size - 1), state, &start_client(&2, node, &1))
+        state = Enum.reduce(0..(state.pool_size - 1), state, &start_client(&2, node, &1))
+        if state.tracking, do: tsub_connect(state, node), else: state
       end)
+
+    state = Enum.reduce(gone, state, &tsub_close(&2, &1))
 
     {inserts, deletes} =
       Enum.reduce(0..(Cluster.slots() - 1), {[], []}, fn slot, {ins, del} ->
@@ -331,11 +353,17 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     # likely) before its clients are stopped, :timeout ms later.
     {leaving, clients} = Enum.split_with(state.clients, fn {_, {node, _}} -> node in gone end)
 
-    for {host, port} <- gone, i <- 0..(state.pool_size - 1),
+    for {host, port} <- gone,
+        i <- 0..(state.pool_size - 1),
         do: delete(state.table, {host, port, i})
 
     if leaving != [],
-      do: Process.send_after(self(), {:stop_clients, Enum.map(leaving, &elem(&1, 0))}, state.timeout)
+      do:
+        Process.send_after(
+          self(),
+          {:stop_clients, Enum.map(leaving, &elem(&1, 0))},
+          state.timeout
+        )
 
     %{state | map: map, clients: Map.new(clients)}
   end
@@ -580,7 +608,186 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   defp text(other), do: inspect(other, limit: 10, printable_limit: 64)
 
+  ## Tracking (invalidation: :tracking), per master: a pub/sub connection
+  ## that sends CLIENT ID and subscribes to __redis__:invalidate; once it
+  ## is subscribed, every client of that master's pool runs CLIENT TRACKING
+  ## on REDIRECT <its id> BCAST PREFIX <prefix> (see Tracking), then the
+  ## cache gets :connected (and clears L1). Its reports go to the cache as
+  ## {:larder_cache_l2, :invalidated, keys | :all | :bad}. A lost
+  ## connection sends :disconnected and connects again (the wait doubling
+  ## from :reconnect_sleep up to 2 s); a client eredis reconnected gets its
+  ## tracking back within 100 ms (:connected when none of the master's
+  ## clients kept it meanwhile).
+
+  defp tsub_connect(state, node) do
+    cond do
+      not MapSet.member?(state.pools, node) -> state
+      match?(%{socket: _}, state.tsubs[node]) -> state
+      true -> tsub_open(state, node)
+    end
+  end
+
+  defp tsub_open(state, {host, port} = node) do
+    timeout = state.timeout
+    wait = Map.get(state.tsubs, node, %{wait: state.opts[:reconnect_sleep]}).wait
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    commands = state.auth ++ [["CLIENT", "ID"], ["SUBSCRIBE", Tracking.channel()]]
+    expect = if(state.auth != [], do: [:auth], else: []) ++ [:client_id, :subscribe]
+
+    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout),
+         :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+         :ok <- :inet.setopts(socket, active: :once) do
+      tsub = %{
+        socket: socket,
+        parser: :eredis_parser.init(),
+        expect: expect,
+        partial: 0,
+        timer: Process.send_after(self(), {:tsub_timeout, socket}, timeout),
+        tracking: Tracking.new(state.tracking),
+        wait: wait
+      }
+
+      %{
+        state
+        | tsubs: Map.put(state.tsubs, node, tsub),
+          tsockets: Map.put(state.tsockets, socket, node)
+      }
+    else
+      {:error, _reason} ->
+        Process.send_after(self(), {:tsub_connect, node}, wait)
+        next = min(wait * 2, sub_max_wait(state))
+        %{state | tsubs: Map.put(state.tsubs, node, %{wait: next})}
+    end
+  end
+
+  defp tsub_data(state, node, data) do
+    tsub = state.tsubs[node]
+    :inet.setopts(tsub.socket, active: :once)
+
+    case RESP.parse(tsub.parser, data, []) do
+      {:ok, replies, parser, tail} ->
+        partial = if replies == [], do: tsub.partial + tail, else: tail
+        state = put_in(state.tsubs[node], %{tsub | parser: parser, partial: partial})
+        max = state.opts[:max_message_bytes]
+
+        case Enum.reduce_while(replies, state, &tsub_reply(&1, &2, node)) do
+          %{tsubs: %{^node => %{socket: _, partial: partial}}} = state when partial > max ->
+            tsub_failed(state, node, :message_too_large)
+
+          state ->
+            state
+        end
+
+      :error ->
+        tsub_failed(state, node, :bad_reply)
+    end
+  end
+
+  defp tsub_reply(reply, state, node) do
+    case {reply, state.tsubs[node]} do
+      {{:ok, "OK"}, %{expect: [:auth | expect]} = tsub} ->
+        {:cont, put_in(state.tsubs[node], %{tsub | expect: expect})}
+
+      {{:ok, id}, %{expect: [:client_id | expect]} = tsub} ->
+        case Tracking.parse_id(id) do
+          {:ok, id} ->
+            tracking = %{tsub.tracking | id: id}
+            {:cont, put_in(state.tsubs[node], %{tsub | expect: expect, tracking: tracking})}
+
+          :error ->
+            {:halt, tsub_failed(state, node, {:bad_reply, text(id)})}
+        end
+
+      {{:ok, ["subscribe", channel, _]}, %{expect: [:subscribe]} = tsub} ->
+        if channel == Tracking.channel(),
+          do: {:cont, tsub_subscribed(state, node, tsub)},
+          else: {:halt, tsub_failed(state, node, {:bad_reply, text(channel)})}
+
+      {{:ok, ["message", channel, payload]}, %{expect: []}} ->
+        if channel == Tracking.channel(), do: send(state.subscriber, Tracking.relay(payload))
+        {:cont, state}
+
+      {{:ok, _other}, %{expect: []}} ->
+        {:cont, state}
+
+      {other, _tsub} ->
+        {:halt, tsub_failed(state, node, {:bad_reply, text(other)})}
+    end
+  end
+
+  defp tsub_subscribed(state, node, tsub) do
+    Process.cancel_timer(tsub.timer)
+    clients = node_clients(state, node)
+    tracking = Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
+    send(state.subscriber, {:larder_cache_l2, :connected})
+
+    tsub = %{
+      tsub
+      | expect: [],
+        timer: nil,
+        tracking: tracking,
+        wait: state.opts[:reconnect_sleep]
+    }
+
+    put_in(state.tsubs[node], tsub)
+  end
+
+  defp tsub_failed(state, node, reason) do
+    tsub = state.tsubs[node]
+    if tsub.timer, do: Process.cancel_timer(tsub.timer)
+    :gen_tcp.close(tsub.socket)
+
+    if tsub.expect == [] do
+      send(state.subscriber, {:larder_cache_l2, :disconnected})
+    else
+      Logger.warning(
+        "Larder.Cache.Redis: the tracking connection of #{inspect(node)} failed " <>
+          "(#{inspect(reason, limit: 10)}); connecting again"
+      )
+    end
+
+    Process.send_after(self(), {:tsub_connect, node}, tsub.wait)
+    next = if tsub.expect == [], do: tsub.wait, else: min(tsub.wait * 2, sub_max_wait(state))
+
+    %{
+      state
+      | tsubs: Map.put(state.tsubs, node, %{wait: next}),
+        tsockets: Map.delete(state.tsockets, tsub.socket)
+    }
+  end
+
+  defp tsub_close(state, node) do
+    case Map.pop(state.tsubs, node) do
+      {%{socket: socket} = tsub, tsubs} ->
+        if tsub.timer, do: Process.cancel_timer(tsub.timer)
+        :gen_tcp.close(socket)
+        %{state | tsubs: tsubs, tsockets: Map.delete(state.tsockets, socket)}
+
+      {_, tsubs} ->
+        %{state | tsubs: tsubs}
+    end
+  end
+
+  defp node_clients(state, node),
+    do: for({pid, {^node, _}} <- state.clients, into: %{}, do: {pid, true})
+
+  defp check_tracking(%{tracking: nil} = state), do: state
+
+  defp check_tracking(state) do
+    Enum.reduce(state.tsubs, state, fn
+      {node, %{expect: [], tracking: tracking} = tsub}, state ->
+        clients = node_clients(state, node)
+        {tracking, gap?} = Tracking.check(tracking, clients, state.timeout)
+        if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+        put_in(state.tsubs[node], %{tsub | tracking: tracking})
+
+      _, state ->
+        state
+    end)
+  end
+
   defp shutdown(state) do
+    for socket <- Map.keys(state.tsockets), do: :gen_tcp.close(socket)
     for pid <- Map.keys(state.clients), do: stop_client(pid)
     if state.sub, do: :gen_tcp.close(state.sub.socket)
     :ok

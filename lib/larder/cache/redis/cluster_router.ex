@@ -156,8 +156,11 @@ defmodule Larder.Cache.Redis.ClusterRouter do
 
   defp misparsed(text, reply, state, command, slot, {host, _} = node, deadline, hops, waits) do
     case Cluster.redirect(text, host) do
-      {_kind, ^slot, _to} -> handle({:error, text}, state, command, slot, node, deadline, hops, waits)
-      _ -> reply
+      {_kind, ^slot, _to} ->
+        handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+
+      _ ->
+        reply
     end
   end
 
