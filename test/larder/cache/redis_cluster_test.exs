@@ -192,6 +192,70 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, key) == {:ok, "real"}
   end
 
+  test "MOVED from many callers: the map is read again at most once per :reconnect_sleep",
+       ctx do
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Cache.Redis,
+        [timeout: 2_000, reconnect_sleep: 60_000, cluster: RedisCluster.seeds(ctx.cluster)],
+        self(),
+        "ch"
+      )
+
+    key = "{moved-#{System.unique_integer([:positive])}}:k"
+    slot = Cluster.slot(key)
+    :ok = Cache.Redis.put(state, key, "v", :infinity, :always)
+    masters = RedisCluster.masters(ctx.cluster)
+    from = Enum.find(masters, &(RedisServer.command(&1, ["EXISTS", key]) == ":1\r\n"))
+    to = Enum.find(masters, &(&1 != from))
+
+    # the slot moves behind the L2's back: its map is stale for that slot
+    :ok = RedisCluster.begin_migration(ctx.cluster, slot, from, to)
+    1 = RedisCluster.migrate_keys(ctx.cluster, slot, from, to)
+    :ok = RedisCluster.finish_migration(ctx.cluster, slot, to)
+    before = slots_calls(masters)
+
+    # 50 callers x 20 reads, each a MOVED followed to the new owner
+    1..50
+    |> Task.async_stream(fn _ -> for _ <- 1..20, do: Cache.Redis.get(state, key) end,
+      max_concurrency: 50
+    )
+    |> Enum.each(fn {:ok, replies} -> assert Enum.all?(replies, &(&1 == {:ok, "v"})) end)
+
+    # the keeper read the map at most once (the start's read was less than
+    # :reconnect_sleep ago: none yet)
+    assert slots_calls(masters) - before <= 1
+  end
+
+  test "the keeper killed: the cache starts another, which fills the table again", ctx do
+    [a] = start_nodes(ctx, [:a])
+    :ok = Cache.put(a, :k, 1)
+    cfg = :persistent_term.get(Cache.Owner.config_key(a))
+    {Cache.Redis, state} = cfg.l2
+    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    Process.exit(keeper, :kill)
+
+    eventually(fn ->
+      match?([{:keeper, pid}] when pid != keeper, :ets.lookup(state.table, :keeper))
+    end)
+
+    eventually(fn -> Cache.put(a, :k, 2) == :ok end)
+    assert Cache.Redis.get(state, Cache.Remote.l2_key(cfg, :k)) |> elem(0) == :ok
+  end
+
+  # CLUSTER SLOTS calls served, over the given nodes (INFO commandstats)
+  defp slots_calls(nodes) do
+    for node <- nodes, reduce: 0 do
+      acc ->
+        info = RedisServer.command(node, ["INFO", "commandstats"])
+
+        case Regex.run(~r/cmdstat_cluster\|slots:calls=(\d+)/, info) do
+          [_, n] -> acc + String.to_integer(n)
+          nil -> acc
+        end
+    end
+  end
+
   describe "invalidation: :tracking on the cluster (per master)" do
     defp tracking_nodes(ctx, suffixes) do
       names = start_nodes(ctx, suffixes, [], invalidation: :tracking)

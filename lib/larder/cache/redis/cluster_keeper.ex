@@ -88,6 +88,10 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
   def init(parent, ref, %{opts: opts, table: table} = l2) do
     Process.flag(:trap_exit, true)
+    # A keeper that restarts starts from nothing: the rows of the one before
+    # (slots, pools of masters that may be gone) are dropped, and callers
+    # wait for the new map meanwhile.
+    delete_all(table)
     put(table, {:keeper, self()})
 
     state = %{
@@ -803,6 +807,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # nobody reads it.
   defp put(table, rows) do
     :ets.insert(table, rows)
+  catch
+    :error, :badarg -> true
+  end
+
+  defp delete_all(table) do
+    bad = bad_replies(%{table: table})
+    :ets.delete_all_objects(table)
+    if bad > 0, do: :ets.insert(table, {:bad_replies, bad})
   catch
     :error, :badarg -> true
   end
