@@ -243,6 +243,86 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, Cache.Remote.l2_key(cfg, :k)) |> elem(0) == :ok
   end
 
+  describe "a node that answers every command with" do
+    # A one-node "cluster" serving every slot, whose reply to a request is
+    # `reply.(its port, request)`; counts the requests that name the key
+    # "k" (not CLUSTER SLOTS, nor the pub/sub connection's).
+    defp fake_node(reply) do
+      count = :counters.new(1, [])
+      port = :atomics.new(1, [])
+
+      fake =
+        GarbageServer.start(fn request ->
+          if String.contains?(request, "SLOTS") do
+            p = :atomics.get(port, 1)
+            "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:#{p}\r\n"
+          else
+            if String.contains?(request, "$1\r\nk\r\n"), do: :counters.add(count, 1, 1)
+            reply.(:atomics.get(port, 1), request)
+          end
+        end)
+
+      :atomics.put(port, 1, fake.port)
+      on_exit(fn -> GarbageServer.stop(fake) end)
+
+      {:ok, state} =
+        Larder.Test.L2Process.start(
+          Cache.Redis,
+          [timeout: 300, pool_size: 1, cluster: [{"127.0.0.1", fake.port}]],
+          self(),
+          "ch"
+        )
+
+      {state, count}
+    end
+
+    test "MOVED to itself: 5 redirects followed, then :l2_unavailable" do
+      slot = Cluster.slot("k")
+      {state, count} = fake_node(fn port, _ -> "-MOVED #{slot} 127.0.0.1:#{port}\r\n" end)
+
+      assert {:error, %Larder.Error{reason: :l2_unavailable, details: details}} =
+               Cache.Redis.get(state, "k")
+
+      assert {:too_many_redirects, _} = details[:error]
+      assert :counters.get(count, 1) == 6
+    end
+
+    test "ASK to itself: ASKING and the command pipelined, 5 times, then :l2_unavailable" do
+      slot = Cluster.slot("k")
+
+      {state, count} =
+        fake_node(fn port, request ->
+          ask = "-ASK #{slot} 127.0.0.1:#{port}\r\n"
+
+          cond do
+            not String.contains?(request, "ASKING") -> ask
+            String.contains?(request, "$1\r\nk\r\n") -> "+OK\r\n" <> ask
+            true -> "+OK\r\n"
+          end
+        end)
+
+      assert {:error, %Larder.Error{reason: :l2_unavailable}} = Cache.Redis.get(state, "k")
+      assert :counters.get(count, 1) == 6
+    end
+
+    for text <- ["CLUSTERDOWN The cluster is down", "TRYAGAIN Multiple keys request"] do
+      test "#{text}: retried until the timeout, then :l2_unavailable" do
+        {state, count} = fake_node(fn _, _ -> "-#{unquote(text)}\r\n" end)
+
+        assert {:error, %Larder.Error{reason: :l2_unavailable}} =
+                 Cache.Redis.put(state, "k", "v", :infinity, :always)
+
+        assert :counters.get(count, 1) > 1
+      end
+    end
+
+    test "another error: :l2_failed at once" do
+      {state, count} = fake_node(fn _, _ -> "-WRONGTYPE Operation against a key\r\n" end)
+      assert {:error, %Larder.Error{reason: :l2_failed}} = Cache.Redis.get(state, "k")
+      assert :counters.get(count, 1) == 1
+    end
+  end
+
   # CLUSTER SLOTS calls served, over the given nodes (INFO commandstats)
   defp slots_calls(nodes) do
     for node <- nodes, reduce: 0 do
