@@ -243,6 +243,32 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, Cache.Remote.l2_key(cfg, :k)) |> elem(0) == :ok
   end
 
+  test ":username: every connection to every master logs in as that ACL user", ctx do
+    for node <- ctx.cluster.nodes do
+      "+OK\r\n" = RedisServer.command(node, ~w(ACL SETUSER larder_app on >pw ~* &* +@all))
+    end
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Cache.Redis,
+        [username: "larder_app", password: "pw", cluster: RedisCluster.seeds(ctx.cluster)],
+        self(),
+        "acl-ch"
+      )
+
+    for i <- 1..30, do: :ok = Cache.Redis.put(state, "acl:#{i}", "v", :infinity, :always)
+    assert_receive {:larder_cache_l2, :connected}
+
+    users =
+      for m <- RedisCluster.masters(ctx.cluster) do
+        {:ok, lines} = RedisCluster.cli(m, ~w(CLIENT LIST))
+        Enum.count(lines, &(&1 =~ ~r/ user=larder_app /))
+      end
+
+    # each master: its pool (2), and one of them the sharded subscriber too
+    assert Enum.sort(users) == [2, 2, 3]
+  end
+
   describe "a node that answers every command with" do
     # A one-node "cluster" serving every slot, whose reply to a request is
     # `reply.(its port, request)`; counts the requests that name the key
