@@ -192,6 +192,33 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, key) == {:ok, "real"}
   end
 
+  test "the channel's slot moves: the subscriber follows it (:disconnected, :connected)", ctx do
+    channel = "moving-#{System.unique_integer([:positive])}"
+    slot = Cluster.slot(channel)
+    seeds = RedisCluster.seeds(ctx.cluster)
+    {:ok, a} = Larder.Test.L2Process.start(Cache.Redis, [cluster: seeds], self(), channel)
+    assert_receive {:larder_cache_l2, :connected}
+
+    masters = RedisCluster.masters(ctx.cluster)
+    # the channel's master has it among its sharded channels
+    from =
+      Enum.find(masters, fn m ->
+        RedisServer.command(m, ["PUBSUB", "SHARDCHANNELS", channel]) =~ channel
+      end)
+
+    to = Enum.find(masters, &(&1 != from))
+    :ok = RedisCluster.begin_migration(ctx.cluster, slot, from, to)
+    RedisCluster.migrate_keys(ctx.cluster, slot, from, to)
+    :ok = RedisCluster.finish_migration(ctx.cluster, slot, to)
+
+    assert_receive {:larder_cache_l2, :disconnected}
+    assert_receive {:larder_cache_l2, :connected}
+    assert RedisServer.command(to, ["PUBSUB", "SHARDCHANNELS", channel]) =~ channel
+
+    :ok = Cache.Redis.publish(a, channel, "after the move")
+    assert_receive {:larder_cache_l2, :message, "after the move"}
+  end
+
   test "MOVED from many callers: the map is read again at most once per :reconnect_sleep",
        ctx do
     {:ok, state} =
