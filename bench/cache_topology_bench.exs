@@ -11,12 +11,19 @@
 #     put that returns :ok (target: at most the failover time + 1 s); and
 #     how long after that put any of the 2 nodes still served the value it
 #     replaced (the issue's target is none; see "What a node serves across
-#     a failover" in Larder.Cache.Redis for what is promised).
+#     a failover" in Larder.Cache.Redis for what is promised);
+#   * on a six-node Redis Cluster (three masters): the same foreign write
+#     (target: p99 <= 5 ms); an L1 hit (1 KB map) on a cluster cache against
+#     one on a single server (within 5%) and an L2 hit (the L2's GET +
+#     binary_to_term) on both (within 10%), columns taking turns; and a
+#     reshard of 1,000 slots (redis-cli --cluster reshard) while 16 runners
+#     put and get their own keys through the L2: wrong values read (target
+#     0) and the error rate (target <= 1% of calls).
 #
 #   mix run bench/cache_topology_bench.exs [--quick] [--json PATH]
 #
-# Starts its own redis-server and Sentinel sets on free loopback ports (and
-# says so and does nothing if none is installed).
+# Starts its own redis-server, Sentinel sets and cluster on free loopback
+# ports (and says so and does nothing if none is installed).
 Code.require_file("support/bench.ex", __DIR__)
 Code.require_file("../support/redis_server.ex", __DIR__)
 Code.require_file("../support/redis_cluster.ex", __DIR__)
@@ -26,9 +33,10 @@ defmodule Larder.CacheTopologyBench do
   alias Larder.Bench
   alias Larder.Cache
   alias Larder.Cache.{Owner, Remote}
-  alias Larder.Support.{RedisSentinel, RedisServer}
+  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
 
   @title "Foreign write until every node's L1 drops the key (single server)"
+  @cluster_title "Foreign write until every node's L1 drops the key (cluster)"
   @col "SET by another client until 2 nodes dropped it"
 
   def run(argv) do
@@ -36,15 +44,20 @@ defmodule Larder.CacheTopologyBench do
 
     if RedisServer.available?() do
       redis = RedisServer.start()
+      cluster = RedisCluster.start()
 
       try do
         bench
         |> foreign_write(redis)
         |> sentinel_l1_hit(redis)
         |> sentinel_failover()
+        |> foreign_write_cluster(cluster)
+        |> cluster_hits(redis, cluster)
+        |> reshard(cluster)
         |> Bench.finish()
       after
         RedisServer.stop(redis)
+        RedisCluster.stop(cluster)
       end
     else
       IO.puts("\nredis-server is not installed: nothing to measure.")
@@ -54,10 +67,15 @@ defmodule Larder.CacheTopologyBench do
   def foreign_write(bench, redis) do
     l2 = {Cache.Redis, port: redis.port, timeout: 1_000}
     nodes = for n <- [:topo_a, :topo_b], do: start_cache(n, l2)
-    wait_tracking(redis, 2 * length(nodes))
+    wait_tracking([redis], 2 * length(nodes))
+    measure_foreign_write(bench, nodes, fn _l2_key -> redis.port end, @title, "")
+  end
+
+  defp measure_foreign_write(bench, nodes, port_of, title, what) do
     cfgs = Enum.map(nodes, &:persistent_term.get(Owner.config_key(&1)))
     l2_key = Remote.l2_key(hd(cfgs), :k)
-    {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", redis.port, [:binary, active: false])
+    port = port_of.(l2_key)
+    {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false])
 
     # Both nodes hold :old in L1, and the reports of that SET are all in.
     setup = fn ->
@@ -80,16 +98,16 @@ defmodule Larder.CacheTopologyBench do
 
     bench =
       bench
-      |> Bench.table(@title, [@col])
+      |> Bench.table(title, [@col])
       |> Bench.row("latency", %{@col => timed}, setup: setup, runs: runs, warmup: 10)
 
-    [%{results: %{@col => result}}] = Enum.find(bench.tables, &(&1.title == @title)).rows
+    [%{results: %{@col => result}}] = Enum.find(bench.tables, &(&1.title == title)).rows
     :gen_tcp.close(writer)
     Enum.each(nodes, &GenServer.stop/1)
 
     Bench.target(
       bench,
-      "foreign write, p99 over #{result.runs} writes (ms)",
+      "foreign write#{what}, p99 over #{result.runs} writes (ms)",
       result.p99_us / 1_000,
       :<=,
       5
@@ -283,9 +301,174 @@ defmodule Larder.CacheTopologyBench do
     repeat(n - 1, fun)
   end
 
-  defp start_cache(name, l2) do
+  ## Cluster
+
+  @l1_title "L1 hit, 1 KB map: cluster cache vs single-server cache (per lookup)"
+  @l2_title "L2 hit, GET + binary_to_term of a 1 KB map: cluster vs single server"
+  @reshard_title "Reshard of 1,000 slots under 16 runners (L2 put + get)"
+
+  # The same foreign write on the cluster: the writer talks to the master of
+  # the key's slot, whose tracking connections report it.
+  def foreign_write_cluster(bench, cluster) do
+    l2 = {Cache.Redis, cluster: RedisCluster.seeds(cluster), timeout: 1_000}
+    nodes = for n <- [:topo_ca, :topo_cb], do: start_cache(n, l2)
+    masters = RedisCluster.masters(cluster)
+    # every master tracks for every data connection of every node
+    wait_tracking(masters, length(masters) * 2 * length(nodes))
+
+    owner = fn l2_key ->
+      Enum.find(masters, &(RedisServer.command(&1, ["EXISTS", l2_key]) =~ ~r/^:/)).port
+    end
+
+    measure_foreign_write(bench, nodes, owner, @cluster_title, ", cluster")
+  end
+
+  # An L1 hit, and an L2 hit (the L2's own GET and the decode a cache does),
+  # on a cluster cache and a single-server one, interleaved run by run.
+  def cluster_hits(bench, redis, cluster) do
+    single = {Cache.Redis, port: redis.port, timeout: 1_000}
+    clustered = {Cache.Redis, cluster: RedisCluster.seeds(cluster), timeout: 1_000}
+    [s, c] = for {n, l2} <- [topo_hs: single, topo_hc: clustered], do: start_cache(n, l2, :pubsub)
+    value = Map.new(1..24, &{"field_#{&1}", "value-#{&1}" <> String.duplicate("x", 15)})
+    for n <- [s, c], do: :ok = Cache.put(n, :k, value)
+    for n <- [s, c], do: ^value = Cache.get(n, :k)
+    ops = Bench.pick(bench, 20_000, 100_000)
+    l1 = fn node -> fn -> repeat(ops, fn -> Cache.get(node, :k) end) end end
+
+    bench =
+      bench
+      |> Bench.table(@l1_title, ["single server", "cluster"], per_op: true)
+      |> Bench.row("L1 hit", %{"single server" => l1.(s), "cluster" => l1.(c)},
+        ops: ops,
+        runs: Bench.pick(bench, 5, 30),
+        warmup: 2,
+        interleave: true
+      )
+
+    l2s =
+      for {n, port_opts} <- [
+            topo_ls: [port: redis.port],
+            topo_lc: [cluster: RedisCluster.seeds(cluster)]
+          ] do
+        {:ok, state, spec} = Cache.Redis.init([timeout: 1_000] ++ port_opts, self(), "bench:#{n}")
+        {:ok, _keeper} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
+
+        :ok =
+          Cache.Redis.put(state, "bench:l2hit", :erlang.term_to_binary(value), :infinity, :always)
+
+        state
+      end
+
+    l2 = fn state ->
+      fn ->
+        for _ <- 1..1_000 do
+          {:ok, bin} = Cache.Redis.get(state, "bench:l2hit")
+          :erlang.binary_to_term(bin)
+        end
+      end
+    end
+
+    [ls, lc] = l2s
+
+    bench =
+      bench
+      |> Bench.table(@l2_title, ["single server", "cluster"], per_op: true)
+      |> Bench.row("L2 hit", %{"single server" => l2.(ls), "cluster" => l2.(lc)},
+        ops: 1_000,
+        runs: Bench.pick(bench, 3, 20),
+        warmup: 2,
+        interleave: true
+      )
+
+    Enum.each([s, c], &GenServer.stop/1)
+
+    bench
+    |> Bench.target(
+      "L1 hit, cluster / single server (ratio)",
+      Bench.ratio(bench, @l1_title, "L1 hit", "cluster"),
+      :<=,
+      1.05
+    )
+    |> Bench.target(
+      "L2 hit (GET + decode), cluster / single server (ratio)",
+      Bench.ratio(bench, @l2_title, "L2 hit", "cluster"),
+      :<=,
+      1.10
+    )
+  end
+
+  # 16 runners put and get their own keys through the L2 while redis-cli
+  # moves 1,000 slots: a read must return the runner's last acknowledged
+  # value (or one whose put failed since, which may have reached Redis).
+  def reshard(bench, cluster) do
+    {:ok, state, spec} = Cache.Redis.init([cluster: RedisCluster.seeds(cluster)], self(), "rs")
+    {:ok, _keeper} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
+    parent = self()
+
+    runners =
+      for r <- 1..16 do
+        spawn_link(fn -> runner(state, r, parent, %{}, 0, {0, 0, 0}) end)
+      end
+
+    Process.sleep(200)
+    [from, to | _] = RedisCluster.masters(cluster)
+    {us, :ok} = :timer.tc(fn -> RedisCluster.reshard(cluster, from, to, 1_000) end)
+    Process.sleep(200)
+    for pid <- runners, do: send(pid, :stop)
+
+    {calls, errors, wrong} =
+      Enum.reduce(runners, {0, 0, 0}, fn pid, {c, e, w} ->
+        receive do
+          {:runner, ^pid, {c2, e2, w2}} -> {c + c2, e + e2, w + w2}
+        end
+      end)
+
+    rate = 100 * errors / max(calls, 1)
+
+    bench
+    |> Bench.table(@reshard_title, ["value"])
+    |> Bench.row("calls", %{"value" => Bench.value(calls, "calls")})
+    |> Bench.row("wrong values", %{"value" => Bench.value(wrong, "reads")})
+    |> Bench.row("errors", %{"value" => Bench.value(errors, "calls")})
+    |> Bench.row("error rate", %{"value" => Bench.value(rate, "%")})
+    |> Bench.row("reshard time", %{"value" => Bench.value(us / 1_000_000, "s")})
+    |> Bench.target("reshard under 16 runners: wrong values", wrong, :<=, 0)
+    |> Bench.target("reshard under 16 runners: error rate (%)", rate, :<=, 1)
+  end
+
+  defp runner(state, r, parent, known, n, {calls, errors, wrong} = acc) do
+    receive do
+      :stop -> send(parent, {:runner, self(), acc})
+    after
+      0 ->
+        key = "rs:#{r}:#{rem(n, 40)}"
+        value = Integer.to_string(n)
+        {last, failed} = Map.get(known, key, {nil, []})
+
+        {known, errors} =
+          case Cache.Redis.put(state, key, value, :infinity, :always) do
+            :ok -> {Map.put(known, key, {value, []}), errors}
+            {:error, _} -> {Map.put(known, key, {last, [value | failed]}), errors + 1}
+          end
+
+        read = "rs:#{r}:#{rem(n * 7 + 3, 40)}"
+        {last, failed} = Map.get(known, read, {nil, []})
+
+        {errors, wrong} =
+          case Cache.Redis.get(state, read) do
+            {:ok, got} -> {errors, if(got in [last | failed], do: wrong, else: wrong + 1)}
+            :miss -> {errors, if(last == nil, do: wrong, else: wrong + 1)}
+            {:error, _} -> {errors + 1, wrong}
+          end
+
+        Process.sleep(1)
+        runner(state, r, parent, known, n + 1, {calls + 2, errors, wrong})
+    end
+  end
+
+  defp start_cache(name, l2, invalidation \\ :tracking) do
     {:ok, pid} =
-      Cache.start_link(name: name, l2: l2, namespace: "topology", invalidation: :tracking)
+      Cache.start_link(name: name, l2: l2, namespace: "topology", invalidation: invalidation)
 
     Process.unlink(pid)
     name
@@ -316,11 +499,16 @@ defmodule Larder.CacheTopologyBench do
     end
   end
 
-  defp wait_tracking(redis, n) do
+  # n data connections track with a redirect, over the given servers
+  defp wait_tracking(servers, n) do
     wait(fn ->
-      RedisServer.command(redis, ["CLIENT", "LIST", "TYPE", "normal"])
-      |> String.split("\n")
-      |> Enum.count(&(&1 =~ ~r/ flags=\S*t\S* / and &1 =~ ~r/ redir=[1-9]/))
+      servers
+      |> Enum.map(fn server ->
+        RedisServer.command(server, ["CLIENT", "LIST", "TYPE", "normal"])
+        |> String.split("\n")
+        |> Enum.count(&(&1 =~ ~r/ flags=\S*t\S* / and &1 =~ ~r/ redir=[1-9]/))
+      end)
+      |> Enum.sum()
       |> Kernel.==(n)
     end)
   end

@@ -8,7 +8,8 @@ defmodule Larder.Test.GarbageServer do
 
   @doc """
   Starts the server. `mode` is one of `:random`, `:wrong_types`, `:endless`,
-  `:close_mid_reply`, `:silent`, or a function `(request_bytes -> iodata)`.
+  `:close_mid_reply`, `:silent`, or a function `(request_bytes -> iodata)`
+  (or `{:chunks, [iodata]}`, sent 20 ms apart).
   """
   def start(mode) do
     parent = self()
@@ -70,6 +71,15 @@ defmodule Larder.Test.GarbageServer do
           :endless ->
             :gen_tcp.send(socket, "$1073741824\r\n")
             endless(socket)
+
+          {:chunks, chunks} ->
+            # one reply in several TCP segments
+            for chunk <- chunks do
+              :gen_tcp.send(socket, chunk)
+              Process.sleep(20)
+            end
+
+            loop(socket, mode)
 
           data ->
             :gen_tcp.send(socket, data)

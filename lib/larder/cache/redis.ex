@@ -12,6 +12,10 @@ defmodule Larder.Cache.Redis do
     * `:database` - the database index selected on connect, 0 to 1,000,000
       (default `0`).
     * `:password` - sent with `AUTH` on connect (default none).
+    * `:username` - a Redis 6 ACL user, 1 to 255 bytes, sent with
+      `:password` as `AUTH <username> <password>` by every data and
+      pub/sub connection, on every reconnect too (default none: `AUTH
+      <password>`).
     * `:timeout` - the L2 timeout in milliseconds, 1 to 600,000 (default
       `1000`): no caller waits longer than this for Redis, whatever state
       Redis is in.
@@ -33,6 +37,10 @@ defmodule Larder.Cache.Redis do
       26379}, ...], master: "mymaster"]`, with 1 to 16 sentinels, and
       optional `:username` and `:password` sent to the sentinels with
       `AUTH`. The data nodes get `:password`. See "Sentinel".
+    * `:cluster` - run on a Redis Cluster, given 1 to 16 of its nodes as
+      seeds, `[{"127.0.0.1", 7000}, ...]`, instead of `:host` and `:port`
+      (default `nil`); excludes `:host`, `:port` and `:sentinel`, and
+      `:database` must be 0. See "Cluster".
     * `:tracking_prefix` - set by `Larder.Cache` from its `invalidation:
       :tracking` option (not by hand): the key prefix, 0 to 4096 bytes,
       whose changes Redis reports (see "Tracking"; default `nil`, none).
@@ -198,6 +206,83 @@ defmodule Larder.Cache.Redis do
   connection reports every write, so each node receives `:pool_size`
   reports of each write.
 
+  ## Cluster
+
+  With `:cluster`, the keeper asks the masters it knows, then the seeds,
+  in turn (each within `:timeout`) for `CLUSTER SLOTS`, and keeps one pool
+  of `:pool_size` connections per master. A command goes to the pool of
+  the master that serves its key's slot: CRC16 of the key, or of its hash
+  tag (the bytes between the first `{` and the next `}`), modulo 16,384.
+  `publish/3` sends `SPUBLISH` to the master of the channel's slot.
+
+  Keys and slots: every key the cache writes is one key in one slot, so
+  no command spans slots. The generation key (`<namespace>:<version>:gen`,
+  see `Larder.Cache`) is one key, in one slot, on one master, which every
+  node reads and increments; its slot moves only when a reshard moves it,
+  with its value. A namespace holding a hash tag (`"{shop}"`) puts the
+  generation key and all that namespace's data on one master, in one
+  slot: one master's memory and load, but nothing to move between them.
+
+  Routing costs a caller one CRC16 of the key and two ETS lookups (the
+  slot's master, then the pool's connection) more than on one server.
+  What the cluster's changes cost a caller:
+
+    * `MOVED` (a slot moved: a finished reshard, a failover): the command
+      is sent again to the named master, one more round trip, and the
+      keeper reads `CLUSTER SLOTS` again, at most once per
+      `:reconnect_sleep` however many callers hint it. A master the keeper
+      has no pool for yet (a promoted replica) is waited for, polling the
+      map every 5 ms doubling to 100 ms.
+    * `ASK` (a slot halfway through a migration): `ASKING` and the command,
+      pipelined on one connection of the named master; one more round
+      trip.
+    * `TRYAGAIN`, `CLUSTERDOWN`, or a slot no master serves: the command
+      is tried again after 5 ms, doubling to 100 ms.
+    * At most 5 `MOVED` or `ASK` are followed per command; the 6th is
+      `:l2_unavailable`.
+    * A lost connection (a master killed): `:l2_unavailable` at once, and
+      the keeper reads the map again. Until the cluster promotes a replica
+      (its `cluster-node-timeout` plus the election) the keys of that
+      master's slots fail as in any outage (L1 serves, misses call the
+      loader, writes are repaired once the L2 answers). Replication is
+      asynchronous: a write the dead master acknowledged but had not sent
+      its replica is lost, and the key then reads as the replica had it.
+      A coordinated `CLUSTER FAILOVER` loses nothing: writes wait while
+      the replica catches up, then get `MOVED`.
+    * A master that leaves the map (it is a replica now) keeps its pool for
+      `:timeout` ms, so that callers already on it get their reply (a
+      `MOVED`, most likely).
+
+  Every wait and every call is bounded by what is left of the caller's
+  `:timeout`: whatever the cluster does, a call returns within
+  `:timeout` ms, with `:l2_unavailable` when it could not be served by
+  then (a timeout, a lost connection, a redirect loop, a cluster still
+  down). Other error replies are `:l2_failed`.
+
+  The pub/sub connection `SSUBSCRIBE`s on the master of the channel's slot
+  (sharded pub/sub: a message crosses no other master). When that slot
+  moves (Redis sends `-sunsubscribe`, or a new map names another master)
+  or the connection is lost, the cache gets `{:larder_cache_l2,
+  :disconnected}`, then `:connected` once it is subscribed on the slot's
+  master, and clears its L1 as on any resubscribe. Invalidations work as
+  on one server.
+
+  With tracking (`invalidation: :tracking`), each master has its own
+  pub/sub connection subscribed to `__redis__:invalidate`, and the
+  connections of its pool are redirected to it (see "Tracking"): each
+  master reports the writes to its own keys. Such a connection lost sends
+  `:disconnected`, and `:connected` once it and its master's tracking
+  are back.
+
+  What a node says is untrusted: a `CLUSTER SLOTS` reply that is not RESP,
+  an error, not a list, or larger than 4 MB is ignored (the next node is
+  asked), its entries of the wrong shape or overlapping are skipped, and
+  each is counted. A redirect that is not well formed is an error reply
+  (`:l2_failed`). eredis 1.2.0 returns an error reply that reaches it in
+  two TCP reads as a value: a `MOVED` or `ASK` naming the key's own slot,
+  or the exact text of `TRYAGAIN` or `CLUSTERDOWN`, is taken for that
+  error, so a value with such a text cannot be stored on a cluster.
+
   ## Failures
 
   Every call returns within `:timeout` ms; an unreachable, slow or failing
@@ -214,7 +299,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{RESP, Sentinel}
+  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, RESP, Sentinel}
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -249,7 +334,9 @@ defmodule Larder.Cache.Redis do
     opts = validate_opts!(opts)
     ensure_eredis!()
     table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
-    for slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none})
+
+    unless opts[:cluster],
+      do: for(slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none}))
 
     state = %{
       table: table,
@@ -258,6 +345,7 @@ defmodule Larder.Cache.Redis do
       opts: opts,
       # only then can a failed command mean the master moved
       sentinel?: opts[:sentinel] != nil,
+      cluster?: opts[:cluster] != nil,
       subscriber: subscriber,
       channel: channel
     }
@@ -275,7 +363,11 @@ defmodule Larder.Cache.Redis do
     check_args!(state, [])
     parent = self()
     ref = make_ref()
-    keeper = spawn_link(fn -> keeper_init(parent, ref, state) end)
+
+    keeper =
+      if state.cluster?,
+        do: spawn_link(fn -> ClusterKeeper.init(parent, ref, state) end),
+        else: spawn_link(fn -> keeper_init(parent, ref, state) end)
 
     receive do
       {^ref, :ready} -> {:ok, keeper}
@@ -383,7 +475,10 @@ defmodule Larder.Cache.Redis do
   # holds up whatever was sent after it: spread callers over the pool by
   # scheduler. A caller waits for each reply, so its own commands stay in
   # order whichever connection they take. The keeper replaces a client that
-  # died, and its pid is looked up in the keeper's table.
+  # died, and its pid is looked up in the keeper's table. On a cluster, the
+  # router sends it to the pool of the master of the key's slot.
+  defp query(%{cluster?: true} = state, command), do: ClusterRouter.query(state, command)
+
   defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
     slot = rem(:erlang.system_info(:scheduler_id), size)
     [{_, client}] = :ets.lookup(table, slot)
@@ -488,12 +583,15 @@ defmodule Larder.Cache.Redis do
       max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
       sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
+      cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
+      username: {{:or_nil, {:string, 1, 255}}, nil},
       tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
     opts
     |> Options.validate!(schema, "Larder.Cache.Redis")
     |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
+    |> ClusterKeeper.validate!(opts)
   end
 
   ## The keeper: owns the eredis clients (their pids are in its table, by
@@ -516,7 +614,7 @@ defmodule Larder.Cache.Redis do
       host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
       port: opts[:port],
       master_warned: false,
-      password: String.to_charlist(opts[:password] || ""),
+      password: Auth.eredis_password(opts),
       sentinel: opts[:sentinel],
       watchers: %{},
       check: nil,
@@ -596,9 +694,9 @@ defmodule Larder.Cache.Redis do
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
 
     with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
-      auth = if opts[:password], do: [["AUTH", opts[:password]]], else: []
+      auth = Auth.commands(opts)
       {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
-      expect = if opts[:password], do: [:auth | expect], else: expect
+      expect = if auth != [], do: [:auth | expect], else: expect
       commands = Enum.map(auth ++ subscribe, &RESP.command/1)
 
       with :ok <- :gen_tcp.send(socket, commands),
@@ -904,9 +1002,7 @@ defmodule Larder.Cache.Redis do
   defp request_check(state), do: state
 
   defp find_master(state) do
-    password = state.opts[:password]
-
-    case Sentinel.master(state.sentinel, password, state.opts[:timeout]) do
+    case Sentinel.master(state.sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
       {:ok, {host, port}} ->
         host = String.to_charlist(host)
 

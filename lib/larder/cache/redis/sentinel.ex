@@ -53,9 +53,9 @@ defmodule Larder.Cache.Redis.Sentinel do
   The master the sentinels name, checked with its own `ROLE`:
   `{:ok, {host, port}}` or `{:error, reason}`. Sentinels are asked in turn
   (each within `timeout`); the first whose master says it is one wins.
-  `password` is the data nodes'.
+  `auth` is the data nodes' AUTH command (`[]` for none).
   """
-  def master(sentinel, password, timeout) do
+  def master(sentinel, auth, timeout) do
     Enum.reduce_while(sentinel[:sentinels], {:error, :no_sentinel}, fn {host, port}, acc ->
       with {:ok, [reply]} <-
              request(
@@ -68,7 +68,7 @@ defmodule Larder.Cache.Redis.Sentinel do
                timeout
              ),
            {:ok, addr} <- parse_addr(reply),
-           :ok <- check_role(addr, password, timeout) do
+           :ok <- check_role(addr, auth, timeout) do
         {:halt, {:ok, addr}}
       else
         {:error, reason} -> {:cont, {:error, reason}}
@@ -87,9 +87,7 @@ defmodule Larder.Cache.Redis.Sentinel do
   defp parse_addr(:undefined), do: {:error, :unknown_master}
   defp parse_addr(_), do: {:error, :bad_master_address}
 
-  defp check_role({host, port}, password, timeout) do
-    auth = if password, do: [["AUTH", password]], else: []
-
+  defp check_role({host, port}, auth, timeout) do
     case request(host, port, auth ++ [["ROLE"]], timeout) do
       {:ok, [["master" | _]]} -> :ok
       {:ok, [[role | _]]} when is_binary(role) -> {:error, {:not_master, role}}

@@ -1,0 +1,827 @@
+# Larder.Cache.Redis on a Redis Cluster, the keeper's side: the :cluster
+# option's check, the slot map (CLUSTER SLOTS, asked of the known masters
+# and the seeds in turn), one pool of eredis clients per master, and the
+# sharded pub/sub connection (SSUBSCRIBE on the master of the channel's
+# slot, followed when that slot moves).
+defmodule Larder.Cache.Redis.ClusterKeeper do
+  @moduledoc false
+
+  # Contract (internal).
+  #
+  # The keeper is the one writer of the table ClusterRouter reads:
+  # `{slot, {host, port}}` per served slot, `{{host, port, i}, pid | :none}`
+  # per pool client, `{:keeper, pid}`, and `{:bad_replies, n}`, the count of
+  # CLUSTER SLOTS answers that were not usable (not RESP, an error reply,
+  # not a list, skipped entries, larger than @max_reply_bytes). A new map is
+  # written pools first, then slots, so a slot never names a master without
+  # a pool.
+  #
+  # A refresh blocks the keeper (each node within :timeout) and runs at most
+  # once per :reconnect_sleep, however many callers hint it; while it runs,
+  # pub/sub messages wait. Nothing a node says is trusted: see Cluster.
+
+  require Logger
+
+  alias Larder.Cache.Redis.{Auth, Cluster, RESP, Tracking}
+
+  @max_seeds 16
+  @watch_ms 100
+  @sub_max_wait_ms 2_000
+  # The largest CLUSTER SLOTS reply read (16,384 one-slot ranges with a
+  # few replicas each fit).
+  @max_reply_bytes 4_194_304
+  # Of start_link's wait (see Larder.Cache.Redis), what the first map may take.
+  @init_budget_ms 4_000
+
+  @doc """
+  Checks the :cluster option of `validated` (the other options checked),
+  against the options the user gave (`raw`): 1 to #{@max_seeds} `{host,
+  port}` seeds, no :host, :port or :sentinel, :database 0.
+  Returns the options without :host and :port, which a cluster does not use.
+  """
+  @spec validate!(keyword(), keyword()) :: keyword()
+  def validate!(validated, raw) do
+    case validated[:cluster] do
+      nil ->
+        validated
+
+      seeds ->
+        unless is_list(seeds) and seeds != [] and length(seeds) <= @max_seeds and
+                 Enum.all?(seeds, &address?/1) do
+          raise ArgumentError,
+                "expected Larder.Cache.Redis option :cluster to be a list of 1 to " <>
+                  "#{@max_seeds} {host, port} seed nodes (host a string of 1 to 255 bytes, " <>
+                  "port 1 to 65535), got: #{inspect(seeds, limit: 20)}"
+        end
+
+        for key <- [:host, :port, :sentinel], raw[key] != nil do
+          raise ArgumentError,
+                "Larder.Cache.Redis option :cluster excludes #{inspect(key)}: " <>
+                  "the cluster's nodes come from its seeds"
+        end
+
+        if validated[:database] != 0 do
+          raise ArgumentError,
+                "expected Larder.Cache.Redis option :database to be 0 with :cluster " <>
+                  "(a Redis Cluster has one database), got: #{inspect(validated[:database])}"
+        end
+
+        validated |> Keyword.delete(:host) |> Keyword.delete(:port)
+    end
+  end
+
+  defp address?({host, port}),
+    do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535
+
+  defp address?(_), do: false
+
+  @doc "How many CLUSTER SLOTS answers (or their entries) were not usable."
+  @spec bad_replies(map()) :: non_neg_integer()
+  def bad_replies(%{table: table}) do
+    case :ets.lookup(table, :bad_replies) do
+      [{_, n}] -> n
+      [] -> 0
+    end
+  end
+
+  @doc false
+  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
+  def init(parent, ref, %{opts: opts, table: table} = l2) do
+    Process.flag(:trap_exit, true)
+    # A keeper that restarts starts from nothing: the rows of the one before
+    # (slots, pools of masters that may be gone) are dropped, and callers
+    # wait for the new map meanwhile.
+    delete_all(table)
+    put(table, {:keeper, self()})
+
+    state = %{
+      parent: parent,
+      subscriber: l2.subscriber,
+      channel: l2.channel,
+      opts: opts,
+      table: table,
+      timeout: opts[:timeout],
+      pool_size: opts[:pool_size],
+      seeds: opts[:cluster],
+      auth: Auth.commands(opts),
+      password: Auth.eredis_password(opts),
+      map: nil,
+      pools: MapSet.new(),
+      clients: %{},
+      last_refresh: nil,
+      refresh_timer: nil,
+      map_warned: false,
+      sub: nil,
+      sub_wait: opts[:reconnect_sleep],
+      sub_failing: false,
+      # invalidation: :tracking, per master: its pub/sub connection for
+      # __redis__:invalidate (by node, and its socket's node)
+      tracking: opts[:tracking_prefix],
+      tsubs: %{},
+      tsockets: %{},
+      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+    }
+
+    budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
+    state = refresh(state, System.monotonic_time(:millisecond) + max(budget, 1))
+    send(parent, {ref, :ready})
+    Process.send_after(self(), :watch, @watch_ms)
+    loop(sub_connect(state))
+  end
+
+  defp loop(%{sub: sub, parent: parent, tsockets: tsockets} = state) do
+    socket = sub && sub.socket
+
+    receive do
+      {:tcp, t, data} when is_map_key(tsockets, t) ->
+        loop(tsub_data(state, Map.fetch!(tsockets, t), data))
+
+      {:tcp_closed, t} when is_map_key(tsockets, t) ->
+        loop(tsub_failed(state, Map.fetch!(tsockets, t), :closed))
+
+      {:tcp_error, t, reason} when is_map_key(tsockets, t) ->
+        loop(tsub_failed(state, Map.fetch!(tsockets, t), {:tcp_error, reason}))
+
+      {:tsub_timeout, t} when is_map_key(tsockets, t) ->
+        node = Map.fetch!(tsockets, t)
+
+        loop(
+          if state.tsubs[node].expect == [], do: state, else: tsub_failed(state, node, :timeout)
+        )
+
+      {:tsub_connect, node} ->
+        loop(tsub_connect(state, node))
+
+      {:tcp, ^socket, data} when socket != nil ->
+        loop(sub_data(state, data))
+
+      {:tcp_closed, ^socket} when socket != nil ->
+        loop(sub_failed(state, :closed))
+
+      {:tcp_error, ^socket, reason} when socket != nil ->
+        loop(sub_failed(state, {:tcp_error, reason}))
+
+      {:sub_timeout, ^socket} when socket != nil ->
+        loop(if sub.expect == [], do: state, else: sub_failed(state, :timeout))
+
+      :reconnect ->
+        loop(if sub == nil, do: sub_connect(state), else: state)
+
+      :refresh ->
+        loop(request_refresh(state))
+
+      :refresh_now ->
+        loop(refresh(%{state | refresh_timer: nil}, nil))
+
+      {:stop_clients, pids} ->
+        Enum.each(pids, &stop_client/1)
+        loop(state)
+
+      {:start_client, node, i} ->
+        loop(start_client(state, node, i))
+
+      :watch ->
+        Process.send_after(self(), :watch, @watch_ms)
+        watch(state)
+        state = check_tracking(state)
+        # no map yet (no node answered): ask again
+        loop(if state.map == nil, do: request_refresh(state), else: state)
+
+      {:EXIT, ^parent, reason} ->
+        shutdown(state)
+        exit(reason)
+
+      {:EXIT, pid, reason} ->
+        loop(client_exited(state, pid, reason))
+
+      _other ->
+        loop(state)
+    end
+  end
+
+  ## The slot map
+
+  defp request_refresh(%{refresh_timer: nil} = state) do
+    now = System.monotonic_time(:millisecond)
+    sleep = state.opts[:reconnect_sleep]
+
+    case state.last_refresh do
+      last when last == nil or now - last >= sleep ->
+        refresh(state, nil)
+
+      last ->
+        %{state | refresh_timer: Process.send_after(self(), :refresh_now, last + sleep - now)}
+    end
+  end
+
+  defp request_refresh(state), do: state
+
+  # Asks the known masters, then the seeds, in turn (each within :timeout,
+  # all before `deadline` when there is one) for CLUSTER SLOTS, and uses
+  # the first usable answer.
+  defp refresh(state, deadline) do
+    known = if state.map, do: Cluster.masters(state.map), else: []
+    nodes = Enum.uniq(known ++ state.seeds)
+
+    result =
+      Enum.reduce_while(nodes, {:error, :no_node}, fn node, acc ->
+        if deadline && System.monotonic_time(:millisecond) >= deadline do
+          {:halt, acc}
+        else
+          case fetch_map(state, node) do
+            {:ok, %{bad: bad} = map} ->
+              if bad > 0, do: count_bad(state, bad)
+
+              if Cluster.masters(map) == [],
+                do: {:cont, {:error, :empty_map}},
+                else: {:halt, {:ok, map}}
+
+            {:error, {:bad, reason}} ->
+              count_bad(state, 1)
+              {:cont, {:error, reason}}
+
+            {:error, reason} ->
+              {:cont, {:error, reason}}
+          end
+        end
+      end)
+
+    state = %{state | last_refresh: System.monotonic_time(:millisecond)}
+
+    case result do
+      {:ok, map} ->
+        state |> apply_map(map) |> Map.put(:map_warned, false) |> follow_channel()
+
+      {:error, reason} ->
+        unless state.map_warned do
+          Logger.warning(
+            "Larder.Cache.Redis: no usable CLUSTER SLOTS from any node " <>
+              "(#{inspect(reason, limit: 10, printable_limit: 100)}); asking again"
+          )
+        end
+
+        %{state | map_warned: true}
+    end
+  end
+
+  defp count_bad(state, n) do
+    :ets.update_counter(state.table, :bad_replies, n, {:bad_replies, 0})
+  catch
+    :error, :badarg -> 0
+  end
+
+  defp fetch_map(state, {host, port}) do
+    timeout = state.timeout
+    deadline = System.monotonic_time(:millisecond) + timeout
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+
+    case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
+      {:ok, socket} ->
+        commands = state.auth ++ [["CLUSTER", "SLOTS"]]
+
+        try do
+          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+               {:ok, replies} <-
+                 read(socket, :eredis_parser.init(), length(commands), deadline, [], 0) do
+            slots_reply(replies, state.auth != [], host)
+          end
+        after
+          :gen_tcp.close(socket)
+        end
+
+      {:error, reason} ->
+        {:error, {:connection_error, reason}}
+    end
+  end
+
+  defp slots_reply([{:ok, "OK"}, reply], true, host), do: slots_reply([reply], false, host)
+  defp slots_reply([{:error, error} | _], true, _host), do: {:error, {:auth, error}}
+
+  defp slots_reply([{:ok, reply}], false, host) do
+    case Cluster.slot_map(reply, host) do
+      {:ok, map} -> {:ok, map}
+      {:error, error} -> {:error, {:bad, error.reason}}
+    end
+  end
+
+  defp slots_reply([{:error, error}], false, _host), do: {:error, {:bad, {:error_reply, error}}}
+  defp slots_reply(_other, _auth?, _host), do: {:error, {:bad, :unexpected_reply}}
+
+  defp read(socket, parser, n, deadline, acc, bytes) do
+    left = deadline - System.monotonic_time(:millisecond)
+
+    with true <- left > 0 || {:error, :timeout},
+         {:ok, data} <- :gen_tcp.recv(socket, 0, left),
+         bytes = bytes + byte_size(data),
+         true <- bytes <= @max_reply_bytes || {:error, {:bad, :reply_too_large}},
+         {:ok, replies, parser, _partial} <- RESP.parse(parser, data, []) || :error do
+      acc = acc ++ replies
+      if length(acc) >= n, do: {:ok, acc}, else: read(socket, parser, n, deadline, acc, bytes)
+    else
+      :error -> {:error, {:bad, :not_resp}}
+      {:error, _} = error -> error
+    end
+  end
+
+  # Pools first (started for new masters, stopped for masters gone), then
+  # the slots whose master changed.
+  defp apply_map(state, map) do
+    masters = MapSet.new(Cluster.masters(map))
+    new = MapSet.difference(masters, state.pools)
+    gone = MapSet.difference(state.pools, masters)
+
+    state =
+      Enum.reduce(new, %{state | pools: masters}, fn node, state ->
+        state = Enum.reduce(0..(state.pool_size - 1), state, &start_client(&2, node, &1))
+        if state.tracking, do: tsub_connect(state, node), else: state
+      end)
+
+    state = Enum.reduce(gone, state, &tsub_close(&2, &1))
+
+    {inserts, deletes} =
+      Enum.reduce(0..(Cluster.slots() - 1), {[], []}, fn slot, {ins, del} ->
+        old = state.map && Cluster.master(state.map, slot)
+
+        case Cluster.master(map, slot) do
+          ^old -> {ins, del}
+          nil -> {ins, [slot | del]}
+          node -> {[{slot, node} | ins], del}
+        end
+      end)
+
+    put(state.table, inserts)
+    Enum.each(deletes, &delete(state.table, &1))
+
+    # A master gone from the map (a replica now, or removed): callers no
+    # longer find its pool, and those already on it finish (a MOVED, most
+    # likely) before its clients are stopped, :timeout ms later.
+    {leaving, clients} = Enum.split_with(state.clients, fn {_, {node, _}} -> node in gone end)
+
+    for {host, port} <- gone,
+        i <- 0..(state.pool_size - 1),
+        do: delete(state.table, {host, port, i})
+
+    if leaving != [],
+      do:
+        Process.send_after(
+          self(),
+          {:stop_clients, Enum.map(leaving, &elem(&1, 0))},
+          state.timeout
+        )
+
+    %{state | map: map, clients: Map.new(clients)}
+  end
+
+  defp start_client(state, {host, port} = node, i) do
+    cond do
+      not MapSet.member?(state.pools, node) ->
+        state
+
+      Enum.any?(state.clients, fn {_pid, at} -> at == {node, i} end) ->
+        state
+
+      true ->
+        result =
+          try do
+            :eredis.start_link(
+              String.to_charlist(host),
+              port,
+              0,
+              state.password,
+              state.opts[:reconnect_sleep],
+              state.timeout
+            )
+          catch
+            kind, reason -> {:error, {kind, reason}}
+          end
+
+        case result do
+          {:ok, client} ->
+            put(state.table, {{host, port, i}, client})
+            %{state | clients: Map.put(state.clients, client, {node, i})}
+
+          {:error, _reason} ->
+            put(state.table, {{host, port, i}, :none})
+            Process.send_after(self(), {:start_client, node, i}, state.opts[:reconnect_sleep])
+            state
+        end
+    end
+  end
+
+  defp client_exited(state, pid, reason) do
+    case Map.pop(state.clients, pid) do
+      {nil, _} ->
+        state
+
+      {{{host, port} = node, i}, clients} ->
+        Logger.warning(
+          "Larder.Cache.Redis: client of #{host}:#{port} exited: " <>
+            inspect(reason, limit: 10, printable_limit: 64)
+        )
+
+        put(state.table, {{host, port, i}, :none})
+        Process.send_after(self(), {:start_client, node, i}, state.opts[:reconnect_sleep])
+        %{state | clients: clients}
+    end
+  end
+
+  # A client over its memory bound is killed (see "Client" in
+  # Larder.Cache.Redis); the table says what this keeper holds.
+  defp watch(state) do
+    for {pid, _} <- state.clients, memory(pid) > state.memory_limit do
+      Logger.warning(
+        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
+      )
+
+      Process.exit(pid, :kill)
+    end
+
+    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
+      do: put(state.table, {:keeper, self()})
+
+    :ok
+  catch
+    :error, :badarg -> :ok
+  end
+
+  defp memory(pid) do
+    case Process.info(pid, [:memory, :binary]) do
+      [memory: memory, binary: binaries] ->
+        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
+
+      nil ->
+        0
+    end
+  end
+
+  ## The sharded pub/sub connection: AUTH and SSUBSCRIBE on the master of
+  ## the channel's slot; SMESSAGEs are relayed. A -sunsubscribe push (the
+  ## slot moved away), a new map that gives the slot to another master, an
+  ## error reply (MOVED), bytes that are not RESP, a reply above
+  ## :max_message_bytes, a handshake not done within :timeout, or a lost
+  ## connection closes it: :disconnected if it was subscribed, a map
+  ## refresh, and a new connection after a wait that doubles from
+  ## :reconnect_sleep up to 2 s, as on one server.
+
+  defp sub_connect(%{map: nil} = state), do: sub_failed(state, :no_slot_map)
+
+  defp sub_connect(state) do
+    case Cluster.master(state.map, Cluster.slot(state.channel)) do
+      nil -> sub_failed(state, :slot_not_served)
+      node -> sub_connect(state, node)
+    end
+  end
+
+  defp sub_connect(state, {host, port} = node) do
+    timeout = state.timeout
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+
+    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
+      commands = state.auth ++ [["SSUBSCRIBE", state.channel]]
+      expect = if state.auth != [], do: [:auth, :ssubscribe], else: [:ssubscribe]
+
+      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+           :ok <- :inet.setopts(socket, active: :once) do
+        timer = Process.send_after(self(), {:sub_timeout, socket}, timeout)
+
+        sub = %{
+          socket: socket,
+          node: node,
+          parser: :eredis_parser.init(),
+          expect: expect,
+          partial: 0,
+          timer: timer
+        }
+
+        %{state | sub: sub}
+      else
+        {:error, reason} ->
+          :gen_tcp.close(socket)
+          sub_failed(state, {:connection_error, reason})
+      end
+    else
+      {:error, reason} -> sub_failed(state, {:connection_error, reason})
+    end
+  end
+
+  defp sub_data(%{sub: sub} = state, data) do
+    :inet.setopts(sub.socket, active: :once)
+
+    case RESP.parse(sub.parser, data, []) do
+      {:ok, replies, parser, tail} ->
+        partial = if replies == [], do: sub.partial + tail, else: tail
+        state = %{state | sub: %{sub | parser: parser, partial: partial}}
+
+        max = state.opts[:max_message_bytes]
+
+        case Enum.reduce_while(replies, state, &sub_reply/2) do
+          %{sub: %{partial: partial}} = state when partial > max ->
+            sub_failed(state, :message_too_large)
+
+          state ->
+            state
+        end
+
+      :error ->
+        sub_failed(state, :bad_reply)
+    end
+  end
+
+  defp sub_reply({:error, message}, state) do
+    # (MOVED: our map is stale)
+    {:halt, sub_failed(state, {:error_reply, text(message)})}
+  end
+
+  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
+    do: {:cont, %{state | sub: %{sub | expect: expect}}}
+
+  defp sub_reply({:ok, ["ssubscribe", channel, _]}, %{sub: %{expect: [:ssubscribe]}} = state)
+       when channel == state.channel do
+    sub = state.sub
+    Process.cancel_timer(sub.timer)
+    send(state.subscriber, {:larder_cache_l2, :connected})
+    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
+    sub = %{sub | expect: [], timer: nil}
+    {:cont, %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}}
+  end
+
+  defp sub_reply({:ok, ["smessage", channel, payload]}, %{sub: %{expect: []}} = state)
+       when channel == state.channel and is_binary(payload) do
+    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    {:cont, state}
+  end
+
+  # the channel's slot moved to another master
+  defp sub_reply({:ok, ["sunsubscribe", channel | _]}, %{sub: %{expect: []}} = state)
+       when channel == state.channel,
+       do: {:halt, sub_failed(state, :slot_moved)}
+
+  defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
+    do: {:halt, sub_failed(state, {:bad_reply, text(reply)})}
+
+  # anything else once subscribed is not ours: ignored
+  defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+
+  # After a new map: a subscription on a master that no longer serves the
+  # channel's slot hears nothing more; it moves.
+  defp follow_channel(%{sub: %{node: node}, map: map} = state) do
+    if Cluster.master(map, Cluster.slot(state.channel)) == node,
+      do: state,
+      else: sub_failed(state, :slot_moved)
+  end
+
+  defp follow_channel(state), do: state
+
+  defp sub_failed(state, reason) do
+    lost? = state.sub != nil and state.sub.expect == []
+
+    if sub = state.sub do
+      if sub.timer, do: Process.cancel_timer(sub.timer)
+      :gen_tcp.close(sub.socket)
+    end
+
+    cond do
+      lost? ->
+        send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+      not state.sub_failing ->
+        Logger.warning(
+          "Larder.Cache.Redis: the sharded pub/sub connection of channel " <>
+            "#{inspect(state.channel)} failed (#{inspect(reason, limit: 10)}); " <>
+            "connecting again every #{state.sub_wait} ms, backing off to " <>
+            "#{sub_max_wait(state)} ms, until it subscribes"
+        )
+
+      true ->
+        :ok
+    end
+
+    # the slot may have moved: the map first (at most once per
+    # :reconnect_sleep), then a new connection
+    send(self(), :refresh)
+    wait = if lost?, do: state.opts[:reconnect_sleep], else: state.sub_wait
+    Process.send_after(self(), :reconnect, if(reason == :slot_moved, do: 0, else: wait))
+    next = if lost?, do: state.sub_wait, else: min(state.sub_wait * 2, sub_max_wait(state))
+    %{state | sub: nil, sub_failing: not lost?, sub_wait: next}
+  end
+
+  defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
+
+  defp text(message) when is_binary(message),
+    do: binary_part(message, 0, min(byte_size(message), 200))
+
+  defp text(other), do: inspect(other, limit: 10, printable_limit: 64)
+
+  ## Tracking (invalidation: :tracking), per master: a pub/sub connection
+  ## that sends CLIENT ID and subscribes to __redis__:invalidate; once it
+  ## is subscribed, every client of that master's pool runs CLIENT TRACKING
+  ## on REDIRECT <its id> BCAST PREFIX <prefix> (see Tracking), then the
+  ## cache gets :connected (and clears L1). Its reports go to the cache as
+  ## {:larder_cache_l2, :invalidated, keys | :all | :bad}. A lost
+  ## connection sends :disconnected and connects again (the wait doubling
+  ## from :reconnect_sleep up to 2 s); a client eredis reconnected gets its
+  ## tracking back within 100 ms (:connected when none of the master's
+  ## clients kept it meanwhile).
+
+  defp tsub_connect(state, node) do
+    cond do
+      not MapSet.member?(state.pools, node) -> state
+      match?(%{socket: _}, state.tsubs[node]) -> state
+      true -> tsub_open(state, node)
+    end
+  end
+
+  defp tsub_open(state, {host, port} = node) do
+    timeout = state.timeout
+    wait = Map.get(state.tsubs, node, %{wait: state.opts[:reconnect_sleep]}).wait
+    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    commands = state.auth ++ [["CLIENT", "ID"], ["SUBSCRIBE", Tracking.channel()]]
+    expect = if(state.auth != [], do: [:auth], else: []) ++ [:client_id, :subscribe]
+
+    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout),
+         :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+         :ok <- :inet.setopts(socket, active: :once) do
+      tsub = %{
+        socket: socket,
+        parser: :eredis_parser.init(),
+        expect: expect,
+        partial: 0,
+        timer: Process.send_after(self(), {:tsub_timeout, socket}, timeout),
+        tracking: Tracking.new(state.tracking),
+        wait: wait
+      }
+
+      %{
+        state
+        | tsubs: Map.put(state.tsubs, node, tsub),
+          tsockets: Map.put(state.tsockets, socket, node)
+      }
+    else
+      {:error, _reason} ->
+        Process.send_after(self(), {:tsub_connect, node}, wait)
+        next = min(wait * 2, sub_max_wait(state))
+        %{state | tsubs: Map.put(state.tsubs, node, %{wait: next})}
+    end
+  end
+
+  defp tsub_data(state, node, data) do
+    tsub = state.tsubs[node]
+    :inet.setopts(tsub.socket, active: :once)
+
+    case RESP.parse(tsub.parser, data, []) do
+      {:ok, replies, parser, tail} ->
+        partial = if replies == [], do: tsub.partial + tail, else: tail
+        state = put_in(state.tsubs[node], %{tsub | parser: parser, partial: partial})
+        max = state.opts[:max_message_bytes]
+
+        case Enum.reduce_while(replies, state, &tsub_reply(&1, &2, node)) do
+          %{tsubs: %{^node => %{socket: _, partial: partial}}} = state when partial > max ->
+            tsub_failed(state, node, :message_too_large)
+
+          state ->
+            state
+        end
+
+      :error ->
+        tsub_failed(state, node, :bad_reply)
+    end
+  end
+
+  defp tsub_reply(reply, state, node) do
+    case {reply, state.tsubs[node]} do
+      {{:ok, "OK"}, %{expect: [:auth | expect]} = tsub} ->
+        {:cont, put_in(state.tsubs[node], %{tsub | expect: expect})}
+
+      {{:ok, id}, %{expect: [:client_id | expect]} = tsub} ->
+        case Tracking.parse_id(id) do
+          {:ok, id} ->
+            tracking = %{tsub.tracking | id: id}
+            {:cont, put_in(state.tsubs[node], %{tsub | expect: expect, tracking: tracking})}
+
+          :error ->
+            {:halt, tsub_failed(state, node, {:bad_reply, text(id)})}
+        end
+
+      {{:ok, ["subscribe", channel, _]}, %{expect: [:subscribe]} = tsub} ->
+        if channel == Tracking.channel(),
+          do: {:cont, tsub_subscribed(state, node, tsub)},
+          else: {:halt, tsub_failed(state, node, {:bad_reply, text(channel)})}
+
+      {{:ok, ["message", channel, payload]}, %{expect: []}} ->
+        if channel == Tracking.channel(), do: send(state.subscriber, Tracking.relay(payload))
+        {:cont, state}
+
+      {{:ok, _other}, %{expect: []}} ->
+        {:cont, state}
+
+      {other, _tsub} ->
+        {:halt, tsub_failed(state, node, {:bad_reply, text(other)})}
+    end
+  end
+
+  defp tsub_subscribed(state, node, tsub) do
+    Process.cancel_timer(tsub.timer)
+    clients = node_clients(state, node)
+    tracking = Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
+    send(state.subscriber, {:larder_cache_l2, :connected})
+
+    tsub = %{
+      tsub
+      | expect: [],
+        timer: nil,
+        tracking: tracking,
+        wait: state.opts[:reconnect_sleep]
+    }
+
+    put_in(state.tsubs[node], tsub)
+  end
+
+  defp tsub_failed(state, node, reason) do
+    tsub = state.tsubs[node]
+    if tsub.timer, do: Process.cancel_timer(tsub.timer)
+    :gen_tcp.close(tsub.socket)
+
+    if tsub.expect == [] do
+      send(state.subscriber, {:larder_cache_l2, :disconnected})
+    else
+      Logger.warning(
+        "Larder.Cache.Redis: the tracking connection of #{inspect(node)} failed " <>
+          "(#{inspect(reason, limit: 10)}); connecting again"
+      )
+    end
+
+    Process.send_after(self(), {:tsub_connect, node}, tsub.wait)
+    next = if tsub.expect == [], do: tsub.wait, else: min(tsub.wait * 2, sub_max_wait(state))
+
+    %{
+      state
+      | tsubs: Map.put(state.tsubs, node, %{wait: next}),
+        tsockets: Map.delete(state.tsockets, tsub.socket)
+    }
+  end
+
+  defp tsub_close(state, node) do
+    case Map.pop(state.tsubs, node) do
+      {%{socket: socket} = tsub, tsubs} ->
+        if tsub.timer, do: Process.cancel_timer(tsub.timer)
+        :gen_tcp.close(socket)
+        %{state | tsubs: tsubs, tsockets: Map.delete(state.tsockets, socket)}
+
+      {_, tsubs} ->
+        %{state | tsubs: tsubs}
+    end
+  end
+
+  defp node_clients(state, node),
+    do: for({pid, {^node, _}} <- state.clients, into: %{}, do: {pid, true})
+
+  defp check_tracking(%{tracking: nil} = state), do: state
+
+  defp check_tracking(state) do
+    Enum.reduce(state.tsubs, state, fn
+      {node, %{expect: [], tracking: tracking} = tsub}, state ->
+        clients = node_clients(state, node)
+        {tracking, gap?} = Tracking.check(tracking, clients, state.timeout)
+        if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+        put_in(state.tsubs[node], %{tsub | tracking: tracking})
+
+      _, state ->
+        state
+    end)
+  end
+
+  defp shutdown(state) do
+    for socket <- Map.keys(state.tsockets), do: :gen_tcp.close(socket)
+    for pid <- Map.keys(state.clients), do: stop_client(pid)
+    if state.sub, do: :gen_tcp.close(state.sub.socket)
+    :ok
+  end
+
+  defp stop_client(pid) do
+    Process.unlink(pid)
+    Process.exit(pid, :kill)
+    true
+  end
+
+  # The table belongs to the process that called init/3; once it is gone
+  # nobody reads it.
+  defp put(table, rows) do
+    :ets.insert(table, rows)
+  catch
+    :error, :badarg -> true
+  end
+
+  defp delete_all(table) do
+    bad = bad_replies(%{table: table})
+    :ets.delete_all_objects(table)
+    if bad > 0, do: :ets.insert(table, {:bad_replies, bad})
+  catch
+    :error, :badarg -> true
+  end
+
+  defp delete(table, key) do
+    :ets.delete(table, key)
+  catch
+    :error, :badarg -> true
+  end
+end

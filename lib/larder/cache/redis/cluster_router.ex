@@ -1,0 +1,203 @@
+# Larder.Cache.Redis on a Redis Cluster, the callers' side: a command goes
+# to the pool of the master that serves its key's slot (the keeper's table),
+# and follows MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the caller's
+# :timeout.
+defmodule Larder.Cache.Redis.ClusterRouter do
+  @moduledoc false
+
+  # Contract (internal).
+  #
+  # The keeper's table (lib/larder/cache/redis/cluster_keeper.ex) holds
+  # `{slot, {host, port}}` for every slot a master serves and
+  # `{{host, port, i}, pid | :none}` for the i-th client of each master's
+  # pool. A command costs one CRC16 of its key and two ETS lookups.
+  #
+  # Redirects: MOVED hints the keeper to refresh its map (it does so at most
+  # once per :reconnect_sleep) and sends the command to the named node; ASK
+  # sends `ASKING` then the command, pipelined on one connection of the named
+  # node; TRYAGAIN, CLUSTERDOWN, a slot no master serves yet and a named node
+  # the keeper has no pool for yet are retried after a wait (5 ms, doubling
+  # to 100 ms) while the caller's deadline allows. At most @max_hops MOVED
+  # or ASK are followed. Every wait and every call is bounded by what is
+  # left of the caller's :timeout, so no caller waits longer than :timeout.
+  #
+  # Errors: an error reply that is not a redirect is :l2_failed (as on one
+  # server); a lost connection, a call past the deadline, a redirect loop
+  # or a cluster still down when the deadline comes is :l2_unavailable.
+
+  alias Larder.Cache.Redis.Cluster
+
+  @max_hops 5
+  @first_wait_ms 5
+  @max_wait_ms 100
+  # The texts of Redis's TRYAGAIN and CLUSTERDOWN errors (see misparsed/9).
+  @retry_errors [
+    "TRYAGAIN Multiple keys request during rehashing of slot",
+    "CLUSTERDOWN The cluster is down",
+    "CLUSTERDOWN Hash slot not served"
+  ]
+
+  @doc """
+  Runs `command` (its second word is the key or channel that routes it) on
+  the cluster: `{:ok, reply}` or `{:error, %Larder.Error{}}`. `PUBLISH` is
+  sent as `SPUBLISH` (sharded pub/sub).
+  """
+  @spec query(map(), [binary()]) :: {:ok, term()} | {:error, Larder.Error.t()}
+  def query(%{timeout: timeout} = state, [name, key | args]) do
+    command = if name == "PUBLISH", do: ["SPUBLISH", key | args], else: [name, key | args]
+    deadline = System.monotonic_time(:millisecond) + timeout
+    route(state, command, Cluster.slot(key), deadline, 0, 0)
+  end
+
+  # By the slot map.
+  defp route(%{table: table} = state, command, slot, deadline, hops, waits) do
+    case :ets.lookup(table, slot) do
+      [{_, node}] -> send_to(state, command, slot, node, false, deadline, hops, waits)
+      [] -> wait(state, command, slot, deadline, hops, waits, :no_master)
+    end
+  catch
+    # the keeper (and its table) is gone
+    :error, _ -> {:error, unavailable(:no_client)}
+  end
+
+  defp send_to(state, command, slot, {host, port} = node, asking?, deadline, hops, waits) do
+    i = rem(:erlang.system_info(:scheduler_id), state.pool_size)
+
+    case :ets.lookup(state.table, {host, port, i}) do
+      [{_, client}] when is_pid(client) ->
+        left = deadline - System.monotonic_time(:millisecond)
+
+        if left > 0 do
+          reply = call(client, command, asking?, left)
+          handle(reply, state, command, slot, node, deadline, hops, waits)
+        else
+          {:error, unavailable(:timeout)}
+        end
+
+      [{_, :none}] ->
+        # the keeper is replacing that client
+        {:error, unavailable(:no_connection)}
+
+      [] ->
+        # a node the keeper does not know yet (a new master): it learns it
+        # from its next CLUSTER SLOTS
+        hint(state)
+        wait(state, command, slot, deadline, hops, waits, :unknown_node)
+    end
+  end
+
+  defp call(client, command, asking?, timeout) do
+    if asking? do
+      case :eredis.qp(client, [["ASKING"], command], timeout) do
+        [{:ok, "OK"}, reply] -> reply
+        [{:error, _} = error, _] -> error
+        other -> {:bad, other}
+      end
+    else
+      :eredis.q(client, command, timeout)
+    end
+  catch
+    :exit, reason -> {:exit, reason}
+  end
+
+  # eredis 1.2.0 returns an error reply that reached it in two TCP reads
+  # as {:ok, text}: a redirect's exact text, naming this key's slot, is
+  # that error, not a value.
+  defp handle({:ok, "MOVED " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
+    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
+
+  defp handle({:ok, "ASK " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
+    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
+
+  defp handle({:ok, text}, state, command, slot, node, deadline, hops, waits)
+       when text in @retry_errors,
+       do: handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+
+  defp handle({:ok, value}, _state, _command, _slot, _node, _deadline, _hops, _waits),
+    do: {:ok, value}
+
+  defp handle({:error, reason}, state, command, slot, {host, _}, deadline, hops, waits)
+       when is_binary(reason) do
+    case Cluster.redirect(reason, host) do
+      {:moved, _slot, to} ->
+        hint(state)
+        hop(state, command, slot, to, false, deadline, hops, waits, reason)
+
+      {:ask, _slot, to} ->
+        hop(state, command, slot, to, true, deadline, hops, waits, reason)
+
+      :tryagain ->
+        wait(state, command, slot, deadline, hops, waits, reason)
+
+      :clusterdown ->
+        wait(state, command, slot, deadline, hops, waits, reason)
+
+      :other ->
+        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
+    end
+  end
+
+  defp handle({:error, reason}, state, _command, _slot, _node, _deadline, _hops, _waits) do
+    # a lost connection: the master may have failed over
+    hint(state)
+    {:error, unavailable(reason)}
+  end
+
+  defp handle({:exit, reason}, _state, _command, _slot, _node, _deadline, _hops, _waits),
+    do: {:error, unavailable(exit_reason(reason))}
+
+  defp handle(other, _state, [name | _], _slot, _node, _deadline, _hops, _waits) do
+    {:error,
+     Larder.Error.new(:l2_bad_reply, "the server's reply is not what Redis sends",
+       command: name,
+       reply: inspect(other, limit: 10, printable_limit: 64)
+     )}
+  end
+
+  defp misparsed(text, reply, state, command, slot, {host, _} = node, deadline, hops, waits) do
+    case Cluster.redirect(text, host) do
+      {_kind, ^slot, _to} ->
+        handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+
+      _ ->
+        reply
+    end
+  end
+
+  defp hop(_state, _command, _slot, _to, _asking?, _deadline, hops, _waits, reason)
+       when hops >= @max_hops,
+       do: {:error, unavailable({:too_many_redirects, reason})}
+
+  defp hop(state, command, slot, to, asking?, deadline, hops, waits, _reason),
+    do: send_to(state, command, slot, to, asking?, deadline, hops + 1, waits)
+
+  # A short wait, then the slot map again, while the deadline allows.
+  defp wait(state, command, slot, deadline, hops, waits, reason) do
+    pause = min(@first_wait_ms * Integer.pow(2, min(waits, 10)), @max_wait_ms)
+
+    if System.monotonic_time(:millisecond) + pause < deadline do
+      Process.sleep(pause)
+      route(state, command, slot, deadline, hops, waits + 1)
+    else
+      {:error, unavailable(reason)}
+    end
+  end
+
+  # The keeper refreshes its slot map, at most once per :reconnect_sleep
+  # however many callers hint it.
+  defp hint(%{table: table}) do
+    case :ets.lookup(table, :keeper) do
+      [{:keeper, keeper}] -> send(keeper, :refresh)
+      [] -> :ok
+    end
+  catch
+    :error, _ -> :ok
+  end
+
+  defp exit_reason({:timeout, _}), do: :timeout
+  defp exit_reason({:noproc, _}), do: :noproc
+  defp exit_reason(other), do: inspect(other, limit: 10, printable_limit: 64)
+
+  defp unavailable(reason),
+    do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
+end

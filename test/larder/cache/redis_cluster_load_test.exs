@@ -1,0 +1,176 @@
+defmodule Larder.Cache.RedisClusterLoadTest do
+  # Larder.Cache.Redis on a real Redis Cluster while it changes under load:
+  # a replica promoted with CLUSTER FAILOVER, 1,000 slots resharded with
+  # redis-cli --cluster reshard, and one slot halfway through a migration
+  # (ASK). 16 runners write and read their own keys through the L2: no read
+  # returns a value other than one its runner wrote last (or whose write
+  # failed since), and the only errors are the documented ones.
+  use ExUnit.Case, async: false
+
+  alias Larder.Cache.Redis
+  alias Larder.Cache.Redis.Cluster
+  alias Larder.Support.RedisCluster
+
+  @moduletag :redis
+  @moduletag :capture_log
+  @moduletag timeout: 180_000
+
+  @runners 16
+  @keys 40
+
+  setup do
+    cluster = RedisCluster.start()
+    on_exit(fn -> RedisCluster.stop(cluster) end)
+
+    {:ok, l2} =
+      Larder.Test.L2Process.start(Redis, [cluster: RedisCluster.seeds(cluster)], self(), "ch")
+
+    %{cluster: cluster, l2: l2}
+  end
+
+  test "CLUSTER FAILOVER of two masters under 16 runners: no wrong value", ctx do
+    runners = start_runners(ctx.l2)
+    Process.sleep(200)
+
+    for replica <- Enum.take(RedisCluster.replicas(ctx.cluster), 2) do
+      failover(ctx.cluster, replica, 4)
+      Process.sleep(200)
+    end
+
+    %{calls: calls, errors: errors, wrong: wrong, reasons: reasons} = stop_runners(runners)
+    assert wrong == [], inspect(Enum.take(wrong, 5))
+    assert calls > 1_000
+    assert Enum.all?(reasons, &(&1 in [:l2_unavailable])), inspect(reasons)
+    assert errors <= calls / 100, "#{errors} errors in #{calls} calls"
+  end
+
+  test "reshard of 1,000 slots under 16 runners: no wrong value, errors <= 1% of calls", ctx do
+    runners = start_runners(ctx.l2)
+    Process.sleep(200)
+    [from, to | _] = RedisCluster.masters(ctx.cluster)
+    :ok = RedisCluster.reshard(ctx.cluster, from, to, 1_000)
+    Process.sleep(200)
+
+    %{calls: calls, errors: errors, wrong: wrong, reasons: reasons} = stop_runners(runners)
+    assert wrong == [], inspect(Enum.take(wrong, 5))
+    assert calls > 1_000
+    assert Enum.all?(reasons, &(&1 in [:l2_unavailable])), inspect(reasons)
+    assert errors <= calls / 100, "#{errors} errors in #{calls} calls"
+  end
+
+  test "a slot halfway through a migration: reads and writes follow ASK", ctx do
+    key = "{ask-slot}:k"
+    slot = Cluster.slot(key)
+    :ok = Redis.put(ctx.l2, key, "v1", :infinity, :always)
+    [from] = Enum.filter(RedisCluster.masters(ctx.cluster), &owns?(&1, key))
+    to = Enum.find(RedisCluster.masters(ctx.cluster), &(&1 != from))
+
+    :ok = RedisCluster.begin_migration(ctx.cluster, slot, from, to)
+    assert RedisCluster.migrate_keys(ctx.cluster, slot, from, to) == 1
+    # the key is on the importing node now: a GET there needs ASKING
+    assert Redis.get(ctx.l2, key) == {:ok, "v1"}
+    # a new key of the slot is created on the importing node (ASK)
+    assert :ok = Redis.put(ctx.l2, "{ask-slot}:new", "n", :infinity, :always)
+    assert Redis.get(ctx.l2, "{ask-slot}:new") == {:ok, "n"}
+    assert :ok = Redis.put(ctx.l2, key, "v2", :infinity, :always)
+    :ok = RedisCluster.finish_migration(ctx.cluster, slot, to)
+    assert Redis.get(ctx.l2, key) == {:ok, "v2"}
+    assert Redis.get(ctx.l2, "{ask-slot}:new") == {:ok, "n"}
+    assert {:ok, ["v2"]} = RedisCluster.cli(to, ["GET", key])
+  end
+
+  # CLUSTER FAILOVER gives up (silently) when the replica does not catch up
+  # with its master within 5 s, as on a loaded machine: ask again.
+  defp failover(cluster, replica, tries) do
+    {:ok, ["OK"]} = RedisCluster.cli(replica, ~w(CLUSTER FAILOVER))
+
+    promoted? =
+      Enum.any?(1..80, fn _ ->
+        Process.sleep(100)
+        RedisCluster.role(replica) == "master"
+      end)
+
+    cond do
+      promoted? -> RedisCluster.wait_ok(cluster)
+      tries > 1 -> failover(cluster, replica, tries - 1)
+      true -> flunk("#{replica.port} was not promoted")
+    end
+  end
+
+  defp owns?(node, key), do: RedisCluster.cli(node, ["EXISTS", key]) == {:ok, ["1"]}
+
+  # Each runner writes its own keys (a counter) and reads one back: the
+  # value read must be the last one written with :ok, or one whose write
+  # failed since (it may have reached Redis).
+  defp start_runners(l2) do
+    parent = self()
+
+    for r <- 1..@runners do
+      spawn_link(fn ->
+        run(l2, r, parent, %{}, 0, %{calls: 0, errors: 0, wrong: [], reasons: []})
+      end)
+    end
+  end
+
+  defp run(l2, r, parent, known, n, acc) do
+    receive do
+      :stop -> send(parent, {:runner, self(), acc})
+    after
+      0 ->
+        key = "runner:#{r}:#{rem(n, @keys)}"
+        value = Integer.to_string(n)
+        {last, failed} = Map.get(known, key, {nil, []})
+
+        {known, acc} =
+          case Redis.put(l2, key, value, :infinity, :always) do
+            :ok -> {Map.put(known, key, {value, []}), call(acc)}
+            {:error, e} -> {Map.put(known, key, {last, [value | failed]}), error(acc, e)}
+          end
+
+        read_key = "runner:#{r}:#{rem(n * 7 + 3, @keys)}"
+        {last, failed} = Map.get(known, read_key, {nil, []})
+
+        acc =
+          case Redis.get(l2, read_key) do
+            {:ok, got} -> check(acc, read_key, got, [last | failed])
+            :miss -> check(acc, read_key, nil, [last | failed])
+            {:error, e} -> error(acc, e)
+          end
+
+        # (a pause: 16 busy runners would starve the nodes of a 2-core
+        # machine, and a failover waits for its replica to catch up)
+        Process.sleep(1)
+        run(l2, r, parent, known, n + 1, acc)
+    end
+  end
+
+  defp call(acc), do: %{acc | calls: acc.calls + 1}
+
+  defp check(acc, key, got, allowed) do
+    if got in allowed,
+      do: call(acc),
+      else: %{call(acc) | wrong: [{key, got, allowed} | acc.wrong]}
+  end
+
+  defp error(acc, e) do
+    %{call(acc) | errors: acc.errors + 1, reasons: Enum.uniq([e.reason | acc.reasons])}
+  end
+
+  defp stop_runners(runners) do
+    for pid <- runners, do: send(pid, :stop)
+
+    Enum.reduce(runners, %{calls: 0, errors: 0, wrong: [], reasons: []}, fn pid, total ->
+      receive do
+        {:runner, ^pid, acc} ->
+          %{
+            calls: total.calls + acc.calls,
+            errors: total.errors + acc.errors,
+            wrong: total.wrong ++ acc.wrong,
+            reasons: Enum.uniq(total.reasons ++ acc.reasons)
+          }
+      after
+        10_000 -> flunk("runner did not stop")
+      end
+    end)
+  end
+end
