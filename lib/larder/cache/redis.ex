@@ -990,7 +990,14 @@ defmodule Larder.Cache.Redis do
         watcher = %{watcher | parser: parser, partial: partial}
         state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
         master = state.sentinel[:master]
-        if Enum.member?(events, {:switch, master}), do: find_master(state), else: state
+        # A failover of our master is under way: drop L1 now, before the
+        # promoted replica can take a write (see "Sentinel"); counted as
+        # a bad message when the event names no master.
+        if {:failover, master} in events,
+          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
+
+        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
+        if {:switch, master} in events, do: find_master(state), else: state
 
       :error ->
         :gen_tcp.close(socket)
