@@ -60,7 +60,11 @@ defmodule Larder.Cache.L2 do
       option): `keys` is the list of L2 keys under that prefix that any
       client changed, or `:all` after the backend was flushed. `:connected`
       is then also sent when the backend may have changed keys unreported
-      (the tracking was lost and is back).
+      (the tracking was lost and is back). With any invalidation, `:all`
+      also means that the backend is being replaced and what was read
+      from it may be lost (a Sentinel failover has begun): the cache
+      clears its L1. `:bad` in place of the keys is counted in
+      `:bad_messages`.
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
       subscription's connection is lost, or the L2 moves to another server
       (a Sentinel failover) whether or not it was subscribed: the cache

@@ -114,9 +114,19 @@ defmodule Larder.Cache.Redis do
 
   With `:sentinel`, the keeper asks the sentinels in turn for the master
   (`SENTINEL get-master-addr-by-name`), each within `:timeout`, and uses
-  the first address whose node answers `ROLE` with `master`. It holds a
-  `+switch-master` subscription on every sentinel it can reach (one it
-  cannot reach is tried again every second), and asks the sentinels again
+  the first address whose node answers `ROLE` with `master`. On every
+  sentinel it can reach (one it cannot reach is tried again every second)
+  it subscribes to `+switch-master` and to the events that say a failover
+  is under way (`+try-failover`, `+elected-leader`,
+  `+failover-state-select-slave`, `+selected-slave`,
+  `+failover-state-send-slaveof-noone`, `+failover-state-wait-promotion`,
+  `+promoted-slave`, `+failover-state-reconf-slaves`). Each of those that
+  names its master clears its L1 at once (the cache gets
+  `{:larder_cache_l2, :invalidated, :all}`); one naming another master is
+  ignored, one naming none is counted in the cache's `:bad_messages`.
+  `+sdown` and `+odown` clear nothing: a master that some or all
+  sentinels find down may come back without a failover, and until one
+  begins L1 keeps serving, as in any outage. The keeper asks the sentinels again
   on a `+switch-master` for its master, when a command gets `READONLY` or
   finds its connection lost, when the pub/sub connection fails, and every
   100 ms while it knows no master; at most once per `:reconnect_sleep`
@@ -136,8 +146,9 @@ defmodule Larder.Cache.Redis do
   sentinels elect a new one (their `down-after-milliseconds` plus the
   election) and the keeper hears of it, L2 calls fail with
   `:l2_unavailable` (L1 hits are served, misses call the loader, and
-  writes are repaired once the L2 answers, as in any outage); then every
-  node's L1 is empty once, and values written to the old master that it
+  writes are repaired once the L2 answers, as in any outage); every
+  node's L1 is cleared when the failover begins and again when the node
+  moves, and values written to the old master that it
   had not yet replicated are gone (a miss, never an old value, since the
   nodes agree on the new master's generation key, or renew it if it was
   lost). The check runs in the keeper, which relays pub/sub messages too:
@@ -153,16 +164,31 @@ defmodule Larder.Cache.Redis do
       up on the new master and its L1 cleared: from then on it serves
       nothing it held before the failover, and hears every other node's
       writes.
-    * Until its move is done a node serves its L1, as in any outage (L1
-      keeps serving while the L2 is away). No node can learn of a write
-      made on a master it has not reached yet, so once the first
-      successful put after the old master's death has returned, a node
-      that has moved does not serve the value that put replaced, and a
-      node that has not may, until its move: milliseconds after the
-      `+switch-master` it hears. That includes a node's own move: its
-      command connections reach the new master a round trip before its
-      subscription is up there, and for that moment its L1 still holds
-      what it read before.
+    * A node drops its L1 when it hears a failover of its master begin,
+      and again when its move is done. The sentinel that leads the
+      failover publishes `+try-failover` at least three of its timer
+      ticks, and `+elected-leader` at least two, before it sends the
+      replica `REPLICAOF NO ONE` (a tick is 50 to 100 ms in Redis 7's
+      Sentinel), and no sentinel names the promoted replica as the master
+      (so no node can move there and write) before the leader has seen
+      the promotion in the replica's `INFO`, which it polls every second
+      during a failover. So a node subscribed to the leading sentinel
+      whose keeper reads those messages within that margin (at least
+      ~150 ms) holds nothing from before the failover once the first put
+      on the new master has returned, whether or not it has moved. That
+      is as far as Redis lets a client go: nothing orders messages across
+      connections, and a node that cannot reach the leading sentinel, or
+      reads its messages later than that, serves its L1 until its move
+      (milliseconds after the `+switch-master` it hears), as in any
+      outage. A failover that is attempted and aborted (no replica fit to
+      promote, no leader elected) costs each node an L1 clear per event.
+    * Between that clear and its move, a node's L1 misses go to the old
+      master: a dead one gives `:l2_unavailable`; one that is still up
+      (a partition the sentinels are on the other side of) serves what it
+      holds, which the node's move clears again. Tested: a node that
+      makes no L2 calls has dropped the old value by the time any
+      sentinel names the new master, and a failover event for another
+      master, or naming none, leaves L1 alone.
     * A node never goes back on its own writes: once a put made on the
       new master has returned, that node reads that value or a newer one,
       or a miss (a repair of an earlier put of the key that failed
@@ -178,8 +204,10 @@ defmodule Larder.Cache.Redis do
 
   `mix run bench/cache_topology_bench.exs` measures the first successful
   put after the master is killed against the sentinels' own failover time
-  (down-after 1 s), and an L1 hit on a Sentinel cache against one on a
-  single server.
+  (down-after 1 s), when a node that makes no L2 calls drops the old value
+  from its L1 against that put, how long any node serves the old value
+  after it, and an L1 hit on a Sentinel cache against one on a single
+  server.
 
   ## Tracking
 
@@ -1086,7 +1114,14 @@ defmodule Larder.Cache.Redis do
         watcher = %{watcher | parser: parser, partial: partial}
         state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
         master = state.sentinel[:master]
-        if Enum.member?(events, {:switch, master}), do: find_master(state), else: state
+        # A failover of our master is under way: drop L1 now, before the
+        # promoted replica can take a write (see "Sentinel"); counted as
+        # a bad message when the event names no master.
+        if {:failover, master} in events,
+          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
+
+        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
+        if {:switch, master} in events, do: find_master(state), else: state
 
       :error ->
         :gen_tcp.close(socket)

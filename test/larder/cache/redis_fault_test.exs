@@ -71,7 +71,9 @@ defmodule Larder.Cache.RedisFaultTest do
 
     test "many keys written while paused degrade to one invalidate-all; memory stays bounded",
          ctx do
-      [a, b] = start_nodes(ctx, [:a, :b], timeout: 100, pool_size: 1)
+      # the file's 500 ms timeout: every L2 call before the pause and after
+      # it must succeed, which a loaded machine may not give within 100 ms
+      [a, b] = start_nodes(ctx, [:a, :b], pool_size: 1)
       share(a, b, :k, :old)
       owner = Process.whereis(a)
       memory_before = process_memory(owner)
@@ -79,10 +81,14 @@ defmodule Larder.Cache.RedisFaultTest do
       RedisServer.pause(ctx.server)
       on_exit(fn -> RedisServer.resume(ctx.server) end)
 
-      # put/4 waits one timeout per call: enough callers to pass the bound
-      1..(Owner.max_pending_keys() + 10)
+      # put/4 waits one timeout per call: enough callers to pass the bound,
+      # all at once, so that the pause lasts one timeout. Each reports its
+      # key to the owner before it returns.
+      puts = Owner.max_pending_keys() + 10
+
+      1..puts
       |> Task.async_stream(&Cache.put(a, {:key, &1}, &1),
-        max_concurrency: 200,
+        max_concurrency: puts,
         timeout: :infinity
       )
       |> Stream.run()

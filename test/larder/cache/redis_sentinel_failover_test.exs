@@ -128,6 +128,30 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
     eventually(fn -> Cache.put(a, "k", :newer) == :ok and Cache.get(b, "k") == :newer end)
   end
 
+  test "a node that makes no L2 calls drops its L1 as the failover begins: once a " <>
+         "sentinel names the new master (before any put there can return), it holds no old value",
+       ctx do
+    [a, b] = start_nodes(ctx, [:a, :b])
+    share(a, b, "k", :old)
+
+    old = RedisSentinel.kill_master(ctx.set)
+    replica = Enum.find(ctx.set.data, &(&1.port != old.port))
+
+    # Until a sentinel names the replica, no node can move there, so no put
+    # there can have returned. b reads nothing from the L2 meanwhile: it
+    # hears +switch-master only after that, so only the failover events the
+    # leading sentinel publishes before it promotes the replica can have
+    # dropped "k" from its L1 by then. (b's L1 is read after the sentinels.)
+    sockets = Enum.map(ctx.set.sentinels, &connect/1)
+    assert held_when_named(sockets, ctx.set.name, replica.port, b) == false
+    Enum.each(sockets, &:gen_tcp.close/1)
+
+    # and the first successful put after the kill does not bring it back
+    eventually(fn -> Cache.put(a, "k", :new) == :ok end, 250, 20)
+    refute Cache.get(b, "k") == :old
+    eventually(fn -> Cache.put(a, "k", :newer) == :ok and Cache.get(b, "k") == :newer end)
+  end
+
   test "invalidation: :tracking: after a failover every data connection is redirected " <>
          "to the subscriber on the new master, and a foreign SET there drops the key",
        ctx do
@@ -281,6 +305,47 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
         do: eventually(fn -> Cache.get(node, key) == value and in_l1?(node, key) end)
 
     :ok
+  end
+
+  # Polls the sentinels (one connection each, every millisecond) until one
+  # names the node on `port` as the master, then says whether `node`'s L1
+  # still held "k" (read after the sentinels).
+  defp held_when_named(sockets, name, port, node) do
+    named? = Enum.any?(sockets, &(master_port(&1, name) == port))
+    held? = in_l1?(node, "k")
+
+    if named? do
+      held?
+    else
+      Process.sleep(1)
+      held_when_named(sockets, name, port, node)
+    end
+  end
+
+  defp connect(%RedisServer{port: port}) do
+    {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false], 5_000)
+    socket
+  end
+
+  defp master_port(socket, name) do
+    :ok =
+      :gen_tcp.send(
+        socket,
+        Cache.Redis.RESP.command(["SENTINEL", "get-master-addr-by-name", name])
+      )
+
+    reply(socket, "")
+  end
+
+  # the port in "*2 $<n> <host> $<n> <port>", read whole
+  defp reply(socket, acc) do
+    {:ok, data} = :gen_tcp.recv(socket, 0, 5_000)
+    acc = acc <> data
+
+    case Regex.run(~r/\A\*2\r\n\$\d+\r\n[^\r]*\r\n\$\d+\r\n(\d+)\r\n\z/, acc) do
+      [_, port] -> String.to_integer(port)
+      nil -> reply(socket, acc)
+    end
   end
 
   defp in_l1?(name, key), do: match?([_], :ets.lookup(config(name).data, key))

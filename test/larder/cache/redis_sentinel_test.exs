@@ -11,6 +11,7 @@ defmodule Larder.Cache.RedisSentinelTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
+  alias Larder.Cache.Redis.RESP
   alias Larder.Support.RedisSentinel
 
   @moduletag :redis
@@ -108,6 +109,57 @@ defmodule Larder.Cache.RedisSentinelTest do
     misses = Cache.stats(b).l1_misses
     assert Cache.get(b, :only_b) in [:in_l1, nil]
     assert Cache.stats(b).l1_misses == misses + 1
+  end
+
+  test "failover events for another master, or naming none, leave L1 alone; " <>
+         "the latter are counted as bad messages",
+       ctx do
+    # a fourth "sentinel" that answers the subscription with those events
+    # (the real ones, asked first, name the master)
+    events =
+      Enum.map(
+        [
+          {"+try-failover", "master other 127.0.0.1 1"},
+          {"+selected-slave", "slave 127.0.0.1:2 127.0.0.1 2 @ other 127.0.0.1 1"},
+          {"+sdown", "master #{ctx.set.name} 127.0.0.1 1"},
+          {"+odown", "master #{ctx.set.name} 127.0.0.1 1 #quorum 2/2"},
+          {"+elected-leader", "#{ctx.set.name}"},
+          {"+promoted-slave", "slave @ #{ctx.set.name}"}
+        ],
+        fn {channel, payload} -> RESP.command(["message", channel, payload]) end
+      )
+
+    test_pid = self()
+
+    fake =
+      Larder.Test.GarbageServer.start(fn request ->
+        if request =~ "SUBSCRIBE" do
+          send(test_pid, {:subscribed, self()})
+          receive do: (:go -> events)
+        else
+          ""
+        end
+      end)
+
+    on_exit(fn -> Larder.Test.GarbageServer.stop(fake) end)
+    name = :"#{ctx.module}.#{ctx.test}"
+    sentinels = RedisSentinel.addresses(ctx.set) ++ [{"127.0.0.1", fake.port}]
+    l2 = {Cache.Redis, timeout: 500, sentinel: [sentinels: sentinels, master: ctx.set.name]}
+    start_supervised!({Cache, name: name, l2: l2, namespace: "#{ctx.test}"})
+    eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+    :ok = Cache.put(name, :k, 1)
+    assert Cache.get(name, :k) == 1
+    misses = Cache.stats(name).l1_misses
+
+    # the events reach the keeper; the 2 that name no master (the last
+    # ones) are counted
+    assert_receive {:subscribed, handler}, 5_000
+    send(handler, :go)
+    eventually(fn -> Cache.stats(name).bad_messages == 2 end)
+
+    # and nothing cleared L1: :k is still an L1 hit
+    assert Cache.get(name, :k) == 1
+    assert Cache.stats(name).l1_misses == misses
   end
 
   describe "sentinels that are not Redis, or name a bad master" do

@@ -1,6 +1,7 @@
 # Sentinel for Larder.Cache.Redis: the :sentinel option's check, finding the
 # master (SENTINEL get-master-addr-by-name, then the node's own ROLE), and
-# the +switch-master subscriptions the keeper holds on every sentinel.
+# the subscriptions the keeper holds on every sentinel (+switch-master and
+# the events that say a failover is under way).
 # Everything a sentinel or a node says is untrusted: checked, bounded, and
 # a bad answer is an answer from nobody.
 defmodule Larder.Cache.Redis.Sentinel do
@@ -11,6 +12,18 @@ defmodule Larder.Cache.Redis.Sentinel do
   # The most sentinels one cache asks, and the largest reply read from one.
   @max_sentinels 16
   @max_reply_bytes 65_536
+
+  # The events a sentinel publishes once a failover of a master is under
+  # way, all before the promoted replica can be named as the master: by
+  # any sentinel that starts one (+try-failover), then by the one elected
+  # to lead it, which sends the replica REPLICAOF NO ONE one of its timer
+  # ticks after +failover-state-send-slaveof-noone. Not +sdown or +odown:
+  # a master down for some sentinels, or all, may come back with no
+  # failover.
+  @failover_channels ~w(+try-failover +elected-leader +failover-state-select-slave
+                        +selected-slave +failover-state-send-slaveof-noone
+                        +failover-state-wait-promotion +promoted-slave
+                        +failover-state-reconf-slaves)
 
   @doc "Checks the :sentinel option; raises ArgumentError naming what is wrong."
   def validate!(nil), do: nil
@@ -105,15 +118,16 @@ defmodule Larder.Cache.Redis.Sentinel do
   end
 
   @doc """
-  Connects to one sentinel and subscribes to `+switch-master`: `{:ok,
-  socket}` (active once; the keeper reads it) or `{:error, reason}`. The
-  replies to AUTH and SUBSCRIBE come first, on the socket.
+  Connects to one sentinel and subscribes to `+switch-master` and the
+  failover events: `{:ok, socket}` (active once; the keeper reads it) or
+  `{:error, reason}`. The replies to AUTH and SUBSCRIBE come first, on the
+  socket.
   """
   def subscribe({host, port}, sentinel, timeout) do
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
 
     with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      commands = auth(sentinel) ++ [["SUBSCRIBE", "+switch-master"]]
+      commands = auth(sentinel) ++ [["SUBSCRIBE", "+switch-master" | @failover_channels]]
 
       with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
            :ok <- :inet.setopts(socket, active: :once) do
@@ -130,8 +144,9 @@ defmodule Larder.Cache.Redis.Sentinel do
   Reads `data` from a sentinel's subscription: `{:ok, events, parser,
   partial}`, where events are `{:switch, master_name}` for each
   `+switch-master` message (the addresses in it are not used: the master
-  is asked again), or `:error` for bytes that are not RESP or a reply too
-  large.
+  is asked again), `{:failover, master_name}` for each failover event,
+  and `:bad` for a failover event whose payload names no master; or
+  `:error` for bytes that are not RESP or a reply too large.
   """
   def read(parser, partial, data) do
     case RESP.parse(parser, data, []) do
@@ -141,10 +156,7 @@ defmodule Larder.Cache.Redis.Sentinel do
         if partial > @max_reply_bytes do
           :error
         else
-          events =
-            for {:ok, ["message", "+switch-master", payload]} when is_binary(payload) <- replies,
-                [name | _] = String.split(payload, " ", parts: 2),
-                do: {:switch, name}
+          events = Enum.flat_map(replies, &event/1)
 
           errors = for {:error, _} <- replies, do: :error
           if errors == [], do: {:ok, events, parser, partial}, else: :error
@@ -154,6 +166,23 @@ defmodule Larder.Cache.Redis.Sentinel do
         :error
     end
   end
+
+  defp event({:ok, ["message", "+switch-master", payload]}) when is_binary(payload) do
+    [name | _] = String.split(payload, " ", parts: 2)
+    [{:switch, name}]
+  end
+
+  defp event({:ok, ["message", channel, payload]}) when channel in @failover_channels do
+    # "master <name> <ip> <port>" or, for the replica being promoted,
+    # "slave <ip:port> <ip> <port> @ <master name> <ip> <port>"
+    case is_binary(payload) && String.split(payload, " ", parts: 7) do
+      ["master", name | _] -> [{:failover, name}]
+      ["slave", _, _, _, "@", name | _] -> [{:failover, name}]
+      _ -> [:bad]
+    end
+  end
+
+  defp event(_other), do: []
 
   # One request on a fresh connection: the replies to `commands`, in
   # order, or {:error, reason}. An error reply is an error.
