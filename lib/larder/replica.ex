@@ -300,13 +300,30 @@ defmodule Larder.Replica do
   end
 
   defp call!(replica, message) do
-    GenServer.call(replica, message, :infinity)
+    GenServer.call(pid!(replica), message, :infinity)
   catch
     :exit, {reason, _} when reason in [:noproc, :normal, :shutdown] ->
       raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
 
     :exit, {{:shutdown, _}, _} ->
       raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+  end
+
+  # The replica's pid: a name or pid of a process that runs a replica (not
+  # any registered process, which would get messages it does not expect).
+  defp pid!(replica) do
+    pid =
+      cond do
+        is_pid(replica) -> replica
+        is_atom(replica) and replica not in [nil, true, false] -> Process.whereis(replica)
+        true -> nil
+      end
+
+    if pid && :proc_lib.initial_call(pid) == {Larder.Replica.Server, :init, [:Argument__1]} do
+      pid
+    else
+      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+    end
   end
 
   ## Options
