@@ -10,7 +10,6 @@ defmodule Larder.ReplicaTest do
   alias Larder.Table
   alias Larder.Test.GarbageServer
   alias Larder.Test.ReplicaLog, as: Log
-  alias Larder.Test.TelemetryEvents
 
   @moduletag :redis
   @moduletag :capture_log
@@ -35,6 +34,24 @@ defmodule Larder.ReplicaTest do
   end
 
   defp name(ctx, what), do: :"#{ctx.test_name} #{what}"
+
+  # The events of this test's replica (named "r"), sent to the test process.
+  defp forward(ctx, events) do
+    me = self()
+    replica = name(ctx, "r")
+
+    :ok =
+      :telemetry.attach_many(
+        ctx.test_name,
+        events,
+        fn event, measurements, meta, _ ->
+          if meta.replica == replica, do: send(me, {:event, event, measurements, meta})
+        end,
+        nil
+      )
+
+    on_exit(fn -> :telemetry.detach(ctx.test_name) end)
+  end
 
   defp start!(opts) do
     {:ok, pid} = Replica.start_link(opts)
@@ -170,12 +187,12 @@ defmodule Larder.ReplicaTest do
       # a clean stop writes the snapshot
       :ok = GenServer.stop(replica)
       Log.add_at(ctx.redis, ctx.stream, for(k <- 11..20, do: {"100-#{k}", {:put, k, k}}))
-      TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :trimmed]])
+      forward(ctx, [[:larder, :replica, :trimmed]])
       %{opts: opts, offset: offset}
     end
 
     test "past the snapshot's id, on_trimmed: :stop stops with :offset_trimmed", ctx do
-      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       Process.flag(:trap_exit, true)
       replica = start!(ctx.opts)
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :stop}}
@@ -183,7 +200,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "past the snapshot's id, on_trimmed: :rebuild rebuilds from what is left", ctx do
-      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       replica = start!(Keyword.put(ctx.opts, :on_trimmed, :rebuild))
       assert Replica.await(replica, :latest, 10_000) == :ok
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :rebuild}}
@@ -194,7 +211,7 @@ defmodule Larder.ReplicaTest do
     test "only up to the snapshot's id is not a trim", ctx do
       # the 10 entries the snapshot holds are removed, the 10 after stay
       assert ctx.offset == "100-10"
-      {:ok, "10"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
+      {:ok, 10} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
       replica = start!(ctx.opts)
       assert Replica.await(replica, :latest, 10_000) == :ok
       refute_received {:event, [:larder, :replica, :trimmed], _, _}
@@ -213,7 +230,7 @@ defmodule Larder.ReplicaTest do
           {:del, 1}
         ])
 
-      TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :rejected]])
+      forward(ctx, [[:larder, :replica, :rejected]])
       %{poison: poison}
     end
 
@@ -295,7 +312,7 @@ defmodule Larder.ReplicaTest do
   end
 
   test "Redis stopped (SIGSTOP) pauses the replica, which resumes after SIGCONT", ctx do
-    TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :source, :error]])
+    forward(ctx, [[:larder, :replica, :source, :error]])
     Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
     replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
     assert Replica.await(replica, :latest, 10_000) == :ok
@@ -333,7 +350,7 @@ defmodule Larder.ReplicaTest do
       Log.add(ctx.redis, ctx.stream, [:poison])
       Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
       # the snapshot's 10 entries would be counted as applied if read again
-      TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :batch]])
+      forward(ctx, [[:larder, :replica, :batch]])
       replica = start!(Keyword.put(ctx.opts, :on_error, :skip))
       assert Replica.await(replica, :latest, 10_000) == :ok
       assert_receive {:event, [:larder, :replica, :batch], %{count: 1, rejected: 1}, _}
@@ -384,7 +401,7 @@ defmodule Larder.ReplicaTest do
   describe "a server that is not Redis" do
     for mode <- [:random, :wrong_types, :endless, :close_mid_reply] do
       test "(#{mode}) is counted, never fatal", ctx do
-        TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :source, :error]])
+        forward(ctx, [[:larder, :replica, :source, :error]])
         garbage = GarbageServer.start(unquote(mode))
         on_exit(fn -> GarbageServer.stop(garbage) end)
 
@@ -412,7 +429,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "a well-formed reply with ids that do not increase is a bad reply", ctx do
-      TelemetryEvents.forward(ctx.test_name, [[:larder, :replica, :source, :error]])
+      forward(ctx, [[:larder, :replica, :source, :error]])
 
       reply =
         "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>

@@ -54,11 +54,12 @@ defmodule Larder.Replica.RedisStream do
 
   ## Failures
 
-  The source uses a socket of its own (not eredis's client, which crashes
-  on bytes that are not RESP and buffers a bulk reply of any declared
-  length), parsed with eredis's parser, so eredis must be loadable (see
-  `Larder.Cache.Redis`, "Client"). Every reply is checked: a reply larger
-  than `:max_reply_bytes`, bytes that are not RESP, a reply of the wrong
+  The source uses a socket of its own and its own RESP reader (not eredis:
+  its client crashes on bytes that are not RESP and buffers a bulk reply of
+  any declared length, and its parser reads an unfinished nested reply again
+  from its start on every packet, which makes a large `XREAD` reply
+  quadratic); it needs no eredis. Every reply is checked: the replies of
+  one round trip larger than `:max_reply_bytes` in all, bytes that are not RESP, a reply of the wrong
   shape, an id that does not parse or does not increase, fields that are
   not pairs of strings: each is `{:error, %Larder.Error{reason:
   :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
@@ -68,7 +69,7 @@ defmodule Larder.Replica.RedisStream do
 
   @behaviour Larder.Replica.Source
 
-  alias Larder.Cache.Redis.RESP
+  alias Larder.Replica.RESP
 
   @what "Larder.Replica.RedisStream"
   @max_max_reply_bytes 4_294_967_296
@@ -98,13 +99,6 @@ defmodule Larder.Replica.RedisStream do
         ],
         "#{@what} :redis"
       )
-
-    unless Code.ensure_loaded?(:eredis_parser) do
-      raise ArgumentError,
-            "#{@what} needs eredis's parser (:eredis_parser), which is not loadable: " <>
-              "install it (Debian: apt-get install erlang-redis-client) and add :eredis " <>
-              "to your application's extra_applications"
-    end
 
     Keyword.put(opts, :redis, redis)
   end
@@ -275,7 +269,7 @@ defmodule Larder.Replica.RedisStream do
 
   # XINFO STREAM: a flat list of names and values (RESP2). A missing
   # stream is an error reply inside EXEC, which the parser gives as a string.
-  defp info("ERR no such key" <> _), do: {:ok, :missing}
+  defp info({:error, "ERR no such key" <> _}), do: {:ok, :missing}
 
   defp info(info) when is_list(info) do
     with {:ok, pairs} <- pairs(info, []),
@@ -289,8 +283,8 @@ defmodule Larder.Replica.RedisStream do
     end
   end
 
-  defp info(info) when is_binary(info),
-    do: {:error, Larder.Error.new(:source_failed, "XINFO STREAM: #{truncate(info)}")}
+  defp info({:error, message}) when is_binary(message),
+    do: {:error, Larder.Error.new(:source_failed, "XINFO STREAM: #{truncate(message)}")}
 
   defp info(info), do: {:error, bad_reply("XINFO", info)}
 
@@ -415,45 +409,48 @@ defmodule Larder.Replica.RedisStream do
   defp request(conn, commands, extra_ms) do
     deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
 
-    case :gen_tcp.send(conn.socket, Enum.map(commands, &RESP.command/1)) do
-      :ok -> receive_replies(conn, :eredis_parser.init(), length(commands), [], 0, deadline)
+    case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
+      :ok -> receive_replies(conn, RESP.new(), length(commands), [], 0, deadline)
       {:error, reason} -> {:error, unavailable(reason, conn)}
     end
   end
 
-  defp receive_replies(_conn, _parser, 0, acc, _partial, _deadline),
+  defp command(args) do
+    ["*", Integer.to_string(length(args)), "\r\n"] ++
+      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
+  end
+
+  defp receive_replies(_conn, _reader, 0, acc, _bytes, _deadline),
     do: {:ok, Enum.reverse(acc)}
 
-  defp receive_replies(conn, parser, left, acc, partial, deadline) do
+  defp receive_replies(conn, reader, left, acc, bytes, deadline) do
     wait = max(0, deadline - System.monotonic_time(:millisecond))
 
     case :gen_tcp.recv(conn.socket, 0, wait) do
       {:ok, data} ->
-        case RESP.parse(parser, data, []) do
-          {:ok, replies, parser, tail} ->
+        bytes = bytes + byte_size(data)
+
+        case RESP.feed(reader, data) do
+          _ when bytes > conn.max ->
+            {:error,
+             Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+               max_reply_bytes: conn.max
+             )}
+
+          {:ok, replies, reader} ->
             n = length(replies)
-            partial = if n == 0, do: partial + tail, else: tail
 
-            cond do
-              n > left ->
-                {:error, bad_reply("more replies than commands", replies)}
-
-              partial > conn.max ->
-                {:error,
-                 Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
-                   max_reply_bytes: conn.max
-                 )}
-
-              true ->
+            if n > left,
+              do: {:error, bad_reply("more replies than commands", replies)},
+              else:
                 receive_replies(
                   conn,
-                  parser,
+                  reader,
                   left - n,
                   Enum.reverse(replies, acc),
-                  partial,
+                  bytes,
                   deadline
                 )
-            end
 
           :error ->
             {:error, Larder.Error.new(:source_bad_reply, "bytes that are not RESP")}
