@@ -147,16 +147,12 @@ defmodule Larder.Replica.RedisStream do
 
   defp parse_id(_), do: :error
 
-  defp u64(digits) when byte_size(digits) in 1..20 do
-    if digits =~ ~r/\A[0-9]+\z/ do
-      n = String.to_integer(digits)
-      if n <= @max_u64, do: {:ok, n}, else: :error
-    else
-      :error
-    end
-  end
-
+  defp u64(digits) when byte_size(digits) in 1..20, do: u64(digits, 0)
   defp u64(_), do: :error
+
+  defp u64(<<d, rest::binary>>, n) when d in ?0..?9, do: u64(rest, n * 10 + d - ?0)
+  defp u64(<<>>, n) when n <= @max_u64, do: {:ok, n}
+  defp u64(_rest, _n), do: :error
 
   ## Connection
 
@@ -164,7 +160,16 @@ defmodule Larder.Replica.RedisStream do
   def connect(opts) do
     redis = opts[:redis]
     host = if is_binary(redis[:host]), do: String.to_charlist(redis[:host]), else: redis[:host]
-    tcp = [:binary, active: false, packet: :raw, nodelay: true, send_timeout: redis[:timeout]]
+    # Large buffers: a catch-up's replies are megabytes, read in few packets.
+    tcp = [
+      :binary,
+      active: false,
+      packet: :raw,
+      nodelay: true,
+      send_timeout: redis[:timeout],
+      recbuf: 1_048_576,
+      buffer: 1_048_576
+    ]
 
     case :gen_tcp.connect(host, redis[:port], tcp, redis[:timeout]) do
       {:ok, socket} ->
@@ -350,14 +355,19 @@ defmodule Larder.Replica.RedisStream do
   end
 
   defp entries(:undefined, _stream, _after_id), do: {:ok, []}
-  defp entries([[stream, entries]], stream, after_id), do: check_entries(entries, after_id, [])
+
+  defp entries([[stream, entries]], stream, after_id) do
+    {:ok, last} = parse_id(after_id)
+    check_entries(entries, last, [])
+  end
+
   defp entries(other, _stream, _after_id), do: {:error, bad_reply("XREAD", other)}
 
+  # Ids that parse and increase, fields that are pairs of strings.
   defp check_entries([[id, fields] | rest], last, acc) when is_list(fields) do
-    with {:ok, _} <- cast_id(id),
-         :gt <- compare(id, last),
+    with {:ok, parsed} when parsed > last <- parse_id(id),
          {:ok, map} <- fields(fields, []) do
-      check_entries(rest, id, [{id, map} | acc])
+      check_entries(rest, parsed, [{id, map} | acc])
     else
       _ -> {:error, bad_reply("XREAD", [id, fields])}
     end

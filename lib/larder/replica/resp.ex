@@ -75,7 +75,44 @@ defmodule Larder.Replica.RESP do
   defp top({:error, message}), do: {:error, message}
   defp top(value), do: {:ok, value}
 
-  defp element(<<"$", rest::binary>>) do
+  defp element(<<"$", rest::binary>> = buf) do
+    case header(rest, 0, 0) do
+      {:ok, n, rest} ->
+        case rest do
+          <<bulk::binary-size(n), "\r\n", rest::binary>> ->
+            {:value, :binary.copy(bulk), rest}
+
+          _ when byte_size(rest) < n + 2 ->
+            {:incomplete, byte_size(buf) - byte_size(rest) + n + 2}
+
+          _ ->
+            :error
+        end
+
+      :slow ->
+        bulk_slow(rest)
+    end
+  end
+
+  defp element(<<"*", rest::binary>>) do
+    case header(rest, 0, 0) do
+      {:ok, n, rest} -> {:array, n, rest}
+      :slow -> array_slow(rest)
+    end
+  end
+
+  defp element(other), do: simple(other)
+
+  # The common header: 1 to 10 digits and CRLF, all in this packet.
+  defp header(<<d, rest::binary>>, n, len) when d in ?0..?9 and len < 10,
+    do: header(rest, n * 10 + d - ?0, len + 1)
+
+  defp header(<<"\r\n", rest::binary>>, n, len) when len > 0 and n <= 4_294_967_296,
+    do: {:ok, n, rest}
+
+  defp header(_other, _n, _len), do: :slow
+
+  defp bulk_slow(rest) do
     case line(rest) do
       {:line, "-1", rest} ->
         {:value, :undefined, rest}
@@ -103,7 +140,7 @@ defmodule Larder.Replica.RESP do
     end
   end
 
-  defp element(<<"*", rest::binary>>) do
+  defp array_slow(rest) do
     case line(rest) do
       {:line, "-1", rest} ->
         {:value, :undefined, rest}
@@ -119,21 +156,21 @@ defmodule Larder.Replica.RESP do
     end
   end
 
-  defp element(<<"+", rest::binary>>) do
+  defp simple(<<"+", rest::binary>>) do
     case line(rest) do
       {:line, text, rest} -> {:value, :binary.copy(text), rest}
       other -> other
     end
   end
 
-  defp element(<<"-", rest::binary>>) do
+  defp simple(<<"-", rest::binary>>) do
     case line(rest) do
       {:line, text, rest} -> {:value, {:error, :binary.copy(text)}, rest}
       other -> other
     end
   end
 
-  defp element(<<":", rest::binary>>) do
+  defp simple(<<":", rest::binary>>) do
     case line(rest) do
       {:line, text, rest} ->
         case Integer.parse(text) do
@@ -146,7 +183,7 @@ defmodule Larder.Replica.RESP do
     end
   end
 
-  defp element(_other), do: :error
+  defp simple(_other), do: :error
 
   defp line(buf) do
     case :binary.match(buf, "\r\n") do
