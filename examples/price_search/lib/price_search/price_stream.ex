@@ -180,6 +180,40 @@ defmodule PriceSearch.PriceStream do
     end
   end
 
+  @doc """
+  The lag of a replica following `stream` into `table`, sampled until
+  `deadline` (monotonic ms): every 5 ms a price change with a value no price
+  has is XADDed, then searched for (by its offering and spec, its value
+  checked) until found. Returns the lags in microseconds, each from before
+  the XADD to the search that found it.
+  """
+  @spec marker_lags(pid(), String.t(), atom(), tuple(), integer()) :: [non_neg_integer()]
+  def marker_lags(client, stream, table, prices, deadline, acc \\ []) do
+    if System.monotonic_time(:millisecond) >= deadline do
+      acc
+    else
+      price = change(prices)
+      marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
+      started = System.monotonic_time(:microsecond)
+      add(client, stream, [marker])
+      spin(table, marker)
+      lag = System.monotonic_time(:microsecond) - started
+      Process.sleep(5)
+      marker_lags(client, stream, table, prices, deadline, [lag | acc])
+    end
+  end
+
+  defp spin(table, marker) do
+    found =
+      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
+      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
+
+    unless found do
+      :erlang.yield()
+      spin(table, marker)
+    end
+  end
+
   @doc "A random price of `prices` (a tuple) with a new value."
   @spec change(tuple()) :: map()
   def change(prices) do
