@@ -31,6 +31,10 @@ defmodule Larder.Replica do
   the replica: a replica that is restarted builds it again from its
   snapshot, never on top of what the dead one left (see "Failures"). Only
   the replica writes it; a write from elsewhere is lost at the next restart.
+  A replica whose structure's name is still held (by its predecessor's
+  structure, which goes once that process's exit is seen) waits for it up
+  to 5 s; if the name is still taken then, `start_link/1` raises
+  `ArgumentError`, as `Larder.Table.new/1` does.
 
   ## Applying entries
 

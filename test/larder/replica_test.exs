@@ -119,6 +119,26 @@ defmodule Larder.ReplicaTest do
     assert Larder.Bag.lookup(name(ctx, "bag"), "2") == ["20"]
   end
 
+  test "entries too large for the batch size within :max_reply_bytes are read in smaller batches",
+       ctx do
+    big = String.duplicate("x", 3_000)
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..40, do: {:put, k, big}))
+
+    opts =
+      Log.opts(name(ctx, "r"), nil, ctx.server.port, ctx.stream,
+        into: {Larder.Bag, name: name(ctx, "bag")},
+        apply: fn %{"k" => k, "v" => v} -> {:insert, k, byte_size(v)} end,
+        source:
+          {Larder.Replica.RedisStream,
+           redis: [port: ctx.server.port, max_reply_bytes: 16_384], stream: ctx.stream}
+      )
+
+    replica = start!(opts)
+    assert Replica.await(replica, :latest, 20_000) == :ok
+    assert Larder.Bag.size(name(ctx, "bag")) == 40
+    assert Larder.Bag.lookup(name(ctx, "bag"), "40") == [3_000]
+  end
+
   test "replicas killed and restarted at random points while a producer writes each equal the model",
        ctx do
     Process.flag(:trap_exit, true)

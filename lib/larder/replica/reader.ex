@@ -84,6 +84,18 @@ defmodule Larder.Replica.Reader do
   defp failed(state, error) do
     send(state.server, {:replica_source_error, self(), error})
 
+    # A batch too large for the source's reply bound is read in halves
+    # (entries of a legitimate log can be larger than the batch size assumed).
+    state =
+      case error do
+        %Larder.Error{reason: :source_bad_reply, details: %{max_reply_bytes: _}}
+        when state.count > 1 ->
+          %{state | count: div(state.count, 2)}
+
+        _ ->
+          state
+      end
+
     unless state.failing do
       Logger.warning(
         "Larder.Replica: the source failed (#{Exception.message(error)}); " <>

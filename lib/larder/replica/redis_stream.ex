@@ -17,7 +17,9 @@ defmodule Larder.Replica.RedisStream do
         waiting for a reply beyond the read's own block time;
       * `:max_reply_bytes` - the largest reply accepted, `1_024..2^32`,
         default `67_108_864` (64 MiB); a larger one closes the connection
-        as a bad reply.
+        as a bad reply, and the replica reads half as many entries per
+        batch from then on (down to one), so a log of large entries is
+        still read.
 
   Ids are the stream's ids as Redis writes them (`"1700000000000-0"`);
   `origin/1` is `"0-0"`.
