@@ -47,12 +47,20 @@ defmodule Larder.Replica.Target do
 
   @doc "Creates the empty structure, owned by the calling process."
   @spec new(spec()) :: Larder.Table.t() | Larder.Bag.t()
-  def new({module, opts}), do: retry(fn -> module.new(opts) end)
+  def new({module, opts} = spec) do
+    await_name(spec)
+    retry(fn -> module.new(opts) end)
+  end
 
   @doc "Creates the structure from a dump, owned by the calling process."
   @spec load(spec(), Path.t()) ::
           {:ok, Larder.Table.t() | Larder.Bag.t()} | {:error, Larder.Error.t()}
-  def load({module, opts}, path), do: retry(fn -> module.load(path, opts) end)
+  def load({module, opts} = spec, path) do
+    # Waited for first: a load that finds the name taken has read the whole
+    # file for nothing.
+    await_name(spec)
+    retry(fn -> module.load(path, opts) end)
+  end
 
   @doc "Writes the structure's dump to `path`."
   @spec dump(spec(), Larder.Table.t() | Larder.Bag.t(), Path.t()) ::
@@ -62,6 +70,26 @@ defmodule Larder.Replica.Target do
   @doc "Drops the structure."
   @spec drop(spec(), Larder.Table.t() | Larder.Bag.t()) :: :ok
   def drop({module, _opts}, handle), do: module.drop(handle)
+
+  # While a live structure answers to the name (a predecessor's, whose
+  # owner is gone), up to @name_wait_ms.
+  defp await_name({module, opts}, waited \\ 0) do
+    name = opts[:name]
+
+    if name && waited < @name_wait_ms && live?(module, name) do
+      Process.sleep(5)
+      await_name({module, opts}, waited + 5)
+    else
+      :ok
+    end
+  end
+
+  defp live?(module, name) do
+    _ = module.size(name)
+    true
+  rescue
+    ArgumentError -> false
+  end
 
   defp retry(fun, waited \\ 0) do
     fun.()
