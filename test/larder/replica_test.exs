@@ -378,6 +378,18 @@ defmodule Larder.ReplicaTest do
       assert Log.contents(name(ctx, "t")) == Map.new(1..11, &{&1, &1})
     end
 
+    test "leaves one dump, and sweeps the files of dumps killed mid-write", ctx do
+      stale = [ctx.path <> ".1-aa.dump", ctx.path <> ".2-bb.dump.123.0123456789abcdef-7.tmp"]
+      for file <- stale, do: File.write!(file, "x")
+      Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
+      replica = start!(ctx.opts)
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert {:ok, _} = Replica.snapshot(replica)
+      files = File.ls!(Path.dirname(ctx.path))
+      assert Enum.count(files, &String.ends_with?(&1, ".dump")) == 1
+      refute Enum.any?(stale, &File.exists?/1)
+    end
+
     test "of another stream is refused", ctx do
       opts =
         Keyword.put(

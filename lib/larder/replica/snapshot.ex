@@ -90,7 +90,12 @@ defmodule Larder.Replica.Snapshot do
     end
   end
 
-  # Deletes `<path>.*.dump` files other than `keep`.
+  # Deletes `<path>.*.dump` files other than `keep`, and the temporary
+  # files of dumps killed mid-write (`<path>.*.dump.*.tmp`: each dump has a
+  # path of its own, so the structure's own sweep, which deletes the
+  # temporary files of the path it writes, never meets them). Run after a
+  # commit, when no dump of this replica is being written; one replica per
+  # snapshot path.
   defp sweep(path, keep) do
     dir = Path.dirname(path)
     prefix = Path.basename(path) <> "."
@@ -100,7 +105,7 @@ defmodule Larder.Replica.Snapshot do
         for name <- names,
             name != keep,
             String.starts_with?(name, prefix),
-            String.ends_with?(name, ".dump"),
+            String.ends_with?(name, ".dump") or name =~ ~r/\.dump\..*\.tmp\z/,
             do: File.rm(Path.join(dir, name))
 
         :ok
