@@ -19,6 +19,10 @@ defmodule Larder do
     * `Larder.Table` - map records keyed by a primary key in ETS, with
       secondary indexes held as Roaring bitmaps by a Rust NIF
       (`Larder.Index`), searched by ANDing the bitmaps smallest first.
+    * `Larder.Replica` - a Table or Bag on every node kept equal to a log
+      (a Redis Stream, or any `Larder.Replica.Source`): read in batches,
+      snapshotted with the id of the last entry applied, restarted from
+      that snapshot, with `await/3` for "caught up".
 
   Every performance claim in these docs comes from a benchmark under `bench/`
   that measures Larder side by side with the ETS (or Redis) baseline in the

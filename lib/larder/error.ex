@@ -34,6 +34,22 @@ defmodule Larder.Error do
     * `:l2_bad_reply` - the L2 answered with something its protocol does
       not allow (a server on the port that is not Redis, a reply of the
       wrong type or size).
+    * `:definition_mismatch` - `Larder.Table.load/2` (and a
+      `Larder.Replica` starting from its snapshot): the file's table
+      definition differs from the options.
+    * `:snapshot_mismatch` - `Larder.Replica.start_link/1`: the snapshot
+      was written by a replica of another log or another structure.
+    * `:offset_trimmed` - `Larder.Replica`: the log lost entries after the
+      replica's id (with `on_trimmed: :stop`).
+    * `:apply_failed` - `Larder.Replica`: the apply function rejected an
+      entry (with `on_error: :stop`); `details.id` is the entry's id.
+    * `:source_unavailable`, `:source_failed`, `:source_bad_reply` - a
+      `Larder.Replica.Source` could not be reached, answered with an error,
+      or answered with something its protocol does not allow.
+    * `:timeout` - `Larder.Replica.await/3`: the id was not reached in time.
+    * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
+    * `:no_snapshot_path` - `Larder.Replica.snapshot/1` on a replica
+      without `:snapshot`.
     * `:internal` - `Larder.Index`: the NIF could not rebuild a stored
       term; a bug in Larder, not in the caller's input.
 
@@ -50,6 +66,16 @@ defmodule Larder.Error do
           | :l2_unavailable
           | :l2_failed
           | :l2_bad_reply
+          | :definition_mismatch
+          | :snapshot_mismatch
+          | :offset_trimmed
+          | :apply_failed
+          | :source_unavailable
+          | :source_failed
+          | :source_bad_reply
+          | :timeout
+          | :replica_stopped
+          | :no_snapshot_path
           | :internal
           | atom()
   @type t :: %__MODULE__{reason: reason(), message: String.t() | nil, details: map()}

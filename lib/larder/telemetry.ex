@@ -147,6 +147,14 @@ defmodule Larder.Telemetry do
   records, a dropped table, an `upsert/3` function that raised). A table
   without events costs each search one check of a field of its handle.
 
+  ## Replica events
+
+  `Larder.Replica` emits `[:larder, :replica, :batch]`, `[:larder, :replica,
+  :rejected]`, `[:larder, :replica, :snapshot]`, `[:larder, :replica,
+  :trimmed]` and `[:larder, :replica, :source, :error]`, from the replica's
+  own process; their measurements and metadata are listed in
+  `Larder.Replica`, "Telemetry". `telemetry: false` turns them off.
+
   ## Register events
 
     * `[:larder, :register, :lock, :takeover]`: a writer (or a reader that

@@ -52,7 +52,7 @@ defmodule PriceSearch.Store do
 
   @typedoc "A loaded catalogue."
   @type t :: %__MODULE__{
-          table: Table.t(),
+          table: Table.table(),
           map_index: Catalogue.map_index(),
           offerings: %{String.t() => true},
           groups: %{String.t() => true},
@@ -65,9 +65,10 @@ defmodule PriceSearch.Store do
 
   @typedoc """
   Where the loaded data came from: a snapshot, the CSV (no usable snapshot),
-  or a `:load` function (no snapshot is kept).
+  a `:load` function (no snapshot is kept), or a stream a `Larder.Replica`
+  follows (`:follow`).
   """
-  @type origin :: :snapshot | :csv | :load
+  @type origin :: :snapshot | :csv | :load | :stream
 
   # The fields a search answers with, as the Go bitmap service keeps them.
   @store [:idx, :spec, :value, :currency, :is_default]
@@ -85,14 +86,26 @@ defmodule PriceSearch.Store do
       `{source, prices}`; no snapshot is kept.
       Default: the shared CSV when present (as `:csv`), the generated
       catalogue otherwise (`PriceSearch.Catalogue.reference_or_generated/0`).
+    * `:follow` - `{replica, table}`: search `table` (a name), which the
+      `Larder.Replica` `replica` keeps equal to a `prices` stream
+      (`PriceSearch.PriceStream`), instead of a table of the store's own;
+      the store is ready once the replica has applied the stream's last
+      entry (`Larder.Replica.await/3`). The bitmap searches then follow the
+      stream; the map index and the sets of known values are the
+      catalogue's (`:csv` or `:load`), read once at start.
     * `:snapshot_dir` - the snapshots' directory, or `false` for none.
       Default: `PriceSearch.Snapshot.default_dir/0` (`PRICE_SEARCH_SNAPSHOT_DIR`,
       else outside the source tree).
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
+    {follow, opts} = Keyword.pop(opts, :follow)
+
+    unless follow == nil or match?({r, t} when is_atom(r) and is_atom(t), follow),
+      do: raise(ArgumentError, ":follow must be {replica, table}, got: #{inspect(follow)}")
+
     {name, load, dir} = options!(opts)
-    GenServer.start_link(__MODULE__, {name, load, dir}, name: name)
+    GenServer.start_link(__MODULE__, {name, load, dir, follow}, name: name)
   end
 
   defp options!(opts) do
@@ -165,10 +178,10 @@ defmodule PriceSearch.Store do
   end
 
   @impl true
-  def init({name, load, dir}) do
+  def init({name, load, dir, follow}) do
     # Unpublished before its table goes, so no request searches a dropped table.
     Process.flag(:trap_exit, true)
-    {:ok, %{name: name, load: load, dir: dir, table: nil}, {:continue, :load}}
+    {:ok, %{name: name, load: load, dir: dir, table: nil, follow: follow}, {:continue, :load}}
   end
 
   @impl true
@@ -222,6 +235,23 @@ defmodule PriceSearch.Store do
   end
 
   # {source, origin, table, prices, base of a snapshot to write or nil}
+  defp load(%{follow: {replica, table}} = state) do
+    {source, prices} =
+      case state.load do
+        {:csv, csv} ->
+          case Catalogue.load(csv) do
+            {:ok, prices} -> {csv, prices}
+            {:error, _} -> {"generated (seed 1)", Catalogue.generate()}
+          end
+
+        load ->
+          load.()
+      end
+
+    await_replica(replica)
+    {"#{source}, searched in the stream's replica", :stream, table, prices, nil}
+  end
+
   defp load(%{load: {:csv, csv}, dir: dir}) do
     base =
       with dir when is_binary(dir) <- dir,
@@ -266,6 +296,20 @@ defmodule PriceSearch.Store do
 
         prices = Catalogue.generate()
         {"generated (seed 1)", :load, build(prices), prices, nil}
+    end
+  end
+
+  # Until the replica has applied the stream's last entry; Redis down only
+  # delays it.
+  defp await_replica(replica) do
+    case Larder.Replica.await(replica, :latest, :infinity) do
+      :ok ->
+        :ok
+
+      {:error, error} ->
+        Logger.warning("waiting for the prices stream: #{Exception.message(error)}")
+        Process.sleep(1_000)
+        await_replica(replica)
     end
   end
 

@@ -1,0 +1,129 @@
+# Larder.Replica: the price catalogue as a `prices` Redis Stream (the shared
+# 487,200-price file, read from ../shared/data, or the generated catalogue),
+# followed into a `store:` Table by a replica: a fresh node catching up from
+# zero, a restarted node catching up from its snapshot, and the lag under a
+# steady producer. Stream code: examples/price_search (PriceSearch.PriceStream).
+Code.require_file("../../support/redis_server.ex", __DIR__)
+Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
+Code.require_file("../price_search/lib/price_search/price_stream.ex", __DIR__)
+
+defmodule Demo.Replica do
+  alias Larder.{Bench, Replica, Table}
+  alias Larder.Support.RedisServer
+  alias PriceSearch.{Catalogue, PriceStream}
+
+  @stream "prices"
+  @rate 5_000
+
+  def run do
+    IO.puts("\n## Larder.Replica: a Table on every node, fed from a Redis Stream\n")
+
+    if RedisServer.available?() do
+      redis = RedisServer.start()
+      dir = Path.join(System.tmp_dir!(), "larder-replica-demo-#{System.pid()}")
+      File.mkdir_p!(dir)
+
+      try do
+        demo(redis, dir)
+      after
+        RedisServer.stop(redis)
+        File.rm_rf(dir)
+      end
+    else
+      IO.puts("redis-server is not installed: skipped.")
+    end
+  end
+
+  defp opts(redis, dir) do
+    PriceStream.replica_opts(:demo_replica, :demo_prices, [port: redis.port], @stream,
+      snapshot: Path.join(dir, "prices.snap"),
+      snapshot_every: 86_400_000
+    )
+  end
+
+  defp start!(opts) do
+    {:ok, pid} = Replica.start_link(opts)
+    Process.unlink(pid)
+    pid
+  end
+
+  defp ms(us), do: "#{round(us / 1_000)} ms"
+  defp rate(n, us), do: "#{round(n * 1_000_000 / max(us, 1))} entries/s"
+
+  defp demo(redis, dir) do
+    {source, prices, requests} = Catalogue.reference_or_generated()
+    n = length(prices)
+    client = PriceStream.connect(port: redis.port)
+
+    {us, _} = :timer.tc(fn -> PriceStream.fill(client, @stream, prices) end)
+
+    IO.puts(
+      "stream #{inspect(@stream)} filled with #{n} prices of #{source}: #{ms(us)} (#{rate(n, us)})"
+    )
+
+    # A fresh node: from zero to await(:latest).
+    {us, pid} =
+      :timer.tc(fn ->
+        pid = start!(opts(redis, dir))
+        :ok = Replica.await(pid, :latest, :infinity)
+        pid
+      end)
+
+    IO.puts(
+      "fresh node caught up from zero: #{Table.size(:demo_prices)} prices in #{ms(us)} (#{rate(n, us)})"
+    )
+
+    # Its answers are the catalogue's.
+    conditions = hd(requests)
+    [answer] = Table.search(:demo_prices, conditions)
+    [expected] = Catalogue.filter(prices, conditions)
+    true = answer.value == expected.value
+
+    IO.puts(
+      "  a reference request answers #{answer.value} #{answer.currency}, as the catalogue says"
+    )
+
+    # A restarted node: a snapshot, a crash, 10,000 changes, a restart.
+    {snap_us, {:ok, _}} = :timer.tc(fn -> Replica.snapshot(pid) end)
+    Process.exit(pid, :kill)
+    IO.puts("snapshot written in #{ms(snap_us)}; the node is killed")
+    table = List.to_tuple(prices)
+    PriceStream.add(client, @stream, for(_ <- 1..10_000, do: PriceStream.change(table)))
+
+    {us, pid} =
+      :timer.tc(fn ->
+        pid = start!(opts(redis, dir))
+        :ok = Replica.await(pid, :latest, :infinity)
+        pid
+      end)
+
+    IO.puts("restarted node: snapshot loaded and 10,000 new entries applied, ready in #{ms(us)}")
+
+    # Lag under a steady producer.
+    seconds = 3
+    producer_client = PriceStream.connect(port: redis.port)
+
+    producer =
+      Task.async(fn ->
+        PriceStream.produce(producer_client, @stream, table, @rate, seconds * 1_000)
+      end)
+
+    deadline = System.monotonic_time(:millisecond) + seconds * 1_000
+    lags = PriceStream.marker_lags(client, @stream, :demo_prices, table, deadline)
+    sent = Task.await(producer, 60_000)
+    result = Bench.summarize(lags, nil, 1)
+
+    IO.puts(
+      "lag under a producer of #{@rate} entries/s (#{sent} entries in #{seconds} s), " <>
+        "XADD to visible in a search, #{length(lags)} markers: median #{Bench.fmt_us(result.median_us)}, " <>
+        "p99 #{Bench.fmt_us(result.p99_us)}"
+    )
+
+    :ok = GenServer.stop(pid)
+    :eredis.stop(producer_client)
+    :eredis.stop(client)
+    IO.puts("`mix run bench/replica_bench.exs` measures these against their targets.")
+  end
+end
+
+Demo.Replica.run()

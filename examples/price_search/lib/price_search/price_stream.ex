@@ -1,0 +1,223 @@
+defmodule PriceSearch.PriceStream do
+  @moduledoc """
+  The `prices` Redis Stream that a price search service can follow through a
+  `Larder.Replica`: a price as the fields of a stream entry, the replica's
+  apply function, the replica's options, and a producer that `XADD`s prices
+  (eredis, from Debian's erlang-redis-client).
+
+  An entry is a price, its fields named as the CSV's columns:
+
+      idx offeringId groupId spec chars values value isDefault currency
+
+  (`chars` and `values` joined by `|`, as in the CSV), or a deletion:
+  `op del idx <idx>`. `make demo` (`examples/demo/70_replica.exs`) and
+  `bench/replica_bench.exs` load this file with `Code.require_file/1`, so it
+  depends on nothing but Larder and eredis.
+  """
+
+  @doc "The fields of a stream entry that sets `price`."
+  @spec fields(map()) :: [binary()]
+  def fields(price) do
+    [
+      "idx",
+      Integer.to_string(price.idx),
+      "offeringId",
+      price.offering_id,
+      "groupId",
+      price.group_id,
+      "spec",
+      price.spec,
+      "chars",
+      Enum.map_join(price.chars, "|", & &1.char),
+      "values",
+      Enum.map_join(price.chars, "|", & &1.value),
+      "value",
+      Integer.to_string(price.value),
+      "isDefault",
+      if(price.is_default, do: "true", else: "false"),
+      "currency",
+      price.currency
+    ]
+  end
+
+  @doc """
+  The replica's apply function: an entry's fields to `{:insert, price}` or
+  `{:delete, idx}`. Raises on an entry of another shape (the replica then
+  stops or skips it, by its `:on_error`). The characteristics list of each
+  distinct `chars`/`values` pair is decoded once and shared, as the CSV
+  loader shares it (a cache in the replica's process dictionary, at most
+  100,000 lists).
+  """
+  @spec apply_entry(%{binary() => binary()}) :: {:insert, map()} | {:delete, integer()}
+  def apply_entry(%{"op" => "del", "idx" => idx}), do: {:delete, String.to_integer(idx)}
+
+  def apply_entry(%{
+        "idx" => idx,
+        "offeringId" => offering,
+        "groupId" => group,
+        "spec" => spec,
+        "chars" => chars,
+        "values" => values,
+        "value" => value,
+        "isDefault" => default,
+        "currency" => currency
+      }) do
+    {:insert,
+     %{
+       idx: String.to_integer(idx),
+       offering_id: offering,
+       group_id: group,
+       spec: spec,
+       chars: chars(chars, values),
+       value: String.to_integer(value),
+       is_default: default == "true",
+       currency: currency
+     }}
+  end
+
+  defp chars(chars, values) do
+    key = {__MODULE__, chars, values}
+
+    case Process.get(key) do
+      nil ->
+        list =
+          Enum.zip_with(String.split(chars, "|"), String.split(values, "|"), fn c, v ->
+            %{char: c, value: v}
+          end)
+
+        count = Process.get({__MODULE__, :count}, 0)
+
+        if count >= 100_000 do
+          for {{__MODULE__, _, _} = k, _} <- Process.get(), do: Process.delete(k)
+          Process.put({__MODULE__, :count}, 0)
+        end
+
+        Process.put(key, list)
+        Process.put({__MODULE__, :count}, Process.get({__MODULE__, :count}, 0) + 1)
+        list
+
+      list ->
+        list
+    end
+  end
+
+  @doc """
+  The options of a replica that keeps the table `table` (the catalogue's
+  indexes, `store:` the fields the service answers with) equal to `stream`.
+  """
+  @spec replica_opts(atom(), atom(), keyword(), String.t(), keyword()) :: keyword()
+  def replica_opts(name, table, redis, stream, extra \\ []) do
+    store = [:idx, :spec, :value, :currency, :is_default]
+
+    Keyword.merge(
+      [
+        name: name,
+        into: {Larder.Table, PriceSearch.Catalogue.table_opts(name: table, store: store)},
+        source: {Larder.Replica.RedisStream, redis: redis, stream: stream},
+        apply: &__MODULE__.apply_entry/1,
+        batch_size: 5_000,
+        block_ms: 1_000
+      ],
+      extra
+    )
+  end
+
+  @doc "Connects to Redis (eredis)."
+  @spec connect(keyword()) :: pid()
+  def connect(redis) do
+    host = redis |> Keyword.get(:host, "127.0.0.1") |> to_charlist()
+    {:ok, client} = :eredis.start_link(host, Keyword.get(redis, :port, 6379))
+    client
+  end
+
+  @doc "XADDs `prices` to `stream`, pipelined in chunks; returns the last id."
+  @spec fill(pid(), String.t(), Enumerable.t(), pos_integer()) :: binary() | nil
+  def fill(client, stream, prices, chunk \\ 2_000) do
+    prices
+    |> Stream.chunk_every(chunk)
+    |> Enum.reduce(nil, fn chunk, _last -> add(client, stream, chunk) end)
+  end
+
+  @doc "XADDs `prices` in one pipeline; returns the last id."
+  @spec add(pid(), String.t(), [map()]) :: binary()
+  def add(client, stream, prices) do
+    client
+    |> :eredis.qp(Enum.map(prices, &["XADD", stream, "*" | fields(&1)]), 60_000)
+    |> List.last()
+    |> then(fn {:ok, id} -> id end)
+  end
+
+  @doc """
+  A steady producer: XADDs price changes (a price of `prices` with a new
+  value) at `rate` entries per second, in a batch every 10 ms, for
+  `duration_ms`. Returns the number of entries added.
+  """
+  @spec produce(pid(), String.t(), tuple(), pos_integer(), pos_integer()) :: non_neg_integer()
+  def produce(client, stream, prices, rate, duration_ms) do
+    started = System.monotonic_time(:millisecond)
+    produce(client, stream, prices, rate, started, started + duration_ms, 0)
+  end
+
+  defp produce(client, stream, prices, rate, started, deadline, sent) do
+    now = System.monotonic_time(:millisecond)
+
+    if now >= deadline do
+      sent
+    else
+      due = div((now - started) * rate, 1_000)
+
+      sent =
+        if due > sent do
+          batch = for _ <- 1..(due - sent), do: change(prices)
+          add(client, stream, batch)
+          due
+        else
+          sent
+        end
+
+      Process.sleep(min(10, max(0, deadline - now)))
+      produce(client, stream, prices, rate, started, deadline, sent)
+    end
+  end
+
+  @doc """
+  The lag of a replica following `stream` into `table`, sampled until
+  `deadline` (monotonic ms): every 5 ms a price change with a value no price
+  has is XADDed, then searched for (by its offering and spec, its value
+  checked) until found. Returns the lags in microseconds, each from before
+  the XADD to the search that found it.
+  """
+  @spec marker_lags(pid(), String.t(), atom(), tuple(), integer()) :: [non_neg_integer()]
+  def marker_lags(client, stream, table, prices, deadline, acc \\ []) do
+    if System.monotonic_time(:millisecond) >= deadline do
+      acc
+    else
+      price = change(prices)
+      marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
+      started = System.monotonic_time(:microsecond)
+      add(client, stream, [marker])
+      spin(table, marker)
+      lag = System.monotonic_time(:microsecond) - started
+      Process.sleep(5)
+      marker_lags(client, stream, table, prices, deadline, [lag | acc])
+    end
+  end
+
+  defp spin(table, marker) do
+    found =
+      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
+      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
+
+    unless found do
+      :erlang.yield()
+      spin(table, marker)
+    end
+  end
+
+  @doc "A random price of `prices` (a tuple) with a new value."
+  @spec change(tuple()) :: map()
+  def change(prices) do
+    price = elem(prices, :rand.uniform(tuple_size(prices)) - 1)
+    %{price | value: :rand.uniform(1_000_000)}
+  end
+end

@@ -1,0 +1,70 @@
+defmodule PriceSearch.PriceStreamTest do
+  # The prices stream: a price survives its trip through the stream's
+  # fields, and a store that follows a stream (through a Larder.Replica on
+  # a real redis-server) answers with the stream's latest prices.
+  use ExUnit.Case, async: true
+
+  Code.require_file("../../../support/redis_server.ex", __DIR__)
+
+  alias Larder.Replica
+  alias Larder.Support.RedisServer
+  alias Larder.Table
+  alias PriceSearch.{Catalogue, PriceStream, Store}
+
+  @moduletag :redis
+
+  test "a price as stream fields and back" do
+    for price <- Enum.take(Catalogue.generate(), 50) do
+      fields =
+        price |> PriceStream.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
+
+      assert PriceStream.apply_entry(fields) == {:insert, price}
+    end
+
+    assert PriceStream.apply_entry(%{"op" => "del", "idx" => "7"}) == {:delete, 7}
+  end
+
+  test "a store that follows a stream answers with its latest prices", ctx do
+    redis = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(redis) end)
+    prices = Enum.take(Catalogue.generate(), 500)
+    client = PriceStream.connect(port: redis.port)
+    PriceStream.fill(client, "prices", prices)
+
+    replica = :"#{ctx.test} replica"
+    table = :"#{ctx.test} table"
+    store = :"#{ctx.test} store"
+
+    start_supervised!(
+      {Replica, PriceStream.replica_opts(replica, table, [port: redis.port], "prices")}
+    )
+
+    start_supervised!(
+      {Store,
+       name: store,
+       load: fn -> {"test", prices} end,
+       follow: {replica, table},
+       snapshot_dir: false}
+    )
+
+    loaded =
+      RedisServer.wait_until(30_000, "the store", fn ->
+        match?({:ok, _}, Store.fetch(store)) and Store.fetch(store)
+      end)
+
+    {:ok, %Store{origin: :stream}} = loaded
+    price = Enum.at(prices, 42)
+
+    conditions =
+      [offering_id: price.offering_id, group_id: price.group_id, spec: price.spec] ++
+        Enum.map(price.chars, &{:char, {&1.char, &1.value}})
+
+    assert [%{idx: 42, value: value}] = Table.search(table, conditions)
+    assert value == price.value
+
+    PriceStream.add(client, "prices", [%{price | value: 4_242}])
+    assert Replica.await(replica, :latest, 10_000) == :ok
+    assert [%{idx: 42, value: 4_242}] = Table.search(table, conditions)
+    :eredis.stop(client)
+  end
+end

@@ -1,0 +1,116 @@
+# The reader of a replica: a process linked to the replica's server that
+# connects to the source, reads batches after the last id it handed over,
+# and hands each batch to the server, reading the next one while the server
+# applies it (at most one batch waits for the server). A source error closes
+# the connection and waits (100 ms doubling to 2 s) before connecting again.
+defmodule Larder.Replica.Reader do
+  @moduledoc false
+
+  require Logger
+
+  @min_wait_ms 100
+  @max_wait_ms 2_000
+
+  @doc """
+  Starts the reader, linked to the caller (the server), reading after
+  `after_id`. It sends the server `{:replica_batch, reader, entries}`,
+  `{:replica_trimmed, reader, resume_after}` (and then waits for
+  `{:replica_resume, id}`) and `{:replica_source_error, reader, error}`.
+  """
+  @spec start_link(module(), keyword(), term(), pos_integer(), non_neg_integer()) :: pid()
+  def start_link(source, opts, after_id, batch_size, block_ms) do
+    server = self()
+
+    spawn_link(fn ->
+      state = %{
+        server: server,
+        source: source,
+        opts: opts,
+        after: after_id,
+        count: batch_size,
+        block: block_ms,
+        conn: nil,
+        wait: @min_wait_ms,
+        unacked: false,
+        failing: false
+      }
+
+      loop(state)
+    end)
+  end
+
+  defp loop(%{conn: nil} = state) do
+    case state.source.connect(state.opts) do
+      {:ok, conn} -> loop(%{state | conn: conn})
+      {:error, error} -> failed(state, error)
+    end
+  end
+
+  defp loop(state) do
+    case state.source.read(state.conn, state.after, state.count, state.block) do
+      {:ok, [], conn} ->
+        loop(recovered(%{state | conn: conn}))
+
+      {:ok, entries, conn} ->
+        state = state |> recovered() |> await_ack()
+        send(state.server, {:replica_batch, self(), entries})
+        {last, _fields} = List.last(entries)
+        loop(%{state | conn: conn, after: last, unacked: true})
+
+      {:trimmed, resume_after, conn} ->
+        state = await_ack(%{state | conn: conn})
+        send(state.server, {:replica_trimmed, self(), resume_after})
+
+        receive do
+          {:replica_resume, id} -> loop(%{state | after: id})
+        end
+
+      {:error, error, conn} ->
+        state.source.close(conn)
+        failed(%{state | conn: nil}, error)
+    end
+  end
+
+  # The server acknowledges each batch once applied; a new one is sent only
+  # after that, so at most one batch sits in the server's mailbox.
+  defp await_ack(%{unacked: false} = state), do: state
+
+  defp await_ack(state) do
+    receive do
+      :replica_ack -> %{state | unacked: false}
+    end
+  end
+
+  defp failed(state, error) do
+    send(state.server, {:replica_source_error, self(), error})
+
+    # A batch too large for the source's reply bound is read in halves
+    # (entries of a legitimate log can be larger than the batch size assumed).
+    state =
+      case error do
+        %Larder.Error{reason: :source_bad_reply, details: %{max_reply_bytes: _}}
+        when state.count > 1 ->
+          %{state | count: div(state.count, 2)}
+
+        _ ->
+          state
+      end
+
+    unless state.failing do
+      Logger.warning(
+        "Larder.Replica: the source failed (#{Exception.message(error)}); " <>
+          "retrying every #{state.wait}..#{@max_wait_ms} ms from #{inspect(state.after)}"
+      )
+    end
+
+    Process.sleep(state.wait)
+    loop(%{state | wait: min(state.wait * 2, @max_wait_ms), failing: true})
+  end
+
+  defp recovered(%{failing: true} = state) do
+    Logger.info("Larder.Replica: the source answers again")
+    %{state | failing: false, wait: @min_wait_ms}
+  end
+
+  defp recovered(state), do: state
+end

@@ -1,0 +1,495 @@
+defmodule Larder.Replica.RedisStream do
+  @moduledoc """
+  A `Larder.Replica.Source` that reads a Redis Stream (Redis 5 or later;
+  reading from the beginning of a trimmed stream is detected from Redis 7 on).
+
+      {Larder.Replica.RedisStream,
+       redis: [host: "127.0.0.1", port: 6379], stream: "prices"}
+
+  Options:
+
+    * `:stream` (required) - the stream's key, 1 to 1,024 bytes.
+    * `:redis` - the server: a keyword list of
+      * `:host` - a string or charlist, default `"127.0.0.1"`;
+      * `:port` - `1..65_535`, default `6379`;
+      * `:password` - a string sent with `AUTH`, or `nil` (default);
+      * `:timeout` - ms, `1..60_000`, default `5_000`: connecting, and
+        waiting for a reply beyond the read's own block time;
+      * `:max_reply_bytes` - the largest reply accepted, `1_024..2^32`,
+        default `67_108_864` (64 MiB); a larger one closes the connection
+        as a bad reply, and the replica reads half as many entries per
+        batch from then on (down to one), so a log of large entries is
+        still read.
+
+  Ids are the stream's ids as Redis writes them (`"1700000000000-0"`);
+  `origin/1` is `"0-0"`.
+
+  ## Reading
+
+  Each read is one round trip of `MULTI`, `XINFO STREAM`, `XREAD COUNT n
+  STREAMS key after`, `EXEC`: the trim check and the read are one atomic
+  step on the server, so no trim can fall between them. When that read
+  returns nothing, the source waits with `XREAD COUNT 1 BLOCK ms STREAMS key
+  after` and, when an entry arrives, does the atomic read again (so a
+  wake-up costs two round trips; a batch of a catch-up costs one).
+
+  ## Trimming
+
+  The read reports `{:trimmed, resume_after, conn}` when `XINFO STREAM`
+  shows that entries after the replica's id may have been removed
+  (`XTRIM`, `XADD ... MAXLEN`/`MINID`):
+
+    * the stream's first entry is above the replica's id and is not the id
+      right after it (`"<ms>-<seq + 1>"`): entries between the two may have
+      existed. The check is conservative: when the replica's own entry and
+      those before it were trimmed and the next entry's id is in a later
+      millisecond, a trim that lost nothing is reported too (never the
+      reverse). `resume_after` is the id just before the first entry;
+    * the stream is empty and its last generated id is above the replica's;
+    * reading from the beginning (`"0-0"`), the stream has added more
+      entries than it holds (`entries-added`, Redis 7).
+
+  A stream that does not exist is empty; if the replica's id is above
+  `"0-0"` it was deleted, which is reported as trimmed after `"0-0"`. An
+  entry removed with `XDEL` after the replica's id, with entries before
+  and after it still there, is not detected: it is no longer in the log.
+
+  ## Failures
+
+  The source uses a socket of its own and its own RESP reader (not eredis:
+  its client crashes on bytes that are not RESP and buffers a bulk reply of
+  any declared length, and its parser reads an unfinished nested reply again
+  from its start on every packet, which makes a large `XREAD` reply
+  quadratic); it needs no eredis. Every reply is checked: the replies of
+  one round trip larger than `:max_reply_bytes` in all, bytes that are not RESP, a reply of the wrong
+  shape, an id that does not parse or does not increase, fields that are
+  not pairs of strings: each is `{:error, %Larder.Error{reason:
+  :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
+  `:source_failed`; a refused connection, a closed one or a timeout is
+  `:source_unavailable`. None raises.
+  """
+
+  @behaviour Larder.Replica.Source
+
+  alias Larder.Replica.RESP
+
+  @what "Larder.Replica.RedisStream"
+  @max_max_reply_bytes 4_294_967_296
+  @max_u64 18_446_744_073_709_551_615
+
+  @impl true
+  def validate!(opts) do
+    opts =
+      Larder.Options.validate!(
+        opts,
+        [
+          stream: {{:string, 1, 1_024}, :required},
+          redis: {{:custom, "a keyword list", &Keyword.keyword?/1}, []}
+        ],
+        @what
+      )
+
+    redis =
+      Larder.Options.validate!(
+        opts[:redis],
+        [
+          host: {{:custom, "a non-empty string or charlist", &host?/1}, "127.0.0.1"},
+          port: {{:integer, 1, 65_535}, 6379},
+          password: {{:or_nil, {:string, 0, 1_024}}, nil},
+          timeout: {{:integer, 1, 60_000}, 5_000},
+          max_reply_bytes: {{:integer, 1_024, @max_max_reply_bytes}, 67_108_864}
+        ],
+        "#{@what} :redis"
+      )
+
+    Keyword.put(opts, :redis, redis)
+  end
+
+  defp host?(host) when is_binary(host), do: host != "" and String.valid?(host)
+  defp host?(host) when is_list(host), do: host != [] and List.ascii_printable?(host)
+  defp host?(_), do: false
+
+  @impl true
+  def identity(opts), do: opts[:stream]
+
+  @impl true
+  def origin(_opts), do: "0-0"
+
+  @impl true
+  def cast_id(id) when is_binary(id) and byte_size(id) <= 41 do
+    case parse_id(id) do
+      {:ok, _} -> {:ok, id}
+      :error -> :error
+    end
+  end
+
+  def cast_id(_id), do: :error
+
+  @impl true
+  def compare(a, b) do
+    {:ok, a} = parse_id(a)
+    {:ok, b} = parse_id(b)
+
+    cond do
+      a < b -> :lt
+      a > b -> :gt
+      true -> :eq
+    end
+  end
+
+  defp parse_id(id) when is_binary(id) do
+    with [ms, seq] <- :binary.split(id, "-"),
+         {:ok, ms} <- u64(ms),
+         {:ok, seq} <- u64(seq) do
+      {:ok, {ms, seq}}
+    else
+      _ -> :error
+    end
+  end
+
+  defp parse_id(_), do: :error
+
+  defp u64(digits) when byte_size(digits) in 1..20, do: u64(digits, 0)
+  defp u64(_), do: :error
+
+  defp u64(<<d, rest::binary>>, n) when d in ?0..?9, do: u64(rest, n * 10 + d - ?0)
+  defp u64(<<>>, n) when n <= @max_u64, do: {:ok, n}
+  defp u64(_rest, _n), do: :error
+
+  ## Connection
+
+  @impl true
+  def connect(opts) do
+    redis = opts[:redis]
+    host = if is_binary(redis[:host]), do: String.to_charlist(redis[:host]), else: redis[:host]
+    # Large buffers: a catch-up's replies are megabytes, read in few packets.
+    tcp = [
+      :binary,
+      active: false,
+      packet: :raw,
+      nodelay: true,
+      send_timeout: redis[:timeout],
+      recbuf: 1_048_576,
+      buffer: 1_048_576
+    ]
+
+    case :gen_tcp.connect(host, redis[:port], tcp, redis[:timeout]) do
+      {:ok, socket} ->
+        conn = %{
+          socket: socket,
+          stream: opts[:stream],
+          timeout: redis[:timeout],
+          max: redis[:max_reply_bytes]
+        }
+
+        auth(conn, redis[:password])
+
+      {:error, reason} ->
+        {:error, unavailable(reason, opts)}
+    end
+  catch
+    # :gen_tcp.connect/4 raises on a host it cannot take.
+    _kind, reason -> {:error, unavailable(reason, opts)}
+  end
+
+  defp auth(conn, nil), do: {:ok, conn}
+
+  defp auth(conn, password) do
+    case request(conn, [["AUTH", password]], 0) do
+      {:ok, [{:ok, "OK"}]} ->
+        {:ok, conn}
+
+      {:ok, [reply]} ->
+        close(conn)
+        {:error, reply_error(reply, "AUTH")}
+
+      {:error, error} ->
+        close(conn)
+        {:error, error}
+    end
+  end
+
+  @impl true
+  def close(%{socket: socket}) do
+    :gen_tcp.close(socket)
+    :ok
+  end
+
+  def close(_conn), do: :ok
+
+  ## Reading
+
+  @impl true
+  def read(conn, after_id, count, block_ms) do
+    case atomic_read(conn, after_id, count) do
+      {:ok, [], _info} when block_ms > 0 ->
+        # Nothing yet: wait for one entry, then read atomically again.
+        case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
+          {:ok, [{:ok, :undefined}]} -> {:ok, [], conn}
+          {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
+          {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
+          {:error, error} -> {:error, error, conn}
+        end
+
+      other ->
+        result(other, conn)
+    end
+  end
+
+  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn)
+
+  defp result({:ok, entries, _info}, conn), do: {:ok, entries, conn}
+  defp result({:trimmed, resume}, conn), do: {:trimmed, resume, conn}
+  defp result({:error, error}, conn), do: {:error, error, conn}
+
+  defp xread(conn, after_id, count, block_ms) do
+    block = if block_ms > 0, do: ["BLOCK", Integer.to_string(block_ms)], else: []
+    ["XREAD", "COUNT", Integer.to_string(count)] ++ block ++ ["STREAMS", conn.stream, after_id]
+  end
+
+  defp atomic_read(conn, after_id, count) do
+    commands = [
+      ["MULTI"],
+      ["XINFO", "STREAM", conn.stream],
+      xread(conn, after_id, count, 0),
+      ["EXEC"]
+    ]
+
+    case request(conn, commands, 0) do
+      {:ok, [{:ok, "OK"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, [info, read]}]} ->
+        with {:ok, info} <- info(info),
+             :ok <- trim_check(info, after_id),
+             {:ok, entries} <- entries(read, conn.stream, after_id) do
+          {:ok, entries, info}
+        end
+
+      {:ok, replies} ->
+        case Enum.find(replies, &match?({:error, _}, &1)) do
+          nil -> {:error, bad_reply("MULTI/EXEC", replies)}
+          error -> {:error, reply_error(error, "MULTI/EXEC")}
+        end
+
+      {:error, error} ->
+        {:error, error}
+    end
+  end
+
+  # XINFO STREAM: a flat list of names and values (RESP2). A missing
+  # stream is an error reply inside EXEC, which the parser gives as a string.
+  defp info({:error, "ERR no such key" <> _}), do: {:ok, :missing}
+
+  defp info(info) when is_list(info) do
+    with {:ok, pairs} <- pairs(info, []),
+         {:ok, last} <- cast_id(Map.get(pairs, "last-generated-id")),
+         {:ok, first} <- first_entry(Map.get(pairs, "first-entry")),
+         {:ok, added} <- count(Map.get(pairs, "entries-added")),
+         {:ok, length} <- count(Map.get(pairs, "length")) do
+      {:ok, %{first: first, last: last, added: added, length: length}}
+    else
+      _ -> {:error, bad_reply("XINFO", info)}
+    end
+  end
+
+  defp info({:error, message}) when is_binary(message),
+    do: {:error, Larder.Error.new(:source_failed, "XINFO STREAM: #{truncate(message)}")}
+
+  defp info(info), do: {:error, bad_reply("XINFO", info)}
+
+  defp first_entry([id, _fields]), do: cast_id(id)
+  defp first_entry(:undefined), do: {:ok, nil}
+  defp first_entry(nil), do: {:ok, nil}
+  defp first_entry(_other), do: :error
+
+  # entries-added exists from Redis 7 on.
+  defp count(nil), do: {:ok, nil}
+  defp count(n) when is_integer(n) and n >= 0, do: {:ok, n}
+
+  defp count(n) when is_binary(n) do
+    case u64(n) do
+      {:ok, n} -> {:ok, n}
+      :error -> :error
+    end
+  end
+
+  defp count(_n), do: :error
+
+  defp pairs([name, value | rest], acc) when is_binary(name),
+    do: pairs(rest, [{name, value} | acc])
+
+  defp pairs([], acc), do: {:ok, Map.new(acc)}
+  defp pairs(_other, _acc), do: :error
+
+  # Whether entries after `after_id` were removed (see "Trimming").
+  defp trim_check(:missing, "0-0"), do: :ok
+  defp trim_check(:missing, _after_id), do: {:trimmed, "0-0"}
+
+  # From the beginning: anything ever removed is lost (Redis 7's count).
+  defp trim_check(%{first: first, last: last, added: added, length: length}, "0-0") do
+    cond do
+      added == nil or added <= length -> :ok
+      first == nil -> {:trimmed, last}
+      true -> {:trimmed, predecessor(first)}
+    end
+  end
+
+  # An empty stream whose last id is above ours: its entries after ours went.
+  defp trim_check(%{first: nil, last: last}, after_id) do
+    if compare(last, after_id) == :gt, do: {:trimmed, last}, else: :ok
+  end
+
+  defp trim_check(%{first: first}, after_id) do
+    if compare(first, after_id) == :gt and first != successor(after_id),
+      do: {:trimmed, predecessor(first)},
+      else: :ok
+  end
+
+  defp successor(id) do
+    {:ok, {ms, seq}} = parse_id(id)
+    if seq < @max_u64, do: "#{ms}-#{seq + 1}", else: "#{ms + 1}-0"
+  end
+
+  defp predecessor(id) do
+    case parse_id(id) do
+      {:ok, {ms, 0}} when ms > 0 -> "#{ms - 1}-#{@max_u64}"
+      {:ok, {ms, seq}} when seq > 0 -> "#{ms}-#{seq - 1}"
+      _ -> "0-0"
+    end
+  end
+
+  defp entries(:undefined, _stream, _after_id), do: {:ok, []}
+
+  defp entries([[stream, entries]], stream, after_id) do
+    {:ok, last} = parse_id(after_id)
+    check_entries(entries, last, [])
+  end
+
+  defp entries(other, _stream, _after_id), do: {:error, bad_reply("XREAD", other)}
+
+  # Ids that parse and increase, fields that are pairs of strings.
+  defp check_entries([[id, fields] | rest], last, acc) when is_list(fields) do
+    with {:ok, parsed} when parsed > last <- parse_id(id),
+         {:ok, map} <- fields(fields, []) do
+      check_entries(rest, parsed, [{id, map} | acc])
+    else
+      _ -> {:error, bad_reply("XREAD", [id, fields])}
+    end
+  end
+
+  defp check_entries([], _last, acc), do: {:ok, Enum.reverse(acc)}
+  defp check_entries(other, _last, _acc), do: {:error, bad_reply("XREAD", other)}
+
+  defp fields([name, value | rest], acc) when is_binary(name) and is_binary(value),
+    do: fields(rest, [{name, value} | acc])
+
+  defp fields([], acc), do: {:ok, Map.new(acc)}
+  defp fields(_other, _acc), do: :error
+
+  @impl true
+  def last_id(opts, timeout) do
+    opts = put_in(opts, [:redis, :timeout], max(1, min(timeout, 60_000)))
+
+    with {:ok, conn} <- connect(opts) do
+      try do
+        case request(conn, [["XINFO", "STREAM", conn.stream]], 0) do
+          {:ok, [{:error, "ERR no such key" <> _}]} -> {:ok, "0-0"}
+          {:ok, [{:ok, info}]} -> last_generated(info)
+          {:ok, [reply]} -> {:error, reply_error(reply, "XINFO")}
+          {:error, error} -> {:error, error}
+        end
+      after
+        close(conn)
+      end
+    end
+  end
+
+  defp last_generated(info) when is_list(info) do
+    with {:ok, pairs} <- pairs(info, []),
+         id when is_binary(id) <- Map.get(pairs, "last-generated-id"),
+         {:ok, id} <- cast_id(id) do
+      {:ok, id}
+    else
+      _ -> {:error, bad_reply("XINFO", info)}
+    end
+  end
+
+  defp last_generated(info), do: {:error, bad_reply("XINFO", info)}
+
+  ## One request: the commands pipelined, their replies read whole, the
+  ## bytes of the reply being read bounded by :max_reply_bytes, all within
+  ## :timeout (plus `extra_ms`, a blocking read's own wait).
+
+  defp request(conn, commands, extra_ms) do
+    deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
+
+    case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
+      :ok -> receive_replies(conn, RESP.new(), length(commands), [], 0, deadline)
+      {:error, reason} -> {:error, unavailable(reason, conn)}
+    end
+  end
+
+  defp command(args) do
+    ["*", Integer.to_string(length(args)), "\r\n"] ++
+      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
+  end
+
+  defp receive_replies(_conn, _reader, 0, acc, _bytes, _deadline),
+    do: {:ok, Enum.reverse(acc)}
+
+  defp receive_replies(conn, reader, left, acc, bytes, deadline) do
+    wait = max(0, deadline - System.monotonic_time(:millisecond))
+
+    case :gen_tcp.recv(conn.socket, 0, wait) do
+      {:ok, data} ->
+        bytes = bytes + byte_size(data)
+
+        case RESP.feed(reader, data) do
+          _ when bytes > conn.max ->
+            {:error,
+             Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+               max_reply_bytes: conn.max
+             )}
+
+          {:ok, replies, reader} ->
+            n = length(replies)
+
+            if n > left,
+              do: {:error, bad_reply("more replies than commands", replies)},
+              else:
+                receive_replies(
+                  conn,
+                  reader,
+                  left - n,
+                  Enum.reverse(replies, acc),
+                  bytes,
+                  deadline
+                )
+
+          :error ->
+            {:error, Larder.Error.new(:source_bad_reply, "bytes that are not RESP")}
+        end
+
+      {:error, reason} ->
+        {:error, unavailable(reason, conn)}
+    end
+  end
+
+  defp unavailable(reason, _conn) do
+    Larder.Error.new(:source_unavailable, "Redis did not answer: #{inspect(reason)}",
+      reason: reason
+    )
+  end
+
+  defp reply_error({:error, message}, command) when is_binary(message),
+    do: Larder.Error.new(:source_failed, "#{command}: #{truncate(message)}")
+
+  defp reply_error(reply, command), do: bad_reply(command, reply)
+
+  defp bad_reply(command, reply) do
+    Larder.Error.new(:source_bad_reply, "an unexpected reply to #{command}",
+      reply: inspect(reply, limit: 5, printable_limit: 100)
+    )
+  end
+
+  defp truncate(message) when byte_size(message) > 200, do: binary_part(message, 0, 200)
+  defp truncate(message), do: message
+end

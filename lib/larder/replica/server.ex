@@ -1,0 +1,516 @@
+# The process of a replica: it owns the Table or Bag, applies the batches its
+# reader hands over (the only writer of the structure), moves the offset
+# after each, answers offset/await calls, and writes the snapshots.
+defmodule Larder.Replica.Server do
+  @moduledoc false
+
+  use GenServer
+
+  require Logger
+
+  alias Larder.Replica.Reader
+  alias Larder.Replica.Snapshot
+  alias Larder.Replica.Target
+
+  defstruct [
+    :name,
+    :source,
+    :source_opts,
+    :identity,
+    :spec,
+    :target,
+    :apply,
+    :snapshot,
+    :snapshot_every,
+    :batch_size,
+    :block_ms,
+    :on_trimmed,
+    :on_error,
+    :telemetry,
+    :reader,
+    :offset,
+    :snapshot_offset,
+    :timer,
+    waiters: []
+  ]
+
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts) do
+    ref = make_ref()
+
+    case GenServer.start_link(__MODULE__, [{:reply_to, {self(), ref}} | opts], name: opts[:name]) do
+      :ignore ->
+        receive do
+          {^ref, error} -> {:error, error}
+        end
+
+      other ->
+        other
+    end
+  end
+
+  @impl true
+  def init(opts) do
+    Process.flag(:trap_exit, true)
+    {source, source_opts} = opts[:source]
+    spec = opts[:into]
+
+    state = %__MODULE__{
+      name: opts[:name],
+      source: source,
+      source_opts: source_opts,
+      spec: spec,
+      identity: %{
+        source: source,
+        log: source.identity(source_opts),
+        target: Target.identity(spec, opts[:name]),
+        spec: spec
+      },
+      apply: opts[:apply],
+      snapshot: opts[:snapshot],
+      snapshot_every: opts[:snapshot_every],
+      batch_size: opts[:batch_size],
+      block_ms: opts[:block_ms],
+      on_trimmed: opts[:on_trimmed],
+      on_error: opts[:on_error],
+      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
+    }
+
+    case safe_start_target(state) do
+      {:ok, target, offset} ->
+        state = %{state | target: target, offset: offset, snapshot_offset: offset}
+        reader = Reader.start_link(source, source_opts, offset, state.batch_size, state.block_ms)
+        {:ok, schedule(%{state | reader: reader})}
+
+      {:error, error} ->
+        # start_link/1 gets the error as a value (a {:stop, reason} here
+        # would also send the exit to a linked caller that does not trap).
+        {caller, ref} = opts[:reply_to]
+        send(caller, {ref, error})
+        :ignore
+    end
+  end
+
+  # Bad options of the structure raise in start_link/1's caller.
+  defp safe_start_target(state) do
+    start_target(state)
+  rescue
+    error in ArgumentError -> {:error, error}
+  end
+
+  defp start_target(%{snapshot: nil} = state),
+    do: {:ok, Target.new(state.spec), state.source.origin(state.source_opts)}
+
+  defp start_target(state) do
+    case Snapshot.read(state.snapshot, state.identity) do
+      :none ->
+        {:ok, Target.new(state.spec), state.source.origin(state.source_opts)}
+
+      {:ok, %{offset: offset, dump: dump}} ->
+        case Target.load(state.spec, dump) do
+          {:ok, target} -> {:ok, target, offset}
+          {:error, error} -> {:error, error}
+        end
+
+      {:error, error} ->
+        {:error, error}
+    end
+  end
+
+  ## Calls
+
+  @impl true
+  def handle_call(:offset, _from, state), do: {:reply, state.offset, state}
+  def handle_call(:target, _from, state), do: {:reply, state.target, state}
+  def handle_call(:source, _from, state), do: {:reply, {state.source, state.source_opts}, state}
+
+  def handle_call({:await, id, timeout}, from, state) do
+    if reached?(state, id) do
+      {:reply, :ok, state}
+    else
+      ref = make_ref()
+
+      timer =
+        if timeout != :infinity, do: Process.send_after(self(), {:await_timeout, ref}, timeout)
+
+      {:noreply, %{state | waiters: [{ref, id, from, timer} | state.waiters]}}
+    end
+  end
+
+  def handle_call(:snapshot, _from, %{snapshot: nil} = state) do
+    {:reply, {:error, Larder.Error.new(:no_snapshot_path, "the replica has no :snapshot path")},
+     state}
+  end
+
+  def handle_call(:snapshot, _from, state) do
+    case write_snapshot(state) do
+      {:ok, state} -> {:reply, {:ok, state.offset}, state}
+      {:error, error, state} -> {:reply, {:error, error}, state}
+    end
+  end
+
+  ## The reader's batches
+
+  @impl true
+  def handle_info({:replica_batch, reader, entries}, %{reader: reader} = state) do
+    started = System.monotonic_time()
+
+    case apply_batch(state, entries) do
+      {:ok, offset, applied, rejected} ->
+        send(reader, :replica_ack)
+
+        execute(
+          state,
+          [:batch],
+          %{
+            count: applied,
+            rejected: rejected,
+            duration: System.monotonic_time() - started
+          },
+          %{offset: offset}
+        )
+
+        {:noreply, advance(state, offset)}
+
+      {:stop, error, offset} ->
+        state = advance(state, offset)
+        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
+        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
+    end
+  end
+
+  def handle_info({:replica_trimmed, reader, resume_after}, %{reader: reader} = state) do
+    execute(state, [:trimmed], %{count: 1}, %{
+      offset: state.offset,
+      resume_after: resume_after,
+      action: state.on_trimmed
+    })
+
+    case state.on_trimmed do
+      :stop ->
+        error =
+          Larder.Error.new(
+            :offset_trimmed,
+            "the log lost entries after the replica's offset (trimmed up to " <>
+              "#{inspect(resume_after)}); on_trimmed: :rebuild rebuilds from what is left",
+            offset: state.offset,
+            trimmed_to: resume_after,
+            log: state.identity.log
+          )
+
+        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
+        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
+
+      :rebuild ->
+        Logger.warning(
+          "Larder.Replica #{inspect(state.name)}: the log lost entries after " <>
+            "#{inspect(state.offset)}; rebuilding from what is left, after #{inspect(resume_after)}"
+        )
+
+        Target.drop(state.spec, state.target)
+        target = Target.new(state.spec)
+        send(reader, {:replica_resume, resume_after})
+        {:noreply, advance(%{state | target: target}, resume_after)}
+    end
+  end
+
+  def handle_info({:replica_source_error, reader, error}, %{reader: reader} = state) do
+    execute(state, [:source, :error], %{count: 1}, %{error: error})
+    {:noreply, state}
+  end
+
+  def handle_info({:await_timeout, ref}, state) do
+    case List.keytake(state.waiters, ref, 0) do
+      {{^ref, id, from, _timer}, waiters} ->
+        GenServer.reply(
+          from,
+          {:error,
+           Larder.Error.new(:timeout, "the replica did not reach the id in time",
+             id: id,
+             offset: state.offset
+           )}
+        )
+
+        {:noreply, %{state | waiters: waiters}}
+
+      nil ->
+        {:noreply, state}
+    end
+  end
+
+  def handle_info(:snapshot_timer, state) do
+    state =
+      case write_snapshot(state) do
+        {:ok, state} -> state
+        {:error, _error, state} -> state
+      end
+
+    {:noreply, schedule(state)}
+  end
+
+  def handle_info({:EXIT, reader, reason}, %{reader: reader} = state) do
+    {:stop, reason, %{state | snapshot: nil}}
+  end
+
+  def handle_info({:EXIT, _pid, reason}, state) when reason not in [:normal] do
+    {:stop, reason, state}
+  end
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  @impl true
+  def terminate(reason, state) do
+    Process.unlink(state.reader)
+    Process.exit(state.reader, :kill)
+
+    # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
+    # last snapshot; a crash does not (the structure may be mid-entry).
+    if state.snapshot && clean?(reason), do: write_snapshot(state)
+    :ok
+  end
+
+  defp clean?(:normal), do: true
+  defp clean?(:shutdown), do: true
+  defp clean?({:shutdown, reason}), do: not is_exception(reason)
+  defp clean?(_), do: false
+
+  ## Applying
+
+  # Applies `entries` in order: {:ok, last_id, applied, rejected}, or {:stop,
+  # error, id of the last entry done} (with on_error: :stop). An arity-1
+  # function is pure: its ops are queued and written in runs (the inserts
+  # between two deletes as one insert_many/2). An arity-2 function may
+  # write `into` itself, so what is queued is written before each call.
+  defp apply_batch(state, entries) do
+    ctx = %{state: state, pending: [], done: state.offset, applied: 0, rejected: 0}
+    pure = is_function(state.apply, 1)
+
+    result =
+      Enum.reduce_while(entries, {:ok, ctx}, fn {id, fields}, {:ok, ctx} ->
+        case if(pure, do: {:ok, ctx}, else: flush(ctx)) do
+          {:ok, ctx} ->
+            case apply_entry(ctx, id, fields) do
+              {:stop, error, ctx} -> {:halt, stop_after_flush(ctx, error)}
+              ctx -> {:cont, {:ok, ctx}}
+            end
+
+          stop ->
+            {:halt, stop}
+        end
+      end)
+
+    with {:ok, ctx} <- result,
+         {:ok, ctx} <- flush(ctx) do
+      {:ok, ctx.done, ctx.applied, ctx.rejected}
+    end
+  end
+
+  defp apply_entry(ctx, id, fields) do
+    case run_apply(ctx.state, fields) do
+      :ok ->
+        %{ctx | done: id, applied: ctx.applied + 1}
+
+      {:ops, ops} ->
+        %{ctx | pending: [{id, ops} | ctx.pending]}
+
+      {:rejected, why} ->
+        case reject(ctx, id, why) do
+          {:skip, ctx} -> %{ctx | pending: [{id, :skipped} | ctx.pending]}
+          {:stop, error} -> {:stop, error, ctx}
+        end
+    end
+  end
+
+  defp stop_after_flush(ctx, error) do
+    case flush(ctx) do
+      {:ok, ctx} -> {:stop, error, ctx.done}
+      {:stop, _error, _done} = stop -> stop
+    end
+  end
+
+  defp run_apply(%{apply: fun} = state, fields) when is_function(fun, 1) do
+    case fun.(fields) do
+      :ok -> {:ops, []}
+      ops -> check_ops(state.spec, List.wrap(ops), ops)
+    end
+  catch
+    kind, reason -> {:rejected, {kind, reason}}
+  end
+
+  defp run_apply(state, fields) do
+    case state.apply.(fields, state.target) do
+      :ok -> :ok
+      nil -> {:rejected, {:returned, nil}}
+      ops -> check_ops(state.spec, List.wrap(ops), ops)
+    end
+  catch
+    kind, reason -> {:rejected, {kind, reason}}
+  end
+
+  defp check_ops({Larder.Table, opts} = spec, [{:insert, record} | rest], all)
+       when is_map(record) do
+    if Map.has_key?(record, opts[:key]),
+      do: check_ops(spec, rest, all),
+      else: {:rejected, {:returned, all}}
+  end
+
+  defp check_ops({Larder.Table, _} = spec, [{:delete, _key} | rest], all),
+    do: check_ops(spec, rest, all)
+
+  defp check_ops({Larder.Bag, _} = spec, [{:insert, _k, _v} | rest], all),
+    do: check_ops(spec, rest, all)
+
+  defp check_ops({Larder.Bag, _} = spec, [{:delete, _k} | rest], all),
+    do: check_ops(spec, rest, all)
+
+  defp check_ops({Larder.Bag, _} = spec, [{:delete, _k, _v} | rest], all),
+    do: check_ops(spec, rest, all)
+
+  defp check_ops(_spec, [], all), do: {:ops, List.wrap(all)}
+  defp check_ops(_spec, _bad, all), do: {:rejected, {:returned, all}}
+
+  defp reject(ctx, id, why) do
+    state = ctx.state
+
+    execute(state, [:rejected], %{count: 1}, %{id: id, reason: why, action: state.on_error})
+
+    case state.on_error do
+      :skip ->
+        {:skip, %{ctx | rejected: ctx.rejected + 1}}
+
+      :stop ->
+        {:stop,
+         Larder.Error.new(:apply_failed, "the apply function rejected an entry",
+           id: id,
+           reason: why
+         )}
+    end
+  end
+
+  # Writes the queued ops. If a write raises (an index function), the
+  # entries are written again one by one and the one that raises is
+  # rejected (an entry whose write raised wrote nothing: a Table write is
+  # whole or not done).
+  defp flush(%{pending: []} = ctx), do: {:ok, ctx}
+
+  defp flush(ctx) do
+    queued = Enum.reverse(ctx.pending)
+    ctx = %{ctx | pending: []}
+    ops = for {_id, ops} <- queued, ops != :skipped, op <- ops, do: op
+
+    try do
+      write_ops(ctx.state.spec, ctx.state.target, ops)
+      {last, _} = List.last(queued)
+
+      {:ok,
+       %{ctx | done: last, applied: ctx.applied + Enum.count(queued, &(elem(&1, 1) != :skipped))}}
+    rescue
+      _ -> flush_one_by_one(ctx, queued)
+    end
+  end
+
+  defp flush_one_by_one(ctx, []), do: {:ok, ctx}
+
+  defp flush_one_by_one(ctx, [{id, :skipped} | rest]),
+    do: flush_one_by_one(%{ctx | done: id}, rest)
+
+  defp flush_one_by_one(ctx, [{id, ops} | rest]) do
+    result =
+      try do
+        write_ops(ctx.state.spec, ctx.state.target, ops)
+      rescue
+        error -> {:raised, error}
+      end
+
+    case result do
+      {:raised, error} ->
+        case reject(ctx, id, {:error, error}) do
+          {:skip, ctx} -> flush_one_by_one(%{ctx | done: id}, rest)
+          {:stop, error} -> {:stop, error, ctx.done}
+        end
+
+      _ ->
+        flush_one_by_one(%{ctx | done: id, applied: ctx.applied + 1}, rest)
+    end
+  end
+
+  defp write_ops(spec, target, ops) do
+    ops
+    |> Enum.chunk_by(&elem(&1, 0))
+    |> Enum.each(fn run -> write_run(spec, target, run) end)
+  end
+
+  defp write_run({Larder.Table, _}, table, [{:insert, _} | _] = run),
+    do: Larder.Table.insert_many(table, Enum.map(run, &elem(&1, 1)))
+
+  defp write_run({Larder.Table, _}, table, run),
+    do: Enum.each(run, fn {:delete, key} -> Larder.Table.delete(table, key) end)
+
+  defp write_run({Larder.Bag, _}, bag, [{:insert, _, _} | _] = run),
+    do: Larder.Bag.insert_many(bag, Enum.map(run, fn {:insert, k, v} -> {k, v} end))
+
+  defp write_run({Larder.Bag, _}, bag, run) do
+    Enum.each(run, fn
+      {:delete, k} -> Larder.Bag.delete(bag, k)
+      {:delete, k, v} -> Larder.Bag.delete(bag, k, v)
+    end)
+  end
+
+  ## Offset, waiters, snapshots
+
+  defp advance(state, offset) do
+    {done, waiting} =
+      Enum.split_with(state.waiters, fn {_ref, id, _from, _timer} ->
+        state.source.compare(offset, id) != :lt
+      end)
+
+    for {_ref, _id, from, timer} <- done do
+      if timer, do: Process.cancel_timer(timer)
+      GenServer.reply(from, :ok)
+    end
+
+    %{state | offset: offset, waiters: waiting}
+  end
+
+  defp reached?(state, id), do: state.source.compare(state.offset, id) != :lt
+
+  defp schedule(%{snapshot: nil} = state), do: state
+
+  defp schedule(state) do
+    %{state | timer: Process.send_after(self(), :snapshot_timer, state.snapshot_every)}
+  end
+
+  defp write_snapshot(%{offset: offset, snapshot_offset: offset} = state), do: {:ok, state}
+
+  defp write_snapshot(state) do
+    started = System.monotonic_time()
+    result = Snapshot.write(state.snapshot, state.identity, state.target, state.offset)
+
+    execute(state, [:snapshot], %{duration: System.monotonic_time() - started}, %{
+      offset: state.offset,
+      path: state.snapshot,
+      result: if(result == :ok, do: :ok, else: result)
+    })
+
+    case result do
+      :ok ->
+        {:ok, %{state | snapshot_offset: state.offset}}
+
+      {:error, error} ->
+        Logger.warning(
+          "Larder.Replica #{inspect(state.name)}: snapshot failed: #{Exception.message(error)}"
+        )
+
+        {:error, error, state}
+    end
+  end
+
+  defp execute(state, event, measurements, meta) do
+    Larder.Telemetry.execute(
+      state.telemetry,
+      [:larder, :replica | event],
+      measurements,
+      Map.put(meta, :replica, state.name)
+    )
+  end
+end

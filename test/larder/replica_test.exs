@@ -1,0 +1,534 @@
+defmodule Larder.ReplicaTest do
+  # Replicas of a Redis Stream on a real redis-server: convergence to a
+  # plain model, kills and restarts while a producer writes, trimmed
+  # streams, poisoned entries, Redis paused, snapshots of another stream or
+  # table, and servers that answer garbage.
+  use ExUnit.Case, async: true
+
+  alias Larder.Replica
+  alias Larder.Support.RedisServer
+  alias Larder.Table
+  alias Larder.Test.GarbageServer
+  alias Larder.Test.ReplicaLog, as: Log
+
+  @moduletag :redis
+  @moduletag :capture_log
+
+  setup ctx do
+    server = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(server) end)
+    token = Base.encode16(:rand.bytes(6), case: :lower)
+    dir = Path.join(System.tmp_dir!(), "larder-replica-#{token}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf(dir) end)
+    id = System.unique_integer([:positive])
+
+    %{
+      server: server,
+      redis: Log.connect(server.port),
+      dir: dir,
+      stream: "stream-#{id}",
+      id: id,
+      test_name: ctx.test
+    }
+  end
+
+  defp name(ctx, what), do: :"#{ctx.test_name} #{what}"
+
+  # The events of this test's replica (named "r"), sent to the test process.
+  defp forward(ctx, events) do
+    me = self()
+    replica = name(ctx, "r")
+
+    :ok =
+      :telemetry.attach_many(
+        ctx.test_name,
+        events,
+        fn event, measurements, meta, _ ->
+          if meta.replica == replica, do: send(me, {:event, event, measurements, meta})
+        end,
+        nil
+      )
+
+    on_exit(fn -> :telemetry.detach(ctx.test_name) end)
+  end
+
+  defp start!(opts) do
+    {:ok, pid} = Replica.start_link(opts)
+    pid
+  end
+
+  defp random_ops(n, keys), do: for(_ <- 1..n, do: Log.random_op(keys))
+
+  defp put_del_ops(n, keys),
+    do: Enum.filter(random_ops(n * 2, keys), &(elem(&1, 0) != :incr)) |> Enum.take(n)
+
+  test "three replicas of one stream converge to the model", ctx do
+    Log.add(ctx.redis, ctx.stream, put_del_ops(500, 50))
+
+    replicas =
+      for i <- 1..3 do
+        start!(Log.opts(name(ctx, "r#{i}"), name(ctx, "t#{i}"), ctx.server.port, ctx.stream))
+      end
+
+    # more while they follow
+    for _ <- 1..10, do: Log.add(ctx.redis, ctx.stream, put_del_ops(50, 50))
+
+    model = Log.model(ctx.redis, ctx.stream)
+    assert map_size(model) > 0
+
+    for {replica, i} <- Enum.with_index(replicas, 1) do
+      assert Replica.await(replica, :latest, 30_000) == :ok
+      assert Log.contents(name(ctx, "t#{i}")) == model
+      # the index follows too
+      {k, v} = Enum.at(model, 0)
+      assert k in Table.search_ids(name(ctx, "t#{i}"), v: v)
+    end
+
+    offsets = Enum.map(replicas, &Replica.offset/1)
+
+    assert Enum.uniq(offsets) == [
+             Log.command(ctx.redis, ["XREVRANGE", ctx.stream, "+", "-", "COUNT", "1"])
+             |> then(fn {:ok, [[id, _]]} -> id end)
+           ]
+  end
+
+  test "a Bag replica", ctx do
+    Log.add(ctx.redis, ctx.stream, [
+      {:put, 1, 10},
+      {:put, 1, 11},
+      {:put, 2, 20},
+      {:del, 1},
+      {:put, 1, 12}
+    ])
+
+    apply = fn
+      %{"op" => "put", "k" => k, "v" => v} -> {:insert, k, v}
+      %{"op" => "del", "k" => k} -> {:delete, k}
+    end
+
+    opts =
+      Log.opts(name(ctx, "r"), nil, ctx.server.port, ctx.stream,
+        into: {Larder.Bag, name: name(ctx, "bag")},
+        apply: apply
+      )
+
+    replica = start!(opts)
+    assert Replica.await(replica, :latest, 10_000) == :ok
+    assert Larder.Bag.lookup(name(ctx, "bag"), "1") == ["12"]
+    assert Larder.Bag.lookup(name(ctx, "bag"), "2") == ["20"]
+  end
+
+  test "entries too large for the batch size within :max_reply_bytes are read in smaller batches",
+       ctx do
+    big = String.duplicate("x", 3_000)
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..40, do: {:put, k, big}))
+
+    opts =
+      Log.opts(name(ctx, "r"), nil, ctx.server.port, ctx.stream,
+        into: {Larder.Bag, name: name(ctx, "bag")},
+        apply: fn %{"k" => k, "v" => v} -> {:insert, k, byte_size(v)} end,
+        source:
+          {Larder.Replica.RedisStream,
+           redis: [port: ctx.server.port, max_reply_bytes: 16_384], stream: ctx.stream}
+      )
+
+    replica = start!(opts)
+    assert Replica.await(replica, :latest, 20_000) == :ok
+    assert Larder.Bag.size(name(ctx, "bag")) == 40
+    assert Larder.Bag.lookup(name(ctx, "bag"), "40") == [3_000]
+  end
+
+  test "replicas killed and restarted at random points while a producer writes each equal the model",
+       ctx do
+    Process.flag(:trap_exit, true)
+    me = self()
+
+    producer =
+      spawn_link(fn ->
+        redis = Log.connect(ctx.server.port)
+
+        for _ <- 1..150 do
+          Log.add(redis, ctx.stream, random_ops(:rand.uniform(30), 40))
+          Process.sleep(:rand.uniform(4))
+        end
+
+        send(me, :produced)
+      end)
+
+    paths = for i <- 1..2, do: Path.join(ctx.dir, "r#{i}.snap")
+
+    opts =
+      for {path, i} <- Enum.with_index(paths, 1) do
+        Log.opts(name(ctx, "r#{i}"), name(ctx, "t#{i}"), ctx.server.port, ctx.stream,
+          apply: &Log.apply_entry/2,
+          snapshot: path,
+          snapshot_every: 100,
+          batch_size: 20
+        )
+      end
+
+    pids = Enum.map(opts, &start!/1)
+
+    {pids, from_snapshot} =
+      Enum.reduce(1..25, {pids, 0}, fn _, {pids, from_snapshot} ->
+        Process.sleep(:rand.uniform(60))
+        i = :rand.uniform(2) - 1
+        victim = Enum.at(pids, i)
+        Process.exit(victim, :kill)
+        assert_receive {:EXIT, ^victim, :killed}
+        pid = start!(Enum.at(opts, i))
+        started_at = Replica.offset(pid)
+        {List.replace_at(pids, i, pid), from_snapshot + if(started_at != "0-0", do: 1, else: 0)}
+      end)
+
+    assert_receive :produced, 60_000
+    assert_receive {:EXIT, ^producer, :normal}
+    model = Log.model(ctx.redis, ctx.stream)
+
+    for {pid, i} <- Enum.with_index(pids, 1) do
+      assert Replica.await(pid, :latest, 30_000) == :ok
+      assert Log.contents(name(ctx, "t#{i}")) == model
+    end
+
+    # the restarts did start from snapshots, not from the beginning
+    assert from_snapshot > 0
+  end
+
+  describe "a trimmed stream" do
+    setup ctx do
+      path = Path.join(ctx.dir, "trim.snap")
+      # explicit ids: 100-1 .. 100-10, then 100-11 .. 100-20
+      Log.add_at(ctx.redis, ctx.stream, for(k <- 1..10, do: {"100-#{k}", {:put, k, k}}))
+      opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, snapshot: path)
+      replica = start!(opts)
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      offset = Replica.offset(replica)
+      # a clean stop writes the snapshot
+      :ok = GenServer.stop(replica)
+      Log.add_at(ctx.redis, ctx.stream, for(k <- 11..20, do: {"100-#{k}", {:put, k, k}}))
+      forward(ctx, [[:larder, :replica, :trimmed]])
+      %{opts: opts, offset: offset}
+    end
+
+    test "past the snapshot's id, on_trimmed: :stop stops with :offset_trimmed", ctx do
+      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      Process.flag(:trap_exit, true)
+      replica = start!(ctx.opts)
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :stop}}
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}}
+    end
+
+    test "past the snapshot's id, on_trimmed: :rebuild rebuilds from what is left", ctx do
+      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      replica = start!(Keyword.put(ctx.opts, :on_trimmed, :rebuild))
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :rebuild}}
+      assert Log.contents(name(ctx, "t")) == Map.new(16..20, &{&1, &1})
+      assert Log.model(ctx.redis, ctx.stream) == Map.new(16..20, &{&1, &1})
+    end
+
+    test "only up to the snapshot's id is not a trim", ctx do
+      # the 10 entries the snapshot holds are removed, the 10 after stay
+      assert ctx.offset == "100-10"
+      {:ok, 10} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
+      replica = start!(ctx.opts)
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      refute_received {:event, [:larder, :replica, :trimmed], _, _}
+      assert Log.contents(name(ctx, "t")) == Map.new(1..20, &{&1, &1})
+    end
+  end
+
+  describe "a poisoned entry" do
+    setup ctx do
+      [_, _, poison, _, _] =
+        Log.add(ctx.redis, ctx.stream, [
+          {:put, 1, 1},
+          {:put, 2, 2},
+          :poison,
+          {:put, 3, 3},
+          {:del, 1}
+        ])
+
+      forward(ctx, [[:larder, :replica, :rejected]])
+      %{poison: poison}
+    end
+
+    test "on_error: :stop stops at it, and reports it", ctx do
+      Process.flag(:trap_exit, true)
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+
+      assert_receive {:EXIT, ^replica,
+                      {:shutdown, %Larder.Error{reason: :apply_failed, details: %{id: id}}}}
+
+      assert id == ctx.poison
+
+      assert_receive {:event, [:larder, :replica, :rejected], %{count: 1},
+                      %{id: ^id, action: :stop}}
+    end
+
+    test "on_error: :stop: a caller waiting in await/3 gets the error", ctx do
+      Process.flag(:trap_exit, true)
+      stream = ctx.stream <> "-late"
+      [first] = Log.add(ctx.redis, stream, [{:put, 1, 1}])
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, stream))
+      assert Replica.await(replica, first, 10_000) == :ok
+      waiter = Task.async(fn -> Replica.await(replica, "99999999999999-0", 60_000) end)
+
+      RedisServer.wait_until(10_000, "the waiter", fn ->
+        :sys.get_state(replica).waiters != []
+      end)
+
+      Log.add(ctx.redis, stream, [{:put, 2, 2}, :poison])
+
+      assert {:error, %Larder.Error{reason: :apply_failed}} = Task.await(waiter, 30_000)
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :apply_failed}}}
+      # the entry before the poisoned one was applied before it stopped
+      assert_receive {:event, [:larder, :replica, :rejected], _, %{action: :stop}}
+    end
+
+    test "on_error: :skip skips it and applies the rest", ctx do
+      replica =
+        start!(
+          Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, on_error: :skip)
+        )
+
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      poison = ctx.poison
+
+      assert_receive {:event, [:larder, :replica, :rejected], %{count: 1},
+                      %{id: ^poison, action: :skip}}
+
+      assert Log.contents(name(ctx, "t")) == %{2 => 2, 3 => 3}
+      assert Log.contents(name(ctx, "t")) == Log.model(ctx.redis, ctx.stream)
+    end
+
+    test "an apply function that returns something else, or writes a bad record, is rejected",
+         ctx do
+      apply = fn
+        %{"op" => "put", "k" => "1"} -> :not_an_op
+        %{"op" => "put", "k" => "2"} -> {:insert, %{no_key: 1}}
+        fields -> Log.apply_entry(fields)
+      end
+
+      replica =
+        start!(
+          Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream,
+            on_error: :skip,
+            apply: apply
+          )
+        )
+
+      assert Replica.await(replica, :latest, 10_000) == :ok
+
+      for _ <- 1..3,
+          do:
+            assert_receive(
+              {:event, [:larder, :replica, :rejected], %{count: 1}, %{action: :skip}}
+            )
+
+      assert Log.contents(name(ctx, "t")) == %{3 => 3}
+    end
+  end
+
+  test "Redis stopped (SIGSTOP) pauses the replica, which resumes after SIGCONT", ctx do
+    forward(ctx, [[:larder, :replica, :source, :error]])
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+    replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+    assert Replica.await(replica, :latest, 10_000) == :ok
+
+    RedisServer.pause(ctx.server)
+    on_exit(fn -> RedisServer.resume(ctx.server) end)
+
+    assert_receive {:event, [:larder, :replica, :source, :error], %{count: 1},
+                    %{error: %Larder.Error{reason: :source_unavailable}}},
+                   10_000
+
+    # still serving, and still alive
+    assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, &1})
+    assert Process.alive?(replica)
+
+    RedisServer.resume(ctx.server)
+    Log.add(ctx.redis, ctx.stream, for(k <- 11..20, do: {:put, k, k}))
+    assert Replica.await(replica, :latest, 20_000) == :ok
+    assert Log.contents(name(ctx, "t")) == Map.new(1..20, &{&1, &1})
+  end
+
+  describe "a snapshot" do
+    setup ctx do
+      path = Path.join(ctx.dir, "r.snap")
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, snapshot: path)
+      replica = start!(opts)
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert {:ok, _offset} = Replica.snapshot(replica)
+      :ok = GenServer.stop(replica)
+      %{opts: opts, path: path}
+    end
+
+    test "restarts from its id: the entries it holds are not read again", ctx do
+      Log.add(ctx.redis, ctx.stream, [:poison])
+      Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
+      # the snapshot's 10 entries would be counted as applied if read again
+      forward(ctx, [[:larder, :replica, :batch]])
+      replica = start!(Keyword.put(ctx.opts, :on_error, :skip))
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert_receive {:event, [:larder, :replica, :batch], %{count: 1, rejected: 1}, _}
+      refute_received {:event, [:larder, :replica, :batch], _, _}
+      assert Log.contents(name(ctx, "t")) == Map.new(1..11, &{&1, &1})
+    end
+
+    test "leaves one dump, and sweeps the files of dumps killed mid-write", ctx do
+      stale = [ctx.path <> ".1-aa.dump", ctx.path <> ".2-bb.dump.123.0123456789abcdef-7.tmp"]
+      for file <- stale, do: File.write!(file, "x")
+      Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
+      replica = start!(ctx.opts)
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert {:ok, _} = Replica.snapshot(replica)
+      files = File.ls!(Path.dirname(ctx.path))
+      assert Enum.count(files, &String.ends_with?(&1, ".dump")) == 1
+      refute Enum.any?(stale, &File.exists?/1)
+    end
+
+    test "of another stream is refused", ctx do
+      opts =
+        Keyword.put(
+          ctx.opts,
+          :source,
+          {Larder.Replica.RedisStream, redis: [port: ctx.server.port], stream: "other"}
+        )
+
+      assert {:error, %Larder.Error{reason: :snapshot_mismatch}} = Replica.start_link(opts)
+    end
+
+    test "of another table is refused", ctx do
+      opts =
+        Keyword.put(
+          ctx.opts,
+          :into,
+          {Larder.Table, name: name(ctx, "other"), key: :id, index: [:v]}
+        )
+
+      assert {:error, %Larder.Error{reason: :snapshot_mismatch}} = Replica.start_link(opts)
+
+      opts = Keyword.put(ctx.opts, :into, {Larder.Bag, name: name(ctx, "t")})
+      assert {:error, %Larder.Error{reason: :snapshot_mismatch}} = Replica.start_link(opts)
+
+      # the same name with another definition
+      opts =
+        Keyword.put(ctx.opts, :into, {Larder.Table, name: name(ctx, "t"), key: :id, index: [:w]})
+
+      assert {:error, %Larder.Error{reason: :definition_mismatch}} = Replica.start_link(opts)
+    end
+
+    test "that is damaged is refused", ctx do
+      data = File.read!(ctx.path)
+      File.write!(ctx.path, binary_part(data, 0, byte_size(data) - 1) <> "x")
+      assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = Replica.start_link(ctx.opts)
+      File.write!(ctx.path, "garbage")
+      assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = Replica.start_link(ctx.opts)
+    end
+  end
+
+  describe "a server that is not Redis" do
+    for mode <- [:random, :wrong_types, :endless, :close_mid_reply] do
+      test "(#{mode}) is counted, never fatal", ctx do
+        forward(ctx, [[:larder, :replica, :source, :error]])
+        garbage = GarbageServer.start(unquote(mode))
+        on_exit(fn -> GarbageServer.stop(garbage) end)
+
+        opts =
+          Log.opts(name(ctx, "r"), name(ctx, "t"), garbage.port, ctx.stream,
+            source:
+              {Larder.Replica.RedisStream,
+               redis: [port: garbage.port, timeout: 200, max_reply_bytes: 65_536], stream: "s"}
+          )
+
+        replica = start!(opts)
+
+        for _ <- 1..2 do
+          assert_receive {:event, [:larder, :replica, :source, :error], %{count: 1},
+                          %{error: %Larder.Error{}}},
+                         10_000
+        end
+
+        assert Process.alive?(replica)
+        assert Replica.offset(replica) == "0-0"
+        assert Table.size(name(ctx, "t")) == 0
+        {:memory, memory} = Process.info(replica, :memory)
+        assert memory < 10_000_000
+      end
+    end
+
+    test "a well-formed reply with ids that do not increase is a bad reply", ctx do
+      forward(ctx, [[:larder, :replica, :source, :error]])
+
+      reply =
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>
+          "*2\r\n$3\r\n5-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n" <>
+          "*2\r\n$3\r\n4-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n"
+
+      garbage = GarbageServer.start(fn _request -> reply end)
+      on_exit(fn -> GarbageServer.stop(garbage) end)
+
+      opts =
+        Log.opts(name(ctx, "r"), name(ctx, "t"), garbage.port, "s",
+          source:
+            {Larder.Replica.RedisStream, redis: [port: garbage.port, timeout: 200], stream: "s"}
+        )
+
+      replica = start!(opts)
+
+      assert_receive {:event, [:larder, :replica, :source, :error], _,
+                      %{error: %Larder.Error{reason: :source_bad_reply}}},
+                     10_000
+
+      assert Replica.offset(replica) == "0-0"
+    end
+  end
+
+  test "await/3: an id, a timeout, bad arguments", ctx do
+    [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}])
+    replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+    assert Replica.await(replica, id, 10_000) == :ok
+    assert Replica.offset(replica) == id
+
+    assert {:error, %Larder.Error{reason: :timeout}} =
+             Replica.await(replica, "99999999999999-0", 50)
+
+    assert_raise ArgumentError, ~r/id/, fn -> Replica.await(replica, "bogus", 10) end
+    assert_raise ArgumentError, ~r/timeout/, fn -> Replica.await(replica, id, -1) end
+
+    assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn ->
+      Replica.offset(name(ctx, "none"))
+    end
+  end
+
+  test "bad options raise ArgumentError naming them", ctx do
+    opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream)
+
+    assert_raise ArgumentError, ~r/:batch_size/, fn ->
+      Replica.start_link(Keyword.put(opts, :batch_size, 0))
+    end
+
+    assert_raise ArgumentError, ~r/:on_trimmed/, fn ->
+      Replica.start_link(Keyword.put(opts, :on_trimmed, :skip))
+    end
+
+    assert_raise ArgumentError, ~r/:apply/, fn ->
+      Replica.child_spec(Keyword.put(opts, :apply, fn -> :ok end))
+    end
+
+    assert_raise ArgumentError, ~r/:bogus/, fn -> Replica.child_spec([{:bogus, 1} | opts]) end
+
+    assert_raise ArgumentError, ~r/:port/, fn ->
+      Replica.child_spec(
+        Keyword.put(opts, :source, {Larder.Replica.RedisStream, stream: "s", redis: [port: 0]})
+      )
+    end
+
+    assert_raise ArgumentError, ~r/:key/, fn ->
+      Replica.start_link(Keyword.put(opts, :into, {Larder.Table, name: name(ctx, "t")}))
+    end
+  end
+end
