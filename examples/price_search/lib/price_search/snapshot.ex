@@ -79,6 +79,10 @@ defmodule PriceSearch.Snapshot do
   @doc """
   Reads the map index of the snapshot at `base`, which must hold `size`
   prices (its table's size): `{:ok, map_index}` or an error.
+
+  It sets the caller's minimum heap size to the index's size, so that the
+  index is decoded in place: call it in a process that ends once the index
+  is published (as `PriceSearch.Store` does).
   """
   @spec load_map(Path.t(), non_neg_integer()) ::
           {:ok, Catalogue.map_index()} | {:error, Larder.Error.t()}
@@ -151,7 +155,12 @@ defmodule PriceSearch.Snapshot do
 
   # A damaged file that passed its checksum (forged) is refused by its
   # shape, or raises in binary_to_term: an error like any other bad file.
+  # The heap is made big enough for the index first (about a word per two
+  # bytes of payload: small integers), so binary_to_term decodes into it
+  # and no collection copies the index to a second heap.
   defp decode(payload) do
+    Process.flag(:min_heap_size, div(byte_size(payload), 2))
+    :erlang.garbage_collect()
     index = :erlang.binary_to_term(payload, [:safe])
     if Catalogue.map_index?(index), do: {:ok, index}, else: :error
   rescue
