@@ -51,11 +51,11 @@ bench-http: setup
 	cd $(PRICE_SEARCH) && mix compile
 	cd $(PRICE_SEARCH) && { ulimit -n $$(ulimit -Hn) 2>/dev/null || true; } && mix run --no-start bench/http_bench.exs --json ../../bench/results/http_bench.json
 
-# The service's start-up, cold (CSV) and warm (snapshot), to the first 200
-# on /health, its RSS then, and Larder.Table.load/2 of the catalogue.
-bench-startup: setup
+# The service's start-up by `make serve`, cold (CSV) and warm (snapshot), to
+# the first 200 on /health, its RSS then, and Larder.Table.load/2 of the
+# catalogue.
+bench-startup: setup $(PS_BUILD)/.compiled
 	@mkdir -p bench/results
-	cd $(PRICE_SEARCH) && mix compile
 	cd $(PRICE_SEARCH) && mix run --no-start bench/startup_bench.exs --json ../../bench/results/startup_bench.json
 
 # Builds examples/release_check as a release and boots it (also part of `make test`).
