@@ -57,8 +57,7 @@ defmodule PriceSearch.HTTP do
   (straight on the `Larder.Table`, fetched from `PriceSearch.Store` through
   `:persistent_term`) and answered in that process. Idle connections cost a
   process waiting for the socket's next message (about 3 KB) and a socket;
-  they take no
-  scheduler time, so held connections do not slow the others.
+  they take no scheduler time, so held connections do not slow the others.
 
   ## Performance
 
