@@ -179,6 +179,26 @@ defmodule PriceSearch.SnapshotTest do
     assert [_, _] = File.ls!(context.snapshots)
   end
 
+  # The earlier format kept a .table and a .prices file: for this version
+  # that is no snapshot (nothing to warn about), not a damaged one.
+  test "a snapshot of the earlier format is replaced without a warning", context do
+    File.mkdir_p!(context.snapshots)
+    {:ok, sum} = Snapshot.checksum(context.csv)
+    base = Snapshot.base(context.snapshots, sum)
+    File.write!(base <> ".table", "LARDER-TABLE of an earlier run")
+    File.write!(base <> ".prices", "PSPRICES")
+
+    log = capture_log(fn -> assert {:csv, _, _} = start(context, context.csv) end)
+    refute log =~ "snapshot not used"
+
+    assert Enum.sort(File.ls!(context.snapshots)) == [
+             Path.basename(base) <> ".map",
+             Path.basename(base) <> ".table"
+           ]
+
+    assert {:snapshot, _, _} = start(context, context.csv)
+  end
+
   test "snapshot_dir: false keeps none; bad options raise", context do
     name = :"#{context.test}"
     start_supervised!({Store, name: name, csv: context.csv, snapshot_dir: false})

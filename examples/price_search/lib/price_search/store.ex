@@ -230,7 +230,10 @@ defmodule PriceSearch.Store do
         _ -> nil
       end
 
-    case base && File.exists?(base <> ".table") && load_snapshot(name, csv, base) do
+    # Without both files (none yet, or one of the earlier format, which kept
+    # the prices in place of the map index) there is no snapshot to load.
+    case base && File.exists?(base <> ".table") && File.exists?(base <> ".map") &&
+           load_snapshot(name, csv, base) do
       {:ok, table} ->
         {table, nil}
 
