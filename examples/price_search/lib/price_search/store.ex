@@ -34,7 +34,8 @@ defmodule PriceSearch.Store do
 
   A catalogue that cannot be read makes the store fall back to the generated
   one, as `PriceSearch.Catalogue.reference_or_generated/1` does. A missing
-  snapshot is made; a damaged or foreign one is logged as a warning and
+  snapshot (or one of the earlier format, without a `.map` file) is made
+  quietly; a damaged or foreign one is logged as a warning and
   the CSV is loaded (and snapshotted again); a snapshot that cannot be
   written is logged and the service goes on. If the store
   process dies, its table goes with it; `fetch/1` then answers `:loading`
