@@ -48,10 +48,15 @@ defmodule Larder.SnapshotFile do
   @doc """
   Reads a whole snapshot file: `{:ok, binary}`, or `{:error,
   %Larder.Error{reason: :file_error}}` naming the path and the POSIX error.
+
+  The file is read in the caller (a raw file), not through `File.read/1`,
+  whose file server process keeps a reference to the file's bytes (tens of
+  MB for a large table) until it next collects its garbage, which an idle
+  file server may never do.
   """
   @spec read(Path.t()) :: {:ok, binary()} | {:error, Larder.Error.t()}
   def read(path) do
-    case File.read(path) do
+    case read_raw(path) do
       {:ok, data} ->
         {:ok, data}
 
@@ -61,6 +66,31 @@ defmodule Larder.SnapshotFile do
            path: path,
            posix: posix
          )}
+    end
+  end
+
+  defp read_raw(path) do
+    with {:ok, io} <- :file.open(path, [:read, :raw, :binary]) do
+      try do
+        with {:ok, size} <- :file.position(io, :eof),
+             {:ok, 0} <- :file.position(io, :bof) do
+          read_all(io, max(size, 1), [])
+        end
+      after
+        :file.close(io)
+      end
+    end
+  end
+
+  # Until end of file: a file that grew since its size was taken is read whole.
+  defp read_all(io, size, acc) do
+    case :file.read(io, size) do
+      {:ok, data} -> read_all(io, size, [data | acc])
+      :eof when acc == [] -> {:ok, ""}
+      # One read, as usual: its binary, not a copy.
+      :eof when tl(acc) == [] -> {:ok, hd(acc)}
+      :eof -> {:ok, acc |> :lists.reverse() |> IO.iodata_to_binary()}
+      {:error, _} = error -> error
     end
   end
 

@@ -4,7 +4,11 @@
 # GOMAXPROCS=2); wrk -t1 on core 1; four scenarios of DURATION (default 10s),
 # ours and Go's interleaved scenario by scenario, ROUNDS times (default 1).
 # Prints req/s, p50, p99, searches/s for bulk, the ratios to Go, and the
-# service's RSS after load.
+# service's RSS after load. Then, on one core, it holds IDLE (default
+# 10,000) idle connections to ours and, a second later, times 20 /health and
+# 20 searches on fresh connections (target: the slowest <= 100 ms); this needs
+# a file descriptor limit above IDLE (make bench-http raises the soft limit
+# to the hard one).
 #
 # Go is measured when GO_BIN names the reference service's binary, built by
 # you from marniks7/bitmap-usage (it is started with ROARING32=true and
@@ -13,6 +17,7 @@
 #
 #   make bench-http GO_BIN=/path/to/bitmap-usage-binary   # from the Larder root
 #   GO_BIN=... DURATION=2s ROUNDS=3 mix run --no-start bench/http_bench.exs [--json PATH]
+#   IDLE=2000 DURATION=1s ...           # a quick check
 alias PriceSearch.Catalogue
 
 # One scheduler; no scheduler spins waiting for work, as the dirty
@@ -84,6 +89,59 @@ defmodule HTTPBench do
     settled_rss(pid, now, stable, left - 1)
   end
 
+  # Holds `n` idle connections to the service, then times `probes` fresh
+  # requests to /health and to a search while they are held; the answer
+  # is {connections held, the slowest /health in ms, the slowest search}.
+  # A probe that gets no 200 within 5 s counts as 5,000 ms.
+  def idle_probe(port, n, probes, body) do
+    held = hold(port, n, [])
+    # The kernel completes connections before the service accepts them: the
+    # probes start once the service has had a second to accept the held ones
+    # (held, not a burst of new connections, is what is measured).
+    Process.sleep(1_000)
+
+    time = fn request ->
+      for _ <- 1..probes do
+        t0 = System.monotonic_time(:microsecond)
+
+        ok =
+          with {:ok, s} <-
+                 :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false], 5_000),
+               :ok <- :gen_tcp.send(s, request),
+               {:ok, "HTTP/1.1 200" <> _} <- :gen_tcp.recv(s, 0, 5_000) do
+            :gen_tcp.close(s)
+            true
+          else
+            _ -> false
+          end
+
+        if ok, do: (System.monotonic_time(:microsecond) - t0) / 1000, else: 5_000.0
+      end
+      |> Enum.max()
+    end
+
+    health = time.("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+
+    search =
+      time.(
+        "POST /v1/search/bitmap/prices HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" <>
+          "Content-Type: application/json\r\nContent-Length: #{byte_size(body)}\r\n\r\n" <> body
+      )
+
+    Enum.each(held, &:gen_tcp.close/1)
+    {length(held), health, search}
+  end
+
+  defp hold(_port, 0, acc), do: acc
+
+  defp hold(port, n, acc) do
+    case :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false], 5_000) do
+      {:ok, s} -> hold(port, n - 1, [s | acc])
+      # Out of file descriptors (ulimit -n): hold what we have.
+      {:error, _} -> acc
+    end
+  end
+
   def wrk(port, path, connections, duration, script, args) do
     script = Path.join(__DIR__, script)
     url = "http://127.0.0.1:#{port}#{path}"
@@ -106,6 +164,7 @@ end
 duration = System.get_env("DURATION", "10s")
 rounds = String.to_integer(System.get_env("ROUNDS", "1"))
 go_bin = System.get_env("GO_BIN")
+idle_connections = String.to_integer(System.get_env("IDLE", "10000"))
 
 if go_bin && !File.exists?(go_bin), do: raise("GO_BIN #{go_bin} does not exist")
 {:ok, _} = Application.ensure_all_started(:inets)
@@ -286,11 +345,25 @@ best = fn runs -> Enum.max_by(runs, & &1["req_per_s"]) end
       end
 
     rss_after = HTTPBench.rss_mb(os_pid)
+
+    # Idle connections held (issue 18): ours only, on one core.
+    idle =
+      if cores == 1 do
+        {_, port} = running.larder
+        HTTPBench.idle_probe(port, idle_connections, 20, single_body)
+      end
+
     Enum.each(running, fn {_, service} -> stop.(service) end)
 
     rss =
       if cores == 1,
-        do: %{loaded: rss_loaded, settled: rss_settled, after: rss_after, load_ms: load_ms},
+        do: %{
+          loaded: rss_loaded,
+          settled: rss_settled,
+          after: rss_after,
+          load_ms: load_ms,
+          idle: idle
+        },
         else: rss
 
     {rows, rss}
@@ -354,6 +427,13 @@ service RSS after load: #{fmt.(rss.settled)} MB once settled (#{fmt.(rss.loaded)
 load and index at start: #{if rss.load_ms, do: "#{fmt.(rss.load_ms / 1000)} s", else: "?"}
 """)
 
+{idle_held, idle_health, idle_search} = rss.idle
+
+IO.puts(
+  "#{idle_held} idle connections held (of #{idle_connections} asked; 1 core): " <>
+    "slowest of 20 /health #{fmt.(idle_health)} ms, of 20 searches #{fmt.(idle_search)} ms\n"
+)
+
 find = fn name, cores ->
   Enum.find(results, &(&1["scenario"] =~ name and &1["cores"] == cores))
 end
@@ -370,7 +450,9 @@ targets =
     {"bulk, 1,000 per body (searches/s)", find.("bulk", 1)["larder"]["searches_per_s"], :>=,
      150_000},
     {"RSS after load (MB)", rss.settled, :<=, 300},
-    {"start: load and index (s)", rss.load_ms && rss.load_ms / 1000, :<=, 3}
+    {"start: load and index (s)", rss.load_ms && rss.load_ms / 1000, :<=, 3},
+    {"#{idle_held} idle connections held: /health and a search latency (ms)",
+     max(idle_health, idle_search), :<=, 100}
   ] ++
     if go_bin,
       do: [
@@ -460,6 +542,12 @@ if path = opts[:json] do
     "rss_as_loading_ended_mb" => rss.loaded,
     "rss_after_runs_mb" => rss.after,
     "load_ms" => rss.load_ms,
+    "idle_connections" => %{
+      "asked" => idle_connections,
+      "held" => idle_held,
+      "health_max_ms" => idle_health,
+      "search_max_ms" => idle_search
+    },
     "scenarios" => results,
     "tables" => tables,
     # name/value/bar, and what/measured/limit/status as the harness writes them.

@@ -136,6 +136,94 @@ defmodule PriceSearch.HostileTest do
     assert PriceSearch.HTTP.stats(listener).timed_out == 1
   end
 
+  # The listener reads sockets in {active, N} mode: a request sent a byte
+  # per packet makes the socket turn passive many times over, and each time
+  # it must be re-armed; bytes after a body stay for the next request.
+  defp recv_answers(socket, n, acc \\ "") do
+    if length(String.split(acc, "HTTP/1.1 ")) > n and String.ends_with?(acc, "}\n"),
+      do: acc,
+      else:
+        (
+          {:ok, data} = :gen_tcp.recv(socket, 0, 5_000)
+          recv_answers(socket, n, acc <> data)
+        )
+  end
+
+  test "a request sent a byte at a time, then two pipelined in one packet, are all answered", %{
+    request: request
+  } do
+    {_listener, port} = listener([])
+
+    {:ok, socket} =
+      :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false, nodelay: true])
+
+    head = "POST /v1/search/bitmap/prices HTTP/1.1\r\nHost: x\r\nContent-Length: "
+    one = head <> "#{byte_size(request)}\r\n\r\n" <> request
+
+    for <<byte <- one>> do
+      :ok = :gen_tcp.send(socket, <<byte>>)
+      Process.sleep(1)
+    end
+
+    first = recv_answers(socket, 1)
+    assert first =~ ~r"^HTTP/1.1 200 OK\r\n"
+    [_, price] = String.split(first, "\r\n\r\n", parts: 2)
+
+    # A body split over two packets, the second also carrying the whole
+    # next request: the bytes after the first body are the second request.
+    {part, rest} = String.split_at(one, byte_size(one) - 5)
+    :ok = :gen_tcp.send(socket, part)
+    Process.sleep(20)
+    :ok = :gen_tcp.send(socket, rest <> one)
+
+    answers = recv_answers(socket, 2)
+    assert [_, a, b] = String.split(answers, "HTTP/1.1 200 OK\r\n")
+    assert String.ends_with?(a, price) and String.ends_with?(b, price)
+    :gen_tcp.close(socket)
+  end
+
+  test "a chunked body dribbled in small packets is read whole", %{request: request} do
+    {_listener, port} = listener([])
+
+    {:ok, socket} =
+      :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false, nodelay: true])
+
+    chunks =
+      for <<piece::binary-size(7) <- binary_part(request, 0, div(byte_size(request), 7) * 7)>>,
+        do: piece
+
+    tail = binary_part(request, length(chunks) * 7, byte_size(request) - length(chunks) * 7)
+
+    body =
+      Enum.map_join(chunks ++ [tail], fn piece ->
+        if piece == "",
+          do: "",
+          else: Integer.to_string(byte_size(piece), 16) <> "\r\n" <> piece <> "\r\n"
+      end) <> "0\r\n\r\n"
+
+    :ok =
+      :gen_tcp.send(
+        socket,
+        "POST /v1/search/bitmap/prices HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      )
+
+    for <<piece::binary-size(3) <- binary_part(body, 0, div(byte_size(body), 3) * 3)>> do
+      :ok = :gen_tcp.send(socket, piece)
+      Process.sleep(1)
+    end
+
+    :ok =
+      :gen_tcp.send(
+        socket,
+        binary_part(body, div(byte_size(body), 3) * 3, rem(byte_size(body), 3))
+      )
+
+    answer = recv_answers(socket, 1)
+    assert answer =~ ~r"^HTTP/1.1 200 OK\r\n"
+    assert answer =~ ~s("currency")
+    :gen_tcp.close(socket)
+  end
+
   test "a client that hangs up in the middle of a bulk reply is counted, not logged", %{
     request: request
   } do

@@ -105,7 +105,7 @@ defmodule PriceSearch.SnapshotTest do
     assert {:snapshot, ^answers, ^known} = start(context, context.csv)
   end
 
-  for {ext, what} <- [{".table", "table"}, {".prices", "prices"}] do
+  for {ext, what} <- [{".table", "table"}, {".map", "map index"}] do
     test "a damaged #{what} file falls back to the CSV with a warning", context do
       {:csv, answers, _} = start(context, context.csv)
       {:ok, sum} = Snapshot.checksum(context.csv)
@@ -120,6 +120,83 @@ defmodule PriceSearch.SnapshotTest do
       # Written again, whole.
       assert {:snapshot, ^answers, _} = start(context, context.csv)
     end
+  end
+
+  # A file with a good checksum whose term is not a map index (forged, or
+  # written by another version) is refused by its shape, never served.
+  for {what, term} <- [
+        {"not a map index", %{ids: %{}}},
+        {"an answer that is not an integer", :forged_answer},
+        {"a count other than the table's", :short}
+      ] do
+    test "a map index file with #{what} falls back to the CSV with a warning", context do
+      {:csv, answers, _} = start(context, context.csv)
+      {:ok, sum} = Snapshot.checksum(context.csv)
+      file = Snapshot.base(context.snapshots, sum) <> ".map"
+      <<"PSMAPIDX", 1, _crc::32, payload::binary>> = File.read!(file)
+      index = :erlang.binary_to_term(payload)
+
+      term =
+        case unquote(Macro.escape(term)) do
+          :forged_answer ->
+            update_in(index.offerings, fn offerings ->
+              Map.new(offerings, fn {o, {codes, stride, chars, answers}} ->
+                {o, {codes, stride, chars, put_elem(answers, 0, "1")}}
+              end)
+            end)
+
+          :short ->
+            update_in(index.offerings, fn offerings ->
+              Map.new(offerings, fn {o, {[_ | codes], stride, chars, answers}} ->
+                n = length(codes)
+
+                {o,
+                 {codes, stride,
+                  chars |> Tuple.to_list() |> Enum.take(n * stride) |> List.to_tuple(),
+                  answers |> Tuple.to_list() |> Enum.take(3 * n) |> List.to_tuple()}}
+              end)
+            end)
+
+          other ->
+            other
+        end
+
+      payload = :erlang.term_to_binary(term)
+      File.write!(file, ["PSMAPIDX", 1, <<:erlang.crc32(payload)::32>>, payload])
+
+      log = capture_log(fn -> assert {:csv, ^answers, _} = start(context, context.csv) end)
+      assert log =~ "snapshot not used, loading the CSV"
+      assert {:snapshot, ^answers, _} = start(context, context.csv)
+    end
+  end
+
+  test "snapshots of the earlier format (.prices) are deleted when one is written", context do
+    File.mkdir_p!(context.snapshots)
+    old = Path.join(context.snapshots, "prices-0123.prices")
+    File.write!(old, "PSPRICES")
+    {:csv, _, _} = start(context, context.csv)
+    refute File.exists?(old)
+    assert [_, _] = File.ls!(context.snapshots)
+  end
+
+  # The earlier format kept a .table and a .prices file: for this version
+  # that is no snapshot (nothing to warn about), not a damaged one.
+  test "a snapshot of the earlier format is replaced without a warning", context do
+    File.mkdir_p!(context.snapshots)
+    {:ok, sum} = Snapshot.checksum(context.csv)
+    base = Snapshot.base(context.snapshots, sum)
+    File.write!(base <> ".table", "LARDER-TABLE of an earlier run")
+    File.write!(base <> ".prices", "PSPRICES")
+
+    log = capture_log(fn -> assert {:csv, _, _} = start(context, context.csv) end)
+    refute log =~ "snapshot not used"
+
+    assert Enum.sort(File.ls!(context.snapshots)) == [
+             Path.basename(base) <> ".map",
+             Path.basename(base) <> ".table"
+           ]
+
+    assert {:snapshot, _, _} = start(context, context.csv)
   end
 
   test "snapshot_dir: false keeps none; bad options raise", context do

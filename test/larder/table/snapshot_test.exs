@@ -94,6 +94,19 @@ defmodule Larder.Table.SnapshotTest do
       assert Table.search(name, a: 1) == [%{id: 1, a: 1}]
     end
 
+    # File.read/1 goes through the file server, which kept a reference to
+    # the whole file (46 MB for the price catalogue) until its next garbage
+    # collection, which an idle file server may never run.
+    test "load/2 leaves no reference to the file's bytes in the file server", %{tmp_dir: dir} do
+      path = Path.join(dir, "held")
+      :ok = Table.dump(build(nil, 1, 2_000), path)
+      size = File.stat!(path).size
+      assert {:ok, copy} = Table.load(path, opts(nil))
+      Table.drop(copy)
+      {:binary, held} = Process.info(Process.whereis(:file_server_2), :binary)
+      refute Enum.any?(held, fn {_, bytes, _} -> bytes == size end)
+    end
+
     test "the loaded table belongs to the caller", %{tmp_dir: dir} do
       path = Path.join(dir, "owned")
       :ok = Table.dump(build(nil, 1, 100), path)

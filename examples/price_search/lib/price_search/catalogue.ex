@@ -86,7 +86,7 @@ defmodule PriceSearch.Catalogue do
   """
   @spec load(Path.t()) :: {:ok, [price()]} | {:error, Larder.Error.t()}
   def load(path) do
-    with {:ok, data} <- File.read(path),
+    with {:ok, data} <- read_file(path),
          {:ok, text} <- maybe_gunzip(data, path) do
       [_header | lines] = :binary.split(text, "\n", [:global])
       {:ok, parse_lines(lines, patterns(), %{}, [])}
@@ -105,6 +105,35 @@ defmodule PriceSearch.Catalogue do
          path: path,
          error: Exception.message(error)
        )}
+  end
+
+  @doc """
+  Reads a whole file in the calling process (a raw file): `File.read/1`
+  goes through the file server process, which keeps a reference to the
+  bytes it read until its next garbage collection, which may never come.
+  """
+  @spec read_file(Path.t()) :: {:ok, binary()} | {:error, File.posix()}
+  def read_file(path) do
+    with {:ok, io} <- :file.open(path, [:read, :raw, :binary]) do
+      try do
+        with {:ok, size} <- :file.position(io, :eof),
+             {:ok, 0} <- :file.position(io, :bof) do
+          read_all(io, max(size, 1), [])
+        end
+      after
+        :file.close(io)
+      end
+    end
+  end
+
+  defp read_all(io, size, acc) do
+    case :file.read(io, size) do
+      {:ok, data} -> read_all(io, size, [data | acc])
+      :eof when acc == [] -> {:ok, ""}
+      :eof when tl(acc) == [] -> {:ok, hd(acc)}
+      :eof -> {:ok, acc |> :lists.reverse() |> IO.iodata_to_binary()}
+      {:error, _} = error -> error
+    end
   end
 
   defp maybe_gunzip(data, path) do
@@ -380,28 +409,57 @@ defmodule PriceSearch.Catalogue do
   @typedoc "The Go-style map index: see `map_index/1`."
   @opaque map_index :: %{
             ids: %{String.t() => pos_integer()},
+            names: tuple(),
             offerings: %{
               String.t() => {[non_neg_integer()], pos_integer(), tuple(), tuple()}
             }
           }
 
+  @typedoc """
+  What `map_find/5` answers with: a price's answered fields, the fields the
+  price search's table stores.
+  """
+  @type map_price :: %{
+          idx: non_neg_integer(),
+          spec: String.t(),
+          value: non_neg_integer(),
+          currency: String.t(),
+          is_default: boolean()
+        }
+
   @doc """
   The Go service's map index, the baseline of the benchmark and the demo:
   offering -> its prices in row order, scanned by `map_find/5`.
 
-  The strings are numbered (one map of the distinct group, spec,
-  characteristic and value strings), so comparing two is comparing two
-  integers, as cheap as Go's length-then-bytes comparison of strings that
-  differ; and each offering's prices are laid out for a scan: a list of
-  their group-and-spec numbers, and one flat tuple of their characteristics'
-  name and value numbers (each price's padded to the offering's most).
+  The strings are numbered (one map of the distinct group, spec, currency,
+  characteristic and value strings, and their tuple by number), so
+  comparing two is comparing two integers, as cheap as Go's
+  length-then-bytes comparison of strings that differ; and each offering's
+  prices are laid out for a scan: a list of their group-and-spec numbers,
+  one flat tuple of their characteristics' name and value numbers (each
+  price's padded to the offering's most), and one flat tuple of their
+  answers (id, value, and spec, currency and default packed in one
+  integer). Every element is an integer, so the index is one compact term:
+  about 60 MB for the 487,200-price catalogue, which
+  `:erlang.term_to_binary/1` writes and `:erlang.binary_to_term/1` reads
+  back whole (`PriceSearch.Snapshot`).
   """
   @spec map_index([price()]) :: map_index()
   def map_index(prices) do
     ids =
       Enum.reduce(prices, %{}, fn p, ids ->
-        ids |> number(p.group_id) |> number(p.spec) |> number_chars(p.chars)
+        ids
+        |> number(p.group_id)
+        |> number(p.spec)
+        |> number(p.currency)
+        |> number_chars(p.chars)
       end)
+
+    names =
+      ids
+      |> Enum.sort_by(&elem(&1, 1))
+      |> Enum.map(&elem(&1, 0))
+      |> then(&List.to_tuple(["" | &1]))
 
     offerings =
       prices
@@ -415,10 +473,68 @@ defmodule PriceSearch.Catalogue do
           |> Enum.flat_map(fn p -> pad(char_numbers(p.chars, ids), stride) end)
           |> List.to_tuple()
 
-        {offering, {codes, stride, chars, List.to_tuple(prices)}}
+        answers =
+          prices
+          |> Enum.flat_map(fn p ->
+            [
+              p.idx,
+              p.value,
+              meta(Map.fetch!(ids, p.spec), Map.fetch!(ids, p.currency), p.is_default)
+            ]
+          end)
+          |> List.to_tuple()
+
+        {offering, {codes, stride, chars, answers}}
       end)
 
-    %{ids: ids, offerings: offerings}
+    %{ids: ids, names: names, offerings: offerings}
+  end
+
+  # A price's spec and currency numbers and its default flag, in one integer.
+  defp meta(spec, currency, default),
+    do: spec <<< 30 ||| currency <<< 1 ||| if(default, do: 1, else: 0)
+
+  @doc false
+  # Whether `term` has the shape of a `map_index/1` (a snapshot's is
+  # untrusted): the containers, their sizes, and every answer an integer
+  # that names a string, so a search over it cannot raise. The
+  # characteristic numbers are only compared, so any term there is safe.
+  @spec map_index?(term()) :: boolean()
+  def map_index?(%{ids: ids, names: names, offerings: offerings} = index)
+      when map_size(index) == 3 and is_map(ids) and is_tuple(names) and is_map(offerings) do
+    Enum.all?(offerings, fn
+      {offering, {codes, stride, chars, answers}}
+      when is_binary(offering) and is_list(codes) and is_integer(stride) and stride >= 0 and
+             is_tuple(chars) and is_tuple(answers) ->
+        n = length(codes)
+
+        tuple_size(chars) == n * stride and tuple_size(answers) == 3 * n and
+          answers?(answers, 0, tuple_size(answers), tuple_size(names))
+
+      _ ->
+        false
+    end) and Enum.all?(Tuple.to_list(names), &is_binary/1)
+  end
+
+  def map_index?(_), do: false
+
+  defp answers?(_answers, at, at, _names), do: true
+
+  defp answers?(answers, at, size, names) do
+    case {elem(answers, at), elem(answers, at + 1), elem(answers, at + 2)} do
+      {idx, value, meta} when is_integer(idx) and is_integer(value) and is_integer(meta) ->
+        meta >= 0 and meta >>> 30 < names and (meta >>> 1 &&& 0x1FFFFFFF) < names and
+          answers?(answers, at + 3, size, names)
+
+      _ ->
+        false
+    end
+  end
+
+  @doc "The number of prices in a `map_index/1`."
+  @spec map_index_size(map_index()) :: non_neg_integer()
+  def map_index_size(%{offerings: offerings}) do
+    Enum.reduce(offerings, 0, fn {_, {_, _, _, answers}}, n -> n + div(tuple_size(answers), 3) end)
   end
 
   # Strings are numbered 1, 2, ... as first met; 0 pads.
@@ -481,25 +597,44 @@ defmodule PriceSearch.Catalogue do
 
   `chars` is the request's `{char, value}` list. A string the catalogue does
   not have matches no price. The search allocates the request's numbers
-  (a few words per characteristic) and nothing per price scanned.
+  (a few words per characteristic), nothing per price scanned, and the
+  answer: a map of the price's answered fields (`t:map_price/0`).
   """
   @spec map_find(map_index(), String.t(), String.t(), String.t(), [{String.t(), String.t()}]) ::
-          {:ok, price()} | {:error, :no_price | :no_default}
-  def map_find(%{ids: ids, offerings: offerings}, offering, group, spec, chars) do
-    with %{^offering => {codes, stride, table, prices}} <- offerings,
+          {:ok, map_price()} | {:error, :no_price | :no_default}
+  def map_find(%{ids: ids, names: names, offerings: offerings}, offering, group, spec, chars) do
+    with %{^offering => {codes, stride, table, answers}} <- offerings,
          %{^group => g, ^spec => s} <- ids,
          {:ok, chars} <- numbers(chars, ids, []) do
-      scan(codes, 0, code(g, s), chars, stride, table, prices, nil)
+      case scan(codes, 0, code(g, s), chars, stride, table, answers, nil) do
+        i when is_integer(i) -> {:ok, answer(answers, i, names)}
+        error -> error
+      end
     else
       _ -> {:error, :no_price}
     end
+  end
+
+  # The answer is the only term a search builds.
+  defp answer(answers, i, names) do
+    at = 3 * i
+    meta = elem(answers, at + 2)
+
+    %{
+      idx: elem(answers, at),
+      spec: elem(names, meta >>> 30),
+      value: elem(answers, at + 1),
+      currency: elem(names, meta >>> 1 &&& 0x1FFFFFFF),
+      is_default: (meta &&& 1) == 1
+    }
   end
 
   @doc """
   `map_find/5` with `Larder.Table` conditions (offering, group, spec and
   characteristics, as `conditions/1` makes them).
   """
-  @spec map_search(map_index(), keyword()) :: {:ok, price()} | {:error, :no_price | :no_default}
+  @spec map_search(map_index(), keyword()) ::
+          {:ok, map_price()} | {:error, :no_price | :no_default}
   def map_search(map_index, conditions) do
     {o, g, s, chars} =
       Enum.reduce(conditions, {nil, nil, nil, []}, fn
@@ -522,26 +657,28 @@ defmodule PriceSearch.Catalogue do
   end
 
   # found: nil (no match yet), the one match, or :many (only a default answers).
-  defp scan([code | codes], i, code, chars, stride, table, prices, found) do
+  # found: nil (no match yet), the one match's number, or :many (only a
+  # default answers); a default found ends the scan with its number.
+  defp scan([code | codes], i, code, chars, stride, table, answers, found) do
     at = i * stride
 
     if chars_match?(chars, table, at, at + stride) do
-      case elem(prices, i) do
-        %{is_default: true} = price -> {:ok, price}
-        price when found == nil -> scan(codes, i + 1, code, chars, stride, table, prices, price)
-        _ -> scan(codes, i + 1, code, chars, stride, table, prices, :many)
+      cond do
+        (elem(answers, 3 * i + 2) &&& 1) == 1 -> i
+        found == nil -> scan(codes, i + 1, code, chars, stride, table, answers, i)
+        true -> scan(codes, i + 1, code, chars, stride, table, answers, :many)
       end
     else
-      scan(codes, i + 1, code, chars, stride, table, prices, found)
+      scan(codes, i + 1, code, chars, stride, table, answers, found)
     end
   end
 
-  defp scan([_ | codes], i, code, chars, stride, table, prices, found),
-    do: scan(codes, i + 1, code, chars, stride, table, prices, found)
+  defp scan([_ | codes], i, code, chars, stride, table, answers, found),
+    do: scan(codes, i + 1, code, chars, stride, table, answers, found)
 
   defp scan([], _, _, _, _, _, _, nil), do: {:error, :no_price}
   defp scan([], _, _, _, _, _, _, :many), do: {:error, :no_default}
-  defp scan([], _, _, _, _, _, _, price), do: {:ok, price}
+  defp scan([], _, _, _, _, _, _, i), do: i
 
   defp chars_match?([], _table, _at, _stop), do: true
 

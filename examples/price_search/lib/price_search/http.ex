@@ -51,11 +51,13 @@ defmodule PriceSearch.HTTP do
 
   16 acceptor processes wait in `accept`; each, given a connection, starts
   its replacement and serves that connection's requests (HTTP/1.1
-  keep-alive, pipelined requests in order). A request is decoded, searched
+  keep-alive, pipelined requests in order), reading its socket in
+  `{active, N}` mode (at most 64 packets queued as messages, then the
+  socket turns passive until more is wanted). A request is decoded, searched
   (straight on the `Larder.Table`, fetched from `PriceSearch.Store` through
   `:persistent_term`) and answered in that process. Idle connections cost a
-  process blocked in `recv` (about 3 KB) and a socket; they take no
-  scheduler time, so held connections do not slow the others.
+  process waiting for the socket's next message (about 3 KB) and a socket;
+  they take no scheduler time, so held connections do not slow the others.
 
   ## Performance
 

@@ -13,18 +13,29 @@ defmodule PriceSearch.Store do
   ## Snapshots
 
   A catalogue read from a CSV file is snapshotted after it is loaded
-  (`PriceSearch.Snapshot`: the table and the prices, named by the CSV's
+  (`PriceSearch.Snapshot`: the table and the map index, named by the CSV's
   SHA-256, in `:snapshot_dir`); the next start loads the snapshot instead
   of parsing and indexing the CSV, when the CSV's bytes are unchanged.
   `origin/1` and the "loaded" log line say where the data came from. The
   snapshot is written after the catalogue is published, so it never delays
   the first answer.
 
+  ## Performance
+
+  The store process makes (or loads) the table, which it owns; the rest
+  (the CSV's prices, the map index, the store itself) is built in a
+  short-lived linked process that publishes the store and exits, so the
+  load's garbage (hundreds of MB for a CSV load) is freed at once, before
+  the first request, and the published terms are copied once, into
+  `:persistent_term`. A restart decodes the map index from the snapshot
+  (about 0.1 s) instead of building it from the prices.
+
   ## Failures
 
   A catalogue that cannot be read makes the store fall back to the generated
   one, as `PriceSearch.Catalogue.reference_or_generated/1` does. A missing
-  snapshot is made; a damaged or foreign one is logged as a warning and
+  snapshot (or one of the earlier format, without a `.map` file) is made
+  quietly; a damaged or foreign one is logged as a warning and
   the CSV is loaded (and snapshotted again); a snapshot that cannot be
   written is logged and the service goes on. If the store
   process dies, its table goes with it; `fetch/1` then answers `:loading`
@@ -38,6 +49,7 @@ defmodule PriceSearch.Store do
   alias PriceSearch.{Catalogue, Snapshot}
 
   @enforce_keys [
+    :name,
     :table,
     :map_index,
     :offerings,
@@ -52,6 +64,7 @@ defmodule PriceSearch.Store do
 
   @typedoc "A loaded catalogue."
   @type t :: %__MODULE__{
+          name: atom(),
           table: Table.table(),
           map_index: Catalogue.map_index(),
           offerings: %{String.t() => true},
@@ -187,44 +200,26 @@ defmodule PriceSearch.Store do
   @impl true
   def handle_continue(:load, %{name: name} = state) do
     started = System.monotonic_time()
-    {source, origin, table, prices, save} = load(state)
-
-    # The sets of known values come from the index's terms (a few hundred),
-    # not from the 487,200 prices.
-    known = known(table)
-
-    store = %__MODULE__{
-      table: table,
-      map_index: Catalogue.map_index(prices),
-      offerings: known.offerings,
-      groups: known.groups,
-      specs: known.specs,
-      chars: known.chars,
-      source: source,
-      origin: origin,
-      size: Table.size(table)
-    }
-
-    :persistent_term.put({__MODULE__, name}, store)
+    {table, save} = load(state)
     ms = System.convert_time_unit(System.monotonic_time() - started, :native, :millisecond)
+    {:ok, store} = fetch(name)
     log_loaded(store, ms)
     state = %{state | table: table, load: nil}
 
     case save do
-      nil ->
-        :erlang.garbage_collect()
-        {:noreply, state, :hibernate}
-
-      base ->
-        {:noreply, state, {:continue, {:save, base, prices}}}
+      nil -> {:noreply, state, :hibernate}
+      base -> {:noreply, state, {:continue, {:save, base}}}
     end
   end
 
   # Written after the catalogue is published: the first answers do not wait.
-  def handle_continue({:save, base, prices}, state) do
-    case Snapshot.save(base, state.table, prices) do
+  # The map index is read from the published store, not copied.
+  def handle_continue({:save, base}, state) do
+    {:ok, store} = fetch(state.name)
+
+    case Snapshot.save(base, state.table, store.map_index) do
       :ok ->
-        Logger.info("price catalogue snapshot written to #{base}.{table,prices}")
+        Logger.info("price catalogue snapshot written to #{base}.{table,map}")
 
       {:error, reason} ->
         Logger.warning("cannot write the price catalogue snapshot: #{inspect(reason)}")
@@ -234,25 +229,36 @@ defmodule PriceSearch.Store do
     {:noreply, state, :hibernate}
   end
 
-  # {source, origin, table, prices, base of a snapshot to write or nil}
-  defp load(%{follow: {replica, table}} = state) do
-    {source, prices} =
-      case state.load do
-        {:csv, csv} ->
-          case Catalogue.load(csv) do
-            {:ok, prices} -> {csv, prices}
-            {:error, _} -> {"generated (seed 1)", Catalogue.generate()}
+  # Loads and publishes the catalogue: {table, base of a snapshot to write
+  # or nil}. The table is made (or loaded) here, as this process owns it;
+  # everything else (the CSV's prices, the map index, the store) is built in
+  # a short-lived process that publishes the store and exits, so that the
+  # load's garbage is freed at once, before the first request is answered,
+  # not copied by a collection of this process (see publish/1).
+  defp load(%{follow: {replica, table}, load: load, name: name}) do
+    :ok =
+      publish(fn ->
+        {source, prices} =
+          case load do
+            {:csv, csv} ->
+              case Catalogue.load(csv) do
+                {:ok, prices} -> {csv, prices}
+                {:error, _} -> {"generated (seed 1)", Catalogue.generate()}
+              end
+
+            load ->
+              load.()
           end
 
-        load ->
-          load.()
-      end
+        await_replica(replica)
+        source = "#{source}, searched in the stream's replica"
+        store(name, table, Catalogue.map_index(prices), source, :stream)
+      end)
 
-    await_replica(replica)
-    {"#{source}, searched in the stream's replica", :stream, table, prices, nil}
+    {table, nil}
   end
 
-  defp load(%{load: {:csv, csv}, dir: dir}) do
+  defp load(%{load: {:csv, csv}, dir: dir, name: name}) do
     base =
       with dir when is_binary(dir) <- dir,
            {:ok, sum} <- Snapshot.checksum(csv) do
@@ -261,42 +267,123 @@ defmodule PriceSearch.Store do
         _ -> nil
       end
 
-    loaded =
-      if base && File.exists?(base <> ".table") do
-        case Snapshot.load(base, table_opts()) do
-          {:ok, table, prices} ->
-            {csv, :snapshot, table, prices, nil}
-
-          {:error, error} ->
-            Logger.warning(
-              "price catalogue snapshot not used, loading the CSV: #{Exception.message(error)}"
-            )
-
-            nil
-        end
-      end
-
-    loaded || load_csv(csv, base)
-  end
-
-  defp load(%{load: load}) do
-    {source, prices} = load.()
-    {source, :load, build(prices), prices, nil}
-  end
-
-  defp load_csv(csv, base) do
-    case Catalogue.load(csv) do
-      {:ok, prices} ->
-        {csv, :csv, build(prices), prices, base}
+    # Without both files (none yet, or one of the earlier format, which kept
+    # the prices in place of the map index) there is no snapshot to load.
+    case base && File.exists?(base <> ".table") && File.exists?(base <> ".map") &&
+           load_snapshot(name, csv, base) do
+      {:ok, table} ->
+        {table, nil}
 
       {:error, error} ->
         Logger.warning(
-          "cannot load #{csv}, serving the generated catalogue: #{Exception.message(error)}"
+          "price catalogue snapshot not used, loading the CSV: #{Exception.message(error)}"
         )
 
-        prices = Catalogue.generate()
-        {"generated (seed 1)", :load, build(prices), prices, nil}
+        load_csv(name, csv, base)
+
+      _ ->
+        load_csv(name, csv, base)
     end
+  end
+
+  defp load(%{load: load, name: name}) do
+    table = Table.new(table_opts())
+
+    publish(fn ->
+      {source, prices} = load.()
+      store(name, table, build(table, prices), source, :load)
+    end)
+
+    {table, nil}
+  end
+
+  defp load_snapshot(name, csv, base) do
+    with {:ok, table} <- Snapshot.load_table(base, table_opts()) do
+      # The file's binary (tens of MB) goes now, not at a later collection.
+      :erlang.garbage_collect()
+
+      result =
+        publish(fn ->
+          with {:ok, index} <- Snapshot.load_map(base, Table.size(table)) do
+            store(name, table, index, csv, :snapshot)
+          end
+        end)
+
+      case result do
+        :ok ->
+          {:ok, table}
+
+        {:error, _} = error ->
+          Table.drop(table)
+          error
+      end
+    end
+  end
+
+  defp load_csv(name, csv, base) do
+    table = Table.new(table_opts())
+
+    :ok =
+      publish(fn ->
+        case Catalogue.load(csv) do
+          {:ok, prices} ->
+            store(name, table, build(table, prices), csv, :csv)
+
+          {:error, error} ->
+            Logger.warning(
+              "cannot load #{csv}, serving the generated catalogue: #{Exception.message(error)}"
+            )
+
+            # Nothing was inserted: the table is still empty.
+            prices = Catalogue.generate()
+            store(name, table, build(table, prices), "generated (seed 1)", :load)
+        end
+      end)
+
+    {:ok, store} = fetch(name)
+    {table, if(store.origin == :csv, do: base)}
+  end
+
+  # Runs `fun` in a linked process that publishes the store it returns and
+  # exits, freeing its heap (the parsed prices, the decoded index) in one
+  # step. `fun` returns a store or an error; :ok or the error. A crash in
+  # it is this process's crash.
+  defp publish(fun) do
+    pid =
+      spawn_link(fn ->
+        case fun.() do
+          %__MODULE__{} = store ->
+            :persistent_term.put({__MODULE__, store.name}, store)
+            exit({:shutdown, :ok})
+
+          {:error, _} = error ->
+            exit({:shutdown, error})
+        end
+      end)
+
+    receive do
+      {:EXIT, ^pid, {:shutdown, result}} -> result
+      {:EXIT, ^pid, reason} -> exit(reason)
+    end
+  end
+
+  defp store(name, table, map_index, source, origin) do
+    # The sets of known values come from the index's terms (a few hundred),
+    # not from the 487,200 prices.
+    known = known(table)
+
+    %__MODULE__{
+      name: name,
+      table: table,
+      map_index: map_index,
+      offerings: known.offerings,
+      groups: known.groups,
+      specs: known.specs,
+      chars: known.chars,
+      source: source,
+      origin: origin,
+      size: Table.size(table)
+    }
   end
 
   # Until the replica has applied the stream's last entry; Redis down only
@@ -315,10 +402,10 @@ defmodule PriceSearch.Store do
 
   defp table_opts, do: Catalogue.table_opts(store: @store)
 
-  defp build(prices) do
-    table = Table.new(table_opts())
+  # Inserts the prices; their map index.
+  defp build(table, prices) do
     :ok = Table.insert_many(table, prices)
-    table
+    Catalogue.map_index(prices)
   end
 
   # Offerings, groups, specs and each characteristic's values, as sets.
