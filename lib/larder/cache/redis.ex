@@ -299,7 +299,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, RESP, Sentinel}
+  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, Connection, RESP, Sentinel}
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -309,7 +309,7 @@ defmodule Larder.Cache.Redis do
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
-  # How often the keeper checks its clients' memory.
+  # How often the keeper checks its table and its clients' tracking.
   @watch_ms 100
   # Longest wait between two pub/sub connection attempts (unless
   # :reconnect_sleep is longer).
@@ -332,7 +332,6 @@ defmodule Larder.Cache.Redis do
   @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
-    ensure_eredis!()
     table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
 
     unless opts[:cluster],
@@ -354,7 +353,7 @@ defmodule Larder.Cache.Redis do
   end
 
   # The start of init/3's child spec: the keeper, linked to the caller (a
-  # supervisor). It starts the eredis clients (each connecting within
+  # supervisor). It starts the command connections (each connecting within
   # :timeout) and the pub/sub connection; it succeeds while Redis is down
   # or not Redis.
   @doc false
@@ -376,18 +375,6 @@ defmodule Larder.Cache.Redis do
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
         {:error, :timeout}
-    end
-  end
-
-  # eredis is an optional dependency of Larder: it is loaded only by users of
-  # this module, who list it in their own application (see "Client").
-  defp ensure_eredis! do
-    unless Code.ensure_loaded?(:eredis) and Code.ensure_loaded?(:eredis_parser) do
-      raise ArgumentError,
-            "Larder.Cache.Redis needs the eredis client, which is not loadable: " <>
-              "install it (Debian: apt-get install erlang-redis-client) and add :eredis " <>
-              "to extra_applications in your mix.exs, so that it is in the code path " <>
-              "and in releases"
     end
   end
 
@@ -483,7 +470,7 @@ defmodule Larder.Cache.Redis do
     slot = rem(:erlang.system_info(:scheduler_id), size)
     [{_, client}] = :ets.lookup(table, slot)
 
-    case :eredis.q(client, command, timeout) do
+    case Connection.q(client, command, timeout) do
       {:ok, value} ->
         {:ok, value}
 
@@ -494,13 +481,9 @@ defmodule Larder.Cache.Redis do
       {:error, reason} ->
         master_moved?(state)
         {:error, unavailable(reason)}
-
-      other ->
-        bad_reply(hd(command), other)
     end
   catch
-    :exit, reason -> {:error, unavailable(exit_reason(reason))}
-    # the keeper (and its table) is gone, or the client is being replaced
+    # the keeper (and its table) is gone
     :error, _ -> {:error, unavailable(:no_client)}
   end
 
@@ -560,11 +543,6 @@ defmodule Larder.Cache.Redis do
   defp ok({:ok, _reply}), do: :ok
   defp ok({:error, _} = error), do: error
 
-  defp exit_reason({:timeout, _}), do: :timeout
-  defp exit_reason({:noproc, _}), do: :noproc
-  defp exit_reason({reason, {:gen_server, :call, _}}), do: truncate(reason)
-  defp exit_reason(other), do: truncate(other)
-
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 
@@ -594,8 +572,8 @@ defmodule Larder.Cache.Redis do
     |> ClusterKeeper.validate!(opts)
   end
 
-  ## The keeper: owns the eredis clients (their pids are in its table, by
-  ## pool slot), replaces one that dies or holds more than its memory bound,
+  ## The keeper: owns the command connections (their pids are in its table,
+  ## by pool slot), replaces one that ends,
   ## and runs the pub/sub connection (below), relaying its messages to the
   ## subscriber.
 
@@ -614,7 +592,6 @@ defmodule Larder.Cache.Redis do
       host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
       port: opts[:port],
       master_warned: false,
-      password: Auth.eredis_password(opts),
       sentinel: opts[:sentinel],
       watchers: %{},
       check: nil,
@@ -622,16 +599,13 @@ defmodule Larder.Cache.Redis do
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
-      tracking: Tracking.new(opts[:tracking_prefix]),
-      # eredis keeps a reply in its heap or as binaries while it parses:
-      # twice the largest reply we accept, plus slack.
-      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+      tracking: Tracking.new(opts[:tracking_prefix])
     }
 
     # with Sentinel, the master first (the clients are started below)
     state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
 
-    # eredis connects in start_link (bounded by :timeout each), so the
+    # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
     send(parent, {ref, :ready})
@@ -648,21 +622,14 @@ defmodule Larder.Cache.Redis do
   defp start_client(state, slot) do
     opts = state.opts
 
-    result =
-      try do
-        :eredis.start_link(
-          state.host,
-          state.port,
-          opts[:database],
-          state.password,
-          opts[:reconnect_sleep],
-          opts[:timeout]
-        )
-      catch
-        kind, reason -> {:error, {kind, reason}}
-      end
+    conn_opts = [
+      timeout: opts[:timeout],
+      database: opts[:database],
+      auth: Auth.commands(opts),
+      max_reply_bytes: opts[:max_reply_bytes]
+    ]
 
-    case result do
+    case Connection.start_link(state.host, state.port, conn_opts) do
       {:ok, client} ->
         put_slot(state.table, slot, client)
         %{state | clients: Map.put(state.clients, client, slot)}
@@ -702,7 +669,7 @@ defmodule Larder.Cache.Redis do
       with :ok <- :gen_tcp.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
         timer = Process.send_after(self(), {:sub_timeout, socket}, opts[:timeout])
-        sub = %{socket: socket, parser: :eredis_parser.init(), expect: expect, partial: 0}
+        sub = %{socket: socket, parser: RESP.new(opts[:max_message_bytes]), expect: expect}
         %{state | sub: Map.put(sub, :timer, timer)}
       else
         {:error, reason} ->
@@ -717,23 +684,16 @@ defmodule Larder.Cache.Redis do
   defp sub_data(%{sub: sub} = state, data) do
     :inet.setopts(sub.socket, active: :once)
 
-    case RESP.parse(sub.parser, data, []) do
-      {:ok, replies, parser, tail} ->
-        # the bytes of the reply being read: bounded like a message
-        partial = if replies == [], do: sub.partial + tail, else: tail
-        state = %{state | sub: %{sub | parser: parser, partial: partial}}
+    # (bytes that are not RESP, or a message above :max_message_bytes)
+    case RESP.parse(sub.parser, data) do
+      {:ok, replies, parser} ->
+        state = %{state | sub: %{sub | parser: parser}}
+        Enum.reduce_while(replies, state, &sub_reply/2)
 
-        max = state.opts[:max_message_bytes]
+      {:error, :too_large} ->
+        sub_failed(state, :message_too_large)
 
-        case Enum.reduce_while(replies, state, &sub_reply/2) do
-          %{sub: %{partial: partial}} = state when partial > max ->
-            sub_failed(state, :message_too_large)
-
-          state ->
-            state
-        end
-
-      :error ->
+      {:error, :not_resp} ->
         sub_failed(state, :bad_reply)
     end
   end
@@ -817,7 +777,7 @@ defmodule Larder.Cache.Redis do
     %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
   end
 
-  # A data connection eredis reconnected (or a new one) gets its tracking
+  # A data connection that replaced one that failed gets its tracking
   # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
     {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
@@ -932,7 +892,7 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  # A client that died (eredis raises on bytes that are not RESP) is
+  # A client that ended (its connection failed: see Connection) is
   # replaced after reconnect_sleep; until then its slot answers
   # :l2_unavailable.
   defp handle_exit(state, pid, reason) do
@@ -948,18 +908,7 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  # A server that sends an endless reply makes eredis buffer it for ever:
-  # kill a client that holds more than the limit (the pub/sub connection
-  # bounds its own replies).
   defp watch(state) do
-    for {pid, _slot} <- state.clients, memory(pid) > state.memory_limit do
-      Logger.warning(
-        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
-      )
-
-      Process.exit(pid, :kill)
-    end
-
     # A keeper that was replaced (its runner killed) may still be shutting
     # down beside us and write its last slot updates over ours: the table
     # says what this keeper holds again within one watch.
@@ -974,16 +923,6 @@ defmodule Larder.Cache.Redis do
   catch
     # the table's owner is gone: the cache is stopping
     :error, :badarg -> :ok
-  end
-
-  defp memory(pid) do
-    case Process.info(pid, [:memory, :binary]) do
-      [memory: memory, binary: binaries] ->
-        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
-
-      nil ->
-        0
-    end
   end
 
   ## Sentinel: the keeper finds the master at start, holds a +switch-master
@@ -1068,7 +1007,7 @@ defmodule Larder.Cache.Redis do
   defp watch_sentinel(state, addr) do
     case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
       {:ok, socket} ->
-        watcher = %{addr: addr, parser: :eredis_parser.init(), partial: 0}
+        watcher = %{addr: addr, parser: Sentinel.parser(), partial: 0}
         %{state | watchers: Map.put(state.watchers, socket, watcher)}
 
       {:error, _reason} ->
