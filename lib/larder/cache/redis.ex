@@ -54,46 +54,50 @@ defmodule Larder.Cache.Redis do
 
   ## Client
 
-  This uses Debian's `erlang-redis-client` (eredis 1.2.0), which we checked
-  against the fault requirements: `eredis:start_link/6` succeeds while Redis
-  is down and keeps reconnecting in the background; a command sent while it
-  is disconnected returns `{:error, :no_connection}` at once; a command to a
-  server that does not answer is bounded by the call timeout. Its pub/sub
-  client (`eredis_sub`) is not used: it crashes on any error reply to
-  `SUBSCRIBE` (such as `NOAUTH` once the server requires a password), and
-  would crash again on every reconnection. The pub/sub connection is
-  Larder's own, reading replies with eredis's parser (`eredis_parser`).
+  Larder speaks RESP2 to Redis itself, over `:gen_tcp`: no Redis client
+  library is needed, in development or in a release.
 
-  Larder does not depend on eredis: an application that uses this module
-  installs it (on Debian, `apt-get install erlang-redis-client`, which
-  `scripts/setup` does) and lists it in its own `mix.exs`:
+  Command connections (`:pool_size` of them, per master on a cluster) are
+  each one process that owns its socket:
 
-      def application do
-        [extra_applications: [:logger, :eredis]]
-      end
+    * Connecting: within `:timeout`, it sends `AUTH` (`:username` and
+      `:password`, as a RESP array, so any bytes are sent as they are) and
+      `SELECT` (a `:database` other than 0), and checks that each answers
+      `OK`. A connection that cannot be opened, or whose `AUTH` or
+      `SELECT` fails, is tried again every `:reconnect_sleep` ms; meanwhile
+      calls on its pool slot return `:l2_unavailable` at once.
+    * Replies: read incrementally, whatever the TCP segments: an error
+      reply is an error (`:l2_failed`) however its bytes arrive, and a
+      value is never taken for an error. Nothing is buffered beyond
+      `:max_reply_bytes` per reply: a bulk string's declared length is
+      checked against it (with the rest of its reply) before any of its
+      bytes is kept. A reply may nest at most 16 arrays of at most 2^24
+      elements each, and a line (a header, a status, an error) is at
+      most 64 KB.
+    * Failures: a lost connection, bytes that are not RESP, a reply over
+      those bounds, or a reply no caller asked for closes the connection:
+      every caller waiting on it gets `:l2_unavailable` at once (the
+      details say why: `:closed`, `:bad_reply`, `:reply_too_large`...),
+      and a new connection is opened after `:reconnect_sleep` ms. A caller
+      whose reply does not come within `:timeout` gets `:l2_unavailable`
+      (`:timeout`); a reply that comes later is dropped.
+    * Cost: one `GenServer.call` per command. The caller encodes it; the
+      connection process sends it (one `:gen_tcp.send`), queues the caller,
+      parses what arrives (the socket delivers up to 100 reads before it
+      is re-armed) and replies; a bulk string read in one TCP read is a
+      sub-binary of it, one spread over several reads is joined once.
 
-  so that it is started with the application and copied into its release.
-  Without it in the code path, `init/3` raises `ArgumentError` saying so, and
-  `Larder.Cache.start_link/1` returns `{:error, %Larder.Error{reason:
-  :l2_failed}}` with that message in its details. Debian's package needs one
-  more step before `mix release` can copy it: see "In your application and
-  its release" in the README.
-
-  eredis is not built for a peer that is not Redis: its client process
-  crashes on bytes that are not RESP, and it buffers a bulk reply of any
-  declared length for as long as the bytes keep coming. So one keeper
-  process, the child spec `init/3` returns (run by the cache's supervision
-  tree, see "Processes" in `Larder.Cache`), owns the clients: it keeps
-  their pids in the table of the state, which the cache's process owns and
-  callers read, replaces a client that died after `:reconnect_sleep` ms
-  (its callers get `:l2_unavailable` meanwhile), kills a client that holds
-  more than twice `:max_reply_bytes` (checked every 100 ms), and runs the
-  pub/sub connection itself. A client that dies is replaced by the keeper,
-  on a timer, rather than by a supervisor: a hostile server kills a client
-  on every reply, a loop that no restart intensity should count as a bug.
-  No process crashes in a loop: reconnection is a timer, not a restart.
-  If the keeper itself dies (a bug, or killed), the cache starts another,
-  which fills the same table: the state callers hold stays valid.
+  One keeper process, the child spec `init/3` returns (run by the cache's
+  supervision tree, see "Processes" in `Larder.Cache`), owns the
+  connections: it keeps their pids in the table of the state, which the
+  cache's process owns and callers read, replaces a connection that ended
+  after `:reconnect_sleep` ms, and runs the pub/sub connection itself. A
+  connection that ends is replaced by the keeper, on a timer, rather than
+  by a supervisor: a hostile server ends a connection on every reply, a
+  loop that no restart intensity should count as a bug. No process
+  crashes in a loop: reconnection is a timer, not a restart. If the
+  keeper itself dies (a bug, or killed), the cache starts another, which
+  fills the same table: the state callers hold stays valid.
 
   The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
   and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
@@ -195,10 +199,10 @@ defmodule Larder.Cache.Redis do
   `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
   place of the keys when it is not what Redis sends (anyone may `PUBLISH`
   on that channel). A resubscription has a new id, so tracking is set
-  again on every connection before the cache hears of it. eredis
-  reconnects a command connection by itself, with tracking off: every
-  100 ms the keeper compares each client's socket with the one it turned
-  tracking on for, and turns it on for a new one; when no connection kept
+  again on every connection before the cache hears of it. A command
+  connection that replaces one that ended starts with tracking off: every
+  100 ms the keeper compares each connection's socket with the one it
+  turned tracking on for, and turns it on for a new one; when no connection kept
   its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
   again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
   Redis before 6.0, an ACL without it) is tried again every 100 ms, and
@@ -278,10 +282,8 @@ defmodule Larder.Cache.Redis do
   an error, not a list, or larger than 4 MB is ignored (the next node is
   asked), its entries of the wrong shape or overlapping are skipped, and
   each is counted. A redirect that is not well formed is an error reply
-  (`:l2_failed`). eredis 1.2.0 returns an error reply that reaches it in
-  two TCP reads as a value: a `MOVED` or `ASK` naming the key's own slot,
-  or the exact text of `TRYAGAIN` or `CLUSTERDOWN`, is taken for that
-  error, so a value with such a text cannot be stored on a cluster.
+  (`:l2_failed`). Redirects are error replies only: a value whose text
+  reads like one is a value.
 
   ## Failures
 
@@ -326,7 +328,7 @@ defmodule Larder.Cache.Redis do
   spec of the keeper process (see "Client"), which the cache runs under its
   supervision tree. A keeper that restarts fills the same table, so the
   state never changes. Starts no process. Raises `ArgumentError` for a bad
-  option or when the eredis client is not loadable (see "Client").
+  option.
   """
   @impl true
   @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
