@@ -949,8 +949,9 @@ defmodule Larder.Cache.Redis do
 
         cond do
           {host, port} == {state.host, state.port} -> state
-          # at start: no connection to move yet
-          state.clients == %{} and state.sub == nil -> %{state | host: host, port: port}
+          # no master known yet (at start, or no sentinel named one): nothing
+          # to move. (Not "no clients": they all end when the master dies.)
+          state.host == nil -> %{state | host: host, port: port}
           true -> move(state, host, port)
         end
 
