@@ -6,7 +6,7 @@ defmodule Larder.Cache.Redis.Connection do
 
   # Contract (internal).
   #
-  # start_link/1 connects, sends AUTH (:username, :password, as a RESP
+  # start_link/3 connects, sends AUTH (:username, :password, as a RESP
   # array: any bytes) and SELECT (a :database other than 0) and checks
   # their replies, all within :timeout, then returns {:ok, pid}; or
   # {:error, reason}. The process is linked to its caller (the keeper).
