@@ -15,9 +15,6 @@ defmodule Larder.MixProject do
       # The Rust NIF is built first, so Larder.Native can load it.
       compilers: [:larder_native | Mix.compilers()],
       deps: [],
-      # eredis is optional (see application/0): its modules are called only
-      # from Larder.Cache.Redis, which checks that they are loadable.
-      xref: [exclude: [:eredis, :eredis_parser]],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
       docs: [main: "Larder"]
@@ -25,8 +22,7 @@ defmodule Larder.MixProject do
   end
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
-  # eredis is not listed: only users of Larder.Cache.Redis need it, and they
-  # add it to their own application (Larder.Cache.Redis checks at start).
+  # Larder.Cache.Redis speaks RESP itself: no Redis client library.
   def application do
     [
       mod: {Larder.Application, []},

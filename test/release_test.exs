@@ -1,11 +1,11 @@
 defmodule Larder.ReleaseTest do
   # Builds examples/release_check, a small application that depends on Larder
   # by path, with `MIX_ENV=prod mix release` in a temporary directory, and
-  # boots it: once as an application that uses no Redis (`bin/release_check
-  # eval`; eredis is then not in the release, and Larder.Cache.Redis says how
-  # to add it) and once as one that lists :eredis (`daemon`, then `rpc`),
-  # which round-trips a value through a real Redis. It checks what a
-  # user gets on a machine set up by scripts/setup. Tagged :release
+  # boots it: with `bin/release_check eval` (the Bag, Register and Table
+  # checks), and as in production (`daemon`, then `rpc`), round-tripping a
+  # value through a real Redis with Larder.Cache.Redis, whose client is
+  # Larder's own: the release holds no Redis client library. It checks what
+  # a user gets on a machine set up by scripts/setup. Tagged :release
   # (`mix test --exclude release` skips it); `make test` runs it.
   use ExUnit.Case, async: true
 
@@ -33,37 +33,24 @@ defmodule Larder.ReleaseTest do
     %{dir: dir}
   end
 
-  test "an application without Redis ships as a release without eredis", %{dir: dir} do
-    bin = release!(dir, redis?: false)
+  test "an application ships as a release with Larder and OTP only", %{dir: dir} do
+    bin = release!(dir)
 
     assert eval!(bin, "IO.inspect(ReleaseCheck.check())") =~ ":ok"
 
     refute File.ls!(Path.join([dir, "_build/prod/rel/release_check/lib"]))
-           |> Enum.any?(&(&1 =~ "eredis"))
-
-    # Larder.Cache.Redis fails with a clear error, not an undefined function.
-    out =
-      eval!(
-        bin,
-        "IO.inspect(ReleaseCheck.check_redis(1), limit: :infinity, printable_limit: :infinity)"
-      )
-
-    assert out =~ "reason: :l2_failed"
-    assert out =~ "add :eredis to extra_applications"
+           |> Enum.any?(&(&1 =~ "redis"))
   end
 
   @tag :redis
-  test "an application that lists :eredis ships it, starts it, and reaches Redis", %{dir: dir} do
+  test "the release starts Larder and reaches Redis with Larder.Cache.Redis", %{dir: dir} do
     server = RedisServer.start()
     on_exit(fn -> RedisServer.stop(server) end)
 
-    bin = release!(dir, redis?: true)
-
-    assert File.ls!(Path.join([dir, "_build/prod/rel/release_check/lib"]))
-           |> Enum.any?(&(&1 =~ "eredis"))
+    bin = release!(dir)
 
     # Booted as in production: `daemon` runs the release's boot script, which
-    # starts eredis and Larder before the application.
+    # starts Larder before the application.
     env = [{"RELEASE_NODE", "release_check_#{System.unique_integer([:positive])}"}]
     {_, 0} = System.cmd(bin, ["daemon"], env: env, stderr_to_stdout: true)
 
@@ -73,7 +60,8 @@ defmodule Larder.ReleaseTest do
       apps =
         rpc!(bin, env, "IO.inspect(Enum.map(Application.started_applications(), &elem(&1, 0)))")
 
-      assert apps =~ ":eredis" and apps =~ ":larder" and apps =~ ":release_check"
+      assert apps =~ ":larder" and apps =~ ":release_check"
+      refute apps =~ "eredis"
       assert rpc!(bin, env, "IO.inspect(ReleaseCheck.check())") =~ ":ok"
       assert rpc!(bin, env, "IO.inspect(ReleaseCheck.check_redis(#{server.port}))") =~ ":ok"
     after
@@ -102,12 +90,8 @@ defmodule Larder.ReleaseTest do
     out
   end
 
-  defp release!(dir, redis?: redis?) do
-    env = [
-      {"MIX_ENV", "prod"},
-      {"LARDER_PATH", @larder},
-      {"RELEASE_CHECK_REDIS", if(redis?, do: "1", else: "0")}
-    ]
+  defp release!(dir) do
+    env = [{"MIX_ENV", "prod"}, {"LARDER_PATH", @larder}]
 
     {out, status} =
       System.cmd(System.find_executable("mix"), ["release", "--overwrite"],

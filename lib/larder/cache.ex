@@ -354,8 +354,8 @@ defmodule Larder.Cache do
   changes are `:telemetry` events, listed in `Larder.Telemetry`. Without
   `:telemetry` (or with `telemetry: false`) they cost one boolean check.
 
-  The Redis L2 uses Debian's eredis client; `Larder.Cache.Redis` says why it
-  meets these requirements and what it adds around it.
+  The Redis L2 runs its own connections (no Redis client library);
+  `Larder.Cache.Redis` says how they meet these requirements ("Client").
 
   ## Performance
 

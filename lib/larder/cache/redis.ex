@@ -54,46 +54,50 @@ defmodule Larder.Cache.Redis do
 
   ## Client
 
-  This uses Debian's `erlang-redis-client` (eredis 1.2.0), which we checked
-  against the fault requirements: `eredis:start_link/6` succeeds while Redis
-  is down and keeps reconnecting in the background; a command sent while it
-  is disconnected returns `{:error, :no_connection}` at once; a command to a
-  server that does not answer is bounded by the call timeout. Its pub/sub
-  client (`eredis_sub`) is not used: it crashes on any error reply to
-  `SUBSCRIBE` (such as `NOAUTH` once the server requires a password), and
-  would crash again on every reconnection. The pub/sub connection is
-  Larder's own, reading replies with eredis's parser (`eredis_parser`).
+  Larder speaks RESP2 to Redis itself, over `:gen_tcp`: no Redis client
+  library is needed, in development or in a release.
 
-  Larder does not depend on eredis: an application that uses this module
-  installs it (on Debian, `apt-get install erlang-redis-client`, which
-  `scripts/setup` does) and lists it in its own `mix.exs`:
+  Command connections (`:pool_size` of them, per master on a cluster) are
+  each one process that owns its socket:
 
-      def application do
-        [extra_applications: [:logger, :eredis]]
-      end
+    * Connecting: within `:timeout`, it sends `AUTH` (`:username` and
+      `:password`, as a RESP array, so any bytes are sent as they are) and
+      `SELECT` (a `:database` other than 0), and checks that each answers
+      `OK`. A connection that cannot be opened, or whose `AUTH` or
+      `SELECT` fails, is tried again every `:reconnect_sleep` ms; meanwhile
+      calls on its pool slot return `:l2_unavailable` at once.
+    * Replies: read incrementally, whatever the TCP segments: an error
+      reply is an error (`:l2_failed`) however its bytes arrive, and a
+      value is never taken for an error. Nothing is buffered beyond
+      `:max_reply_bytes` per reply: a bulk string's declared length is
+      checked against it (with the rest of its reply) before any of its
+      bytes is kept. A reply may nest at most 16 arrays of at most 2^24
+      elements each, and a line (a header, a status, an error) is at
+      most 64 KB.
+    * Failures: a lost connection, bytes that are not RESP, a reply over
+      those bounds, or a reply no caller asked for closes the connection:
+      every caller waiting on it gets `:l2_unavailable` at once (the
+      details say why: `:closed`, `:bad_reply`, `:reply_too_large`...),
+      and a new connection is opened after `:reconnect_sleep` ms. A caller
+      whose reply does not come within `:timeout` gets `:l2_unavailable`
+      (`:timeout`); a reply that comes later is dropped.
+    * Cost: one `GenServer.call` per command. The caller encodes it; the
+      connection process sends it (one `:gen_tcp.send`), queues the caller,
+      parses what arrives (the socket delivers up to 100 reads before it
+      is re-armed) and replies; a bulk string read in one TCP read is a
+      sub-binary of it, one spread over several reads is joined once.
 
-  so that it is started with the application and copied into its release.
-  Without it in the code path, `init/3` raises `ArgumentError` saying so, and
-  `Larder.Cache.start_link/1` returns `{:error, %Larder.Error{reason:
-  :l2_failed}}` with that message in its details. Debian's package needs one
-  more step before `mix release` can copy it: see "In your application and
-  its release" in the README.
-
-  eredis is not built for a peer that is not Redis: its client process
-  crashes on bytes that are not RESP, and it buffers a bulk reply of any
-  declared length for as long as the bytes keep coming. So one keeper
-  process, the child spec `init/3` returns (run by the cache's supervision
-  tree, see "Processes" in `Larder.Cache`), owns the clients: it keeps
-  their pids in the table of the state, which the cache's process owns and
-  callers read, replaces a client that died after `:reconnect_sleep` ms
-  (its callers get `:l2_unavailable` meanwhile), kills a client that holds
-  more than twice `:max_reply_bytes` (checked every 100 ms), and runs the
-  pub/sub connection itself. A client that dies is replaced by the keeper,
-  on a timer, rather than by a supervisor: a hostile server kills a client
-  on every reply, a loop that no restart intensity should count as a bug.
-  No process crashes in a loop: reconnection is a timer, not a restart.
-  If the keeper itself dies (a bug, or killed), the cache starts another,
-  which fills the same table: the state callers hold stays valid.
+  One keeper process, the child spec `init/3` returns (run by the cache's
+  supervision tree, see "Processes" in `Larder.Cache`), owns the
+  connections: it keeps their pids in the table of the state, which the
+  cache's process owns and callers read, replaces a connection that ended
+  after `:reconnect_sleep` ms, and runs the pub/sub connection itself. A
+  connection that ends is replaced by the keeper, on a timer, rather than
+  by a supervisor: a hostile server ends a connection on every reply, a
+  loop that no restart intensity should count as a bug. No process
+  crashes in a loop: reconnection is a timer, not a restart. If the
+  keeper itself dies (a bug, or killed), the cache starts another, which
+  fills the same table: the state callers hold stays valid.
 
   The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
   and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
@@ -223,10 +227,10 @@ defmodule Larder.Cache.Redis do
   `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
   place of the keys when it is not what Redis sends (anyone may `PUBLISH`
   on that channel). A resubscription has a new id, so tracking is set
-  again on every connection before the cache hears of it. eredis
-  reconnects a command connection by itself, with tracking off: every
-  100 ms the keeper compares each client's socket with the one it turned
-  tracking on for, and turns it on for a new one; when no connection kept
+  again on every connection before the cache hears of it. A command
+  connection that replaces one that ended starts with tracking off: every
+  100 ms the keeper compares each connection's socket with the one it
+  turned tracking on for, and turns it on for a new one; when no connection kept
   its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
   again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
   Redis before 6.0, an ACL without it) is tried again every 100 ms, and
@@ -306,10 +310,8 @@ defmodule Larder.Cache.Redis do
   an error, not a list, or larger than 4 MB is ignored (the next node is
   asked), its entries of the wrong shape or overlapping are skipped, and
   each is counted. A redirect that is not well formed is an error reply
-  (`:l2_failed`). eredis 1.2.0 returns an error reply that reaches it in
-  two TCP reads as a value: a `MOVED` or `ASK` naming the key's own slot,
-  or the exact text of `TRYAGAIN` or `CLUSTERDOWN`, is taken for that
-  error, so a value with such a text cannot be stored on a cluster.
+  (`:l2_failed`). Redirects are error replies only: a value whose text
+  reads like one is a value.
 
   ## Failures
 
@@ -327,7 +329,7 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, RESP, Sentinel}
+  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, Connection, RESP, Sentinel}
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -337,7 +339,7 @@ defmodule Larder.Cache.Redis do
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
-  # How often the keeper checks its clients' memory.
+  # How often the keeper checks its table and its clients' tracking.
   @watch_ms 100
   # Longest wait between two pub/sub connection attempts (unless
   # :reconnect_sleep is longer).
@@ -354,13 +356,12 @@ defmodule Larder.Cache.Redis do
   spec of the keeper process (see "Client"), which the cache runs under its
   supervision tree. A keeper that restarts fills the same table, so the
   state never changes. Starts no process. Raises `ArgumentError` for a bad
-  option or when the eredis client is not loadable (see "Client").
+  option.
   """
   @impl true
   @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
-    ensure_eredis!()
     table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
 
     unless opts[:cluster],
@@ -382,7 +383,7 @@ defmodule Larder.Cache.Redis do
   end
 
   # The start of init/3's child spec: the keeper, linked to the caller (a
-  # supervisor). It starts the eredis clients (each connecting within
+  # supervisor). It starts the command connections (each connecting within
   # :timeout) and the pub/sub connection; it succeeds while Redis is down
   # or not Redis.
   @doc false
@@ -404,18 +405,6 @@ defmodule Larder.Cache.Redis do
         Process.unlink(keeper)
         Process.exit(keeper, :kill)
         {:error, :timeout}
-    end
-  end
-
-  # eredis is an optional dependency of Larder: it is loaded only by users of
-  # this module, who list it in their own application (see "Client").
-  defp ensure_eredis! do
-    unless Code.ensure_loaded?(:eredis) and Code.ensure_loaded?(:eredis_parser) do
-      raise ArgumentError,
-            "Larder.Cache.Redis needs the eredis client, which is not loadable: " <>
-              "install it (Debian: apt-get install erlang-redis-client) and add :eredis " <>
-              "to extra_applications in your mix.exs, so that it is in the code path " <>
-              "and in releases"
     end
   end
 
@@ -511,7 +500,7 @@ defmodule Larder.Cache.Redis do
     slot = rem(:erlang.system_info(:scheduler_id), size)
     [{_, client}] = :ets.lookup(table, slot)
 
-    case :eredis.q(client, command, timeout) do
+    case Connection.q(client, command, timeout) do
       {:ok, value} ->
         {:ok, value}
 
@@ -522,13 +511,9 @@ defmodule Larder.Cache.Redis do
       {:error, reason} ->
         master_moved?(state)
         {:error, unavailable(reason)}
-
-      other ->
-        bad_reply(hd(command), other)
     end
   catch
-    :exit, reason -> {:error, unavailable(exit_reason(reason))}
-    # the keeper (and its table) is gone, or the client is being replaced
+    # the keeper (and its table) is gone
     :error, _ -> {:error, unavailable(:no_client)}
   end
 
@@ -588,11 +573,6 @@ defmodule Larder.Cache.Redis do
   defp ok({:ok, _reply}), do: :ok
   defp ok({:error, _} = error), do: error
 
-  defp exit_reason({:timeout, _}), do: :timeout
-  defp exit_reason({:noproc, _}), do: :noproc
-  defp exit_reason({reason, {:gen_server, :call, _}}), do: truncate(reason)
-  defp exit_reason(other), do: truncate(other)
-
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 
@@ -622,8 +602,8 @@ defmodule Larder.Cache.Redis do
     |> ClusterKeeper.validate!(opts)
   end
 
-  ## The keeper: owns the eredis clients (their pids are in its table, by
-  ## pool slot), replaces one that dies or holds more than its memory bound,
+  ## The keeper: owns the command connections (their pids are in its table,
+  ## by pool slot), replaces one that ends,
   ## and runs the pub/sub connection (below), relaying its messages to the
   ## subscriber.
 
@@ -642,7 +622,6 @@ defmodule Larder.Cache.Redis do
       host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
       port: opts[:port],
       master_warned: false,
-      password: Auth.eredis_password(opts),
       sentinel: opts[:sentinel],
       watchers: %{},
       check: nil,
@@ -650,16 +629,13 @@ defmodule Larder.Cache.Redis do
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
-      tracking: Tracking.new(opts[:tracking_prefix]),
-      # eredis keeps a reply in its heap or as binaries while it parses:
-      # twice the largest reply we accept, plus slack.
-      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+      tracking: Tracking.new(opts[:tracking_prefix])
     }
 
     # with Sentinel, the master first (the clients are started below)
     state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
 
-    # eredis connects in start_link (bounded by :timeout each), so the
+    # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
     send(parent, {ref, :ready})
@@ -676,21 +652,14 @@ defmodule Larder.Cache.Redis do
   defp start_client(state, slot) do
     opts = state.opts
 
-    result =
-      try do
-        :eredis.start_link(
-          state.host,
-          state.port,
-          opts[:database],
-          state.password,
-          opts[:reconnect_sleep],
-          opts[:timeout]
-        )
-      catch
-        kind, reason -> {:error, {kind, reason}}
-      end
+    conn_opts = [
+      timeout: opts[:timeout],
+      database: opts[:database],
+      auth: Auth.commands(opts),
+      max_reply_bytes: opts[:max_reply_bytes]
+    ]
 
-    case result do
+    case Connection.start_link(state.host, state.port, conn_opts) do
       {:ok, client} ->
         put_slot(state.table, slot, client)
         %{state | clients: Map.put(state.clients, client, slot)}
@@ -730,7 +699,7 @@ defmodule Larder.Cache.Redis do
       with :ok <- :gen_tcp.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
         timer = Process.send_after(self(), {:sub_timeout, socket}, opts[:timeout])
-        sub = %{socket: socket, parser: :eredis_parser.init(), expect: expect, partial: 0}
+        sub = %{socket: socket, parser: RESP.new(opts[:max_message_bytes]), expect: expect}
         %{state | sub: Map.put(sub, :timer, timer)}
       else
         {:error, reason} ->
@@ -745,23 +714,16 @@ defmodule Larder.Cache.Redis do
   defp sub_data(%{sub: sub} = state, data) do
     :inet.setopts(sub.socket, active: :once)
 
-    case RESP.parse(sub.parser, data, []) do
-      {:ok, replies, parser, tail} ->
-        # the bytes of the reply being read: bounded like a message
-        partial = if replies == [], do: sub.partial + tail, else: tail
-        state = %{state | sub: %{sub | parser: parser, partial: partial}}
+    # (bytes that are not RESP, or a message above :max_message_bytes)
+    case RESP.parse(sub.parser, data) do
+      {:ok, replies, parser} ->
+        state = %{state | sub: %{sub | parser: parser}}
+        Enum.reduce_while(replies, state, &sub_reply/2)
 
-        max = state.opts[:max_message_bytes]
+      {:error, :too_large} ->
+        sub_failed(state, :message_too_large)
 
-        case Enum.reduce_while(replies, state, &sub_reply/2) do
-          %{sub: %{partial: partial}} = state when partial > max ->
-            sub_failed(state, :message_too_large)
-
-          state ->
-            state
-        end
-
-      :error ->
+      {:error, :not_resp} ->
         sub_failed(state, :bad_reply)
     end
   end
@@ -845,7 +807,7 @@ defmodule Larder.Cache.Redis do
     %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
   end
 
-  # A data connection eredis reconnected (or a new one) gets its tracking
+  # A data connection that replaced one that failed gets its tracking
   # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
     {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
@@ -960,7 +922,7 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  # A client that died (eredis raises on bytes that are not RESP) is
+  # A client that ended (its connection failed: see Connection) is
   # replaced after reconnect_sleep; until then its slot answers
   # :l2_unavailable.
   defp handle_exit(state, pid, reason) do
@@ -976,18 +938,7 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  # A server that sends an endless reply makes eredis buffer it for ever:
-  # kill a client that holds more than the limit (the pub/sub connection
-  # bounds its own replies).
   defp watch(state) do
-    for {pid, _slot} <- state.clients, memory(pid) > state.memory_limit do
-      Logger.warning(
-        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
-      )
-
-      Process.exit(pid, :kill)
-    end
-
     # A keeper that was replaced (its runner killed) may still be shutting
     # down beside us and write its last slot updates over ours: the table
     # says what this keeper holds again within one watch.
@@ -1002,16 +953,6 @@ defmodule Larder.Cache.Redis do
   catch
     # the table's owner is gone: the cache is stopping
     :error, :badarg -> :ok
-  end
-
-  defp memory(pid) do
-    case Process.info(pid, [:memory, :binary]) do
-      [memory: memory, binary: binaries] ->
-        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
-
-      nil ->
-        0
-    end
   end
 
   ## Sentinel: the keeper finds the master at start, holds a +switch-master
@@ -1036,8 +977,9 @@ defmodule Larder.Cache.Redis do
 
         cond do
           {host, port} == {state.host, state.port} -> state
-          # at start: no connection to move yet
-          state.clients == %{} and state.sub == nil -> %{state | host: host, port: port}
+          # no master known yet (at start, or no sentinel named one): nothing
+          # to move. (Not "no clients": they all end when the master dies.)
+          state.host == nil -> %{state | host: host, port: port}
           true -> move(state, host, port)
         end
 
@@ -1096,7 +1038,7 @@ defmodule Larder.Cache.Redis do
   defp watch_sentinel(state, addr) do
     case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
       {:ok, socket} ->
-        watcher = %{addr: addr, parser: :eredis_parser.init(), partial: 0}
+        watcher = %{addr: addr, parser: Sentinel.parser(), partial: 0}
         %{state | watchers: Map.put(state.watchers, socket, watcher)}
 
       {:error, _reason} ->

@@ -1,9 +1,8 @@
 defmodule Larder.Cache.RedisAclTest do
   # :username (a Redis 6 ACL user) on a real redis-server whose default
-  # user is off: every connection, the command clients (eredis, which
-  # sends only AUTH <password> itself) and the pub/sub connection, logs in
-  # as that user, on every reconnect too; a password with quotes, spaces
-  # and backslashes is sent as it is.
+  # user is off: every connection, the command connections and the pub/sub
+  # connection, logs in as that user, on every reconnect too; a password
+  # with quotes, spaces and backslashes is sent as it is.
   use ExUnit.Case, async: true
 
   import Larder.Test.Eventually
@@ -47,7 +46,7 @@ defmodule Larder.Cache.RedisAclTest do
     eventually(fn -> Cache.get(b, :k) == 2 end)
     assert Cache.stats(a).l2_errors == 0
 
-    # eredis reconnects by itself, and logs in as the user again
+    # every connection killed: the new ones log in as the user again
     {:ok, socket} = :gen_tcp.connect(~c"127.0.0.1", ctx.server.port, [:binary, active: false])
     auth = ["AUTH", "app", @password]
     kill = ~w(CLIENT KILL TYPE normal SKIPME yes)

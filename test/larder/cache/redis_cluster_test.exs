@@ -146,8 +146,32 @@ defmodule Larder.Cache.RedisClusterTest do
     end
   end
 
-  test "an error reply eredis reads in two parts (its parser then says :ok) is still a redirect",
-       ctx do
+  test "values whose text reads like a redirect or a cluster error are values", ctx do
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Cache.Redis,
+        [timeout: 1_000, cluster: RedisCluster.seeds(ctx.cluster)],
+        self(),
+        "ch"
+      )
+
+    key = "looks-like:#{System.unique_integer([:positive])}"
+    slot = Cluster.slot(key)
+    other = hd(RedisCluster.masters(ctx.cluster))
+
+    for value <- [
+          "MOVED #{slot} 127.0.0.1:#{other.port}",
+          "ASK #{slot} 127.0.0.1:#{other.port}",
+          "TRYAGAIN Multiple keys request during rehashing of slot",
+          "CLUSTERDOWN The cluster is down",
+          "CLUSTERDOWN Hash slot not served"
+        ] do
+      assert :ok = Cache.Redis.put(state, key, value, :infinity, :always)
+      assert Cache.Redis.get(state, key) == {:ok, value}
+    end
+  end
+
+  test "an error reply that arrives in two TCP reads is still a redirect", ctx do
     key = "split:#{System.unique_integer([:positive])}"
     slot = Cluster.slot(key)
 

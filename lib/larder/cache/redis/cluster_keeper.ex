@@ -1,6 +1,6 @@
 # Larder.Cache.Redis on a Redis Cluster, the keeper's side: the :cluster
 # option's check, the slot map (CLUSTER SLOTS, asked of the known masters
-# and the seeds in turn), one pool of eredis clients per master, and the
+# and the seeds in turn), one pool of command connections per master, and the
 # sharded pub/sub connection (SSUBSCRIBE on the master of the channel's
 # slot, followed when that slot moves).
 defmodule Larder.Cache.Redis.ClusterKeeper do
@@ -22,7 +22,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, RESP, Tracking}
+  alias Larder.Cache.Redis.{Auth, Cluster, Connection, RESP, Tracking}
 
   @max_seeds 16
   @watch_ms 100
@@ -104,7 +104,6 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       pool_size: opts[:pool_size],
       seeds: opts[:cluster],
       auth: Auth.commands(opts),
-      password: Auth.eredis_password(opts),
       map: nil,
       pools: MapSet.new(),
       clients: %{},
@@ -118,8 +117,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       # __redis__:invalidate (by node, and its socket's node)
       tracking: opts[:tracking_prefix],
       tsubs: %{},
-      tsockets: %{},
-      memory_limit: 2 * opts[:max_reply_bytes] + 1_048_576
+      tsockets: %{}
     }
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
@@ -282,7 +280,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         try do
           with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
                {:ok, replies} <-
-                 read(socket, :eredis_parser.init(), length(commands), deadline, [], 0) do
+                 read(socket, RESP.new(@max_reply_bytes), length(commands), deadline, []) do
             slots_reply(replies, state.auth != [], host)
           end
         after
@@ -307,18 +305,19 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp slots_reply([{:error, error}], false, _host), do: {:error, {:bad, {:error_reply, error}}}
   defp slots_reply(_other, _auth?, _host), do: {:error, {:bad, :unexpected_reply}}
 
-  defp read(socket, parser, n, deadline, acc, bytes) do
+  # (the parser bounds each reply to @max_reply_bytes)
+  defp bad({:error, reason}) when reason in [:not_resp, :too_large], do: {:error, {:bad, reason}}
+  defp bad(result), do: result
+
+  defp read(socket, parser, n, deadline, acc) do
     left = deadline - System.monotonic_time(:millisecond)
 
     with true <- left > 0 || {:error, :timeout},
          {:ok, data} <- :gen_tcp.recv(socket, 0, left),
-         bytes = bytes + byte_size(data),
-         true <- bytes <= @max_reply_bytes || {:error, {:bad, :reply_too_large}},
-         {:ok, replies, parser, _partial} <- RESP.parse(parser, data, []) || :error do
+         {:ok, replies, parser} <- RESP.parse(parser, data) |> bad() do
       acc = acc ++ replies
-      if length(acc) >= n, do: {:ok, acc}, else: read(socket, parser, n, deadline, acc, bytes)
+      if length(acc) >= n, do: {:ok, acc}, else: read(socket, parser, n, deadline, acc)
     else
-      :error -> {:error, {:bad, :not_resp}}
       {:error, _} = error -> error
     end
   end
@@ -381,21 +380,13 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         state
 
       true ->
-        result =
-          try do
-            :eredis.start_link(
-              String.to_charlist(host),
-              port,
-              0,
-              state.password,
-              state.opts[:reconnect_sleep],
-              state.timeout
-            )
-          catch
-            kind, reason -> {:error, {kind, reason}}
-          end
+        conn_opts = [
+          timeout: state.timeout,
+          auth: state.auth,
+          max_reply_bytes: state.opts[:max_reply_bytes]
+        ]
 
-        case result do
+        case Connection.start_link(String.to_charlist(host), port, conn_opts) do
           {:ok, client} ->
             put(state.table, {{host, port, i}, client})
             %{state | clients: Map.put(state.clients, client, {node, i})}
@@ -425,33 +416,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
-  # A client over its memory bound is killed (see "Client" in
-  # Larder.Cache.Redis); the table says what this keeper holds.
+  # The table says what this keeper holds.
   defp watch(state) do
-    for {pid, _} <- state.clients, memory(pid) > state.memory_limit do
-      Logger.warning(
-        "Larder.Cache.Redis: a client holds more than its memory bound; restarting it"
-      )
-
-      Process.exit(pid, :kill)
-    end
-
     if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
       do: put(state.table, {:keeper, self()})
 
     :ok
   catch
     :error, :badarg -> :ok
-  end
-
-  defp memory(pid) do
-    case Process.info(pid, [:memory, :binary]) do
-      [memory: memory, binary: binaries] ->
-        memory + Enum.reduce(binaries, 0, fn {_, size, _}, acc -> acc + size end)
-
-      nil ->
-        0
-    end
   end
 
   ## The sharded pub/sub connection: AUTH and SSUBSCRIBE on the master of
@@ -487,9 +459,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         sub = %{
           socket: socket,
           node: node,
-          parser: :eredis_parser.init(),
+          parser: RESP.new(state.opts[:max_message_bytes]),
           expect: expect,
-          partial: 0,
           timer: timer
         }
 
@@ -507,22 +478,16 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp sub_data(%{sub: sub} = state, data) do
     :inet.setopts(sub.socket, active: :once)
 
-    case RESP.parse(sub.parser, data, []) do
-      {:ok, replies, parser, tail} ->
-        partial = if replies == [], do: sub.partial + tail, else: tail
-        state = %{state | sub: %{sub | parser: parser, partial: partial}}
+    # (bytes that are not RESP, or a message above :max_message_bytes)
+    case RESP.parse(sub.parser, data) do
+      {:ok, replies, parser} ->
+        state = %{state | sub: %{sub | parser: parser}}
+        Enum.reduce_while(replies, state, &sub_reply/2)
 
-        max = state.opts[:max_message_bytes]
+      {:error, :too_large} ->
+        sub_failed(state, :message_too_large)
 
-        case Enum.reduce_while(replies, state, &sub_reply/2) do
-          %{sub: %{partial: partial}} = state when partial > max ->
-            sub_failed(state, :message_too_large)
-
-          state ->
-            state
-        end
-
-      :error ->
+      {:error, :not_resp} ->
         sub_failed(state, :bad_reply)
     end
   end
@@ -619,8 +584,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   ## cache gets :connected (and clears L1). Its reports go to the cache as
   ## {:larder_cache_l2, :invalidated, keys | :all | :bad}. A lost
   ## connection sends :disconnected and connects again (the wait doubling
-  ## from :reconnect_sleep up to 2 s); a client eredis reconnected gets its
-  ## tracking back within 100 ms (:connected when none of the master's
+  ## from :reconnect_sleep up to 2 s); a client that replaced one that
+  ## failed gets its tracking back within 100 ms (:connected when none of the master's
   ## clients kept it meanwhile).
 
   defp tsub_connect(state, node) do
@@ -643,9 +608,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
          :ok <- :inet.setopts(socket, active: :once) do
       tsub = %{
         socket: socket,
-        parser: :eredis_parser.init(),
+        parser: RESP.new(state.opts[:max_message_bytes]),
         expect: expect,
-        partial: 0,
         timer: Process.send_after(self(), {:tsub_timeout, socket}, timeout),
         tracking: Tracking.new(state.tracking),
         wait: wait
@@ -668,21 +632,16 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     tsub = state.tsubs[node]
     :inet.setopts(tsub.socket, active: :once)
 
-    case RESP.parse(tsub.parser, data, []) do
-      {:ok, replies, parser, tail} ->
-        partial = if replies == [], do: tsub.partial + tail, else: tail
-        state = put_in(state.tsubs[node], %{tsub | parser: parser, partial: partial})
-        max = state.opts[:max_message_bytes]
+    # (bytes that are not RESP, or a message above :max_message_bytes)
+    case RESP.parse(tsub.parser, data) do
+      {:ok, replies, parser} ->
+        state = put_in(state.tsubs[node], %{tsub | parser: parser})
+        Enum.reduce_while(replies, state, &tsub_reply(&1, &2, node))
 
-        case Enum.reduce_while(replies, state, &tsub_reply(&1, &2, node)) do
-          %{tsubs: %{^node => %{socket: _, partial: partial}}} = state when partial > max ->
-            tsub_failed(state, node, :message_too_large)
+      {:error, :too_large} ->
+        tsub_failed(state, node, :message_too_large)
 
-          state ->
-            state
-        end
-
-      :error ->
+      {:error, :not_resp} ->
         tsub_failed(state, node, :bad_reply)
     end
   end

@@ -25,17 +25,11 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   # server); a lost connection, a call past the deadline, a redirect loop
   # or a cluster still down when the deadline comes is :l2_unavailable.
 
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Cache.Redis.{Cluster, Connection}
 
   @max_hops 5
   @first_wait_ms 5
   @max_wait_ms 100
-  # The texts of Redis's TRYAGAIN and CLUSTERDOWN errors (see misparsed/9).
-  @retry_errors [
-    "TRYAGAIN Multiple keys request during rehashing of slot",
-    "CLUSTERDOWN The cluster is down",
-    "CLUSTERDOWN Hash slot not served"
-  ]
 
   @doc """
   Runs `command` (its second word is the key or channel that routes it) on
@@ -86,32 +80,16 @@ defmodule Larder.Cache.Redis.ClusterRouter do
     end
   end
 
-  defp call(client, command, asking?, timeout) do
-    if asking? do
-      case :eredis.qp(client, [["ASKING"], command], timeout) do
-        [{:ok, "OK"}, reply] -> reply
-        [{:error, _} = error, _] -> error
-        other -> {:bad, other}
-      end
-    else
-      :eredis.q(client, command, timeout)
+  defp call(client, command, true, timeout) do
+    case Connection.qp(client, [["ASKING"], command], timeout) do
+      [{:ok, "OK"}, reply] -> reply
+      [{:error, _} = error, _] -> error
+      {:error, _} = error -> error
+      other -> {:bad, other}
     end
-  catch
-    :exit, reason -> {:exit, reason}
   end
 
-  # eredis 1.2.0 returns an error reply that reached it in two TCP reads
-  # as {:ok, text}: a redirect's exact text, naming this key's slot, is
-  # that error, not a value.
-  defp handle({:ok, "MOVED " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
-    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
-
-  defp handle({:ok, "ASK " <> _ = text} = reply, state, command, slot, node, dl, hops, waits),
-    do: misparsed(text, reply, state, command, slot, node, dl, hops, waits)
-
-  defp handle({:ok, text}, state, command, slot, node, deadline, hops, waits)
-       when text in @retry_errors,
-       do: handle({:error, text}, state, command, slot, node, deadline, hops, waits)
+  defp call(client, command, false, timeout), do: Connection.q(client, command, timeout)
 
   defp handle({:ok, value}, _state, _command, _slot, _node, _deadline, _hops, _waits),
     do: {:ok, value}
@@ -143,25 +121,12 @@ defmodule Larder.Cache.Redis.ClusterRouter do
     {:error, unavailable(reason)}
   end
 
-  defp handle({:exit, reason}, _state, _command, _slot, _node, _deadline, _hops, _waits),
-    do: {:error, unavailable(exit_reason(reason))}
-
   defp handle(other, _state, [name | _], _slot, _node, _deadline, _hops, _waits) do
     {:error,
      Larder.Error.new(:l2_bad_reply, "the server's reply is not what Redis sends",
        command: name,
        reply: inspect(other, limit: 10, printable_limit: 64)
      )}
-  end
-
-  defp misparsed(text, reply, state, command, slot, {host, _} = node, deadline, hops, waits) do
-    case Cluster.redirect(text, host) do
-      {_kind, ^slot, _to} ->
-        handle({:error, text}, state, command, slot, node, deadline, hops, waits)
-
-      _ ->
-        reply
-    end
   end
 
   defp hop(_state, _command, _slot, _to, _asking?, _deadline, hops, _waits, reason)
@@ -193,10 +158,6 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   catch
     :error, _ -> :ok
   end
-
-  defp exit_reason({:timeout, _}), do: :timeout
-  defp exit_reason({:noproc, _}), do: :noproc
-  defp exit_reason(other), do: inspect(other, limit: 10, printable_limit: 64)
 
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)

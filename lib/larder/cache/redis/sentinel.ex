@@ -140,29 +140,27 @@ defmodule Larder.Cache.Redis.Sentinel do
     end
   end
 
+  @doc "The parser for a sentinel's replies (each at most 64 KB)."
+  def parser, do: RESP.new(@max_reply_bytes)
+
   @doc """
   Reads `data` from a sentinel's subscription: `{:ok, events, parser,
   partial}`, where events are `{:switch, master_name}` for each
   `+switch-master` message (the addresses in it are not used: the master
   is asked again), `{:failover, master_name}` for each failover event,
   and `:bad` for a failover event whose payload names no master; or
-  `:error` for bytes that are not RESP or a reply too large.
+  `:error` for bytes that are not RESP, an error reply or a reply too
+  large (the parser bounds it; `partial` is kept for the caller's state
+  and stays 0).
   """
   def read(parser, partial, data) do
-    case RESP.parse(parser, data, []) do
-      {:ok, replies, parser, tail} ->
-        partial = if replies == [], do: partial + tail, else: tail
+    case RESP.parse(parser, data) do
+      {:ok, replies, parser} ->
+        events = Enum.flat_map(replies, &event/1)
+        errors = for {:error, _} <- replies, do: :error
+        if errors == [], do: {:ok, events, parser, partial}, else: :error
 
-        if partial > @max_reply_bytes do
-          :error
-        else
-          events = Enum.flat_map(replies, &event/1)
-
-          errors = for {:error, _} <- replies, do: :error
-          if errors == [], do: {:ok, events, parser, partial}, else: :error
-        end
-
-      :error ->
+      {:error, _reason} ->
         :error
     end
   end
@@ -194,7 +192,7 @@ defmodule Larder.Cache.Redis.Sentinel do
       {:ok, socket} ->
         try do
           with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)) do
-            receive_replies(socket, :eredis_parser.init(), length(commands), [], 0, deadline)
+            receive_replies(socket, parser(), length(commands), [], deadline)
           end
         after
           :gen_tcp.close(socket)
@@ -205,7 +203,7 @@ defmodule Larder.Cache.Redis.Sentinel do
     end
   end
 
-  defp receive_replies(_socket, _parser, 0, replies, _bytes, _deadline) do
+  defp receive_replies(_socket, _parser, 0, replies, _deadline) do
     replies = Enum.reverse(replies)
 
     case Enum.find(replies, &match?({:error, _}, &1)) do
@@ -214,13 +212,12 @@ defmodule Larder.Cache.Redis.Sentinel do
     end
   end
 
-  defp receive_replies(socket, parser, left, replies, bytes, deadline) do
+  defp receive_replies(socket, parser, left, replies, deadline) do
     wait = max(deadline - System.monotonic_time(:millisecond), 0)
 
+    # (the parser bounds each reply to @max_reply_bytes)
     with {:ok, data} <- :gen_tcp.recv(socket, 0, wait),
-         bytes = bytes + byte_size(data),
-         true <- bytes <= @max_reply_bytes || {:error, :reply_too_large},
-         {:ok, new, parser, _tail} <- RESP.parse(parser, data, []) do
+         {:ok, new, parser} <- RESP.parse(parser, data) do
       taken = Enum.take(new, left)
 
       receive_replies(
@@ -228,11 +225,9 @@ defmodule Larder.Cache.Redis.Sentinel do
         parser,
         left - length(taken),
         Enum.reverse(taken, replies),
-        bytes,
         deadline
       )
     else
-      :error -> {:error, :bad_reply}
       {:error, _} = error -> error
     end
   end

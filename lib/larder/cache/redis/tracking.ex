@@ -1,11 +1,13 @@
 # Server-assisted invalidation for the Redis L2 (the cache's `invalidation:
 # :tracking`): the pub/sub connection's extra handshake, CLIENT TRACKING on
 # every data connection, redirected to the pub/sub connection, and the
-# check that finds a data connection eredis reconnected on its own.
+# check that finds a data connection that replaced one that failed.
 defmodule Larder.Cache.Redis.Tracking do
   @moduledoc false
 
   require Logger
+
+  alias Larder.Cache.Redis.Connection
 
   # Redis sends tracking invalidations to a RESP2 redirect target as
   # messages on this channel: an array of keys, or nil after FLUSHDB or
@@ -84,7 +86,7 @@ defmodule Larder.Cache.Redis.Tracking do
 
   @doc """
   Finds the data connections whose socket changed since tracking was turned
-  on for them (eredis reconnected, or a new client), and turns it on for
+  on for them (a new connection), and turns it on for
   them. Returns `{tracking, gap?}`: `gap?` when no data connection kept its
   tracking meanwhile, so that writes of that time may have gone unreported
   (the cache then clears L1, as on a resubscription).
@@ -160,14 +162,9 @@ defmodule Larder.Cache.Redis.Tracking do
     :exit, _ -> tracking
   end
 
-  defp safe_qp(pid, commands, timeout) do
-    :eredis.qp(pid, commands, timeout)
-  catch
-    :exit, _ -> :error
-  end
+  defp safe_qp(pid, commands, timeout), do: Connection.qp(pid, commands, timeout)
 
-  # The socket of an eredis client (linked to it while it is connected), or
-  # nil: a new socket means eredis reconnected, with tracking off.
+  # The socket of a connection (linked to it, its owner), or nil.
   defp socket(pid) do
     case Process.info(pid, :links) do
       {:links, links} -> Enum.find(links, &is_port/1)
