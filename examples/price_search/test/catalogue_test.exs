@@ -46,6 +46,71 @@ defmodule PriceSearch.CatalogueTest do
     end
   end
 
+  test "map_find answers as a scan of the prices in row order: offerings interleaved, characteristics of several widths" do
+    # Offerings in runs that come back ("o1" again after "o2"), prices with
+    # 0 to 3 characteristics (padded to an offering's widest), a name given
+    # twice (the first counts), defaults and currencies.
+    rows = [
+      {"o1", "g1", "MRC", [{"a", "1"}, {"b", "x"}], false, ""},
+      {"o1", "g1", "MRC", [{"a", "1"}], false, "EUR"},
+      {"o2", "g2", "NRC", [], false, ""},
+      {"o2", "g1", "MRC", [{"a", "2"}, {"c", "y"}, {"a", "1"}], false, "USD"},
+      {"o1", "g1", "MRC", [{"a", "1"}, {"b", "z"}], true, ""},
+      {"o1", "g2", "NRC", [{"b", "x"}], false, "EUR"},
+      {"o2", "g1", "MRC", [{"a", "1"}, {"c", "y"}], false, ""},
+      {"o3", "g1", "MRC", [{"a", "1"}], true, ""},
+      {"o3", "g1", "MRC", [{"a", "1"}], true, "USD"}
+    ]
+
+    prices =
+      for {{o, g, s, chars, default, currency}, idx} <- Enum.with_index(rows) do
+        %{
+          idx: idx,
+          offering_id: o,
+          group_id: g,
+          spec: s,
+          chars: for({c, v} <- chars, do: %{char: c, value: v}),
+          value: 100 + idx,
+          is_default: default,
+          currency: currency
+        }
+      end
+
+    index = Catalogue.map_index(prices)
+    assert Catalogue.map_index?(index)
+    assert Catalogue.map_index_size(index) == length(prices)
+
+    values =
+      [[], [{"a", "1"}], [{"a", "2"}], [{"b", "x"}], [{"a", "1"}, {"b", "x"}]] ++
+        [[{"c", "y"}], [{"a", "1"}, {"c", "y"}], [{"b", "z"}], [{"a", "9"}], [{"d", "1"}]]
+
+    for o <- ~w(o1 o2 o3 o4), g <- ~w(g1 g2 g9), s <- ~w(MRC NRC), chars <- values do
+      assert Catalogue.map_find(index, o, g, s, chars) == scan(prices, o, g, s, chars),
+             inspect({o, g, s, chars})
+    end
+  end
+
+  # The Go map variant's answer by a plain scan: the first matching default,
+  # else the one match.
+  defp scan(prices, o, g, s, chars) do
+    matches =
+      Enum.filter(prices, fn p ->
+        p.offering_id == o and p.group_id == g and p.spec == s and
+          Enum.all?(chars, fn {c, v} ->
+            match?(%{value: ^v}, Enum.find(p.chars, &(&1.char == c)))
+          end)
+      end)
+
+    answer = &{:ok, Map.take(&1, [:idx, :spec, :value, :currency, :is_default])}
+
+    case {Enum.find(matches, & &1.is_default), matches} do
+      {%{} = default, _} -> answer.(default)
+      {nil, [one]} -> answer.(one)
+      {nil, []} -> {:error, :no_price}
+      {nil, _} -> {:error, :no_default}
+    end
+  end
+
   test "load reads the CSV, plain or gzipped", %{tmp_dir: dir} do
     csv = """
     idx,offeringId,groupId,spec,chars,values,value,isDefault,currency

@@ -446,13 +446,14 @@ defmodule PriceSearch.Catalogue do
   """
   @spec map_index([price()]) :: map_index()
   def map_index(prices) do
-    ids =
-      Enum.reduce(prices, %{}, fn p, ids ->
-        ids
-        |> number(p.group_id)
-        |> number(p.spec)
-        |> number(p.currency)
-        |> number_chars(p.chars)
+    # One pass over each offering's prices numbers the strings as it meets
+    # them and gathers the offering's layout (no pass to number them first).
+    {offerings, ids} =
+      prices
+      |> Enum.group_by(& &1.offering_id)
+      |> Enum.map_reduce(%{}, fn {offering, prices}, ids ->
+        {layout, ids} = lay_out(prices, ids, [], [], [], 0)
+        {{offering, layout}, ids}
       end)
 
     names =
@@ -461,33 +462,32 @@ defmodule PriceSearch.Catalogue do
       |> Enum.map(&elem(&1, 0))
       |> then(&List.to_tuple(["" | &1]))
 
-    offerings =
-      prices
-      |> Enum.group_by(& &1.offering_id)
-      |> Map.new(fn {offering, prices} ->
-        stride = 2 * (prices |> Enum.map(&length(&1.chars)) |> Enum.max())
-        codes = for p <- prices, do: code(Map.fetch!(ids, p.group_id), Map.fetch!(ids, p.spec))
+    %{ids: ids, names: names, offerings: Map.new(offerings)}
+  end
 
-        chars =
-          prices
-          |> Enum.flat_map(fn p -> pad(char_numbers(p.chars, ids), stride) end)
-          |> List.to_tuple()
+  # An offering's prices laid out for a scan: `{layout, ids}`. Codes,
+  # characteristics' numbers and answers gather newest first; each price's
+  # characteristics are padded to the widest when the tuple is built.
+  defp lay_out([price | prices], ids, codes, chars, answers, stride) do
+    %{group_id: g, spec: s, currency: c, chars: cs, idx: idx, value: value} = price
+    {g, ids} = number(ids, g)
+    {s, ids} = number(ids, s)
+    {c, ids} = number(ids, c)
+    {numbers, ids} = char_numbers(cs, ids)
+    answers = [meta(s, c, price.is_default), value, idx | answers]
+    stride = max(stride, length(numbers))
+    lay_out(prices, ids, [code(g, s) | codes], [numbers | chars], answers, stride)
+  end
 
-        answers =
-          prices
-          |> Enum.flat_map(fn p ->
-            [
-              p.idx,
-              p.value,
-              meta(Map.fetch!(ids, p.spec), Map.fetch!(ids, p.currency), p.is_default)
-            ]
-          end)
-          |> List.to_tuple()
+  defp lay_out([], ids, codes, chars, answers, stride) do
+    # Prepending each padded list to the rest restores row order.
+    table = List.foldl(chars, [], fn numbers, acc -> pad(numbers, stride) ++ acc end)
 
-        {offering, {codes, stride, chars, answers}}
-      end)
+    layout =
+      {:lists.reverse(codes), stride, List.to_tuple(table),
+       answers |> :lists.reverse() |> List.to_tuple()}
 
-    %{ids: ids, names: names, offerings: offerings}
+    {layout, ids}
   end
 
   # A price's spec and currency numbers and its default flag, in one integer.
@@ -537,24 +537,26 @@ defmodule PriceSearch.Catalogue do
     Enum.reduce(offerings, 0, fn {_, {_, _, _, answers}}, n -> n + div(tuple_size(answers), 3) end)
   end
 
-  # Strings are numbered 1, 2, ... as first met; 0 pads.
+  # Strings are numbered 1, 2, ... as first met; 0 pads. `{number, ids}`.
   defp number(ids, string) do
     case ids do
-      %{^string => _} -> ids
-      _ -> Map.put(ids, string, map_size(ids) + 1)
+      %{^string => n} ->
+        {n, ids}
+
+      _ ->
+        n = map_size(ids) + 1
+        {n, Map.put(ids, string, n)}
     end
   end
 
-  defp number_chars(ids, []), do: ids
-
-  defp number_chars(ids, [%{char: c, value: v} | chars]),
-    do: ids |> number(c) |> number(v) |> number_chars(chars)
-
-  defp char_numbers([], _ids), do: []
+  # A price's characteristics' numbers: name, value, name, value...
+  defp char_numbers([], ids), do: {[], ids}
 
   defp char_numbers([%{char: c, value: v} | chars], ids) do
-    %{^c => char, ^v => value} = ids
-    [char, value | char_numbers(chars, ids)]
+    {c, ids} = number(ids, c)
+    {v, ids} = number(ids, v)
+    {rest, ids} = char_numbers(chars, ids)
+    {[c, v | rest], ids}
   end
 
   defp pad(numbers, stride) do
