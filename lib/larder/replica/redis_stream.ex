@@ -422,7 +422,7 @@ defmodule Larder.Replica.RedisStream do
     deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
 
     case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
-      :ok -> receive_replies(conn, RESP.new(), length(commands), [], 0, deadline)
+      :ok -> receive_replies(conn, RESP.new(conn.max), length(commands), [], 0, deadline)
       {:error, reason} -> {:error, unavailable(reason, conn)}
     end
   end
@@ -442,12 +442,11 @@ defmodule Larder.Replica.RedisStream do
       {:ok, data} ->
         bytes = bytes + byte_size(data)
 
-        case RESP.feed(reader, data) do
-          _ when bytes > conn.max ->
-            {:error,
-             Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
-               max_reply_bytes: conn.max
-             )}
+        # The bound is checked before the bytes are buffered (and the reader
+        # refuses a declared length above it as soon as it reads the header).
+        case if(bytes > conn.max, do: :too_large, else: RESP.feed(reader, data)) do
+          :too_large ->
+            too_large(conn)
 
           {:ok, replies, reader} ->
             n = length(replies)
@@ -471,6 +470,13 @@ defmodule Larder.Replica.RedisStream do
       {:error, reason} ->
         {:error, unavailable(reason, conn)}
     end
+  end
+
+  defp too_large(conn) do
+    {:error,
+     Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+       max_reply_bytes: conn.max
+     )}
   end
 
   defp unavailable(reason, _conn) do
