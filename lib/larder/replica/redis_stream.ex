@@ -30,8 +30,12 @@ defmodule Larder.Replica.RedisStream do
   STREAMS key after`, `EXEC`: the trim check and the read are one atomic
   step on the server, so no trim can fall between them. When that read
   returns nothing, the source waits with `XREAD COUNT 1 BLOCK ms STREAMS key
-  after` and, when an entry arrives, does the atomic read again (so a
-  wake-up costs two round trips; a batch of a catch-up costs one).
+  after` and, when an entry arrives, does the atomic read again. A read
+  that follows a batch shorter than `n` (the end of the stream was
+  reached) starts with that wait, not with an atomic read that would find
+  nothing: a wake-up costs two round trips, a batch of a catch-up one. A
+  wait that times out leaves the next read to start with the atomic read,
+  so a trim is seen within one block time even when no entry comes.
 
   ## Trimming
 
@@ -149,12 +153,18 @@ defmodule Larder.Replica.RedisStream do
 
   defp parse_id(_), do: :error
 
-  defp u64(digits) when byte_size(digits) in 1..20, do: u64(digits, 0)
-  defp u64(_), do: :error
+  # 1 to 20 digits (binary_to_integer/1 would also take a sign: the first
+  # byte is a digit, and it refuses a sign anywhere else).
+  defp u64(<<d, _::binary>> = digits) when d in ?0..?9 and byte_size(digits) <= 20 do
+    case :erlang.binary_to_integer(digits) do
+      n when n <= @max_u64 -> {:ok, n}
+      _ -> :error
+    end
+  rescue
+    ArgumentError -> :error
+  end
 
-  defp u64(<<d, rest::binary>>, n) when d in ?0..?9, do: u64(rest, n * 10 + d - ?0)
-  defp u64(<<>>, n) when n <= @max_u64, do: {:ok, n}
-  defp u64(_rest, _n), do: :error
+  defp u64(_), do: :error
 
   ## Connection
 
@@ -177,6 +187,7 @@ defmodule Larder.Replica.RedisStream do
       {:ok, socket} ->
         conn = %{
           socket: socket,
+          caught_up: false,
           stream: opts[:stream],
           timeout: redis[:timeout],
           max: redis[:max_reply_bytes]
@@ -220,27 +231,37 @@ defmodule Larder.Replica.RedisStream do
   ## Reading
 
   @impl true
+  def read(%{caught_up: true} = conn, after_id, count, block_ms) when block_ms > 0 do
+    # The last read had reached the end: wait for an entry first.
+    block(conn, after_id, count, block_ms)
+  end
+
   def read(conn, after_id, count, block_ms) do
     case atomic_read(conn, after_id, count) do
-      {:ok, [], _info} when block_ms > 0 ->
-        # Nothing yet: wait for one entry, then read atomically again.
-        case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
-          {:ok, [{:ok, :undefined}]} -> {:ok, [], conn}
-          {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
-          {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
-          {:error, error} -> {:error, error, conn}
-        end
-
-      other ->
-        result(other, conn)
+      {:ok, [], _info} when block_ms > 0 -> block(conn, after_id, count, block_ms)
+      other -> result(other, conn, count)
     end
   end
 
-  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn)
+  # Waits for one entry, then reads atomically again. A wait that times out
+  # leaves the next read to start with the atomic read (and its trim check).
+  defp block(conn, after_id, count, block_ms) do
+    case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
+      {:ok, [{:ok, :undefined}]} -> {:ok, [], %{conn | caught_up: false}}
+      {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
+      {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
+      {:error, error} -> {:error, error, conn}
+    end
+  end
 
-  defp result({:ok, entries, _info}, conn), do: {:ok, entries, conn}
-  defp result({:trimmed, resume}, conn), do: {:trimmed, resume, conn}
-  defp result({:error, error}, conn), do: {:error, error, conn}
+  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn, count)
+
+  # A batch short of `count` reached the end of the stream.
+  defp result({:ok, entries, _info}, conn, count),
+    do: {:ok, entries, %{conn | caught_up: length(entries) < count}}
+
+  defp result({:trimmed, resume}, conn, _count), do: {:trimmed, resume, conn}
+  defp result({:error, error}, conn, _count), do: {:error, error, conn}
 
   defp xread(conn, after_id, count, block_ms) do
     block = if block_ms > 0, do: ["BLOCK", Integer.to_string(block_ms)], else: []
@@ -381,7 +402,7 @@ defmodule Larder.Replica.RedisStream do
   defp fields([name, value | rest], acc) when is_binary(name) and is_binary(value),
     do: fields(rest, [{name, value} | acc])
 
-  defp fields([], acc), do: {:ok, Map.new(acc)}
+  defp fields([], acc), do: {:ok, :maps.from_list(acc)}
   defp fields(_other, _acc), do: :error
 
   @impl true
