@@ -133,9 +133,7 @@ defmodule PriceSearch.PriceStream do
         name: name,
         into: {Larder.Table, PriceSearch.Catalogue.table_opts(name: table, store: store)},
         source: {Larder.Replica.RedisStream, redis: redis, stream: stream},
-        apply: &__MODULE__.apply_entry/1,
-        batch_size: 5_000,
-        block_ms: 1_000
+        apply: &__MODULE__.apply_entry/1
       ],
       extra
     )
