@@ -35,7 +35,9 @@ defmodule Larder.Replica.RedisStream do
   reached) starts with that wait, not with an atomic read that would find
   nothing: a wake-up costs two round trips, a batch of a catch-up one. A
   wait that times out leaves the next read to start with the atomic read,
-  so a trim is seen within one block time even when no entry comes.
+  so a trim is seen within one block time even when no entry comes. After
+  a full batch, the atomic read of the next one is sent at once, before
+  the batch is returned: Redis prepares it while the replica applies.
 
   ## Trimming
 
@@ -188,6 +190,7 @@ defmodule Larder.Replica.RedisStream do
         conn = %{
           socket: socket,
           caught_up: false,
+          ahead: nil,
           stream: opts[:stream],
           timeout: redis[:timeout],
           max: redis[:max_reply_bytes]
@@ -231,6 +234,20 @@ defmodule Larder.Replica.RedisStream do
   ## Reading
 
   @impl true
+  def read(%{ahead: {after_id, count}} = conn, after_id, count, _block_ms) do
+    # This read was sent ahead, when the last batch came.
+    conn = %{conn | ahead: nil}
+    result(atomic_reply(replies(conn, 4, 0), conn, after_id), conn, count)
+  end
+
+  def read(%{ahead: {_, _}} = conn, after_id, count, block_ms) do
+    # A read sent ahead for another position (after a trim): its replies go.
+    case replies(conn, 4, 0) do
+      {:ok, _replies} -> read(%{conn | ahead: nil}, after_id, count, block_ms)
+      {:error, error} -> {:error, error, conn}
+    end
+  end
+
   def read(%{caught_up: true} = conn, after_id, count, block_ms) when block_ms > 0 do
     # The last read had reached the end: wait for an entry first.
     block(conn, after_id, count, block_ms)
@@ -256,9 +273,21 @@ defmodule Larder.Replica.RedisStream do
 
   defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn, count)
 
-  # A batch short of `count` reached the end of the stream.
-  defp result({:ok, entries, _info}, conn, count),
-    do: {:ok, entries, %{conn | caught_up: length(entries) < count}}
+  # A batch short of `count` reached the end of the stream; after a full
+  # one, the next read is sent now, so that Redis prepares it while the
+  # replica applies this one.
+  defp result({:ok, entries, _info}, conn, count) when length(entries) < count,
+    do: {:ok, entries, %{conn | caught_up: true}}
+
+  defp result({:ok, entries, _info}, conn, count) do
+    {last, _fields} = List.last(entries)
+    commands = Enum.map(atomic_commands(conn, last, count), &command/1)
+
+    case :gen_tcp.send(conn.socket, commands) do
+      :ok -> {:ok, entries, %{conn | caught_up: false, ahead: {last, count}}}
+      {:error, _reason} -> {:ok, entries, %{conn | caught_up: false}}
+    end
+  end
 
   defp result({:trimmed, resume}, conn, _count), do: {:trimmed, resume, conn}
   defp result({:error, error}, conn, _count), do: {:error, error, conn}
@@ -268,15 +297,16 @@ defmodule Larder.Replica.RedisStream do
     ["XREAD", "COUNT", Integer.to_string(count)] ++ block ++ ["STREAMS", conn.stream, after_id]
   end
 
-  defp atomic_read(conn, after_id, count) do
-    commands = [
-      ["MULTI"],
-      ["XINFO", "STREAM", conn.stream],
-      xread(conn, after_id, count, 0),
-      ["EXEC"]
-    ]
+  defp atomic_commands(conn, after_id, count) do
+    [["MULTI"], ["XINFO", "STREAM", conn.stream], xread(conn, after_id, count, 0), ["EXEC"]]
+  end
 
-    case request(conn, commands, 0) do
+  defp atomic_read(conn, after_id, count) do
+    atomic_reply(request(conn, atomic_commands(conn, after_id, count), 0), conn, after_id)
+  end
+
+  defp atomic_reply(replies, conn, after_id) do
+    case replies do
       {:ok, [{:ok, "OK"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, [info, read]}]} ->
         with {:ok, info} <- info(info),
              :ok <- trim_check(info, after_id),
@@ -440,12 +470,15 @@ defmodule Larder.Replica.RedisStream do
   ## :timeout (plus `extra_ms`, a blocking read's own wait).
 
   defp request(conn, commands, extra_ms) do
-    deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
-
     case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
-      :ok -> receive_replies(conn, RESP.new(conn.max), length(commands), [], 0, deadline)
+      :ok -> replies(conn, length(commands), extra_ms)
       {:error, reason} -> {:error, unavailable(reason, conn)}
     end
+  end
+
+  defp replies(conn, n, extra_ms) do
+    deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
+    receive_replies(conn, RESP.new(conn.max), n, [], 0, deadline)
   end
 
   defp command(args) do
