@@ -119,7 +119,7 @@ defmodule Larder.Replica do
 
   The reader (a process linked to the replica's) reads the next batch, and
   runs an arity-1 `:apply` over it, while the replica writes the previous
-  one; at most one batch waits. The
+  one; at most one more batch waits in the replica's mailbox. The
   offset moves only after a whole batch is applied (or, on a stop, to the
   last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table

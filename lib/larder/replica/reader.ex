@@ -2,7 +2,7 @@
 # connects to the source, reads batches after the last id it handed over,
 # and hands each batch to the server, reading the next one (and running a
 # pure apply function over it) while the server applies the previous one
-# (at most one batch waits for the server). A source error closes
+# (at most one more batch waits in the server's mailbox). A source error closes
 # the connection and waits (100 ms doubling to 2 s) before connecting again.
 defmodule Larder.Replica.Reader do
   @moduledoc false
@@ -42,7 +42,7 @@ defmodule Larder.Replica.Reader do
         prepare: prepare,
         conn: nil,
         wait: @min_wait_ms,
-        unacked: false,
+        unacked: 0,
         failing: false
       }
 
@@ -65,12 +65,12 @@ defmodule Larder.Replica.Reader do
       {:ok, entries, conn} ->
         {last, _fields} = List.last(entries)
         entries = prepare(entries, state.prepare)
-        state = state |> recovered() |> await_ack()
+        state = state |> recovered() |> await_acks(1)
         send(state.server, {:replica_batch, self(), entries})
-        loop(%{state | conn: conn, after: last, unacked: true})
+        loop(%{state | conn: conn, after: last, unacked: state.unacked + 1})
 
       {:trimmed, resume_after, conn} ->
-        state = await_ack(%{state | conn: conn})
+        state = await_acks(%{state | conn: conn}, 0)
         send(state.server, {:replica_trimmed, self(), resume_after})
 
         receive do
@@ -86,13 +86,15 @@ defmodule Larder.Replica.Reader do
   defp prepare(entries, nil), do: entries
   defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})
 
-  # The server acknowledges each batch once applied; a new one is sent only
-  # after that, so at most one batch sits in the server's mailbox.
-  defp await_ack(%{unacked: false} = state), do: state
+  # The server acknowledges each batch once applied; a batch is sent only
+  # while at most `left` others are unacknowledged, so at most one batch
+  # waits in the server's mailbox while it applies another (the server is
+  # never left waiting for the reader's copy of the next batch).
+  defp await_acks(%{unacked: unacked} = state, left) when unacked <= left, do: state
 
-  defp await_ack(state) do
+  defp await_acks(state, left) do
     receive do
-      :replica_ack -> %{state | unacked: false}
+      :replica_ack -> await_acks(%{state | unacked: state.unacked - 1}, left)
     end
   end
 
