@@ -252,7 +252,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "past the snapshot's id, on_trimmed: :stop stops with :offset_trimmed", ctx do
-      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       Process.flag(:trap_exit, true)
       replica = start!(ctx.opts)
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :stop}}
@@ -260,7 +260,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "past the snapshot's id, on_trimmed: :rebuild rebuilds from what is left", ctx do
-      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       replica = start!(Keyword.put(ctx.opts, :on_trimmed, :rebuild))
       assert Replica.await(replica, :latest, 10_000) == :ok
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :rebuild}}
@@ -271,7 +271,7 @@ defmodule Larder.ReplicaTest do
     test "only up to the snapshot's id is not a trim", ctx do
       # the 10 entries the snapshot holds are removed, the 10 after stay
       assert ctx.offset == "100-10"
-      {:ok, 10} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
+      {:ok, "10"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
       replica = start!(ctx.opts)
       assert Replica.await(replica, :latest, 10_000) == :ok
       refute_received {:event, [:larder, :replica, :trimmed], _, _}

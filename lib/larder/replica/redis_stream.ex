@@ -62,13 +62,13 @@ defmodule Larder.Replica.RedisStream do
 
   ## Failures
 
-  The source uses a socket of its own and its own RESP reader (not eredis:
-  its client crashes on bytes that are not RESP and buffers a bulk reply of
-  any declared length, and its parser reads an unfinished nested reply again
-  from its start on every packet, which makes a large `XREAD` reply
-  quadratic); it needs no eredis. Every reply is checked: the replies of
-  one round trip larger than `:max_reply_bytes` in all, bytes that are not RESP, a reply of the wrong
-  shape, an id that does not parse or does not increase, fields that are
+  The source uses a socket of its own and Larder's RESP parser, the one
+  of the cache's connections (incremental: a large `XREAD` reply split
+  over many packets is read once; bounded: a length above
+  `:max_reply_bytes` is refused at its header, before its bytes are
+  buffered); it needs no eredis. Every reply is checked: the replies of
+  one round trip larger than `:max_reply_bytes` in all, bytes that are
+  not RESP, a reply of the wrong shape, an id that does not parse or does not increase, fields that are
   not pairs of strings: each is `{:error, %Larder.Error{reason:
   :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
   `:source_failed`; a refused connection, a closed one or a timeout is
@@ -77,7 +77,7 @@ defmodule Larder.Replica.RedisStream do
 
   @behaviour Larder.Replica.Source
 
-  alias Larder.Replica.RESP
+  alias Larder.Redis.RESP
 
   @what "Larder.Replica.RedisStream"
   @max_max_reply_bytes 4_294_967_296
@@ -281,7 +281,7 @@ defmodule Larder.Replica.RedisStream do
 
   defp result({:ok, entries, _info}, conn, count) do
     {last, _fields} = List.last(entries)
-    commands = Enum.map(atomic_commands(conn, last, count), &command/1)
+    commands = Enum.map(atomic_commands(conn, last, count), &RESP.command/1)
 
     case :gen_tcp.send(conn.socket, commands) do
       :ok -> {:ok, entries, %{conn | caught_up: false, ahead: {last, count}}}
@@ -470,7 +470,7 @@ defmodule Larder.Replica.RedisStream do
   ## :timeout (plus `extra_ms`, a blocking read's own wait).
 
   defp request(conn, commands, extra_ms) do
-    case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
+    case :gen_tcp.send(conn.socket, Enum.map(commands, &RESP.command/1)) do
       :ok -> replies(conn, length(commands), extra_ms)
       {:error, reason} -> {:error, unavailable(reason, conn)}
     end
@@ -479,11 +479,6 @@ defmodule Larder.Replica.RedisStream do
   defp replies(conn, n, extra_ms) do
     deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
     receive_replies(conn, RESP.new(conn.max), n, [], 0, deadline)
-  end
-
-  defp command(args) do
-    ["*", Integer.to_string(length(args)), "\r\n"] ++
-      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
   end
 
   defp receive_replies(_conn, _reader, 0, acc, _bytes, _deadline),
@@ -498,8 +493,8 @@ defmodule Larder.Replica.RedisStream do
 
         # The bound is checked before the bytes are buffered (and the reader
         # refuses a declared length above it as soon as it reads the header).
-        case if(bytes > conn.max, do: :too_large, else: RESP.feed(reader, data)) do
-          :too_large ->
+        case if(bytes > conn.max, do: {:error, :too_large}, else: RESP.parse(reader, data)) do
+          {:error, :too_large} ->
             too_large(conn)
 
           {:ok, replies, reader} ->
@@ -517,7 +512,7 @@ defmodule Larder.Replica.RedisStream do
                   deadline
                 )
 
-          :error ->
+          {:error, :not_resp} ->
             {:error, Larder.Error.new(:source_bad_reply, "bytes that are not RESP")}
         end
 

@@ -1,17 +1,21 @@
-defmodule Larder.Replica.RESPTest do
-  # The Redis Stream source's RESP reader: replies split anywhere read the
-  # same as whole, and bytes that are not RESP are an error, not a raise.
+defmodule Larder.Redis.RESPTest do
+  # The RESP2 parser of every Redis connection (the cache's, the replica's
+  # stream source): replies split anywhere read the same as whole, bytes
+  # that are not RESP or sizes above the bounds are an error, not a raise,
+  # and values do not pin the reads they came in.
   use ExUnit.Case, async: true
 
   import :proper_types,
     only: [oneof: 1, frequency: 1, list: 1, integer: 2, integer: 0, binary: 0, resize: 2]
 
-  alias Larder.Replica.RESP
+  alias Larder.Redis.RESP
   alias Larder.Test.PropEr
+
+  @max 1_048_576
 
   @replies "*2\r\n$3\r\nabc\r\n*2\r\n:5\r\n*0\r\n+OK\r\n-ERR x\r\n$-1\r\n*-1\r\n$0\r\n\r\n"
   @expected [
-    {:ok, ["abc", [5, []]]},
+    {:ok, ["abc", ["5", []]]},
     {:ok, "OK"},
     {:error, "ERR x"},
     {:ok, :undefined},
@@ -20,8 +24,8 @@ defmodule Larder.Replica.RESPTest do
   ]
 
   defp feed_all(chunks) do
-    Enum.reduce(chunks, {RESP.new(), []}, fn chunk, {reader, acc} ->
-      {:ok, out, reader} = RESP.feed(reader, chunk)
+    Enum.reduce(chunks, {RESP.new(@max), []}, fn chunk, {reader, acc} ->
+      {:ok, out, reader} = RESP.parse(reader, chunk)
       {reader, acc ++ out}
     end)
   end
@@ -37,41 +41,49 @@ defmodule Larder.Replica.RESPTest do
   end
 
   test "bytes that are not RESP" do
-    for bad <- ["x", "$abc\r\n", "*-2\r\n", ":1.5\r\n", "$3\r\nabcd\r\n", "$99999999999\r\n"] do
-      assert RESP.feed(RESP.new(), bad) == :error
+    for bad <- [
+          "x",
+          "$abc\r\n",
+          "*-2\r\n",
+          ":1.5\r\n",
+          "$3\r\nabcd\r\n",
+          "$99999999999999999999\r\n"
+        ] do
+      assert RESP.parse(RESP.new(@max), bad) == {:error, :not_resp}, inspect(bad)
     end
 
     # a line that never ends
-    assert RESP.feed(RESP.new(), "+" <> String.duplicate("x", 70_000)) == :error
+    assert RESP.parse(RESP.new(@max), "+" <> String.duplicate("x", 70_000)) ==
+             {:error, :too_large}
   end
 
   test "a long bulk string is joined once its bytes are all there" do
-    {:ok, [], reader} = RESP.feed(RESP.new(), "$100000\r\n")
+    {:ok, [], reader} = RESP.parse(RESP.new(@max), "$100000\r\n")
 
     reader =
       Enum.reduce(1..99, reader, fn _, reader ->
-        {:ok, [], reader} = RESP.feed(reader, String.duplicate("y", 1_000))
+        {:ok, [], reader} = RESP.parse(reader, String.duplicate("y", 1_000))
         # held as packets, not joined
         assert match?(%RESP{parts: [_, _ | _]}, reader)
         reader
       end)
 
-    {:ok, [{:ok, value}], _} = RESP.feed(reader, String.duplicate("y", 1_000) <> "\r\n")
+    {:ok, [{:ok, value}], _} = RESP.parse(reader, String.duplicate("y", 1_000) <> "\r\n")
     assert byte_size(value) == 100_000
   end
 
-  test "a length or count above the reader's bound is refused at its header, before its bytes" do
-    assert RESP.feed(RESP.new(1_000), "$1001\r\n") == :too_large
-    assert RESP.feed(RESP.new(1_000), "*1001\r\n") == :too_large
-    {:ok, [], reader} = RESP.feed(RESP.new(1_000), "*1\r\n$10")
-    assert RESP.feed(reader, "01\r\n") == :too_large
-    assert {:ok, [{:ok, ["x"]}], _} = RESP.feed(RESP.new(1_000), "*1\r\n$1\r\nx\r\n")
+  test "a reply above the parser's bound is refused at the header that declares it" do
+    assert RESP.parse(RESP.new(1_000), "$1001\r\n") == {:error, :too_large}
+    assert RESP.parse(RESP.new(@max), "*16777217\r\n") == {:error, :too_large}
+    {:ok, [], reader} = RESP.parse(RESP.new(1_000), "*1\r\n$10")
+    assert RESP.parse(reader, "01\r\n") == {:error, :too_large}
+    assert {:ok, [{:ok, ["x"]}], _} = RESP.parse(RESP.new(1_000), "*1\r\n$1\r\nx\r\n")
   end
 
   test "values hold no reference to the packet they came in" do
     long = String.duplicate("v", 1_000)
     packet = "*3\r\n$2\r\nab\r\n$64\r\n#{String.duplicate("s", 64)}\r\n$1000\r\n#{long}\r\n"
-    {:ok, [{:ok, values}], _} = RESP.feed(RESP.new(), packet)
+    {:ok, [{:ok, values}], _} = RESP.parse(RESP.new(@max), packet)
     assert [_, _, ^long] = values
     for v <- values, do: assert(:binary.referenced_byte_size(v) == byte_size(v))
   end
@@ -87,7 +99,7 @@ defmodule Larder.Replica.RESPTest do
       let(resize(150, binary()), &{"$#{byte_size(&1)}\r\n#{&1}\r\n", &1}),
       let(line(), &{"+#{&1}\r\n", &1}),
       let(line(), &{"-#{&1}\r\n", {:error, &1}}),
-      let(integer(), &{":#{&1}\r\n", &1}),
+      let(integer(), &{":#{&1}\r\n", "#{&1}"}),
       :proper_types.exactly({"$-1\r\n", :undefined}),
       :proper_types.exactly({"*-1\r\n", :undefined})
     ])
@@ -124,7 +136,7 @@ defmodule Larder.Replica.RESPTest do
         expected = Enum.map(replies, &elem(&1, 1))
         {reader, whole} = feed_all([bytes])
         {_, cut} = feed_all(cut(bytes, sizes))
-        whole == expected and cut == expected and reader == RESP.new()
+        whole == expected and cut == expected and not RESP.pending?(reader)
       end)
 
     PropEr.check(property, numtests: 500)
