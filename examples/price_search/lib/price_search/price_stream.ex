@@ -73,8 +73,7 @@ defmodule PriceSearch.PriceStream do
   def apply_entry(%{"del" => idx}), do: {:delete, String.to_integer(idx)}
 
   def apply_entry(%{"price" => payload}) do
-    [idx, offering, group, spec, chars, values, value, default, currency] =
-      split(payload)
+    [idx, offering, group, spec, chars, values, value, default, currency] = split(payload)
 
     {:insert,
      %{
