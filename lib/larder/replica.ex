@@ -39,16 +39,19 @@ defmodule Larder.Replica do
   ## Applying entries
 
   `:apply` is called on each entry's fields (`%{binary => binary}`), in the
-  log's order, in the replica's process:
+  log's order:
 
-    * `(fields -> ops)`, arity 1 (pure; the fast path): returns what to do,
+    * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
+      replica's reader process, on each batch as it is read (while the
+      replica writes the previous one): returns what to do,
       one op or a list of them, which the replica writes in runs (the
       inserts between two deletes as one `Larder.Table.insert_many/2` or
       `Larder.Bag.insert_many/2`). For a Table: `{:insert, record}` (the
       record holds the key field) and `{:delete, key}`; for a Bag:
       `{:insert, key, value}`, `{:delete, key}` and `{:delete, key, value}`.
       `:ok` or `[]` does nothing.
-    * `(fields, into -> :ok | ops)`, arity 2: may write `into` itself
+    * `(fields, into -> :ok | ops)`, arity 2, called in the replica's
+      process: may write `into` itself
       (the handle) and return `:ok`, or return ops as above; what earlier
       entries queued is written before each call, so this path writes every
       entry on its own.
@@ -114,8 +117,9 @@ defmodule Larder.Replica do
 
   ## Concurrency
 
-  The reader (a process linked to the replica's) reads the next batch while
-  the replica applies the previous one; at most one batch waits. The
+  The reader (a process linked to the replica's) reads the next batch, and
+  runs an arity-1 `:apply` over it, while the replica writes the previous
+  one; at most one more batch waits in the replica's mailbox. The
   offset moves only after a whole batch is applied (or, on a stop, to the
   last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table

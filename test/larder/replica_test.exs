@@ -119,6 +119,46 @@ defmodule Larder.ReplicaTest do
     assert Larder.Bag.lookup(name(ctx, "bag"), "2") == ["20"]
   end
 
+  # The number of times Redis ran `command` since its stats were reset.
+  defp calls(redis, command) do
+    {:ok, info} = Log.command(redis, ["INFO", "commandstats"])
+
+    case Regex.run(~r/cmdstat_#{command}(?:\|\w+)?:calls=(\d+)/, info) do
+      [_, n] -> String.to_integer(n)
+      nil -> 0
+    end
+  end
+
+  # Waits until the replica's reader is blocked in its XREAD.
+  defp await_blocked(redis) do
+    {:ok, info} = Log.command(redis, ["INFO", "clients"])
+
+    unless info =~ "blocked_clients:1" do
+      Process.sleep(5)
+      await_blocked(redis)
+    end
+  end
+
+  test "a replica that reached the end waits for the next entry, not reading the end again",
+       ctx do
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..5, do: {:put, k, k}))
+    opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, block_ms: 60_000)
+    replica = start!(opts)
+    :ok = Replica.await(replica, :latest, 10_000)
+    await_blocked(ctx.redis)
+    {:ok, "OK"} = Log.command(ctx.redis, ["CONFIG", "RESETSTAT"])
+
+    # One wake-up: the blocked XREAD returns, one atomic read (MULTI,
+    # XINFO, XREAD, EXEC) takes the entry, and the reader blocks again.
+    [id] = Log.add(ctx.redis, ctx.stream, [{:put, 6, 6}])
+    :ok = Replica.await(replica, id, 10_000)
+    await_blocked(ctx.redis)
+    assert calls(ctx.redis, "xinfo") == 1
+    assert calls(ctx.redis, "exec") == 1
+    assert calls(ctx.redis, "xread") == 2
+    assert Log.contents(name(ctx, "t")) == Map.new(1..6, &{&1, &1})
+  end
+
   test "entries too large for the batch size within :max_reply_bytes are read in smaller batches",
        ctx do
     big = String.duplicate("x", 3_000)
@@ -212,7 +252,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "past the snapshot's id, on_trimmed: :stop stops with :offset_trimmed", ctx do
-      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       Process.flag(:trap_exit, true)
       replica = start!(ctx.opts)
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :stop}}
@@ -220,7 +260,7 @@ defmodule Larder.ReplicaTest do
     end
 
     test "past the snapshot's id, on_trimmed: :rebuild rebuilds from what is left", ctx do
-      {:ok, 15} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
+      {:ok, "15"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MAXLEN", "5"])
       replica = start!(Keyword.put(ctx.opts, :on_trimmed, :rebuild))
       assert Replica.await(replica, :latest, 10_000) == :ok
       assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1}, %{action: :rebuild}}
@@ -231,7 +271,7 @@ defmodule Larder.ReplicaTest do
     test "only up to the snapshot's id is not a trim", ctx do
       # the 10 entries the snapshot holds are removed, the 10 after stay
       assert ctx.offset == "100-10"
-      {:ok, 10} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
+      {:ok, "10"} = Log.command(ctx.redis, ["XTRIM", ctx.stream, "MINID", "100-11"])
       replica = start!(ctx.opts)
       assert Replica.await(replica, :latest, 10_000) == :ok
       refute_received {:event, [:larder, :replica, :trimmed], _, _}

@@ -5,7 +5,9 @@
 defmodule Larder.Test.ReplicaLog do
   @moduledoc false
 
-  alias Larder.Replica.RESP
+  import Bitwise
+
+  alias Larder.Redis.RESP
 
   @doc "A connection to the redis-server on `port`."
   def connect(port) do
@@ -17,21 +19,17 @@ defmodule Larder.Test.ReplicaLog do
 
   @doc "Sends `commands` pipelined and returns their replies."
   def pipeline(socket, commands) do
-    :ok = :gen_tcp.send(socket, Enum.map(commands, &command/1))
-    receive_replies(socket, RESP.new(), length(commands), [])
+    :ok = :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1))
+    receive_replies(socket, RESP.new(1 <<< 30), length(commands), [])
   end
 
   def command(socket, command), do: hd(pipeline(socket, [command]))
-
-  defp command(args) do
-    ["*#{length(args)}\r\n" | Enum.map(args, &"$#{byte_size(&1)}\r\n#{&1}\r\n")]
-  end
 
   defp receive_replies(_socket, _parser, 0, acc), do: Enum.reverse(acc)
 
   defp receive_replies(socket, parser, left, acc) do
     {:ok, data} = :gen_tcp.recv(socket, 0, 30_000)
-    {:ok, replies, parser} = RESP.feed(parser, data)
+    {:ok, replies, parser} = RESP.parse(parser, data)
     receive_replies(socket, parser, left - length(replies), Enum.reverse(replies, acc))
   end
 

@@ -21,7 +21,13 @@ defmodule PriceSearch.PriceStreamTest do
       assert PriceStream.apply_entry(fields) == {:insert, price}
     end
 
-    assert PriceStream.apply_entry(%{"op" => "del", "idx" => "7"}) == {:delete, 7}
+    assert PriceStream.apply_entry(Map.new([PriceStream.delete_fields(7) |> List.to_tuple()])) ==
+             {:delete, 7}
+
+    assert_raise ArgumentError, fn -> PriceStream.apply_entry(%{"price" => "1\t2"}) end
+
+    price = hd(Catalogue.generate())
+    assert_raise ArgumentError, fn -> PriceStream.fields(%{price | spec: "a\tb"}) end
   end
 
   test "a store that follows a stream answers with its latest prices", ctx do

@@ -1,7 +1,8 @@
 # The reader of a replica: a process linked to the replica's server that
 # connects to the source, reads batches after the last id it handed over,
-# and hands each batch to the server, reading the next one while the server
-# applies it (at most one batch waits for the server). A source error closes
+# and hands each batch to the server, reading the next one (and running a
+# pure apply function over it) while the server applies the previous one
+# (at most one more batch waits in the server's mailbox). A source error closes
 # the connection and waits (100 ms doubling to 2 s) before connecting again.
 defmodule Larder.Replica.Reader do
   @moduledoc false
@@ -13,12 +14,21 @@ defmodule Larder.Replica.Reader do
 
   @doc """
   Starts the reader, linked to the caller (the server), reading after
-  `after_id`. It sends the server `{:replica_batch, reader, entries}`,
+  `after_id`. It sends the server `{:replica_batch, reader, entries}`
+  (`{id, fields}`, or `{id, prepare.(fields)}` given a `prepare` function,
+  called here while the server applies the previous batch),
   `{:replica_trimmed, reader, resume_after}` (and then waits for
   `{:replica_resume, id}`) and `{:replica_source_error, reader, error}`.
   """
-  @spec start_link(module(), keyword(), term(), pos_integer(), non_neg_integer()) :: pid()
-  def start_link(source, opts, after_id, batch_size, block_ms) do
+  @spec start_link(
+          module(),
+          keyword(),
+          term(),
+          pos_integer(),
+          non_neg_integer(),
+          (map() -> term()) | nil
+        ) :: pid()
+  def start_link(source, opts, after_id, batch_size, block_ms, prepare \\ nil) do
     server = self()
 
     spawn_link(fn ->
@@ -29,9 +39,10 @@ defmodule Larder.Replica.Reader do
         after: after_id,
         count: batch_size,
         block: block_ms,
+        prepare: prepare,
         conn: nil,
         wait: @min_wait_ms,
-        unacked: false,
+        unacked: 0,
         failing: false
       }
 
@@ -52,13 +63,14 @@ defmodule Larder.Replica.Reader do
         loop(recovered(%{state | conn: conn}))
 
       {:ok, entries, conn} ->
-        state = state |> recovered() |> await_ack()
-        send(state.server, {:replica_batch, self(), entries})
         {last, _fields} = List.last(entries)
-        loop(%{state | conn: conn, after: last, unacked: true})
+        entries = prepare(entries, state.prepare)
+        state = state |> recovered() |> await_acks(1)
+        send(state.server, {:replica_batch, self(), entries})
+        loop(%{state | conn: conn, after: last, unacked: state.unacked + 1})
 
       {:trimmed, resume_after, conn} ->
-        state = await_ack(%{state | conn: conn})
+        state = await_acks(%{state | conn: conn}, 0)
         send(state.server, {:replica_trimmed, self(), resume_after})
 
         receive do
@@ -71,13 +83,18 @@ defmodule Larder.Replica.Reader do
     end
   end
 
-  # The server acknowledges each batch once applied; a new one is sent only
-  # after that, so at most one batch sits in the server's mailbox.
-  defp await_ack(%{unacked: false} = state), do: state
+  defp prepare(entries, nil), do: entries
+  defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})
 
-  defp await_ack(state) do
+  # The server acknowledges each batch once applied; a batch is sent only
+  # while at most `left` others are unacknowledged, so at most one batch
+  # waits in the server's mailbox while it applies another (the server is
+  # never left waiting for the reader's copy of the next batch).
+  defp await_acks(%{unacked: unacked} = state, left) when unacked <= left, do: state
+
+  defp await_acks(state, left) do
     receive do
-      :replica_ack -> %{state | unacked: false}
+      :replica_ack -> await_acks(%{state | unacked: state.unacked - 1}, left)
     end
   end
 

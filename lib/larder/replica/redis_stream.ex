@@ -30,8 +30,14 @@ defmodule Larder.Replica.RedisStream do
   STREAMS key after`, `EXEC`: the trim check and the read are one atomic
   step on the server, so no trim can fall between them. When that read
   returns nothing, the source waits with `XREAD COUNT 1 BLOCK ms STREAMS key
-  after` and, when an entry arrives, does the atomic read again (so a
-  wake-up costs two round trips; a batch of a catch-up costs one).
+  after` and, when an entry arrives, does the atomic read again. A read
+  that follows a batch shorter than `n` (the end of the stream was
+  reached) starts with that wait, not with an atomic read that would find
+  nothing: a wake-up costs two round trips, a batch of a catch-up one. A
+  wait that times out leaves the next read to start with the atomic read,
+  so a trim is seen within one block time even when no entry comes. After
+  a full batch, the atomic read of the next one is sent at once, before
+  the batch is returned: Redis prepares it while the replica applies.
 
   ## Trimming
 
@@ -56,13 +62,13 @@ defmodule Larder.Replica.RedisStream do
 
   ## Failures
 
-  The source uses a socket of its own and its own RESP reader (not eredis:
-  its client crashes on bytes that are not RESP and buffers a bulk reply of
-  any declared length, and its parser reads an unfinished nested reply again
-  from its start on every packet, which makes a large `XREAD` reply
-  quadratic); it needs no eredis. Every reply is checked: the replies of
-  one round trip larger than `:max_reply_bytes` in all, bytes that are not RESP, a reply of the wrong
-  shape, an id that does not parse or does not increase, fields that are
+  The source uses a socket of its own and Larder's RESP parser, the one
+  of the cache's connections (incremental: a large `XREAD` reply split
+  over many packets is read once; bounded: a length above
+  `:max_reply_bytes` is refused at its header, before its bytes are
+  buffered); it needs no eredis. Every reply is checked: the replies of
+  one round trip larger than `:max_reply_bytes` in all, bytes that are
+  not RESP, a reply of the wrong shape, an id that does not parse or does not increase, fields that are
   not pairs of strings: each is `{:error, %Larder.Error{reason:
   :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
   `:source_failed`; a refused connection, a closed one or a timeout is
@@ -71,7 +77,7 @@ defmodule Larder.Replica.RedisStream do
 
   @behaviour Larder.Replica.Source
 
-  alias Larder.Replica.RESP
+  alias Larder.Redis.RESP
 
   @what "Larder.Replica.RedisStream"
   @max_max_reply_bytes 4_294_967_296
@@ -149,12 +155,18 @@ defmodule Larder.Replica.RedisStream do
 
   defp parse_id(_), do: :error
 
-  defp u64(digits) when byte_size(digits) in 1..20, do: u64(digits, 0)
-  defp u64(_), do: :error
+  # 1 to 20 digits (binary_to_integer/1 would also take a sign: the first
+  # byte is a digit, and it refuses a sign anywhere else).
+  defp u64(<<d, _::binary>> = digits) when d in ?0..?9 and byte_size(digits) <= 20 do
+    case :erlang.binary_to_integer(digits) do
+      n when n <= @max_u64 -> {:ok, n}
+      _ -> :error
+    end
+  rescue
+    ArgumentError -> :error
+  end
 
-  defp u64(<<d, rest::binary>>, n) when d in ?0..?9, do: u64(rest, n * 10 + d - ?0)
-  defp u64(<<>>, n) when n <= @max_u64, do: {:ok, n}
-  defp u64(_rest, _n), do: :error
+  defp u64(_), do: :error
 
   ## Connection
 
@@ -177,6 +189,8 @@ defmodule Larder.Replica.RedisStream do
       {:ok, socket} ->
         conn = %{
           socket: socket,
+          caught_up: false,
+          ahead: nil,
           stream: opts[:stream],
           timeout: redis[:timeout],
           max: redis[:max_reply_bytes]
@@ -220,42 +234,79 @@ defmodule Larder.Replica.RedisStream do
   ## Reading
 
   @impl true
-  def read(conn, after_id, count, block_ms) do
-    case atomic_read(conn, after_id, count) do
-      {:ok, [], _info} when block_ms > 0 ->
-        # Nothing yet: wait for one entry, then read atomically again.
-        case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
-          {:ok, [{:ok, :undefined}]} -> {:ok, [], conn}
-          {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
-          {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
-          {:error, error} -> {:error, error, conn}
-        end
+  def read(%{ahead: {after_id, count}} = conn, after_id, count, _block_ms) do
+    # This read was sent ahead, when the last batch came.
+    conn = %{conn | ahead: nil}
+    result(atomic_reply(replies(conn, 4, 0), conn, after_id), conn, count)
+  end
 
-      other ->
-        result(other, conn)
+  def read(%{ahead: {_, _}} = conn, after_id, count, block_ms) do
+    # A read sent ahead for another position (after a trim): its replies go.
+    case replies(conn, 4, 0) do
+      {:ok, _replies} -> read(%{conn | ahead: nil}, after_id, count, block_ms)
+      {:error, error} -> {:error, error, conn}
     end
   end
 
-  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn)
+  def read(%{caught_up: true} = conn, after_id, count, block_ms) when block_ms > 0 do
+    # The last read had reached the end: wait for an entry first.
+    block(conn, after_id, count, block_ms)
+  end
 
-  defp result({:ok, entries, _info}, conn), do: {:ok, entries, conn}
-  defp result({:trimmed, resume}, conn), do: {:trimmed, resume, conn}
-  defp result({:error, error}, conn), do: {:error, error, conn}
+  def read(conn, after_id, count, block_ms) do
+    case atomic_read(conn, after_id, count) do
+      {:ok, [], _info} when block_ms > 0 -> block(conn, after_id, count, block_ms)
+      other -> result(other, conn, count)
+    end
+  end
+
+  # Waits for one entry, then reads atomically again. A wait that times out
+  # leaves the next read to start with the atomic read (and its trim check).
+  defp block(conn, after_id, count, block_ms) do
+    case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
+      {:ok, [{:ok, :undefined}]} -> {:ok, [], %{conn | caught_up: false}}
+      {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
+      {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
+      {:error, error} -> {:error, error, conn}
+    end
+  end
+
+  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn, count)
+
+  # A batch short of `count` reached the end of the stream; after a full
+  # one, the next read is sent now, so that Redis prepares it while the
+  # replica applies this one.
+  defp result({:ok, entries, _info}, conn, count) when length(entries) < count,
+    do: {:ok, entries, %{conn | caught_up: true}}
+
+  defp result({:ok, entries, _info}, conn, count) do
+    {last, _fields} = List.last(entries)
+    commands = Enum.map(atomic_commands(conn, last, count), &RESP.command/1)
+
+    case :gen_tcp.send(conn.socket, commands) do
+      :ok -> {:ok, entries, %{conn | caught_up: false, ahead: {last, count}}}
+      {:error, _reason} -> {:ok, entries, %{conn | caught_up: false}}
+    end
+  end
+
+  defp result({:trimmed, resume}, conn, _count), do: {:trimmed, resume, conn}
+  defp result({:error, error}, conn, _count), do: {:error, error, conn}
 
   defp xread(conn, after_id, count, block_ms) do
     block = if block_ms > 0, do: ["BLOCK", Integer.to_string(block_ms)], else: []
     ["XREAD", "COUNT", Integer.to_string(count)] ++ block ++ ["STREAMS", conn.stream, after_id]
   end
 
-  defp atomic_read(conn, after_id, count) do
-    commands = [
-      ["MULTI"],
-      ["XINFO", "STREAM", conn.stream],
-      xread(conn, after_id, count, 0),
-      ["EXEC"]
-    ]
+  defp atomic_commands(conn, after_id, count) do
+    [["MULTI"], ["XINFO", "STREAM", conn.stream], xread(conn, after_id, count, 0), ["EXEC"]]
+  end
 
-    case request(conn, commands, 0) do
+  defp atomic_read(conn, after_id, count) do
+    atomic_reply(request(conn, atomic_commands(conn, after_id, count), 0), conn, after_id)
+  end
+
+  defp atomic_reply(replies, conn, after_id) do
+    case replies do
       {:ok, [{:ok, "OK"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, [info, read]}]} ->
         with {:ok, info} <- info(info),
              :ok <- trim_check(info, after_id),
@@ -381,7 +432,7 @@ defmodule Larder.Replica.RedisStream do
   defp fields([name, value | rest], acc) when is_binary(name) and is_binary(value),
     do: fields(rest, [{name, value} | acc])
 
-  defp fields([], acc), do: {:ok, Map.new(acc)}
+  defp fields([], acc), do: {:ok, :maps.from_list(acc)}
   defp fields(_other, _acc), do: :error
 
   @impl true
@@ -419,17 +470,15 @@ defmodule Larder.Replica.RedisStream do
   ## :timeout (plus `extra_ms`, a blocking read's own wait).
 
   defp request(conn, commands, extra_ms) do
-    deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
-
-    case :gen_tcp.send(conn.socket, Enum.map(commands, &command/1)) do
-      :ok -> receive_replies(conn, RESP.new(), length(commands), [], 0, deadline)
+    case :gen_tcp.send(conn.socket, Enum.map(commands, &RESP.command/1)) do
+      :ok -> replies(conn, length(commands), extra_ms)
       {:error, reason} -> {:error, unavailable(reason, conn)}
     end
   end
 
-  defp command(args) do
-    ["*", Integer.to_string(length(args)), "\r\n"] ++
-      Enum.map(args, &["$", Integer.to_string(byte_size(&1)), "\r\n", &1, "\r\n"])
+  defp replies(conn, n, extra_ms) do
+    deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
+    receive_replies(conn, RESP.new(conn.max), n, [], 0, deadline)
   end
 
   defp receive_replies(_conn, _reader, 0, acc, _bytes, _deadline),
@@ -442,12 +491,11 @@ defmodule Larder.Replica.RedisStream do
       {:ok, data} ->
         bytes = bytes + byte_size(data)
 
-        case RESP.feed(reader, data) do
-          _ when bytes > conn.max ->
-            {:error,
-             Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
-               max_reply_bytes: conn.max
-             )}
+        # The bound is checked before the bytes are buffered (and the reader
+        # refuses a declared length above it as soon as it reads the header).
+        case if(bytes > conn.max, do: {:error, :too_large}, else: RESP.parse(reader, data)) do
+          {:error, :too_large} ->
+            too_large(conn)
 
           {:ok, replies, reader} ->
             n = length(replies)
@@ -464,13 +512,20 @@ defmodule Larder.Replica.RedisStream do
                   deadline
                 )
 
-          :error ->
+          {:error, :not_resp} ->
             {:error, Larder.Error.new(:source_bad_reply, "bytes that are not RESP")}
         end
 
       {:error, reason} ->
         {:error, unavailable(reason, conn)}
     end
+  end
+
+  defp too_large(conn) do
+    {:error,
+     Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+       max_reply_bytes: conn.max
+     )}
   end
 
   defp unavailable(reason, _conn) do

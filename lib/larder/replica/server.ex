@@ -79,7 +79,17 @@ defmodule Larder.Replica.Server do
     case safe_start_target(state) do
       {:ok, target, offset} ->
         state = %{state | target: target, offset: offset, snapshot_offset: offset}
-        reader = Reader.start_link(source, source_opts, offset, state.batch_size, state.block_ms)
+
+        reader =
+          Reader.start_link(
+            source,
+            source_opts,
+            offset,
+            state.batch_size,
+            state.block_ms,
+            prepare(state)
+          )
+
         {:ok, schedule(%{state | reader: reader})}
 
       {:error, error} ->
@@ -281,6 +291,10 @@ defmodule Larder.Replica.Server do
   # function is pure: its ops are queued and written in runs (the inserts
   # between two deletes as one insert_many/2). An arity-2 function may
   # write `into` itself, so what is queued is written before each call.
+  #
+  # An arity-1 function is called by the reader, on the batch it has just
+  # read (in parallel with the batch this process applies): the entries
+  # come as {id, result of run_apply/2}. An arity-2 one is called here.
   defp apply_batch(state, entries) do
     ctx = %{state: state, pending: [], done: state.offset, applied: 0, rejected: 0}
     pure = is_function(state.apply, 1)
@@ -306,7 +320,9 @@ defmodule Larder.Replica.Server do
   end
 
   defp apply_entry(ctx, id, fields) do
-    case run_apply(ctx.state, fields) do
+    result = if is_function(ctx.state.apply, 1), do: fields, else: run_apply(ctx.state, fields)
+
+    case result do
       :ok ->
         %{ctx | done: id, applied: ctx.applied + 1}
 
@@ -327,6 +343,14 @@ defmodule Larder.Replica.Server do
       {:stop, _error, _done} = stop -> stop
     end
   end
+
+  # The reader's work for an arity-1 function: each entry's checked ops.
+  defp prepare(%{apply: fun} = state) when is_function(fun, 1) do
+    check = %{apply: fun, spec: state.spec}
+    fn fields -> run_apply(check, fields) end
+  end
+
+  defp prepare(_state), do: nil
 
   defp run_apply(%{apply: fun} = state, fields) when is_function(fun, 1) do
     case fun.(fields) do
@@ -434,10 +458,17 @@ defmodule Larder.Replica.Server do
     end
   end
 
-  defp write_ops(spec, target, ops) do
-    ops
-    |> Enum.chunk_by(&elem(&1, 0))
-    |> Enum.each(fn run -> write_run(spec, target, run) end)
+  # Writes `ops` in runs of one kind (the inserts between two deletes as
+  # one insert_many/2), in order.
+  defp write_ops(_spec, _target, []), do: :ok
+  defp write_ops(spec, target, [op | ops]), do: write_ops(spec, target, ops, elem(op, 0), [op])
+
+  defp write_ops(spec, target, [op | ops], kind, run) when elem(op, 0) == kind,
+    do: write_ops(spec, target, ops, kind, [op | run])
+
+  defp write_ops(spec, target, ops, _kind, run) do
+    write_run(spec, target, :lists.reverse(run))
+    write_ops(spec, target, ops)
   end
 
   defp write_run({Larder.Table, _}, table, [{:insert, _} | _] = run),
