@@ -329,7 +329,8 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, Connection, RESP, Sentinel}
+  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, Connection, Sentinel}
+  alias Larder.Redis.RESP
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 

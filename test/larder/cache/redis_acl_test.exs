@@ -54,7 +54,7 @@ defmodule Larder.Cache.RedisAclTest do
     :ok =
       :gen_tcp.send(
         socket,
-        for(args <- [auth, kill], do: Larder.Cache.Redis.RESP.command(args))
+        for(args <- [auth, kill], do: Larder.Redis.RESP.command(args))
       )
 
     eventually(fn -> Cache.put(a, :k, 3) == :ok and Cache.get(b, :k) == 3 end)

@@ -331,7 +331,7 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
     :ok =
       :gen_tcp.send(
         socket,
-        Cache.Redis.RESP.command(["SENTINEL", "get-master-addr-by-name", name])
+        Larder.Redis.RESP.command(["SENTINEL", "get-master-addr-by-name", name])
       )
 
     reply(socket, "")

@@ -11,7 +11,7 @@ defmodule Larder.Cache.RedisSentinelTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.Redis.RESP
+  alias Larder.Redis.RESP
   alias Larder.Support.RedisSentinel
 
   @moduletag :redis

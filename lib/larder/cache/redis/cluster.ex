@@ -114,7 +114,7 @@ defmodule Larder.Cache.Redis.Cluster do
 
   @doc """
   Builds the slot map from a `CLUSTER SLOTS` reply (as
-  Larder.Cache.Redis.RESP returns it: integers come as decimal binaries). An empty host means the node the
+  Larder.Redis.RESP returns it: integers come as decimal binaries). An empty host means the node the
   command was sent to, `default_host`. Only masters are kept.
   """
   @spec slot_map(term(), binary()) :: {:ok, slot_map()} | {:error, Larder.Error.t()}

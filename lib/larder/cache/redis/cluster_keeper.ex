@@ -22,7 +22,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, Connection, RESP, Tracking}
+  alias Larder.Cache.Redis.{Auth, Cluster, Connection, Tracking}
+  alias Larder.Redis.RESP
 
   @max_seeds 16
   @watch_ms 100

@@ -14,7 +14,7 @@ defmodule Larder.Cache.Redis.Connection do
   # q/3 and qp/3 send a command (or several, pipelined on this connection,
   # as ASKING then a command) and wait at most `timeout` ms for the
   # replies: a reply is {:ok, value} or {:error, text} (an error reply,
-  # see Larder.Cache.Redis.RESP), and a failure {:error, reason} with an
+  # see Larder.Redis.RESP), and a failure {:error, reason} with an
   # atom or tuple reason: :timeout, :no_connection (no such process, or it
   # exited), :closed, {:tcp_error, _}, :bad_reply (bytes that are not
   # RESP, or a reply nobody asked for), :reply_too_large (a reply whose
@@ -29,7 +29,7 @@ defmodule Larder.Cache.Redis.Connection do
 
   use GenServer
 
-  alias Larder.Cache.Redis.RESP
+  alias Larder.Redis.RESP
 
   # TCP messages delivered before the socket goes passive again.
   @active 100

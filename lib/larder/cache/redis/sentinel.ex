@@ -7,7 +7,7 @@
 defmodule Larder.Cache.Redis.Sentinel do
   @moduledoc false
 
-  alias Larder.Cache.Redis.RESP
+  alias Larder.Redis.RESP
 
   # The most sentinels one cache asks, and the largest reply read from one.
   @max_sentinels 16
