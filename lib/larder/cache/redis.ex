@@ -329,8 +329,15 @@ defmodule Larder.Cache.Redis do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, ClusterKeeper, ClusterRouter, Connection, Sentinel}
-  alias Larder.Redis.RESP
+  alias Larder.Cache.Redis.{
+    Auth,
+    ClusterKeeper,
+    ClusterRouter,
+    Connection,
+    Sentinel,
+    Subscription
+  }
+
   alias Larder.Cache.Redis.Tracking
   alias Larder.Options
 
@@ -689,43 +696,27 @@ defmodule Larder.Cache.Redis do
 
   defp sub_connect(state) do
     opts = state.opts
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: opts[:timeout]]
+    auth = Auth.commands(opts)
+    {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
+    expect = if auth != [], do: [:auth | expect], else: expect
 
-    with {:ok, socket} <- :gen_tcp.connect(state.host, state.port, tcp_opts, opts[:timeout]) do
-      auth = Auth.commands(opts)
-      {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
-      expect = if auth != [], do: [:auth | expect], else: expect
-      commands = Enum.map(auth ++ subscribe, &RESP.command/1)
-
-      with :ok <- :gen_tcp.send(socket, commands),
-           :ok <- :inet.setopts(socket, active: :once) do
-        timer = Process.send_after(self(), {:sub_timeout, socket}, opts[:timeout])
-        sub = %{socket: socket, parser: RESP.new(opts[:max_message_bytes]), expect: expect}
-        %{state | sub: Map.put(sub, :timer, timer)}
-      else
-        {:error, reason} ->
-          :gen_tcp.close(socket)
-          sub_failed(state, {:connection_error, reason})
-      end
-    else
-      {:error, reason} -> sub_failed(state, {:connection_error, reason})
+    case Subscription.open(
+           state.host,
+           state.port,
+           auth ++ subscribe,
+           expect,
+           opts[:max_message_bytes],
+           opts[:timeout]
+         ) do
+      {:ok, sub} -> %{state | sub: sub}
+      {:error, reason} -> sub_failed(state, reason)
     end
   end
 
   defp sub_data(%{sub: sub} = state, data) do
-    :inet.setopts(sub.socket, active: :once)
-
-    # (bytes that are not RESP, or a message above :max_message_bytes)
-    case RESP.parse(sub.parser, data) do
-      {:ok, replies, parser} ->
-        state = %{state | sub: %{sub | parser: parser}}
-        Enum.reduce_while(replies, state, &sub_reply/2)
-
-      {:error, :too_large} ->
-        sub_failed(state, :message_too_large)
-
-      {:error, :not_resp} ->
-        sub_failed(state, :bad_reply)
+    case Subscription.read(sub, data) do
+      {:ok, replies, sub} -> Enum.reduce_while(replies, %{state | sub: sub}, &sub_reply/2)
+      {:error, reason} -> sub_failed(state, reason)
     end
   end
 
@@ -828,10 +819,7 @@ defmodule Larder.Cache.Redis do
   defp sub_failed(state, reason) do
     lost? = state.sub != nil and state.sub.expect == []
 
-    if sub = state.sub do
-      if sub.timer, do: Process.cancel_timer(sub.timer)
-      :gen_tcp.close(sub.socket)
-    end
+    if state.sub, do: Subscription.close(state.sub)
 
     cond do
       lost? ->
@@ -1022,9 +1010,8 @@ defmodule Larder.Cache.Redis do
         nil ->
           state
 
-        %{socket: socket} = sub ->
-          if sub.timer, do: Process.cancel_timer(sub.timer)
-          :gen_tcp.close(socket)
+        sub ->
+          Subscription.close(sub)
           %{state | sub: nil}
       end
 

@@ -22,7 +22,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, Connection, Tracking}
+  alias Larder.Cache.Redis.{Auth, Cluster, Connection, Subscription, Tracking}
   alias Larder.Redis.RESP
 
   @max_seeds 16
@@ -446,50 +446,20 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp sub_connect(state, {host, port} = node) do
-    timeout = state.timeout
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    commands = state.auth ++ [["SSUBSCRIBE", state.channel]]
+    expect = if state.auth != [], do: [:auth, :ssubscribe], else: [:ssubscribe]
+    max_bytes = state.opts[:max_message_bytes]
 
-    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      commands = state.auth ++ [["SSUBSCRIBE", state.channel]]
-      expect = if state.auth != [], do: [:auth, :ssubscribe], else: [:ssubscribe]
-
-      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
-           :ok <- :inet.setopts(socket, active: :once) do
-        timer = Process.send_after(self(), {:sub_timeout, socket}, timeout)
-
-        sub = %{
-          socket: socket,
-          node: node,
-          parser: RESP.new(state.opts[:max_message_bytes]),
-          expect: expect,
-          timer: timer
-        }
-
-        %{state | sub: sub}
-      else
-        {:error, reason} ->
-          :gen_tcp.close(socket)
-          sub_failed(state, {:connection_error, reason})
-      end
-    else
-      {:error, reason} -> sub_failed(state, {:connection_error, reason})
+    case Subscription.open(to_charlist(host), port, commands, expect, max_bytes, state.timeout) do
+      {:ok, sub} -> %{state | sub: Map.put(sub, :node, node)}
+      {:error, reason} -> sub_failed(state, reason)
     end
   end
 
   defp sub_data(%{sub: sub} = state, data) do
-    :inet.setopts(sub.socket, active: :once)
-
-    # (bytes that are not RESP, or a message above :max_message_bytes)
-    case RESP.parse(sub.parser, data) do
-      {:ok, replies, parser} ->
-        state = %{state | sub: %{sub | parser: parser}}
-        Enum.reduce_while(replies, state, &sub_reply/2)
-
-      {:error, :too_large} ->
-        sub_failed(state, :message_too_large)
-
-      {:error, :not_resp} ->
-        sub_failed(state, :bad_reply)
+    case Subscription.read(sub, data) do
+      {:ok, replies, sub} -> Enum.reduce_while(replies, %{state | sub: sub}, &sub_reply/2)
+      {:error, reason} -> sub_failed(state, reason)
     end
   end
 
@@ -541,10 +511,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp sub_failed(state, reason) do
     lost? = state.sub != nil and state.sub.expect == []
 
-    if sub = state.sub do
-      if sub.timer, do: Process.cancel_timer(sub.timer)
-      :gen_tcp.close(sub.socket)
-    end
+    if state.sub, do: Subscription.close(state.sub)
 
     cond do
       lost? ->
@@ -598,30 +565,29 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp tsub_open(state, {host, port} = node) do
-    timeout = state.timeout
     wait = Map.get(state.tsubs, node, %{wait: state.opts[:reconnect_sleep]}).wait
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
     commands = state.auth ++ [["CLIENT", "ID"], ["SUBSCRIBE", Tracking.channel()]]
     expect = if(state.auth != [], do: [:auth], else: []) ++ [:client_id, :subscribe]
+    max_bytes = state.opts[:max_message_bytes]
 
-    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout),
-         :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
-         :ok <- :inet.setopts(socket, active: :once) do
-      tsub = %{
-        socket: socket,
-        parser: RESP.new(state.opts[:max_message_bytes]),
-        expect: expect,
-        timer: Process.send_after(self(), {:tsub_timeout, socket}, timeout),
-        tracking: Tracking.new(state.tracking),
-        wait: wait
-      }
+    case Subscription.open(
+           to_charlist(host),
+           port,
+           commands,
+           expect,
+           max_bytes,
+           state.timeout,
+           :tsub_timeout
+         ) do
+      {:ok, sub} ->
+        tsub = Map.merge(sub, %{tracking: Tracking.new(state.tracking), wait: wait})
 
-      %{
-        state
-        | tsubs: Map.put(state.tsubs, node, tsub),
-          tsockets: Map.put(state.tsockets, socket, node)
-      }
-    else
+        %{
+          state
+          | tsubs: Map.put(state.tsubs, node, tsub),
+            tsockets: Map.put(state.tsockets, tsub.socket, node)
+        }
+
       {:error, _reason} ->
         Process.send_after(self(), {:tsub_connect, node}, wait)
         next = min(wait * 2, sub_max_wait(state))
@@ -630,20 +596,13 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp tsub_data(state, node, data) do
-    tsub = state.tsubs[node]
-    :inet.setopts(tsub.socket, active: :once)
-
-    # (bytes that are not RESP, or a message above :max_message_bytes)
-    case RESP.parse(tsub.parser, data) do
-      {:ok, replies, parser} ->
-        state = put_in(state.tsubs[node], %{tsub | parser: parser})
+    case Subscription.read(state.tsubs[node], data) do
+      {:ok, replies, tsub} ->
+        state = put_in(state.tsubs[node], tsub)
         Enum.reduce_while(replies, state, &tsub_reply(&1, &2, node))
 
-      {:error, :too_large} ->
-        tsub_failed(state, node, :message_too_large)
-
-      {:error, :not_resp} ->
-        tsub_failed(state, node, :bad_reply)
+      {:error, reason} ->
+        tsub_failed(state, node, reason)
     end
   end
 
@@ -698,8 +657,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   defp tsub_failed(state, node, reason) do
     tsub = state.tsubs[node]
-    if tsub.timer, do: Process.cancel_timer(tsub.timer)
-    :gen_tcp.close(tsub.socket)
+    Subscription.close(tsub)
 
     if tsub.expect == [] do
       send(state.subscriber, {:larder_cache_l2, :disconnected})
@@ -723,8 +681,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp tsub_close(state, node) do
     case Map.pop(state.tsubs, node) do
       {%{socket: socket} = tsub, tsubs} ->
-        if tsub.timer, do: Process.cancel_timer(tsub.timer)
-        :gen_tcp.close(socket)
+        Subscription.close(tsub)
         %{state | tsubs: tsubs, tsockets: Map.delete(state.tsockets, socket)}
 
       {_, tsubs} ->
