@@ -187,8 +187,12 @@ defmodule Larder.Table do
   """
 
   alias Larder.Index
+  alias Larder.Table.Claim
+  alias Larder.Table.Conditions
   alias Larder.Table.Records
   alias Larder.Table.Writer
+
+  import Larder.Table.Options, only: [config!: 2]
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct [telemetry: false] ++ @enforce_keys
@@ -209,8 +213,6 @@ defmodule Larder.Table do
 
   @direct_limit 0x80000000
   @chunk 5_000
-  @claim_min 256
-  @reserved [:and, :or, :not, :term]
 
   ## Creating
 
@@ -421,45 +423,25 @@ defmodule Larder.Table do
     :ok
   end
 
-  # A large chunk of fresh rows (integer keys above every one the table has
-  # held, as in a build) goes into ETS from the caller, which saves copying
-  # the rows to the writer: the writer grants a claim, holds every other
-  # write back until the caller releases it, then applies the index ops.
-  # If the caller dies in between, the writer completes the chunk when its
-  # rows are in ETS (one atomic :ets.insert) and drops it when they are not.
-  # Returns the request to await for the chunk's outcome.
-  defp write_chunk!(table, {rows, ops, [], {_, _} = span}, pending)
-       when length(rows) >= @claim_min do
-    claim = send_write!(table, {:claim, span, ops, Enum.map(rows, &elem(&1, 0))})
-    await!(table, pending)
+  # Sends a chunk's write and awaits the previous one; returns the request
+  # to await for this chunk's outcome. A large chunk of fresh rows (as in a
+  # build) goes into ETS from the caller, under a claim (Larder.Table.Claim).
+  defp write_chunk!(table, {rows, ops, _keyed, span} = write, pending) do
+    case Claim.request(write) do
+      nil ->
+        request = send_write!(table, Tuple.insert_at(write, 0, :insert))
+        await!(table, pending)
+        request
 
-    case await!(table, claim) do
-      {:claimed, ref} ->
-        inserted =
-          try do
-            :ets.insert(table.rows, rows)
-          catch
-            kind, reason -> {kind, reason, __STACKTRACE__}
-          end
+      claim ->
+        claim = send_write!(table, claim)
+        await!(table, pending)
 
-        release = :gen_server.send_request(table.writer, {:release, ref})
-
-        with {kind, reason, stack} <- inserted do
-          await!(table, release)
-          :erlang.raise(kind, reason, stack)
+        case await!(table, claim) do
+          {:claimed, ref} -> Claim.fill(table, rows, ref)
+          :stale -> send_write!(table, {:insert, rows, ops, [], span})
         end
-
-        release
-
-      :stale ->
-        send_write!(table, {:insert, rows, ops, [], span})
     end
-  end
-
-  defp write_chunk!(table, write, pending) do
-    request = send_write!(table, Tuple.insert_at(write, 0, :insert))
-    await!(table, pending)
-    request
   end
 
   # Within one chunk a key given twice must be reduced to its last record.
@@ -627,7 +609,7 @@ defmodule Larder.Table do
 
   defp run_search(table, conditions) do
     guard(table, fn ->
-      fetch_rows(table, Index.query(table.index, expr!(table, conditions)), conditions)
+      fetch_rows(table, Index.query(table.index, Conditions.expr!(table, conditions)), conditions)
     end)
   end
 
@@ -643,10 +625,10 @@ defmodule Larder.Table do
 
   defp run_search_ids(table, conditions) do
     guard(table, fn ->
-      ids = Index.query(table.index, expr!(table, conditions))
+      ids = Index.query(table.index, Conditions.expr!(table, conditions))
 
       cond do
-        empty?(conditions) -> Enum.map(all_rows(table), &Map.fetch!(&1, table.key))
+        Conditions.empty?(conditions) -> Enum.map(all_rows(table), &Map.fetch!(&1, table.key))
         Enum.all?(ids, &(&1 < @direct_limit)) -> live!(table) && ids
         true -> table |> fetch_rows(ids, conditions) |> Enum.map(&Map.fetch!(&1, table.key))
       end
@@ -665,8 +647,11 @@ defmodule Larder.Table do
 
   defp run_count(table, conditions) do
     guard(table, fn ->
-      expr = expr!(table, conditions)
-      if empty?(conditions), do: size(table), else: live!(table) && Index.count(table.index, expr)
+      expr = Conditions.expr!(table, conditions)
+
+      if Conditions.empty?(conditions),
+        do: size(table),
+        else: live!(table) && Index.count(table.index, expr)
     end)
   end
 
@@ -688,7 +673,7 @@ defmodule Larder.Table do
 
   defp run_search_many(table, many) do
     guard(table, fn ->
-      exprs = searches!(table, many, many)
+      exprs = Conditions.exprs!(table, many)
 
       table.index
       |> Index.query_many(exprs)
@@ -713,16 +698,6 @@ defmodule Larder.Table do
   # A table in telemetry metadata: its name, or its handle when it has none.
   defp id(%__MODULE__{name: nil} = table), do: table
   defp id(%__MODULE__{name: name}), do: name
-
-  defp searches!(table, [conditions | rest], all),
-    do: [expr!(table, conditions) | searches!(table, rest, all)]
-
-  defp searches!(_table, [], _all), do: []
-
-  defp searches!(_table, _other, all) do
-    raise ArgumentError,
-          "searches must be a list of conditions, got: #{inspect(all, limit: 10)}"
-  end
 
   @doc """
   A stream of every record, read from ETS in chunks as it is consumed (not a
@@ -756,7 +731,7 @@ defmodule Larder.Table do
   @spec values(table(), term()) :: [term()]
   def values(table, name) do
     table = handle!(table)
-    indexed!(table, name)
+    Conditions.indexed!(table, name)
 
     guard(table, fn ->
       live!(table)
@@ -847,72 +822,15 @@ defmodule Larder.Table do
     end
   end
 
-  ## Conditions
-
-  defp empty?(conditions), do: conditions == [] or conditions == %{}
-
-  defp expr!(table, conditions) when is_map(conditions),
-    do: {:and, conditions!(table, Map.to_list(conditions), conditions)}
-
-  defp expr!(table, conditions) when is_list(conditions),
-    do: {:and, conditions!(table, conditions, conditions)}
-
-  defp expr!(_table, conditions) do
-    raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(conditions, limit: 10)}"
-  end
-
-  # A direct recursion rather than Enum.map with a closure: this runs once per
-  # condition of every search.
-  defp conditions!(table, [{name, {:in, values}} | rest], all) when is_list(values) do
-    indexed!(table, name)
-    [{:or, alternatives!(name, values, values)} | conditions!(table, rest, all)]
-  end
-
-  defp conditions!(table, [{name, _value} = condition | rest], all) do
-    indexed!(table, name)
-    [condition | conditions!(table, rest, all)]
-  end
-
-  defp conditions!(_table, [], _all), do: []
-
-  defp conditions!(_table, [other | _], _all) do
-    raise ArgumentError,
-          "each condition must be {index, value}, got: #{inspect(other, limit: 10)}"
-  end
-
-  defp conditions!(_table, _improper, all) do
-    raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(all, limit: 10)}"
-  end
-
-  defp alternatives!(name, [value | rest], all),
-    do: [{name, value} | alternatives!(name, rest, all)]
-
-  defp alternatives!(_name, [], _all), do: []
-
-  defp alternatives!(name, _improper, all) do
-    raise ArgumentError,
-          "{:in, values} for #{inspect(name)} in conditions needs a list of values, got: #{inspect(all, limit: 10)}"
-  end
-
-  defp indexed!(%{names: names}, name) when is_map_key(names, name), do: :ok
-
-  defp indexed!(table, name) do
-    raise ArgumentError,
-          "no index named #{inspect(name, limit: 10)} in conditions; indexed fields: " <>
-            inspect(Enum.map(table.entries, &elem(&1, 0)))
-  end
-
   ## Rows
 
   defp fetch_rows(table, [], conditions) do
     live!(table)
-    if empty?(conditions), do: all_rows(table), else: []
+    if Conditions.empty?(conditions), do: all_rows(table), else: []
   end
 
   defp fetch_rows(table, ids, conditions) do
-    if empty?(conditions) do
+    if Conditions.empty?(conditions) do
       all_rows(table)
     else
       lookup_rows(table.rows, ids)
@@ -1004,69 +922,4 @@ defmodule Larder.Table do
     error ->
       if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
   end
-
-  defp config!(opts, kind) do
-    opts = Larder.Options.validate!(opts, schema(kind), "Larder.Table")
-    index = Keyword.fetch!(opts, :index)
-    store = Keyword.fetch!(opts, :store)
-    name = Keyword.fetch!(opts, :name)
-
-    entries = Enum.map(index, &entry!/1)
-
-    entries
-    |> Enum.map(&elem(&1, 0))
-    |> Enum.frequencies()
-    |> Enum.find(fn {_name, n} -> n > 1 end)
-    |> case do
-      nil -> :ok
-      {dup, _} -> raise ArgumentError, "option :index names #{inspect(dup)} more than once"
-    end
-
-    key = Keyword.fetch!(opts, :key)
-
-    %{
-      key: key,
-      entries: entries,
-      store: store && Enum.uniq([key | store]),
-      name: name,
-      telemetry: Keyword.fetch!(opts, :telemetry)
-    }
-  end
-
-  defp schema(:new) do
-    [
-      key: {{:custom, "a field name", fn _ -> true end}, :required},
-      index: {{:custom, "a list of field names and {name, fun} entries", &proper_list?/1}, []},
-      store: {{:or_nil, {:custom, "a list of fields", &proper_list?/1}}, nil},
-      name: {{:or_nil, :atom}, nil},
-      telemetry: {:boolean, true}
-    ]
-  end
-
-  defp schema(:start_link), do: Keyword.put(schema(:new), :name, {:atom, :required})
-
-  defp proper_list?([_ | rest]), do: proper_list?(rest)
-  defp proper_list?([]), do: true
-  defp proper_list?(_other), do: false
-
-  defp entry!(field) when is_atom(field) and field not in @reserved, do: {field, {:field, field}}
-
-  defp entry!({name, fun} = entry) when is_function(fun, 1) do
-    if name in @reserved, do: reserved!(name)
-    entry
-  end
-
-  defp entry!(field) when field in @reserved, do: reserved!(field)
-
-  defp entry!(other) do
-    raise ArgumentError,
-          "each :index entry must be a field name (atom) or {name, fun/1}, got: #{inspect(other, limit: 10)}"
-  end
-
-  defp reserved!(name),
-    do:
-      raise(
-        ArgumentError,
-        "index name #{inspect(name)} is reserved (#{inspect(@reserved)} are query operators)"
-      )
 end

@@ -6,6 +6,8 @@ defmodule Larder.Table.WriterTest do
   alias Larder.Table
   alias Larder.Test.Isolated
 
+  import Larder.Test.Eventually
+
   @direct_limit 0x80000000
 
   defp table(opts \\ []),
@@ -119,6 +121,44 @@ defmodule Larder.Table.WriterTest do
       assert consistent?(table, [:claimed])
     end
 
+    test "writes sent during a claim wait for its release, then run in order" do
+      table = table()
+      test = self()
+
+      claimant =
+        spawn_link(fn ->
+          {:claimed, ref} =
+            GenServer.call(
+              table.writer,
+              {:claim, {10, 11}, [{:add, {:a, 1}, [10, 11]}], [10, 11]}
+            )
+
+          send(test, :claimed)
+          receive do: (:fill -> :ok)
+          :ets.insert(table.rows, for(id <- [10, 11], do: {id, %{id: id, a: 1, tags: []}}))
+          send(test, {:released, GenServer.call(table.writer, {:release, ref})})
+        end)
+
+      assert_receive :claimed
+
+      # The writer is not blocked in the claim: it answers system messages
+      # and holds each write back (key 10 has no row before the release).
+      held = fn -> :queue.len(:sys.get_state(table.writer).held) end
+
+      writes =
+        for n <- 2..4 do
+          task = Task.async(fn -> Table.update(table, 10, %{a: n}) end)
+          eventually(fn -> held.() == n - 1 end)
+          task
+        end
+
+      send(claimant, :fill)
+      assert_receive {:released, :ok}
+      assert [{:ok, %{a: 2}}, {:ok, %{a: 3}}, {:ok, %{a: 4}}] = Enum.map(writes, &Task.await/1)
+      assert Table.search_ids(table, a: 4) == [10] and Table.search_ids(table, a: 1) == [11]
+      assert held.() == 0 and consistent?(table, [1, 2, 3, 4])
+    end
+
     test "a claim below the highest key the table has held is refused, and the rows are sent" do
       table = table()
       :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 1, tags: []}))
@@ -181,8 +221,9 @@ defmodule Larder.Table.WriterTest do
 
     test "an exhausted id space fails the insert whole, and deletes make room" do
       table = table()
-      # A limit of 4 ids for non-integer keys, through the writer's state.
-      :sys.replace_state(table.writer, &%{&1 | max_id: @direct_limit + 3})
+      # Four ids left for non-integer keys: the writer's next fresh id is
+      # moved to four below the end of the u32 id space.
+      :sys.replace_state(table.writer, &%{&1 | next: 0xFFFFFFFF - 3})
 
       for round <- 1..50 do
         :ok = Table.insert_many(table, for(i <- 1..4, do: %{id: {round, i}, a: i, tags: []}))
