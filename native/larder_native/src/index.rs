@@ -116,6 +116,24 @@ fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
     reply(env, result)
 }
 
+/// Defines a NIF pair over `$fun(env, index, arg, dirty)`: `$name` runs on a
+/// normal scheduler, where `$fun` answers `:dirty` when the call could run
+/// past about a millisecond, and `$dirty` runs the same call on a dirty CPU
+/// scheduler (Elixir calls it on that answer).
+macro_rules! scheduled_nifs {
+    ($name:ident, $dirty:ident, $fun:ident) => {
+        #[rustler::nif]
+        fn $name<'a>(env: Env<'a>, index: Term<'a>, arg: Term<'a>) -> NifResult<Term<'a>> {
+            reply(env, $fun(env, index, arg, false))
+        }
+
+        #[rustler::nif(schedule = "DirtyCpu")]
+        fn $dirty<'a>(env: Env<'a>, index: Term<'a>, arg: Term<'a>) -> NifResult<Term<'a>> {
+            reply(env, $fun(env, index, arg, true))
+        }
+    };
+}
+
 // Queries: the normal-scheduler variants count their decoding work and
 // estimate the evaluation's cost, and answer `:dirty` when the call could run
 // past about a millisecond; Elixir then calls the dirty variant.
@@ -177,15 +195,7 @@ fn query<'a>(
     })
 }
 
-#[rustler::nif]
-fn index_query<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query(env, index, expr, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query(env, index, expr, true))
-}
+scheduled_nifs!(index_query, index_query_dirty, query);
 
 fn count<'a>(
     env: Env<'a>,
@@ -208,15 +218,7 @@ fn count<'a>(
     Ok(chunks_len(&eval(&state.bitmaps, &plan)).encode(env))
 }
 
-#[rustler::nif]
-fn index_count<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, count(env, index, expr, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_count_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, count(env, index, expr, true))
-}
+scheduled_nifs!(index_count, index_count_dirty, count);
 
 fn query_many<'a>(
     env: Env<'a>,
@@ -275,19 +277,7 @@ fn query_many<'a>(
     })
 }
 
-#[rustler::nif]
-fn index_query_many<'a>(env: Env<'a>, index: Term<'a>, exprs: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query_many(env, index, exprs, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_many_dirty<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    exprs: Term<'a>,
-) -> NifResult<Term<'a>> {
-    reply(env, query_many(env, index, exprs, true))
-}
+scheduled_nifs!(index_query_many, index_query_many_dirty, query_many);
 
 // Writes: a list of `{:add | :remove, term, ids}` applied in order to a copy
 // of the snapshot, which is then swapped in. Decoding happens before the
@@ -493,15 +483,7 @@ fn apply<'a>(
     Ok(atoms::ok().encode(env))
 }
 
-#[rustler::nif]
-fn index_apply<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, apply(env, index, ops, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_apply_dirty<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, apply(env, index, ops, true))
-}
+scheduled_nifs!(index_apply, index_apply_dirty, apply);
 
 // Introspection.
 
@@ -555,24 +537,7 @@ fn terms_of<'a>(
     Ok(terms.encode(env))
 }
 
-#[rustler::nif]
-fn index_terms_of<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, terms_of(env, index, id, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_terms_of_dirty<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, terms_of(env, index, id, true))
-}
-
-#[rustler::nif]
-fn index_term_count<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
-    let result = snapshot(index).and_then(|guard| {
-        let state = guard.as_deref().ok_or(NativeError::Dropped)?;
-        Ok(state.bitmaps.len().encode(env))
-    });
-    reply(env, result)
-}
+scheduled_nifs!(index_terms_of, index_terms_of_dirty, terms_of);
 
 /// Bytes held: each posting's serialized size (which tracks its containers),
 /// each key, and a map node's share per term. O(terms), so on a dirty scheduler.
