@@ -11,7 +11,7 @@ defmodule Larder.Table do
       ...> ])
       iex> Larder.Table.search(table, color: :red, tag: :sale)
       [%{id: 1, color: :red, tags: [:new, :sale]}]
-      iex> Larder.Table.search_ids(table, tag: :sale, color: {:in, [:red, :blue]})
+      iex> Larder.Table.search_keys(table, tag: :sale, color: {:in, [:red, :blue]})
       [1, 2]
       iex> Larder.Table.count(table, %{color: :red})
       2
@@ -66,7 +66,7 @@ defmodule Larder.Table do
 
   `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
   bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
-  per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
+  per result. `insert/2`, `merge/3` and `delete/2` update one bitmap per index
   term of the record, plus one round trip to the writer process per call (per
   chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
   "Concurrency"). Replacing or deleting a record
@@ -81,7 +81,7 @@ defmodule Larder.Table do
 
   ## Concurrency
 
-  Reads (`get/3`, `search/2`, `search_ids/2`, `count/2`, `search_many/2`,
+  Reads (`get/3`, `search/2`, `search_keys/2`, `count/2`, `search_many/2`,
   `stream/1`) run in the caller, straight on ETS and the index, and never wait
   for a write. Writes go to the table's writer process, which applies them one
   at a time, each whole: the index batch and the ETS rows of a record (of a
@@ -93,14 +93,14 @@ defmodule Larder.Table do
   term shared by many records of a chunk is sent and indexed once); the
   writer gives row ids to non-integer keys and computes the old terms of the
   records it replaces (none when every integer key of a chunk is above the
-  highest one it has written, as in a build). `update/3` and `upsert/3` read,
+  highest one it has written, as in a build). `merge/3` and `update/4` read,
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 
-  A function that a writer runs (an `upsert/3` function, and index
-  functions in `update/3`, `upsert/3` and on the records a write replaces)
+  A function that a writer runs (an `update/4` function, and index
+  functions in `merge/3`, `update/4` and on the records a write replaces)
   must not write to any `Larder.Table`, its own or another: such a write
-  (`insert/2`, `insert_many/2`, `update/3`, `upsert/3`, `delete/2`,
+  (`insert/2`, `insert_many/2`, `merge/3`, `update/4`, `delete/2`,
   `drop/1`) raises `ArgumentError` there, and the function fails as any
   function that raises does (see "Failures"). Two writers whose functions
   wrote each other's tables would otherwise wait on each other for ever.
@@ -143,7 +143,7 @@ defmodule Larder.Table do
   table's ("unknown Larder.Table"). An index function that raises makes the
   write raise in the caller: the chunk it was in is not written (earlier
   chunks of an `insert_many/2` are). Index functions also run in the writer
-  (on records it replaces, and in `update/3` and `upsert/3`); they should be
+  (on records it replaces, and in `merge/3` and `update/4`); they should be
   pure and quick, and must not write to a table (that raises, see
   "Concurrency"). If one raises there on a record it accepted before, the
   writer finds the old terms in the index instead.
@@ -468,33 +468,33 @@ defmodule Larder.Table do
   defp ascending?([], _field, _previous), do: true
 
   @doc """
-  Merges `changes` into the record under `key` and re-indexes it. Returns
-  `{:ok, record}` (the stored record after the merge) or `:error` when there
-  is no such record. The writer process reads, merges and writes in one step,
-  so concurrent updates of one key all apply. Index functions run in the
-  writer process here; one that raises makes `update/3` raise and leaves the
-  record as it was.
+  Merges `changes` into the record under `key` (as `Map.merge/2`) and
+  re-indexes it. Returns `{:ok, record}` (the stored record after the merge)
+  or `:error` when there is no such record. The writer process reads, merges
+  and writes in one step, so concurrent merges into one key all apply. Index
+  functions run in the writer process here; one that raises makes `merge/3`
+  raise and leaves the record as it was.
 
   With `:store`, the fields an index function reads may not be stored, so
-  `update/3` re-indexes field indexes only and leaves `{name, fun}` indexes
-  as they are; replace the whole record with `insert/2` or `upsert/3` to
+  `merge/3` re-indexes field indexes only and leaves `{name, fun}` indexes
+  as they are; replace the whole record with `insert/2` or `update/4` to
   change those.
 
       iex> table = Larder.Table.new(key: :id, index: [:state])
       iex> :ok = Larder.Table.insert(table, %{id: 7, state: :new, n: 1})
-      iex> Larder.Table.update(table, 7, %{state: :done})
+      iex> Larder.Table.merge(table, 7, %{state: :done})
       {:ok, %{id: 7, state: :done, n: 1}}
-      iex> Larder.Table.search_ids(table, state: :done)
+      iex> Larder.Table.search_keys(table, state: :done)
       [7]
-      iex> Larder.Table.update(table, 8, %{state: :done})
+      iex> Larder.Table.merge(table, 8, %{state: :done})
       :error
   """
-  @spec update(table(), term(), map()) :: {:ok, record()} | :error
-  def update(table, key, changes) do
-    write_span(handle!(table), :update, %{key: key}, &update!(&1, key, changes))
+  @spec merge(table(), term(), map()) :: {:ok, record()} | :error
+  def merge(table, key, changes) do
+    write_span(handle!(table), :merge, %{key: key}, &merge!(&1, key, changes))
   end
 
-  defp update!(table, key, changes) do
+  defp merge!(table, key, changes) do
     unless is_map(changes),
       do: raise(ArgumentError, "changes must be a map, got: #{inspect(changes, limit: 10)}")
 
@@ -502,41 +502,49 @@ defmodule Larder.Table do
       raise ArgumentError, "changes must not change the key field #{inspect(table.key)}"
     end
 
-    write!(table, {:update, key, changes})
+    write!(table, {:merge, key, changes})
   end
 
   @doc """
-  Replaces the record under `key` with `fun.(record)`, where `record` is the
-  stored record or `nil` when there is none, in one step of the writer
-  process: no other write to the table runs between the read and the write,
-  so concurrent read-modify-writes of one key never lose one another's
-  changes. Returns `{:ok, stored}`, the record as stored.
+  Replaces the record under `key` with `fun.(record)`, or inserts `default`
+  as it is when there is no record under `key` (as `Map.update/4` does), in
+  one step of the writer process: no other write to the table runs between
+  the read and the write, so concurrent read-modify-writes of one key never
+  lose one another's changes. Returns `:ok`.
 
   `fun` runs in the writer process, as do the index functions on its result:
   it must be quick and must not write to any `Larder.Table`, this one or
-  another (that raises `ArgumentError`, see "Concurrency": two upserts
+  another (that raises `ArgumentError`, see "Concurrency": two updates
   whose functions wrote each other's tables would wait on each other for
-  ever). When `fun` raises, `upsert/3` raises the same in the caller and
+  ever). When `fun` raises, `update/4` raises the same in the caller and
   nothing is written. Raises `ArgumentError` when `fun` is not a
-  one-argument function or returns anything but a map whose key field is
-  `key` (`===`).
+  one-argument function, or when `default` or what `fun` returns is not a
+  map whose key field is `key` (`===`).
 
       iex> table = Larder.Table.new(key: :id, index: [:n])
-      iex> add = fn nil -> %{id: 1, n: 1}; r -> %{r | n: r.n + 1} end
-      iex> Larder.Table.upsert(table, 1, add)
-      {:ok, %{id: 1, n: 1}}
-      iex> Larder.Table.upsert(table, 1, add)
-      {:ok, %{id: 1, n: 2}}
-      iex> Larder.Table.search_ids(table, n: 2)
+      iex> Larder.Table.update(table, 1, %{id: 1, n: 1}, &%{&1 | n: &1.n + 1})
+      :ok
+      iex> Larder.Table.get(table, 1)
+      %{id: 1, n: 1}
+      iex> Larder.Table.update(table, 1, %{id: 1, n: 1}, &%{&1 | n: &1.n + 1})
+      :ok
+      iex> Larder.Table.search_keys(table, n: 2)
       [1]
   """
-  @spec upsert(table(), term(), (record() | nil -> record())) :: {:ok, record()}
-  def upsert(table, key, fun) do
-    write_span(handle!(table), :upsert, %{key: key}, fn table ->
+  @spec update(table(), term(), record(), (record() -> record())) :: :ok
+  def update(table, key, default, fun) do
+    write_span(handle!(table), :update, %{key: key}, fn table ->
       unless is_function(fun, 1),
         do: raise(ArgumentError, "fun must be a function of one argument, got: #{inspect(fun)}")
 
-      write!(table, {:upsert, key, fun})
+      unless is_map(default) and is_map_key(default, table.key) and
+               :erlang.map_get(table.key, default) === key do
+        raise ArgumentError,
+              "default must be a map whose key field #{inspect(table.key)} is " <>
+                "#{inspect(key, limit: 10)}, got: #{inspect(default, limit: 10)}"
+      end
+
+      write!(table, {:update, key, default, fun})
     end)
   end
 
@@ -616,14 +624,14 @@ defmodule Larder.Table do
   @doc """
   The keys of the records for which every condition holds, in row id order.
   """
-  @spec search_ids(table(), conditions()) :: [term()]
-  def search_ids(%__MODULE__{telemetry: true} = table, conditions),
-    do: search_span(table, :search_ids, conditions, &run_search_ids/2)
+  @spec search_keys(table(), conditions()) :: [term()]
+  def search_keys(%__MODULE__{telemetry: true} = table, conditions),
+    do: search_span(table, :search_keys, conditions, &run_search_keys/2)
 
-  def search_ids(%__MODULE__{} = table, conditions), do: run_search_ids(table, conditions)
-  def search_ids(name, conditions), do: search_ids(handle!(name), conditions)
+  def search_keys(%__MODULE__{} = table, conditions), do: run_search_keys(table, conditions)
+  def search_keys(name, conditions), do: search_keys(handle!(name), conditions)
 
-  defp run_search_ids(table, conditions) do
+  defp run_search_keys(table, conditions) do
     guard(table, fn ->
       ids = Index.query(table.index, Conditions.expr!(table, conditions))
 
@@ -805,7 +813,7 @@ defmodule Larder.Table do
     if Writer.writer?() do
       raise ArgumentError,
             "Larder.Table writes cannot be made from a function that a table's writer runs " <>
-              "(an upsert/3 function or an index function): two such writes could wait " <>
+              "(an update/4 function or an index function): two such writes could wait " <>
               "on each other for ever"
     end
 

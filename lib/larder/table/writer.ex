@@ -45,7 +45,7 @@ defmodule Larder.Table.Writer do
 
   @doc """
   Whether the calling process is a table's writer, that is, whether a write
-  now would come from a function a writer runs (an `upsert/3` function or an
+  now would come from a function a writer runs (an `update/4` function or an
   index function). Such a write is refused: it could wait for ever on a
   writer that waits on this one.
   """

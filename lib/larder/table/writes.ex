@@ -80,7 +80,7 @@ defmodule Larder.Table.Writes do
     end
   end
 
-  def run({:update, key, changes}, state) do
+  def run({:merge, key, changes}, state) do
     t = state.table
 
     with id when id != nil <- id_of(t, key),
@@ -112,30 +112,30 @@ defmodule Larder.Table.Writes do
     end
   end
 
-  def run({:upsert, key, fun}, state) do
+  # `default` was checked by the caller (Larder.Table.update/4).
+  def run({:update, key, default, fun}, state) do
     t = state.table
 
-    current =
-      with id when id != nil <- id_of(t, key),
-           [{_, record}] <- :ets.lookup(t.rows, id) do
-        record
-      else
-        _ -> nil
+    with id when id != nil <- id_of(t, key),
+         [{_, record}] <- :ets.lookup(t.rows, id) do
+      case fun.(record) do
+        %{} = new when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
+          put(t, new, state)
+
+        new ->
+          raise ArgumentError,
+                "the function given to update/4 must return a map whose key field " <>
+                  "#{inspect(t.key)} is #{inspect(key)}, got: #{inspect(new, limit: 10)}"
       end
-
-    new = fun.(current)
-
-    case new do
-      %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
-        {rows, ops, keyed, span} = Records.write(t, [new])
-        {:ok, state} = run({:insert, rows, ops, keyed, span}, state)
-        {{:ok, Records.stored(t, new)}, state}
-
-      _ ->
-        raise ArgumentError,
-              "the function given to upsert/3 must return a map whose key field " <>
-                "#{inspect(t.key)} is #{inspect(key)}, got: #{inspect(new, limit: 10)}"
+    else
+      _ -> put(t, default, state)
     end
+  end
+
+  # One record, written as insert/2 writes it.
+  defp put(t, record, state) do
+    {rows, ops, keyed, span} = Records.write(t, [record])
+    {:ok, _state} = run({:insert, rows, ops, keyed, span}, state)
   end
 
   # The ops of Records.write/2, with each id that holds a row taken out of
