@@ -87,6 +87,9 @@ fn snapshot(term: Term) -> Result<Guard<Option<Arc<State>>>, NativeError> {
     Ok(index(term)?.state.load())
 }
 
+/// What a NIF's body answers: a term, or the error `reply` encodes.
+type Answer<'a> = Result<Term<'a>, NativeError>;
+
 fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
 }
@@ -116,10 +119,10 @@ fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
     reply(env, result)
 }
 
-/// Defines a NIF pair over `$fun(env, index, arg, dirty)`: `$name` runs on a
-/// normal scheduler, where `$fun` answers `:dirty` when the call could run
-/// past about a millisecond, and `$dirty` runs the same call on a dirty CPU
-/// scheduler (Elixir calls it on that answer).
+/// Defines a NIF pair over `$fun(env, index, arg, dirty) -> Answer`: `$name`
+/// runs on a normal scheduler, where `$fun` answers `:dirty` when the call
+/// could run past about a millisecond, and `$dirty` runs the same call on a
+/// dirty CPU scheduler (Elixir calls it on that answer).
 macro_rules! scheduled_nifs {
     ($name:ident, $dirty:ident, $fun:ident) => {
         #[rustler::nif]
@@ -176,12 +179,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u32>) -> R) -> R {
     result
 }
 
-fn query<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    expr: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn query<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -197,12 +195,7 @@ fn query<'a>(
 
 scheduled_nifs!(index_query, index_query_dirty, query);
 
-fn count<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    expr: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn count<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -220,12 +213,7 @@ fn count<'a>(
 
 scheduled_nifs!(index_count, index_count_dirty, count);
 
-fn query_many<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    exprs: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn query_many<'a>(env: Env<'a>, index: Term<'a>, exprs: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -443,12 +431,7 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
     Ok(())
 }
 
-fn apply<'a>(
-    env: Env<'a>,
-    index_term: Term<'a>,
-    ops: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn apply<'a>(env: Env<'a>, index_term: Term<'a>, ops: Term<'a>, dirty: bool) -> Answer<'a> {
     let index = index(index_term)?;
     let mut budget = Budget::new(dirty);
     let runs = decode_ops(ops, &mut budget)?;
@@ -501,12 +484,7 @@ fn index_terms<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
     reply(env, result)
 }
 
-fn terms_of<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    id: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn terms_of<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
