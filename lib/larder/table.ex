@@ -438,8 +438,20 @@ defmodule Larder.Table do
         await!(table, pending)
 
         case await!(table, claim) do
-          {:claimed, ref} -> Claim.fill(table, rows, ref)
-          :stale -> send_write!(table, {:insert, rows, ops, [], span})
+          {:claimed, ref} ->
+            case Claim.fill(table, rows, ref) do
+              {:ok, release} ->
+                release
+
+              # The table is gone (await! says so), or else the insert's
+              # error is the caller's.
+              {{:raise, kind, reason, stack}, release} ->
+                await!(table, release)
+                :erlang.raise(kind, reason, stack)
+            end
+
+          :stale ->
+            send_write!(table, {:insert, rows, ops, [], span})
         end
     end
   end

@@ -52,32 +52,23 @@ defmodule Larder.Table.Claim do
   def request(_write), do: nil
 
   @doc """
-  Step 2 and 3 of a granted claim: inserts `rows` into the table's ETS rows
-  and releases the claim. Returns the release's request id, whose reply is
-  the chunk's outcome; raises what the insert raised (after the writer has
-  dropped the chunk).
+  Steps 2 and 3 of a granted claim: inserts `rows` into the table's ETS rows
+  and releases the claim. Returns how the insert went and the release's
+  request id, whose reply is the chunk's outcome. An insert fails only when
+  the table is gone; the writer, if still there, then drops the chunk.
   """
-  @spec fill(Larder.Table.t(), list(), reference()) :: :gen_server.request_id()
+  @spec fill(Larder.Table.t(), list(), reference()) ::
+          {:ok | {:raise, atom(), term(), list()}, :gen_server.request_id()}
   def fill(table, rows, ref) do
     inserted =
       try do
         :ets.insert(table.rows, rows)
+        :ok
       catch
-        kind, reason -> {kind, reason, __STACKTRACE__}
+        kind, reason -> {:raise, kind, reason, __STACKTRACE__}
       end
 
-    release = :gen_server.send_request(table.writer, {:release, ref})
-
-    case inserted do
-      true ->
-        release
-
-      {kind, reason, stack} ->
-        # No row is in ETS: the writer drops the chunk. Its answer says
-        # nothing the insert's error does not.
-        _ = :gen_server.receive_response(release, :infinity)
-        :erlang.raise(kind, reason, stack)
-    end
+    {inserted, :gen_server.send_request(table.writer, {:release, ref})}
   end
 
   ## The writer's side

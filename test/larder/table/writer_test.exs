@@ -159,6 +159,41 @@ defmodule Larder.Table.WriterTest do
       assert held.() == 0 and consistent?(table, [1, 2, 3, 4])
     end
 
+    # The owner's exit deletes the table while a build may hold a claim: the
+    # caller's own insert into ETS then fails, and must say the table is
+    # gone rather than let ETS's bare badarg out.
+    test "a build whose table's owner exits raises unknown Larder.Table, never a bare badarg" do
+      for round <- 1..300 do
+        parent = self()
+
+        owner =
+          spawn(fn ->
+            send(parent, {:table, table()})
+            receive do: (:never -> :ok)
+          end)
+
+        table = receive do: ({:table, table} -> table)
+        records = for i <- 0..2_999, do: %{id: i, a: rem(i, 3), tags: []}
+
+        caller =
+          Task.async(fn ->
+            try do
+              Table.insert_many(table, records)
+            rescue
+              e -> e
+            end
+          end)
+
+        for _ <- 1..rem(round * 37, 400), do: :erlang.yield()
+        Process.exit(owner, :kill)
+
+        case Task.await(caller) do
+          :ok -> :ok
+          %ArgumentError{} = e -> assert Exception.message(e) =~ "unknown Larder.Table"
+        end
+      end
+    end
+
     test "a claim below the highest key the table has held is refused, and the rows are sent" do
       table = table()
       :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 1, tags: []}))
