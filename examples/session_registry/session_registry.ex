@@ -48,20 +48,18 @@ defmodule SessionRegistry do
   @doc """
   Opens or refreshes a session. When `sid` exists, `info` is merged into its
   info (new values win), as MongooseIM's `merge_info` does. The read, the
-  merge and the write are one `Larder.Table.upsert/3` step, so concurrent
+  merge and the write are one `Larder.Table.update/4` step, so concurrent
   calls for one `sid` each keep their info keys.
   """
   @spec create_session(t(), term(), term(), term(), integer(), info()) :: :ok
   def create_session(%__MODULE__{} = reg, sid, user, resource, priority, info) do
     kind = reg.info
 
-    {:ok, _} =
-      Table.upsert(reg.table, sid, fn
-        %{info: old} -> session(sid, user, resource, priority, merge_info(kind, old, info))
-        nil -> session(sid, user, resource, priority, normalize(kind, info))
-      end)
+    new = session(sid, user, resource, priority, normalize(kind, info))
 
-    :ok
+    Table.update(reg.table, sid, new, fn %{info: old} ->
+      session(sid, user, resource, priority, merge_info(kind, old, info))
+    end)
   end
 
   defp session(sid, user, resource, priority, info),

@@ -194,12 +194,9 @@ defmodule Larder.Index do
   """
   @spec batch(t(), [op()]) :: :ok
   def batch(index, ops) when is_list(ops) do
-    ref = ref!(index)
-
-    case Native.index_apply(ref, ops) do
-      :dirty -> Native.index_apply_dirty(ref, ops)
-      other -> other
-    end
+    index
+    |> ref!()
+    |> dirty_retry(&Native.index_apply/2, &Native.index_apply_dirty/2, ops)
     |> check(ops)
   end
 
@@ -210,12 +207,9 @@ defmodule Larder.Index do
   """
   @spec query(t(), expr()) :: [id()]
   def query(index, expr) do
-    ref = ref!(index)
-
-    case Native.index_query(ref, expr) do
-      :dirty -> Native.index_query_dirty(ref, expr)
-      other -> other
-    end
+    index
+    |> ref!()
+    |> dirty_retry(&Native.index_query/2, &Native.index_query_dirty/2, expr)
     |> check(expr)
   end
 
@@ -230,12 +224,9 @@ defmodule Larder.Index do
   """
   @spec query_many(t(), [expr()]) :: [[id()]]
   def query_many(index, exprs) when is_list(exprs) do
-    ref = ref!(index)
-
-    case Native.index_query_many(ref, exprs) do
-      :dirty -> Native.index_query_many_dirty(ref, exprs)
-      other -> other
-    end
+    index
+    |> ref!()
+    |> dirty_retry(&Native.index_query_many/2, &Native.index_query_many_dirty/2, exprs)
     |> check({:exprs, exprs})
   end
 
@@ -247,12 +238,9 @@ defmodule Larder.Index do
   """
   @spec count(t(), expr()) :: non_neg_integer()
   def count(index, expr) do
-    ref = ref!(index)
-
-    case Native.index_count(ref, expr) do
-      :dirty -> Native.index_count_dirty(ref, expr)
-      other -> other
-    end
+    index
+    |> ref!()
+    |> dirty_retry(&Native.index_count/2, &Native.index_count_dirty/2, expr)
     |> check(expr)
   end
 
@@ -274,12 +262,9 @@ defmodule Larder.Index do
   """
   @spec terms_of(t(), id()) :: [term()]
   def terms_of(index, id) when is_integer(id) and id >= 0 and id <= 0xFFFFFFFF do
-    ref = ref!(index)
-
-    case Native.index_terms_of(ref, id) do
-      :dirty -> Native.index_terms_of_dirty(ref, id)
-      terms -> terms
-    end
+    index
+    |> ref!()
+    |> dirty_retry(&Native.index_terms_of/2, &Native.index_terms_of_dirty/2, id)
     |> check(id)
   end
 
@@ -318,6 +303,16 @@ defmodule Larder.Index do
       )
 
   # Turns the NIF's `{:error, reason}` into an ArgumentError naming the argument.
+  # A normal-scheduler NIF answers `:dirty` when the call could run past
+  # about a millisecond (or would wait for another write): the same call
+  # then runs again on a dirty scheduler.
+  defp dirty_retry(ref, normal, dirty, arg) do
+    case normal.(ref, arg) do
+      :dirty -> dirty.(ref, arg)
+      answer -> answer
+    end
+  end
+
   defp check({:error, reason}, arg), do: fail!(reason, arg)
   defp check(result, _arg), do: result
 

@@ -64,7 +64,6 @@ defmodule Larder.Native do
   def index_terms(_index), do: not_loaded()
   def index_terms_of(_index, _id), do: not_loaded()
   def index_terms_of_dirty(_index, _id), do: not_loaded()
-  def index_term_count(_index), do: not_loaded()
   def index_memory(_index), do: not_loaded()
   def index_drop(_index), do: not_loaded()
   def index_live_bytes, do: not_loaded()

@@ -9,7 +9,7 @@ defmodule Larder.Register do
       :ok
       iex> Larder.Register.get(reg, {:price, "SKU-1"})
       [1, 2, 3]
-      iex> Larder.Register.update(reg, :hits, 0, &(&1 + 1))
+      iex> Larder.Register.update(reg, :hits, 1, &(&1 + 1))
       :ok
       iex> Larder.Register.fetch(reg, :hits)
       {:ok, 1}
@@ -436,11 +436,16 @@ defmodule Larder.Register do
   end
 
   @doc """
-  Atomically replaces `key`'s value with `fun.(current)`, where `current` is
-  `default` for an absent key. Concurrent updates never lose a write; `fun`
-  may run more than once and should be free of side effects.
+  Atomically replaces `key`'s value with `fun.(current)`, or puts `default`
+  as it is when `key` is absent (as `Map.update/4` does: `fun` does not run
+  on `default`). Concurrent updates never lose a write; `fun` may run more
+  than once and should be free of side effects.
 
       iex> reg = Larder.Register.new()
+      iex> Larder.Register.update(reg, :n, 10, &(&1 * 2))
+      :ok
+      iex> Larder.Register.get(reg, :n)
+      10
       iex> Larder.Register.update(reg, :n, 10, &(&1 * 2))
       :ok
       iex> Larder.Register.get(reg, :n)
@@ -456,13 +461,11 @@ defmodule Larder.Register do
   end
 
   defp do_update(reg, key, default, fun) do
-    {expected, current} =
+    {expected, new} =
       case read(reg, key) do
-        {:ok, version, value} -> {version, value}
+        {:ok, version, value} -> {version, fun.(value)}
         :error -> {nil, default}
       end
-
-    new = fun.(current)
 
     case Store.swap(reg, key, expected, new) do
       :conflict -> do_update(reg, key, default, fun)

@@ -11,7 +11,7 @@ defmodule Larder.Table do
       ...> ])
       iex> Larder.Table.search(table, color: :red, tag: :sale)
       [%{id: 1, color: :red, tags: [:new, :sale]}]
-      iex> Larder.Table.search_ids(table, tag: :sale, color: {:in, [:red, :blue]})
+      iex> Larder.Table.search_keys(table, tag: :sale, color: {:in, [:red, :blue]})
       [1, 2]
       iex> Larder.Table.count(table, %{color: :red})
       2
@@ -66,7 +66,7 @@ defmodule Larder.Table do
 
   `get/3` is one ETS lookup (two for non-integer keys). `search/2` is one
   bitmap query (see `Larder.Index`, smallest bitmap first) plus one ETS lookup
-  per result. `insert/2`, `update/3` and `delete/2` update one bitmap per index
+  per result. `insert/2`, `merge/3` and `delete/2` update one bitmap per index
   term of the record, plus one round trip to the writer process per call (per
   chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
   "Concurrency"). Replacing or deleting a record
@@ -81,7 +81,7 @@ defmodule Larder.Table do
 
   ## Concurrency
 
-  Reads (`get/3`, `search/2`, `search_ids/2`, `count/2`, `search_many/2`,
+  Reads (`get/3`, `search/2`, `search_keys/2`, `count/2`, `search_many/2`,
   `stream/1`) run in the caller, straight on ETS and the index, and never wait
   for a write. Writes go to the table's writer process, which applies them one
   at a time, each whole: the index batch and the ETS rows of a record (of a
@@ -93,14 +93,14 @@ defmodule Larder.Table do
   term shared by many records of a chunk is sent and indexed once); the
   writer gives row ids to non-integer keys and computes the old terms of the
   records it replaces (none when every integer key of a chunk is above the
-  highest one it has written, as in a build). `update/3` and `upsert/3` read,
+  highest one it has written, as in a build). `merge/3` and `update/4` read,
   change and write a record in one step of the writer, so concurrent
   read-modify-writes of one key never lose one another's changes.
 
-  A function that a writer runs (an `upsert/3` function, and index
-  functions in `update/3`, `upsert/3` and on the records a write replaces)
+  A function that a writer runs (an `update/4` function, and index
+  functions in `merge/3`, `update/4` and on the records a write replaces)
   must not write to any `Larder.Table`, its own or another: such a write
-  (`insert/2`, `insert_many/2`, `update/3`, `upsert/3`, `delete/2`,
+  (`insert/2`, `insert_many/2`, `merge/3`, `update/4`, `delete/2`,
   `drop/1`) raises `ArgumentError` there, and the function fails as any
   function that raises does (see "Failures"). Two writers whose functions
   wrote each other's tables would otherwise wait on each other for ever.
@@ -143,7 +143,7 @@ defmodule Larder.Table do
   table's ("unknown Larder.Table"). An index function that raises makes the
   write raise in the caller: the chunk it was in is not written (earlier
   chunks of an `insert_many/2` are). Index functions also run in the writer
-  (on records it replaces, and in `update/3` and `upsert/3`); they should be
+  (on records it replaces, and in `merge/3` and `update/4`); they should be
   pure and quick, and must not write to a table (that raises, see
   "Concurrency"). If one raises there on a record it accepted before, the
   writer finds the old terms in the index instead.
@@ -187,8 +187,12 @@ defmodule Larder.Table do
   """
 
   alias Larder.Index
+  alias Larder.Table.Claim
+  alias Larder.Table.Conditions
   alias Larder.Table.Records
   alias Larder.Table.Writer
+
+  import Larder.Table.Options, only: [config!: 2]
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct [telemetry: false] ++ @enforce_keys
@@ -209,8 +213,6 @@ defmodule Larder.Table do
 
   @direct_limit 0x80000000
   @chunk 5_000
-  @claim_min 256
-  @reserved [:and, :or, :not, :term]
 
   ## Creating
 
@@ -421,45 +423,37 @@ defmodule Larder.Table do
     :ok
   end
 
-  # A large chunk of fresh rows (integer keys above every one the table has
-  # held, as in a build) goes into ETS from the caller, which saves copying
-  # the rows to the writer: the writer grants a claim, holds every other
-  # write back until the caller releases it, then applies the index ops.
-  # If the caller dies in between, the writer completes the chunk when its
-  # rows are in ETS (one atomic :ets.insert) and drops it when they are not.
-  # Returns the request to await for the chunk's outcome.
-  defp write_chunk!(table, {rows, ops, [], {_, _} = span}, pending)
-       when length(rows) >= @claim_min do
-    claim = send_write!(table, {:claim, span, ops, Enum.map(rows, &elem(&1, 0))})
-    await!(table, pending)
+  # Sends a chunk's write and awaits the previous one; returns the request
+  # to await for this chunk's outcome. A large chunk of fresh rows (as in a
+  # build) goes into ETS from the caller, under a claim (Larder.Table.Claim).
+  defp write_chunk!(table, {rows, ops, _keyed, span} = write, pending) do
+    case Claim.request(write) do
+      nil ->
+        request = send_write!(table, Tuple.insert_at(write, 0, :insert))
+        await!(table, pending)
+        request
 
-    case await!(table, claim) do
-      {:claimed, ref} ->
-        inserted =
-          try do
-            :ets.insert(table.rows, rows)
-          catch
-            kind, reason -> {kind, reason, __STACKTRACE__}
-          end
+      claim ->
+        claim = send_write!(table, claim)
+        await!(table, pending)
 
-        release = :gen_server.send_request(table.writer, {:release, ref})
+        case await!(table, claim) do
+          {:claimed, ref} ->
+            case Claim.fill(table, rows, ref) do
+              {:ok, release} ->
+                release
 
-        with {kind, reason, stack} <- inserted do
-          await!(table, release)
-          :erlang.raise(kind, reason, stack)
+              # The table is gone (await! says so), or else the insert's
+              # error is the caller's.
+              {{:raise, kind, reason, stack}, release} ->
+                await!(table, release)
+                :erlang.raise(kind, reason, stack)
+            end
+
+          :stale ->
+            send_write!(table, {:insert, rows, ops, [], span})
         end
-
-        release
-
-      :stale ->
-        send_write!(table, {:insert, rows, ops, [], span})
     end
-  end
-
-  defp write_chunk!(table, write, pending) do
-    request = send_write!(table, Tuple.insert_at(write, 0, :insert))
-    await!(table, pending)
-    request
   end
 
   # Within one chunk a key given twice must be reduced to its last record.
@@ -486,33 +480,33 @@ defmodule Larder.Table do
   defp ascending?([], _field, _previous), do: true
 
   @doc """
-  Merges `changes` into the record under `key` and re-indexes it. Returns
-  `{:ok, record}` (the stored record after the merge) or `:error` when there
-  is no such record. The writer process reads, merges and writes in one step,
-  so concurrent updates of one key all apply. Index functions run in the
-  writer process here; one that raises makes `update/3` raise and leaves the
-  record as it was.
+  Merges `changes` into the record under `key` (as `Map.merge/2`) and
+  re-indexes it. Returns `{:ok, record}` (the stored record after the merge)
+  or `:error` when there is no such record. The writer process reads, merges
+  and writes in one step, so concurrent merges into one key all apply. Index
+  functions run in the writer process here; one that raises makes `merge/3`
+  raise and leaves the record as it was.
 
   With `:store`, the fields an index function reads may not be stored, so
-  `update/3` re-indexes field indexes only and leaves `{name, fun}` indexes
-  as they are; replace the whole record with `insert/2` or `upsert/3` to
+  `merge/3` re-indexes field indexes only and leaves `{name, fun}` indexes
+  as they are; replace the whole record with `insert/2` or `update/4` to
   change those.
 
       iex> table = Larder.Table.new(key: :id, index: [:state])
       iex> :ok = Larder.Table.insert(table, %{id: 7, state: :new, n: 1})
-      iex> Larder.Table.update(table, 7, %{state: :done})
+      iex> Larder.Table.merge(table, 7, %{state: :done})
       {:ok, %{id: 7, state: :done, n: 1}}
-      iex> Larder.Table.search_ids(table, state: :done)
+      iex> Larder.Table.search_keys(table, state: :done)
       [7]
-      iex> Larder.Table.update(table, 8, %{state: :done})
+      iex> Larder.Table.merge(table, 8, %{state: :done})
       :error
   """
-  @spec update(table(), term(), map()) :: {:ok, record()} | :error
-  def update(table, key, changes) do
-    write_span(handle!(table), :update, %{key: key}, &update!(&1, key, changes))
+  @spec merge(table(), term(), map()) :: {:ok, record()} | :error
+  def merge(table, key, changes) do
+    write_span(handle!(table), :merge, %{key: key}, &merge!(&1, key, changes))
   end
 
-  defp update!(table, key, changes) do
+  defp merge!(table, key, changes) do
     unless is_map(changes),
       do: raise(ArgumentError, "changes must be a map, got: #{inspect(changes, limit: 10)}")
 
@@ -520,41 +514,49 @@ defmodule Larder.Table do
       raise ArgumentError, "changes must not change the key field #{inspect(table.key)}"
     end
 
-    write!(table, {:update, key, changes})
+    write!(table, {:merge, key, changes})
   end
 
   @doc """
-  Replaces the record under `key` with `fun.(record)`, where `record` is the
-  stored record or `nil` when there is none, in one step of the writer
-  process: no other write to the table runs between the read and the write,
-  so concurrent read-modify-writes of one key never lose one another's
-  changes. Returns `{:ok, stored}`, the record as stored.
+  Replaces the record under `key` with `fun.(record)`, or inserts `default`
+  as it is when there is no record under `key` (as `Map.update/4` does), in
+  one step of the writer process: no other write to the table runs between
+  the read and the write, so concurrent read-modify-writes of one key never
+  lose one another's changes. Returns `:ok`.
 
   `fun` runs in the writer process, as do the index functions on its result:
   it must be quick and must not write to any `Larder.Table`, this one or
-  another (that raises `ArgumentError`, see "Concurrency": two upserts
+  another (that raises `ArgumentError`, see "Concurrency": two updates
   whose functions wrote each other's tables would wait on each other for
-  ever). When `fun` raises, `upsert/3` raises the same in the caller and
+  ever). When `fun` raises, `update/4` raises the same in the caller and
   nothing is written. Raises `ArgumentError` when `fun` is not a
-  one-argument function or returns anything but a map whose key field is
-  `key` (`===`).
+  one-argument function, or when `default` or what `fun` returns is not a
+  map whose key field is `key` (`===`).
 
       iex> table = Larder.Table.new(key: :id, index: [:n])
-      iex> add = fn nil -> %{id: 1, n: 1}; r -> %{r | n: r.n + 1} end
-      iex> Larder.Table.upsert(table, 1, add)
-      {:ok, %{id: 1, n: 1}}
-      iex> Larder.Table.upsert(table, 1, add)
-      {:ok, %{id: 1, n: 2}}
-      iex> Larder.Table.search_ids(table, n: 2)
+      iex> Larder.Table.update(table, 1, %{id: 1, n: 1}, &%{&1 | n: &1.n + 1})
+      :ok
+      iex> Larder.Table.get(table, 1)
+      %{id: 1, n: 1}
+      iex> Larder.Table.update(table, 1, %{id: 1, n: 1}, &%{&1 | n: &1.n + 1})
+      :ok
+      iex> Larder.Table.search_keys(table, n: 2)
       [1]
   """
-  @spec upsert(table(), term(), (record() | nil -> record())) :: {:ok, record()}
-  def upsert(table, key, fun) do
-    write_span(handle!(table), :upsert, %{key: key}, fn table ->
+  @spec update(table(), term(), record(), (record() -> record())) :: :ok
+  def update(table, key, default, fun) do
+    write_span(handle!(table), :update, %{key: key}, fn table ->
       unless is_function(fun, 1),
         do: raise(ArgumentError, "fun must be a function of one argument, got: #{inspect(fun)}")
 
-      write!(table, {:upsert, key, fun})
+      unless is_map(default) and is_map_key(default, table.key) and
+               :erlang.map_get(table.key, default) === key do
+        raise ArgumentError,
+              "default must be a map whose key field #{inspect(table.key)} is " <>
+                "#{inspect(key, limit: 10)}, got: #{inspect(default, limit: 10)}"
+      end
+
+      write!(table, {:update, key, default, fun})
     end)
   end
 
@@ -627,26 +629,26 @@ defmodule Larder.Table do
 
   defp run_search(table, conditions) do
     guard(table, fn ->
-      fetch_rows(table, Index.query(table.index, expr!(table, conditions)), conditions)
+      fetch_rows(table, Index.query(table.index, Conditions.expr!(table, conditions)), conditions)
     end)
   end
 
   @doc """
   The keys of the records for which every condition holds, in row id order.
   """
-  @spec search_ids(table(), conditions()) :: [term()]
-  def search_ids(%__MODULE__{telemetry: true} = table, conditions),
-    do: search_span(table, :search_ids, conditions, &run_search_ids/2)
+  @spec search_keys(table(), conditions()) :: [term()]
+  def search_keys(%__MODULE__{telemetry: true} = table, conditions),
+    do: search_span(table, :search_keys, conditions, &run_search_keys/2)
 
-  def search_ids(%__MODULE__{} = table, conditions), do: run_search_ids(table, conditions)
-  def search_ids(name, conditions), do: search_ids(handle!(name), conditions)
+  def search_keys(%__MODULE__{} = table, conditions), do: run_search_keys(table, conditions)
+  def search_keys(name, conditions), do: search_keys(handle!(name), conditions)
 
-  defp run_search_ids(table, conditions) do
+  defp run_search_keys(table, conditions) do
     guard(table, fn ->
-      ids = Index.query(table.index, expr!(table, conditions))
+      ids = Index.query(table.index, Conditions.expr!(table, conditions))
 
       cond do
-        empty?(conditions) -> Enum.map(all_rows(table), &Map.fetch!(&1, table.key))
+        Conditions.empty?(conditions) -> Enum.map(all_rows(table), &Map.fetch!(&1, table.key))
         Enum.all?(ids, &(&1 < @direct_limit)) -> live!(table) && ids
         true -> table |> fetch_rows(ids, conditions) |> Enum.map(&Map.fetch!(&1, table.key))
       end
@@ -665,8 +667,11 @@ defmodule Larder.Table do
 
   defp run_count(table, conditions) do
     guard(table, fn ->
-      expr = expr!(table, conditions)
-      if empty?(conditions), do: size(table), else: live!(table) && Index.count(table.index, expr)
+      expr = Conditions.expr!(table, conditions)
+
+      if Conditions.empty?(conditions),
+        do: size(table),
+        else: live!(table) && Index.count(table.index, expr)
     end)
   end
 
@@ -688,7 +693,7 @@ defmodule Larder.Table do
 
   defp run_search_many(table, many) do
     guard(table, fn ->
-      exprs = searches!(table, many, many)
+      exprs = Conditions.exprs!(table, many)
 
       table.index
       |> Index.query_many(exprs)
@@ -713,16 +718,6 @@ defmodule Larder.Table do
   # A table in telemetry metadata: its name, or its handle when it has none.
   defp id(%__MODULE__{name: nil} = table), do: table
   defp id(%__MODULE__{name: name}), do: name
-
-  defp searches!(table, [conditions | rest], all),
-    do: [expr!(table, conditions) | searches!(table, rest, all)]
-
-  defp searches!(_table, [], _all), do: []
-
-  defp searches!(_table, _other, all) do
-    raise ArgumentError,
-          "searches must be a list of conditions, got: #{inspect(all, limit: 10)}"
-  end
 
   @doc """
   A stream of every record, read from ETS in chunks as it is consumed (not a
@@ -756,7 +751,7 @@ defmodule Larder.Table do
   @spec values(table(), term()) :: [term()]
   def values(table, name) do
     table = handle!(table)
-    indexed!(table, name)
+    Conditions.indexed!(table, name)
 
     guard(table, fn ->
       live!(table)
@@ -830,7 +825,7 @@ defmodule Larder.Table do
     if Writer.writer?() do
       raise ArgumentError,
             "Larder.Table writes cannot be made from a function that a table's writer runs " <>
-              "(an upsert/3 function or an index function): two such writes could wait " <>
+              "(an update/4 function or an index function): two such writes could wait " <>
               "on each other for ever"
     end
 
@@ -847,72 +842,15 @@ defmodule Larder.Table do
     end
   end
 
-  ## Conditions
-
-  defp empty?(conditions), do: conditions == [] or conditions == %{}
-
-  defp expr!(table, conditions) when is_map(conditions),
-    do: {:and, conditions!(table, Map.to_list(conditions), conditions)}
-
-  defp expr!(table, conditions) when is_list(conditions),
-    do: {:and, conditions!(table, conditions, conditions)}
-
-  defp expr!(_table, conditions) do
-    raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(conditions, limit: 10)}"
-  end
-
-  # A direct recursion rather than Enum.map with a closure: this runs once per
-  # condition of every search.
-  defp conditions!(table, [{name, {:in, values}} | rest], all) when is_list(values) do
-    indexed!(table, name)
-    [{:or, alternatives!(name, values, values)} | conditions!(table, rest, all)]
-  end
-
-  defp conditions!(table, [{name, _value} = condition | rest], all) do
-    indexed!(table, name)
-    [condition | conditions!(table, rest, all)]
-  end
-
-  defp conditions!(_table, [], _all), do: []
-
-  defp conditions!(_table, [other | _], _all) do
-    raise ArgumentError,
-          "each condition must be {index, value}, got: #{inspect(other, limit: 10)}"
-  end
-
-  defp conditions!(_table, _improper, all) do
-    raise ArgumentError,
-          "conditions must be a map or a list of {index, value} pairs, got: #{inspect(all, limit: 10)}"
-  end
-
-  defp alternatives!(name, [value | rest], all),
-    do: [{name, value} | alternatives!(name, rest, all)]
-
-  defp alternatives!(_name, [], _all), do: []
-
-  defp alternatives!(name, _improper, all) do
-    raise ArgumentError,
-          "{:in, values} for #{inspect(name)} in conditions needs a list of values, got: #{inspect(all, limit: 10)}"
-  end
-
-  defp indexed!(%{names: names}, name) when is_map_key(names, name), do: :ok
-
-  defp indexed!(table, name) do
-    raise ArgumentError,
-          "no index named #{inspect(name, limit: 10)} in conditions; indexed fields: " <>
-            inspect(Enum.map(table.entries, &elem(&1, 0)))
-  end
-
   ## Rows
 
   defp fetch_rows(table, [], conditions) do
     live!(table)
-    if empty?(conditions), do: all_rows(table), else: []
+    if Conditions.empty?(conditions), do: all_rows(table), else: []
   end
 
   defp fetch_rows(table, ids, conditions) do
-    if empty?(conditions) do
+    if Conditions.empty?(conditions) do
       all_rows(table)
     else
       lookup_rows(table.rows, ids)
@@ -1004,69 +942,4 @@ defmodule Larder.Table do
     error ->
       if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
   end
-
-  defp config!(opts, kind) do
-    opts = Larder.Options.validate!(opts, schema(kind), "Larder.Table")
-    index = Keyword.fetch!(opts, :index)
-    store = Keyword.fetch!(opts, :store)
-    name = Keyword.fetch!(opts, :name)
-
-    entries = Enum.map(index, &entry!/1)
-
-    entries
-    |> Enum.map(&elem(&1, 0))
-    |> Enum.frequencies()
-    |> Enum.find(fn {_name, n} -> n > 1 end)
-    |> case do
-      nil -> :ok
-      {dup, _} -> raise ArgumentError, "option :index names #{inspect(dup)} more than once"
-    end
-
-    key = Keyword.fetch!(opts, :key)
-
-    %{
-      key: key,
-      entries: entries,
-      store: store && Enum.uniq([key | store]),
-      name: name,
-      telemetry: Keyword.fetch!(opts, :telemetry)
-    }
-  end
-
-  defp schema(:new) do
-    [
-      key: {{:custom, "a field name", fn _ -> true end}, :required},
-      index: {{:custom, "a list of field names and {name, fun} entries", &proper_list?/1}, []},
-      store: {{:or_nil, {:custom, "a list of fields", &proper_list?/1}}, nil},
-      name: {{:or_nil, :atom}, nil},
-      telemetry: {:boolean, true}
-    ]
-  end
-
-  defp schema(:start_link), do: Keyword.put(schema(:new), :name, {:atom, :required})
-
-  defp proper_list?([_ | rest]), do: proper_list?(rest)
-  defp proper_list?([]), do: true
-  defp proper_list?(_other), do: false
-
-  defp entry!(field) when is_atom(field) and field not in @reserved, do: {field, {:field, field}}
-
-  defp entry!({name, fun} = entry) when is_function(fun, 1) do
-    if name in @reserved, do: reserved!(name)
-    entry
-  end
-
-  defp entry!(field) when field in @reserved, do: reserved!(field)
-
-  defp entry!(other) do
-    raise ArgumentError,
-          "each :index entry must be a field name (atom) or {name, fun/1}, got: #{inspect(other, limit: 10)}"
-  end
-
-  defp reserved!(name),
-    do:
-      raise(
-        ArgumentError,
-        "index name #{inspect(name)} is reserved (#{inspect(@reserved)} are query operators)"
-      )
 end

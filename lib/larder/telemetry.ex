@@ -128,23 +128,23 @@ defmodule Larder.Telemetry do
   Each of these emits `[:larder, :table, op, :start]`, then
   `[:larder, :table, op, :stop]` or `[:larder, :table, op, :exception]`:
 
-    * `op = :search`: `Larder.Table.search/2`, `search_ids/2`,
+    * `op = :search`: `Larder.Table.search/2`, `search_keys/2`,
       `search_many/2` and `count/2`. Metadata `:op` says which (`:search`,
-      `:search_ids`, `:search_many`, `:count`) and `:conditions` holds the
+      `:search_keys`, `:search_many`, `:count`) and `:conditions` holds the
       conditions (for `:search_many`, the list of them). `:stop` metadata
       adds `:results`: the records or keys returned, the count, or for
       `:search_many` the records of all the searches together.
-    * `op = :write`: `Larder.Table.insert/2`, `insert_many/2`, `update/3`,
-      `upsert/3` and `delete/2`, one span per call (`insert_many/2`'s
+    * `op = :write`: `Larder.Table.insert/2`, `insert_many/2`, `merge/3`,
+      `update/4` and `delete/2`, one span per call (`insert_many/2`'s
       chunks are one span). Metadata `:op` (`:insert`, `:insert_many`,
-      `:update`, `:upsert`, `:delete`) and, for the last three, `:key`.
-      `:stop` metadata adds `:result`: `:ok`, or `:not_found` for an
-      `update/3` of a key with no record.
+      `:merge`, `:update`, `:delete`) and, for the last three, `:key`.
+      `:stop` metadata adds `:result`: `:ok`, or `:not_found` for a
+      `merge/3` into a key with no record.
 
   Measurements as for the Cache spans. Metadata also `:table` (the name, or
   the handle of a table without one) and `:telemetry_span_context`;
   `:exception` adds `:kind`, `:reason`, `:stacktrace` (bad conditions or
-  records, a dropped table, an `upsert/3` function that raised). A table
+  records, a dropped table, an `update/4` function that raised). A table
   without events costs each search one check of a field of its handle.
 
   ## Replica events

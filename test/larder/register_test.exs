@@ -75,12 +75,25 @@ defmodule Larder.RegisterTest do
 
     test "update is a read-modify-write with a default", %{reg: reg} do
       assert Register.update(reg, :n, 10, &(&1 + 1)) == :ok
-      assert Register.get(reg, :n) == 11
+      assert Register.get(reg, :n) == 10
       assert Register.update(reg, :n, 10, &(&1 * 2)) == :ok
-      assert Register.get(reg, :n) == 22
+      assert Register.get(reg, :n) == 20
       assert_raise RuntimeError, fn -> Register.update(reg, :n, 0, fn _ -> raise "boom" end) end
-      assert Register.get(reg, :n) == 22
+      assert Register.get(reg, :n) == 20
       assert_raise ArgumentError, ~r/fun/, fn -> Register.update(reg, :n, 0, :not_a_fun) end
+    end
+
+    test "update stores the default of an absent key as it is, as Map.update/4 does", %{reg: reg} do
+      # A function that cannot take the default: it must not run on it.
+      fun = fn {:count, n} -> {:count, n + 1} end
+
+      for {key, default} <- [a: {:count, 1}, b: :not_a_count, c: nil] do
+        assert Register.update(reg, key, default, fun) == :ok
+        assert Register.fetch(reg, key) == Map.fetch(Map.update(%{}, key, default, fun), key)
+      end
+
+      assert Register.update(reg, :a, :unused, fun) == :ok
+      assert Register.get(reg, :a) == {:count, 2}
     end
 
     test "version grows with every write and is nil when absent", %{reg: reg} do
@@ -102,7 +115,7 @@ defmodule Larder.RegisterTest do
     test "concurrent updates never lose a write", %{reg: reg} do
       tasks =
         for _ <- 1..4 do
-          Task.async(fn -> for _ <- 1..250, do: Register.update(reg, :count, 0, &(&1 + 1)) end)
+          Task.async(fn -> for _ <- 1..250, do: Register.update(reg, :count, 1, &(&1 + 1)) end)
         end
 
       Enum.each(tasks, &Task.await(&1, 30_000))
@@ -703,7 +716,7 @@ defmodule Larder.RegisterTest do
     defp model_op(m, {:put, k, v}), do: {:ok, Map.put(m, k, v)}
     defp model_op(m, {:get, k}), do: {Map.get(m, k, :default), m}
     defp model_op(m, {:fetch, k}), do: {Map.fetch(m, k), m}
-    defp model_op(m, {:update, k, d}), do: {:ok, Map.put(m, k, Map.get(m, k, d) + 1)}
+    defp model_op(m, {:update, k, d}), do: {:ok, Map.update(m, k, d, &(&1 + 1))}
     defp model_op(m, {:delete, k}), do: {:ok, Map.delete(m, k)}
     defp model_op(m, {:version, k}), do: {{:version, Map.has_key?(m, k)}, m}
     defp model_op(m, {:keys}), do: {Enum.sort(Map.keys(m)), m}
@@ -772,7 +785,7 @@ defmodule Larder.RegisterTest do
         end
 
       for _ <- 1..writers do
-        Task.async(fn -> for _ <- 1..per_writer, do: Register.update(reg, :k, 0, &(&1 + 1)) end)
+        Task.async(fn -> for _ <- 1..per_writer, do: Register.update(reg, :k, 1, &(&1 + 1)) end)
       end
       |> Enum.each(&Task.await(&1, 60_000))
 

@@ -82,7 +82,7 @@ defmodule Larder.ReplicaTest do
       assert Log.contents(name(ctx, "t#{i}")) == model
       # the index follows too
       {k, v} = Enum.at(model, 0)
-      assert k in Table.search_ids(name(ctx, "t#{i}"), v: v)
+      assert k in Table.search_keys(name(ctx, "t#{i}"), v: v)
     end
 
     offsets = Enum.map(replicas, &Replica.offset/1)

@@ -61,14 +61,14 @@ defmodule Larder.TableTelemetryTest do
     meta
   end
 
-  test "search/2, search_ids/2, count/2 and search_many/2 are search spans with their results" do
+  test "search/2, search_keys/2, count/2 and search_many/2 are search spans with their results" do
     table = new_table()
 
     assert [_, _] = Table.search(table, color: :red)
     assert %{results: 2} = assert_search(table, :search, color: :red)
 
-    assert Table.search_ids(table, %{color: :blue}) == [2]
-    assert %{results: 1} = assert_search(table, :search_ids, %{color: :blue})
+    assert Table.search_keys(table, %{color: :blue}) == [2]
+    assert %{results: 1} = assert_search(table, :search_keys, %{color: :blue})
 
     assert Table.count(table, color: :red) == 2
     assert %{results: 2} = assert_search(table, :count, color: :red)
@@ -104,17 +104,17 @@ defmodule Larder.TableTelemetryTest do
 
     :ok = Table.insert(table, %{id: 4, color: :red})
     :ok = Table.insert_many(table, [%{id: 5, color: :blue}])
-    {:ok, _} = Table.update(table, 4, %{color: :blue})
-    :error = Table.update(table, 9, %{color: :blue})
-    {:ok, _} = Table.upsert(table, 6, fn nil -> %{id: 6, color: :red} end)
+    {:ok, _} = Table.merge(table, 4, %{color: :blue})
+    :error = Table.merge(table, 9, %{color: :blue})
+    :ok = Table.update(table, 6, %{id: 6, color: :red}, & &1)
     :ok = Table.delete(table, 5)
 
     for {op, meta} <- [
           insert: %{},
           insert_many: %{},
-          update: %{key: 4},
-          update: %{key: 9},
-          upsert: %{key: 6},
+          merge: %{key: 4},
+          merge: %{key: 9},
+          update: %{key: 6},
           delete: %{key: 5}
         ] do
       assert_receive {:event, [:larder, :table, :write, :start], _,
@@ -136,11 +136,12 @@ defmodule Larder.TableTelemetryTest do
     table = new_table()
 
     assert_raise RuntimeError, fn ->
-      Table.upsert(table, 1, fn _ -> raise "no" end)
+      :ok = Table.insert(table, %{id: 1, color: :red})
+      Table.update(table, 1, %{id: 1}, fn _ -> raise "no" end)
     end
 
     assert_receive {:event, [:larder, :table, :write, :exception], _,
-                    %{table: ^table, op: :upsert, key: 1, kind: :error}}
+                    %{table: ^table, op: :update, key: 1, kind: :error}}
 
     Table.drop(table)
   end
@@ -148,7 +149,7 @@ defmodule Larder.TableTelemetryTest do
   test "telemetry: false turns a table's events off" do
     table = new_table(telemetry: false)
     Table.search(table, color: :red)
-    Table.search_ids(table, color: :red)
+    Table.search_keys(table, color: :red)
     Table.count(table, color: :red)
     Table.search_many(table, [[color: :red]])
     :ok = Table.insert(table, %{id: 9, color: :red})

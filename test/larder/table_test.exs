@@ -38,11 +38,15 @@ defmodule Larder.TableTest do
       assert [%{idx: 2}] =
                Table.search(table, offering_id: "o1", spec: "MRC", char: {"Term", "18"})
 
-      assert Table.search_ids(table, char: {"Term", "18"}, char: {"Router", "Included"}) == [1, 2]
-      assert Table.search_ids(table, spec: {:in, ["NRC", "XRC"]}) == [1]
-      assert Table.search_ids(table, spec: {:in, []}) == []
+      assert Table.search_keys(table, char: {"Term", "18"}, char: {"Router", "Included"}) == [
+               1,
+               2
+             ]
+
+      assert Table.search_keys(table, spec: {:in, ["NRC", "XRC"]}) == [1]
+      assert Table.search_keys(table, spec: {:in, []}) == []
       assert Table.count(table, %{char: {"Term", "18"}}) == 3
-      assert Table.search_ids(table, []) == [0, 1, 2, 3]
+      assert Table.search_keys(table, []) == [0, 1, 2, 3]
 
       assert Table.search_many(table, [[spec: "NRC"], [offering_id: "o2"]]) == [
                [Table.get(table, 1)],
@@ -54,8 +58,8 @@ defmodule Larder.TableTest do
       table = catalogue_like()
       :ok = Table.insert(table, price(5, "o1", "MRC", "12", "Included"))
       :ok = Table.insert(table, price(5, "o2", "NRC", "12", "Included"))
-      assert Table.search_ids(table, offering_id: "o1") == []
-      assert Table.search_ids(table, offering_id: "o2") == [5]
+      assert Table.search_keys(table, offering_id: "o1") == []
+      assert Table.search_keys(table, offering_id: "o2") == [5]
       assert Table.size(table) == 1
     end
 
@@ -80,15 +84,15 @@ defmodule Larder.TableTest do
 
       # Replacing finds the old terms in the index, since ETS does not hold them.
       :ok = Table.insert(table, price(1, "o9", "MRC", "48", "Included"))
-      assert Table.search_ids(table, offering_id: "o1") == [2]
-      assert Table.search_ids(table, char: {"Term", "48"}) == [1]
+      assert Table.search_keys(table, offering_id: "o1") == [2]
+      assert Table.search_keys(table, char: {"Term", "48"}) == [1]
 
       # update/3 re-indexes field indexes; function indexes keep their terms.
-      {:ok, _} = Table.update(table, 2, %{offering_id: "o9"})
-      assert Table.search_ids(table, offering_id: "o9") == [1, 2]
-      assert Table.search_ids(table, char: {"Term", "12"}) == [2]
+      {:ok, _} = Table.merge(table, 2, %{offering_id: "o9"})
+      assert Table.search_keys(table, offering_id: "o9") == [1, 2]
+      assert Table.search_keys(table, char: {"Term", "12"}) == [2]
       :ok = Table.delete(table, 1)
-      assert Table.search_ids(table, char: {"Term", "48"}) == []
+      assert Table.search_keys(table, char: {"Term", "48"}) == []
       assert Table.memory(table) > 0
     end
 
@@ -102,12 +106,12 @@ defmodule Larder.TableTest do
           %{name: 7, team: 2}
         ])
 
-      assert Enum.sort(Table.search_ids(table, team: 1)) == [{:bob, 2}, "ann"] |> Enum.sort()
+      assert Enum.sort(Table.search_keys(table, team: 1)) == [{:bob, 2}, "ann"] |> Enum.sort()
       assert Table.get(table, {:bob, 2}) == %{name: {:bob, 2}, team: 1}
       :ok = Table.delete(table, "ann")
       assert Table.get(table, "ann") == nil
       assert Table.get(table, "ann", :none) == :none
-      assert Table.search_ids(table, team: 1) == [{:bob, 2}]
+      assert Table.search_keys(table, team: 1) == [{:bob, 2}]
       assert table |> Table.stream() |> Enum.count() == 2
     end
 
@@ -127,24 +131,24 @@ defmodule Larder.TableTest do
         for zero <- [pos, neg], condition <- [[p: zero], [t: {:z, zero}], [t: [zero]]] do
           expected = for r <- records, r.p === zero, do: r.id
           assert expected == [1, 2]
-          assert Table.search_ids(table, condition) == expected
+          assert Table.search_keys(table, condition) == expected
           assert Table.count(table, condition) == 2
           assert [found] = Table.search_many(table, [condition])
           assert Enum.map(found, & &1.id) == expected
-          assert Table.search_ids(table, p: {:in, [zero]}) == expected
+          assert Table.search_keys(table, p: {:in, [zero]}) == expected
         end
 
         # Replaced by the other zero, then by something else, then deleted:
         # each leaves the index as a plain filter says.
         :ok = Table.insert(table, %{id: 1, p: pos})
-        {:ok, _} = Table.update(table, 2, %{p: neg})
-        assert Table.search_ids(table, p: neg) == [1, 2]
-        {:ok, _} = Table.upsert(table, 1, fn r -> %{r | p: 5.0} end)
-        assert Table.search_ids(table, t: {:z, pos}) == [2]
+        {:ok, _} = Table.merge(table, 2, %{p: neg})
+        assert Table.search_keys(table, p: neg) == [1, 2]
+        :ok = Table.update(table, 1, %{id: 1}, fn r -> %{r | p: 5.0} end)
+        assert Table.search_keys(table, t: {:z, pos}) == [2]
         :ok = Table.delete(table, 2)
-        assert Table.search_ids(table, p: pos) == []
-        assert Table.search_ids(table, t: [neg]) == []
-        assert Table.search_ids(table, p: 5.0) == [1]
+        assert Table.search_keys(table, p: pos) == []
+        assert Table.search_keys(table, t: [neg]) == []
+        assert Table.search_keys(table, p: 5.0) == [1]
         :ok = Table.drop(table)
       end
     end
@@ -224,7 +228,7 @@ defmodule Larder.TableTest do
             {fn -> Table.search(table, [{:a, 1} | :x]) end, ~r/conditions/},
             {fn -> Table.search(table, a: {:in, [1 | 2]}) end, ~r/\{:in, values\} for :a/},
             {fn -> Table.search_many(table, [[a: 1] | :x]) end, ~r/searches/},
-            {fn -> Table.update(table, 1, a: 2) end, ~r/changes must be a map/},
+            {fn -> Table.merge(table, 1, a: 2) end, ~r/changes must be a map/},
             {fn -> Table.new(key: :id, index: [:a | :b]) end, ~r/option :index/},
             {fn -> Table.new(key: :id, store: [:a | :b]) end, ~r/option :store/},
             {fn -> Table.new(key: :id, name: "t") end, ~r/option :name/},
@@ -249,12 +253,12 @@ defmodule Larder.TableTest do
             fn -> Table.search(table, a: 1) end,
             fn -> Table.search(table, a: 2) end,
             fn -> Table.count(table, a: 1) end,
-            fn -> Table.search_ids(table, a: 1) end,
+            fn -> Table.search_keys(table, a: 1) end,
             fn -> Table.insert(table, %{id: 2, a: 1}) end,
             fn -> Table.delete(table, 1) end,
             fn -> Table.size(table) end,
             fn -> Table.memory(table) end,
-            fn -> Table.update(table, 1, %{a: 2}) end
+            fn -> Table.merge(table, 1, %{a: 2}) end
           ] do
         assert_raise ArgumentError, ~r/unknown Larder.Table/, call
       end
@@ -318,8 +322,15 @@ defmodule Larder.TableTest do
         :proper_types.list(:proper_types.tuple([key(), fields()]))
       ]),
       :proper_types.tuple([
+        :proper_types.exactly(:merge),
+        key(),
+        :proper_types.oneof([:a, :b]),
+        small()
+      ]),
+      :proper_types.tuple([
         :proper_types.exactly(:update),
         key(),
+        fields(),
         :proper_types.oneof([:a, :b]),
         small()
       ]),
@@ -361,7 +372,7 @@ defmodule Larder.TableTest do
 
     model =
       Enum.reduce(per_proc, %{}, fn {proc, proc_ops}, m ->
-        Enum.reduce(proc_ops, m, &model(&2, proc, &1))
+        Enum.reduce(proc_ops, m, &model(&2, proc, &1, store))
       end)
 
     # The table's snapshot, loaded, must hold the model too (dump/2 and
@@ -395,7 +406,8 @@ defmodule Larder.TableTest do
 
         sort.(found) == expected and found == many_answer and
           Table.count(table, conditions) == length(expected) and
-          Enum.sort(Table.search_ids(table, conditions)) == Enum.sort(Enum.map(expected, & &1.id))
+          Enum.sort(Table.search_keys(table, conditions)) ==
+            Enum.sort(Enum.map(expected, & &1.id))
       end)
   end
 
@@ -410,25 +422,40 @@ defmodule Larder.TableTest do
       )
   end
 
-  defp run(table, proc, {:update, key, field, value}),
-    do: Table.update(table, table_key(proc, key), %{field => value})
+  defp run(table, proc, {:merge, key, field, value}),
+    do: Table.merge(table, table_key(proc, key), %{field => value})
+
+  defp run(table, proc, {:update, key, fields, field, value}) do
+    default = with_key(record(proc, key, fields), proc, key)
+    :ok = Table.update(table, table_key(proc, key), default, &Map.put(&1, field, value))
+  end
 
   defp run(table, proc, {:delete, key}), do: :ok = Table.delete(table, table_key(proc, key))
 
   defp with_key(record, proc, key), do: %{record | id: table_key(proc, key)}
 
-  defp model(m, proc, {:insert, key, fields}),
+  defp model(m, proc, {:insert, key, fields}, _store),
     do: Map.put(m, table_key(proc, key), with_key(record(proc, key, fields), proc, key))
 
-  defp model(m, proc, {:insert_many, entries}),
-    do: Enum.reduce(entries, m, fn {key, fields}, m -> model(m, proc, {:insert, key, fields}) end)
+  defp model(m, proc, {:insert_many, entries}, store),
+    do:
+      Enum.reduce(entries, m, fn {key, fields}, m ->
+        model(m, proc, {:insert, key, fields}, store)
+      end)
 
-  defp model(m, proc, {:update, key, field, value}) do
+  # update/4 is Map.update/4 of the record as the table stores it.
+  defp model(m, proc, {:update, key, fields, field, value}, store) do
+    stored = fn r -> if store, do: Map.take(r, [:id | store]), else: r end
+    default = with_key(record(proc, key, fields), proc, key)
+    Map.update(m, table_key(proc, key), default, &Map.put(stored.(&1), field, value))
+  end
+
+  defp model(m, proc, {:merge, key, field, value}, _store) do
     k = table_key(proc, key)
     if Map.has_key?(m, k), do: Map.update!(m, k, &Map.put(&1, field, value)), else: m
   end
 
-  defp model(m, proc, {:delete, key}), do: Map.delete(m, table_key(proc, key))
+  defp model(m, proc, {:delete, key}, _store), do: Map.delete(m, table_key(proc, key))
 
   defp matches?(record, conditions), do: Enum.all?(conditions, &holds_for?(record, &1))
 

@@ -68,13 +68,7 @@ defmodule Larder.Test.ReplicaLog do
     key = String.to_integer(k)
     n = String.to_integer(n)
 
-    {:ok, _} =
-      Larder.Table.upsert(table, key, fn
-        nil -> %{id: key, v: n}
-        record -> %{record | v: record.v + n}
-      end)
-
-    :ok
+    Larder.Table.update(table, key, %{id: key, v: n}, &%{&1 | v: &1.v + n})
   end
 
   def apply_entry(fields, _table), do: apply_entry(fields)

@@ -8,15 +8,23 @@ defmodule Larder.Table.Writer do
 
   alias Larder.Index
   alias Larder.Table
-  alias Larder.Table.Records
+  alias Larder.Table.Claim
   alias Larder.Table.Snapshot
+  alias Larder.Table.Writes
 
   @direct_limit 0x80000000
-  @max_id 0xFFFFFFFF
 
-  # `max_id` is state rather than a constant so that a test can lower it.
-  # Every id below `@direct_limit` that holds a row is below `top`.
-  defstruct [:table, :owner, next: @direct_limit, free: [], max_id: @max_id, top: 0]
+  # `next`, `free` and `top` are the row ids' state (see Larder.Table.Writes).
+  # While a `claim` is held, the other requests wait in `held`, in order.
+  defstruct [
+    :table,
+    :owner,
+    next: @direct_limit,
+    free: [],
+    top: 0,
+    claim: nil,
+    held: :queue.new()
+  ]
 
   @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
   @spec start(map(), pid()) :: GenServer.on_start()
@@ -37,7 +45,7 @@ defmodule Larder.Table.Writer do
 
   @doc """
   Whether the calling process is a table's writer, that is, whether a write
-  now would come from a function a writer runs (an `upsert/3` function or an
+  now would come from a function a writer runs (an `update/4` function or an
   index function). Such a write is refused: it could wait for ever on a
   writer that waits on this one.
   """
@@ -64,7 +72,7 @@ defmodule Larder.Table.Writer do
     if owner, do: Process.monitor(owner)
 
     table = %Table{
-      # Public so that a caller can insert a claimed chunk (see handle_call/3).
+      # Public so that a caller can insert a claimed chunk (Larder.Table.Claim).
       rows: :ets.new(Table, [:set, :public, read_concurrency: true]),
       keys: :ets.new(Table.Keys, [:set, :protected, read_concurrency: true]),
       index: Index.new(reverse: config.store != nil),
@@ -132,6 +140,24 @@ defmodule Larder.Table.Writer do
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.table, state}
 
+  # A build claim (see Larder.Table.Claim). While it is held no other
+  # write runs: requests wait in `held` and run, in order, once it ends.
+  def handle_call({:release, ref}, from, %{claim: %Claim{ref: ref}} = state) do
+    {reply, state} = settle(state)
+    GenServer.reply(from, reply)
+    drain(state)
+  end
+
+  def handle_call(request, from, %{claim: %Claim{}} = state),
+    do: {:noreply, %{state | held: :queue.in({request, from}, state.held)}}
+
+  def handle_call({:claim, span, ops, ids}, {caller, _}, state) do
+    case Claim.grant(span, ops, ids, caller, state.top) do
+      {:ok, claim} -> {:reply, {:claimed, claim.ref}, %{state | claim: claim}}
+      :stale -> {:reply, :stale, state}
+    end
+  end
+
   # A dump by the writer: no write runs during it, so the file is one
   # state of the table.
   def handle_call({:dump, path}, _from, state) do
@@ -145,47 +171,21 @@ defmodule Larder.Table.Writer do
     {:stop, :normal, :ok, state}
   end
 
-  # A claim for fresh rows (Table.insert_many/2): the caller inserts them
-  # into ETS itself and then releases the claim; no other write runs in
-  # between. Whether the rows are in ETS (one atomic insert, checked by its
-  # lowest id) decides whether the write is completed or dropped, also when
-  # the caller died holding the claim.
-  def handle_call({:claim, {low, high}, ops, ids}, {caller, _} = from, state)
-      when low >= state.top do
-    ref = Process.monitor(caller)
-    GenServer.reply(from, {:claimed, ref})
-
-    release =
-      receive do
-        {:"$gen_call", release, {:release, ^ref}} ->
-          Process.demonitor(ref, [:flush])
-          release
-
-        {:DOWN, ^ref, :process, _, _} ->
-          nil
-      end
-
-    {reply, state} =
-      if :ets.member(state.table.rows, low),
-        do: apply_claimed(ops, ids, high, state),
-        else: {:ok, state}
-
-    if release, do: GenServer.reply(release, reply)
-    {:noreply, state}
-  end
-
-  def handle_call({:claim, _span, _ops, _ids}, _from, state), do: {:reply, :stale, state}
-
   def handle_call(request, _from, state) do
-    {reply, state} = apply_write(request, state)
+    {reply, state} = Writes.run(request, state)
     {:reply, reply, state}
   catch
-    # Nothing has changed yet when a step raises (see apply_write/2): the
+    # Nothing has changed yet when a step raises (see Writes.run/2): the
     # caller re-raises, the table is as it was.
     kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
   end
 
   @impl true
+  def handle_info({:DOWN, ref, :process, _, _}, %{claim: %Claim{ref: ref}} = state) do
+    {_reply, state} = settle(state)
+    drain(state)
+  end
+
   def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state),
     do: {:stop, :normal, state}
 
@@ -206,214 +206,30 @@ defmodule Larder.Table.Writer do
     :ok
   end
 
-  ## Writes. Each computes everything first (ids, terms, ops), then changes
-  ## the index in one batch (atomic, the only step that can still fail), then
-  ## the ETS tables (which cannot fail), then the id state.
-
-  # The rows of a claim are in ETS: index them, or take them out again when
-  # the index refuses the ops.
-  defp apply_claimed(ops, ids, high, state) do
-    Index.batch(state.table.index, ops)
-    {:ok, %{state | top: high + 1}}
-  catch
-    kind, reason ->
-      for id <- ids, do: :ets.delete(state.table.rows, id)
-      {{:raise, kind, reason, __STACKTRACE__}, state}
+  defp settle(state) do
+    {reply, top} = Claim.settle(state.claim, state.table, state.top)
+    {reply, %{state | claim: nil, top: top}}
   end
 
-  # `rows` and `ops` come ready from the caller (Records.write/2) for keys
-  # that are row ids: when none of those ids holds a row (all are at or
-  # above `top`, as in a build, or else checked one by one) the writer only
-  # applies them. `keyed` records get their ids here.
-  defp apply_write({:insert, rows, ops, keyed, span}, state) do
-    t = state.table
+  # Runs the requests held back during a claim, in order, until one of them
+  # takes a new claim (the rest then wait for that one).
+  defp drain(%{claim: nil} = state) do
+    case :queue.out(state.held) do
+      {:empty, _} ->
+        {:noreply, state}
 
-    {ops, top} =
-      case span do
-        nil -> {ops, state.top}
-        {low, high} when low >= state.top -> {ops, high + 1}
-        {_low, high} -> {replace_ops(t, rows, ops), max(state.top, high + 1)}
-      end
+      {{:value, {request, from}}, held} ->
+        case handle_call(request, from, %{state | held: held}) do
+          {:reply, reply, state} ->
+            GenServer.reply(from, reply)
+            drain(state)
 
-    {rows, keys, ops, next, free} =
-      Enum.reduce(keyed, {rows, [], ops, state.next, state.free}, fn
-        {key, stored, terms}, {rows, keys, ops, next, free} ->
-          {id, keys, next, free} = id_for(state, key, keys, next, free)
-          {[{id, stored} | rows], keys, diff(old_terms(t, id), terms, id, ops), next, free}
-      end)
-
-    Index.batch(t.index, ops)
-    :ets.insert(t.keys, keys)
-    :ets.insert(t.rows, rows)
-    {:ok, %{state | next: next, free: free, top: top}}
-  end
-
-  defp apply_write({:delete, key}, state) do
-    t = state.table
-
-    case id_of(t, key) do
-      nil ->
-        {:ok, state}
-
-      id ->
-        Index.batch(t.index, [{:remove_terms, old_terms(t, id), id}])
-        :ets.delete(t.rows, id)
-
-        if direct?(key) do
-          {:ok, state}
-        else
-          :ets.delete(t.keys, key)
-          {:ok, %{state | free: [id | state.free]}}
+          {:stop, reason, reply, state} ->
+            GenServer.reply(from, reply)
+            {:stop, reason, state}
         end
     end
   end
 
-  defp apply_write({:update, key, changes}, state) do
-    t = state.table
-
-    with id when id != nil <- id_of(t, key),
-         [{^id, old}] <- :ets.lookup(t.rows, id) do
-      new = Map.merge(old, changes)
-      before = old_terms(t, id)
-
-      now =
-        if t.store do
-          # The stored record may lack what a function index reads: only
-          # field indexes whose field changed get new terms.
-          Enum.flat_map(t.entries, fn
-            {_name, {:field, field}} = entry when is_map_key(changes, field) ->
-              Records.entry_terms(entry, new)
-
-            {name, _} ->
-              for {^name, _} = term <- before, do: term
-          end)
-        else
-          Records.terms(t, new)
-        end
-
-      stored = Records.stored(t, new)
-      Index.batch(t.index, diff(before, now, id, []))
-      :ets.insert(t.rows, {id, stored})
-      {{:ok, stored}, state}
-    else
-      _ -> {:error, state}
-    end
-  end
-
-  defp apply_write({:upsert, key, fun}, state) do
-    t = state.table
-
-    current =
-      with id when id != nil <- id_of(t, key),
-           [{_, record}] <- :ets.lookup(t.rows, id) do
-        record
-      else
-        _ -> nil
-      end
-
-    new = fun.(current)
-
-    case new do
-      %{} when is_map_key(new, t.key) and :erlang.map_get(t.key, new) === key ->
-        {rows, ops, keyed, span} = Records.write(t, [new])
-        {:ok, state} = apply_write({:insert, rows, ops, keyed, span}, state)
-        {{:ok, Records.stored(t, new)}, state}
-
-      _ ->
-        raise ArgumentError,
-              "the function given to upsert/3 must return a map whose key field " <>
-                "#{inspect(t.key)} is #{inspect(key)}, got: #{inspect(new, limit: 10)}"
-    end
-  end
-
-  # The ops of Records.write/2, with each id that holds a row taken out of
-  # them and given a diff from its old terms instead.
-  defp replace_ops(t, _rows, [{:add_terms, terms, id}] = ops),
-    do: if(:ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, []), else: ops)
-
-  defp replace_ops(t, rows, ops) do
-    case for {id, _} <- rows, :ets.member(t.rows, id), into: %{}, do: {id, []} do
-      replaced when replaced == %{} ->
-        ops
-
-      replaced ->
-        {ops, now} =
-          Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
-            {fresh, now} =
-              Enum.reduce(ids, {[], now}, fn id, {fresh, now} ->
-                case now do
-                  %{^id => terms} -> {fresh, %{now | id => [term | terms]}}
-                  _ -> {[id | fresh], now}
-                end
-              end)
-
-            {[{:add, term, fresh} | ops], now}
-          end)
-
-        Enum.reduce(now, ops, fn {id, terms}, ops -> diff(old_terms(t, id), terms, id, ops) end)
-    end
-  end
-
-  # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
-  # order of ops does not matter: each id appears once, and its adds and
-  # removes are disjoint).
-  defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
-
-  defp diff(before, now, id, ops) do
-    {before, now} = {Enum.uniq(before), Enum.uniq(now)}
-    [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
-  end
-
-  # The terms the index holds for `id`. With `:store` the row may lack what
-  # the index functions read, so the index's id-to-terms map is asked
-  # (O(terms of id)); else they are the terms of the record in ETS. Index
-  # functions are meant to be pure: one that raises on a record it accepted
-  # before costs a scan of every term.
-  defp old_terms(t, id) do
-    case :ets.lookup(t.rows, id) do
-      [] -> []
-      [_] when t.store != nil -> Index.terms_of(t.index, id)
-      [{_, old}] -> old_record_terms(t, old, id)
-    end
-  end
-
-  defp old_record_terms(t, old, id) do
-    Records.terms(t, old)
-  catch
-    _, _ -> Index.terms_of(t.index, id)
-  end
-
-  defp direct?(key), do: is_integer(key) and key >= 0 and key < @direct_limit
-
-  defp id_of(_t, key) when is_integer(key) and key >= 0 and key < @direct_limit, do: key
-
-  defp id_of(t, key) do
-    case :ets.lookup(t.keys, key) do
-      [{_, id}] -> id
-      [] -> nil
-    end
-  end
-
-  # A new key takes a freed id first, so ids stay below the live count plus
-  # the ids freed and not yet taken.
-  defp id_for(state, key, keys, next, free) do
-    case id_of(state.table, key) do
-      nil ->
-        case free do
-          [id | free] ->
-            {id, [{key, id} | keys], next, free}
-
-          [] when next > state.max_id ->
-            raise ArgumentError,
-                  "Larder.Table is out of row ids: #{state.max_id - @direct_limit + 1} " <>
-                    "records with non-integer keys are live"
-
-          [] ->
-            {next, [{key, next} | keys], next + 1, free}
-        end
-
-      id ->
-        {id, keys, next, free}
-    end
-  end
+  defp drain(state), do: {:noreply, state}
 end

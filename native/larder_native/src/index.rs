@@ -87,6 +87,9 @@ fn snapshot(term: Term) -> Result<Guard<Option<Arc<State>>>, NativeError> {
     Ok(index(term)?.state.load())
 }
 
+/// What a NIF's body answers: a term, or the error `reply` encodes.
+type Answer<'a> = Result<Term<'a>, NativeError>;
+
 fn too_costly(cost: (u64, u64)) -> bool {
     cost.0 > DIRTY_CONTAINERS || cost.1 > DIRTY_IDS
 }
@@ -114,6 +117,24 @@ fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
         atoms::ok().encode(env)
     });
     reply(env, result)
+}
+
+/// Defines a NIF pair over `$fun(env, index, arg, dirty) -> Answer`: `$name`
+/// runs on a normal scheduler, where `$fun` answers `:dirty` when the call
+/// could run past about a millisecond, and `$dirty` runs the same call on a
+/// dirty CPU scheduler (Elixir calls it on that answer).
+macro_rules! scheduled_nifs {
+    ($name:ident, $dirty:ident, $fun:ident) => {
+        #[rustler::nif]
+        fn $name<'a>(env: Env<'a>, index: Term<'a>, arg: Term<'a>) -> NifResult<Term<'a>> {
+            reply(env, $fun(env, index, arg, false))
+        }
+
+        #[rustler::nif(schedule = "DirtyCpu")]
+        fn $dirty<'a>(env: Env<'a>, index: Term<'a>, arg: Term<'a>) -> NifResult<Term<'a>> {
+            reply(env, $fun(env, index, arg, true))
+        }
+    };
 }
 
 // Queries: the normal-scheduler variants count their decoding work and
@@ -158,12 +179,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u32>) -> R) -> R {
     result
 }
 
-fn query<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    expr: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn query<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -177,22 +193,9 @@ fn query<'a>(
     })
 }
 
-#[rustler::nif]
-fn index_query<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query(env, index, expr, false))
-}
+scheduled_nifs!(index_query, index_query_dirty, query);
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query(env, index, expr, true))
-}
-
-fn count<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    expr: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn count<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -208,22 +211,9 @@ fn count<'a>(
     Ok(chunks_len(&eval(&state.bitmaps, &plan)).encode(env))
 }
 
-#[rustler::nif]
-fn index_count<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, count(env, index, expr, false))
-}
+scheduled_nifs!(index_count, index_count_dirty, count);
 
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_count_dirty<'a>(env: Env<'a>, index: Term<'a>, expr: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, count(env, index, expr, true))
-}
-
-fn query_many<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    exprs: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn query_many<'a>(env: Env<'a>, index: Term<'a>, exprs: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let mut budget = Budget::new(dirty);
@@ -275,19 +265,7 @@ fn query_many<'a>(
     })
 }
 
-#[rustler::nif]
-fn index_query_many<'a>(env: Env<'a>, index: Term<'a>, exprs: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, query_many(env, index, exprs, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_query_many_dirty<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    exprs: Term<'a>,
-) -> NifResult<Term<'a>> {
-    reply(env, query_many(env, index, exprs, true))
-}
+scheduled_nifs!(index_query_many, index_query_many_dirty, query_many);
 
 // Writes: a list of `{:add | :remove, term, ids}` applied in order to a copy
 // of the snapshot, which is then swapped in. Decoding happens before the
@@ -453,12 +431,7 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
     Ok(())
 }
 
-fn apply<'a>(
-    env: Env<'a>,
-    index_term: Term<'a>,
-    ops: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn apply<'a>(env: Env<'a>, index_term: Term<'a>, ops: Term<'a>, dirty: bool) -> Answer<'a> {
     let index = index(index_term)?;
     let mut budget = Budget::new(dirty);
     let runs = decode_ops(ops, &mut budget)?;
@@ -493,15 +466,7 @@ fn apply<'a>(
     Ok(atoms::ok().encode(env))
 }
 
-#[rustler::nif]
-fn index_apply<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, apply(env, index, ops, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_apply_dirty<'a>(env: Env<'a>, index: Term<'a>, ops: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, apply(env, index, ops, true))
-}
+scheduled_nifs!(index_apply, index_apply_dirty, apply);
 
 // Introspection.
 
@@ -519,12 +484,7 @@ fn index_terms<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
     reply(env, result)
 }
 
-fn terms_of<'a>(
-    env: Env<'a>,
-    index: Term<'a>,
-    id: Term<'a>,
-    dirty: bool,
-) -> Result<Term<'a>, NativeError> {
+fn terms_of<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>, dirty: bool) -> Answer<'a> {
     let guard = snapshot(index)?;
     let state = guard.as_deref().ok_or(NativeError::Dropped)?;
     let id: u32 = id.decode().map_err(|_| NativeError::BadIds)?;
@@ -555,24 +515,7 @@ fn terms_of<'a>(
     Ok(terms.encode(env))
 }
 
-#[rustler::nif]
-fn index_terms_of<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, terms_of(env, index, id, false))
-}
-
-#[rustler::nif(schedule = "DirtyCpu")]
-fn index_terms_of_dirty<'a>(env: Env<'a>, index: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    reply(env, terms_of(env, index, id, true))
-}
-
-#[rustler::nif]
-fn index_term_count<'a>(env: Env<'a>, index: Term<'a>) -> NifResult<Term<'a>> {
-    let result = snapshot(index).and_then(|guard| {
-        let state = guard.as_deref().ok_or(NativeError::Dropped)?;
-        Ok(state.bitmaps.len().encode(env))
-    });
-    reply(env, result)
-}
+scheduled_nifs!(index_terms_of, index_terms_of_dirty, terms_of);
 
 /// Bytes held: each posting's serialized size (which tracks its containers),
 /// each key, and a map node's share per term. O(terms), so on a dirty scheduler.

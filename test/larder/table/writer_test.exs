@@ -6,6 +6,8 @@ defmodule Larder.Table.WriterTest do
   alias Larder.Table
   alias Larder.Test.Isolated
 
+  import Larder.Test.Eventually
+
   @direct_limit 0x80000000
 
   defp table(opts \\ []),
@@ -20,7 +22,7 @@ defmodule Larder.Table.WriterTest do
       expect_m = records |> Enum.filter(&(v in &1.tags)) |> Enum.map(& &1.id) |> Enum.sort()
 
       Enum.sort(Enum.map(Table.search(table, a: v), & &1.id)) == expect_a and
-        Enum.sort(Table.search_ids(table, m: v)) == expect_m and
+        Enum.sort(Table.search_keys(table, m: v)) == expect_m and
         Table.count(table, a: v) == length(expect_a)
     end)
   end
@@ -42,7 +44,7 @@ defmodule Larder.Table.WriterTest do
             spawn_monitor(fn ->
               records = for k <- keys, do: %{id: k, a: v, tags: [v, rem(round, 3) + 10]}
               Table.insert_many(table, records)
-              Table.update(table, 7, %{a: v + 100})
+              Table.merge(table, 7, %{a: v + 100})
               Table.delete(table, "k#{rem(round, 300)}")
             end)
 
@@ -86,7 +88,7 @@ defmodule Larder.Table.WriterTest do
         held = Enum.count(records, &(&1.a == round))
         assert held in [0, 300]
         assert Table.count(table, a: round) == held
-        assert length(Table.search_ids(table, m: round)) == held
+        assert length(Table.search_keys(table, m: round)) == held
       end
     end
 
@@ -114,9 +116,82 @@ defmodule Larder.Table.WriterTest do
       end
 
       :ok = Table.delete(table, :barrier)
-      assert Table.search_ids(table, a: :claimed) == [10, 11]
+      assert Table.search_keys(table, a: :claimed) == [10, 11]
       assert Table.size(table) == 2
       assert consistent?(table, [:claimed])
+    end
+
+    test "writes sent during a claim wait for its release, then run in order" do
+      table = table()
+      test = self()
+
+      claimant =
+        spawn_link(fn ->
+          {:claimed, ref} =
+            GenServer.call(
+              table.writer,
+              {:claim, {10, 11}, [{:add, {:a, 1}, [10, 11]}], [10, 11]}
+            )
+
+          send(test, :claimed)
+          receive do: (:fill -> :ok)
+          :ets.insert(table.rows, for(id <- [10, 11], do: {id, %{id: id, a: 1, tags: []}}))
+          send(test, {:released, GenServer.call(table.writer, {:release, ref})})
+        end)
+
+      assert_receive :claimed
+
+      # The writer is not blocked in the claim: it answers system messages
+      # and holds each write back (key 10 has no row before the release).
+      held = fn -> :queue.len(:sys.get_state(table.writer).held) end
+
+      writes =
+        for n <- 2..4 do
+          task = Task.async(fn -> Table.merge(table, 10, %{a: n}) end)
+          eventually(fn -> held.() == n - 1 end)
+          task
+        end
+
+      send(claimant, :fill)
+      assert_receive {:released, :ok}
+      assert [{:ok, %{a: 2}}, {:ok, %{a: 3}}, {:ok, %{a: 4}}] = Enum.map(writes, &Task.await/1)
+      assert Table.search_keys(table, a: 4) == [10] and Table.search_keys(table, a: 1) == [11]
+      assert held.() == 0 and consistent?(table, [1, 2, 3, 4])
+    end
+
+    # The owner's exit deletes the table while a build may hold a claim: the
+    # caller's own insert into ETS then fails, and must say the table is
+    # gone rather than let ETS's bare badarg out.
+    test "a build whose table's owner exits raises unknown Larder.Table, never a bare badarg" do
+      for round <- 1..300 do
+        parent = self()
+
+        owner =
+          spawn(fn ->
+            send(parent, {:table, table()})
+            receive do: (:never -> :ok)
+          end)
+
+        table = receive do: ({:table, table} -> table)
+        records = for i <- 0..2_999, do: %{id: i, a: rem(i, 3), tags: []}
+
+        caller =
+          Task.async(fn ->
+            try do
+              Table.insert_many(table, records)
+            rescue
+              e -> e
+            end
+          end)
+
+        for _ <- 1..rem(round * 37, 400), do: :erlang.yield()
+        Process.exit(owner, :kill)
+
+        case Task.await(caller) do
+          :ok -> :ok
+          %ArgumentError{} = e -> assert Exception.message(e) =~ "unknown Larder.Table"
+        end
+      end
     end
 
     test "a claim below the highest key the table has held is refused, and the rows are sent" do
@@ -141,8 +216,13 @@ defmodule Larder.Table.WriterTest do
               :ok = Table.insert(table, %{id: "hot", a: rem(i + w, 7), tags: [w, i]})
               if rem(i, 5) == 0, do: :ok = Table.delete(table, "hot")
 
-              {:ok, _} =
-                Table.upsert(table, "hot", &%{id: "hot", a: w, tags: [(&1 || %{a: 0}).a]})
+              :ok =
+                Table.update(
+                  table,
+                  "hot",
+                  %{id: "hot", a: w, tags: [0]},
+                  &%{&1 | a: w, tags: [&1.a]}
+                )
             end
           end)
         end)
@@ -156,7 +236,7 @@ defmodule Larder.Table.WriterTest do
 
       assert Table.size(table) == 1
       assert consistent?(table, Enum.to_list(0..8))
-      assert length(Table.search_ids(table, [])) == 1
+      assert length(Table.search_keys(table, [])) == 1
       # One record: its row, its key's id, its terms. A leak of ids, rows or
       # bitmaps grows with the 8 x 400 x 2 writes of the second round.
       assert after_ <= before + 4_096
@@ -181,8 +261,9 @@ defmodule Larder.Table.WriterTest do
 
     test "an exhausted id space fails the insert whole, and deletes make room" do
       table = table()
-      # A limit of 4 ids for non-integer keys, through the writer's state.
-      :sys.replace_state(table.writer, &%{&1 | max_id: @direct_limit + 3})
+      # Four ids left for non-integer keys: the writer's next fresh id is
+      # moved to four below the end of the u32 id space.
+      :sys.replace_state(table.writer, &%{&1 | next: 0xFFFFFFFF - 3})
 
       for round <- 1..50 do
         :ok = Table.insert_many(table, for(i <- 1..4, do: %{id: {round, i}, a: i, tags: []}))
@@ -196,7 +277,7 @@ defmodule Larder.Table.WriterTest do
 
         # Nothing of the failed chunk was written, not even its integer key.
         assert Table.get(table, 1) == nil
-        assert Table.search_ids(table, a: 9) == []
+        assert Table.search_keys(table, a: 9) == []
         for i <- 1..4, do: :ok = Table.delete(table, {round, i})
       end
 
@@ -245,7 +326,11 @@ defmodule Larder.Table.WriterTest do
       ref = Process.monitor(table.writer)
       :ok = Table.drop(table)
       assert_receive {:DOWN, ^ref, :process, _, :normal}
-      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.upsert(table, 1, & &1) end
+
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn ->
+        Table.update(table, 1, %{id: 1}, & &1)
+      end
+
       # drop/1 alone is idempotent.
       assert Table.drop(table) == :ok
     end
@@ -269,7 +354,7 @@ defmodule Larder.Table.WriterTest do
 
       :ok = Table.insert(name, %{id: 1, a: :x})
       assert Table.search(name, a: :x) == [%{id: 1, a: :x}]
-      assert {:ok, %{id: 1, a: :y}} = Table.update(name, 1, %{a: :y})
+      assert {:ok, %{id: 1, a: :y}} = Table.merge(name, 1, %{a: :y})
       assert [{{Table, ^name}, writer, :worker, _}] = Supervisor.which_children(sup)
 
       ref = Process.monitor(writer)
@@ -324,13 +409,29 @@ defmodule Larder.Table.WriterTest do
     end
   end
 
-  describe "upsert/3" do
+  describe "update/4" do
+    test "an absent key takes the default as it is, as Map.update/4 does" do
+      table = table()
+      default = %{id: "k", a: 10, tags: [:new]}
+      # A function that cannot take the default: it must not run on it.
+      fun = fn %{a: n, tags: []} = r -> %{r | a: n + 1} end
+
+      :ok = Table.update(table, "k", default, fun)
+      assert Table.get(table, "k") == Map.update(%{}, "k", default, fun)["k"]
+      assert Table.search_keys(table, m: :new) == ["k"]
+
+      {:ok, _} = Table.merge(table, "k", %{tags: []})
+      :ok = Table.update(table, "k", default, fun)
+      assert Table.get(table, "k") == %{id: "k", a: 11, tags: []}
+      assert consistent?(table, [10, 11, :new])
+    end
+
     test "a raising fun raises in the caller and writes nothing; nested writes raise" do
       table = table()
       :ok = Table.insert(table, %{id: 1, a: 1, tags: []})
 
       assert_raise RuntimeError, "boom", fn ->
-        Table.upsert(table, 1, fn _ -> raise "boom" end)
+        Table.update(table, 1, %{id: 1}, fn _ -> raise "boom" end)
       end
 
       assert Table.get(table, 1) == %{id: 1, a: 1, tags: []}
@@ -338,21 +439,28 @@ defmodule Larder.Table.WriterTest do
       assert_raise ArgumentError,
                    ~r/cannot be made from a function that a table's writer runs/,
                    fn ->
-                     Table.upsert(table, 1, fn r -> Table.insert(table, r) && r end)
+                     Table.update(table, 1, %{id: 1}, fn r -> Table.insert(table, r) && r end)
                    end
 
       assert_raise ArgumentError, ~r/must return a map whose key field :id is 1/, fn ->
-        Table.upsert(table, 1, fn r -> %{r | id: 2} end)
+        Table.update(table, 1, %{id: 1}, fn r -> %{r | id: 2} end)
       end
 
       assert_raise ArgumentError, ~r/fun must be a function of one argument/, fn ->
-        Table.upsert(table, 1, :nope)
+        Table.update(table, 1, %{id: 1}, :nope)
       end
 
+      for default <- [%{id: 2}, %{a: 1}, :nope] do
+        assert_raise ArgumentError, ~r/default must be a map whose key field :id is 1/, fn ->
+          Table.update(table, 1, default, & &1)
+        end
+      end
+
+      assert Table.get(table, 1) == %{id: 1, a: 1, tags: []}
       assert consistent?(table, [1])
     end
 
-    # Each upsert function writes the other table. Without a refusal each
+    # Each update function writes the other table. Without a refusal each
     # writer waits on the other for ever (and every later write to either
     # with them); so every such write raises. A barrier inside the
     # functions puts both writers in them at once in half the rounds. The
@@ -365,6 +473,9 @@ defmodule Larder.Table.WriterTest do
       for round <- 1..300 do
         barrier? = rem(round, 2) == 0
 
+        # The functions run on a record only: each key is there first.
+        for table <- [a, b], do: :ok = Table.insert(table, %{id: round, n: 0})
+
         cross = fn mine, other, tag ->
           fn record ->
             if barrier? do
@@ -373,7 +484,7 @@ defmodule Larder.Table.WriterTest do
             end
 
             :ok = Table.insert(other, %{id: round, n: tag})
-            %{id: round, n: if(record, do: record.n + 1, else: 0), from: mine}
+            %{record | n: record.n + 1, from: mine}
           end
         end
 
@@ -381,7 +492,7 @@ defmodule Larder.Table.WriterTest do
           for {mine, other, tag} <- [{a, b, :a}, {b, a, :b}] do
             Task.async(fn ->
               try do
-                Table.upsert(mine, round, cross.(mine, other, tag))
+                Table.update(mine, round, %{id: round, n: 0}, cross.(mine, other, tag))
               rescue
                 e in ArgumentError -> {:refused, Exception.message(e)}
               end
@@ -405,10 +516,11 @@ defmodule Larder.Table.WriterTest do
       end
 
       # Nothing was written, and both tables still take writes.
-      assert Table.size(a) == 0 and Table.size(b) == 0
+      assert Table.count(a, n: 0) == 300 and Table.count(b, n: 0) == 300
+      assert Table.search_keys(a, n: :b) == [] and Table.search_keys(b, n: :a) == []
       :ok = Table.insert(a, %{id: 1, n: 1})
-      assert {:ok, %{n: 2}} = Table.upsert(b, 1, fn nil -> %{id: 1, n: 2} end)
-      assert Table.search_ids(a, n: 1) == [1] and Table.search_ids(b, n: 2) == [1]
+      :ok = Table.update(b, 1, %{id: 1, n: 0}, &%{&1 | n: 2})
+      assert Table.search_keys(a, n: 1) == [1] and Table.search_keys(b, n: 2) == [1]
     end
 
     test "index functions run by the writer, and drop/1, are refused too" do
@@ -430,15 +542,15 @@ defmodule Larder.Table.WriterTest do
       :ok = Table.insert(writing, %{id: 1, n: 1})
       assert Table.size(other) == 1
 
-      # update/3 computes them in the writer: refused, record unchanged.
+      # merge/3 computes them in the writer: refused, record unchanged.
       assert_raise ArgumentError, ~r/writer runs/, fn ->
-        Table.update(writing, 1, %{n: 2})
+        Table.merge(writing, 1, %{n: 2})
       end
 
-      assert Table.search_ids(writing, w: 1) == [1]
+      assert Table.search_keys(writing, w: 1) == [1]
 
       assert_raise ArgumentError, ~r/writer runs/, fn ->
-        Table.upsert(other, 1, fn r -> Table.drop(writing) && r end)
+        Table.update(other, 1, %{id: 1}, fn r -> Table.drop(writing) && r end)
       end
 
       assert Table.get(writing, 1) == %{id: 1, n: 1}
