@@ -15,7 +15,7 @@ defmodule Larder.Cache.ExpiryTest do
     name
   end
 
-  defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
+  defp cfg(cache), do: Larder.Cache.Runtime.get(cache)
   defp clock(cache), do: :atomics.get(cfg(cache).clock, 1)
 
   defp clock_process(cache), do: Larder.Cache.Supervisor.child(cache, :clock)
@@ -88,7 +88,7 @@ defmodule Larder.Cache.ExpiryTest do
       owner,
       {:replace_state,
        fn state ->
-         send(test, {:seen, Store.entries(state.cfg), Stats.get(state.cfg, :bad_messages)})
+         send(test, {:seen, Store.entries(state.rt), Stats.get(state.rt, :bad_messages)})
          state
        end}
     )
