@@ -117,6 +117,7 @@ defmodule Larder.Cache.Loader do
     # before the loading marker: a key the L2 refuses raises ArgumentError
     Remote.check_key!(rt, key)
     Stats.count(rt, :l1_misses)
+    LocalCopies.reclaim(rt)
 
     try do
       miss(rt, key, fun, lookup)

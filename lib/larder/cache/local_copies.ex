@@ -1,6 +1,7 @@
 # The copies of large values a process keeps for its repeat hits, bounded
-# per process and per cache by :local_copy_max_bytes. Copies of a cache
-# that stopped are reclaimed by Larder.LocalCopies.
+# per process and per cache by :local_copy_max_bytes: the cache's kind of
+# Larder.LocalCopies, which reclaims the copies of a cache that stopped, as
+# it does a dead register's, at the process's next miss or new copy.
 defmodule Larder.Cache.LocalCopies do
   @moduledoc false
 
@@ -16,13 +17,18 @@ defmodule Larder.Cache.LocalCopies do
   # rt.data, the data table, names one incarnation of a cache: a process's
   # first copy of an incarnation holds it in Larder.LocalCopies, and the
   # incarnation is dead once that table is gone (died/1 deletes it when the
-  # cache stops; a killed cache's process takes it along). Every new copy
-  # reclaims the copies of dead incarnations (and dead registers).
+  # cache stops; a killed cache's process takes it along). Every miss and
+  # every new copy reclaims the copies of dead incarnations (and dead
+  # registers), as a Register's misses do.
 
   alias Larder.LocalCopies
 
   # This process's copy of key: {version, value}, or nil.
   def get(rt, key), do: Process.get({rt.data, key})
+
+  # On a miss: drops this process's copies of dead structures, if one died
+  # since it last looked (one atomics read when none did).
+  def reclaim(rt), do: LocalCopies.reclaim(rt.deaths)
 
   def keep(rt, key, version, size, value) do
     id = {__MODULE__, rt.data}
@@ -77,7 +83,7 @@ defmodule Larder.Cache.LocalCopies do
 
   # Called by the cache's process as it stops: the incarnation is dead for
   # good once its data table is gone, and every process that holds copies
-  # of it drops them at its next new copy or Register miss.
+  # of it drops them at its next miss or new copy.
   def died(rt) do
     :ets.delete(rt.data)
     LocalCopies.died(rt.deaths)
