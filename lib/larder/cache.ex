@@ -67,7 +67,7 @@ defmodule Larder.Cache do
   {:already_started, pid}}` with the owner's pid. Stopping the supervisor
   (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
   then the L2's processes, then the owner, which erases the cache's
-  config. Killing the supervisor makes the owner stop the same way a
+  handle. Killing the supervisor makes the owner stop the same way a
   moment later (a linked exit): calls made in between still work. Killing
   the owner ends the cache at once (its tables go with it), and its
   supervisor exits.
@@ -90,8 +90,8 @@ defmodule Larder.Cache do
   what it last read.
 
   The copies of a cache that stopped are dropped by each process at its
-  next new copy of a large value (from any cache) or its next
-  `Larder.Register` miss; those of a cache that was killed, at its first
+  next miss (on any cache or `Larder.Register`) or its next new copy of a
+  large value; those of a cache that was killed, at its first
   copy from a cache or register it held no copies of (the restarted cache,
   say) or after any later stop. Restarting a cache therefore does not pile
   copies up: `:local_copy_max_bytes` bounds the copies of each running

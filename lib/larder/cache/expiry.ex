@@ -18,8 +18,6 @@ defmodule Larder.Cache.Expiry do
 
   def sweep_ms, do: @sweep_ms
 
-  def slice_rows, do: @slice_rows
-
   def new_clock, do: :atomics.new(1, signed: true)
 
   def tick(rt), do: :atomics.put(rt.clock, 1, now())

@@ -19,8 +19,6 @@ defmodule Larder.Cache.L2Runner do
 
   def start_link(name), do: GenServer.start_link(__MODULE__, name)
 
-  def backoff_ms, do: {@min_ms, @max_ms}
-
   @impl true
   def init(name) do
     rt = Runtime.get(name)
