@@ -16,6 +16,9 @@ defmodule Larder.Cache.Loader do
   # its own close a cycle (Larder.Lock.Waits).
   @in_loader {__MODULE__, :in_loader}
 
+  # (the hit path: fetch/3 is read/3's body when telemetry is off)
+  @compile {:inline, fetch: 3}
+
   # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3: fun is nil,
   # and nothing was found), inside a [:larder, :cache, :fetch] span unless
   # the cache's telemetry is off.
@@ -64,13 +67,16 @@ defmodule Larder.Cache.Loader do
     end
   end
 
-  # {:hit, value} | :miss | {:loading, pid, ref}. A hit compares the row's
-  # expiry with the clock; an expired row is deleted (if it is still that
+  # {:hit, value} | :miss | {:loading, pid, ref}. A hit on a row with an
+  # expiry time compares it with the clock; an expired row is deleted (if it is still that
   # version). A large value lives in its own table under {key, version}:
   # the reading process keeps the copy it made (LocalCopies) and reuses it
   # while the version holds.
   defp l1(rt, key) do
     case Store.lookup(rt, key) do
+      {:hit, _value} = hit ->
+        hit
+
       {:value, version, expires, value} ->
         if Expiry.live?(rt, expires), do: {:hit, value}, else: expire(rt, key, version)
 

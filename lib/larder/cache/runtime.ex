@@ -82,9 +82,8 @@ defmodule Larder.Cache.Runtime do
     )
   end
 
-  @doc "The :persistent_term key of a cache's handle."
-  @spec key(atom()) :: term()
-  def key(name), do: {Larder.Cache, name}
+  # (get/1 spells the key out: it is on every call's path)
+  defp key(name), do: {Larder.Cache, name}
 
   @doc "Publishes the handle (the owner, once it is complete)."
   @spec publish(t()) :: :ok
@@ -96,5 +95,5 @@ defmodule Larder.Cache.Runtime do
 
   @doc "The handle of the running cache `name`, or nil."
   @spec get(atom()) :: t() | nil
-  def get(name), do: :persistent_term.get(key(name), nil)
+  def get(name), do: :persistent_term.get({Larder.Cache, name}, nil)
 end

@@ -75,13 +75,18 @@ defmodule Larder.Cache.Store do
 
   ## Reads (lock-free)
 
-  # What key's row holds, expired or not (the caller compares expires_at
-  # with the clock):
-  #   {:value, version, expires_at, value}
+  # What key's row holds:
+  #   {:hit, value}                        a value that never expires
+  #   {:value, version, expires_at, value} a value with an expiry time,
+  #                                        which the caller compares with
+  #                                        the clock
   #   {:large, version, expires_at, size}  the value is in large/3
   #   {:loading, pid, ref} | :none
   def lookup(rt, key) do
     case :ets.lookup(rt.data, key) do
+      [{_, _version, :infinity, size, value}] when is_integer(size) ->
+        {:hit, value}
+
       [{_, version, expires, size, value}] when is_integer(size) ->
         {:value, version, expires, value}
 
