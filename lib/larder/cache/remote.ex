@@ -25,7 +25,7 @@ defmodule Larder.Cache.Remote do
     do: prefix(namespace, version) <> ":"
 
   # The L2's options, plus the prefix it tracks when the cache asks for
-  # invalidation: :tracking (from start_link/1's validated options or a config).
+  # invalidation: :tracking (from start_link/1's validated options or a cache's handle).
   def l2_opts(%{invalidation: :tracking} = rt, l2_opts) do
     prefix = if rt.codec == :raw, do: rt.key_prefix, else: rt.prefix <> ":"
     [{:tracking_prefix, prefix} | l2_opts]
