@@ -35,7 +35,7 @@ Code.require_file("../support/redis_sentinel.ex", __DIR__)
 defmodule Larder.CacheTopologyBench do
   alias Larder.Bench
   alias Larder.Cache
-  alias Larder.Cache.{Owner, Remote}
+  alias Larder.Cache.{Remote, Runtime}
   alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
 
   @title "Foreign write until every node's L1 drops the key (single server)"
@@ -75,7 +75,7 @@ defmodule Larder.CacheTopologyBench do
   end
 
   defp measure_foreign_write(bench, nodes, port_of, title, what) do
-    cfgs = Enum.map(nodes, &:persistent_term.get(Owner.config_key(&1)))
+    cfgs = Enum.map(nodes, &Runtime.get/1)
     l2_key = Remote.l2_key(hd(cfgs), :k)
     port = port_of.(l2_key)
     {:ok, writer} = :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false])
@@ -210,7 +210,7 @@ defmodule Larder.CacheTopologyBench do
         for n <- [:fo_a, :fo_b],
             do: start_sentinel_cache(:"#{n}_#{run}", sentinel_l2(set), "failover")
 
-      cfg_b = :persistent_term.get(Owner.config_key(b))
+      cfg_b = Runtime.get(b)
       :ok = Cache.put(a, :k, :old)
       wait(fn -> Cache.get(b, :k) == :old and :ets.lookup(cfg_b.data, :k) != [] end)
 

@@ -67,7 +67,7 @@ defmodule Larder.Cache do
   {:already_started, pid}}` with the owner's pid. Stopping the supervisor
   (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
   then the L2's processes, then the owner, which erases the cache's
-  config. Killing the supervisor makes the owner stop the same way a
+  handle. Killing the supervisor makes the owner stop the same way a
   moment later (a linked exit): calls made in between still work. Killing
   the owner ends the cache at once (its tables go with it), and its
   supervisor exits.
@@ -90,8 +90,8 @@ defmodule Larder.Cache do
   what it last read.
 
   The copies of a cache that stopped are dropped by each process at its
-  next new copy of a large value (from any cache) or its next
-  `Larder.Register` miss; those of a cache that was killed, at its first
+  next miss (on any cache or `Larder.Register`) or its next new copy of a
+  large value; those of a cache that was killed, at its first
   copy from a cache or register it held no copies of (the restarted cache,
   say) or after any later stop. Restarting a cache therefore does not pile
   copies up: `:local_copy_max_bytes` bounds the copies of each running
@@ -383,9 +383,8 @@ defmodule Larder.Cache do
   the 1 KB ratios move by about 0.1 from run to run.
   """
 
-  alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
+  alias Larder.Cache.{Config, Loader, Runtime, Stats, Writes}
   alias Larder.Cache.Supervisor, as: CacheSupervisor
-  alias Larder.Telemetry
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
@@ -492,10 +491,9 @@ defmodule Larder.Cache do
   """
   @spec fetch(cache(), key(), loader()) :: {:ok, value()} | {:error, Larder.Error.t()}
   def fetch(cache, key, loader) when is_function(loader, 0) do
-    case config!(cache) do
-      %{telemetry: false} = cfg -> read(cfg, key, loader)
-      cfg -> traced_read(cfg, key, loader)
-    end
+    Loader.read(config!(cache), key, loader)
+  rescue
+    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
   def fetch(_cache, _key, loader) do
@@ -517,40 +515,13 @@ defmodule Larder.Cache do
   """
   @spec get(cache(), key(), value()) :: value()
   def get(cache, key, default \\ nil) do
-    cfg = config!(cache)
-    result = if cfg.telemetry, do: traced_read(cfg, key, nil), else: read(cfg, key, nil)
-
-    case result do
+    case Loader.read(config!(cache), key, nil) do
       {:ok, value} -> value
       _none -> default
     end
-  end
-
-  defp read(cfg, key, loader) do
-    Loader.fetch(cfg, key, loader)
   rescue
-    e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
+    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
-
-  defp traced_read(cfg, key, loader) do
-    meta = %{cache: cfg.name, key: key}
-
-    Telemetry.span(true, [:larder, :cache, :fetch], meta, fn ->
-      {source, result} =
-        try do
-          Loader.traced(cfg, key, loader)
-        rescue
-          e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
-        end
-
-      {result, outcome(meta, source, result)}
-    end)
-  end
-
-  defp outcome(meta, :error, {:error, error}),
-    do: Map.merge(meta, %{result: :error, error: error})
-
-  defp outcome(meta, source, _result), do: Map.put(meta, :result, source)
 
   @doc """
   Writes `value` under `key` in L1 and L2, and tells the other nodes to drop
@@ -566,32 +537,9 @@ defmodule Larder.Cache do
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do
-    cfg = config!(cache)
-    ttl = Config.put_ttl!(cfg, opts)
-    Remote.check_key!(cfg, key)
-
-    if cfg.codec == :raw and not is_binary(value) do
-      raise ArgumentError,
-            "expected value to be a binary (the cache's codec is :raw), got: " <>
-              inspect(value, limit: 10)
-    end
-
-    write_span(cfg, :put, key, fn -> write(cfg, key, value, ttl) end)
-  end
-
-  defp write(cfg, key, value, ttl) do
-    try do
-      Store.write(cfg, key, value, ttl)
-    rescue
-      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
-    end
-
-    with :ok <- Remote.put(cfg, key, value, ttl, :always),
-         :ok <- Remote.publish(cfg, {:key, key}) do
-      :ok
-    else
-      error -> unknown_outcome(cfg, {:key, key}, error)
-    end
+    Writes.put(config!(cache), key, value, opts)
+  rescue
+    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
   @doc """
@@ -602,24 +550,9 @@ defmodule Larder.Cache do
   """
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
-    cfg = config!(cache)
-    Remote.check_key!(cfg, key)
-    write_span(cfg, :delete, key, fn -> remove(cfg, key) end)
-  end
-
-  defp remove(cfg, key) do
-    try do
-      Store.delete(cfg, key)
-    rescue
-      e in ArgumentError -> reraise_unknown(cfg.name, e, __STACKTRACE__)
-    end
-
-    with :ok <- Remote.delete(cfg, key),
-         :ok <- Remote.publish(cfg, {:key, key}) do
-      :ok
-    else
-      error -> unknown_outcome(cfg, {:key, key}, error)
-    end
+    Writes.delete(config!(cache), key)
+  rescue
+    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
   @doc """
@@ -639,43 +572,7 @@ defmodule Larder.Cache do
   moves), so the next reads load what Redis holds.
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
-  def invalidate_all(cache) do
-    cfg = config!(cache)
-
-    case cfg.l2 do
-      nil ->
-        {:ok, _generation, _published?} = Owner.invalidate_all(cfg, :local)
-        :ok
-
-      _l2 ->
-        case Remote.incr_generation(cfg) do
-          {:ok, _incremented} ->
-            # the owner moves to the L2's generation (checked, as every
-            # hint is) and clears L1 before it answers
-            case Owner.invalidate_all(cfg, :incremented) do
-              {:ok, _generation, true} -> :ok
-              {:ok, generation, false} -> publish_all(cfg, generation)
-              error -> unknown_outcome(cfg, :all, error)
-            end
-
-          {:error, %Larder.Error{reason: reason}} = error ->
-            # L1 is cleared either way; an INCR that Redis refused (a key
-            # that holds no generation) makes the owner write a fresh one,
-            # which moves every node like a successful call would
-            case Owner.invalidate_all(cfg, {:failed, reason}) do
-              {:ok, _generation, true} -> :ok
-              _not_renewed -> unknown_outcome(cfg, :all, error)
-            end
-        end
-    end
-  end
-
-  defp publish_all(cfg, generation) do
-    case Remote.publish(cfg, {:all, generation}) do
-      :ok -> :ok
-      error -> unknown_outcome(cfg, :all, error)
-    end
-  end
+  def invalidate_all(cache), do: Writes.invalidate_all(config!(cache))
 
   @doc """
   Counters since start: `:l1_hits`, `:l1_misses`, `:l2_hits`, `:l2_misses`,
@@ -695,46 +592,25 @@ defmodule Larder.Cache do
 
   ## Internals
 
-  defp write_span(%{telemetry: false}, _op, _key, fun), do: fun.()
-
-  defp write_span(cfg, op, key, fun) do
-    meta = %{cache: cfg.name, key: key}
-
-    Telemetry.span(true, [:larder, :cache, op], meta, fn ->
-      case fun.() do
-        :ok = ok -> {ok, Map.put(meta, :result, :ok)}
-        {:error, error} = result -> {result, Map.merge(meta, %{result: :error, error: error})}
-      end
-    end)
-  end
-
   defp config!(cache) do
-    case :persistent_term.get(Config.key(cache), nil) do
+    case Runtime.get(cache) do
       nil ->
         raise ArgumentError,
               "unknown cache: #{inspect(cache)} (no cache was started with that name)"
 
-      cfg ->
-        cfg
+      rt ->
+        rt
     end
   end
 
   # A cache whose owner died leaves its config behind but not its tables.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    cfg = :persistent_term.get(Config.key(cache), nil)
+    rt = Runtime.get(cache)
 
-    if cfg && :ets.info(cfg.data, :id) == :undefined do
+    if rt && :ets.info(rt.data, :id) == :undefined do
       raise ArgumentError, "unknown cache: #{inspect(cache)} (it is no longer running)"
     else
       reraise e, stacktrace
     end
-  end
-
-  # An L2 write that failed may still land (a timeout) or may have left the
-  # old value (a dropped connection): the owner deletes and publishes the
-  # key (or bumps and publishes the generation) once the L2 answers again.
-  defp unknown_outcome(cfg, item, {:error, %Larder.Error{}} = error) do
-    Owner.pending(cfg, item)
-    error
   end
 end

@@ -142,7 +142,7 @@ defmodule Larder.CacheBadInputTest do
     PropEr.check(property, numtests: 200, max_size: 20)
 
     stats = Cache.stats(cache)
-    cfg = :persistent_term.get({Larder.Cache, cache})
+    cfg = Larder.Cache.Runtime.get(cache)
     assert stats.entries == :ets.info(cfg.index, :size)
     assert stats.entries >= length(sentinels)
   end

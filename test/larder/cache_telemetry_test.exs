@@ -281,7 +281,7 @@ defmodule Larder.CacheTelemetryTest do
                     %{cache: ^cache, reason: :connection_lost}}
   end
 
-  defp config(cache), do: :persistent_term.get(Larder.Cache.Config.key(cache))
+  defp config(cache), do: Larder.Cache.Runtime.get(cache)
 
   defp waiting?(cache), do: :ets.info(config(cache).waiters, :size) == 1
 end

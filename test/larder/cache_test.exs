@@ -260,7 +260,7 @@ defmodule Larder.CacheTest do
     end
 
     defp local_copy_key(cache, key) do
-      {:persistent_term.get({Larder.Cache, cache}).data, key}
+      {Larder.Cache.Runtime.get(cache).data, key}
     end
   end
 
@@ -492,7 +492,7 @@ defmodule Larder.CacheTest do
       l2 = start_l2(ctx)
       writer = start_cache(ctx, l2: {MemoryL2, server: l2})
       :ok = Cache.put(writer, :k, :original)
-      gen_key = Larder.Cache.Remote.generation_key(:persistent_term.get({Cache, writer}))
+      gen_key = Larder.Cache.Remote.generation_key(Larder.Cache.Runtime.get(writer))
       [key] = MemoryL2.keys(l2) -- [gen_key]
 
       # corrupt bytes

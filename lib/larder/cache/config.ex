@@ -1,71 +1,13 @@
-# The cache's configuration: its options, checked once (validate!/1, in the
-# caller of start_link/1) with Larder.Options, and the struct the cache's
-# process builds from them once (new/2), which every caller reads from
-# :persistent_term.
+# The cache's options, checked once (validate!/1, in the caller of
+# start_link/1) with Larder.Options, and put/4's ttl. The handle a running
+# cache is called through is Larder.Cache.Runtime.
 defmodule Larder.Cache.Config do
   @moduledoc false
 
-  alias Larder.Cache.{Expiry, Remote, Stats, Store}
+  alias Larder.Cache.Remote
   alias Larder.Options
 
-  @enforce_keys [
-    :name,
-    :owner,
-    :data,
-    :index,
-    :large,
-    :waiters,
-    :meta,
-    :lock,
-    :stats,
-    :seq,
-    :generation,
-    :clock,
-    :node_id,
-    :prefix,
-    :ttl,
-    :max_entries,
-    :max_bytes,
-    :compression_level,
-    :local_copy_min_bytes,
-    :local_copy_max_bytes,
-    :max_value_bytes,
-    :telemetry
-  ]
-  defstruct [l2: nil, l2_child: nil, invalidation: :pubsub, codec: :term, key_prefix: ""] ++
-              @enforce_keys
-
   @type ttl :: pos_integer() | :infinity
-
-  @type t :: %__MODULE__{
-          name: atom(),
-          owner: pid(),
-          data: :ets.tid(),
-          index: :ets.tid(),
-          large: :ets.tid(),
-          waiters: :ets.tid(),
-          meta: :ets.tid(),
-          lock: Larder.Lock.t(),
-          stats: :counters.counters_ref(),
-          seq: :atomics.atomics_ref(),
-          generation: :atomics.atomics_ref(),
-          clock: :atomics.atomics_ref(),
-          node_id: <<_::128>>,
-          prefix: binary(),
-          ttl: ttl(),
-          max_entries: pos_integer() | :infinity,
-          max_bytes: pos_integer() | :infinity,
-          compression_level: 0..9,
-          local_copy_min_bytes: non_neg_integer() | :infinity,
-          local_copy_max_bytes: non_neg_integer(),
-          max_value_bytes: pos_integer(),
-          telemetry: boolean(),
-          invalidation: :pubsub | :tracking,
-          codec: :term | :raw,
-          key_prefix: binary(),
-          l2: {module(), term()} | nil,
-          l2_child: Supervisor.child_spec() | nil
-        }
 
   # Upper bounds of the numeric options (documented in Larder.Cache.start_link/1).
   @max_ttl 3_153_600_000_000
@@ -78,50 +20,12 @@ defmodule Larder.Cache.Config do
   # not a cache value.
   @max_max_value_bytes 1_073_741_824
 
-  @doc "The persistent_term key of a cache's config."
-  def key(name), do: {Larder.Cache, name}
-
-  @doc "Builds the config in the cache's process, from validate!/1's options."
-  @spec new(keyword()) :: t()
-  def new(opts) do
-    tables = Store.new_tables(opts[:compressed])
-
-    %__MODULE__{
-      name: opts[:name],
-      owner: self(),
-      data: tables.data,
-      index: tables.index,
-      large: tables.large,
-      waiters: tables.waiters,
-      meta: tables.meta,
-      lock: tables.lock,
-      seq: tables.seq,
-      stats: Stats.new(),
-      generation: :atomics.new(1, signed: true),
-      clock: Expiry.new_clock(),
-      node_id: :crypto.strong_rand_bytes(16),
-      prefix: Remote.prefix(opts[:namespace], opts[:version]),
-      ttl: opts[:ttl],
-      max_entries: opts[:max_entries],
-      max_bytes: opts[:max_bytes],
-      compression_level: opts[:compression_level],
-      local_copy_min_bytes: opts[:local_copy_min_bytes],
-      local_copy_max_bytes: opts[:local_copy_max_bytes],
-      max_value_bytes: opts[:max_value_bytes],
-      invalidation: opts[:invalidation],
-      codec: opts[:codec],
-      key_prefix: opts[:key_prefix],
-      # :telemetry is looked for once, here, at start (never at compile time).
-      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
-    }
-  end
-
   @doc "`put/4`'s ttl: its `ttl:` option, or the cache's."
-  @spec put_ttl!(t(), keyword()) :: ttl()
-  def put_ttl!(cfg, opts) do
+  @spec put_ttl!(Larder.Cache.Runtime.t(), keyword()) :: ttl()
+  def put_ttl!(rt, opts) do
     case opts do
       [] ->
-        cfg.ttl
+        rt.ttl
 
       [ttl: ttl] when ttl == :infinity or (is_integer(ttl) and ttl > 0 and ttl <= @max_ttl) ->
         ttl
@@ -131,7 +35,7 @@ defmodule Larder.Cache.Config do
       _ ->
         opts
         |> Options.validate!(
-          [ttl: {{:or_infinity, {:integer, 1, @max_ttl}}, cfg.ttl}],
+          [ttl: {{:or_infinity, {:integer, 1, @max_ttl}}, rt.ttl}],
           "Larder.Cache.put/4"
         )
         |> Keyword.fetch!(:ttl)

@@ -1,10 +1,11 @@
-# Expiry: the coarse clock hits compare expiry times with (moved forward by
-# a small process of its own per cache) and the periodic sweep, in slices,
-# of what has expired or was left behind by dead processes.
+# Expiry, above the Store: the coarse clock hits compare expiry times with
+# (moved forward by a small process of its own per cache) and the periodic
+# sweep, in slices, of what has expired or was left behind by dead
+# processes. The owner runs the sweep.
 defmodule Larder.Cache.Expiry do
   @moduledoc false
 
-  alias Larder.Cache.{Eviction, Store}
+  alias Larder.Cache.{Runtime, Store}
 
   @tick_ms 10
   @sweep_ms 5_000
@@ -17,11 +18,9 @@ defmodule Larder.Cache.Expiry do
 
   def sweep_ms, do: @sweep_ms
 
-  def slice_rows, do: @slice_rows
-
   def new_clock, do: :atomics.new(1, signed: true)
 
-  def tick(cfg), do: :atomics.put(cfg.clock, 1, now())
+  def tick(rt), do: :atomics.put(rt.clock, 1, now())
 
   def expires_at(:infinity), do: :infinity
   def expires_at(ttl), do: now() + ttl
@@ -31,8 +30,8 @@ defmodule Larder.Cache.Expiry do
   # hit, and a read of one atomic costs the same whoever writes it. It lags
   # real time by at most a tick plus the clock process's scheduling delay,
   # so an entry may be served that much past its ttl, never before.
-  def live?(_cfg, :infinity), do: true
-  def live?(cfg, expires), do: expires > :atomics.get(cfg.clock, 1)
+  def live?(_rt, :infinity), do: true
+  def live?(rt, expires), do: expires > :atomics.get(rt.clock, 1)
 
   ## The clock
   #
@@ -45,9 +44,9 @@ defmodule Larder.Cache.Expiry do
   # starts another if it dies and stops it with the cache.
 
   # {:ok, pid}, linked to the caller (the cache's supervisor); the cache's
-  # process has put its config in persistent_term.
+  # process has published its handle.
   def start_clock(name) do
-    %{clock: clock} = :persistent_term.get(Larder.Cache.Config.key(name))
+    %{clock: clock} = Runtime.get(name)
     {:ok, spawn_link(fn -> clock_init(clock) end)}
   end
 
@@ -71,7 +70,8 @@ defmodule Larder.Cache.Expiry do
   # that died before evicting left over the limits. The table is walked in
   # slices of @slice_rows rows (sweep/1 starts, sweep/2 goes on from a
   # continuation; each returns {:more, continuation} or :done), and the
-  # cache's process handles its other messages between two slices.
+  # cache's process handles its other messages between two slices; once
+  # :done, it repairs the slots of dead writers and evicts.
   #
   # Between two slices the table changes (writes, this sweep's deletes). A
   # continuation over a :set that changed is not safe: one whose table
@@ -83,43 +83,30 @@ defmodule Larder.Cache.Expiry do
   # if the key still holds the version the slice saw, under the key's slot
   # (Store.delete_version/3), so a row replaced meanwhile is left alone.
 
-  def sweep(cfg) do
-    now = now()
-
-    spec = [
-      {{:"$1", :"$2", :"$3", :_, :_},
-       [{:is_integer, :"$2"}, {:is_integer, :"$3"}, {:"=<", :"$3", now}],
-       [{{:expired, :"$1", :"$2"}}]},
-      {{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:loading, :"$1", :"$2", :"$3"}}]},
-      # any other row (a live value) is counted in the slice, and dropped
-      {:_, [], [false]}
-    ]
-
-    :ets.safe_fixtable(cfg.data, true)
-    slice(cfg, :ets.select(cfg.data, spec, @slice_rows))
+  def sweep(rt) do
+    Store.fix(rt, true)
+    slice(rt, Store.stale(rt, now(), @slice_rows))
   end
 
-  def sweep(cfg, continuation), do: slice(cfg, :ets.select(continuation))
+  def sweep(rt, continuation), do: slice(rt, Store.stale(continuation))
 
   # (a slice short of @slice_rows rows is the last one: every row matches)
-  defp slice(cfg, {rows, continuation}) do
-    Enum.each(rows, &sweep_row(cfg, &1))
-    if length(rows) < @slice_rows, do: finish(cfg), else: {:more, continuation}
+  defp slice(rt, {rows, continuation}) do
+    Enum.each(rows, &sweep_row(rt, &1))
+    if length(rows) < @slice_rows, do: finish(rt), else: {:more, continuation}
   end
 
-  defp slice(cfg, :"$end_of_table"), do: finish(cfg)
+  defp slice(rt, :"$end_of_table"), do: finish(rt)
 
-  defp finish(cfg) do
-    :ets.safe_fixtable(cfg.data, false)
-    Store.repair_dead_writers(cfg)
-    Eviction.evict(cfg)
+  defp finish(rt) do
+    Store.fix(rt, false)
     :done
   end
 
-  defp sweep_row(_cfg, false), do: :ok
-  defp sweep_row(cfg, {:expired, key, version}), do: Store.delete_version(cfg, key, version)
+  defp sweep_row(_rt, false), do: :ok
+  defp sweep_row(rt, {:expired, key, version}), do: Store.delete_version(rt, key, version)
 
-  defp sweep_row(cfg, {:loading, key, pid, ref}) do
-    unless Process.alive?(pid), do: Store.unlock(cfg, key, pid, ref)
+  defp sweep_row(rt, {:loading, key, pid, ref}) do
+    unless Process.alive?(pid), do: Store.unlock(rt, key, pid, ref)
   end
 end

@@ -9,7 +9,7 @@ defmodule Larder.Cache.L2Runner do
 
   require Logger
 
-  alias Larder.Cache.{Config, Owner, Remote}
+  alias Larder.Cache.{Owner, Remote, Runtime}
 
   # Backoff between two starts of the L2's processes: doubles up to the max
   # while they keep stopping (or failing to start), back to the min once
@@ -19,13 +19,11 @@ defmodule Larder.Cache.L2Runner do
 
   def start_link(name), do: GenServer.start_link(__MODULE__, name)
 
-  def backoff_ms, do: {@min_ms, @max_ms}
-
   @impl true
   def init(name) do
-    cfg = :persistent_term.get(Config.key(name))
+    rt = Runtime.get(name)
 
-    case cfg.l2_child do
+    case rt.l2_child do
       nil ->
         :ignore
 
@@ -34,7 +32,7 @@ defmodule Larder.Cache.L2Runner do
 
         case start_l2(spec) do
           {:ok, sup} ->
-            :ok = Owner.l2_started(cfg, false)
+            :ok = Owner.l2_started(rt, false)
             {:ok, %{name: name, spec: spec, sup: sup, wait: @min_ms, started: now()}}
 
           {:error, reason} ->
@@ -54,14 +52,14 @@ defmodule Larder.Cache.L2Runner do
 
   @impl true
   def handle_info({:EXIT, sup, reason}, %{sup: sup} = state) do
-    cfg = :persistent_term.get(Config.key(state.name))
+    rt = Runtime.get(state.name)
 
     Logger.warning(
       "Larder.Cache #{inspect(state.name)}: the L2's processes stopped " <>
         "(#{inspect(reason, limit: 10, printable_limit: 200)}); starting them again"
     )
 
-    Remote.process_died(cfg)
+    Remote.process_died(rt)
     wait = if now() - state.started >= @max_ms, do: @min_ms, else: state.wait
     Process.send_after(self(), :restart, wait)
     {:noreply, %{state | sup: nil, wait: min(wait * 2, @max_ms)}}
@@ -70,7 +68,7 @@ defmodule Larder.Cache.L2Runner do
   def handle_info(:restart, %{sup: nil} = state) do
     case start_l2(state.spec) do
       {:ok, sup} ->
-        :ok = Owner.l2_started(:persistent_term.get(Config.key(state.name)), true)
+        :ok = Owner.l2_started(Runtime.get(state.name), true)
         {:noreply, %{state | sup: sup, started: now()}}
 
       {:error, reason} ->

@@ -1,41 +1,65 @@
-# Read-through on an L1 miss: one loader per key at a time (an ETS insert_new
-# loading marker), the L2 then the loader function run in the caller, and waiters that
-# register in an ETS bag and monitor the loading process instead of queueing
-# behind a shared one.
+# The read action (fetch/3 and get/3): an L1 hit (the Store's row, checked
+# against the expiry clock, a large value from the reading process's own
+# copy), then read-through on a miss: one loader per key at a time (an ETS
+# insert_new loading marker), the L2 then the loader function run in the
+# caller, and waiters that register in an ETS bag and monitor the loading
+# process instead of queueing behind a shared one.
 defmodule Larder.Cache.Loader do
   @moduledoc false
 
-  alias Larder.Cache.{Remote, Stats, Store}
+  alias Larder.Cache.{Eviction, Expiry, LocalCopies, Remote, Stats, Store}
   alias Larder.Lock.Waits
+  alias Larder.Telemetry
 
   # Set in the process dictionary while the process runs a loader: only
   # then can another process be waiting for it, so only then can a wait of
   # its own close a cycle (Larder.Lock.Waits).
   @in_loader {__MODULE__, :in_loader}
 
-  # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3, nothing found).
+  # (the hit path: fetch/3 is read/3's body when telemetry is off)
+  @compile {:inline, fetch: 3}
+
+  # {:ok, value} | {:error, %Larder.Error{}} | :none (get/3: fun is nil,
+  # and nothing was found), inside a [:larder, :cache, :fetch] span unless
+  # the cache's telemetry is off.
+  def read(%{telemetry: false} = rt, key, fun), do: fetch(rt, key, fun)
+
+  def read(rt, key, fun) do
+    meta = %{cache: rt.name, key: key}
+
+    Telemetry.span(true, [:larder, :cache, :fetch], meta, fn ->
+      {source, result} = traced(rt, key, fun)
+      {result, outcome(meta, source, result)}
+    end)
+  end
+
+  defp outcome(meta, :error, {:error, error}),
+    do: Map.merge(meta, %{result: :error, error: error})
+
+  defp outcome(meta, source, _result), do: Map.put(meta, :result, source)
+
   # The hit path is the same as traced/3's, without the source tag.
-  def fetch(cfg, key, fun) do
-    case Store.lookup(cfg, key) do
+  defp fetch(rt, key, fun) do
+    case l1(rt, key) do
       {:hit, value} ->
-        Stats.count(cfg, :l1_hits)
+        Stats.count(rt, :l1_hits)
         {:ok, value}
 
       other ->
-        elem(missed(cfg, key, fun, other), 1)
+        elem(missed(rt, key, fun, other), 1)
     end
   end
 
   # fetch/3 that also says where the result came from: {source, result},
   # source being :hit, :l2_hit, :load, :waited, :miss or :error.
-  def traced(cfg, key, fun) do
-    case Store.lookup(cfg, key) do
+  defp traced(rt, key, fun) do
+    case l1(rt, key) do
       {:hit, value} ->
-        Stats.count(cfg, :l1_hits)
+        Stats.count(rt, :l1_hits)
         {:hit, {:ok, value}}
 
       other ->
-        case missed(cfg, key, fun, other) do
+        case missed(rt, key, fun, other) do
           {_source, {:error, _}} = error -> put_elem(error, 0, :error)
           {_source, :none} = none -> put_elem(none, 0, :miss)
           tagged -> tagged
@@ -43,37 +67,90 @@ defmodule Larder.Cache.Loader do
     end
   end
 
-  defp missed(cfg, key, fun, lookup) do
+  # {:hit, value} | :miss | {:loading, pid, ref}. A hit on a row with an
+  # expiry time compares it with the clock; an expired row is deleted (if it is still that
+  # version). A large value lives in its own table under {key, version}:
+  # the reading process keeps the copy it made (LocalCopies) and reuses it
+  # while the version holds.
+  defp l1(rt, key) do
+    case Store.lookup(rt, key) do
+      {:hit, _value} = hit ->
+        hit
+
+      {:value, version, expires, value} ->
+        if Expiry.live?(rt, expires), do: {:hit, value}, else: expire(rt, key, version)
+
+      {:large, version, expires, size} ->
+        if Expiry.live?(rt, expires),
+          do: large_hit(rt, key, version, size),
+          else: expire(rt, key, version)
+
+      :none ->
+        LocalCopies.drop(rt, key)
+        :miss
+
+      loading ->
+        LocalCopies.drop(rt, key)
+        loading
+    end
+  end
+
+  defp expire(rt, key, version) do
+    LocalCopies.drop(rt, key)
+    Store.delete_version(rt, key, version)
+    :miss
+  end
+
+  defp large_hit(rt, key, version, size) do
+    case LocalCopies.get(rt, key) do
+      {^version, value} ->
+        {:hit, value}
+
+      _ ->
+        case Store.large(rt, key, version) do
+          {:ok, value} ->
+            LocalCopies.keep(rt, key, version, size, value)
+            {:hit, value}
+
+          :none ->
+            # replaced or deleted since we read the row
+            l1(rt, key)
+        end
+    end
+  end
+
+  defp missed(rt, key, fun, lookup) do
     # before the loading marker: a key the L2 refuses raises ArgumentError
-    Remote.check_key!(cfg, key)
-    Stats.count(cfg, :l1_misses)
+    Remote.check_key!(rt, key)
+    Stats.count(rt, :l1_misses)
+    LocalCopies.reclaim(rt)
 
     try do
-      miss(cfg, key, fun, lookup)
+      miss(rt, key, fun, lookup)
     rescue
       e in ArgumentError ->
-        if stopped?(cfg), do: {:error, stopped(cfg, key)}, else: reraise(e, __STACKTRACE__)
+        if stopped?(rt), do: {:error, stopped(rt, key)}, else: reraise(e, __STACKTRACE__)
     end
   end
 
   # The owner took the tables with it: ETS calls on them raise badarg.
-  defp stopped?(cfg), do: :ets.info(cfg.data, :id) == :undefined
+  defp stopped?(rt), do: :ets.info(rt.data, :id) == :undefined
 
-  defp stopped(cfg, key) do
+  defp stopped(rt, key) do
     {:error,
      Larder.Error.new(:cache_stopped, "the cache stopped during the call",
-       cache: cfg.name,
+       cache: rt.name,
        key: key
      )}
   end
 
-  defp miss(cfg, key, fun, :miss) do
+  defp miss(rt, key, fun, :miss) do
     ref = make_ref()
 
-    if Store.lock(cfg, key, ref) do
-      lead(cfg, key, ref, fun)
+    if Store.lock(rt, key, ref) do
+      lead(rt, key, ref, fun)
     else
-      retry(cfg, key, fun)
+      retry(rt, key, fun)
     end
   end
 
@@ -82,30 +159,30 @@ defmodule Larder.Cache.Loader do
           "Larder.Cache.fetch/3 called for key #{inspect(key)} from inside its own loader"
   end
 
-  defp miss(cfg, key, fun, {:loading, pid, ref}), do: wait(cfg, key, fun, pid, ref)
+  defp miss(rt, key, fun, {:loading, pid, ref}), do: wait(rt, key, fun, pid, ref)
 
-  defp retry(cfg, key, fun) do
-    case Store.lookup(cfg, key) do
+  defp retry(rt, key, fun) do
+    case l1(rt, key) do
       {:hit, value} -> {:hit, {:ok, value}}
-      other -> miss(cfg, key, fun, other)
+      other -> miss(rt, key, fun, other)
     end
   end
 
   ## The loading process
 
   # {source, result}
-  defp lead(cfg, key, ref, fun) do
+  defp lead(rt, key, ref, fun) do
     {_source, result} =
       tagged =
       try do
-        load(cfg, key, ref, fun)
+        load(rt, key, ref, fun)
       catch
         kind, reason ->
-          if stopped?(cfg) do
-            {:error, stopped(cfg, key)}
+          if stopped?(rt) do
+            {:error, stopped(rt, key)}
           else
-            Store.unlock(cfg, key, self(), ref)
-            Stats.count(cfg, :load_errors)
+            Store.unlock(rt, key, self(), ref)
+            Stats.count(rt, :load_errors)
 
             {:error,
              {:error,
@@ -117,34 +194,34 @@ defmodule Larder.Cache.Loader do
           end
       end
 
-    reply_waiters(cfg, ref, result)
+    reply_waiters(rt, ref, result)
     tagged
   end
 
-  defp load(cfg, key, ref, fun) do
-    case Remote.get(cfg, key) do
+  defp load(rt, key, ref, fun) do
+    case Remote.get(rt, key) do
       {:ok, value} ->
-        Store.fill(cfg, key, ref, value, cfg.ttl)
+        fill(rt, key, ref, value)
         {:l2_hit, {:ok, value}}
 
       l2_state ->
-        {:load, run_loader(cfg, key, ref, fun, l2_state)}
+        {:load, run_loader(rt, key, ref, fun, l2_state)}
     end
   end
 
   # get/3 reads through the levels without a loader.
-  defp run_loader(cfg, key, ref, nil, _l2_state) do
-    Store.unlock(cfg, key, self(), ref)
+  defp run_loader(rt, key, ref, nil, _l2_state) do
+    Store.unlock(rt, key, self(), ref)
     :none
   end
 
-  defp run_loader(cfg, key, ref, fun, l2_state) do
-    Stats.count(cfg, :loads)
+  defp run_loader(rt, key, ref, fun, l2_state) do
+    Stats.count(rt, :loads)
 
     case call_loader(fun) do
-      {:ok, value} when cfg.codec == :raw and not is_binary(value) ->
-        Store.unlock(cfg, key, self(), ref)
-        Stats.count(cfg, :load_errors)
+      {:ok, value} when rt.codec == :raw and not is_binary(value) ->
+        Store.unlock(rt, key, self(), ref)
+        Stats.count(rt, :load_errors)
 
         {:error,
          Larder.Error.new(
@@ -159,10 +236,10 @@ defmodule Larder.Cache.Loader do
         # a put or delete that came in between has the last word.
         # SET NX on a miss, so a concurrent put's SET is never overwritten;
         # a corrupt value is replaced; an unreachable L2 is left alone.
-        if Store.fill(cfg, key, ref, value, cfg.ttl) do
+        if fill(rt, key, ref, value) do
           case l2_state do
-            :miss -> Remote.put(cfg, key, value, cfg.ttl, :new)
-            :corrupt -> Remote.put(cfg, key, value, cfg.ttl, :always)
+            :miss -> Remote.put(rt, key, value, rt.ttl, :new)
+            :corrupt -> Remote.put(rt, key, value, rt.ttl, :always)
             _none_or_error -> :ok
           end
         end
@@ -170,15 +247,15 @@ defmodule Larder.Cache.Loader do
         {:ok, value}
 
       {:error, reason} ->
-        Store.unlock(cfg, key, self(), ref)
-        Stats.count(cfg, :load_errors)
+        Store.unlock(rt, key, self(), ref)
+        Stats.count(rt, :load_errors)
 
         {:error,
          Larder.Error.new(:loader_failed, "the loader returned an error", reason: reason, key: key)}
 
       other ->
-        Store.unlock(cfg, key, self(), ref)
-        Stats.count(cfg, :load_errors)
+        Store.unlock(rt, key, self(), ref)
+        Stats.count(rt, :load_errors)
 
         {:error,
          Larder.Error.new(
@@ -188,6 +265,14 @@ defmodule Larder.Cache.Loader do
            key: key
          )}
     end
+  end
+
+  # Writes the value in place of our loading marker, if it is still there,
+  # and evicts if it did: true then.
+  defp fill(rt, key, ref, value) do
+    filled? = Store.fill(rt, key, ref, value, Expiry.expires_at(rt.ttl))
+    if filled?, do: Eviction.evict(rt)
+    filled?
   end
 
   defp call_loader(fun) do
@@ -202,8 +287,8 @@ defmodule Larder.Cache.Loader do
 
   # Waiters registered themselves under our ref; take them all at once
   # (after the lock row changed) and send each the result.
-  defp reply_waiters(cfg, ref, result) do
-    for {_ref, pid} <- :ets.take(cfg.waiters, ref) do
+  defp reply_waiters(rt, ref, result) do
+    for {_ref, pid} <- :ets.take(rt.waiters, ref) do
       send(pid, {:"$larder_cache_loaded", ref, result})
     end
 
@@ -225,28 +310,28 @@ defmodule Larder.Cache.Loader do
   # registration is in the waiters table, i.e. until the loader takes it to
   # answer), and answers {:error, :load_cycle} instead of waiting when the
   # chain of waits comes back to it.
-  defp wait(cfg, key, fun, pid, ref) do
+  defp wait(rt, key, fun, pid, ref) do
     loader = Process.monitor(pid)
-    owner = Process.monitor(cfg.owner)
+    owner = Process.monitor(rt.owner)
     watched? = Process.get(@in_loader) == true
 
     outcome =
       try do
-        :ets.insert(cfg.waiters, {ref, self()})
+        :ets.insert(rt.waiters, {ref, self()})
 
-        case Store.lookup(cfg, key) do
+        case l1(rt, key) do
           {:loading, ^pid, ^ref} ->
             # Registered before the loader took its waiters: our wait is
             # real until it answers, and can be recorded as such.
-            if watched? and Waits.wait_for(pid, cfg.waiters, ref) == :cycle do
-              if unregister(cfg, ref), do: :cycle, else: await(ref, loader, owner)
+            if watched? and Waits.wait_for(pid, rt.waiters, ref) == :cycle do
+              if unregister(rt, ref), do: :cycle, else: await(ref, loader, owner)
             else
               await(ref, loader, owner)
             end
 
           _changed ->
             # false: the loader took us already, its result is on the way
-            if unregister(cfg, ref), do: :retry, else: await(ref, loader, owner)
+            if unregister(rt, ref), do: :retry, else: await(ref, loader, owner)
         end
       after
         if watched?, do: Waits.done()
@@ -259,17 +344,17 @@ defmodule Larder.Cache.Loader do
         {:waited, result}
 
       :retry ->
-        retry(cfg, key, fun)
+        retry(rt, key, fun)
 
       :loader_down ->
         # The loading process died mid-load (a reply sent before it died
         # would have arrived first): clear its marker and start over.
-        unregister(cfg, ref)
-        Store.unlock(cfg, key, pid, ref)
-        retry(cfg, key, fun)
+        unregister(rt, ref)
+        Store.unlock(rt, key, pid, ref)
+        retry(rt, key, fun)
 
       :owner_down ->
-        {:error, stopped(cfg, key)}
+        {:error, stopped(rt, key)}
 
       :cycle ->
         {:error,
@@ -277,7 +362,7 @@ defmodule Larder.Cache.Loader do
           Larder.Error.new(
             :load_cycle,
             "this loader waits for a load that waits, through other loads, for this one",
-            cache: cfg.name,
+            cache: rt.name,
             key: key
           )}}
     end
@@ -293,7 +378,7 @@ defmodule Larder.Cache.Loader do
     end
   end
 
-  defp unregister(cfg, ref) do
-    :ets.select_delete(cfg.waiters, [{{ref, self()}, [], [true]}]) == 1
+  defp unregister(rt, ref) do
+    :ets.select_delete(rt.waiters, [{{ref, self()}, [], [true]}]) == 1
   end
 end

@@ -12,9 +12,9 @@ defmodule Larder.Cache.Remote do
 
   def prefix(namespace, version), do: "#{namespace}:#{version}"
 
-  def generation_key(cfg), do: cfg.prefix <> ":gen"
+  def generation_key(rt), do: rt.prefix <> ":gen"
 
-  def channel(cfg), do: cfg.prefix <> ":invalidate"
+  def channel(rt), do: rt.prefix <> ":invalidate"
 
   # What the L2 tracks with invalidation: :tracking: with codec :term every
   # key of this namespace and version, whatever its generation (the
@@ -25,9 +25,9 @@ defmodule Larder.Cache.Remote do
     do: prefix(namespace, version) <> ":"
 
   # The L2's options, plus the prefix it tracks when the cache asks for
-  # invalidation: :tracking (from start_link/1's validated options or a config).
-  def l2_opts(%{invalidation: :tracking} = cfg, l2_opts) do
-    prefix = if cfg.codec == :raw, do: cfg.key_prefix, else: cfg.prefix <> ":"
+  # invalidation: :tracking (from start_link/1's validated options or a cache's handle).
+  def l2_opts(%{invalidation: :tracking} = rt, l2_opts) do
+    prefix = if rt.codec == :raw, do: rt.key_prefix, else: rt.prefix <> ":"
     [{:tracking_prefix, prefix} | l2_opts]
   end
 
@@ -54,13 +54,13 @@ defmodule Larder.Cache.Remote do
     end
   end
 
-  def tracked_key(cfg, l2_key) do
-    size = byte_size(cfg.prefix)
+  def tracked_key(rt, l2_key) do
+    size = byte_size(rt.prefix)
 
-    with <<prefix::binary-size(size), ?:, rest::binary>> when prefix == cfg.prefix <- l2_key,
+    with <<prefix::binary-size(size), ?:, rest::binary>> when prefix == rt.prefix <- l2_key,
          [generation, encoded] <- :binary.split(rest, ":") do
-      if generation == Integer.to_string(:atomics.get(cfg.generation, 1)),
-        do: decode_key(cfg, encoded),
+      if generation == Integer.to_string(:atomics.get(rt.generation, 1)),
+        do: decode_key(rt, encoded),
         else: if(digits?(generation), do: :other, else: :bad)
     else
       ["gen"] -> :other
@@ -70,8 +70,8 @@ defmodule Larder.Cache.Remote do
 
   defp decode_key(_cfg, "b:" <> key), do: {:ok, key}
 
-  defp decode_key(cfg, "t:" <> bin) do
-    case Codec.decode_value(bin, cfg.max_value_bytes) do
+  defp decode_key(rt, "t:" <> bin) do
+    case Codec.decode_value(bin, rt.max_value_bytes) do
       {:ok, key} -> {:ok, key}
       {:error, _} -> :bad
     end
@@ -83,11 +83,11 @@ defmodule Larder.Cache.Remote do
 
   # codec: :raw: exactly :key_prefix <> key, no generation (another
   # program's keys).
-  def l2_key(%{codec: :raw} = cfg, key), do: cfg.key_prefix <> key
+  def l2_key(%{codec: :raw} = rt, key), do: rt.key_prefix <> key
 
-  def l2_key(cfg, key) do
-    generation = :atomics.get(cfg.generation, 1)
-    [cfg.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
+  def l2_key(rt, key) do
+    generation = :atomics.get(rt.generation, 1)
+    [rt.prefix, ?:, Integer.to_string(generation), ?: | encode_key(key)] |> IO.iodata_to_binary()
   end
 
   # A key of an L2-backed cache goes to the other nodes in its invalidation
@@ -96,15 +96,15 @@ defmodule Larder.Cache.Remote do
   # ArgumentError, before anything is written. Called on every put/4 and
   # delete/2 and on an L1 miss (such a key never gets into L1), never on a
   # hit. Keys that cannot hold a fun skip the encoding.
-  def check_key!(%{codec: :raw} = cfg, key) do
+  def check_key!(%{codec: :raw} = rt, key) do
     unless is_binary(key) do
       raise ArgumentError,
             "expected key to be a binary (the cache's codec is :raw), got: #{inspect(key, limit: 10)}"
     end
 
-    if byte_size(key) > cfg.max_value_bytes do
+    if byte_size(key) > rt.max_value_bytes do
       raise ArgumentError,
-            "expected key to take at most :max_value_bytes (#{cfg.max_value_bytes}), " <>
+            "expected key to take at most :max_value_bytes (#{rt.max_value_bytes}), " <>
               "got #{byte_size(key)} bytes"
     end
 
@@ -118,8 +118,8 @@ defmodule Larder.Cache.Remote do
              is_reference(key) or is_port(key),
       do: :ok
 
-  def check_key!(cfg, key) do
-    case ExternalTerm.check(:erlang.term_to_binary(key, [:deterministic]), cfg.max_value_bytes) do
+  def check_key!(rt, key) do
+    case ExternalTerm.check(:erlang.term_to_binary(key, [:deterministic]), rt.max_value_bytes) do
       {:ok, _plain} ->
         :ok
 
@@ -130,7 +130,7 @@ defmodule Larder.Cache.Remote do
 
       {:error, _too_large} ->
         raise ArgumentError,
-              "expected key to take at most :max_value_bytes (#{cfg.max_value_bytes}) in a " <>
+              "expected key to take at most :max_value_bytes (#{rt.max_value_bytes}) in a " <>
                 "cache with an L2, got: #{inspect(key, limit: 10, printable_limit: 100)}"
     end
   end
@@ -142,17 +142,17 @@ defmodule Larder.Cache.Remote do
 
   ## Lifecycle (the cache's process)
 
-  # {:ok, cfg with its l2 state (and the child spec of its processes, which
+  # {:ok, rt with its l2 state (and the child spec of its processes, which
   # the cache's L2Runner starts)} or {:error, %Larder.Error{}}.
-  def start(cfg, nil), do: {:ok, %{cfg | l2: nil}}
+  def start(rt, nil), do: {:ok, %{rt | l2: nil}}
 
-  def start(cfg, {mod, l2_opts}) do
-    case mod.init(l2_opts(cfg, l2_opts), self(), channel(cfg)) do
+  def start(rt, {mod, l2_opts}) do
+    case mod.init(l2_opts(rt, l2_opts), self(), channel(rt)) do
       {:ok, state} ->
-        {:ok, %{cfg | l2: {mod, state}}}
+        {:ok, %{rt | l2: {mod, state}}}
 
       {:ok, state, child_spec} ->
-        {:ok, %{cfg | l2: {mod, state}, l2_child: child_spec}}
+        {:ok, %{rt | l2: {mod, state}, l2_child: child_spec}}
 
       other ->
         {:error, Larder.Error.new(:l2_failed, "the L2 did not start", returned: other)}
@@ -178,37 +178,37 @@ defmodule Larder.Cache.Remote do
   # load replaces it); a reply of the wrong shape is an L2 error.
   def get(%{l2: nil}, _key), do: :none
 
-  def get(%{l2: {mod, state}} = cfg, key) do
-    case mod.get(state, l2_key(cfg, key)) do
+  def get(%{l2: {mod, state}} = rt, key) do
+    case mod.get(state, l2_key(rt, key)) do
       {:ok, bin} when is_binary(bin) ->
-        case decode(cfg, bin) do
+        case decode(rt, bin) do
           {:ok, value} ->
-            Stats.count(cfg, :l2_hits)
+            Stats.count(rt, :l2_hits)
             {:ok, value}
 
           :error ->
-            Stats.count(cfg, :l2_misses)
-            Stats.count(cfg, :decode_errors)
-            failed(cfg, :bad_value)
-            rejected(cfg)
+            Stats.count(rt, :l2_misses)
+            Stats.count(rt, :decode_errors)
+            failed(rt, :bad_value)
+            rejected(rt)
         end
 
       :miss ->
-        Stats.count(cfg, :l2_misses)
+        Stats.count(rt, :l2_misses)
         :miss
 
       other ->
-        failed(cfg, other)
+        failed(rt, other)
         :error
     end
   end
 
   # codec: :raw: the bytes as they are, within :max_value_bytes.
-  defp decode(%{codec: :raw} = cfg, bin),
-    do: if(byte_size(bin) <= cfg.max_value_bytes, do: {:ok, bin}, else: :error)
+  defp decode(%{codec: :raw} = rt, bin),
+    do: if(byte_size(bin) <= rt.max_value_bytes, do: {:ok, bin}, else: :error)
 
-  defp decode(cfg, bin) do
-    case Codec.decode_value(bin, cfg.max_value_bytes) do
+  defp decode(rt, bin) do
+    case Codec.decode_value(bin, rt.max_value_bytes) do
       {:ok, value} -> {:ok, value}
       {:error, _why} -> :error
     end
@@ -225,38 +225,38 @@ defmodule Larder.Cache.Remote do
   # older value stays behind.
   def put(%{l2: nil}, _key, _value, _ttl, _mode), do: :ok
 
-  def put(%{l2: {mod, state}} = cfg, key, value, ttl, mode) do
-    bin = if cfg.codec == :raw, do: value, else: Codec.encode_value(value, cfg.compression_level)
-    l2_key = l2_key(cfg, key)
+  def put(%{l2: {mod, state}} = rt, key, value, ttl, mode) do
+    bin = if rt.codec == :raw, do: value, else: Codec.encode_value(value, rt.compression_level)
+    l2_key = l2_key(rt, key)
 
-    if byte_size(bin) > cfg.max_value_bytes,
-      do: ok(cfg, mod.delete(state, l2_key)),
-      else: ok(cfg, mod.put(state, l2_key, bin, ttl, mode))
+    if byte_size(bin) > rt.max_value_bytes,
+      do: ok(rt, mod.delete(state, l2_key)),
+      else: ok(rt, mod.put(state, l2_key, bin, ttl, mode))
   end
 
   def delete(%{l2: nil}, _key), do: :ok
-  def delete(%{l2: {mod, state}} = cfg, key), do: ok(cfg, mod.delete(state, l2_key(cfg, key)))
+  def delete(%{l2: {mod, state}} = rt, key), do: ok(rt, mod.delete(state, l2_key(rt, key)))
 
   # Publishes an invalidation ({:key, key} or {:all, generation}).
   def publish(%{l2: nil}, _message), do: :ok
 
-  def publish(%{l2: {_mod, _state}} = cfg, message) do
-    case raw_publish(cfg, message) do
-      :ok -> sent(cfg, message)
-      other -> failed(cfg, other)
+  def publish(%{l2: {_mod, _state}} = rt, message) do
+    case raw_publish(rt, message) do
+      :ok -> sent(rt, message)
+      other -> failed(rt, other)
     end
   end
 
-  defp sent(cfg, message) do
-    Telemetry.execute(cfg.telemetry, [:larder, :cache, :invalidation, :sent], %{count: 1}, %{
-      cache: cfg.name,
+  defp sent(rt, message) do
+    Telemetry.execute(rt.telemetry, [:larder, :cache, :invalidation, :sent], %{count: 1}, %{
+      cache: rt.name,
       message: message
     })
   end
 
   # Increments the namespace's generation: {:ok, generation} or an error.
-  def incr_generation(%{l2: {mod, state}} = cfg) do
-    case mod.incr(state, generation_key(cfg)) do
+  def incr_generation(%{l2: {mod, state}} = rt) do
+    case mod.incr(state, generation_key(rt)) do
       {:ok, reply} ->
         case Codec.parse_generation(reply) do
           {:ok, generation} ->
@@ -264,7 +264,7 @@ defmodule Larder.Cache.Remote do
 
           :error ->
             failed(
-              cfg,
+              rt,
               {:error,
                Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
                  reply: reply
@@ -273,22 +273,22 @@ defmodule Larder.Cache.Remote do
         end
 
       other ->
-        failed(cfg, other)
+        failed(rt, other)
     end
   end
 
   # The generation stored in the L2: {:ok, generation}, :none (no key),
   # :bad (a key that holds no generation: counted as a decode error) or
   # {:error, %Larder.Error{}} (counted as an L2 error).
-  def read_generation(%{l2: {mod, state}} = cfg) do
-    case mod.get(state, generation_key(cfg)) do
+  def read_generation(%{l2: {mod, state}} = rt) do
+    case mod.get(state, generation_key(rt)) do
       {:ok, bin} ->
         case Codec.parse_generation(bin) do
           {:ok, generation} ->
             {:ok, generation}
 
           :error ->
-            Stats.count(cfg, :decode_errors)
+            Stats.count(rt, :decode_errors)
             :bad
         end
 
@@ -296,25 +296,25 @@ defmodule Larder.Cache.Remote do
         :none
 
       other ->
-        failed(cfg, other)
+        failed(rt, other)
     end
   end
 
   # Writes `generation` into the generation key, only if the key is absent
   # with mode :new: :ok or {:error, %Larder.Error{}} (counted).
-  def write_generation(%{l2: {mod, state}} = cfg, generation, mode) do
-    ok(cfg, mod.put(state, generation_key(cfg), Integer.to_string(generation), :infinity, mode))
+  def write_generation(%{l2: {mod, state}} = rt, generation, mode) do
+    ok(rt, mod.put(state, generation_key(rt), Integer.to_string(generation), :infinity, mode))
   end
 
   # A process the L2 linked to the cache's process died.
-  def process_died(cfg) do
-    failed(cfg, :process_died)
+  def process_died(rt) do
+    failed(rt, :process_died)
 
     Telemetry.execute(
-      cfg.telemetry,
+      rt.telemetry,
       [:larder, :cache, :l2, :disconnected],
       %{system_time: System.system_time()},
-      %{cache: cfg.name, reason: :process_died}
+      %{cache: rt.name, reason: :process_died}
     )
   end
 
@@ -326,11 +326,11 @@ defmodule Larder.Cache.Remote do
   # Bumps and publishes the generation: {:done, g}, {:generation, g} (bumped,
   # not published) or {:failed, reason} (the reason of the L2's error, or
   # :l2_bad_reply for an INCR reply that is not a generation).
-  def repair_all(%{l2: {mod, state}} = cfg) do
-    with {:ok, g} <- mod.incr(state, generation_key(cfg)),
+  def repair_all(%{l2: {mod, state}} = rt) do
+    with {:ok, g} <- mod.incr(state, generation_key(rt)),
          {:ok, g} <- Codec.parse_generation(g) do
-      if raw_publish(cfg, {:all, g}) == :ok,
-        do: sent_done(cfg, g),
+      if raw_publish(rt, {:all, g}) == :ok,
+        do: sent_done(rt, g),
         else: {:generation, g}
     else
       {:error, %Larder.Error{reason: reason}} -> {:failed, reason}
@@ -339,29 +339,29 @@ defmodule Larder.Cache.Remote do
   end
 
   # Deletes and publishes key: true when both went through.
-  def repair_key(%{l2: {mod, state}} = cfg, key) do
-    mod.delete(state, l2_key(cfg, key)) == :ok and raw_publish(cfg, {:key, key}) == :ok and
-      sent(cfg, {:key, key}) == :ok
+  def repair_key(%{l2: {mod, state}} = rt, key) do
+    mod.delete(state, l2_key(rt, key)) == :ok and raw_publish(rt, {:key, key}) == :ok and
+      sent(rt, {:key, key}) == :ok
   end
 
-  defp sent_done(cfg, g) do
-    sent(cfg, {:all, g})
+  defp sent_done(rt, g) do
+    sent(rt, {:all, g})
     {:done, g}
   end
 
-  defp raw_publish(%{l2: {mod, state}} = cfg, message),
-    do: mod.publish(state, channel(cfg), Codec.encode_message(cfg.node_id, message))
+  defp raw_publish(%{l2: {mod, state}} = rt, message),
+    do: mod.publish(state, channel(rt), Codec.encode_message(rt.node_id, message))
 
   ## Failures
 
   defp ok(_cfg, :ok), do: :ok
-  defp ok(cfg, other), do: failed(cfg, other)
+  defp ok(rt, other), do: failed(rt, other)
 
   # The one place L2 failures are counted. Returns the error callers give
   # back: the L2's own {:error, %Larder.Error{}}, or :l2_bad_reply for a
   # return value outside the behaviour.
-  defp failed(cfg, result) do
-    Stats.count(cfg, :l2_errors)
+  defp failed(rt, result) do
+    Stats.count(rt, :l2_errors)
 
     {reason, error} =
       case result do
@@ -381,8 +381,8 @@ defmodule Larder.Cache.Remote do
             )}}
       end
 
-    Telemetry.execute(cfg.telemetry, [:larder, :cache, :l2, :error], %{count: 1}, %{
-      cache: cfg.name,
+    Telemetry.execute(rt.telemetry, [:larder, :cache, :l2, :error], %{count: 1}, %{
+      cache: rt.name,
       reason: reason
     })
 

@@ -3,6 +3,8 @@
 defmodule Larder.Cache.Stats do
   @moduledoc false
 
+  alias Larder.Cache.Store
+
   @stats [
     :l1_hits,
     :l1_misses,
@@ -23,14 +25,14 @@ defmodule Larder.Cache.Stats do
 
   def new, do: :counters.new(length(@stats), [:write_concurrency])
 
-  def count(cfg, stat), do: :counters.add(cfg.stats, index(stat), 1)
+  def count(rt, stat), do: :counters.add(rt.stats, index(stat), 1)
 
-  def get(cfg, stat), do: :counters.get(cfg.stats, index(stat))
+  def get(rt, stat), do: :counters.get(rt.stats, index(stat))
 
   # Every counter, plus the L1's current entries and bytes.
-  def snapshot(cfg) do
+  def snapshot(rt) do
     @stats
-    |> Map.new(&{&1, get(cfg, &1)})
-    |> Map.merge(%{entries: Larder.Cache.Store.entries(cfg), bytes: Larder.Cache.Store.bytes(cfg)})
+    |> Map.new(&{&1, get(rt, &1)})
+    |> Map.merge(%{entries: Store.entries(rt), bytes: Store.bytes(rt)})
   end
 end

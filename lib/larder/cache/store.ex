@@ -1,11 +1,12 @@
-# The L1: ETS rows with a version per write, written under per-key slot
-# locks with a journal that makes every write repairable, and loading
-# markers. Eviction (Eviction), the expiry clock and sweep (Expiry) and the
-# counters (Stats) have their own files.
+# The L1's rows, at the bottom of the cache: ETS rows with a version per
+# write, written under per-key slot locks with a journal that makes every
+# write repairable, and loading markers. It holds rows and calls nothing of
+# the cache above it: its callers decide what has expired (Expiry, which
+# owns the clock), what to evict (Eviction) and what a reading process
+# keeps (LocalCopies).
 defmodule Larder.Cache.Store do
   @moduledoc false
 
-  alias Larder.Cache.{Eviction, Expiry, LocalCopies}
   alias Larder.Lock
 
   # Rows of the data table (a :set):
@@ -44,9 +45,10 @@ defmodule Larder.Cache.Store do
 
   @slots 64
 
-  # The L1's tables and lock, created by the cache's process (which owns
-  # them) and kept in the cache's Config.
-  def new_tables(compressed?) do
+  # The L1's tables and lock (and the version counter), created by the
+  # cache's process, which owns them, at its start: they go into the
+  # cache's Larder.Cache.Runtime.
+  def new(compressed?) do
     # read_concurrency without write_concurrency: adding write_concurrency
     # measurably slowed every lookup, and a cache is read-heavy.
     table_opts =
@@ -69,134 +71,108 @@ defmodule Larder.Cache.Store do
 
   defp zero_bytes, do: List.to_tuple([:bytes | List.duplicate(0, @slots + 1)])
 
-  def next_version(cfg), do: :atomics.add_get(cfg.seq, 1, 1)
+  defp next_version(rt), do: :atomics.add_get(rt.seq, 1, 1)
 
   ## Reads (lock-free)
 
-  # {:hit, value} | :miss | {:loading, pid, ref}
-  def lookup(cfg, key) do
-    case :ets.lookup(cfg.data, key) do
+  # What key's row holds:
+  #   {:hit, value}                        a value that never expires
+  #   {:value, version, expires_at, value} a value with an expiry time,
+  #                                        which the caller compares with
+  #                                        the clock
+  #   {:large, version, expires_at, size}  the value is in large/3
+  #   {:loading, pid, ref} | :none
+  def lookup(rt, key) do
+    case :ets.lookup(rt.data, key) do
+      [{_, _version, :infinity, size, value}] when is_integer(size) ->
+        {:hit, value}
+
       [{_, version, expires, size, value}] when is_integer(size) ->
-        if Expiry.live?(cfg, expires) do
-          {:hit, value}
-        else
-          expire(cfg, key, version)
-        end
+        {:value, version, expires, value}
 
       [{_, version, expires, {:large, size}, _}] ->
-        if Expiry.live?(cfg, expires) do
-          large_hit(cfg, key, version, size)
-        else
-          expire(cfg, key, version)
-        end
+        {:large, version, expires, size}
 
       [{_, :loading, pid, ref, _}] ->
-        LocalCopies.drop(cfg, key)
         {:loading, pid, ref}
 
       [] ->
-        LocalCopies.drop(cfg, key)
-        :miss
+        :none
     end
   end
 
-  defp expire(cfg, key, version) do
-    LocalCopies.drop(cfg, key)
-    delete_version(cfg, key, version)
-    :miss
+  # The large value of key's version: {:ok, value}, or :none once that
+  # version was replaced or deleted.
+  def large(rt, key, version) do
+    case :ets.lookup(rt.large, {key, version}) do
+      [{_, value}] -> {:ok, value}
+      [] -> :none
+    end
   end
 
-  # A large value lives in its own table under {key, version}; the reading
-  # process keeps the copy it made (LocalCopies), and reuses it while the
-  # version holds.
-  defp large_hit(cfg, key, version, size) do
-    case Process.get({cfg.data, key}) do
-      {^version, value} ->
-        {:hit, value}
+  # The oldest write's {version, key}, or nil when there is none:
+  # eviction's next victim.
+  def oldest(rt) do
+    case :ets.first(rt.index) do
+      :"$end_of_table" ->
+        nil
 
-      _ ->
-        case :ets.lookup(cfg.large, {key, version}) do
-          [{_, value}] ->
-            LocalCopies.keep(cfg, key, version, size, value)
-            {:hit, value}
-
-          [] ->
-            # replaced or deleted since we read the row
-            lookup(cfg, key)
+      version ->
+        case :ets.lookup(rt.index, version) do
+          [{_, key, _size}] -> {version, key}
+          # removed since first/1: look again
+          [] -> oldest(rt)
         end
     end
   end
+
+  # The rows a sweep looks at, `limit` at a time: {[row], continuation}
+  # or :"$end_of_table", row being {:expired, key, version} (expires_at at
+  # or before now), {:loading, key, pid, ref}, or false (any other row,
+  # counted in the slice). Call fix(rt, true) first: the continuation of a
+  # table that changed between two slices is only safe over a fixed table.
+  def stale(rt, now, limit) do
+    spec = [
+      {{:"$1", :"$2", :"$3", :_, :_},
+       [{:is_integer, :"$2"}, {:is_integer, :"$3"}, {:"=<", :"$3", now}],
+       [{{:expired, :"$1", :"$2"}}]},
+      {{:"$1", :loading, :"$2", :"$3", :_}, [], [{{:loading, :"$1", :"$2", :"$3"}}]},
+      {:_, [], [false]}
+    ]
+
+    :ets.select(rt.data, spec, limit)
+  end
+
+  def stale(continuation), do: :ets.select(continuation)
+
+  def fix(rt, fixed?), do: :ets.safe_fixtable(rt.data, fixed?)
 
   ## Writes (under the key's slot)
 
-  # Writes a value unconditionally (put).
-  def write(cfg, key, value, ttl) do
-    new = new_value(cfg, value, ttl)
+  # Writes a value unconditionally (put); the caller evicts.
+  def write(rt, key, value, expires_at) do
+    new = new_value(rt, value, expires_at)
 
-    with_key(cfg, key, fn slot ->
-      old = :ets.lookup(cfg.data, key)
-      step(cfg, slot, key, old, new)
+    with_key(rt, key, fn slot ->
+      old = :ets.lookup(rt.data, key)
+      step(rt, slot, key, old, new)
     end)
-
-    Eviction.evict(cfg)
   end
 
   # Takes the loading marker for key, or returns false.
-  def lock(cfg, key, ref), do: :ets.insert_new(cfg.data, {key, :loading, self(), ref, nil})
+  def lock(rt, key, ref), do: :ets.insert_new(rt.data, {key, :loading, self(), ref, nil})
 
   # Replaces our loading marker by the value, only if the marker is still
   # ours: a put, delete or invalidation in between removed it, and wins.
-  def fill(cfg, key, ref, value, ttl) do
-    new = new_value(cfg, value, ttl)
+  # True when it wrote (the caller evicts then).
+  def fill(rt, key, ref, value, expires_at) do
+    new = new_value(rt, value, expires_at)
     me = self()
 
-    filled? =
-      with_key(cfg, key, fn slot ->
-        case :ets.lookup(cfg.data, key) do
-          [{_, :loading, ^me, ^ref, _}] = old ->
-            step(cfg, slot, key, old, new)
-            true
-
-          _ ->
-            false
-        end
-      end)
-
-    if filled?, do: Eviction.evict(cfg)
-    filled?
-  end
-
-  # Removes the loading marker of pid's load ref, if it is still there.
-  def unlock(cfg, key, pid, ref) do
-    with_key(cfg, key, fn _slot ->
-      case :ets.lookup(cfg.data, key) do
-        [{_, :loading, ^pid, ^ref, _} = row] -> :ets.delete_object(cfg.data, row)
-        _ -> true
-      end
-    end)
-
-    :ok
-  end
-
-  # Deletes key whatever its row: a value or a loading marker.
-  def delete(cfg, key) do
-    with_key(cfg, key, fn slot ->
-      case :ets.lookup(cfg.data, key) do
-        [{_, :loading, _, _, _} = row] -> :ets.delete_object(cfg.data, row)
-        [] -> :ok
-        old -> step(cfg, slot, key, old, nil)
-      end
-    end)
-
-    :ok
-  end
-
-  # Deletes key's value if it is still the given version.
-  def delete_version(cfg, key, version) do
-    with_key(cfg, key, fn slot ->
-      case :ets.lookup(cfg.data, key) do
-        [{_, ^version, _, _, _}] = old ->
-          step(cfg, slot, key, old, nil)
+    with_key(rt, key, fn slot ->
+      case :ets.lookup(rt.data, key) do
+        [{_, :loading, ^me, ^ref, _}] = old ->
+          step(rt, slot, key, old, new)
           true
 
         _ ->
@@ -205,58 +181,95 @@ defmodule Larder.Cache.Store do
     end)
   end
 
-  # Empties the L1. Runs in the owner, which holds every slot meanwhile:
-  # no write is half done, and killing a caller cannot stop a clear half way.
-  # (Data rows go first, so a reader never finds a row without its value.)
-  def clear(%{owner: owner} = cfg) when owner == self() do
-    try do
-      Enum.each(1..@slots, &acquire(cfg, &1))
-      :ets.delete_all_objects(cfg.data)
-      :ets.delete_all_objects(cfg.large)
-      :ets.delete_all_objects(cfg.index)
-      :ets.insert(cfg.meta, zero_bytes())
-    after
-      # releasing a slot we do not hold is a no-op
-      Enum.each(1..@slots, &Lock.release(cfg.lock, &1))
-    end
+  # Removes the loading marker of pid's load ref, if it is still there.
+  def unlock(rt, key, pid, ref) do
+    with_key(rt, key, fn _slot ->
+      case :ets.lookup(rt.data, key) do
+        [{_, :loading, ^pid, ^ref, _} = row] -> :ets.delete_object(rt.data, row)
+        _ -> true
+      end
+    end)
 
     :ok
   end
 
-  def clear(cfg) do
-    GenServer.call(cfg.owner, :clear_l1, :infinity)
-  catch
-    :exit, _ ->
-      raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
+  # Deletes key whatever its row: a value or a loading marker.
+  def delete(rt, key) do
+    with_key(rt, key, fn slot ->
+      case :ets.lookup(rt.data, key) do
+        [{_, :loading, _, _, _} = row] -> :ets.delete_object(rt.data, row)
+        [] -> :ok
+        old -> step(rt, slot, key, old, nil)
+      end
+    end)
+
+    :ok
+  end
+
+  # Deletes key's value if it is still the given version (an expired row,
+  # eviction's victim); true if it did. Otherwise that version's index row,
+  # if any, has lost its value: it cannot outlive a repair, but if one ever
+  # did, dropping it (and its large row and bytes) keeps it from stopping
+  # eviction.
+  def delete_version(rt, key, version) do
+    with_key(rt, key, fn slot ->
+      case :ets.lookup(rt.data, key) do
+        [{_, ^version, _, _, _}] = old ->
+          step(rt, slot, key, old, nil)
+          true
+
+        _ ->
+          drop_index(rt, slot, key, version)
+          false
+      end
+    end)
+  end
+
+  # Empties the L1. Runs in the owner, which holds every slot meanwhile:
+  # no write is half done, and killing a caller cannot stop a clear half way.
+  # (Data rows go first, so a reader never finds a row without its value.)
+  def clear(%{owner: owner} = rt) when owner == self() do
+    try do
+      Enum.each(1..@slots, &acquire(rt, &1))
+      :ets.delete_all_objects(rt.data)
+      :ets.delete_all_objects(rt.large)
+      :ets.delete_all_objects(rt.index)
+      :ets.insert(rt.meta, zero_bytes())
+    after
+      # releasing a slot we do not hold is a no-op
+      Enum.each(1..@slots, &Lock.release(rt.lock, &1))
+    end
+
+    :ok
   end
 
   # Repairs the slots whose holder died mid-write (the next writer of the
   # slot would, but it may never come); called by the sweep.
-  def repair_dead_writers(cfg) do
+  def repair_dead_writers(rt) do
     journals = [{{:"$1", :_, :_, :_, :_, :_, :_}, [{:is_integer, :"$1"}], [:"$1"]}]
 
-    for slot <- :ets.select(cfg.meta, journals) do
-      Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> :ok end)
+    for slot <- :ets.select(rt.meta, journals) do
+      Lock.with_slot(rt.lock, slot, fn -> repair(rt, slot) end, fn -> :ok end)
     end
 
     :ok
   end
 
-  def entries(cfg), do: :ets.info(cfg.index, :size)
-  def bytes(cfg), do: :ets.lookup_element(cfg.meta, :bytes, 2)
+  def entries(rt), do: :ets.info(rt.index, :size)
+  def bytes(rt), do: :ets.lookup_element(rt.meta, :bytes, 2)
 
   ## The journalled step
 
   # {row, version, size, large_value_or_nil}, made before taking the slot.
-  defp new_value(cfg, value, ttl) do
+  defp new_value(rt, value, expires_at) do
     value = unshare(value)
-    version = next_version(cfg)
+    version = next_version(rt)
     size = :erlang.external_size(value)
 
-    if size >= cfg.local_copy_min_bytes do
-      {{nil, version, Expiry.expires_at(ttl), {:large, size}, nil}, version, size, {value}}
+    if size >= rt.local_copy_min_bytes do
+      {{nil, version, expires_at, {:large, size}, nil}, version, size, {value}}
     else
-      {{nil, version, Expiry.expires_at(ttl), size, value}, version, size, nil}
+      {{nil, version, expires_at, size, value}, version, size, nil}
     end
   end
 
@@ -274,21 +287,21 @@ defmodule Larder.Cache.Store do
 
   # Runs fun.(slot) holding key's slot, after repairing what a dead holder
   # of the slot left half done.
-  def with_key(cfg, key, fun) do
-    slot = Lock.slot(cfg.lock, key)
-    Lock.with_slot(cfg.lock, slot, fn -> repair(cfg, slot) end, fn -> fun.(slot) end)
+  defp with_key(rt, key, fun) do
+    slot = Lock.slot(rt.lock, key)
+    Lock.with_slot(rt.lock, slot, fn -> repair(rt, slot) end, fn -> fun.(slot) end)
   end
 
-  defp acquire(cfg, slot) do
-    case Lock.acquire(cfg.lock, slot) do
+  defp acquire(rt, slot) do
+    case Lock.acquire(rt.lock, slot) do
       :acquired -> :ok
-      :taken_over -> repair(cfg, slot)
+      :taken_over -> repair(rt, slot)
     end
   end
 
   # Replaces key's rows `old` (the lookup result) by `new` (nil: none).
   # Only under key's slot (with_key/3).
-  def step(cfg, slot, key, old, new) do
+  defp step(rt, slot, key, old, new) do
     {old_version, old_size} = version_size(old)
 
     {new_version, new_size} =
@@ -298,27 +311,27 @@ defmodule Larder.Cache.Store do
       end
 
     :ets.insert(
-      cfg.meta,
-      {slot, key, old_version, old_size, new_version, new_size, slot_bytes(cfg, slot)}
+      rt.meta,
+      {slot, key, old_version, old_size, new_version, new_size, slot_bytes(rt, slot)}
     )
 
     case new do
       nil ->
-        if old_version, do: :ets.delete_object(cfg.data, hd(old))
+        if old_version, do: :ets.delete_object(rt.data, hd(old))
 
       {row, version, size, large} ->
-        if large, do: :ets.insert(cfg.large, {{key, version}, elem(large, 0)})
-        :ets.insert(cfg.data, put_elem(row, 0, key))
-        :ets.insert(cfg.index, {version, key, size})
+        if large, do: :ets.insert(rt.large, {{key, version}, elem(large, 0)})
+        :ets.insert(rt.data, put_elem(row, 0, key))
+        :ets.insert(rt.index, {version, key, size})
     end
 
     if old_version do
-      :ets.delete(cfg.large, {key, old_version})
-      :ets.delete(cfg.index, old_version)
+      :ets.delete(rt.large, {key, old_version})
+      :ets.delete(rt.index, old_version)
     end
 
-    add_bytes(cfg, slot, new_size - old_size)
-    :ets.delete(cfg.meta, slot)
+    add_bytes(rt, slot, new_size - old_size)
+    :ets.delete(rt.meta, slot)
     :ok
   end
 
@@ -326,52 +339,50 @@ defmodule Larder.Cache.Store do
   defp version_size([{_, version, _, size, _}]) when is_integer(version), do: {version, size}
   defp version_size(_none_or_loading), do: {nil, 0}
 
-  defp slot_bytes(cfg, slot), do: :ets.lookup_element(cfg.meta, :bytes, 2 + slot)
+  defp slot_bytes(rt, slot), do: :ets.lookup_element(rt.meta, :bytes, 2 + slot)
 
-  defp add_bytes(_cfg, _slot, 0), do: :ok
+  defp add_bytes(_rt, _slot, 0), do: :ok
 
-  defp add_bytes(cfg, slot, delta) do
-    :ets.update_counter(cfg.meta, :bytes, [{2, delta}, {2 + slot, delta}])
+  defp add_bytes(rt, slot, delta) do
+    :ets.update_counter(rt.meta, :bytes, [{2, delta}, {2 + slot, delta}])
     :ok
   end
 
   # Finishes or undoes the step a dead holder of slot left half done: the
   # data row says which version won; the other's rows go, the winner's index
   # row is put back, and the slot's bytes are set from the journal.
-  defp repair(cfg, slot) do
-    case :ets.lookup(cfg.meta, slot) do
+  defp repair(rt, slot) do
+    case :ets.lookup(rt.meta, slot) do
       [] ->
         :ok
 
       [{_, key, old_version, old_size, new_version, new_size, before}] ->
-        {current, _size} = version_size(:ets.lookup(cfg.data, key))
+        {current, _size} = version_size(:ets.lookup(rt.data, key))
 
         {kept, kept_size, dropped, target} =
           if current == new_version,
             do: {new_version, new_size, old_version, before + new_size - old_size},
             else: {old_version, old_size, new_version, before}
 
-        if kept, do: :ets.insert(cfg.index, {kept, key, kept_size})
+        if kept, do: :ets.insert(rt.index, {kept, key, kept_size})
 
         if dropped do
-          :ets.delete(cfg.large, {key, dropped})
-          :ets.delete(cfg.index, dropped)
+          :ets.delete(rt.large, {key, dropped})
+          :ets.delete(rt.index, dropped)
         end
 
-        add_bytes(cfg, slot, target - slot_bytes(cfg, slot))
-        :ets.delete(cfg.meta, slot)
+        add_bytes(rt, slot, target - slot_bytes(rt, slot))
+        :ets.delete(rt.meta, slot)
         :ok
     end
   end
 
-  # Drops an index row (and its large row and bytes) whose data row is
-  # gone; under key's slot. Eviction calls it so that one stray index row
-  # cannot stop it.
-  def drop_index(cfg, slot, key, version) do
-    case :ets.take(cfg.index, version) do
+  # (versions are unique across keys: an index row of version is key's)
+  defp drop_index(rt, slot, key, version) do
+    case :ets.take(rt.index, version) do
       [{_, _, size}] ->
-        :ets.delete(cfg.large, {key, version})
-        add_bytes(cfg, slot, -size)
+        :ets.delete(rt.large, {key, version})
+        add_bytes(rt, slot, -size)
 
       [] ->
         :ok

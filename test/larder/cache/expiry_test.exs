@@ -7,7 +7,11 @@ defmodule Larder.Cache.ExpiryTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.{Expiry, Stats, Store}
+  alias Larder.Cache.{Expiry, Runtime, Stats, Store}
+
+  # The rows of a sweep slice in Larder.Cache.Expiry (another value fails
+  # "a sweep goes in slices", which counts what one slice deleted).
+  @slice_rows 1_000
 
   defp start_cache(ctx) do
     name = :"#{ctx.test}"
@@ -15,7 +19,7 @@ defmodule Larder.Cache.ExpiryTest do
     name
   end
 
-  defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
+  defp cfg(cache), do: Runtime.get(cache)
   defp clock(cache), do: :atomics.get(cfg(cache).clock, 1)
 
   defp clock_process(cache), do: Larder.Cache.Supervisor.child(cache, :clock)
@@ -43,7 +47,7 @@ defmodule Larder.Cache.ExpiryTest do
   test "the clock moves while the cache's process is held in the middle of a sweep", ctx do
     cache = start_cache(ctx)
     # several slices' worth of live rows
-    fill(cache, 10 * Expiry.slice_rows(), [])
+    fill(cache, 10 * @slice_rows, [])
     :ok = Cache.put(cache, :short, 1, ttl: 50)
     owner = Process.whereis(cache)
 
@@ -64,12 +68,12 @@ defmodule Larder.Cache.ExpiryTest do
 
     :ok = :sys.resume(owner)
     eventually(fn -> not :sys.get_state(owner).sweeping end)
-    assert Cache.stats(cache).entries == 10 * Expiry.slice_rows()
+    assert Cache.stats(cache).entries == 10 * @slice_rows
   end
 
   test "a sweep goes in slices: the cache's process handles its messages in between", ctx do
     cache = start_cache(ctx)
-    n = 20 * Expiry.slice_rows()
+    n = 20 * @slice_rows
     fill(cache, n, ttl: 1)
     # every row has expired by the clock hits read
     deadline = Expiry.now() + 1
@@ -88,14 +92,14 @@ defmodule Larder.Cache.ExpiryTest do
       owner,
       {:replace_state,
        fn state ->
-         send(test, {:seen, Store.entries(state.cfg), Stats.get(state.cfg, :bad_messages)})
+         send(test, {:seen, Store.entries(state.rt), Stats.get(state.rt, :bad_messages)})
          state
        end}
     )
 
     # one slice, then the messages that were waiting, then the rest
     assert_received {:seen, entries, 1}
-    assert entries == n - Expiry.slice_rows(), "the whole sweep ran before the messages behind it"
+    assert entries == n - @slice_rows, "the whole sweep ran before the messages behind it"
 
     # and the sweep finishes
     eventually(fn -> Cache.stats(cache).entries == 0 end, 500)

@@ -7,7 +7,7 @@ defmodule Larder.Cache.GenerationTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Cache.{Owner, Remote}
+  alias Larder.Cache.{Remote, Runtime}
   alias Larder.Support.RedisServer
 
   import Larder.Test.Eventually
@@ -110,7 +110,7 @@ defmodule Larder.Cache.GenerationTest do
     Task.await_many(tasks, :infinity)
   end
 
-  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp config(name), do: Runtime.get(name)
   defp generation(name), do: :atomics.get(config(name).generation, 1)
 
   defp settled_after_sleep(fun, tries) do
@@ -142,7 +142,7 @@ defmodule Larder.Cache.GenerationWriterTest do
   use ExUnit.Case, async: false
 
   alias Larder.Cache
-  alias Larder.Cache.Owner
+  alias Larder.Cache.Runtime
   alias Larder.Test.MemoryL2
 
   test "only the cache's process writes its generation", ctx do
@@ -193,5 +193,5 @@ defmodule Larder.Cache.GenerationWriterTest do
     end
   end
 
-  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp config(name), do: Runtime.get(name)
 end

@@ -6,7 +6,7 @@ defmodule Larder.Cache.L2InputPropertyTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Cache.{Codec, Owner}
+  alias Larder.Cache.{Codec, Runtime}
   alias Larder.Support.RedisServer
   alias Larder.Test.{GarbageServer, MemoryL2, PropEr}
 
@@ -351,10 +351,10 @@ defmodule Larder.Cache.L2InputPropertyTest do
   defp allowed?(_other), do: false
 
   defp generation(name),
-    do: :atomics.get(:persistent_term.get(Owner.config_key(name)).generation, 1)
+    do: :atomics.get(Runtime.get(name).generation, 1)
 
   defp l2_generation(l2, name) do
-    key = Larder.Cache.Remote.generation_key(:persistent_term.get(Owner.config_key(name)))
+    key = Larder.Cache.Remote.generation_key(Runtime.get(name))
     {:ok, bin} = MemoryL2.get(l2, key)
     {:ok, g} = Codec.parse_generation(bin)
     g

@@ -281,7 +281,7 @@ defmodule Larder.Cache.RedisClusterTest do
   test "the keeper killed: the cache starts another, which fills the table again", ctx do
     [a] = start_nodes(ctx, [:a])
     :ok = Cache.put(a, :k, 1)
-    cfg = :persistent_term.get(Cache.Owner.config_key(a))
+    cfg = Larder.Cache.Runtime.get(a)
     {Cache.Redis, state} = cfg.l2
     [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
     Process.exit(keeper, :kill)
@@ -437,12 +437,12 @@ defmodule Larder.Cache.RedisClusterTest do
     end
 
     defp held?(node, key),
-      do: match?([_], :ets.lookup(:persistent_term.get(Cache.Owner.config_key(node)).data, key))
+      do: match?([_], :ets.lookup(Larder.Cache.Runtime.get(node).data, key))
 
     # a SET by another client, on the master that owns the key (the others
     # answer MOVED)
     defp foreign_set(ctx, node, key, value) do
-      l2_key = Cache.Remote.l2_key(:persistent_term.get(Cache.Owner.config_key(node)), key)
+      l2_key = Cache.Remote.l2_key(Larder.Cache.Runtime.get(node), key)
       bin = :erlang.term_to_binary(value)
 
       assert Enum.any?(

@@ -6,7 +6,7 @@ defmodule Larder.Cache.RedisFaultTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Cache.Owner
+  alias Larder.Cache.Runtime
   alias Larder.Support.RedisServer
   alias Larder.Test.GarbageServer
 
@@ -81,10 +81,12 @@ defmodule Larder.Cache.RedisFaultTest do
       RedisServer.pause(ctx.server)
       on_exit(fn -> RedisServer.resume(ctx.server) end)
 
-      # put/4 waits one timeout per call: enough callers to pass the bound,
-      # all at once, so that the pause lasts one timeout. Each reports its
-      # key to the owner before it returns.
-      puts = Owner.max_pending_keys() + 10
+      # put/4 waits one timeout per call: enough callers to pass the bound
+      # of 1_000 pending keys (Larder.Cache.Repairs), all at once, so that
+      # the pause lasts one timeout. Each reports its key to the owner
+      # before it returns. (A larger bound fails the test: no
+      # invalidate-all would be pending.)
+      puts = 1_000 + 10
 
       1..puts
       |> Task.async_stream(&Cache.put(a, {:key, &1}, &1),
@@ -507,7 +509,7 @@ defmodule Larder.Cache.RedisFaultTest do
     assert Cache.get(b, key) == value
   end
 
-  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp config(name), do: Runtime.get(name)
   defp generation(name), do: :atomics.get(config(name).generation, 1)
 
   defp redis_generation(server, key) do

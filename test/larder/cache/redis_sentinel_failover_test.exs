@@ -10,7 +10,7 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.{Owner, Remote, Store}
+  alias Larder.Cache.{Remote, Runtime, Store}
   alias Larder.Support.{RedisSentinel, RedisServer}
 
   @moduletag :redis
@@ -375,5 +375,5 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
     end)
   end
 
-  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp config(name), do: Runtime.get(name)
 end

@@ -203,7 +203,7 @@ defmodule Larder.Cache.RedisSentinelTest do
   end
 
   defp keeper(name) do
-    {Cache.Redis, %{table: table}} = :persistent_term.get({Cache, name}).l2
+    {Cache.Redis, %{table: table}} = Larder.Cache.Runtime.get(name).l2
     [{:keeper, pid}] = :ets.lookup(table, :keeper)
     pid
   end

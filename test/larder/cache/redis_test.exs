@@ -212,7 +212,7 @@ defmodule Larder.Cache.RedisTest do
   end
 
   defp on_redis_generation?(cache, server) do
-    cfg = :persistent_term.get(Cache.Config.key(cache))
+    cfg = Larder.Cache.Runtime.get(cache)
     local = Integer.to_string(:atomics.get(cfg.generation, 1))
 
     case RedisServer.command(server, ["GET", Cache.Remote.generation_key(cfg)]) do

@@ -8,7 +8,7 @@ defmodule Larder.Cache.RedisTrackingTest do
   use Larder.Cache.L2Conformance
 
   alias Larder.Cache
-  alias Larder.Cache.{Owner, Remote, Store}
+  alias Larder.Cache.{Remote, Runtime, Store}
   alias Larder.Support.RedisServer
 
   import Larder.Test.Eventually
@@ -346,7 +346,7 @@ defmodule Larder.Cache.RedisTrackingTest do
     end
   end
 
-  defp config(name), do: :persistent_term.get(Owner.config_key(name))
+  defp config(name), do: Runtime.get(name)
 
   defp await(fun), do: eventually(fun, 500, 20)
 end

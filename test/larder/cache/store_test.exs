@@ -37,7 +37,7 @@ defmodule Larder.Cache.StoreTest do
     :exit, {reason, _} when reason in [:noproc, :shutdown] -> :ok
   end
 
-  defp cfg(cache), do: :persistent_term.get({Larder.Cache, cache})
+  defp cfg(cache), do: Larder.Cache.Runtime.get(cache)
 
   # Runs the owner's periodic sweep now (it repairs slots whose holder died)
   # and waits for it.
@@ -200,11 +200,13 @@ defmodule Larder.Cache.StoreTest do
       keys = [:hot, :_, {:"$1"}]
       cfg = cfg(cache)
 
+      # (an L1-only cache's invalidate_all/1 is the owner's clear of L1,
+      # holding every slot)
       invalidator =
         Task.async(fn ->
           for n <- 1..400 do
             if rem(n, 50) == 0,
-              do: Larder.Cache.Store.clear(cfg),
+              do: :ok = Cache.invalidate_all(cache),
               else: Larder.Cache.Store.delete(cfg, Enum.random(keys))
 
             Process.sleep(1)
@@ -441,6 +443,10 @@ defmodule Larder.Cache.StoreTest do
           send(parent, {:register, Larder.Register.get(reg, key)})
           reader_loop(parent)
 
+        {:get, cache, key} ->
+          send(parent, {:get, Cache.get(cache, key)})
+          reader_loop(parent)
+
         {:copies, data} ->
           send(parent, {:copies, for({{^data, _}, _} <- Process.get(), do: :copy)})
           reader_loop(parent)
@@ -503,6 +509,34 @@ defmodule Larder.Cache.StoreTest do
       send(reader, {:copies, data})
       assert_receive {:copies, []}
       :ok = Larder.Register.drop(reg)
+      unlink(reader)
+    end
+
+    # Issue 20: the Register reclaimed on every miss, the cache only at a
+    # new copy of a large value: a process that went on reading small
+    # values or missing kept its copies of a stopped cache for ever.
+    test "of a cache that stopped are reclaimed at the process's next miss on any cache", ctx do
+      cache = start_cache(ctx, local_copy_min_bytes: 1_000)
+      other = start_cache(%{test: :"#{ctx.test} other"})
+      data = cfg(cache).data
+      :ok = Cache.put(cache, :big, Enum.to_list(1..20_000))
+      :ok = Cache.put(other, :small, :v)
+      reader = reader()
+      read_in(reader, cache, :big)
+      send(reader, {:copies, data})
+      assert_receive {:copies, [:copy]}
+
+      GenServer.stop(cfg(cache).owner)
+      # a hit keeps the hit path as it is: the copies stay
+      send(reader, {:get, other, :small})
+      assert_receive {:get, :v}
+      send(reader, {:copies, data})
+      assert_receive {:copies, [:copy]}
+
+      send(reader, {:get, other, :missing})
+      assert_receive {:get, nil}
+      send(reader, {:copies, data})
+      assert_receive {:copies, []}
       unlink(reader)
     end
 

@@ -73,7 +73,7 @@ defmodule Larder.Cache.TopologyTest do
     {:ok, sup} = start(ctx, :idle)
     owner = Process.whereis(ctx.name)
     :ok = Cache.put(ctx.name, :k, 1)
-    data = :persistent_term.get({Cache, ctx.name}).data
+    data = Larder.Cache.Runtime.get(ctx.name).data
 
     for round <- 1..6 do
       assert_receive {:l2_process, pid}, 10_000
@@ -85,7 +85,7 @@ defmodule Larder.Cache.TopologyTest do
     assert_receive {:l2_process, _pid}, 10_000
     assert Process.alive?(sup)
     assert Process.whereis(ctx.name) == owner
-    assert :persistent_term.get({Cache, ctx.name}).data == data
+    assert Larder.Cache.Runtime.get(ctx.name).data == data
     assert Cache.stats(ctx.name).l2_errors >= 6
     eventually(fn -> Cache.put(ctx.name, :k, 2) == :ok end)
     assert Cache.get(ctx.name, :k) == 2

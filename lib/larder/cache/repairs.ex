@@ -1,0 +1,159 @@
+# The owner's pending invalidations: L2 writes whose outcome is unknown,
+# repaired by a worker process once the L2 answers again.
+defmodule Larder.Cache.Repairs do
+  @moduledoc false
+
+  alias Larder.Cache.{Generation, Remote}
+
+  # A put/4, delete/2 or invalidate_all/1 whose L2 write failed (a timeout
+  # or a dropped connection: it may still land) leaves other nodes serving
+  # what they hold. The caller records the key (or :all) here, and a worker
+  # process repairs it once the L2 answers: for a key, DEL then PUBLISH; for
+  # :all, INCR the generation then PUBLISH it. Each item carries the sequence
+  # number of its latest failure, so a failure recorded while a repair is
+  # running is not lost when that repair reports.
+  #
+  # Retried after 100 ms, doubling while the L2 stays away up to 400 ms (so
+  # a recovered L2 is noticed within that); more keys than @max_keys
+  # degrade to one invalidate-all.
+  @min_ms 100
+  @max_ms 400
+  @max_keys 1_000
+
+  # The owner's state of them.
+  def new, do: %{keys: %{}, all: nil, seq: 0, worker: nil, timer: nil, wait: @min_ms}
+
+  @doc """
+  Records that an L2 write of `item` (`{:key, key}` or `:all`) may or may
+  not have happened, so that the owner deletes and publishes it once the
+  L2 answers again. Asynchronous; never fails.
+  """
+  def record(rt, item) do
+    send(rt.owner, {:larder_cache_pending, item})
+    :ok
+  end
+
+  # The owner received a record/2: adds it, and repairs if it can.
+  def add(p, rt, item) do
+    seq = p.seq + 1
+
+    p =
+      case item do
+        :all ->
+          %{p | all: seq, keys: %{}, seq: seq}
+
+        {:key, _key} when p.all != nil ->
+          # an invalidate-all is pending: it covers every key
+          %{p | seq: seq}
+
+        {:key, key} when map_size(p.keys) >= @max_keys ->
+          if Map.has_key?(p.keys, key),
+            do: %{p | keys: Map.put(p.keys, key, seq), seq: seq},
+            else: %{p | all: seq, keys: %{}, seq: seq}
+
+        {:key, key} ->
+          %{p | keys: Map.put(p.keys, key, seq), seq: seq}
+
+        _other ->
+          p
+      end
+
+    run(p, rt)
+  end
+
+  # Starts a worker on what is pending, unless one runs (or there is no L2).
+  def run(%{worker: nil, keys: keys, all: all} = p, %{l2: {_, _}} = rt)
+      when all != nil or map_size(keys) > 0 do
+    snapshot = %{all: all, keys: Map.to_list(keys)}
+    owner = self()
+    {pid, ref} = spawn_monitor(fn -> send(owner, work(rt, snapshot)) end)
+    %{p | worker: {pid, ref}}
+  end
+
+  def run(p, _rt), do: p
+
+  # The retry timer fired.
+  def retry(p, rt), do: run(%{p | timer: nil}, rt)
+
+  # The worker died before reporting: try again later.
+  def worker_down(p), do: schedule(%{p | worker: nil})
+
+  defp schedule(%{timer: nil} = p) do
+    if p.all != nil or map_size(p.keys) > 0 do
+      timer = Process.send_after(self(), :repair, p.wait)
+      %{p | timer: timer, wait: min(p.wait * 2, @max_ms)}
+    else
+      p
+    end
+  end
+
+  defp schedule(p), do: p
+
+  # Runs in the worker: stops at the first failure (the L2 is still away).
+  defp work(rt, %{all: all, keys: keys}) do
+    all_result =
+      case all do
+        nil ->
+          :none
+
+        seq ->
+          case Remote.repair_all(rt) do
+            {:done, g} -> {:done, seq, g}
+            {:failed, reason} -> {:failed, seq, reason}
+            other -> other
+          end
+      end
+
+    done =
+      if all_result in [:none] or match?({:done, _, _}, all_result) do
+        Enum.reduce_while(keys, [], fn {key, seq}, done ->
+          if Remote.repair_key(rt, key),
+            do: {:cont, [{key, seq} | done]},
+            else: {:halt, done}
+        end)
+      else
+        []
+      end
+
+    {:larder_cache_repaired, self(), %{all: all_result, keys: done}}
+  end
+
+  # The worker reported what it repaired.
+  def reported(p, rt, %{all: all_result, keys: done}) do
+    {_pid, ref} = p.worker
+    Process.demonitor(ref, [:flush])
+
+    all =
+      case all_result do
+        {:done, seq, _g} ->
+          Generation.sync(rt)
+          if p.all == seq, do: nil, else: p.all
+
+        {:generation, _g} ->
+          Generation.sync(rt)
+          p.all
+
+        {:failed, seq, reason} when reason != :l2_unavailable ->
+          # Redis refused the INCR (a key that holds no generation): a
+          # renewed generation, published, does what the repair was for
+          case Generation.sync(rt) do
+            {:ok, _g, true} when p.all == seq -> nil
+            _other -> p.all
+          end
+
+        _ ->
+          p.all
+      end
+
+    keys =
+      Enum.reduce(done, p.keys, fn {key, seq}, keys ->
+        if Map.get(keys, key) == seq, do: Map.delete(keys, key), else: keys
+      end)
+
+    # a generation that moved clears L1 here; L1 was cleared at the call too
+    # progress (or nothing left) resets the backoff
+    wait = if done != [] or match?({:done, _, _}, all_result), do: @min_ms, else: p.wait
+
+    schedule(%{p | all: all, keys: keys, worker: nil, wait: wait})
+  end
+end
