@@ -298,10 +298,9 @@ defmodule Larder.Cache do
       back: for a key it deletes the L2 key and then publishes the key; for
       "all" it increments the generation and publishes it. Once Redis
       answers again, every node drops the old value within one retry (0.4 s
-      plus a round trip at most; 0.1 to 0.21 s measured after pausing Redis
-      for 2 s). The repair deletes the key from the L2 even when a later
-      write of it succeeded, since the earlier one may land after it: the
-      price is a miss, never an old value. More than 1,000 pending keys
+      plus a round trip at most). The repair deletes the key from the L2
+      even when a later write of it succeeded, since the earlier one may
+      land after it: the price is a miss, never an old value. More than 1,000 pending keys
       become one pending invalidate-all, so the record stays small. Pending
       work lives in the cache's process and is lost if that process stops.
     * L2 values are checked before they are decoded: the bytes, a
