@@ -163,7 +163,8 @@ defmodule Larder.Cache do
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
       `invalidate_all/1` publishes the new generation, and every instance
-      reads the generation key, moves to it and clears its L1. An instance ignores its own messages. Messages
+      reads the generation key, moves to it and clears its L1. An instance
+      ignores its own messages. Messages
       published while an instance is disconnected are lost to it, so when
       its subscription comes back (or first comes up after Redis was
       unreachable at start) it clears its L1 and re-reads the generation.
@@ -300,9 +301,10 @@ defmodule Larder.Cache do
       answers again, every node drops the old value within one retry (0.4 s
       plus a round trip at most). The repair deletes the key from the L2
       even when a later write of it succeeded, since the earlier one may
-      land after it: the price is a miss, never an old value. More than 1,000 pending keys
-      become one pending invalidate-all, so the record stays small. Pending
-      work lives in the cache's process and is lost if that process stops.
+      land after it: the price is a miss, never an old value. More than
+      1,000 pending keys become one pending invalidate-all, so the record
+      stays small. Pending work lives in the cache's process and is lost if
+      that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the
       decoded term would take (walked from its encoding, without

@@ -60,8 +60,9 @@ defmodule Larder.Register do
       A writer that finds its slot locked retries at once a few times, then
       yields between tries, each time checking that the holder is alive (one
       lookup in the holders' table). A process's first write registers it
-      as a lock holder (one call to the `:larder` application's registry). `update/4`: a read, the function, and a
-      compare-and-swap under the lock, retried while other writers win.
+      as a lock holder (one call to the `:larder` application's registry).
+      `update/4`: a read, the function, and a compare-and-swap under the
+      lock, retried while other writers win.
     * `keys/1`: O(n). `size/1`: O(1).
     * Keys are arbitrary terms and the number of keys is unbounded: slots are
       shared by hashing. Two keys in one slot are never confused; a write to
