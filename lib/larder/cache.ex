@@ -164,10 +164,10 @@ defmodule Larder.Cache do
       version deletes it from its L1 when the message arrives.
       `invalidate_all/1` publishes the new generation, and every instance
       reads the generation key, moves to it and clears its L1. An instance
-      ignores its own messages. Messages
-      published while an instance is disconnected are lost to it, so when
-      its subscription comes back (or first comes up after Redis was
-      unreachable at start) it clears its L1 and re-reads the generation.
+      ignores its own messages. Messages published while an instance is
+      disconnected are lost to it, so when its subscription comes back (or
+      first comes up after Redis was unreachable at start) it clears its L1
+      and re-reads the generation.
     * **Invalidation on any program's write** (`invalidation: :tracking`).
       Redis reports every change to a key under the cache's prefix (a
       write, a delete, an expiry, an eviction, by any client) to each
