@@ -1,6 +1,6 @@
 # Invalidation messages on a Redis Cluster: cluster-wide PUBLISH against
 # sharded SPUBLISH (Redis 7), on a real six-node cluster started here
-# (support/redis_cluster.ex).
+# (test/support/redis_cluster.ex).
 #
 #   mix run bench/cluster_pubsub_bench.exs [--quick] [--json PATH]
 #
@@ -12,8 +12,8 @@
 # subscribes (SSUBSCRIBE) there. "bus bytes" is what the publish costs the
 # cluster bus per message (cluster_stats_messages_publish_sent, summed).
 Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../support/redis_server.ex", __DIR__)
-Code.require_file("../support/redis_cluster.ex", __DIR__)
+Code.require_file("../test/support/redis_server.ex", __DIR__)
+Code.require_file("../test/support/redis_cluster.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Cache.Redis.Cluster

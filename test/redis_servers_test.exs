@@ -1,6 +1,6 @@
 defmodule Larder.RedisServersTest do
-  # The test starters themselves (support/redis_sentinel.ex,
-  # support/redis_cluster.ex): a Sentinel set fails over when its master is
+  # The test starters themselves (test/support/redis_sentinel.ex,
+  # test/support/redis_cluster.ex): a Sentinel set fails over when its master is
   # killed and its sentinels agree on the new one; a cluster forms, fails
   # over on CLUSTER FAILOVER and moves slots on a reshard; the servers die
   # with the process that started them.

@@ -30,19 +30,17 @@ defmodule SessionRegistry do
   """
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
-    case Keyword.split(opts, [:info]) do
-      {info_opts, []} ->
-        info = Keyword.get(info_opts, :info, :map)
+    unless is_list(opts) and Keyword.keyword?(opts),
+      do: raise(ArgumentError, "expected options to be a keyword list, got: #{inspect(opts)}")
 
-        unless info in [:map, :proplist],
-          do: raise(ArgumentError, ":info must be :map or :proplist, got: #{inspect(info)}")
+    # Unknown or repeated keys: Keyword.validate!/2 raises ArgumentError.
+    info = Keyword.validate!(opts, info: :map)[:info]
 
-        %__MODULE__{table: Table.new(key: :sid, index: [:user]), info: info}
-
-      {_, unknown} ->
-        raise ArgumentError,
-              "unknown options #{inspect(Keyword.keys(unknown))}; valid options: [:info]"
+    unless info in [:map, :proplist] do
+      raise ArgumentError, "expected option :info to be :map or :proplist, got: #{inspect(info)}"
     end
+
+    %__MODULE__{table: Table.new(key: :sid, index: [:user]), info: info}
   end
 
   @doc """

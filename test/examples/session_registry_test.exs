@@ -69,10 +69,16 @@ defmodule SessionRegistryTest do
   end
 
   test "options are validated" do
-    assert_raise ArgumentError, ~r/unknown options \[:x\]; valid options: \[:info\]/, fn ->
+    assert_raise ArgumentError, ~r/unknown keys \[:x\].*allowed keys are: \[:info\]/, fn ->
       SessionRegistry.new(x: 1)
     end
 
-    assert_raise ArgumentError, ~r/:info must be/, fn -> SessionRegistry.new(info: :tuple) end
+    assert_raise ArgumentError, ~r/option :info to be :map or :proplist/, fn ->
+      SessionRegistry.new(info: :tuple)
+    end
+
+    for bad <- [:x, [1], [{:info, :map} | :tail]] do
+      assert_raise ArgumentError, ~r/keyword list/, fn -> SessionRegistry.new(bad) end
+    end
   end
 end

@@ -216,6 +216,7 @@ defmodule Larder.BagBadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Bag
+  alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
   @bang [:dump!, :load!]
@@ -226,82 +227,10 @@ defmodule Larder.BagBadInputTest do
   defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
 
   defp hostile_gen do
-    :proper_types.frequency([
-      {6, :proper_types.any()},
-      {2, deep_gen()},
-      {2, improper_gen()},
-      {1, huge_gen()},
-      {2,
-       :proper_types.oneof([
-         %{},
-         %{a: %{b: [1 | 2]}},
-         self(),
-         make_ref(),
-         fn -> :f end,
-         &Enum.map/2,
-         :_,
-         :"$1",
-         :"$_",
-         nil,
-         true,
-         -0.0,
-         2 ** 200,
-         "a\0b",
-         <<1::3>>,
-         {:const, :_},
-         [{:_, [], [:"$_"]}]
-       ])},
+    Hostile.term([
       {2, {:"$bag", :proper_types.oneof([:live, :named, :deleted, :forged_ref, :foreign])}}
     ])
   end
-
-  # Deep, improper and huge terms are generated as small descriptors and
-  # built just before the call: PropEr walks every generated value, which
-  # would cost more than the calls themselves on terms of this size.
-
-  # Lists, tuples and maps nested up to 100,000 deep.
-  defp deep_gen do
-    {:"$deep", :proper_types.integer(1, 100_000),
-     :proper_types.oneof([:list, :tuple, :map, :mixed])}
-  end
-
-  # Improper lists, short or with up to 50,000 pairs before the bad tail.
-  defp improper_gen do
-    {:"$improper", :proper_types.list(:proper_types.any()), :proper_types.any(),
-     :proper_types.integer(0, 50_000)}
-  end
-
-  defp huge_gen do
-    :proper_types.oneof([
-      {:"$huge", :binary, :proper_types.integer(1, 4_000_000)},
-      {:"$huge", :pairs, :proper_types.integer(1, 200_000)},
-      {:"$huge", :atoms, :proper_types.integer(1, 200_000)},
-      {:"$huge", :integer, :proper_types.integer(1, 100_000)}
-    ])
-  end
-
-  defp build({:"$deep", depth, kind}) do
-    Enum.reduce(1..depth, :leaf, fn i, acc ->
-      case {kind, rem(i, 3)} do
-        {:list, _} -> [acc]
-        {:tuple, _} -> {acc}
-        {:map, _} -> %{k: acc}
-        {:mixed, 0} -> [acc | :tail]
-        {:mixed, 1} -> {:k, acc}
-        {:mixed, 2} -> %{acc => 1}
-      end
-    end)
-  end
-
-  defp build({:"$improper", _list, [], _pairs}), do: [{:k, 1} | :tail]
-
-  defp build({:"$improper", list, tail, pairs}),
-    do: list ++ [{:k, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:k, &1} | &2])]
-
-  defp build({:"$huge", :binary, n}), do: :binary.copy(<<7>>, n)
-  defp build({:"$huge", :pairs, n}), do: for(i <- 1..n, do: {i, i})
-  defp build({:"$huge", :atoms, n}), do: List.duplicate(:x, n)
-  defp build({:"$huge", :integer, bits}), do: Bitwise.bsl(1, bits)
 
   defp opts_gen do
     key =
@@ -512,43 +441,32 @@ defmodule Larder.BagBadInputTest do
 
   defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
 
-  defp resolve({:"$bag", which}, env), do: Map.fetch!(env, which)
-  defp resolve({:"$name"}, env), do: :"larder_bad_input_#{env.n}"
-  defp resolve({:"$path", :file}, env), do: Path.join(env.dir, "snap.bag")
-  defp resolve({:"$path", :dir}, env), do: env.dir
-  defp resolve({:"$path", :missing_dir}, env), do: Path.join([env.dir, "gone", "x.bag"])
-  defp resolve({:"$path", :null}, env), do: Path.join(env.dir, "a\0b")
+  # Hostile descriptors and the test's placeholders may sit anywhere in a
+  # generated argument (pairs, options, lists).
+  defp resolve(term, env), do: Hostile.build(term, &placeholder(&1, env))
 
-  defp resolve({:"$path", {:named, bin}}, env) when not is_binary(bin),
-    do: resolve({:"$path", {:named, inspect(bin)}}, env)
+  defp placeholder({:"$bag", which}, env), do: {:ok, Map.fetch!(env, which)}
+  defp placeholder({:"$name"}, env), do: {:ok, :"larder_bad_input_#{env.n}"}
+  defp placeholder({:"$path", which}, env), do: {:ok, path(which, env)}
 
-  defp resolve({:"$path", {:named, bin}}, env),
-    do:
-      Path.join(
-        env.dir,
-        binary_part(Base.url_encode64(bin), 0, min(byte_size(Base.url_encode64(bin)), 100)) <>
-          ".bag"
-      )
-
-  defp resolve({:"$file", content}, env) do
+  defp placeholder({:"$file", content}, env) do
     path = Path.join(env.dir, "file-#{System.unique_integer([:positive])}.bag")
     File.write!(path, file_bytes(resolve(content, env)))
-    path
+    {:ok, path}
   end
 
-  defp resolve({tag, _, _} = spec, _env) when tag == :"$deep" or tag == :"$huge",
-    do: build(spec)
+  defp placeholder(_term, _env), do: :error
 
-  defp resolve({:"$improper", list, tail, pairs}, env),
-    do: build({:"$improper", resolve(list, env), tail, pairs})
+  defp path(:file, env), do: Path.join(env.dir, "snap.bag")
+  defp path(:dir, env), do: env.dir
+  defp path(:missing_dir, env), do: Path.join([env.dir, "gone", "x.bag"])
+  defp path(:null, env), do: Path.join(env.dir, "a\0b")
+  defp path({:named, bin}, env) when not is_binary(bin), do: path({:named, inspect(bin)}, env)
 
-  # Placeholders may sit inside generated lists and tuples (pairs, options).
-  defp resolve([head | tail], env), do: [resolve(head, env) | resolve(tail, env)]
-  defp resolve(tuple, env) when is_tuple(tuple), do: resolve_tuple(tuple, env)
-  defp resolve(other, _env), do: other
-
-  defp resolve_tuple(tuple, env),
-    do: tuple |> Tuple.to_list() |> Enum.map(&resolve(&1, env)) |> List.to_tuple()
+  defp path({:named, bin}, env) do
+    name = Base.url_encode64(bin)
+    Path.join(env.dir, binary_part(name, 0, min(byte_size(name), 100)) <> ".bag")
+  end
 
   # Which argument of `fun` is a path (0-based), if any.
   defp path_position(fun) when fun in [:dump, :dump!], do: 1

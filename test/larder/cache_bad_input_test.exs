@@ -6,49 +6,13 @@ defmodule Larder.CacheBadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
+  alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
-  import :proper_types, only: [oneof: 1, frequency: 1, bind: 3, list: 1, range: 2, tuple: 1]
-
-  # Deep, improper and huge terms are generated as small specs and built at
-  # run time (build/1): PropEr walks every generated term, which a 20,000
-  # deep one makes slow.
-  defp deep,
-    do: tuple([:"$build", :deep, range(1, 20_000), oneof([:tuple, :list, :map, :improper])])
-
-  defp huge, do: tuple([:"$build", :huge, range(1, 100_000), oneof([:list, :binary, :tuple])])
-
-  defp improper do
-    bind(
-      tuple([list(:proper_types.any()), :proper_types.any()]),
-      fn {list, tail} -> Enum.reduce(Enum.reverse(list), tail, &[&1 | &2]) end,
-      false
-    )
-  end
-
-  defp build({:"$build", :deep, n, shape}) do
-    Enum.reduce(1..n, :leaf, fn _, acc ->
-      case shape do
-        :tuple -> {acc}
-        :list -> [acc]
-        :map -> %{acc => 1}
-        :improper -> [acc | :tail]
-      end
-    end)
-  end
-
-  defp build({:"$build", :huge, n, :list}), do: Enum.to_list(1..n)
-  defp build({:"$build", :huge, n, :binary}), do: :binary.copy("x", n * 8)
-  defp build({:"$build", :huge, n, :tuple}), do: List.to_tuple(Enum.to_list(1..n))
-  defp build(term), do: term
+  import :proper_types, only: [oneof: 1, frequency: 1, list: 1, tuple: 1]
 
   defp nasty do
-    frequency([
-      {4, :proper_types.any()},
-      {2, oneof([:_, :"$1", :"$$", :"$_", {:_, :"$2"}, [:_ | :"$3"], nil, :infinity, -1])},
-      {1, deep()},
-      {2, improper()},
-      {1, huge()},
+    Hostile.term([
       {1, oneof([:ttl, :max_bytes, :name, :local_copy_max_bytes])},
       {1, list(tuple([oneof([:ttl, :name, :max_bytes, :bogus]), :proper_types.any()]))}
     ])
@@ -86,8 +50,8 @@ defmodule Larder.CacheBadInputTest do
       |> Tuple.to_list()
       |> Enum.map(fn
         :cache -> cache
-        {:"$loader", how, value} -> loader_fun(how, build(value))
-        arg -> build(arg)
+        {:"$loader", how, value} -> loader_fun(how, Hostile.build(value))
+        arg -> Hostile.build(arg)
       end)
 
     try do
@@ -123,7 +87,8 @@ defmodule Larder.CacheBadInputTest do
   defp allowed?(_fun, _other), do: false
 
   test "arbitrary arguments get a result, an ArgumentError or a Larder.Error", ctx do
-    cache = :"#{ctx.test}"
+    # The module too: Larder.ReplicaBadInputTest's test has the same name.
+    cache = :"#{inspect(__MODULE__)} #{ctx.test}"
     start_supervised!({Cache, name: cache, local_copy_min_bytes: 1_000})
     sentinels = for i <- 1..20, do: {{:sentinel, make_ref()}, {i, Enum.to_list(1..(i * 100))}}
     for {key, value} <- sentinels, do: :ok = Cache.put(cache, key, value)

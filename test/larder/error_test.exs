@@ -1,6 +1,7 @@
 defmodule Larder.ErrorTest do
   use ExUnit.Case, async: true
 
+  alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
   doctest Larder.Error
@@ -26,37 +27,13 @@ defmodule Larder.ErrorTest do
     end
   end
 
-  # PropEr's ?LET: a generator of fun.(value) for values of `gen`.
-  defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
-
-  defp hostile_gen do
-    :proper_types.frequency([
-      {6, :proper_types.any()},
-      {1, let(:proper_types.list(:proper_types.any()), &(&1 ++ :tail))},
-      {1, let(:proper_types.integer(1, 100_000), &List.duplicate({:k, :v}, &1))},
-      {1, let(:proper_types.integer(1, 100_000), &(List.duplicate({:k, :v}, &1) ++ :tail))},
-      {1, let(:proper_types.integer(1, 100_000), &Enum.reduce(1..&1, :leaf, fn _, a -> [a] end))},
-      {2,
-       :proper_types.oneof([
-         nil,
-         "",
-         1..3,
-         MapSet.new([{:a, 1}]),
-         %{a: 1},
-         [a: 1],
-         [{:a, 1} | :tail],
-         fn -> :f end,
-         self(),
-         make_ref()
-       ])}
-    ])
-  end
-
   # Only a Larder.Error or an ArgumentError that names the argument comes
   # back, whatever the arguments.
   test "bad input to new/1,3 raises ArgumentError naming the argument" do
     property =
-      :proper.forall({hostile_gen(), hostile_gen(), hostile_gen()}, fn {r, m, d} ->
+      :proper.forall({Hostile.term(), Hostile.term(), Hostile.term()}, fn terms ->
+        {r, m, d} = Hostile.build(terms)
+
         :proper.equals(
           {outcome(fn -> Larder.Error.new(r) end, r, nil, %{}),
            outcome(fn -> Larder.Error.new(r, m, d) end, r, m, d)},

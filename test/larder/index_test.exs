@@ -2,7 +2,7 @@ defmodule Larder.IndexTest do
   use ExUnit.Case, async: true
 
   alias Larder.{Index, Native}
-  alias Larder.Test.{Isolated, PropEr}
+  alias Larder.Test.{Hostile, Isolated, PropEr}
 
   doctest Larder.Index
 
@@ -612,6 +612,7 @@ defmodule Larder.IndexTest do
 
       PropEr.check(
         :proper.forall(bad_call(), fn {fun, use_index?, args} ->
+          args = Hostile.build(args)
           args = if use_index? and fun not in [:new, :drop], do: [index | tl(args)], else: args
 
           outcome =
@@ -663,16 +664,17 @@ defmodule Larder.IndexTest do
     )
   end
 
+  # Larder.Test.Hostile's terms (built before each call), and the index's
+  # own: deep, improper and huge expressions and ops, ids, forged handles.
   defp bad_arg do
-    :proper_types.frequency([
-      {4, :proper_types.any()},
-      {2, deep()},
-      {2, improper()},
-      {1, huge()},
-      {2, ops()},
-      {2, ids()},
-      {1, :proper_types.exactly(%Index{ref: make_ref()})},
-      {1, :proper_types.exactly(%Index{ref: :atomics.new(1, [])})}
+    Hostile.term([
+      {4, deep()},
+      {4, improper()},
+      {2, huge()},
+      {4, ops()},
+      {4, ids()},
+      {2, :proper_types.exactly(%Index{ref: make_ref()})},
+      {2, :proper_types.exactly(%Index{ref: :atomics.new(1, [])})}
     ])
   end
 

@@ -9,6 +9,7 @@ defmodule Larder.ReplicaBadInputTest do
 
   alias Larder.Replica
   alias Larder.Support.RedisServer
+  alias Larder.Test.Hostile
   alias Larder.Test.PropEr
   alias Larder.Test.ReplicaLog, as: Log
 
@@ -32,8 +33,7 @@ defmodule Larder.ReplicaBadInputTest do
   ]
 
   defp nasty do
-    frequency([
-      {4, :proper_types.any()},
+    Hostile.term([
       {2, oneof([nil, :infinity, -1, 0, 1, 100_001, 2 ** 64, "", "x\0y", :stop, :skip])},
       {1, oneof([{Larder.Table, []}, {Larder.Table, [key: 1, bogus: 2]}, {Larder.Bag, [:x]}])},
       {1, oneof([{Larder.Replica.RedisStream, []}, {Larder.Replica.RedisStream, [stream: 1]}])},
@@ -68,13 +68,16 @@ defmodule Larder.ReplicaBadInputTest do
         {Larder.Table, name: :"#{ctx.test}-other", key: :id, index: [:v]}
       )
 
-    opts = Keyword.put(base, key, value)
+    opts = Keyword.put(base, key, Hostile.build(value))
     opts = Keyword.put(opts, :name, if(key == :name, do: value, else: :"#{ctx.test}-other"))
     run(ctx, {fun, {opts}})
   end
 
   defp run(ctx, {fun, args}) do
-    args = args |> Tuple.to_list() |> Enum.map(&if(&1 == :replica, do: ctx.replica, else: &1))
+    args =
+      args
+      |> Tuple.to_list()
+      |> Enum.map(&if(&1 == :replica, do: ctx.replica, else: Hostile.build(&1)))
 
     try do
       apply(Replica, fun, args)

@@ -263,7 +263,7 @@ defmodule PriceSearch.HostileTest do
           backlog: :many,
           acceptors: 2_000
         ] do
-      assert_raise ArgumentError, ~r/^#{inspect(key)} must be an integer/, fn ->
+      assert_raise ArgumentError, ~r/option #{inspect(key)} to be an integer/, fn ->
         PriceSearch.HTTP.start_link([{key, bad}])
       end
     end

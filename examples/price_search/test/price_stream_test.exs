@@ -4,7 +4,7 @@ defmodule PriceSearch.PriceStreamTest do
   # a real redis-server) answers with the stream's latest prices.
   use ExUnit.Case, async: true
 
-  Code.require_file("../../../support/redis_server.ex", __DIR__)
+  Code.require_file("../../../test/support/redis_server.ex", __DIR__)
 
   alias Larder.Replica
   alias Larder.Support.RedisServer

@@ -117,20 +117,34 @@ defmodule PriceSearch.SearchTest do
   end
 
   test "the store and the listener refuse bad options with an ArgumentError naming them" do
-    assert_raise ArgumentError, ~r/unknown options \[:bogus\]/, fn ->
+    assert_raise ArgumentError, ~r/unknown keys \[:bogus\]/, fn ->
       PriceSearch.Store.start_link(bogus: 1)
     end
 
-    assert_raise ArgumentError, ~r/:load must be a function/, fn ->
+    assert_raise ArgumentError, ~r/Store option :load to be a function/, fn ->
       PriceSearch.Store.start_link(name: :x, load: :nope)
     end
 
-    assert_raise ArgumentError, ~r/:port must be an integer/, fn ->
+    assert_raise ArgumentError, ~r/HTTP option :port to be an integer in 0..65535/, fn ->
       PriceSearch.HTTP.start_link(port: 70_000)
     end
 
-    assert_raise ArgumentError, ~r/unknown options \[:bogus\]/, fn ->
+    assert_raise ArgumentError, ~r/unknown keys \[:bogus\]/, fn ->
       PriceSearch.HTTP.start_link(bogus: 1)
+    end
+
+    for bad <- [:x, [1, 2], [{:port, 1} | :tail]] do
+      assert_raise ArgumentError, ~r/options to be a keyword list/, fn ->
+        PriceSearch.HTTP.start_link(bad)
+      end
+
+      assert_raise ArgumentError, ~r/options to be a keyword list/, fn ->
+        PriceSearch.Store.start_link(bad)
+      end
+    end
+
+    assert_raise ArgumentError, ~r/Store option :follow to be/, fn ->
+      PriceSearch.Store.start_link(follow: :x)
     end
   end
 

@@ -10,14 +10,12 @@ defmodule Larder.Bag.Order do
   # 1,000 objects once in 30). A yield first gives the caller a whole time
   # slice: then lists of up to @direct objects always took the one-go path
   # (and lists of 20,000 or more never did). Either path is one atomic,
-  # isolated insert.
-  @direct 8_000
+  # isolated insert. Larder.Bag.insert_many/2 documents the bound: 8,000.
 
-  @doc "The most objects a list may hold for `insert/2` to keep its order."
-  @spec direct() :: pos_integer()
-  def direct, do: @direct
-
-  @doc "Inserts `objects` (a proper list of tuples) into `tab`, in list order."
+  @doc """
+  Inserts `objects` (a proper list of tuples) into `tab`, in list order for
+  a list of up to 8,000 objects.
+  """
   @spec insert(:ets.tid() | atom(), [tuple()]) :: true
   def insert(tab, [_] = objects), do: :ets.insert(tab, objects)
 

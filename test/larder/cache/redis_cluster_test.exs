@@ -1,6 +1,6 @@
 defmodule Larder.Cache.RedisClusterTest do
   # Larder.Cache.Redis on a real six-node Redis Cluster
-  # (support/redis_cluster.ex): the L2 conformance suite passes, commands
+  # (test/support/redis_cluster.ex): the L2 conformance suite passes, commands
   # follow their key's slot, invalidations travel by sharded pub/sub, the
   # subscriber comes back after CLIENT KILL TYPE pubsub (the cache clearing
   # its L1), and garbage answers to CLUSTER SLOTS are ignored and counted.

@@ -1,6 +1,6 @@
 defmodule Larder.Cache.RedisSentinelFailoverTest do
   # Larder.Cache.Redis under Sentinel, each test on a Sentinel set of its
-  # own (support/redis_sentinel.ex: a master, a replica, three sentinels,
+  # own (test/support/redis_sentinel.ex: a master, a replica, three sentinels,
   # down-after 1 s), since a failover uses up the replica: the master
   # SIGKILLed while 8 processes on 2 nodes read and write; tracking
   # redirected again on the new master; the subscriber's connection killed

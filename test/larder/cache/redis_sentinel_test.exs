@@ -1,6 +1,6 @@
 defmodule Larder.Cache.RedisSentinelTest do
   # Larder.Cache.Redis under Sentinel, on a real Sentinel set (a master, a
-  # replica, three sentinels; support/redis_sentinel.ex): the L2
+  # replica, three sentinels; test/support/redis_sentinel.ex): the L2
   # conformance suite passes, the master is
   # found through the sentinels and checked with ROLE, every node follows a
   # failover (the master SIGKILLed) with all its connections, its

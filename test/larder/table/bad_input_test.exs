@@ -7,6 +7,7 @@ defmodule Larder.Table.BadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Table
+  alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
   @seeds 10
@@ -17,76 +18,8 @@ defmodule Larder.Table.BadInputTest do
   defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
 
   defp hostile_gen do
-    :proper_types.frequency([
-      {6, :proper_types.any()},
-      {2, deep_gen()},
-      {2, improper_gen()},
-      {1, huge_gen()},
-      {2,
-       :proper_types.oneof([
-         %{},
-         %{id: [1 | 2]},
-         %{id: 1, a: %{b: [1 | 2]}},
-         self(),
-         make_ref(),
-         fn -> :f end,
-         &Enum.map/2,
-         :_,
-         :and,
-         :"$1",
-         nil,
-         true,
-         -0.0,
-         2 ** 200,
-         "a\0b",
-         <<1::3>>,
-         {:in, [1 | 2]},
-         {:in, :x},
-         [a: {:in, [1 | 2]}],
-         [{:a, 1} | :tail]
-       ])},
+    Hostile.term([
       {2, {:"$table", :proper_types.oneof([:live, :named, :dropped, :forged, :unknown_name])}}
-    ])
-  end
-
-  # Lists, tuples and maps nested up to 100,000 deep.
-  defp deep_gen do
-    let(
-      {:proper_types.integer(1, 100_000), :proper_types.oneof([:list, :tuple, :map, :mixed])},
-      fn {depth, kind} ->
-        Enum.reduce(1..depth, :leaf, fn i, acc ->
-          case {kind, rem(i, 3)} do
-            {:list, _} -> [acc]
-            {:tuple, _} -> {acc}
-            {:map, _} -> %{k: acc}
-            {:mixed, 0} -> [acc | :tail]
-            {:mixed, 1} -> {:k, acc}
-            {:mixed, 2} -> %{acc => 1}
-          end
-        end)
-      end
-    )
-  end
-
-  defp improper_gen do
-    let(
-      {:proper_types.list(:proper_types.any()), :proper_types.any(),
-       :proper_types.integer(0, 50_000)},
-      fn {list, tail, pairs} ->
-        case tail do
-          [] -> [{:a, 1} | :tail]
-          _ -> list ++ [{:a, 1} | Enum.reduce(1..max(pairs, 1), tail, &[{:a, &1} | &2])]
-        end
-      end
-    )
-  end
-
-  defp huge_gen do
-    :proper_types.oneof([
-      let(:proper_types.integer(1, 4_000_000), &:binary.copy(<<7>>, &1)),
-      let(:proper_types.integer(1, 100_000), &for(i <- 1..&1, do: %{id: {:huge, i}, a: i})),
-      let(:proper_types.integer(1, 200_000), &List.duplicate(:x, &1)),
-      :proper_types.exactly(2 ** 100_000)
     ])
   end
 
@@ -138,7 +71,11 @@ defmodule Larder.Table.BadInputTest do
   defp fun_gen do
     :proper_types.oneof([
       hostile_gen(),
-      let(hostile_gen(), fn t -> fn _ -> t end end),
+      let(hostile_gen(), fn t ->
+        # built here: the table calls the fun, the test's resolve never sees it
+        term = Hostile.build(t)
+        fn _ -> term end
+      end),
       :proper_types.exactly(fn _ -> raise ArgumentError, "from the fun" end)
     ])
   end
@@ -161,7 +98,7 @@ defmodule Larder.Table.BadInputTest do
       {:child_spec, [opts_gen()]},
       {:insert, [h, record_gen()]},
       {:insert_many,
-       [h, :proper_types.oneof([t, :proper_types.list(record_gen()), improper_gen()])]},
+       [h, :proper_types.oneof([t, :proper_types.list(record_gen()), Hostile.improper()])]},
       {:merge, [h, t, :proper_types.oneof([t, let(t, &%{a: &1}), let(t, &%{id: &1})])]},
       {:update, [h, t, :proper_types.oneof([t, record_gen()]), fun_gen()]},
       # A default that fits its key, so that the function runs once it exists.
@@ -173,7 +110,7 @@ defmodule Larder.Table.BadInputTest do
       {:search_keys, [h, conditions_gen()]},
       {:count, [h, conditions_gen()]},
       {:search_many,
-       [h, :proper_types.oneof([t, :proper_types.list(conditions_gen()), improper_gen()])]},
+       [h, :proper_types.oneof([t, :proper_types.list(conditions_gen()), Hostile.improper()])]},
       {:stream, [h]},
       {:size, [h]},
       {:memory, [h]},
@@ -305,17 +242,11 @@ defmodule Larder.Table.BadInputTest do
 
   defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
 
-  defp resolve({:"$table", which}, env), do: Map.fetch!(env, which)
-  defp resolve({:"$name"}, env), do: :"larder_table_bad_input_#{env.n}"
+  # Hostile descriptors and the test's placeholders may sit anywhere in a
+  # generated argument (records, conditions, options).
+  defp resolve(term, env), do: Hostile.build(term, &placeholder(&1, env))
 
-  defp resolve(list, env) when is_list(list) do
-    if proper_list?(list), do: Enum.map(list, &resolve(&1, env)), else: list
-  end
-
-  defp resolve({a, b}, env), do: {resolve(a, env), resolve(b, env)}
-  defp resolve(other, _env), do: other
-
-  defp proper_list?([_ | rest]), do: proper_list?(rest)
-  defp proper_list?([]), do: true
-  defp proper_list?(_), do: false
+  defp placeholder({:"$table", which}, env), do: {:ok, Map.fetch!(env, which)}
+  defp placeholder({:"$name"}, env), do: {:ok, :"larder_table_bad_input_#{env.n}"}
+  defp placeholder(_term, _env), do: :error
 end

@@ -66,7 +66,7 @@ defmodule PriceSearch.HTTP do
   """
 
   require Logger
-  alias PriceSearch.{JSON, Request, Search, Store}
+  alias PriceSearch.{JSON, Options, Request, Search, Store}
   alias PriceSearch.HTTP.Server
 
   @single_limit 1024 * 1024
@@ -101,50 +101,36 @@ defmodule PriceSearch.HTTP do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
-    valid = [
-      :port,
-      :ip,
-      :store,
-      :name,
-      :idle_timeout,
-      :request_timeout,
-      :max_connections,
-      :backlog,
-      :acceptors
-    ]
+    opts =
+      Options.validate!(
+        opts,
+        [
+          port: 8091,
+          ip: {0, 0, 0, 0},
+          store: Store,
+          name: nil,
+          idle_timeout: 60_000,
+          request_timeout: 10_000,
+          max_connections: 100_000,
+          backlog: 4_096,
+          acceptors: 16
+        ],
+        [
+          port: Options.integer(0..65_535),
+          ip: {"an IP address tuple", &(is_tuple(&1) and tuple_size(&1) in [4, 8])},
+          store: {"an atom", &is_atom/1},
+          name: {"an atom", &is_atom/1},
+          idle_timeout: Options.integer(1..@max_timeout),
+          request_timeout: Options.integer(1..@max_timeout),
+          max_connections: Options.integer(1..@max_connections),
+          backlog: Options.integer(1..65_535),
+          acceptors: Options.integer(1..1_024)
+        ],
+        "PriceSearch.HTTP"
+      )
 
-    case Keyword.keys(opts) -- valid do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError, "unknown options #{inspect(unknown)}, valid: #{inspect(valid)}"
-    end
-
-    store = Keyword.get(opts, :store, Store)
-
-    Server.start_link(
-      name: Keyword.get(opts, :name),
-      ip: Keyword.get(opts, :ip, {0, 0, 0, 0}),
-      port: int!(opts, :port, 8091, 0..65_535),
-      idle_timeout: int!(opts, :idle_timeout, 60_000, 1..@max_timeout),
-      request_timeout: int!(opts, :request_timeout, 10_000, 1..@max_timeout),
-      max_connections: int!(opts, :max_connections, 100_000, 1..@max_connections),
-      backlog: int!(opts, :backlog, 4_096, 1..65_535),
-      acceptors: int!(opts, :acceptors, 16, 1..1_024),
-      handler: fn req -> handle(req, store) end
-    )
-  end
-
-  defp int!(opts, key, default, first..last) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n >= first and n <= last ->
-        n
-
-      other ->
-        raise ArgumentError,
-              "#{inspect(key)} must be an integer in #{first}..#{last}, got: #{inspect(other)}"
-    end
+    {store, opts} = Keyword.pop!(opts, :store)
+    Server.start_link([handler: fn req -> handle(req, store) end] ++ opts)
   end
 
   @doc "A child spec for `start_link/1`."

@@ -46,7 +46,7 @@ defmodule PriceSearch.Store do
   require Logger
 
   alias Larder.Table
-  alias PriceSearch.{Catalogue, Snapshot}
+  alias PriceSearch.{Catalogue, Options, Snapshot}
 
   @enforce_keys [
     :name,
@@ -112,50 +112,41 @@ defmodule PriceSearch.Store do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
-    {follow, opts} = Keyword.pop(opts, :follow)
-
-    unless follow == nil or match?({r, t} when is_atom(r) and is_atom(t), follow),
-      do: raise(ArgumentError, ":follow must be {replica, table}, got: #{inspect(follow)}")
-
-    {name, load, dir} = options!(opts)
-    GenServer.start_link(__MODULE__, {name, load, dir, follow}, name: name)
-  end
-
-  defp options!(opts) do
-    valid = [:name, :load, :csv, :snapshot_dir]
-
-    case Keyword.keys(opts) -- valid do
-      [] ->
-        :ok
-
-      unknown ->
-        raise ArgumentError, "unknown options #{inspect(unknown)}, valid: #{inspect(valid)}"
-    end
-
-    name = Keyword.get(opts, :name, __MODULE__)
-    dir = Keyword.get_lazy(opts, :snapshot_dir, &Snapshot.default_dir/0)
+    opts =
+      Options.validate!(
+        opts,
+        [:load, :csv, :snapshot_dir, name: __MODULE__, follow: nil],
+        [
+          name: {"an atom", &is_atom/1},
+          load: {"a function of arity 0", &is_function(&1, 0)},
+          csv: {"a path (a string)", &is_binary/1},
+          snapshot_dir: {"a path (a string) or false", &(&1 == false or is_binary(&1))},
+          follow:
+            {"{replica, table} (two atoms) or nil",
+             &(&1 == nil or match?({r, t} when is_atom(r) and is_atom(t), &1))}
+        ],
+        "PriceSearch.Store"
+      )
 
     load =
       case {Keyword.fetch(opts, :load), Keyword.fetch(opts, :csv)} do
-        {{:ok, _}, {:ok, _}} -> raise ArgumentError, "give :load or :csv, not both"
-        {{:ok, load}, :error} -> load
-        {:error, {:ok, csv}} -> csv!(csv)
-        {:error, :error} -> default_load()
+        {{:ok, _}, {:ok, _}} ->
+          raise ArgumentError, "give PriceSearch.Store :load or :csv, not both"
+
+        {{:ok, load}, :error} ->
+          load
+
+        {:error, {:ok, csv}} ->
+          {:csv, csv}
+
+        {:error, :error} ->
+          default_load()
       end
 
-    unless is_atom(name), do: raise(ArgumentError, ":name must be an atom, got: #{inspect(name)}")
-
-    unless is_function(load, 0) or match?({:csv, _}, load),
-      do: raise(ArgumentError, ":load must be a function of arity 0, got: #{inspect(load)}")
-
-    unless dir == false or is_binary(dir),
-      do: raise(ArgumentError, ":snapshot_dir must be a path or false, got: #{inspect(dir)}")
-
-    {name, load, dir}
+    name = opts[:name]
+    dir = Keyword.get_lazy(opts, :snapshot_dir, &Snapshot.default_dir/0)
+    GenServer.start_link(__MODULE__, {name, load, dir, opts[:follow]}, name: name)
   end
-
-  defp csv!(csv) when is_binary(csv), do: {:csv, csv}
-  defp csv!(csv), do: raise(ArgumentError, ":csv must be a path, got: #{inspect(csv)}")
 
   # The shared CSV when present, through its snapshot; else the generated
   # catalogue.

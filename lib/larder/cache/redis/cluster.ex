@@ -21,8 +21,9 @@ defmodule Larder.Cache.Redis.Cluster do
   # `redirect/2` returns `:other` for anything that is not a well-formed
   # MOVED, ASK, TRYAGAIN or CLUSTERDOWN error.
   #
-  # Performance: `slot/1` costs about 10 ns per key byte; `master/2` tens of
-  # ns. Both run on every L2 call of a cluster cache.
+  # Performance: `slot/1` is O(key bytes), one table lookup per byte;
+  # `master/2` is two tuple reads. Both run on every L2 call of a cluster
+  # cache.
 
   import Bitwise
 

@@ -1,7 +1,7 @@
 # Starts a throwaway redis-server on a free loopback port (no persistence, a
 # temp dir), and kills or restarts it on demand. One home for the tests
-# (required by test/test_helper.exs), the benchmarks and the demo; not part
-# of the library.
+# (compiled with test/support), the benchmarks and the demo (which load it
+# with Code.require_file/2); not part of the library.
 defmodule Larder.Support.RedisServer do
   @moduledoc false
 
