@@ -6,18 +6,15 @@ defmodule Larder.Cache.Redis.KeeperTest do
 
   alias Larder.Cache.Redis
   alias Larder.Cache.Redis.Keeper
-  alias Larder.Support.RedisServer
 
   import ExUnit.CaptureLog
   import Larder.Test.Eventually
 
   @moduletag :redis
 
-  setup_all do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
-    %{server: server}
-  end
+  import Larder.Test.RedisSetup, only: [redis_server: 1]
+
+  setup_all :redis_server
 
   test "a storm of ended connections: each counted and replaced, one warning", ctx do
     channel = "#{inspect(ctx.module)}.#{ctx.test}"
