@@ -6,7 +6,7 @@ defmodule Larder.CacheBadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Test.PropEr
+  alias Larder.Test.{BadCall, PropEr}
 
   import :proper_types, only: [oneof: 1, frequency: 1, bind: 3, list: 1, range: 2, tuple: 1]
 
@@ -90,19 +90,11 @@ defmodule Larder.CacheBadInputTest do
         arg -> build(arg)
       end)
 
-    try do
-      apply(Cache, fun, args)
-    rescue
-      ArgumentError -> :argument_error
-      e in Larder.Error -> {:error, e}
-    else
-      {:ok, pid} when fun == :start_link ->
-        # arbitrary options that happen to be valid start a cache
-        GenServer.stop(pid)
-        :ok
-
-      result ->
-        result
+    # (arbitrary options that happen to be valid start a cache: stopped)
+    case BadCall.run(Cache, fun, args) do
+      {:raised, %Larder.Error{} = e, _stacktrace} -> {:error, e}
+      {:raised, e, stacktrace} -> reraise e, stacktrace
+      result -> result
     end
   end
 
@@ -123,7 +115,8 @@ defmodule Larder.CacheBadInputTest do
   defp allowed?(_fun, _other), do: false
 
   test "arbitrary arguments get a result, an ArgumentError or a Larder.Error", ctx do
-    cache = :"#{ctx.test}"
+    # (named after the module too: replica_bad_input_test has a test of this name)
+    cache = :"#{inspect(ctx.module)}.#{ctx.test}"
     start_supervised!({Cache, name: cache, local_copy_min_bytes: 1_000})
     sentinels = for i <- 1..20, do: {{:sentinel, make_ref()}, {i, Enum.to_list(1..(i * 100))}}
     for {key, value} <- sentinels, do: :ok = Cache.put(cache, key, value)

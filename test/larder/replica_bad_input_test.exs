@@ -9,7 +9,7 @@ defmodule Larder.ReplicaBadInputTest do
 
   alias Larder.Replica
   alias Larder.Support.RedisServer
-  alias Larder.Test.PropEr
+  alias Larder.Test.{BadCall, PropEr}
   alias Larder.Test.ReplicaLog, as: Log
 
   import :proper_types, only: [oneof: 1, frequency: 1, list: 1, tuple: 1, integer: 2]
@@ -75,21 +75,8 @@ defmodule Larder.ReplicaBadInputTest do
 
   defp run(ctx, {fun, args}) do
     args = args |> Tuple.to_list() |> Enum.map(&if(&1 == :replica, do: ctx.replica, else: &1))
-
-    try do
-      apply(Replica, fun, args)
-    rescue
-      ArgumentError -> :argument_error
-      other -> {:raised, other, __STACKTRACE__}
-    else
-      {:ok, pid} when fun == :start_link ->
-        # arbitrary options that happen to be valid start a replica
-        GenServer.stop(pid)
-        :ok
-
-      result ->
-        result
-    end
+    # (arbitrary options that happen to be valid start a replica: stopped)
+    BadCall.run(Replica, fun, args)
   end
 
   defp allowed?(_fun, :argument_error), do: true
