@@ -262,37 +262,32 @@ defmodule Larder.Cache.Redis.Keeper do
 
   @doc "Inserts `rows` into the table, if it still exists."
   @spec put(:ets.tid(), tuple() | [tuple()]) :: true
-  def put(table, rows) do
-    :ets.insert(table, rows)
-  catch
-    :error, :badarg -> true
-  end
+  def put(table, rows), do: unless_gone(fn -> :ets.insert(table, rows) end, true)
 
   @doc "Deletes `key` from the table, if it still exists."
   @spec delete(:ets.tid(), term()) :: true
-  def delete(table, key) do
-    :ets.delete(table, key)
-  catch
-    :error, :badarg -> true
-  end
+  def delete(table, key), do: unless_gone(fn -> :ets.delete(table, key) end, true)
 
   @doc "Deletes every row of the table but the counters."
   @spec delete_all_but_counters(:ets.tid()) :: non_neg_integer()
   def delete_all_but_counters(table) do
-    :ets.select_delete(table, [
-      {{:"$1", :_},
-       [{:andalso, {:"=/=", :"$1", :bad_replies}, {:"=/=", :"$1", :ended_connections}}], [true]}
-    ])
-  catch
-    :error, :badarg -> 0
+    counter? = {:orelse, {:==, :"$1", :bad_replies}, {:==, :"$1", :ended_connections}}
+
+    unless_gone(
+      fn -> :ets.select_delete(table, [{{:"$1", :_}, [{:not, counter?}], [true]}]) end,
+      0
+    )
   end
 
   @doc "Adds `n` to the counter `name` in the table."
   @spec count(:ets.tid(), atom(), pos_integer()) :: integer()
-  def count(table, name, n) do
-    :ets.update_counter(table, name, n, {name, 0})
+  def count(table, name, n),
+    do: unless_gone(fn -> :ets.update_counter(table, name, n, {name, 0}) end, 0)
+
+  defp unless_gone(fun, gone) do
+    fun.()
   catch
-    :error, :badarg -> 0
+    :error, :badarg -> gone
   end
 
   @doc "The counter `name` in the table (0 before its first count)."
