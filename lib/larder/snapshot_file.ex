@@ -133,8 +133,30 @@ defmodule Larder.SnapshotFile do
   end
 
   # Deletes the temporary files of `path` whose writer is gone (see the
-  # layout comment above).
+  # layout comment above). (A directory it cannot list: the write that
+  # follows reports it.)
   defp sweep(path, token) do
+    delete_siblings(path, fn suffix ->
+      case Regex.run(~r/^(\d+)\.([0-9a-f]{16})-(\d+)\.tmp$/, suffix) do
+        [_, os_pid, file_token, n] ->
+          n = String.to_integer(n)
+          stale? = stale?(os_pid, file_token, n, token)
+          if stale? and file_token == token, do: :ets.delete(@registry, n)
+          stale?
+
+        nil ->
+          false
+      end
+    end)
+  end
+
+  @doc """
+  Deletes the files beside `path` named `<basename of path>.<suffix>` for
+  which `delete?.(suffix)` is true. A directory that cannot be listed is
+  left as it is. Returns `:ok`.
+  """
+  @spec delete_siblings(Path.t(), (String.t() -> boolean())) :: :ok
+  def delete_siblings(path, delete?) do
     dir = Path.dirname(path)
     prefix = Path.basename(path) <> "."
 
@@ -142,19 +164,12 @@ defmodule Larder.SnapshotFile do
       {:ok, names} ->
         for name <- names,
             String.starts_with?(name, prefix),
-            suffix = binary_part(name, byte_size(prefix), byte_size(name) - byte_size(prefix)),
-            [_, os_pid, file_token, n] <- [
-              Regex.run(~r/^(\d+)\.([0-9a-f]{16})-(\d+)\.tmp$/, suffix)
-            ],
-            stale?(os_pid, file_token, String.to_integer(n), token) do
-          _ = File.rm(Path.join(dir, name))
-          if file_token == token, do: :ets.delete(@registry, String.to_integer(n))
-        end
+            delete?.(binary_part(name, byte_size(prefix), byte_size(name) - byte_size(prefix))),
+            do: File.rm(Path.join(dir, name))
 
         :ok
 
       {:error, _} ->
-        # The write that follows reports an unusable directory.
         :ok
     end
   end

@@ -6,8 +6,7 @@ defmodule Larder.CacheBadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Test.Hostile
-  alias Larder.Test.PropEr
+  alias Larder.Test.{BadCall, Hostile, PropEr}
 
   import :proper_types, only: [oneof: 1, frequency: 1, list: 1, tuple: 1]
 
@@ -54,19 +53,11 @@ defmodule Larder.CacheBadInputTest do
         arg -> Hostile.build(arg)
       end)
 
-    try do
-      apply(Cache, fun, args)
-    rescue
-      ArgumentError -> :argument_error
-      e in Larder.Error -> {:error, e}
-    else
-      {:ok, pid} when fun == :start_link ->
-        # arbitrary options that happen to be valid start a cache
-        GenServer.stop(pid)
-        :ok
-
-      result ->
-        result
+    # (arbitrary options that happen to be valid start a cache: stopped)
+    case BadCall.run(Cache, fun, args) do
+      {:raised, %Larder.Error{} = e, _stacktrace} -> {:error, e}
+      {:raised, e, stacktrace} -> reraise e, stacktrace
+      result -> result
     end
   end
 

@@ -16,6 +16,13 @@ defmodule Larder.CacheTest do
 
   defp start_l2(_ctx), do: start_supervised!(MemoryL2, id: {MemoryL2, make_ref()})
 
+  # Two nodes (caches) over one MemoryL2: {l2, a, b}.
+  defp two_nodes(ctx) do
+    l2 = start_l2(ctx)
+    [a, b] = for _ <- 1..2, do: start_cache(ctx, l2: {MemoryL2, server: l2})
+    {l2, a, b}
+  end
+
   defp counting_loader(value, delay \\ 0) do
     counter = :counters.new(1, [])
 
@@ -297,51 +304,23 @@ defmodule Larder.CacheTest do
 
     test "a slow key does not hold up other keys", ctx do
       cache = start_cache(ctx)
-      parent = self()
-
-      slow =
-        Task.async(fn ->
-          Cache.fetch(cache, :slow, fn ->
-            send(parent, :slow_started)
-
-            receive do
-              :release -> {:ok, :slow}
-            end
-          end)
-        end)
-
-      assert_receive :slow_started
+      slow = blocked_load(cache, :slow, :slow)
       assert Cache.fetch(cache, :fast, fn -> {:ok, :fast} end) == {:ok, :fast}
-      send(slow.pid, :release)
+      send(slow.pid, :go)
       assert Task.await(slow) == {:ok, :slow}
     end
 
     test "waiters send nothing to the loading process's mailbox", ctx do
       cache = start_cache(ctx)
-      parent = self()
-
-      loading =
-        Task.async(fn ->
-          result =
-            Cache.fetch(cache, :k, fn ->
-              send(parent, :loading)
-
-              receive do
-                :go -> {:ok, :v}
-              end
-            end)
-
-          {result, Process.info(self(), :message_queue_len)}
-        end)
-
-      assert_receive :loading
+      loading = blocked_load(cache, :k, :v)
 
       waiters =
         for _ <- 1..50, do: Task.async(fn -> Cache.fetch(cache, :k, fn -> {:ok, :other} end) end)
 
       Process.sleep(50)
       send(loading.pid, :go)
-      assert Task.await(loading) == {{:ok, :v}, {:message_queue_len, 0}}
+      assert Task.await(loading) == {:ok, :v}
+      assert_receive {:loaded, :k, {:message_queue_len, 0}}
       assert Enum.uniq(Task.await_many(waiters)) == [{:ok, :v}]
     end
 
@@ -408,17 +387,13 @@ defmodule Larder.CacheTest do
     end
 
     test "a loaded value is written to L2 for the other nodes", ctx do
-      l2 = start_l2(ctx)
-      a = start_cache(ctx, l2: {MemoryL2, server: l2})
-      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      {_l2, a, b} = two_nodes(ctx)
       assert Cache.fetch(a, :k, fn -> {:ok, :loaded} end) == {:ok, :loaded}
       assert Cache.get(b, :k) == :loaded
     end
 
     test "put and delete on one node evict the key from the other's L1", ctx do
-      l2 = start_l2(ctx)
-      a = start_cache(ctx, l2: {MemoryL2, server: l2})
-      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      {_l2, a, b} = two_nodes(ctx)
       :ok = Cache.put(a, :k, 1)
       assert Cache.get(b, :k) == 1
       :ok = Cache.put(a, :k, 2)
@@ -429,9 +404,7 @@ defmodule Larder.CacheTest do
     end
 
     test "invalidate_all on one node clears every node", ctx do
-      l2 = start_l2(ctx)
-      a = start_cache(ctx, l2: {MemoryL2, server: l2})
-      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      {l2, a, b} = two_nodes(ctx)
       :ok = Cache.put(a, :k, 1)
       assert Cache.get(b, :k) == 1
       :ok = Cache.invalidate_all(a)
@@ -444,9 +417,7 @@ defmodule Larder.CacheTest do
     end
 
     test "a key that holds a fun is refused by every call of an L2-backed cache", ctx do
-      l2 = start_l2(ctx)
-      a = start_cache(ctx, l2: {MemoryL2, server: l2})
-      b = start_cache(ctx, l2: {MemoryL2, server: l2})
+      {_l2, a, b} = two_nodes(ctx)
       # other nodes refuse an invalidation that carries a fun: refused here
       key = {:k, [fn -> :x end]}
 
@@ -531,18 +502,24 @@ defmodule Larder.CacheTest do
 
   # A fetch of key whose loader has started and waits for :go to return
   # {:ok, value}.
+  # A fetch of `key` whose loader waits for :go, then loads `value`; the
+  # task then tells how many messages it has left (waiters send none).
   defp blocked_load(cache, key, value) do
     parent = self()
 
     loading =
       Task.async(fn ->
-        Cache.fetch(cache, key, fn ->
-          send(parent, {:loading, key})
+        result =
+          Cache.fetch(cache, key, fn ->
+            send(parent, {:loading, key})
 
-          receive do
-            :go -> {:ok, value}
-          end
-        end)
+            receive do
+              :go -> {:ok, value}
+            end
+          end)
+
+        send(parent, {:loaded, key, Process.info(self(), :message_queue_len)})
+        result
       end)
 
     assert_receive {:loading, ^key}

@@ -502,23 +502,16 @@ defmodule Larder.IndexTest do
   describe "memory" do
     test "dropped indexes free their memory while their handles live (isolated VM)" do
       result =
-        Isolated.run(
+        Isolated.native_bytes_dropped(
           quote do
-            before = Larder.Native.index_live_bytes()
-
-            indexes =
-              for n <- 1..20 do
-                index = Larder.Index.new()
-                :ok = Larder.Index.add(index, {:n, n}, Enum.to_list(0..200_000//3))
-                :ok = Larder.Index.add(index, :every, Enum.to_list(n..2_000_000//1000))
-                index
-              end
-
-            held = Larder.Native.index_live_bytes() - before
-            Enum.each(indexes, &Larder.Index.drop/1)
-            # The handles are still alive here.
-            {held, Larder.Native.index_live_bytes() - before, length(indexes)}
-          end
+            fn n ->
+              index = Larder.Index.new()
+              :ok = Larder.Index.add(index, {:n, n}, Enum.to_list(0..200_000//3))
+              :ok = Larder.Index.add(index, :every, Enum.to_list(n..2_000_000//1000))
+              index
+            end
+          end,
+          quote(do: &Larder.Index.drop/1)
         )
 
       assert {:ok, {held, 0, 20}} = result

@@ -2,6 +2,7 @@ defmodule Larder.LockTest do
   use ExUnit.Case, async: true
 
   import Larder.Test.Eventually
+  import Larder.Test.Scheduler, only: [yields: 1]
 
   alias Larder.Lock
   alias Larder.Lock.Holders
@@ -558,12 +559,5 @@ defmodule Larder.LockTest do
     ref = Process.monitor(pid)
     Process.exit(pid, :kill)
     assert_receive {:DOWN, ^ref, :process, ^pid, _}, 5_000
-  end
-
-  defp yields(0), do: :ok
-
-  defp yields(n) do
-    :erlang.yield()
-    yields(n - 1)
   end
 end

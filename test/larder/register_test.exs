@@ -2,6 +2,7 @@ defmodule Larder.RegisterTest do
   use ExUnit.Case, async: true
 
   import Larder.Test.Eventually
+  import Larder.Test.Scheduler, only: [yields: 1]
 
   alias Larder.Register
   alias Larder.Test.Hostile
@@ -923,13 +924,6 @@ defmodule Larder.RegisterTest do
     end
 
     write_forever(reg, keys, attempted, n + 1)
-  end
-
-  defp yields(0), do: :ok
-
-  defp yields(n) do
-    :erlang.yield()
-    yields(n - 1)
   end
 
   defp check_reads(reg, keys, attempted, stop, reads) do

@@ -9,8 +9,7 @@ defmodule Larder.ReplicaBadInputTest do
 
   alias Larder.Replica
   alias Larder.Support.RedisServer
-  alias Larder.Test.Hostile
-  alias Larder.Test.PropEr
+  alias Larder.Test.{BadCall, Hostile, PropEr}
   alias Larder.Test.ReplicaLog, as: Log
 
   import :proper_types, only: [oneof: 1, frequency: 1, list: 1, tuple: 1, integer: 2]

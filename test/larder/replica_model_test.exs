@@ -11,7 +11,6 @@ defmodule Larder.ReplicaModelTest do
   use ExUnit.Case, async: true
 
   alias Larder.Replica
-  alias Larder.Support.RedisServer
   alias Larder.Test.PropEr
   alias Larder.Test.ReplicaLog, as: Log
 
@@ -20,11 +19,9 @@ defmodule Larder.ReplicaModelTest do
 
   @producers 3
 
-  setup_all do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
-    %{server: server}
-  end
+  import Larder.Test.RedisSetup, only: [redis_server: 1]
+
+  setup_all :redis_server
 
   defp op_gen do
     key = :proper_types.integer(1, 8)

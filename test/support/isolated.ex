@@ -38,6 +38,28 @@ defmodule Larder.Test.Isolated do
     end
   end
 
+  @doc """
+  In a fresh peer VM: builds 20 structures with `build` (a quoted function
+  of 1..20 that returns a handle), then drops each with `drop` (a quoted
+  function of a handle), while the handles are still alive. Returns
+  `{:ok, {held, left, 20}}`: the NIF bytes (`index_live_bytes`) the 20
+  held, and those still held after the drops.
+  """
+  @spec native_bytes_dropped(Macro.t(), Macro.t()) ::
+          {:ok, tuple()} | {:raised, Exception.t()} | {:vm_died, term()}
+  def native_bytes_dropped(build, drop) do
+    run(
+      quote do
+        before = Larder.Native.index_live_bytes()
+        handles = Enum.map(1..20, unquote(build))
+        held = Larder.Native.index_live_bytes() - before
+        Enum.each(handles, unquote(drop))
+        # The handles are alive here, in `handles`.
+        {held, Larder.Native.index_live_bytes() - before, length(handles)}
+      end
+    )
+  end
+
   @doc false
   def __run__(quoted) do
     {:ok, _} = Application.ensure_all_started(:larder)

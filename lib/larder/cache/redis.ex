@@ -338,18 +338,7 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  require Logger
-
-  alias Larder.Cache.Redis.{
-    Auth,
-    ClusterKeeper,
-    ClusterRouter,
-    Connection,
-    Sentinel,
-    Subscription
-  }
-
-  alias Larder.Cache.Redis.Tracking
+  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, Connection, Sentinel, ServerKeeper}
   alias Larder.Options
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -358,13 +347,6 @@ defmodule Larder.Cache.Redis do
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
-  # How often the keeper checks its table and its clients' tracking.
-  @watch_ms 100
-  # Longest wait between two pub/sub connection attempts (unless
-  # :reconnect_sleep is longer).
-  @sub_max_wait_ms 2_000
-  # Wait before connecting again to a sentinel whose subscription was lost.
-  @sentinel_retry_ms 1_000
   # Longest wait for the keeper to start the clients, beyond their connect
   # timeouts.
   @init_timeout 5_000
@@ -415,7 +397,7 @@ defmodule Larder.Cache.Redis do
     keeper =
       if state.cluster?,
         do: spawn_link(fn -> ClusterKeeper.init(parent, ref, state) end),
-        else: spawn_link(fn -> keeper_init(parent, ref, state) end)
+        else: spawn_link(fn -> ServerKeeper.init(parent, ref, state) end)
 
     receive do
       {^ref, :ready} -> {:ok, keeper}
@@ -433,12 +415,13 @@ defmodule Larder.Cache.Redis do
   def get(state, key) do
     check_args!(state, key: key)
 
-    case query(state, ["GET", key]) do
-      {:ok, :undefined} -> :miss
-      {:ok, bin} when is_binary(bin) -> {:ok, bin}
-      {:ok, other} -> bad_reply("GET", other)
-      {:error, _} = error -> error
-    end
+    state
+    |> query(["GET", key])
+    |> reply("GET", fn
+      :undefined -> :miss
+      bin when is_binary(bin) -> {:ok, bin}
+      _other -> :bad
+    end)
   end
 
   @doc "`SET key value [PX ttl] [NX]`, within the timeout."
@@ -460,13 +443,14 @@ defmodule Larder.Cache.Redis do
     expiry = if ttl == :infinity, do: [], else: ["PX", Integer.to_string(ttl)]
     cond_ = if mode == :new, do: ["NX"], else: []
 
-    # "OK", or nil when NX found the key: both are :ok
-    case query(state, ["SET", key, value | expiry ++ cond_]) do
-      {:ok, "OK"} -> :ok
-      {:ok, :undefined} when mode == :new -> :ok
-      {:ok, other} -> bad_reply("SET", other)
-      {:error, _} = error -> error
-    end
+    state
+    |> query(["SET", key, value | expiry ++ cond_])
+    |> reply("SET", fn
+      "OK" -> :ok
+      # nil when NX found the key
+      :undefined when mode == :new -> :ok
+      _other -> :bad
+    end)
   end
 
   @doc "`DEL key`, within the timeout."
@@ -565,16 +549,30 @@ defmodule Larder.Cache.Redis do
     :ok
   end
 
-  # An integer reply: decimal digits of a value in 0..max.
-  defp integer_reply({:ok, bin}, command, max) when is_binary(bin) and byte_size(bin) in 1..20 do
-    case Integer.parse(bin) do
-      {n, ""} when n >= 0 and n <= max -> {:ok, n}
-      _ -> bad_reply(command, bin)
+  # A reply checked by `check`, which maps it to the result or to :bad (a
+  # reply that is not what Redis sends for `command`); errors as they are.
+  defp reply({:ok, reply}, command, check) do
+    case check.(reply) do
+      :bad -> bad_reply(command, reply)
+      result -> result
     end
   end
 
-  defp integer_reply({:ok, other}, command, _max), do: bad_reply(command, other)
-  defp integer_reply({:error, _} = error, _command, _max), do: error
+  defp reply({:error, _} = error, _command, _check), do: error
+
+  # An integer reply: decimal digits of a value in 0..max.
+  defp integer_reply(result, command, max) do
+    reply(result, command, fn
+      bin when is_binary(bin) and byte_size(bin) in 1..20 ->
+        case Integer.parse(bin) do
+          {n, ""} when n >= 0 and n <= max -> {:ok, n}
+          _ -> :bad
+        end
+
+      _other ->
+        :bad
+    end)
+  end
 
   defp bad_reply(command, reply) do
     {:error,
@@ -619,480 +617,5 @@ defmodule Larder.Cache.Redis do
     |> Options.validate!(schema, "Larder.Cache.Redis")
     |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
     |> ClusterKeeper.validate!(opts)
-  end
-
-  ## The keeper: owns the command connections (their pids are in its table,
-  ## by pool slot), replaces one that ends,
-  ## and runs the pub/sub connection (below), relaying its messages to the
-  ## subscriber.
-
-  defp keeper_init(parent, ref, %{opts: opts, table: table} = l2) do
-    Process.flag(:trap_exit, true)
-    %{subscriber: subscriber, channel: channel} = l2
-    put_slot(table, :keeper, self())
-
-    state = %{
-      parent: parent,
-      subscriber: subscriber,
-      channel: channel,
-      opts: opts,
-      table: table,
-      # the master's address; nil while Sentinel names none
-      host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
-      port: opts[:port],
-      master_warned: false,
-      sentinel: opts[:sentinel],
-      watchers: %{},
-      check: nil,
-      clients: %{},
-      sub: nil,
-      sub_wait: opts[:reconnect_sleep],
-      sub_failing: false,
-      tracking: Tracking.new(opts[:tracking_prefix])
-    }
-
-    # with Sentinel, the master first (the clients are started below)
-    state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
-
-    # a client connects in start_link (bounded by :timeout each), so the
-    # first calls find a connected client when Redis is up.
-    state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
-    send(parent, {ref, :ready})
-    Process.send_after(self(), :watch, @watch_ms)
-    keeper_loop(sub_connect(state))
-  end
-
-  defp start_client(%{host: nil} = state, slot) do
-    put_slot(state.table, slot, :none)
-    Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
-    state
-  end
-
-  defp start_client(state, slot) do
-    opts = state.opts
-
-    conn_opts = [
-      timeout: opts[:timeout],
-      database: opts[:database],
-      auth: Auth.commands(opts),
-      max_reply_bytes: opts[:max_reply_bytes]
-    ]
-
-    case Connection.start_link(state.host, state.port, conn_opts) do
-      {:ok, client} ->
-        put_slot(state.table, slot, client)
-        %{state | clients: Map.put(state.clients, client, slot)}
-
-      {:error, _reason} ->
-        # callers see :l2_unavailable until the retry succeeds
-        put_slot(state.table, slot, :none)
-        Process.send_after(self(), {:start_client, slot}, opts[:reconnect_sleep])
-        state
-    end
-  end
-
-  ## The pub/sub connection, run by the keeper itself on its own socket:
-  ## AUTH (with a password) and SUBSCRIBE, then every message is relayed.
-  ## Each reply is checked. An error reply (NOAUTH, WRONGPASS, NOPERM...),
-  ## a handshake reply that is not the one Redis sends, bytes that are not
-  ## RESP, a reply above :max_message_bytes, a handshake not done within
-  ## :timeout, or a lost connection closes the socket: the subscriber gets
-  ## :disconnected if it was subscribed, the first failure of a streak is
-  ## logged (one line), and the keeper connects again after a wait that
-  ## doubles from :reconnect_sleep up to @sub_max_wait_ms, back to
-  ## :reconnect_sleep once subscribed. Nothing crashes; nothing is retried
-  ## faster than that.
-
-  defp sub_connect(%{host: nil} = state), do: sub_failed(state, :no_master)
-
-  defp sub_connect(state) do
-    opts = state.opts
-    auth = Auth.commands(opts)
-    {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
-    expect = if auth != [], do: [:auth | expect], else: expect
-
-    case Subscription.open(
-           state.host,
-           state.port,
-           auth ++ subscribe,
-           expect,
-           opts[:max_message_bytes],
-           opts[:timeout]
-         ) do
-      {:ok, sub} -> %{state | sub: sub}
-      {:error, reason} -> sub_failed(state, reason)
-    end
-  end
-
-  defp sub_data(%{sub: sub} = state, data) do
-    case Subscription.read(sub, data) do
-      {:ok, replies, sub} -> Enum.reduce_while(replies, %{state | sub: sub}, &sub_reply/2)
-      {:error, reason} -> sub_failed(state, reason)
-    end
-  end
-
-  defp sub_reply({:error, message}, state),
-    do: {:halt, sub_failed(state, {:error_reply, error_text(message)})}
-
-  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]}} = state),
-    do: {:cont, handshake_step(state, expect)}
-
-  defp sub_reply({:ok, id}, %{sub: %{expect: [:client_id | expect]}} = state) do
-    case Tracking.parse_id(id) do
-      {:ok, id} ->
-        {:cont, handshake_step(%{state | tracking: %{state.tracking | id: id}}, expect)}
-
-      :error ->
-        {:halt, sub_failed(state, {:bad_reply, truncate(id)})}
-    end
-  end
-
-  defp sub_reply(
-         {:ok, ["subscribe", channel, _count]},
-         %{sub: %{expect: [:subscribe | expect]}} = state
-       )
-       when channel == state.channel,
-       do: {:cont, handshake_step(state, expect)}
-
-  defp sub_reply(
-         {:ok, ["subscribe", channel, _count]},
-         %{sub: %{expect: [:tracking | expect]}} = state
-       ) do
-    if channel == Tracking.channel(),
-      do: {:cont, handshake_step(state, expect)},
-      else: {:halt, sub_failed(state, {:bad_reply, truncate(channel)})}
-  end
-
-  defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
-       when channel == state.channel and is_binary(payload) do
-    send(state.subscriber, {:larder_cache_l2, :message, payload})
-    {:cont, state}
-  end
-
-  defp sub_reply({:ok, ["message", channel, payload]}, %{sub: %{expect: []}} = state)
-       when state.tracking != nil and channel == "__redis__:invalidate" do
-    send(state.subscriber, Tracking.relay(payload))
-    {:cont, state}
-  end
-
-  defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
-    do: {:halt, sub_failed(state, {:bad_reply, truncate(reply)})}
-
-  # anything else once subscribed is not ours: ignored
-  defp sub_reply({:ok, _reply}, state), do: {:cont, state}
-
-  defp handshake_step(%{sub: sub} = state, [_ | _] = expect),
-    do: %{state | sub: %{sub | expect: expect}}
-
-  # Subscribed: with tracking, every data connection is redirected to this
-  # connection's (new) id first, so that the cache, which clears L1 on
-  # :connected, keeps nothing a write could have changed unreported.
-  defp handshake_step(%{sub: sub} = state, []) do
-    Process.cancel_timer(sub.timer)
-
-    state =
-      if state.tracking,
-        do: %{
-          state
-          | tracking:
-              Tracking.enable_all(
-                state.tracking,
-                state.tracking.id,
-                state.clients,
-                state.opts[:timeout]
-              )
-        },
-        else: state
-
-    send(state.subscriber, {:larder_cache_l2, :connected})
-    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
-    sub = %{sub | expect: [], timer: nil}
-    %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
-  end
-
-  # A data connection that replaced one that failed gets its tracking
-  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
-  defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
-    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
-    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
-    %{state | tracking: tracking}
-  end
-
-  defp check_tracking(state), do: state
-
-  defp error_text(message) when is_binary(message),
-    do: binary_part(message, 0, min(byte_size(message), 200))
-
-  defp error_text(other), do: truncate(other)
-
-  # A subscription that is lost is reported to the subscriber; a connection
-  # attempt that fails is logged, the first of a run of failures only.
-  defp sub_failed(state, reason) do
-    lost? = state.sub != nil and state.sub.expect == []
-
-    if state.sub, do: Subscription.close(state.sub)
-
-    cond do
-      lost? ->
-        send(state.subscriber, {:larder_cache_l2, :disconnected})
-
-      not state.sub_failing ->
-        Logger.warning(
-          "Larder.Cache.Redis: the pub/sub connection of channel #{inspect(state.channel)} " <>
-            "failed (#{inspect(reason)}); " <>
-            "connecting again every #{state.sub_wait} ms, backing off to " <>
-            "#{sub_max_wait(state)} ms, until it subscribes"
-        )
-
-      true ->
-        :ok
-    end
-
-    Process.send_after(self(), :reconnect, state.sub_wait)
-    # the master may have moved (Sentinel)
-    if state.sentinel, do: send(self(), :check_master)
-    wait = min(state.sub_wait * 2, sub_max_wait(state))
-    %{state | sub: nil, sub_failing: not lost?, sub_wait: wait}
-  end
-
-  defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
-
-  defp keeper_loop(%{sub: sub, parent: parent, watchers: watchers} = state) do
-    socket = sub && sub.socket
-
-    receive do
-      {:tcp, w, data} when is_map_key(watchers, w) ->
-        keeper_loop(sentinel_data(state, w, data))
-
-      {:tcp_closed, w} when is_map_key(watchers, w) ->
-        keeper_loop(sentinel_lost(state, w))
-
-      {:tcp_error, w, _reason} when is_map_key(watchers, w) ->
-        keeper_loop(sentinel_lost(state, w))
-
-      {:watch_sentinel, addr} ->
-        keeper_loop(watch_sentinel(state, addr))
-
-      :check_master ->
-        keeper_loop(request_check(state))
-
-      :find_master ->
-        keeper_loop(find_master(%{state | check: nil}))
-
-      {:tcp, ^socket, data} when socket != nil ->
-        keeper_loop(sub_data(state, data))
-
-      {:tcp_closed, ^socket} when socket != nil ->
-        keeper_loop(sub_failed(state, :closed))
-
-      {:tcp_error, ^socket, reason} when socket != nil ->
-        keeper_loop(sub_failed(state, {:tcp_error, reason}))
-
-      {:sub_timeout, ^socket} when socket != nil ->
-        # (a timer that fired as the subscription came up is ignored)
-        keeper_loop(if sub.expect == [], do: state, else: sub_failed(state, :timeout))
-
-      :reconnect ->
-        keeper_loop(if sub == nil, do: sub_connect(state), else: state)
-
-      {:start_client, slot} ->
-        # (a move may have started that slot's client meanwhile)
-        taken? = Enum.any?(state.clients, fn {_pid, s} -> s == slot end)
-        keeper_loop(if taken?, do: state, else: start_client(state, slot))
-
-      :watch ->
-        watch(state)
-        Process.send_after(self(), :watch, @watch_ms)
-        state = check_tracking(state)
-        # no master known (Sentinel named none, or it was down): ask again
-        keeper_loop(if state.sentinel && state.host == nil, do: request_check(state), else: state)
-
-      :stop ->
-        shutdown(state)
-
-      {:EXIT, ^parent, reason} ->
-        shutdown(state)
-        exit(reason)
-
-      {:EXIT, pid, reason} ->
-        keeper_loop(handle_exit(state, pid, reason))
-
-      _other ->
-        keeper_loop(state)
-    end
-  end
-
-  # A client that ended (its connection failed: see Connection) is
-  # replaced after reconnect_sleep; until then its slot answers
-  # :l2_unavailable.
-  defp handle_exit(state, pid, reason) do
-    case Map.pop(state.clients, pid) do
-      {nil, _clients} ->
-        state
-
-      {slot, clients} ->
-        Logger.warning("Larder.Cache.Redis: client exited: #{inspect(truncate(reason))}")
-        put_slot(state.table, slot, :none)
-        Process.send_after(self(), {:start_client, slot}, state.opts[:reconnect_sleep])
-        %{state | clients: clients}
-    end
-  end
-
-  defp watch(state) do
-    # A keeper that was replaced (its runner killed) may still be shutting
-    # down beside us and write its last slot updates over ours: the table
-    # says what this keeper holds again within one watch.
-    for {pid, slot} <- state.clients,
-        :ets.lookup(state.table, slot) != [{slot, pid}],
-        do: put_slot(state.table, slot, pid)
-
-    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
-      do: put_slot(state.table, :keeper, self())
-
-    :ok
-  catch
-    # the table's owner is gone: the cache is stopping
-    :error, :badarg -> :ok
-  end
-
-  ## Sentinel: the keeper finds the master at start, holds a +switch-master
-  ## subscription on every sentinel (reconnected every second while one is
-  ## away), and asks the sentinels again on a +switch-master, a caller's
-  ## READONLY or lost connection, or a lost subscription, at most once per
-  ## :reconnect_sleep. A master other than the one in use (checked with its
-  ## own ROLE) moves every connection to it: the clients are replaced and
-  ## the pub/sub connection reconnects, so the cache resubscribes and
-  ## clears its L1 (writes acknowledged by the old master may be lost).
-
-  defp request_check(%{check: nil} = state) do
-    %{state | check: Process.send_after(self(), :find_master, state.opts[:reconnect_sleep])}
-  end
-
-  defp request_check(state), do: state
-
-  defp find_master(state) do
-    case Sentinel.master(state.sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
-      {:ok, {host, port}} ->
-        host = String.to_charlist(host)
-
-        cond do
-          {host, port} == {state.host, state.port} -> state
-          # no master known yet (at start, or no sentinel named one): nothing
-          # to move. (Not "no clients": they all end when the master dies.)
-          state.host == nil -> %{state | host: host, port: port}
-          true -> move(state, host, port)
-        end
-
-      {:error, reason} ->
-        unless state.master_warned do
-          Logger.warning(
-            "Larder.Cache.Redis: no master from Sentinel yet (#{inspect(truncate(reason))})"
-          )
-        end
-
-        %{state | master_warned: true}
-    end
-  end
-
-  defp move(state, host, port) do
-    if state.host,
-      do: Logger.warning("Larder.Cache.Redis: the master moved to #{host}:#{port}; moving")
-
-    for {pid, slot} <- state.clients do
-      stop_client(pid)
-      put_slot(state.table, slot, :none)
-    end
-
-    state = %{state | host: host, port: port, clients: %{}, master_warned: false}
-    state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
-
-    # Whether or not it was subscribed, the cache must clear its L1 when the
-    # subscription comes up on the new master: what it read from the old
-    # one may be lost. :disconnected tells it so.
-    send(state.subscriber, {:larder_cache_l2, :disconnected})
-
-    # The subscription moves at once, even when it is waiting out the
-    # backoff of its failures on the old master (up to 2 s): until it is
-    # up there, this node's commands reach the new master while its L1
-    # still holds what it read from the old one, and it hears no other
-    # node's writes.
-    state =
-      case state.sub do
-        nil ->
-          state
-
-        sub ->
-          Subscription.close(sub)
-          %{state | sub: nil}
-      end
-
-    sub_connect(%{state | sub_wait: state.opts[:reconnect_sleep]})
-  end
-
-  defp watch_sentinels(state) do
-    put_slot(state.table, :sentinel, self())
-    Enum.reduce(state.sentinel[:sentinels], state, &watch_sentinel(&2, &1))
-  end
-
-  defp watch_sentinel(state, addr) do
-    case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
-      {:ok, socket} ->
-        watcher = %{addr: addr, parser: Sentinel.parser(), partial: 0}
-        %{state | watchers: Map.put(state.watchers, socket, watcher)}
-
-      {:error, _reason} ->
-        Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
-        state
-    end
-  end
-
-  defp sentinel_data(state, socket, data) do
-    watcher = Map.fetch!(state.watchers, socket)
-    :inet.setopts(socket, active: :once)
-
-    case Sentinel.read(watcher.parser, watcher.partial, data) do
-      {:ok, events, parser, partial} ->
-        watcher = %{watcher | parser: parser, partial: partial}
-        state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
-        master = state.sentinel[:master]
-        # A failover of our master is under way: drop L1 now, before the
-        # promoted replica can take a write (see "Sentinel"); counted as
-        # a bad message when the event names no master.
-        if {:failover, master} in events,
-          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
-
-        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
-        if {:switch, master} in events, do: find_master(state), else: state
-
-      :error ->
-        :gen_tcp.close(socket)
-        sentinel_lost(state, socket)
-    end
-  end
-
-  defp sentinel_lost(state, socket) do
-    {%{addr: addr}, watchers} = Map.pop(state.watchers, socket)
-    Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
-    %{state | watchers: watchers}
-  end
-
-  defp shutdown(state) do
-    for socket <- Map.keys(state.watchers), do: :gen_tcp.close(socket)
-    for pid <- Map.keys(state.clients), do: stop_client(pid)
-    if state.sub, do: :gen_tcp.close(state.sub.socket)
-    :ok
-  end
-
-  # The table belongs to the process that called init/3; once it is gone
-  # nobody reads it.
-  defp put_slot(table, slot, value) do
-    :ets.insert(table, {slot, value})
-  catch
-    :error, :badarg -> true
-  end
-
-  defp stop_client(client) do
-    Process.unlink(client)
-    Process.exit(client, :kill)
   end
 end

@@ -256,21 +256,17 @@ defmodule Larder.Cache.Remote do
 
   # Increments the namespace's generation: {:ok, generation} or an error.
   def incr_generation(%{l2: {mod, state}} = rt) do
-    case mod.incr(state, generation_key(rt)) do
-      {:ok, reply} ->
-        case Codec.parse_generation(reply) do
-          {:ok, generation} ->
-            {:ok, generation}
+    case generation(mod.incr(state, generation_key(rt))) do
+      {:ok, generation} ->
+        {:ok, generation}
 
-          :error ->
-            failed(
-              rt,
-              {:error,
-               Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
-                 reply: reply
-               )}
-            )
-        end
+      {:bad, reply} ->
+        error =
+          Larder.Error.new(:l2_bad_reply, "INCR of the generation key gave a bad reply",
+            reply: reply
+          )
+
+        failed(rt, {:error, error})
 
       other ->
         failed(rt, other)
@@ -281,16 +277,13 @@ defmodule Larder.Cache.Remote do
   # :bad (a key that holds no generation: counted as a decode error) or
   # {:error, %Larder.Error{}} (counted as an L2 error).
   def read_generation(%{l2: {mod, state}} = rt) do
-    case mod.get(state, generation_key(rt)) do
-      {:ok, bin} ->
-        case Codec.parse_generation(bin) do
-          {:ok, generation} ->
-            {:ok, generation}
+    case generation(mod.get(state, generation_key(rt))) do
+      {:ok, generation} ->
+        {:ok, generation}
 
-          :error ->
-            Stats.count(rt, :decode_errors)
-            :bad
-        end
+      {:bad, _reply} ->
+        Stats.count(rt, :decode_errors)
+        :bad
 
       :miss ->
         :none
@@ -299,6 +292,17 @@ defmodule Larder.Cache.Remote do
         failed(rt, other)
     end
   end
+
+  # An L2 answer that holds a generation: {:ok, generation}, {:bad, reply}
+  # when it holds something else, or the answer as it is (a miss, an error).
+  defp generation({:ok, reply}) do
+    case Codec.parse_generation(reply) do
+      {:ok, generation} -> {:ok, generation}
+      :error -> {:bad, reply}
+    end
+  end
+
+  defp generation(other), do: other
 
   # Writes `generation` into the generation key, only if the key is absent
   # with mode :new: :ok or {:error, %Larder.Error{}} (counted).

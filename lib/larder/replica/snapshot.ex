@@ -97,22 +97,12 @@ defmodule Larder.Replica.Snapshot do
   # commit, when no dump of this replica is being written; one replica per
   # snapshot path.
   defp sweep(path, keep) do
-    dir = Path.dirname(path)
     prefix = Path.basename(path) <> "."
 
-    case File.ls(dir) do
-      {:ok, names} ->
-        for name <- names,
-            name != keep,
-            String.starts_with?(name, prefix),
-            String.ends_with?(name, ".dump") or name =~ ~r/\.dump\..*\.tmp\z/,
-            do: File.rm(Path.join(dir, name))
-
-        :ok
-
-      {:error, _} ->
-        :ok
-    end
+    Larder.SnapshotFile.delete_siblings(path, fn suffix ->
+      prefix <> suffix != keep and
+        (String.ends_with?(suffix, ".dump") or suffix =~ ~r/\.dump\..*\.tmp\z/)
+    end)
   end
 
   @doc """

@@ -16,8 +16,7 @@ defmodule Larder.Cache.RedisAclTest do
   @password ~s(s3cr"et \\x41 pass)
 
   setup do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
+    server = Larder.Test.RedisSetup.start(RedisServer)
 
     "+OK\r\n" =
       RedisServer.command(server, ~w(ACL SETUSER app on) ++ [">" <> @password] ++ ~w(~* &* +@all))

@@ -18,11 +18,9 @@ defmodule Larder.Cache.RedisClusterTest do
   @moduletag :redis
   @moduletag :capture_log
 
-  setup_all do
-    cluster = RedisCluster.start()
-    on_exit(fn -> RedisCluster.stop(cluster) end)
-    %{cluster: cluster}
-  end
+  import Larder.Test.RedisSetup, only: [redis_cluster: 1]
+
+  setup_all :redis_cluster
 
   setup ctx do
     %{l2_module: Cache.Redis, l2_opts: [timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)]}

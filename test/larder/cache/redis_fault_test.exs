@@ -16,11 +16,9 @@ defmodule Larder.Cache.RedisFaultTest do
   @moduletag :redis
   @moduletag :capture_log
 
-  setup ctx do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
-    %{server: server, prefix: "#{inspect(ctx.module)}.#{ctx.test}"}
-  end
+  import Larder.Test.RedisSetup, only: [redis_server: 1, test_prefix: 1]
+
+  setup [:redis_server, :test_prefix]
 
   describe "Redis paused (SIGSTOP) mid-write" do
     test "put/4: the other node stops serving the old value once Redis answers", ctx do

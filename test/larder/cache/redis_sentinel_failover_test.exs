@@ -25,9 +25,8 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
   @margin 10_000
 
   setup do
-    set = RedisSentinel.start(down_after: @down_after, failover_timeout: @failover_timeout)
-    on_exit(fn -> RedisSentinel.stop(set) end)
-    %{set: set}
+    opts = [down_after: @down_after, failover_timeout: @failover_timeout]
+    %{set: Larder.Test.RedisSetup.start(RedisSentinel, opts)}
   end
 
   test "the master SIGKILLed while 8 processes on 2 nodes read and write: writes resume " <>

@@ -17,11 +17,9 @@ defmodule Larder.Cache.RedisSentinelTest do
   @moduletag :redis
   @moduletag :capture_log
 
-  setup_all do
-    set = RedisSentinel.start()
-    on_exit(fn -> RedisSentinel.stop(set) end)
-    %{set: set}
-  end
+  import Larder.Test.RedisSetup, only: [redis_sentinel: 1]
+
+  setup_all :redis_sentinel
 
   setup ctx do
     %{

@@ -9,11 +9,9 @@ defmodule Larder.Cache.RedisTest do
 
   @moduletag :redis
 
-  setup_all do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
-    %{server: server}
-  end
+  import Larder.Test.RedisSetup, only: [redis_server: 1]
+
+  setup_all :redis_server
 
   setup %{server: server} do
     %{l2_module: Larder.Cache.Redis, l2_opts: [port: server.port, timeout: 500]}

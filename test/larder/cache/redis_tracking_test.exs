@@ -16,13 +16,12 @@ defmodule Larder.Cache.RedisTrackingTest do
   @moduletag :redis
   @moduletag :capture_log
 
-  setup ctx do
-    server = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(server) end)
+  import Larder.Test.RedisSetup, only: [redis_server: 1, test_prefix: 1]
 
+  setup [:redis_server, :test_prefix]
+
+  setup %{server: server} do
     %{
-      server: server,
-      prefix: "#{inspect(ctx.module)}.#{ctx.test}",
       l2_module: Larder.Cache.Redis,
       l2_opts: [port: server.port, timeout: 500, tracking_prefix: "Elixir."]
     }

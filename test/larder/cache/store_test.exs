@@ -77,6 +77,24 @@ defmodule Larder.Cache.StoreTest do
     values
   end
 
+  # A process that writes `keys` forever: puts of a large value (`big`) and
+  # of a small one, deletes and loads in turn, the i-th writer starting at
+  # key i and the op `shift`.
+  defp spawn_writer(cache, keys, big, i, shift) do
+    spawn(fn ->
+      for n <- Stream.iterate(0, &(&1 + 1)) do
+        key = Enum.at(keys, rem(n + i, 3))
+
+        case rem(n + shift, 4) do
+          0 -> Cache.put(cache, key, [n | big])
+          1 -> Cache.put(cache, key, n)
+          2 -> Cache.delete(cache, key)
+          3 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
+        end
+      end
+    end)
+  end
+
   defp ets_memory(cache) do
     cfg = cfg(cache)
 
@@ -229,21 +247,7 @@ defmodule Larder.Cache.StoreTest do
       big = Enum.to_list(1..2_000)
 
       for round <- 1..300 do
-        pids =
-          for i <- 1..4 do
-            spawn(fn ->
-              for n <- Stream.iterate(0, &(&1 + 1)) do
-                key = Enum.at(keys, rem(n + i, 3))
-
-                case rem(n + round, 4) do
-                  0 -> Cache.put(cache, key, [n | big])
-                  1 -> Cache.put(cache, key, n)
-                  2 -> Cache.delete(cache, key)
-                  3 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
-                end
-              end
-            end)
-          end
+        pids = for i <- 1..4, do: spawn_writer(cache, keys, big, i, round)
 
         Process.sleep(rem(round, 3))
         Enum.each(pids, &Process.exit(&1, :kill))
@@ -272,20 +276,7 @@ defmodule Larder.Cache.StoreTest do
       keys = [:hot, :_, {:a, 1}]
       big = Enum.to_list(1..5_000)
 
-      writer = fn i ->
-        spawn(fn ->
-          for n <- Stream.iterate(0, &(&1 + 1)) do
-            key = Enum.at(keys, rem(n + i, 3))
-
-            case rem(n, 4) do
-              0 -> Cache.put(cache, key, [n | big])
-              1 -> Cache.put(cache, key, n)
-              2 -> Cache.delete(cache, key)
-              3 -> Cache.fetch(cache, key, fn -> {:ok, [:loaded | big]} end)
-            end
-          end
-        end)
-      end
+      writer = &spawn_writer(cache, keys, big, &1, 0)
 
       # Suspend the writers until one is caught with its journal row in
       # place (inside a step), and kill them there; let them run a moment

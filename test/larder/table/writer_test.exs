@@ -14,6 +14,17 @@ defmodule Larder.Table.WriterTest do
     do: Table.new([key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}]] ++ opts)
 
   # Every search agrees with a plain filter over the records the table holds.
+  # Runs `writes` in a process killed after a varying amount of work (by
+  # `round`), often mid-write. The kill is a signal: this waits until it
+  # has landed, so that nothing the process sends can arrive after a
+  # barrier the test writes next.
+  defp killed_midway(round, writes) do
+    {pid, ref} = spawn_monitor(writes)
+    for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
+    Process.exit(pid, :kill)
+    assert_receive {:DOWN, ^ref, :process, ^pid, _}
+  end
+
   defp consistent?(table, values) do
     records = table |> Table.stream() |> Enum.to_list()
 
@@ -40,20 +51,12 @@ defmodule Larder.Table.WriterTest do
         for round <- 1..150 do
           v = rem(round, 5)
 
-          {pid, ref} =
-            spawn_monitor(fn ->
-              records = for k <- keys, do: %{id: k, a: v, tags: [v, rem(round, 3) + 10]}
-              Table.insert_many(table, records)
-              Table.merge(table, 7, %{a: v + 100})
-              Table.delete(table, "k#{rem(round, 300)}")
-            end)
-
-          # Kill after a varying amount of work, often mid-write.
-          for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
-          Process.exit(pid, :kill)
-          # The kill is a signal: wait until it has landed, so that nothing
-          # this caller sends can arrive after the barrier below.
-          assert_receive {:DOWN, ^ref, :process, ^pid, _}
+          killed_midway(round, fn ->
+            records = for k <- keys, do: %{id: k, a: v, tags: [v, rem(round, 3) + 10]}
+            Table.insert_many(table, records)
+            Table.merge(table, 7, %{a: v + 100})
+            Table.delete(table, "k#{rem(round, 300)}")
+          end)
         end
 
         # A write queues behind those the killed callers had sent, so once it
@@ -70,15 +73,10 @@ defmodule Larder.Table.WriterTest do
       table = table()
 
       for round <- 1..60 do
-        {pid, ref} =
-          spawn_monitor(fn ->
-            records = for i <- 0..299, do: %{id: round * 1000 + i, a: round, tags: [round]}
-            Table.insert_many(table, records)
-          end)
-
-        for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
-        Process.exit(pid, :kill)
-        assert_receive {:DOWN, ^ref, :process, ^pid, _}
+        killed_midway(round, fn ->
+          records = for i <- 0..299, do: %{id: round * 1000 + i, a: round, tags: [round]}
+          Table.insert_many(table, records)
+        end)
       end
 
       :ok = Table.delete(table, :barrier)
@@ -297,23 +295,16 @@ defmodule Larder.Table.WriterTest do
   describe "drop/1" do
     test "20 tables built and dropped keep none of their NIF memory (isolated VM)" do
       result =
-        Isolated.run(
+        Isolated.native_bytes_dropped(
           quote do
-            before = Larder.Native.index_live_bytes()
-
-            tables =
-              for n <- 1..20 do
-                table = Larder.Table.new(key: :id, index: [:a, :b])
-                records = for i <- 0..20_000, do: %{id: i, a: rem(i, 7), b: {n, rem(i, 101)}}
-                :ok = Larder.Table.insert_many(table, records)
-                table
-              end
-
-            held = Larder.Native.index_live_bytes() - before
-            Enum.each(tables, &Larder.Table.drop/1)
-            # The handles are alive here, in `tables`.
-            {held, Larder.Native.index_live_bytes() - before, length(tables)}
-          end
+            fn n ->
+              table = Larder.Table.new(key: :id, index: [:a, :b])
+              records = for i <- 0..20_000, do: %{id: i, a: rem(i, 7), b: {n, rem(i, 101)}}
+              :ok = Larder.Table.insert_many(table, records)
+              table
+            end
+          end,
+          quote(do: &Larder.Table.drop/1)
         )
 
       assert {:ok, {held, 0, 20}} = result

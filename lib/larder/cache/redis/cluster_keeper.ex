@@ -20,14 +20,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # once per :reconnect_sleep, however many callers hint it; while it runs,
   # pub/sub messages wait. Nothing a node says is trusted: see Cluster.
 
+  @behaviour Larder.Cache.Redis.Keeper
+
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, Connection, Subscription, Tracking}
+  alias Larder.Cache.Redis.{Auth, Cluster, Keeper, Subscription, Tracking}
   alias Larder.Redis.RESP
 
   @max_seeds 16
-  @watch_ms 100
-  @sub_max_wait_ms 2_000
   # The largest CLUSTER SLOTS reply read (16,384 one-slot ranges with a
   # few replicas each fit).
   @max_reply_bytes 4_194_304
@@ -78,124 +78,86 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   @doc "How many CLUSTER SLOTS answers (or their entries) were not usable."
   @spec bad_replies(map()) :: non_neg_integer()
-  def bad_replies(%{table: table}) do
-    case :ets.lookup(table, :bad_replies) do
-      [{_, n}] -> n
-      [] -> 0
-    end
-  end
+  def bad_replies(%{table: table}), do: Keeper.counter(table, :bad_replies)
 
   @doc false
   # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
   def init(parent, ref, %{opts: opts, table: table} = l2) do
-    Process.flag(:trap_exit, true)
+    state = Keeper.init(parent, l2)
     # A keeper that restarts starts from nothing: the rows of the one before
     # (slots, pools of masters that may be gone) are dropped, and callers
     # wait for the new map meanwhile.
-    delete_all(table)
-    put(table, {:keeper, self()})
+    Keeper.delete_all_but_counters(table)
+    Keeper.put(table, {:keeper, self()})
 
-    state = %{
-      parent: parent,
-      subscriber: l2.subscriber,
-      channel: l2.channel,
-      opts: opts,
-      table: table,
-      timeout: opts[:timeout],
-      pool_size: opts[:pool_size],
-      seeds: opts[:cluster],
-      auth: Auth.commands(opts),
-      map: nil,
-      pools: MapSet.new(),
-      clients: %{},
-      last_refresh: nil,
-      refresh_timer: nil,
-      map_warned: false,
-      sub: nil,
-      sub_wait: opts[:reconnect_sleep],
-      sub_failing: false,
-      # invalidation: :tracking, per master: its pub/sub connection for
-      # __redis__:invalidate (by node, and its socket's node)
-      tracking: opts[:tracking_prefix],
-      tsubs: %{},
-      tsockets: %{}
-    }
+    state =
+      Map.merge(state, %{
+        timeout: opts[:timeout],
+        pool_size: opts[:pool_size],
+        seeds: opts[:cluster],
+        auth: Auth.commands(opts),
+        map: nil,
+        pools: MapSet.new(),
+        last_refresh: nil,
+        refresh_timer: nil,
+        map_warned: false,
+        # invalidation: :tracking, per master: its pub/sub connection for
+        # __redis__:invalidate (by node, and its socket's node)
+        tracking: opts[:tracking_prefix],
+        tsubs: %{},
+        tsockets: %{}
+      })
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
     state = refresh(state, System.monotonic_time(:millisecond) + max(budget, 1))
-    send(parent, {ref, :ready})
-    Process.send_after(self(), :watch, @watch_ms)
-    loop(sub_connect(state))
+    Keeper.run(__MODULE__, state, ref)
   end
 
-  defp loop(%{sub: sub, parent: parent, tsockets: tsockets} = state) do
-    socket = sub && sub.socket
-
-    receive do
+  @impl Keeper
+  def handle_info(msg, %{tsockets: tsockets} = state) do
+    case msg do
       {:tcp, t, data} when is_map_key(tsockets, t) ->
-        loop(tsub_data(state, Map.fetch!(tsockets, t), data))
+        tsub_data(state, Map.fetch!(tsockets, t), data)
 
       {:tcp_closed, t} when is_map_key(tsockets, t) ->
-        loop(tsub_failed(state, Map.fetch!(tsockets, t), :closed))
+        tsub_failed(state, Map.fetch!(tsockets, t), :closed)
 
       {:tcp_error, t, reason} when is_map_key(tsockets, t) ->
-        loop(tsub_failed(state, Map.fetch!(tsockets, t), {:tcp_error, reason}))
+        tsub_failed(state, Map.fetch!(tsockets, t), {:tcp_error, reason})
 
       {:tsub_timeout, t} when is_map_key(tsockets, t) ->
         node = Map.fetch!(tsockets, t)
-
-        loop(
-          if state.tsubs[node].expect == [], do: state, else: tsub_failed(state, node, :timeout)
-        )
+        if state.tsubs[node].expect == [], do: state, else: tsub_failed(state, node, :timeout)
 
       {:tsub_connect, node} ->
-        loop(tsub_connect(state, node))
-
-      {:tcp, ^socket, data} when socket != nil ->
-        loop(sub_data(state, data))
-
-      {:tcp_closed, ^socket} when socket != nil ->
-        loop(sub_failed(state, :closed))
-
-      {:tcp_error, ^socket, reason} when socket != nil ->
-        loop(sub_failed(state, {:tcp_error, reason}))
-
-      {:sub_timeout, ^socket} when socket != nil ->
-        loop(if sub.expect == [], do: state, else: sub_failed(state, :timeout))
-
-      :reconnect ->
-        loop(if sub == nil, do: sub_connect(state), else: state)
+        tsub_connect(state, node)
 
       :refresh ->
-        loop(request_refresh(state))
+        request_refresh(state)
 
       :refresh_now ->
-        loop(refresh(%{state | refresh_timer: nil}, nil))
+        refresh(%{state | refresh_timer: nil}, nil)
 
       {:stop_clients, pids} ->
-        Enum.each(pids, &stop_client/1)
-        loop(state)
-
-      {:start_client, node, i} ->
-        loop(start_client(state, node, i))
-
-      :watch ->
-        Process.send_after(self(), :watch, @watch_ms)
-        watch(state)
-        state = check_tracking(state)
-        # no map yet (no node answered): ask again
-        loop(if state.map == nil, do: request_refresh(state), else: state)
-
-      {:EXIT, ^parent, reason} ->
-        shutdown(state)
-        exit(reason)
-
-      {:EXIT, pid, reason} ->
-        loop(client_exited(state, pid, reason))
+        Enum.each(pids, &Keeper.stop_client/1)
+        state
 
       _other ->
-        loop(state)
+        state
     end
+  end
+
+  @impl Keeper
+  def watch(state) do
+    state = check_tracking(state)
+    # no map yet (no node answered): ask again
+    if state.map == nil, do: request_refresh(state), else: state
+  end
+
+  @impl Keeper
+  def shutdown(state) do
+    for socket <- Map.keys(state.tsockets), do: :gen_tcp.close(socket)
+    :ok
   end
 
   ## The slot map
@@ -263,11 +225,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
-  defp count_bad(state, n) do
-    :ets.update_counter(state.table, :bad_replies, n, {:bad_replies, 0})
-  catch
-    :error, :badarg -> 0
-  end
+  defp count_bad(state, n), do: Keeper.count(state.table, :bad_replies, n)
 
   defp fetch_map(state, {host, port}) do
     timeout = state.timeout
@@ -332,7 +290,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     state =
       Enum.reduce(new, %{state | pools: masters}, fn node, state ->
-        state = Enum.reduce(0..(state.pool_size - 1), state, &start_client(&2, node, &1))
+        {host, port} = node
+        state = Enum.reduce(0..(state.pool_size - 1), state, &start_client(&2, {host, port, &1}))
         if state.tracking, do: tsub_connect(state, node), else: state
       end)
 
@@ -349,17 +308,17 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         end
       end)
 
-    put(state.table, inserts)
-    Enum.each(deletes, &delete(state.table, &1))
+    Keeper.put(state.table, inserts)
+    Enum.each(deletes, &Keeper.delete(state.table, &1))
 
     # A master gone from the map (a replica now, or removed): callers no
     # longer find its pool, and those already on it finish (a MOVED, most
     # likely) before its clients are stopped, :timeout ms later.
-    {leaving, clients} = Enum.split_with(state.clients, fn {_, {node, _}} -> node in gone end)
+    {leaving, clients} = Enum.split_with(state.clients, fn {_, {h, p, _}} -> {h, p} in gone end)
 
     for {host, port} <- gone,
         i <- 0..(state.pool_size - 1),
-        do: delete(state.table, {host, port, i})
+        do: Keeper.delete(state.table, {host, port, i})
 
     if leaving != [],
       do:
@@ -372,59 +331,12 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     %{state | map: map, clients: Map.new(clients)}
   end
 
-  defp start_client(state, {host, port} = node, i) do
-    cond do
-      not MapSet.member?(state.pools, node) ->
-        state
-
-      Enum.any?(state.clients, fn {_pid, at} -> at == {node, i} end) ->
-        state
-
-      true ->
-        conn_opts = [
-          timeout: state.timeout,
-          auth: state.auth,
-          max_reply_bytes: state.opts[:max_reply_bytes]
-        ]
-
-        case Connection.start_link(String.to_charlist(host), port, conn_opts) do
-          {:ok, client} ->
-            put(state.table, {{host, port, i}, client})
-            %{state | clients: Map.put(state.clients, client, {node, i})}
-
-          {:error, _reason} ->
-            put(state.table, {{host, port, i}, :none})
-            Process.send_after(self(), {:start_client, node, i}, state.opts[:reconnect_sleep])
-            state
-        end
-    end
-  end
-
-  defp client_exited(state, pid, reason) do
-    case Map.pop(state.clients, pid) do
-      {nil, _} ->
-        state
-
-      {{{host, port} = node, i}, clients} ->
-        Logger.warning(
-          "Larder.Cache.Redis: client of #{host}:#{port} exited: " <>
-            inspect(reason, limit: 10, printable_limit: 64)
-        )
-
-        put(state.table, {{host, port, i}, :none})
-        Process.send_after(self(), {:start_client, node, i}, state.opts[:reconnect_sleep])
-        %{state | clients: clients}
-    end
-  end
-
-  # The table says what this keeper holds.
-  defp watch(state) do
-    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
-      do: put(state.table, {:keeper, self()})
-
-    :ok
-  catch
-    :error, :badarg -> :ok
+  # A pool's connection {host, port, i}, while its master is in the map.
+  @impl Keeper
+  def start_client(state, {host, port, _i} = key) do
+    if MapSet.member?(state.pools, {host, port}),
+      do: Keeper.start_client(state, key, String.to_charlist(host), port),
+      else: state
   end
 
   ## The sharded pub/sub connection: AUTH and SSUBSCRIBE on the master of
@@ -436,11 +348,12 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   ## refresh, and a new connection after a wait that doubles from
   ## :reconnect_sleep up to 2 s, as on one server.
 
-  defp sub_connect(%{map: nil} = state), do: sub_failed(state, :no_slot_map)
+  @impl Keeper
+  def sub_connect(%{map: nil} = state), do: Keeper.sub_failed(state, :no_slot_map, __MODULE__)
 
-  defp sub_connect(state) do
+  def sub_connect(state) do
     case Cluster.master(state.map, Cluster.slot(state.channel)) do
-      nil -> sub_failed(state, :slot_not_served)
+      nil -> Keeper.sub_failed(state, :slot_not_served, __MODULE__)
       node -> sub_connect(state, node)
     end
   end
@@ -452,98 +365,49 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     case Subscription.open(to_charlist(host), port, commands, expect, max_bytes, state.timeout) do
       {:ok, sub} -> %{state | sub: Map.put(sub, :node, node)}
-      {:error, reason} -> sub_failed(state, reason)
+      {:error, reason} -> Keeper.sub_failed(state, reason, __MODULE__)
     end
   end
 
-  defp sub_data(%{sub: sub} = state, data) do
-    case Subscription.read(sub, data) do
-      {:ok, replies, sub} -> Enum.reduce_while(replies, %{state | sub: sub}, &sub_reply/2)
-      {:error, reason} -> sub_failed(state, reason)
-    end
-  end
+  @impl Keeper
+  def sub_reply(["ssubscribe", channel, _], %{sub: %{expect: [:ssubscribe]}} = state)
+      when channel == state.channel,
+      do: {:cont, Keeper.handshake_step(state, [], __MODULE__)}
 
-  defp sub_reply({:error, message}, state) do
-    # (MOVED: our map is stale)
-    {:halt, sub_failed(state, {:error_reply, text(message)})}
-  end
-
-  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]} = sub} = state),
-    do: {:cont, %{state | sub: %{sub | expect: expect}}}
-
-  defp sub_reply({:ok, ["ssubscribe", channel, _]}, %{sub: %{expect: [:ssubscribe]}} = state)
-       when channel == state.channel do
-    sub = state.sub
-    Process.cancel_timer(sub.timer)
-    send(state.subscriber, {:larder_cache_l2, :connected})
-    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
-    sub = %{sub | expect: [], timer: nil}
-    {:cont, %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}}
-  end
-
-  defp sub_reply({:ok, ["smessage", channel, payload]}, %{sub: %{expect: []}} = state)
-       when channel == state.channel and is_binary(payload) do
+  def sub_reply(["smessage", channel, payload], %{sub: %{expect: []}} = state)
+      when channel == state.channel and is_binary(payload) do
     send(state.subscriber, {:larder_cache_l2, :message, payload})
     {:cont, state}
   end
 
   # the channel's slot moved to another master
-  defp sub_reply({:ok, ["sunsubscribe", channel | _]}, %{sub: %{expect: []}} = state)
-       when channel == state.channel,
-       do: {:halt, sub_failed(state, :slot_moved)}
+  def sub_reply(["sunsubscribe", channel | _], %{sub: %{expect: []}} = state)
+      when channel == state.channel,
+      do: {:halt, Keeper.sub_failed(state, :slot_moved, __MODULE__)}
 
-  defp sub_reply({:ok, reply}, %{sub: %{expect: [_ | _]}} = state),
-    do: {:halt, sub_failed(state, {:bad_reply, text(reply)})}
+  def sub_reply(_reply, _state), do: :unexpected
 
-  # anything else once subscribed is not ours: ignored
-  defp sub_reply({:ok, _reply}, state), do: {:cont, state}
+  @impl Keeper
+  def subscribed(state), do: state
+
+  # The slot may have moved (an error reply is likely MOVED: the map is
+  # stale): the map first (at most once per :reconnect_sleep), then a new
+  # connection, at once when the slot is known to have moved.
+  @impl Keeper
+  def sub_failed(_state, reason, wait) do
+    send(self(), :refresh)
+    if reason == :slot_moved, do: 0, else: wait
+  end
 
   # After a new map: a subscription on a master that no longer serves the
   # channel's slot hears nothing more; it moves.
   defp follow_channel(%{sub: %{node: node}, map: map} = state) do
     if Cluster.master(map, Cluster.slot(state.channel)) == node,
       do: state,
-      else: sub_failed(state, :slot_moved)
+      else: Keeper.sub_failed(state, :slot_moved, __MODULE__)
   end
 
   defp follow_channel(state), do: state
-
-  defp sub_failed(state, reason) do
-    lost? = state.sub != nil and state.sub.expect == []
-
-    if state.sub, do: Subscription.close(state.sub)
-
-    cond do
-      lost? ->
-        send(state.subscriber, {:larder_cache_l2, :disconnected})
-
-      not state.sub_failing ->
-        Logger.warning(
-          "Larder.Cache.Redis: the sharded pub/sub connection of channel " <>
-            "#{inspect(state.channel)} failed (#{inspect(reason, limit: 10)}); " <>
-            "connecting again every #{state.sub_wait} ms, backing off to " <>
-            "#{sub_max_wait(state)} ms, until it subscribes"
-        )
-
-      true ->
-        :ok
-    end
-
-    # the slot may have moved: the map first (at most once per
-    # :reconnect_sleep), then a new connection
-    send(self(), :refresh)
-    wait = if lost?, do: state.opts[:reconnect_sleep], else: state.sub_wait
-    Process.send_after(self(), :reconnect, if(reason == :slot_moved, do: 0, else: wait))
-    next = if lost?, do: state.sub_wait, else: min(state.sub_wait * 2, sub_max_wait(state))
-    %{state | sub: nil, sub_failing: not lost?, sub_wait: next}
-  end
-
-  defp sub_max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
-
-  defp text(message) when is_binary(message),
-    do: binary_part(message, 0, min(byte_size(message), 200))
-
-  defp text(other), do: inspect(other, limit: 10, printable_limit: 64)
 
   ## Tracking (invalidation: :tracking), per master: a pub/sub connection
   ## that sends CLIENT ID and subscribes to __redis__:invalidate; once it
@@ -590,7 +454,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
       {:error, _reason} ->
         Process.send_after(self(), {:tsub_connect, node}, wait)
-        next = min(wait * 2, sub_max_wait(state))
+        next = min(wait * 2, Keeper.max_wait(state))
         %{state | tsubs: Map.put(state.tsubs, node, %{wait: next})}
     end
   end
@@ -618,13 +482,13 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
             {:cont, put_in(state.tsubs[node], %{tsub | expect: expect, tracking: tracking})}
 
           :error ->
-            {:halt, tsub_failed(state, node, {:bad_reply, text(id)})}
+            {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(id)})}
         end
 
       {{:ok, ["subscribe", channel, _]}, %{expect: [:subscribe]} = tsub} ->
         if channel == Tracking.channel(),
           do: {:cont, tsub_subscribed(state, node, tsub)},
-          else: {:halt, tsub_failed(state, node, {:bad_reply, text(channel)})}
+          else: {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(channel)})}
 
       {{:ok, ["message", channel, payload]}, %{expect: []}} ->
         if channel == Tracking.channel(), do: send(state.subscriber, Tracking.relay(payload))
@@ -634,7 +498,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         {:cont, state}
 
       {other, _tsub} ->
-        {:halt, tsub_failed(state, node, {:bad_reply, text(other)})}
+        {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(other)})}
     end
   end
 
@@ -669,7 +533,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
 
     Process.send_after(self(), {:tsub_connect, node}, tsub.wait)
-    next = if tsub.expect == [], do: tsub.wait, else: min(tsub.wait * 2, sub_max_wait(state))
+    next = if tsub.expect == [], do: tsub.wait, else: min(tsub.wait * 2, Keeper.max_wait(state))
 
     %{
       state
@@ -689,8 +553,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
-  defp node_clients(state, node),
-    do: for({pid, {^node, _}} <- state.clients, into: %{}, do: {pid, true})
+  defp node_clients(state, {host, port}),
+    do: for({pid, {^host, ^port, _}} <- state.clients, into: %{}, do: {pid, true})
 
   defp check_tracking(%{tracking: nil} = state), do: state
 
@@ -705,40 +569,5 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       _, state ->
         state
     end)
-  end
-
-  defp shutdown(state) do
-    for socket <- Map.keys(state.tsockets), do: :gen_tcp.close(socket)
-    for pid <- Map.keys(state.clients), do: stop_client(pid)
-    if state.sub, do: :gen_tcp.close(state.sub.socket)
-    :ok
-  end
-
-  defp stop_client(pid) do
-    Process.unlink(pid)
-    Process.exit(pid, :kill)
-    true
-  end
-
-  # The table belongs to the process that called init/3; once it is gone
-  # nobody reads it.
-  defp put(table, rows) do
-    :ets.insert(table, rows)
-  catch
-    :error, :badarg -> true
-  end
-
-  defp delete_all(table) do
-    bad = bad_replies(%{table: table})
-    :ets.delete_all_objects(table)
-    if bad > 0, do: :ets.insert(table, {:bad_replies, bad})
-  catch
-    :error, :badarg -> true
-  end
-
-  defp delete(table, key) do
-    :ets.delete(table, key)
-  catch
-    :error, :badarg -> true
   end
 end

@@ -144,21 +144,19 @@ defmodule Larder.Cache.Redis.Sentinel do
   def parser, do: RESP.new(@max_reply_bytes)
 
   @doc """
-  Reads `data` from a sentinel's subscription: `{:ok, events, parser,
-  partial}`, where events are `{:switch, master_name}` for each
-  `+switch-master` message (the addresses in it are not used: the master
-  is asked again), `{:failover, master_name}` for each failover event,
-  and `:bad` for a failover event whose payload names no master; or
-  `:error` for bytes that are not RESP, an error reply or a reply too
-  large (the parser bounds it; `partial` is kept for the caller's state
-  and stays 0).
+  Reads `data` from a sentinel's subscription: `{:ok, events, parser}`,
+  where events are `{:switch, master_name}` for each `+switch-master`
+  message (the addresses in it are not used: the master is asked again),
+  `{:failover, master_name}` for each failover event, and `:bad` for a
+  failover event whose payload names no master; or `:error` for bytes that
+  are not RESP, an error reply or a reply too large (the parser bounds it).
   """
-  def read(parser, partial, data) do
+  def read(parser, data) do
     case RESP.parse(parser, data) do
       {:ok, replies, parser} ->
         events = Enum.flat_map(replies, &event/1)
         errors = for {:error, _} <- replies, do: :error
-        if errors == [], do: {:ok, events, parser, partial}, else: :error
+        if errors == [], do: {:ok, events, parser}, else: :error
 
       {:error, _reason} ->
         :error

@@ -10,11 +10,9 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
 
   @moduletag :redis
 
-  setup_all do
-    cluster = RedisCluster.start()
-    on_exit(fn -> RedisCluster.stop(cluster) end)
-    %{cluster: cluster}
-  end
+  import Larder.Test.RedisSetup, only: [redis_cluster: 1]
+
+  setup_all :redis_cluster
 
   test "slot/1 agrees with CLUSTER KEYSLOT on 5,000 random keys, hash tags included", ctx do
     keys =

@@ -1,0 +1,388 @@
+# The loop both keepers of Larder.Cache.Redis run, the single-server and
+# Sentinel keeper (Larder.Cache.Redis) and the cluster keeper: the command
+# connections (started, replaced after one ends, stopped), the table rows
+# callers read, and the pub/sub connection's life (handshake, failure,
+# backoff). Each topology supplies only its own part, as callbacks.
+defmodule Larder.Cache.Redis.Keeper do
+  @moduledoc false
+
+  # Contract (internal).
+  #
+  # State: the map init/2 returns, plus the topology's own keys. `clients`
+  # maps each command connection's pid to its key in the table (a pool slot
+  # on one server, `{host, port, i}` on a cluster). The table holds `{key,
+  # pid | :none}` per connection, `{:keeper, pid}`, and the counters
+  # `{:ended_connections, n}` and (cluster) `{:bad_replies, n}`; every
+  # watch (each @watch_ms) writes those rows again, so a keeper that was
+  # replaced and is still shutting down beside this one cannot leave its
+  # pids there for longer than that.
+  #
+  # A command connection that ends (see Connection) is counted, its row is
+  # :none (callers get :l2_unavailable at once) and it is started again
+  # after :reconnect_sleep: by a timer, not a restart, since a hostile
+  # server may end one on every reply. Ends are logged as one warning for
+  # the first, then at most one per @end_log_ms saying how many more ended:
+  # a reconnect storm does not flood the log.
+  #
+  # The pub/sub connection: the topology opens it (c:sub_connect/1, with
+  # Subscription.open/7) and handles the replies of its own handshake and
+  # its messages (c:sub_reply/2); this module handles error replies, AUTH's
+  # OK, anything unexpected during the handshake (a failure) or after it
+  # (ignored), the handshake's end (c:subscribed/1, then :connected), and
+  # every failure: the subscriber gets :disconnected if it was subscribed,
+  # the first failure of a run is logged (one line), and a new connection
+  # is made after a wait that doubles from :reconnect_sleep up to
+  # max_wait/1, back to :reconnect_sleep once subscribed (the topology may
+  # shorten the wait: c:sub_failed/3).
+
+  require Logger
+
+  alias Larder.Cache.Redis.{Auth, Connection, Subscription}
+
+  @watch_ms 100
+  @sub_max_wait_ms 2_000
+  @end_log_ms 30_000
+
+  @type state :: map()
+
+  @doc "Handles a message that is the topology's own (anything else: ignore it)."
+  @callback handle_info(msg :: term(), state()) :: state()
+
+  @doc "Opens the pub/sub connection (or fails it, with `sub_failed/3`)."
+  @callback sub_connect(state()) :: state()
+
+  @doc """
+  Handles a reply on the pub/sub connection that is not an error nor AUTH's
+  OK: a step of its own handshake (`handshake_step/3`), a message, or
+  `:unexpected`.
+  """
+  @callback sub_reply(reply :: term(), state()) ::
+              {:cont, state()} | {:halt, state()} | :unexpected
+
+  @doc "The topology's part of a handshake that is done, before `:connected` is sent."
+  @callback subscribed(state()) :: state()
+
+  @doc """
+  The topology's follow-up of a pub/sub failure (the state has no
+  subscription); returns the wait before connecting again, `wait` or less.
+  """
+  @callback sub_failed(state(), reason :: term(), wait :: pos_integer()) :: non_neg_integer()
+
+  @doc "Starts the command connection of `key` again, when its timer fires."
+  @callback start_client(state(), key :: term()) :: state()
+
+  @doc "The topology's part of the periodic watch."
+  @callback watch(state()) :: state()
+
+  @doc "Closes the topology's own sockets, when the keeper stops."
+  @callback shutdown(state()) :: :ok
+
+  @doc """
+  The keeper's state before the topology's own keys, in the keeper process
+  (which it sets to trap exits).
+  """
+  @spec init(pid(), map()) :: state()
+  def init(parent, %{opts: opts} = l2) do
+    Process.flag(:trap_exit, true)
+
+    %{
+      parent: parent,
+      subscriber: l2.subscriber,
+      channel: l2.channel,
+      opts: opts,
+      table: l2.table,
+      clients: %{},
+      sub: nil,
+      sub_wait: opts[:reconnect_sleep],
+      sub_failing: false,
+      end_log: %{at: nil, quiet: 0}
+    }
+  end
+
+  @doc """
+  Tells `parent` the keeper is ready, opens the pub/sub connection and runs
+  the loop of `mod`'s keeper. Does not return.
+  """
+  @spec run(module(), state(), reference()) :: no_return()
+  def run(mod, state, ref) do
+    send(state.parent, {ref, :ready})
+    Process.send_after(self(), :watch, @watch_ms)
+    loop(mod, mod.sub_connect(state))
+  end
+
+  defp loop(mod, %{sub: sub, parent: parent, clients: clients} = state) do
+    socket = sub && sub.socket
+
+    receive do
+      {:tcp, ^socket, data} when socket != nil ->
+        loop(mod, sub_data(mod, state, data))
+
+      {:tcp_closed, ^socket} when socket != nil ->
+        loop(mod, sub_failed(state, :closed, mod))
+
+      {:tcp_error, ^socket, reason} when socket != nil ->
+        loop(mod, sub_failed(state, {:tcp_error, reason}, mod))
+
+      {:sub_timeout, ^socket} when socket != nil ->
+        # (a timer that fired as the subscription came up is ignored)
+        loop(mod, if(sub.expect == [], do: state, else: sub_failed(state, :timeout, mod)))
+
+      :reconnect ->
+        loop(mod, if(sub == nil, do: mod.sub_connect(state), else: state))
+
+      {:start_client, key} ->
+        # (a move or a new map may have started it meanwhile)
+        taken? = Enum.any?(clients, fn {_pid, k} -> k == key end)
+        loop(mod, if(taken?, do: state, else: mod.start_client(state, key)))
+
+      :watch ->
+        Process.send_after(self(), :watch, @watch_ms)
+        state = state |> write_rows() |> end_summary()
+        loop(mod, mod.watch(state))
+
+      {:EXIT, ^parent, reason} ->
+        mod.shutdown(state)
+        for pid <- Map.keys(clients), do: stop_client(pid)
+        if sub, do: Subscription.close(sub)
+        exit(reason)
+
+      {:EXIT, pid, reason} when is_map_key(clients, pid) ->
+        loop(mod, client_ended(state, pid, reason))
+
+      other ->
+        loop(mod, mod.handle_info(other, state))
+    end
+  end
+
+  ## Command connections
+
+  @doc """
+  Starts the command connection of `key` to `host` (a charlist) and
+  `port`; if it cannot connect, its row is `:none` and it is tried again
+  after `:reconnect_sleep`.
+  """
+  @spec start_client(state(), term(), charlist(), 1..65_535) :: state()
+  def start_client(state, key, host, port) do
+    opts = state.opts
+
+    conn_opts = [
+      timeout: opts[:timeout],
+      database: opts[:database],
+      auth: Auth.commands(opts),
+      max_reply_bytes: opts[:max_reply_bytes]
+    ]
+
+    case Connection.start_link(host, port, conn_opts) do
+      {:ok, client} ->
+        put(state.table, {key, client})
+        %{state | clients: Map.put(state.clients, client, key)}
+
+      {:error, _reason} ->
+        retry_client(state, key)
+    end
+  end
+
+  @doc "Marks `key`'s row `:none` (callers get `:l2_unavailable`) and tries again later."
+  @spec retry_client(state(), term()) :: state()
+  def retry_client(state, key) do
+    put(state.table, {key, :none})
+    Process.send_after(self(), {:start_client, key}, state.opts[:reconnect_sleep])
+    state
+  end
+
+  @doc "Stops a command connection without its exit reaching the keeper."
+  @spec stop_client(pid()) :: true
+  def stop_client(pid) do
+    Process.unlink(pid)
+    Process.exit(pid, :kill)
+  end
+
+  @doc "How many command connections of the keeper of `l2` (its state) have ended."
+  @spec ended_connections(map()) :: non_neg_integer()
+  def ended_connections(%{table: table}), do: counter(table, :ended_connections)
+
+  defp client_ended(state, pid, reason) do
+    {key, clients} = Map.pop(state.clients, pid)
+    count(state.table, :ended_connections, 1)
+    state = retry_client(%{state | clients: clients}, key)
+    now = System.monotonic_time(:millisecond)
+
+    case state.end_log do
+      %{at: at, quiet: quiet} when at != nil and now - at < @end_log_ms ->
+        %{state | end_log: %{at: at, quiet: quiet + 1}}
+
+      _ ->
+        Logger.warning(
+          "Larder.Cache.Redis: command connection #{describe(key)} of channel " <>
+            "#{inspect(state.channel)} ended " <>
+            "(#{text(reason)}); replacing it every #{state.opts[:reconnect_sleep]} ms " <>
+            "(further ends are counted and logged at most once per #{div(@end_log_ms, 1000)} s)"
+        )
+
+        %{state | end_log: %{at: now, quiet: 0}}
+    end
+  end
+
+  # Ends that were counted but not logged, once their window is over.
+  defp end_summary(%{end_log: %{at: at, quiet: quiet}} = state) when quiet > 0 do
+    now = System.monotonic_time(:millisecond)
+
+    if now - at >= @end_log_ms do
+      Logger.warning(
+        "Larder.Cache.Redis: #{quiet} more command connections of channel " <>
+          "#{inspect(state.channel)} ended in the last #{div(now - at, 1000)} s"
+      )
+
+      %{state | end_log: %{at: now, quiet: 0}}
+    else
+      state
+    end
+  end
+
+  defp end_summary(state), do: state
+
+  defp describe({host, port, i}), do: "#{i} of #{host}:#{port}"
+  defp describe(slot), do: "#{inspect(slot)}"
+
+  ## The table (owned by the process that called init/3 of
+  ## Larder.Cache.Redis: once it is gone, nobody reads it)
+
+  defp write_rows(state) do
+    for {pid, key} <- state.clients,
+        :ets.lookup(state.table, key) != [{key, pid}],
+        do: put(state.table, {key, pid})
+
+    if :ets.lookup(state.table, :keeper) != [{:keeper, self()}],
+      do: put(state.table, {:keeper, self()})
+
+    state
+  catch
+    :error, :badarg -> state
+  end
+
+  @doc "Inserts `rows` into the table, if it still exists."
+  @spec put(:ets.tid(), tuple() | [tuple()]) :: true
+  def put(table, rows), do: unless_gone(fn -> :ets.insert(table, rows) end, true)
+
+  @doc "Deletes `key` from the table, if it still exists."
+  @spec delete(:ets.tid(), term()) :: true
+  def delete(table, key), do: unless_gone(fn -> :ets.delete(table, key) end, true)
+
+  @doc "Deletes every row of the table but the counters."
+  @spec delete_all_but_counters(:ets.tid()) :: non_neg_integer()
+  def delete_all_but_counters(table) do
+    counter? = {:orelse, {:==, :"$1", :bad_replies}, {:==, :"$1", :ended_connections}}
+
+    unless_gone(
+      fn -> :ets.select_delete(table, [{{:"$1", :_}, [{:not, counter?}], [true]}]) end,
+      0
+    )
+  end
+
+  @doc "Adds `n` to the counter `name` in the table."
+  @spec count(:ets.tid(), atom(), pos_integer()) :: integer()
+  def count(table, name, n),
+    do: unless_gone(fn -> :ets.update_counter(table, name, n, {name, 0}) end, 0)
+
+  defp unless_gone(fun, gone) do
+    fun.()
+  catch
+    :error, :badarg -> gone
+  end
+
+  @doc "The counter `name` in the table (0 before its first count)."
+  @spec counter(:ets.tid(), atom()) :: non_neg_integer()
+  def counter(table, name) do
+    case :ets.lookup(table, name) do
+      [{_, n}] -> n
+      [] -> 0
+    end
+  end
+
+  ## The pub/sub connection
+
+  defp sub_data(mod, %{sub: sub} = state, data) do
+    case Subscription.read(sub, data) do
+      {:ok, replies, sub} ->
+        Enum.reduce_while(replies, %{state | sub: sub}, &sub_reply(&1, &2, mod))
+
+      {:error, reason} ->
+        sub_failed(state, reason, mod)
+    end
+  end
+
+  defp sub_reply({:error, message}, state, mod),
+    do: {:halt, sub_failed(state, {:error_reply, text(message)}, mod)}
+
+  defp sub_reply({:ok, "OK"}, %{sub: %{expect: [:auth | expect]}} = state, mod),
+    do: {:cont, handshake_step(state, expect, mod)}
+
+  defp sub_reply({:ok, reply}, state, mod) do
+    case mod.sub_reply(reply, state) do
+      # anything else once subscribed is not ours: ignored
+      :unexpected when state.sub.expect == [] -> {:cont, state}
+      :unexpected -> {:halt, sub_failed(state, {:bad_reply, text(reply)}, mod)}
+      result -> result
+    end
+  end
+
+  @doc """
+  A handshake reply was the one expected: `expect` is what is left. When
+  nothing is, the subscription is up: the topology's part, then the
+  subscriber gets `:connected`, and the wait is back to `:reconnect_sleep`.
+  """
+  @spec handshake_step(state(), [atom()], module()) :: state()
+  def handshake_step(%{sub: sub} = state, [_ | _] = expect, _mod),
+    do: %{state | sub: %{sub | expect: expect}}
+
+  def handshake_step(%{sub: sub} = state, [], mod) do
+    Process.cancel_timer(sub.timer)
+    state = mod.subscribed(state)
+    send(state.subscriber, {:larder_cache_l2, :connected})
+    if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
+    sub = %{state.sub | expect: [], timer: nil}
+    %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
+  end
+
+  @doc """
+  The pub/sub connection failed (or could not be opened): see the contract
+  above.
+  """
+  @spec sub_failed(state(), term(), module()) :: state()
+  def sub_failed(state, reason, mod) do
+    lost? = state.sub != nil and state.sub.expect == []
+    if state.sub, do: Subscription.close(state.sub)
+    wait = state.sub_wait
+
+    cond do
+      lost? ->
+        send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+      not state.sub_failing ->
+        Logger.warning(
+          "Larder.Cache.Redis: the pub/sub connection of channel #{inspect(state.channel)} " <>
+            "failed (#{inspect(reason, limit: 10, printable_limit: 256)}); " <>
+            "connecting again every #{wait} ms, backing off to " <>
+            "#{max_wait(state)} ms, until it subscribes"
+        )
+
+      true ->
+        :ok
+    end
+
+    state = %{state | sub: nil, sub_failing: not lost?, sub_wait: min(wait * 2, max_wait(state))}
+    Process.send_after(self(), :reconnect, mod.sub_failed(state, reason, wait))
+    state
+  end
+
+  @doc "The longest wait between two pub/sub connection attempts."
+  @spec max_wait(state()) :: pos_integer()
+  def max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
+
+  @doc "A reply or reason, bounded for a log line or an error's details."
+  @spec text(term()) :: binary()
+  def text(message) when is_binary(message),
+    do: binary_part(message, 0, min(byte_size(message), 200))
+
+  def text(other), do: inspect(other, limit: 10, printable_limit: 64)
+end

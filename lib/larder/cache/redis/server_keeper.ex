@@ -1,0 +1,287 @@
+# Larder.Cache.Redis on one server, given or named by Sentinel, the
+# keeper's side: the pool of command connections to that master, its
+# pub/sub handshake (AUTH, CLIENT ID with tracking, SUBSCRIBE), and with
+# Sentinel, finding the master, watching every sentinel and moving when the
+# master changes. The loop, the connections' life and the pub/sub failures
+# are Keeper's.
+defmodule Larder.Cache.Redis.ServerKeeper do
+  @moduledoc false
+
+  # Contract (internal).
+  #
+  # The table: `{slot, pid | :none}` per pool slot (0 to :pool_size - 1,
+  # filled with :none by Larder.Cache.Redis.init/3), `{:keeper, pid}`, and
+  # with Sentinel `{:sentinel, pid}` (the keeper, which callers hint with
+  # :check_master when a command gets READONLY or loses its connection).
+  #
+  # Sentinel: the keeper finds the master at start, holds a subscription to
+  # +switch-master and the failover events on every sentinel (connected
+  # again every @sentinel_retry_ms while one is away), and asks the
+  # sentinels again on a +switch-master for its master, a caller's hint, or
+  # a failed subscription, at most once per :reconnect_sleep, and every
+  # watch while it knows no master. A master other than the one in use
+  # (checked with its own ROLE) moves every connection to it. While it asks
+  # (each sentinel within :timeout), messages wait.
+
+  @behaviour Larder.Cache.Redis.Keeper
+
+  require Logger
+
+  alias Larder.Cache.Redis.{Auth, Keeper, Sentinel, Subscription, Tracking}
+
+  # Wait before connecting again to a sentinel whose subscription was lost.
+  @sentinel_retry_ms 1_000
+
+  @doc false
+  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
+  def init(parent, ref, %{opts: opts} = l2) do
+    state = Keeper.init(parent, l2)
+    Keeper.put(state.table, {:keeper, self()})
+
+    state =
+      Map.merge(state, %{
+        # the master's address; nil while Sentinel names none
+        host: if(opts[:sentinel], do: nil, else: String.to_charlist(opts[:host])),
+        port: opts[:port],
+        master_warned: false,
+        sentinel: opts[:sentinel],
+        watchers: %{},
+        check: nil,
+        tracking: Tracking.new(opts[:tracking_prefix])
+      })
+
+    # with Sentinel, the master first (the clients are started below)
+    state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
+
+    # a client connects in start_link (bounded by :timeout each), so the
+    # first calls find a connected client when Redis is up.
+    state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
+    Keeper.run(__MODULE__, state, ref)
+  end
+
+  @impl Keeper
+  def handle_info(msg, %{watchers: watchers} = state) do
+    case msg do
+      {:tcp, w, data} when is_map_key(watchers, w) -> sentinel_data(state, w, data)
+      {:tcp_closed, w} when is_map_key(watchers, w) -> sentinel_lost(state, w)
+      {:tcp_error, w, _reason} when is_map_key(watchers, w) -> sentinel_lost(state, w)
+      {:watch_sentinel, addr} -> watch_sentinel(state, addr)
+      :check_master -> request_check(state)
+      :find_master -> find_master(%{state | check: nil})
+      _other -> state
+    end
+  end
+
+  @impl Keeper
+  def start_client(%{host: nil} = state, slot), do: Keeper.retry_client(state, slot)
+  def start_client(state, slot), do: Keeper.start_client(state, slot, state.host, state.port)
+
+  @impl Keeper
+  def watch(state) do
+    state = check_tracking(state)
+    # no master known (Sentinel named none, or it was down): ask again
+    if state.sentinel && state.host == nil, do: request_check(state), else: state
+  end
+
+  @impl Keeper
+  def shutdown(state) do
+    for socket <- Map.keys(state.watchers), do: :gen_tcp.close(socket)
+    :ok
+  end
+
+  ## The pub/sub connection: AUTH (with a password), CLIENT ID (with
+  ## tracking) and SUBSCRIBE, then every message on the channel is relayed,
+  ## and with tracking every report on __redis__:invalidate.
+
+  @impl Keeper
+  def sub_connect(%{host: nil} = state), do: Keeper.sub_failed(state, :no_master, __MODULE__)
+
+  def sub_connect(state) do
+    opts = state.opts
+    auth = Auth.commands(opts)
+    {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
+    expect = if auth != [], do: [:auth | expect], else: expect
+
+    case Subscription.open(
+           state.host,
+           state.port,
+           auth ++ subscribe,
+           expect,
+           opts[:max_message_bytes],
+           opts[:timeout]
+         ) do
+      {:ok, sub} -> %{state | sub: sub}
+      {:error, reason} -> Keeper.sub_failed(state, reason, __MODULE__)
+    end
+  end
+
+  @impl Keeper
+  def sub_reply(id, %{sub: %{expect: [:client_id | expect]}} = state) do
+    case Tracking.parse_id(id) do
+      {:ok, id} ->
+        state = %{state | tracking: %{state.tracking | id: id}}
+        {:cont, Keeper.handshake_step(state, expect, __MODULE__)}
+
+      :error ->
+        {:halt, Keeper.sub_failed(state, {:bad_reply, Keeper.text(id)}, __MODULE__)}
+    end
+  end
+
+  def sub_reply(["subscribe", channel, _count], %{sub: %{expect: [:subscribe | expect]}} = state)
+      when channel == state.channel,
+      do: {:cont, Keeper.handshake_step(state, expect, __MODULE__)}
+
+  def sub_reply(["subscribe", channel, _count], %{sub: %{expect: [:tracking | expect]}} = state) do
+    if channel == Tracking.channel(),
+      do: {:cont, Keeper.handshake_step(state, expect, __MODULE__)},
+      else: {:halt, Keeper.sub_failed(state, {:bad_reply, Keeper.text(channel)}, __MODULE__)}
+  end
+
+  def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
+      when channel == state.channel and is_binary(payload) do
+    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    {:cont, state}
+  end
+
+  def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
+      when state.tracking != nil and channel == "__redis__:invalidate" do
+    send(state.subscriber, Tracking.relay(payload))
+    {:cont, state}
+  end
+
+  def sub_reply(_reply, _state), do: :unexpected
+
+  # Subscribed: with tracking, every data connection is redirected to this
+  # connection's (new) id first, so that the cache, which clears L1 on
+  # :connected, keeps nothing a write could have changed unreported.
+  @impl Keeper
+  def subscribed(%{tracking: nil} = state), do: state
+
+  def subscribed(%{tracking: tracking} = state) do
+    tracking = Tracking.enable_all(tracking, tracking.id, state.clients, state.opts[:timeout])
+    %{state | tracking: tracking}
+  end
+
+  # (the master may have moved: Sentinel is asked)
+  @impl Keeper
+  def sub_failed(state, _reason, wait) do
+    if state.sentinel, do: send(self(), :check_master)
+    wait
+  end
+
+  # A data connection that replaced one that failed gets its tracking
+  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
+  defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
+    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
+    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+    %{state | tracking: tracking}
+  end
+
+  defp check_tracking(state), do: state
+
+  ## Sentinel
+
+  defp request_check(%{check: nil} = state) do
+    %{state | check: Process.send_after(self(), :find_master, state.opts[:reconnect_sleep])}
+  end
+
+  defp request_check(state), do: state
+
+  defp find_master(state) do
+    case Sentinel.master(state.sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
+      {:ok, {host, port}} ->
+        host = String.to_charlist(host)
+
+        cond do
+          {host, port} == {state.host, state.port} -> state
+          # no master known yet (at start, or no sentinel named one): nothing
+          # to move. (Not "no clients": they all end when the master dies.)
+          state.host == nil -> %{state | host: host, port: port}
+          true -> move(state, host, port)
+        end
+
+      {:error, reason} ->
+        unless state.master_warned do
+          Logger.warning(
+            "Larder.Cache.Redis: no master from Sentinel yet (#{Keeper.text(reason)})"
+          )
+        end
+
+        %{state | master_warned: true}
+    end
+  end
+
+  defp move(state, host, port) do
+    if state.host,
+      do: Logger.warning("Larder.Cache.Redis: the master moved to #{host}:#{port}; moving")
+
+    for {pid, slot} <- state.clients do
+      Keeper.stop_client(pid)
+      Keeper.put(state.table, {slot, :none})
+    end
+
+    state = %{state | host: host, port: port, clients: %{}, master_warned: false}
+    state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+
+    # Whether or not it was subscribed, the cache must clear its L1 when the
+    # subscription comes up on the new master: what it read from the old
+    # one may be lost. :disconnected tells it so.
+    send(state.subscriber, {:larder_cache_l2, :disconnected})
+
+    # The subscription moves at once, even when it is waiting out the
+    # backoff of its failures on the old master (up to 2 s): until it is
+    # up there, this node's commands reach the new master while its L1
+    # still holds what it read from the old one, and it hears no other
+    # node's writes.
+    if state.sub, do: Subscription.close(state.sub)
+    sub_connect(%{state | sub: nil, sub_wait: state.opts[:reconnect_sleep]})
+  end
+
+  defp watch_sentinels(state) do
+    Keeper.put(state.table, {:sentinel, self()})
+    Enum.reduce(state.sentinel[:sentinels], state, &watch_sentinel(&2, &1))
+  end
+
+  defp watch_sentinel(state, addr) do
+    case Sentinel.subscribe(addr, state.sentinel, state.opts[:timeout]) do
+      {:ok, socket} ->
+        watcher = %{addr: addr, parser: Sentinel.parser()}
+        %{state | watchers: Map.put(state.watchers, socket, watcher)}
+
+      {:error, _reason} ->
+        Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+        state
+    end
+  end
+
+  defp sentinel_data(state, socket, data) do
+    watcher = Map.fetch!(state.watchers, socket)
+    :inet.setopts(socket, active: :once)
+
+    case Sentinel.read(watcher.parser, data) do
+      {:ok, events, parser} ->
+        watcher = %{watcher | parser: parser}
+        state = %{state | watchers: Map.put(state.watchers, socket, watcher)}
+        master = state.sentinel[:master]
+        # A failover of our master is under way: drop L1 now, before the
+        # promoted replica can take a write (see "Sentinel" in
+        # Larder.Cache.Redis); counted as a bad message when the event
+        # names no master.
+        if {:failover, master} in events,
+          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
+
+        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
+        if {:switch, master} in events, do: find_master(state), else: state
+
+      :error ->
+        :gen_tcp.close(socket)
+        sentinel_lost(state, socket)
+    end
+  end
+
+  defp sentinel_lost(state, socket) do
+    {%{addr: addr}, watchers} = Map.pop(state.watchers, socket)
+    Process.send_after(self(), {:watch_sentinel, addr}, @sentinel_retry_ms)
+    %{state | watchers: watchers}
+  end
+end
