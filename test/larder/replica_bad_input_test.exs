@@ -78,20 +78,8 @@ defmodule Larder.ReplicaBadInputTest do
       |> Tuple.to_list()
       |> Enum.map(&if(&1 == :replica, do: ctx.replica, else: Hostile.build(&1)))
 
-    try do
-      apply(Replica, fun, args)
-    rescue
-      ArgumentError -> :argument_error
-      other -> {:raised, other, __STACKTRACE__}
-    else
-      {:ok, pid} when fun == :start_link ->
-        # arbitrary options that happen to be valid start a replica
-        GenServer.stop(pid)
-        :ok
-
-      result ->
-        result
-    end
+    # (arbitrary options that happen to be valid start a replica: stopped)
+    BadCall.run(Replica, fun, args)
   end
 
   defp allowed?(_fun, :argument_error), do: true
