@@ -678,7 +678,6 @@ defmodule Larder.Bag do
     end)
   end
 
-
   @doc """
   Like `dump/2`, but raises the `Larder.Error` on failure.
   """
@@ -793,10 +792,17 @@ defmodule Larder.Bag do
   # :duplicate_bag, with a fingerprint set if it deduplicates), or other.
   defp table(%__MODULE__{tab: tab, fps: fps}) do
     case safe(fn -> {:ets.info(tab, :type), :ets.info(tab, :protection)} end) do
-      nil -> :gone
-      {:undefined, _} -> :gone
-      {:duplicate_bag, :public} -> if fps == nil or safe(fn -> Dedup.bytes(fps) end), do: :bag, else: :other
-      _ -> :other
+      nil ->
+        :gone
+
+      {:undefined, _} ->
+        :gone
+
+      {:duplicate_bag, :public} ->
+        if fps == nil or safe(fn -> Dedup.bytes(fps) end), do: :bag, else: :other
+
+      _ ->
+        :other
     end
   end
 

@@ -385,7 +385,9 @@ defmodule Larder.Cache do
 
   alias Larder.Cache.{Config, Loader, Owner, Remote, Stats, Store}
   alias Larder.Cache.Supervisor, as: CacheSupervisor
-  alias Larder.Telemetry
+  alias Larder.{Instance, Telemetry}
+
+  require Larder.Instance
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
@@ -708,23 +710,15 @@ defmodule Larder.Cache do
     end)
   end
 
-  defp config!(cache) do
-    case :persistent_term.get(Config.key(cache), nil) do
-      nil ->
-        raise ArgumentError,
-              "unknown cache: #{inspect(cache)} (no cache was started with that name)"
-
-      cfg ->
-        cfg
-    end
-  end
+  defp config!(cache) when Instance.name?(cache), do: Instance.resolve(__MODULE__, cache)
+  defp config!(other), do: Instance.invalid!(__MODULE__, other)
 
   # A cache whose owner died leaves its config behind but not its tables.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    cfg = :persistent_term.get(Config.key(cache), nil)
+    cfg = Instance.lookup(__MODULE__, cache)
 
     if cfg && :ets.info(cfg.data, :id) == :undefined do
-      raise ArgumentError, "unknown cache: #{inspect(cache)} (it is no longer running)"
+      Instance.unknown!(__MODULE__, cache)
     else
       reraise e, stacktrace
     end

@@ -248,7 +248,10 @@ defmodule Larder.Instance do
   @spec child_spec(kind(), name(), mfa() | {module(), atom(), list()}, keyword()) ::
           Supervisor.child_spec()
   def child_spec(kind, name, start, extra \\ []) do
-    Map.merge(%{id: {kind, name}, start: start, type: :worker, restart: :transient}, Map.new(extra))
+    Map.merge(
+      %{id: {kind, name}, start: start, type: :worker, restart: :transient},
+      Map.new(extra)
+    )
   end
 
   ## Death

@@ -448,9 +448,11 @@ defmodule Larder.BagTest do
       send(owner, :stop)
       assert_receive {:DOWN, ^ref, _, _, _}
 
-      assert_raise ArgumentError, ~r/unknown Larder.Bag #{inspect(name)}: .*owned it exited/, fn ->
-        Bag.insert(name, 1, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/unknown Larder.Bag #{inspect(name)}: .*owned it exited/,
+                   fn ->
+                     Bag.insert(name, 1, 1)
+                   end
     end
   end
 
@@ -486,13 +488,17 @@ defmodule Larder.BagTest do
 
     test "something that is not a bag raises ArgumentError" do
       for handle <- ["bag", 42, make_ref(), %{tab: :x}] do
-        assert_raise ArgumentError, ~r/expected a Larder.Bag \(a handle or the name of one\)/, fn ->
-          Bag.lookup(handle, 1)
-        end
+        assert_raise ArgumentError,
+                     ~r/expected a Larder.Bag \(a handle or the name of one\)/,
+                     fn ->
+                       Bag.lookup(handle, 1)
+                     end
 
-        assert_raise ArgumentError, ~r/expected a Larder.Bag \(a handle or the name of one\)/, fn ->
-          Bag.insert(handle, 1, 1)
-        end
+        assert_raise ArgumentError,
+                     ~r/expected a Larder.Bag \(a handle or the name of one\)/,
+                     fn ->
+                       Bag.insert(handle, 1, 1)
+                     end
       end
 
       assert_raise ArgumentError, ~r/unknown Larder.Bag :no_such_bag: it was never created/, fn ->
@@ -586,7 +592,9 @@ defmodule Larder.BagTest do
               fn -> Bag.delete(forged, 1, 1) end,
               fn -> Bag.drop(forged) end
             ] do
-          assert_raise ArgumentError, ~r/expected a Larder.Bag \(a handle or the name of one\), got: %Larder.Bag/, call
+          assert_raise ArgumentError,
+                       ~r/expected a Larder.Bag \(a handle or the name of one\), got: %Larder.Bag/,
+                       call
         end
       end
 

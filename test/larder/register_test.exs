@@ -149,7 +149,9 @@ defmodule Larder.RegisterTest do
             fn -> Register.keys(reg) end,
             fn -> Register.size(reg) end
           ] do
-        assert_raise ArgumentError, ~r/unknown Larder.Register #Larder.Register<\d+>: .*dropped/, call
+        assert_raise ArgumentError,
+                     ~r/unknown Larder.Register #Larder.Register<\d+>: .*dropped/,
+                     call
       end
 
       # drop/1 alone is idempotent.
@@ -163,10 +165,15 @@ defmodule Larder.RegisterTest do
       assert Register.get(reg, :k) == 1
       assert Register.get(name, :k) == 1
       assert Register.size(name) == 1
-      assert_raise ArgumentError, ~r/a Larder.Register named #{inspect(name)} already exists/, fn -> Register.new(name: name) end
+
+      assert_raise ArgumentError,
+                   ~r/a Larder.Register named #{inspect(name)} already exists/,
+                   fn -> Register.new(name: name) end
+
       :ok = Register.drop(name)
       assert Register.drop(name) == :ok
       assert Register.drop(reg) == :ok
+
       message =
         "unknown Larder.Register #{inspect(name)}: it was never created, it was dropped, " <>
           "or the process that owned it exited"
@@ -328,13 +335,17 @@ defmodule Larder.RegisterTest do
     end
 
     test "something that is not a register raises ArgumentError" do
-      assert_raise ArgumentError, ~r/expected a Larder.Register \(a handle or the name of one\), got: "nope"/, fn ->
-        Register.get("nope", :k)
-      end
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Register \(a handle or the name of one\), got: "nope"/,
+                   fn ->
+                     Register.get("nope", :k)
+                   end
 
-      assert_raise ArgumentError, ~r/^unknown Larder.Register :no_such_register: it was never created/, fn ->
-        Register.put(:no_such_register, :k, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/^unknown Larder.Register :no_such_register: it was never created/,
+                   fn ->
+                     Register.put(:no_such_register, :k, 1)
+                   end
     end
   end
 
@@ -617,9 +628,11 @@ defmodule Larder.RegisterTest do
     test "forged handles, improper option lists and wrong funs name the argument" do
       reg = Register.new()
 
-      assert_raise ArgumentError, ~r/expected a Larder.Register \(a handle or the name of one\), got: #Larder.Register<\d+>/, fn ->
-        Register.put(%{reg | slots: :x}, :k, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Register \(a handle or the name of one\), got: #Larder.Register<\d+>/,
+                   fn ->
+                     Register.put(%{reg | slots: :x}, :k, 1)
+                   end
 
       assert_raise ArgumentError, ~r/unknown Larder.Register/, fn ->
         Register.get(%{reg | versions: make_ref()}, :k)

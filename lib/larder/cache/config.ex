@@ -111,8 +111,7 @@ defmodule Larder.Cache.Config do
       invalidation: opts[:invalidation],
       codec: opts[:codec],
       key_prefix: opts[:key_prefix],
-      # :telemetry is looked for once, here, at start (never at compile time).
-      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
+      telemetry: Larder.Instance.telemetry?(opts[:telemetry])
     }
   end
 

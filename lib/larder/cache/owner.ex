@@ -10,7 +10,7 @@ defmodule Larder.Cache.Owner do
   require Logger
 
   alias Larder.Cache.{Codec, Config, Expiry, LocalCopies, Remote, Stats, Store}
-  alias Larder.Telemetry
+  alias Larder.{Instance, Telemetry}
 
   # Longest wait between two reads of a generation that keep failing.
   @generation_retry_max_ms 5_000
@@ -26,7 +26,9 @@ defmodule Larder.Cache.Owner do
   # way), verify (true while a :verify_generation message is on its way to
   # us), retry_timer and retry_wait (a failed generation read, read again)}.
 
-  def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
+  # The name is claimed through Larder.Instance as the process starts; the
+  # bare name is then registered too, as the cache's documented address.
+  def start_link(opts), do: Instance.start_link(__MODULE__, opts, Larder.Cache, opts[:name])
 
   def config_key(name), do: Config.key(name)
 
@@ -54,8 +56,7 @@ defmodule Larder.Cache.Owner do
   def invalidate_all(cfg, how) do
     GenServer.call(cfg.owner, {:invalidate_all, how}, :infinity)
   catch
-    :exit, _ ->
-      raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
+    :exit, _ -> Instance.unknown!(Larder.Cache, cfg.name)
   end
 
   @doc """
@@ -68,12 +69,27 @@ defmodule Larder.Cache.Owner do
 
   @impl true
   def init(opts) do
-    Process.flag(:trap_exit, true)
+    Instance.watch(nil)
 
+    case register(opts[:name]) do
+      :ok -> start(opts)
+      {:error, reason} -> {:stop, reason}
+    end
+  end
+
+  defp register(name) do
+    Process.register(self(), name)
+    :ok
+  rescue
+    # A process that is not a cache holds the bare name.
+    ArgumentError -> {:error, {:already_started, Process.whereis(name)}}
+  end
+
+  defp start(opts) do
     case Remote.start(Config.new(opts), opts[:l2]) do
       {:ok, cfg} ->
         Expiry.tick(cfg)
-        :persistent_term.put(config_key(cfg.name), cfg)
+        Instance.publish(Larder.Cache, cfg.name, cfg)
         # an L2 with processes is read once they run (l2_started/2)
         if cfg.l2_child == nil, do: sync_generation(cfg)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
@@ -310,7 +326,7 @@ defmodule Larder.Cache.Owner do
 
   @impl true
   def terminate(_reason, %{cfg: cfg}) do
-    :persistent_term.erase(config_key(cfg.name))
+    Instance.release(Larder.Cache, cfg.name, cfg, self())
     Remote.stop(cfg)
     LocalCopies.died(cfg)
   end

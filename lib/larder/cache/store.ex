@@ -226,8 +226,7 @@ defmodule Larder.Cache.Store do
   def clear(cfg) do
     GenServer.call(cfg.owner, :clear_l1, :infinity)
   catch
-    :exit, _ ->
-      raise ArgumentError, "unknown cache: #{inspect(cfg.name)} (it is no longer running)"
+    :exit, _ -> Larder.Instance.unknown!(Larder.Cache, cfg.name)
   end
 
   # Repairs the slots whose holder died mid-write (the next writer of the
