@@ -731,7 +731,7 @@ defmodule Larder.Bag do
   def load(path, opts) do
     check_path!(path)
     opts = validate_opts!(opts, :load)
-    telemetry = Larder.Telemetry.enabled?(opts[:telemetry])
+    telemetry = Instance.telemetry?(opts[:telemetry])
     meta = %{bag: opts[:name], path: path}
 
     Larder.Telemetry.span(telemetry, [:larder, :bag, :load], meta, fn ->

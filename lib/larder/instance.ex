@@ -135,6 +135,23 @@ defmodule Larder.Instance do
     end
   end
 
+  @doc "Whether the process `pid` holds a name of `kind`."
+  @spec holds?(kind(), pid()) :: boolean()
+  def holds?(kind, pid), do: :ets.match(@table, {{kind, :_}, pid}, 1) != :"$end_of_table"
+
+  @doc """
+  Registers the calling owner, which holds `name`'s claim, under the bare
+  name too (a Cache's and a Replica's documented address): `:ok`, or
+  `{:error, {:already_started, pid}}` when another process has it.
+  """
+  @spec address(name()) :: :ok | {:error, {:already_started, pid()}}
+  def address(name) do
+    Process.register(self(), name)
+    :ok
+  rescue
+    ArgumentError -> {:error, {:already_started, Process.whereis(name)}}
+  end
+
   # The :via interface (GenServer.start*/3 and calls through via/2).
 
   @doc false

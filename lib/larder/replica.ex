@@ -187,8 +187,11 @@ defmodule Larder.Replica do
       reply failed. Measurements: `:count` (1). Metadata: `:error`.
   """
 
+  alias Larder.Instance
   alias Larder.Replica.Server
   alias Larder.Replica.Target
+
+  require Larder.Instance
 
   @typedoc "A replica: its name or pid."
   @type replica :: atom() | pid()
@@ -217,13 +220,9 @@ defmodule Larder.Replica do
   def child_spec(opts) do
     opts = validate!(opts)
 
-    %{
-      id: {__MODULE__, opts[:name]},
-      start: {__MODULE__, :start_link, [opts]},
-      type: :worker,
-      restart: :transient,
+    Instance.child_spec(__MODULE__, opts[:name], {__MODULE__, :start_link, [opts]},
       shutdown: 30_000
-    }
+    )
   end
 
   @doc """
@@ -296,7 +295,7 @@ defmodule Larder.Replica do
           else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
 
       try do
-        GenServer.call(replica, {:await, id, left}, :infinity)
+        GenServer.call(pid!(replica), {:await, id, left}, :infinity)
       catch
         :exit, {{:shutdown, %Larder.Error{} = error}, _} ->
           {:error, error}
@@ -310,29 +309,22 @@ defmodule Larder.Replica do
   defp call!(replica, message) do
     GenServer.call(pid!(replica), message, :infinity)
   catch
-    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown] ->
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
-
-    :exit, {{:shutdown, _}, _} ->
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown] -> unknown!(replica)
+    :exit, {{:shutdown, _}, _} -> unknown!(replica)
   end
 
   # The replica's pid: a name or pid of a process that runs a replica (not
   # any registered process, which would get messages it does not expect).
   defp pid!(replica) do
-    pid =
-      cond do
-        is_pid(replica) -> replica
-        is_atom(replica) and replica not in [nil, true, false] -> Process.whereis(replica)
-        true -> nil
-      end
-
-    if pid && :proc_lib.initial_call(pid) == {Larder.Replica.Server, :init, [:Argument__1]} do
-      pid
-    else
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+    cond do
+      is_pid(replica) and Instance.holds?(__MODULE__, replica) -> replica
+      Instance.name?(replica) -> Instance.whereis(__MODULE__, replica) || unknown!(replica)
+      is_pid(replica) -> unknown!(replica)
+      true -> Instance.invalid!(__MODULE__, replica)
     end
   end
+
+  defp unknown!(replica), do: Instance.unknown!(__MODULE__, replica)
 
   ## Options
 

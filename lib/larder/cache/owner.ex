@@ -71,18 +71,10 @@ defmodule Larder.Cache.Owner do
   def init(opts) do
     Instance.watch(nil)
 
-    case register(opts[:name]) do
+    case Instance.address(opts[:name]) do
       :ok -> start(opts)
       {:error, reason} -> {:stop, reason}
     end
-  end
-
-  defp register(name) do
-    Process.register(self(), name)
-    :ok
-  rescue
-    # A process that is not a cache holds the bare name.
-    ArgumentError -> {:error, {:already_started, Process.whereis(name)}}
   end
 
   defp start(opts) do
