@@ -226,6 +226,28 @@ defmodule Larder.Replica do
   end
 
   @doc """
+  Stops the replica as a clean stop does (it writes its last snapshot, if it
+  has a `:snapshot` path) and frees its structure with it; under a
+  supervisor it stays stopped (its child is `:transient`). Idempotent: a
+  name or pid that runs no replica (any more) is taken as one already
+  dropped. Raises `ArgumentError` for a term that is neither a name nor a
+  pid.
+  """
+  @spec drop(replica()) :: :ok
+  def drop(replica) when is_pid(replica) do
+    if Instance.holds?(__MODULE__, replica), do: Instance.drop(replica), else: :ok
+  end
+
+  def drop(replica) when Instance.name?(replica) do
+    case Instance.whereis(__MODULE__, replica) do
+      nil -> :ok
+      pid -> Instance.drop(pid)
+    end
+  end
+
+  def drop(other), do: Instance.invalid!(__MODULE__, other)
+
+  @doc """
   The id of the last entry applied (the source's origin, `"0-0"` for a
   Redis Stream, before any). Raises `ArgumentError` for an unknown replica.
   """

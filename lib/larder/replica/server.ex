@@ -144,6 +144,7 @@ defmodule Larder.Replica.Server do
   ## Calls
 
   @impl true
+  def handle_call({Larder.Instance, :drop}, _from, state), do: {:stop, :normal, :ok, state}
   def handle_call(:offset, _from, state), do: {:reply, state.offset, state}
   def handle_call(:target, _from, state), do: {:reply, state.target, state}
   def handle_call(:source, _from, state), do: {:reply, {state.source, state.source_opts}, state}
