@@ -712,7 +712,7 @@ defmodule Larder.Bag do
   created once the framing checks out and filled chunk by chunk; on an error
   it is deleted, so none is left behind (a `:name` is taken meanwhile).
   Raises `ArgumentError` for a bad `path` or bad options, or if
-  a bag or ETS table with the given `:name` exists.
+  a bag with the given `:name` exists.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)

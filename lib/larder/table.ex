@@ -252,6 +252,7 @@ defmodule Larder.Table do
   Starts the writer process of a named table under a supervisor, so the table
   outlives the processes that use it. Takes the options of `new/1`; `:name` is
   required. Use the name as the table: `Larder.Table.search(name, ...)`.
+  Returns `{:error, {:already_started, pid}}` when the name is in use.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
