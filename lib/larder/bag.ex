@@ -207,6 +207,12 @@ defmodule Larder.Bag do
   @type value :: term()
 
   @stream_chunk 1_000
+
+  # The shape of a handle new/1 builds.
+  defguardp is_bag(tab, dedup, fps)
+            when is_reference(tab) and
+                   (dedup == false or (dedup == true and is_reference(fps)))
+
   @dump_chunk 4_096
 
   ## Creating
@@ -324,19 +330,22 @@ defmodule Larder.Bag do
   an insert racing a delete of the same pair leaves it once or not at all.
   """
   @spec insert(bag(), key(), value()) :: :ok
-  def insert(bag, key, value) do
-    case bag!(bag) do
-      %{dedup: true, tab: tab, fps: fps, lock: lock, mask: mask} ->
-        Dedup.insert(tab, fps, lock, mask, key, value)
-
-      %{tab: tab} ->
-        :ets.insert(tab, {key, value})
-    end
+  def insert(
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
+      when is_bag(tab, dedup, fps) do
+    if dedup,
+      do: Dedup.insert(tab, fps, lock, mask, key, value),
+      else: :ets.insert(tab, {key, value})
 
     :ok
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def insert(bag, key, value), do: insert(bag!(bag), key, value)
 
   @doc """
   Inserts every `{key, value}` pair of `pairs` in one atomic and isolated
@@ -360,28 +369,29 @@ defmodule Larder.Bag do
       3
   """
   @spec insert_many(bag(), [{key(), value()}]) :: :ok
-  def insert_many(bag, pairs) do
-    handle = bag!(bag)
-
-    unless is_list(pairs) do
-      raise ArgumentError,
-            "expected pairs to be a list of {key, value} tuples, got: #{inspect(pairs)}"
-    end
-
+  def insert_many(
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
+        pairs
+      )
+      when is_bag(tab, dedup, fps) and is_list(pairs) do
     check_pairs(pairs, pairs)
 
-    case handle do
-      %{dedup: true, tab: tab, fps: fps, lock: lock, mask: mask} ->
-        Dedup.insert_many(tab, fps, lock, mask, pairs)
-
-      %{tab: tab} ->
-        Order.insert(tab, pairs)
-    end
+    if dedup,
+      do: Dedup.insert_many(tab, fps, lock, mask, pairs),
+      else: Order.insert(tab, pairs)
 
     :ok
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def insert_many(%__MODULE__{tab: tab, dedup: dedup, fps: fps}, pairs)
+      when is_bag(tab, dedup, fps) do
+    raise ArgumentError,
+          "expected pairs to be a list of {key, value} tuples, got: #{inspect(pairs)}"
+  end
+
+  def insert_many(bag, pairs), do: insert_many(bag!(bag), pairs)
 
   @doc false
   # Inserts the checked pairs of a snapshot chunk into a bag nobody else uses
@@ -410,19 +420,15 @@ defmodule Larder.Bag do
   Deletes every pair under `key`. Returns `:ok` whether or not there were any.
   """
   @spec delete(bag(), key()) :: :ok
-  def delete(bag, key) do
-    case bag!(bag) do
-      %{dedup: true, tab: tab, fps: fps, lock: lock, mask: mask} ->
-        Dedup.delete_key(tab, fps, lock, mask, key)
-
-      %{tab: tab} ->
-        :ets.delete(tab, key)
-    end
-
+  def delete(%__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag, key)
+      when is_bag(tab, dedup, fps) do
+    if dedup, do: Dedup.delete_key(tab, fps, lock, mask, key), else: :ets.delete(tab, key)
     :ok
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def delete(bag, key), do: delete(bag!(bag), key)
 
   @doc """
   Deletes the pair `{key, value}` (the one `=:=` to it; every copy of it
@@ -436,18 +442,22 @@ defmodule Larder.Bag do
       [2]
   """
   @spec delete(bag(), key(), value()) :: :ok
-  def delete(bag, key, value) do
-    case bag!(bag) do
-      %{dedup: true, tab: tab, fps: fps, lock: lock, mask: mask} ->
-        Dedup.delete(tab, fps, lock, mask, key, value)
+  def delete(
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
+        key,
+        value
+      )
+      when is_bag(tab, dedup, fps) do
+    if dedup,
+      do: Dedup.delete(tab, fps, lock, mask, key, value),
+      else: :ets.delete_object(tab, {key, value})
 
-      %{tab: tab} ->
-        :ets.delete_object(tab, {key, value})
-        :ok
-    end
+    :ok
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def delete(bag, key, value), do: delete(bag!(bag), key, value)
 
   @doc """
   Drops the bag: frees its ETS table, its name and its fingerprint set at
@@ -510,12 +520,16 @@ defmodule Larder.Bag do
   ETS (`=:=`, a map only equal maps), without a scan of the bag.
   """
   @spec lookup(bag(), key()) :: [value()]
-  def lookup(bag, key) do
-    :ets.lookup_element(bag!(bag).tab, key, 2)
+  # Reads match only the table: a forged handle whose table is not a bag's
+  # is caught by failed!/4.
+  def lookup(%__MODULE__{tab: tab} = bag, key) when is_reference(tab) do
+    :ets.lookup_element(tab, key, 2)
   rescue
     # lookup_element/3 raises for an absent key as for a missing table.
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__, [])
   end
+
+  def lookup(bag, key), do: lookup(bag!(bag), key)
 
   @doc """
   Whether a pair `=:=` to `{key, value}` is in the bag.
@@ -526,28 +540,32 @@ defmodule Larder.Bag do
       {true, false}
   """
   @spec member?(bag(), key(), value()) :: boolean()
-  def member?(bag, key, value) do
-    :lists.member({key, value}, :ets.lookup(bag!(bag).tab, key))
+  def member?(%__MODULE__{tab: tab} = bag, key, value) when is_reference(tab) do
+    :lists.member({key, value}, :ets.lookup(tab, key))
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def member?(bag, key, value), do: member?(bag!(bag), key, value)
 
   @doc """
   The number of values stored under `key`.
   """
   @spec count(bag(), key()) :: non_neg_integer()
-  def count(bag, key) do
-    length(:ets.lookup(bag!(bag).tab, key))
+  def count(%__MODULE__{tab: tab} = bag, key) when is_reference(tab) do
+    length(:ets.lookup(tab, key))
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def count(bag, key), do: count(bag!(bag), key)
 
   @doc """
   The total number of pairs in the bag, in constant time.
   """
   @spec size(bag()) :: non_neg_integer()
-  def size(bag) do
-    case :ets.info(bag!(bag).tab, :size) do
+  def size(%__MODULE__{tab: tab} = bag) when is_reference(tab) do
+    case :ets.info(tab, :size) do
       :undefined -> :erlang.error(:badarg)
       size -> size
     end
@@ -555,15 +573,15 @@ defmodule Larder.Bag do
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
+  def size(bag), do: size(bag!(bag))
+
   @doc """
   The memory the bag takes, in words, in constant time: the ETS table's (as
   `:ets.info(table, :memory)`) plus, when it deduplicates, its fingerprint
   set and lock.
   """
   @spec memory(bag()) :: non_neg_integer()
-  def memory(bag) do
-    %{tab: tab, fps: fps} = bag!(bag)
-
+  def memory(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag) when is_bag(tab, dedup, fps) do
     case :ets.info(tab, :memory) do
       :undefined -> :erlang.error(:badarg)
       words when fps == nil -> words
@@ -572,6 +590,8 @@ defmodule Larder.Bag do
   rescue
     e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
+
+  def memory(bag), do: memory(bag!(bag))
 
   @doc """
   The distinct keys of the bag, in no particular order. Scans the whole bag.
@@ -763,28 +783,27 @@ defmodule Larder.Bag do
 
   ## Internals
 
-  # The one way in: a handle (checked for shape) or a name (resolved).
-  defp bag!(%__MODULE__{tab: tab, dedup: true, fps: fps} = bag)
-       when is_reference(tab) and is_reference(fps),
-       do: bag
+  # The one way in. Each function takes a handle of the shape new/1 builds
+  # in its first clause (is_bag/3 in the head, so a call by handle costs no
+  # extra call); anything else goes once through bag!/1, which resolves a
+  # name (one :persistent_term.get/2) or raises Instance's error.
+  defp bag!(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag) when is_bag(tab, dedup, fps),
+    do: bag
 
-  defp bag!(%__MODULE__{tab: tab, dedup: false} = bag) when is_reference(tab), do: bag
   defp bag!(name) when Instance.name?(name), do: Instance.resolve(__MODULE__, name)
   defp bag!(other), do: Instance.invalid!(__MODULE__, other)
 
-  # The one error path, for an ArgumentError raised while `arg` was in use.
-  # bag!/1's own errors and the caller's (bad pairs) pass through; ETS's or
-  # the NIF's refusal becomes unknown (the table is gone) or invalid (a
-  # forged handle naming something that is not a bag). On a live bag an ETS
-  # error is the caller's own, or means `live` (lookup/2's absent key).
-  defp failed!(arg, error, stack, live \\ :reraise) do
-    bag = safe(fn -> bag!(arg) end)
-
-    case bag && table(bag) do
+  # The one error path, for an ArgumentError raised while `bag` was in use.
+  # ETS's or the NIF's refusal becomes unknown (the table is gone) or
+  # invalid (a forged handle naming something that is not a bag); on a live
+  # bag the error is the caller's own (bad pairs), or means `live`
+  # (lookup/2's absent key).
+  defp failed!(bag, error, stack, live \\ :reraise) do
+    case table(bag) do
       :gone -> Instance.unknown!(__MODULE__, id(bag))
       :other -> Instance.invalid!(__MODULE__, bag)
       :bag when live != :reraise -> live
-      _ -> reraise error, stack
+      :bag -> reraise error, stack
     end
   end
 
