@@ -262,7 +262,7 @@ defmodule Larder.Instance do
   Every structure's child spec: id `{kind, name}`, `:transient` (a dropped
   structure stays dropped, a crashed one is restarted).
   """
-  @spec child_spec(kind(), name(), mfa() | {module(), atom(), list()}, keyword()) ::
+  @spec child_spec(kind(), name(), {module(), atom(), list()}, keyword()) ::
           Supervisor.child_spec()
   def child_spec(kind, name, start, extra \\ []) do
     Map.merge(
