@@ -1,6 +1,7 @@
 # Starts what Larder shares between all its structures: the holder registry
 # of Larder.Lock and its wait-for graph, the deaths counter of
-# Larder.LocalCopies, and the table of live snapshot dumps.
+# Larder.LocalCopies, the table of live snapshot dumps, and the name
+# claims of Larder.Instance.
 defmodule Larder.Application do
   @moduledoc false
 
@@ -14,6 +15,7 @@ defmodule Larder.Application do
     :ok = Larder.Lock.Waits.create_table()
     :ok = Larder.LocalCopies.setup()
     :ok = Larder.SnapshotFile.create_table()
+    :ok = Larder.Instance.create_table()
 
     # The only child, the holder janitor, is :temporary: killing it never
     # counts towards this supervisor's restart intensity, so it cannot stop

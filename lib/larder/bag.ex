@@ -161,16 +161,21 @@ defmodule Larder.Bag do
   alias Larder.Bag.Fingerprint
   alias Larder.Bag.Order
   alias Larder.Bag.Snapshot
+  alias Larder.Instance
+
+  require Larder.Instance
 
   @enforce_keys [:tab, :dedup]
-  defstruct [:tab, :dedup, :fps, :lock, :mask, telemetry: false]
+  defstruct [:tab, :dedup, :fps, :lock, :mask, :name, :owner, telemetry: false]
 
   @opaque t :: %__MODULE__{
-            tab: :ets.tid() | atom(),
+            tab: :ets.tid(),
             dedup: boolean(),
             fps: reference() | nil,
             lock: Larder.Lock.t() | nil,
             mask: non_neg_integer() | nil,
+            name: atom() | nil,
+            owner: pid() | nil,
             telemetry: boolean()
           }
 
@@ -181,6 +186,12 @@ defmodule Larder.Bag do
   @type value :: term()
 
   @stream_chunk 1_000
+
+  # The shape of a handle new/1 builds.
+  defguardp is_bag(tab, dedup, fps)
+            when is_reference(tab) and
+                   (dedup == false or (dedup == true and is_reference(fps)))
+
   @dump_chunk 4_096
 
   ## Creating
@@ -207,8 +218,8 @@ defmodule Larder.Bag do
       (default `true`: emitted when `:telemetry` is loaded when the bag is
       created; see `Larder.Telemetry`).
 
-  Raises `ArgumentError` for an unknown or invalid option, or when a bag or
-  ETS table with the given name already exists.
+  Raises `ArgumentError` for an unknown or invalid option, or when a bag
+  with the given name already exists.
 
       iex> bag = Larder.Bag.new(dedup: false)
       iex> Larder.Bag.insert(bag, :k, 1)
@@ -219,19 +230,20 @@ defmodule Larder.Bag do
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
     opts = validate_opts!(opts, :new)
-    create(opts)
+    create(opts, nil)
   end
 
   @doc """
   Starts a process that owns a named bag, so the bag outlives the processes
   that use it. Takes the options of `new/1`; `:name` is required.
+  Returns `{:error, {:already_started, pid}}` when the name is in use.
 
   Use the name as the bag: `Larder.Bag.insert(name, key, value)`.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
     opts = validate_opts!(opts, :start_link)
-    Larder.Bag.Owner.start_link(opts)
+    Instance.start_link(Larder.Bag.Owner, opts, __MODULE__, opts[:name])
   end
 
   @doc """
@@ -242,55 +254,47 @@ defmodule Larder.Bag do
   """
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
-    validate_opts!(opts, :start_link)
-
-    %{
-      id: {__MODULE__, Keyword.get(opts, :name)},
-      start: {__MODULE__, :start_link, [opts]},
-      type: :worker,
-      restart: :transient
-    }
+    opts = validate_opts!(opts, :start_link)
+    Instance.child_spec(__MODULE__, opts[:name], {__MODULE__, :start_link, [opts]})
   end
 
   @doc false
-  # Called by Larder.Bag.Owner and Larder.Bag.Snapshot with validated options.
-  # `:fp_mask` (tests only) narrows the fingerprints to force collisions.
-  def create(opts) do
-    dedup = Keyword.fetch!(opts, :dedup)
+  # Creates the bag: called by new/1, Larder.Bag.Owner (`owner`, which holds
+  # the name already) and Larder.Bag.Snapshot, with validated options.
+  @spec create(keyword(), pid() | nil) :: t()
+  def create(opts, owner \\ nil) do
     name = Keyword.get(opts, :name)
+
+    with true <- owner == nil and name != nil,
+         {:error, _} <- Instance.claim(__MODULE__, name, self()) do
+      Instance.taken!(__MODULE__, name)
+    end
 
     ets_opts =
       [:duplicate_bag, :public] ++
-        if(name, do: [:named_table], else: []) ++
         if(opts[:compressed], do: [:compressed], else: []) ++
         [
           read_concurrency: opts[:read_concurrency],
           write_concurrency: opts[:write_concurrency]
         ]
 
-    tab =
-      try do
-        :ets.new(name || __MODULE__, ets_opts)
-      rescue
-        ArgumentError ->
-          reraise ArgumentError,
-                  "a bag or ETS table named #{inspect(name)} already exists",
-                  __STACKTRACE__
-      end
+    bag = %__MODULE__{
+      tab: :ets.new(__MODULE__, ets_opts),
+      dedup: false,
+      name: name,
+      owner: owner,
+      telemetry: Instance.telemetry?(Keyword.get(opts, :telemetry, true))
+    }
 
     bag =
-      if dedup do
+      if Keyword.fetch!(opts, :dedup) do
         {fps, lock} = Dedup.new()
-        mask = Keyword.get(opts, :fp_mask, Fingerprint.full_mask())
-        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask}
+        %{bag | dedup: true, fps: fps, lock: lock, mask: Fingerprint.full_mask()}
       else
-        %__MODULE__{tab: tab, dedup: false}
+        bag
       end
 
-    # :telemetry is looked for once, here, when the bag is created.
-    bag = %{bag | telemetry: Larder.Telemetry.enabled?(Keyword.get(opts, :telemetry, true))}
-
-    if name, do: :persistent_term.put({__MODULE__, name}, bag)
+    Instance.publish(__MODULE__, name, bag)
     bag
   end
 
@@ -306,26 +310,21 @@ defmodule Larder.Bag do
   """
   @spec insert(bag(), key(), value()) :: :ok
   def insert(
-        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
         key,
         value
       )
-      when is_reference(fps) do
-    Dedup.insert(tab, fps, lock, mask, key, value)
+      when is_bag(tab, dedup, fps) do
+    if dedup,
+      do: Dedup.insert(tab, fps, lock, mask, key, value),
+      else: :ets.insert(tab, {key, value})
+
     :ok
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def insert(%__MODULE__{tab: tab, dedup: false} = bag, key, value) do
-    :ets.insert(tab, {key, value})
-    :ok
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def insert(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
-  def insert(name, key, value), do: insert(resolve(name), key, value)
+  def insert(bag, key, value), do: insert(bag!(bag), key, value)
 
   @doc """
   Inserts every `{key, value}` pair of `pairs` in one atomic and isolated
@@ -350,33 +349,28 @@ defmodule Larder.Bag do
   """
   @spec insert_many(bag(), [{key(), value()}]) :: :ok
   def insert_many(
-        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
         pairs
       )
-      when is_list(pairs) and is_reference(fps) do
+      when is_bag(tab, dedup, fps) and is_list(pairs) do
     check_pairs(pairs, pairs)
-    Dedup.insert_many(tab, fps, lock, mask, pairs)
+
+    if dedup,
+      do: Dedup.insert_many(tab, fps, lock, mask, pairs),
+      else: Order.insert(tab, pairs)
+
     :ok
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def insert_many(%__MODULE__{tab: tab, dedup: false} = bag, pairs) when is_list(pairs) do
-    check_pairs(pairs, pairs)
-    Order.insert(tab, pairs)
-    :ok
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def insert_many(%__MODULE__{} = bag, pairs) when is_list(pairs), do: raise(forged(bag))
-
-  def insert_many(%__MODULE__{}, pairs) do
+  def insert_many(%__MODULE__{tab: tab, dedup: dedup, fps: fps}, pairs)
+      when is_bag(tab, dedup, fps) do
     raise ArgumentError,
           "expected pairs to be a list of {key, value} tuples, got: #{inspect(pairs)}"
   end
 
-  def insert_many(name, pairs), do: insert_many(resolve(name), pairs)
+  def insert_many(bag, pairs), do: insert_many(bag!(bag), pairs)
 
   @doc false
   # Inserts the checked pairs of a snapshot chunk into a bag nobody else uses
@@ -405,23 +399,15 @@ defmodule Larder.Bag do
   Deletes every pair under `key`. Returns `:ok` whether or not there were any.
   """
   @spec delete(bag(), key()) :: :ok
-  def delete(%__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag, key)
-      when is_reference(fps) do
-    Dedup.delete_key(tab, fps, lock, mask, key)
+  def delete(%__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag, key)
+      when is_bag(tab, dedup, fps) do
+    if dedup, do: Dedup.delete_key(tab, fps, lock, mask, key), else: :ets.delete(tab, key)
     :ok
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def delete(%__MODULE__{tab: tab, dedup: false} = bag, key) do
-    :ets.delete(tab, key)
-    :ok
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
-
-  def delete(%__MODULE__{} = bag, _key), do: raise(forged(bag))
-  def delete(name, key), do: delete(resolve(name), key)
+  def delete(bag, key), do: delete(bag!(bag), key)
 
   @doc """
   Deletes the pair `{key, value}` (the one `=:=` to it; every copy of it
@@ -436,25 +422,21 @@ defmodule Larder.Bag do
   """
   @spec delete(bag(), key(), value()) :: :ok
   def delete(
-        %__MODULE__{tab: tab, dedup: true, fps: fps, lock: lock, mask: mask} = bag,
+        %__MODULE__{tab: tab, dedup: dedup, fps: fps, lock: lock, mask: mask} = bag,
         key,
         value
       )
-      when is_reference(fps) do
-    Dedup.delete(tab, fps, lock, mask, key, value)
-  rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
-  end
+      when is_bag(tab, dedup, fps) do
+    if dedup,
+      do: Dedup.delete(tab, fps, lock, mask, key, value),
+      else: :ets.delete_object(tab, {key, value})
 
-  def delete(%__MODULE__{tab: tab, dedup: false} = bag, key, value) do
-    :ets.delete_object(tab, {key, value})
     :ok
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def delete(%__MODULE__{} = bag, _key, _value), do: raise(forged(bag))
-  def delete(name, key, value), do: delete(resolve(name), key, value)
+  def delete(bag, key, value), do: delete(bag!(bag), key, value)
 
   @doc """
   Drops the bag: frees its ETS table, its name and its fingerprint set at
@@ -469,44 +451,41 @@ defmodule Larder.Bag do
       :ok
   """
   @spec drop(bag()) :: :ok
-  def drop(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag)
-      when (is_reference(tab) or is_atom(tab)) and
-             (dedup == false or (dedup == true and is_reference(fps))) do
-    # A handle of a named bag whose name now belongs to another bag names a
-    # bag already dropped: the table of that name is not its to delete.
-    if is_atom(tab) and :persistent_term.get({__MODULE__, tab}, nil) != bag do
-      :ok
-    else
-      try do
-        owner = :ets.info(tab, :owner)
-        :ets.delete(tab)
-        Larder.Bag.Owner.dropped(owner)
-      rescue
-        e in ArgumentError -> if exists?(bag), do: reraise(gone(bag, e), __STACKTRACE__)
-      end
-
-      if is_atom(tab), do: :persistent_term.erase({__MODULE__, tab})
-      if dedup, do: free(bag)
-      :ok
-    end
-  end
-
-  def drop(%__MODULE__{} = bag), do: raise(forged(bag))
-
-  def drop(name) when is_atom(name) and name not in [nil, true, false] do
-    case :persistent_term.get({__MODULE__, name}, nil) do
+  def drop(name) when Instance.name?(name) do
+    case Instance.lookup(__MODULE__, name) do
       nil -> :ok
       bag -> drop(bag)
     end
   end
 
-  def drop(other), do: resolve(other)
+  def drop(bag) do
+    case bag!(bag) do
+      # Its owner process frees it and exits (or is gone already).
+      %{owner: owner} when is_pid(owner) -> Instance.drop(owner)
+      handle -> destroy(handle)
+    end
+  end
 
-  defp free(%__MODULE__{fps: fps} = bag) do
-    Dedup.free(fps)
-  rescue
-    # A reference that is not a fingerprint set: the NIF's badarg.
-    ArgumentError -> raise forged(bag)
+  @doc false
+  # Frees the bag: its name, its table and its fingerprint set. Called by
+  # drop/1 (and by Larder.Bag.Owner, the table's owner, on a drop or a
+  # shutdown), from any process; freeing a freed bag does nothing.
+  @spec destroy(t()) :: :ok
+  def destroy(%__MODULE__{tab: tab, name: name, dedup: dedup} = bag) do
+    case table(bag) do
+      :gone ->
+        :ok
+
+      :bag ->
+        Instance.release(__MODULE__, name, bag, :ets.info(tab, :owner))
+        # Deleted by a concurrent drop meanwhile: that is fine.
+        _ = safe(fn -> :ets.delete(tab) end)
+        if dedup, do: Dedup.free(bag.fps)
+        :ok
+
+      :other ->
+        Instance.invalid!(__MODULE__, bag)
+    end
   end
 
   ## Reading
@@ -520,14 +499,16 @@ defmodule Larder.Bag do
   ETS (`=:=`, a map only equal maps), without a scan of the bag.
   """
   @spec lookup(bag(), key()) :: [value()]
-  def lookup(%__MODULE__{tab: tab} = bag, key) do
+  # Reads match only the table: a forged handle whose table is not a bag's
+  # is caught by failed!/4.
+  def lookup(%__MODULE__{tab: tab} = bag, key) when is_reference(tab) do
     :ets.lookup_element(tab, key, 2)
   rescue
     # lookup_element/3 raises for an absent key as for a missing table.
-    e in ArgumentError -> if exists?(bag), do: [], else: reraise(gone(bag, e), __STACKTRACE__)
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__, [])
   end
 
-  def lookup(name, key), do: lookup(resolve(name), key)
+  def lookup(bag, key), do: lookup(bag!(bag), key)
 
   @doc """
   Whether a pair `=:=` to `{key, value}` is in the bag.
@@ -538,40 +519,40 @@ defmodule Larder.Bag do
       {true, false}
   """
   @spec member?(bag(), key(), value()) :: boolean()
-  def member?(%__MODULE__{tab: tab} = bag, key, value) do
+  def member?(%__MODULE__{tab: tab} = bag, key, value) when is_reference(tab) do
     :lists.member({key, value}, :ets.lookup(tab, key))
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def member?(name, key, value), do: member?(resolve(name), key, value)
+  def member?(bag, key, value), do: member?(bag!(bag), key, value)
 
   @doc """
   The number of values stored under `key`.
   """
   @spec count(bag(), key()) :: non_neg_integer()
-  def count(%__MODULE__{tab: tab} = bag, key) do
+  def count(%__MODULE__{tab: tab} = bag, key) when is_reference(tab) do
     length(:ets.lookup(tab, key))
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def count(name, key), do: count(resolve(name), key)
+  def count(bag, key), do: count(bag!(bag), key)
 
   @doc """
   The total number of pairs in the bag, in constant time.
   """
   @spec size(bag()) :: non_neg_integer()
-  def size(%__MODULE__{tab: tab} = bag) do
+  def size(%__MODULE__{tab: tab} = bag) when is_reference(tab) do
     case :ets.info(tab, :size) do
-      :undefined -> raise gone(bag, nil)
+      :undefined -> :erlang.error(:badarg)
       size -> size
     end
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def size(name), do: size(resolve(name))
+  def size(bag), do: size(bag!(bag))
 
   @doc """
   The memory the bag takes, in words, in constant time: the ETS table's (as
@@ -579,17 +560,17 @@ defmodule Larder.Bag do
   set and lock.
   """
   @spec memory(bag()) :: non_neg_integer()
-  def memory(%__MODULE__{tab: tab, fps: fps} = bag) do
+  def memory(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag) when is_bag(tab, dedup, fps) do
     case :ets.info(tab, :memory) do
-      :undefined -> raise gone(bag, nil)
+      :undefined -> :erlang.error(:badarg)
       words when fps == nil -> words
       words -> words + div(Dedup.bytes(fps) + 7, :erlang.system_info(:wordsize))
     end
   rescue
-    e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+    e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
   end
 
-  def memory(name), do: memory(resolve(name))
+  def memory(bag), do: memory(bag!(bag))
 
   @doc """
   The distinct keys of the bag, in no particular order. Scans the whole bag.
@@ -600,13 +581,11 @@ defmodule Larder.Bag do
       [:a, :b]
   """
   @spec keys(bag()) :: [key()]
-  def keys(%__MODULE__{} = bag) do
+  def keys(bag) do
     # The objects of a key are next to each other in the table: dedup
     # collapses their keys, uniq catches the rest.
-    bag |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
+    bag |> bag!() |> stream_spec([{{:"$1", :_}, [], [:"$1"]}]) |> Stream.dedup() |> Enum.uniq()
   end
-
-  def keys(name), do: keys(resolve(name))
 
   @doc """
   A lazy stream of every `{key, value}` pair, read from the table in chunks
@@ -619,8 +598,7 @@ defmodule Larder.Bag do
       [a: 1, b: 2]
   """
   @spec stream(bag()) :: Enumerable.t()
-  def stream(%__MODULE__{} = bag), do: stream_spec(bag, [{:_, [], [:"$_"]}])
-  def stream(name), do: stream(resolve(name))
+  def stream(bag), do: bag |> bag!() |> stream_spec([{:_, [], [:"$_"]}])
 
   # Streams the match spec's results over the whole table, one element at a
   # time.
@@ -636,7 +614,7 @@ defmodule Larder.Bag do
           :ets.safe_fixtable(tab, true)
           :ets.select(tab, spec, size)
         rescue
-          e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+          e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
         end
       end,
       fn
@@ -648,7 +626,7 @@ defmodule Larder.Bag do
             try do
               :ets.select(cont)
             rescue
-              e in ArgumentError -> reraise gone(bag, e), __STACKTRACE__
+              e in ArgumentError -> failed!(bag, e, __STACKTRACE__)
             end
 
           {[items], next}
@@ -688,8 +666,8 @@ defmodule Larder.Bag do
   concurrently: each renames a whole file over it.
   """
   @spec dump(bag(), Path.t()) :: :ok | {:error, Larder.Error.t()}
-  def dump(%__MODULE__{dedup: dedup, telemetry: telemetry} = bag, path)
-      when is_boolean(dedup) and is_boolean(telemetry) do
+  def dump(bag, path) do
+    %{dedup: dedup, telemetry: telemetry} = bag = bag!(bag)
     check_path!(path)
     meta = %{bag: id(bag), path: path}
 
@@ -698,10 +676,6 @@ defmodule Larder.Bag do
       {result, outcome(meta, result)}
     end)
   end
-
-  def dump(%__MODULE__{} = bag, _path), do: raise(forged(bag))
-
-  def dump(name, path), do: dump(resolve(name), path)
 
   @doc """
   Like `dump/2`, but raises the `Larder.Error` on failure.
@@ -737,7 +711,7 @@ defmodule Larder.Bag do
   created once the framing checks out and filled chunk by chunk; on an error
   it is deleted, so none is left behind (a `:name` is taken meanwhile).
   Raises `ArgumentError` for a bad `path` or bad options, or if
-  a bag or ETS table with the given `:name` exists.
+  a bag with the given `:name` exists.
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)
@@ -756,7 +730,7 @@ defmodule Larder.Bag do
   def load(path, opts) do
     check_path!(path)
     opts = validate_opts!(opts, :load)
-    telemetry = Larder.Telemetry.enabled?(opts[:telemetry])
+    telemetry = Instance.telemetry?(opts[:telemetry])
     meta = %{bag: opts[:name], path: path}
 
     Larder.Telemetry.span(telemetry, [:larder, :bag, :load], meta, fn ->
@@ -772,8 +746,8 @@ defmodule Larder.Bag do
   defp outcome(meta, {:error, error}), do: Map.merge(meta, %{result: :error, error: error})
 
   # A bag in telemetry metadata: its name, or its handle when it has none.
-  defp id(%__MODULE__{tab: tab}) when is_atom(tab), do: tab
-  defp id(bag), do: bag
+  defp id(%__MODULE__{name: nil} = bag), do: bag
+  defp id(%__MODULE__{name: name}), do: name
 
   @doc """
   Like `load/2`, but returns the bag and raises the `Larder.Error` on failure.
@@ -788,50 +762,52 @@ defmodule Larder.Bag do
 
   ## Internals
 
-  defp exists?(%__MODULE__{tab: tab}) do
-    :ets.info(tab, :type) != :undefined
-  rescue
-    ArgumentError -> false
-  end
+  # The one way in. Each function takes a handle of the shape new/1 builds
+  # in its first clause (is_bag/3 in the head, so a call by handle costs no
+  # extra call); anything else goes once through bag!/1, which resolves a
+  # name (one :persistent_term.get/2) or raises Instance's error.
+  defp bag!(%__MODULE__{tab: tab, dedup: dedup, fps: fps} = bag) when is_bag(tab, dedup, fps),
+    do: bag
 
-  # The handle of the bag named `name`.
-  defp resolve(name) when is_atom(name) do
-    case :persistent_term.get({__MODULE__, name}, nil) do
-      nil -> raise ArgumentError, "no Larder.Bag named #{inspect(name)} exists"
-      bag -> bag
+  defp bag!(name) when Instance.name?(name), do: Instance.resolve(__MODULE__, name)
+  defp bag!(other), do: Instance.invalid!(__MODULE__, other)
+
+  # The one error path, for an ArgumentError raised while `bag` was in use.
+  # ETS's or the NIF's refusal becomes unknown (the table is gone) or
+  # invalid (a forged handle naming something that is not a bag); on a live
+  # bag the error is the caller's own (bad pairs), or means `live`
+  # (lookup/2's absent key).
+  defp failed!(bag, error, stack, live \\ :reraise) do
+    case table(bag) do
+      :gone -> Instance.unknown!(__MODULE__, id(bag))
+      :other -> Instance.invalid!(__MODULE__, bag)
+      :bag when live != :reraise -> live
+      :bag -> reraise error, stack
     end
   end
 
-  defp resolve(other) do
-    raise ArgumentError,
-          "expected a Larder.Bag handle or the name of a bag, got: #{inspect(other)}"
-  end
+  # What a checked handle's table is: gone, a bag's (a public
+  # :duplicate_bag, with a fingerprint set if it deduplicates), or other.
+  defp table(%__MODULE__{tab: tab, fps: fps}) do
+    case safe(fn -> {:ets.info(tab, :type), :ets.info(tab, :protection)} end) do
+      nil ->
+        :gone
 
-  # The error to raise when ETS rejected an operation on `bag`: if the table
-  # is gone, say so; otherwise (a forged handle naming some other ETS table)
-  # say which bag argument ETS refused, with its explanation.
-  defp gone(%__MODULE__{tab: tab}, original) do
-    if :ets.info(tab, :type) == :undefined or original == nil do
-      ArgumentError.exception(
-        "the Larder.Bag #{inspect(tab)} does not exist: it was dropped with " <>
-          "drop/1, or the process that owned it exited"
-      )
-    else
-      ArgumentError.exception(
-        "the bag argument #{inspect(tab)} is not a usable Larder.Bag: " <>
-          Exception.message(original)
-      )
+      {:undefined, _} ->
+        :gone
+
+      {:duplicate_bag, :public} ->
+        if fps == nil or safe(fn -> Dedup.bytes(fps) end), do: :bag, else: :other
+
+      _ ->
+        :other
     end
-  rescue
-    ArgumentError ->
-      ArgumentError.exception("the Larder.Bag #{inspect(tab)} does not exist")
   end
 
-  # A struct that new/1 did not build (its fields do not fit together).
-  defp forged(%__MODULE__{tab: tab}) do
-    ArgumentError.exception(
-      "the bag argument #{inspect(tab)} is not a usable Larder.Bag: it was not created by Larder.Bag"
-    )
+  defp safe(fun) do
+    fun.()
+  rescue
+    ArgumentError -> nil
   end
 
   defp check_path!(path) do

@@ -384,8 +384,11 @@ defmodule Larder.Cache do
       median and p99 on loopback.
   """
 
-  alias Larder.Cache.{Config, Loader, Runtime, Stats, Writes}
+  alias Larder.Cache.{Config, Loader, Stats, Writes}
   alias Larder.Cache.Supervisor, as: CacheSupervisor
+  alias Larder.Instance
+
+  require Larder.Instance
 
   @typedoc "A cache, by the `:name` given to `start_link/1`."
   @type cache :: atom()
@@ -593,23 +596,15 @@ defmodule Larder.Cache do
 
   ## Internals
 
-  defp config!(cache) do
-    case Runtime.get(cache) do
-      nil ->
-        raise ArgumentError,
-              "unknown cache: #{inspect(cache)} (no cache was started with that name)"
-
-      rt ->
-        rt
-    end
-  end
+  defp config!(cache) when Instance.name?(cache), do: Instance.resolve(__MODULE__, cache)
+  defp config!(other), do: Instance.invalid!(__MODULE__, other)
 
   # A cache whose owner died leaves its config behind but not its tables.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    rt = Runtime.get(cache)
+    rt = Instance.lookup(__MODULE__, cache)
 
     if rt && :ets.info(rt.data, :id) == :undefined do
-      raise ArgumentError, "unknown cache: #{inspect(cache)} (it is no longer running)"
+      Instance.unknown!(__MODULE__, cache)
     else
       reraise e, stacktrace
     end

@@ -173,8 +173,10 @@ defmodule Larder.Register do
 
   import Bitwise, only: [<<<: 2]
 
-  alias Larder.Lock
+  alias Larder.{Instance, Lock}
   alias Larder.Register.{Local, Server, Store}
+
+  require Larder.Instance
 
   @enforce_keys [
     :tab,
@@ -234,9 +236,9 @@ defmodule Larder.Register do
   def new(opts \\ []) do
     opts = validate_opts!(opts)
 
-    case Server.start({opts, self()}) do
+    case Instance.start(Server, {opts, self()}, __MODULE__, opts[:name]) do
       {:ok, pid} -> GenServer.call(pid, :handle)
-      {:error, {:already_started, _}} -> name_in_use!(opts)
+      {:error, {:already_started, _}} -> Instance.taken!(__MODULE__, opts[:name])
       {:error, reason} -> raise RuntimeError, "could not start a register: #{inspect(reason)}"
     end
   end
@@ -250,7 +252,7 @@ defmodule Larder.Register do
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
     opts = validate_opts!(opts, {:atom, :required})
-    Server.start_link(opts)
+    Instance.start_link(Server, {opts, nil}, __MODULE__, opts[:name])
   end
 
   @doc """
@@ -262,7 +264,7 @@ defmodule Larder.Register do
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     name = Keyword.fetch!(validate_opts!(opts, {:atom, :required}), :name)
-    %{id: {__MODULE__, name}, start: {__MODULE__, :start_link, [opts]}, restart: :transient}
+    Instance.child_spec(__MODULE__, name, {__MODULE__, :start_link, [opts]})
   end
 
   @doc """
@@ -280,8 +282,8 @@ defmodule Larder.Register do
       :ok
   """
   @spec drop(register()) :: :ok
-  def drop(name) when is_atom(name) and name not in [nil, true, false] do
-    case :persistent_term.get({__MODULE__, name}, nil) do
+  def drop(name) when Instance.name?(name) do
+    case Instance.lookup(__MODULE__, name) do
       nil -> :ok
       reg -> drop(reg)
     end
@@ -289,14 +291,8 @@ defmodule Larder.Register do
 
   def drop(reg) do
     %__MODULE__{server: server, local: local} = resolve(reg)
-
-    try do
-      GenServer.call(server, :drop, :infinity)
-    catch
-      # Its owner is gone: the register was dropped with it.
-      :exit, _reason -> :ok
-    end
-
+    # An owner already gone dropped the register with it.
+    :ok = Instance.drop(server)
     Local.drop(local)
   end
 
@@ -479,22 +475,10 @@ defmodule Larder.Register do
 
   @doc false
   @spec unknown!(t() | atom()) :: no_return()
-  def unknown!(%__MODULE__{local: local} = reg) do
+  def unknown!(%__MODULE__{local: local, name: name} = reg) do
     Local.drop(local)
-    raise ArgumentError, "unknown register: #{describe(reg)} (deleted, or its owner exited)"
+    Instance.unknown!(__MODULE__, name || reg)
   end
-
-  def unknown!(name) do
-    raise ArgumentError, "unknown register: #{inspect(name)}"
-  end
-
-  @doc false
-  # For tests: the ETS table behind a register.
-  @spec __table__(register()) :: :ets.tid()
-  def __table__(reg), do: resolve(reg).tab
-
-  defp describe(%__MODULE__{name: nil, local: {_, id}}), do: "#Larder.Register<#{id}>"
-  defp describe(%__MODULE__{name: name}), do: inspect(name)
 
   # A handle is checked for shape here; a forged one whose references are of
   # the wrong kind fails at its first use, which raises unknown!/1.
@@ -518,26 +502,8 @@ defmodule Larder.Register do
               is_boolean(telemetry),
        do: reg
 
-  defp resolve(%__MODULE__{} = reg) do
-    raise ArgumentError,
-          "expected a register handle or name, got a forged or corrupted handle: " <>
-            inspect(Map.from_struct(reg))
-  end
-
-  defp resolve(name) when is_atom(name) do
-    case :persistent_term.get({__MODULE__, name}, nil) do
-      nil -> unknown!(name)
-      reg -> reg
-    end
-  end
-
-  defp resolve(other) do
-    raise ArgumentError, "expected a register handle or name, got: #{inspect(other)}"
-  end
-
-  defp name_in_use!(opts) do
-    raise ArgumentError, "register name already in use: #{inspect(opts[:name])}"
-  end
+  defp resolve(name) when Instance.name?(name), do: Instance.resolve(__MODULE__, name)
+  defp resolve(other), do: Instance.invalid!(__MODULE__, other)
 
   defp validate_opts!(opts, name \\ {{:or_nil, :atom}, nil}) do
     schema = [

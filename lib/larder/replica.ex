@@ -190,8 +190,11 @@ defmodule Larder.Replica do
       reply failed. Measurements: `:count` (1). Metadata: `:error`.
   """
 
+  alias Larder.Instance
   alias Larder.Replica.Server
   alias Larder.Replica.Target
+
+  require Larder.Instance
 
   @typedoc "A replica: its name or pid."
   @type replica :: atom() | pid()
@@ -220,14 +223,32 @@ defmodule Larder.Replica do
   def child_spec(opts) do
     opts = validate!(opts)
 
-    %{
-      id: {__MODULE__, opts[:name]},
-      start: {__MODULE__, :start_link, [opts]},
-      type: :worker,
-      restart: :transient,
+    Instance.child_spec(__MODULE__, opts[:name], {__MODULE__, :start_link, [opts]},
       shutdown: 30_000
-    }
+    )
   end
+
+  @doc """
+  Stops the replica as a clean stop does (it writes its last snapshot, if it
+  has a `:snapshot` path) and frees its structure with it; under a
+  supervisor it stays stopped (its child is `:transient`). Idempotent: a
+  name or pid that runs no replica (any more) is taken as one already
+  dropped. Raises `ArgumentError` for a term that is neither a name nor a
+  pid.
+  """
+  @spec drop(replica()) :: :ok
+  def drop(replica) when is_pid(replica) do
+    if Instance.holds?(__MODULE__, replica), do: Instance.drop(replica), else: :ok
+  end
+
+  def drop(replica) when Instance.name?(replica) do
+    case Instance.whereis(__MODULE__, replica) do
+      nil -> :ok
+      pid -> Instance.drop(pid)
+    end
+  end
+
+  def drop(other), do: Instance.invalid!(__MODULE__, other)
 
   @doc """
   The id of the last entry applied (the source's origin, `"0-0"` for a
@@ -299,7 +320,7 @@ defmodule Larder.Replica do
           else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
 
       try do
-        GenServer.call(replica, {:await, id, left}, :infinity)
+        GenServer.call(pid!(replica), {:await, id, left}, :infinity)
       catch
         :exit, {{:shutdown, %Larder.Error{} = error}, _} ->
           {:error, error}
@@ -313,29 +334,22 @@ defmodule Larder.Replica do
   defp call!(replica, message) do
     GenServer.call(pid!(replica), message, :infinity)
   catch
-    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown] ->
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
-
-    :exit, {{:shutdown, _}, _} ->
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+    :exit, {reason, _} when reason in [:noproc, :normal, :shutdown] -> unknown!(replica)
+    :exit, {{:shutdown, _}, _} -> unknown!(replica)
   end
 
   # The replica's pid: a name or pid of a process that runs a replica (not
   # any registered process, which would get messages it does not expect).
   defp pid!(replica) do
-    pid =
-      cond do
-        is_pid(replica) -> replica
-        is_atom(replica) and replica not in [nil, true, false] -> Process.whereis(replica)
-        true -> nil
-      end
-
-    if pid && :proc_lib.initial_call(pid) == {Larder.Replica.Server, :init, [:Argument__1]} do
-      pid
-    else
-      raise ArgumentError, "unknown Larder.Replica: #{inspect(replica, limit: 10)}"
+    cond do
+      is_pid(replica) and Instance.holds?(__MODULE__, replica) -> replica
+      Instance.name?(replica) -> Instance.whereis(__MODULE__, replica) || unknown!(replica)
+      is_pid(replica) -> unknown!(replica)
+      true -> Instance.invalid!(__MODULE__, replica)
     end
   end
+
+  defp unknown!(replica), do: Instance.unknown!(__MODULE__, replica)
 
   ## Options
 

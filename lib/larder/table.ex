@@ -185,12 +185,15 @@ defmodule Larder.Table do
   """
 
   alias Larder.Index
+  alias Larder.Instance
   alias Larder.Table.Claim
   alias Larder.Table.Conditions
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
   import Larder.Table.Options, only: [config!: 2]
+
+  require Larder.Instance
 
   @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
   defstruct [telemetry: false] ++ @enforce_keys
@@ -238,9 +241,9 @@ defmodule Larder.Table do
   def new(opts) do
     config = config!(opts, :new)
 
-    case Writer.start(config, self()) do
+    case Instance.start(Writer, {config, self(), nil}, __MODULE__, config.name) do
       {:ok, writer} -> Writer.handle(writer)
-      {:error, %ArgumentError{} = error} -> raise error
+      {:error, {:already_started, _}} -> Instance.taken!(__MODULE__, config.name)
       {:error, reason} -> exit(reason)
     end
   end
@@ -249,11 +252,12 @@ defmodule Larder.Table do
   Starts the writer process of a named table under a supervisor, so the table
   outlives the processes that use it. Takes the options of `new/1`; `:name` is
   required. Use the name as the table: `Larder.Table.search(name, ...)`.
+  Returns `{:error, {:already_started, pid}}` when the name is in use.
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
     config = config!(opts, :start_link)
-    Writer.start_link(config)
+    Instance.start_link(Writer, {config, nil, nil}, __MODULE__, config.name)
   end
 
   @doc """
@@ -265,13 +269,7 @@ defmodule Larder.Table do
   @spec child_spec(keyword()) :: Supervisor.child_spec()
   def child_spec(opts) do
     config = config!(opts, :start_link)
-
-    %{
-      id: {__MODULE__, config.name},
-      start: {__MODULE__, :start_link, [opts]},
-      type: :worker,
-      restart: :transient
-    }
+    Instance.child_spec(__MODULE__, config.name, {__MODULE__, :start_link, [opts]})
   end
 
   ## Snapshots
@@ -350,10 +348,10 @@ defmodule Larder.Table do
     path!(path)
     config = config!(opts, :new)
 
-    case Writer.load(config, self(), path) do
+    case Instance.start(Writer, {config, self(), path}, __MODULE__, config.name) do
       {:ok, writer} -> {:ok, Writer.handle(writer)}
       {:error, {:shutdown, %Larder.Error{} = error}} -> {:error, error}
-      {:error, %ArgumentError{} = error} -> raise error
+      {:error, {:already_started, _}} -> Instance.taken!(__MODULE__, config.name)
       {:error, reason} -> exit(reason)
     end
   end
@@ -764,7 +762,7 @@ defmodule Larder.Table do
 
     case guard(table, fn -> :ets.info(table.rows, :size) end) do
       size when is_integer(size) -> size
-      _ -> gone!()
+      _ -> gone!(table)
     end
   end
 
@@ -798,14 +796,18 @@ defmodule Larder.Table do
   """
   @spec drop(table()) :: :ok
   def drop(%__MODULE__{} = table) do
-    if valid?(table), do: write!(table, :drop), else: :ok
-  rescue
-    # Its writer exited meanwhile: the table went with it.
-    e in ArgumentError -> if valid?(table), do: reraise(e, __STACKTRACE__), else: :ok
+    # Only a live table's own writer is asked (valid?/1), never a pid a
+    # forged handle names.
+    if valid?(table) do
+      not_from_writer!()
+      Instance.drop(table.writer)
+    else
+      :ok
+    end
   end
 
-  def drop(name) when is_atom(name) and name not in [nil, true, false] do
-    case :persistent_term.get({__MODULE__, name}, nil) do
+  def drop(name) when Instance.name?(name) do
+    case Instance.lookup(__MODULE__, name) do
       %__MODULE__{} = table -> drop(table)
       nil -> :ok
     end
@@ -819,15 +821,17 @@ defmodule Larder.Table do
 
   defp send_write!(table, request) do
     live!(table)
+    not_from_writer!()
+    :gen_server.send_request(table.writer, request)
+  end
 
+  defp not_from_writer! do
     if Writer.writer?() do
       raise ArgumentError,
             "Larder.Table writes cannot be made from a function that a table's writer runs " <>
               "(an update/4 function or an index function): two such writes could wait " <>
               "on each other for ever"
     end
-
-    :gen_server.send_request(table.writer, request)
   end
 
   defp await!(_table, nil), do: :ok
@@ -898,19 +902,8 @@ defmodule Larder.Table do
   # A handle, or the name of a table, checked for its shape. Whether the
   # table still exists is checked where it is used (live!/1, guard/2).
   defp handle!(%__MODULE__{} = table), do: table
-
-  defp handle!(name) when is_atom(name) do
-    case :persistent_term.get({__MODULE__, name}, nil) do
-      %__MODULE__{} = table -> table
-      nil -> raise ArgumentError, "no Larder.Table named #{inspect(name)} exists"
-    end
-  end
-
-  defp handle!(other) do
-    raise ArgumentError,
-          "table must be a Larder.Table (from Larder.Table.new/1) or the name of one, got: " <>
-            inspect(other, limit: 10)
-  end
+  defp handle!(name) when Instance.name?(name), do: Instance.resolve(__MODULE__, name)
+  defp handle!(other), do: Instance.invalid!(__MODULE__, other)
 
   # The table exists and the handle is its own (its writer owns its rows).
   defp live!(table) do
@@ -925,11 +918,8 @@ defmodule Larder.Table do
 
   defp valid?(_table), do: false
 
-  defp gone!(table \\ nil) do
-    raise ArgumentError,
-          "unknown Larder.Table#{if table, do: " " <> inspect(table.name), else: ""}: " <>
-            "it was dropped, the process that owned it exited, or the handle is not one"
-  end
+  defp gone!(%__MODULE__{name: nil} = table), do: Instance.unknown!(__MODULE__, table)
+  defp gone!(%__MODULE__{name: name}), do: Instance.unknown!(__MODULE__, name)
 
   # Runs a read; an exception on a table that is gone (dropped, its owner
   # exited) or a handle that is not a table's turns into an ArgumentError

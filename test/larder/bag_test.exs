@@ -181,7 +181,7 @@ defmodule Larder.BagTest do
     test "forced fingerprint collisions: the exact check keeps set semantics" do
       # fp_mask: 0 gives every pair of a key the same fingerprint, so every
       # insert after a key's first goes through the exact check.
-      bag = Bag.create(dedup: true, fp_mask: 0, read_concurrency: false, write_concurrency: false)
+      bag = %{Bag.new() | mask: 0}
       ets = :ets.new(:model, [:bag])
       ops = for _ <- 1..3, k <- [:a, 1, 1.0], v <- [1, 2, 1.0, 0.0, -0.0, %{m: 1}], do: {k, v}
 
@@ -367,8 +367,8 @@ defmodule Larder.BagTest do
       assert Bag.drop(name) == :ok
       assert Bag.drop(name) == :ok
       assert Bag.drop(bag) == :ok
-      assert_raise ArgumentError, ~r/no Larder.Bag named/, fn -> Bag.lookup(name, :k) end
-      assert_raise ArgumentError, ~r/does not exist/, fn -> Bag.lookup(bag, :k) end
+      assert_raise ArgumentError, ~r/unknown Larder.Bag :/, fn -> Bag.lookup(name, :k) end
+      assert_raise ArgumentError, ~r/unknown Larder.Bag/, fn -> Bag.lookup(bag, :k) end
     end
 
     test "drop/1 frees the fingerprint set at once, though a handle remains" do
@@ -410,7 +410,7 @@ defmodule Larder.BagTest do
       assert_receive {:DOWN, ^ref, _, _, _}
 
       assert Bag.lookup(name, :k) == [1]
-      assert :ets.info(name, :owner) == pid
+      assert :ets.info(:sys.get_state(pid).tab, :owner) == pid
     end
 
     test "child_spec/1 ids the child by name", context do
@@ -422,8 +422,8 @@ defmodule Larder.BagTest do
       Bag.new(name: context.test)
       Process.flag(:trap_exit, true)
 
-      assert {:error, %ArgumentError{message: message}} = Bag.start_link(name: context.test)
-      assert message =~ "already exists"
+      assert {:error, {:already_started, owner}} = Bag.start_link(name: context.test)
+      assert owner == self()
     end
 
     test "start_link/1 requires a name" do
@@ -444,14 +444,16 @@ defmodule Larder.BagTest do
           end
         end)
 
-      eventually(fn -> :ets.whereis(name) != :undefined end, 1_000, 5)
+      eventually(fn -> :persistent_term.get({Bag, name}, nil) != nil end, 1_000, 5)
       ref = Process.monitor(owner)
       send(owner, :stop)
       assert_receive {:DOWN, ^ref, _, _, _}
 
-      assert_raise ArgumentError, ~r/does not exist.*owned it exited/, fn ->
-        Bag.insert(name, 1, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/unknown Larder.Bag #{inspect(name)}: .*owned it exited/,
+                   fn ->
+                     Bag.insert(name, 1, 1)
+                   end
     end
   end
 
@@ -477,7 +479,7 @@ defmodule Larder.BagTest do
         ]
 
         for call <- calls do
-          assert_raise ArgumentError, ~r/Larder.Bag .* does not exist/, call
+          assert_raise ArgumentError, ~r/unknown Larder.Bag .*dropped/, call
         end
 
         # drop/1 alone is idempotent.
@@ -487,16 +489,20 @@ defmodule Larder.BagTest do
 
     test "something that is not a bag raises ArgumentError" do
       for handle <- ["bag", 42, make_ref(), %{tab: :x}] do
-        assert_raise ArgumentError, ~r/expected a Larder.Bag handle/, fn ->
-          Bag.lookup(handle, 1)
-        end
+        assert_raise ArgumentError,
+                     ~r/expected a Larder.Bag \(a handle or the name of one\)/,
+                     fn ->
+                       Bag.lookup(handle, 1)
+                     end
 
-        assert_raise ArgumentError, ~r/expected a Larder.Bag handle/, fn ->
-          Bag.insert(handle, 1, 1)
-        end
+        assert_raise ArgumentError,
+                     ~r/expected a Larder.Bag \(a handle or the name of one\)/,
+                     fn ->
+                       Bag.insert(handle, 1, 1)
+                     end
       end
 
-      assert_raise ArgumentError, ~r/no Larder.Bag named :no_such_bag/, fn ->
+      assert_raise ArgumentError, ~r/unknown Larder.Bag :no_such_bag: it was never created/, fn ->
         Bag.size(:no_such_bag)
       end
     end
@@ -587,7 +593,9 @@ defmodule Larder.BagTest do
               fn -> Bag.delete(forged, 1, 1) end,
               fn -> Bag.drop(forged) end
             ] do
-          assert_raise ArgumentError, ~r/bag argument .* is not a usable Larder.Bag/, call
+          assert_raise ArgumentError,
+                       ~r/expected a Larder.Bag \(a handle or the name of one\), got: %Larder.Bag/,
+                       call
         end
       end
 
@@ -886,7 +894,8 @@ defmodule Larder.BagTest do
                  Bag.load(path, name: context.test),
                what
 
-        assert :ets.whereis(context.test) == :undefined, what
+        assert :persistent_term.get({Bag, context.test}, nil) == nil, what
+        assert Larder.Instance.whereis(Bag, context.test) == nil, what
         assert own_tables() == before, what
       end
 
@@ -1161,7 +1170,7 @@ defmodule Larder.BagTest do
       assert {:error, %Larder.Error{reason: :corrupt_snapshot}} = Bag.load(path, name: name),
              what
 
-      assert :ets.whereis(name) == :undefined, what
+      assert Larder.Instance.whereis(Bag, name) == nil, what
       assert own_tables() == before, what
       assert :persistent_term.get({Larder.Bag, name}, nil) == nil, what
     end

@@ -59,9 +59,11 @@ defmodule Larder.CacheTest do
 
   describe "unknown caches" do
     test "a name that was never started raises a clear ArgumentError", ctx do
-      assert_raise ArgumentError, ~r/unknown cache: :nope_#{ctx.line}/, fn ->
-        Cache.fetch(:"nope_#{ctx.line}", :k, fn -> {:ok, 1} end)
-      end
+      assert_raise ArgumentError,
+                   ~r/^unknown Larder.Cache :nope_#{ctx.line}: it was never created/,
+                   fn ->
+                     Cache.fetch(:"nope_#{ctx.line}", :k, fn -> {:ok, 1} end)
+                   end
     end
 
     test "a stopped cache raises a clear ArgumentError, not a bare badarg", ctx do
@@ -75,7 +77,7 @@ defmodule Larder.CacheTest do
             fn -> Cache.stats(name) end,
             fn -> Cache.invalidate_all(name) end
           ] do
-        assert_raise ArgumentError, ~r/unknown cache/, fun
+        assert_raise ArgumentError, ~r/unknown Larder.Cache #{inspect(name)}/, fun
       end
     end
 
@@ -91,7 +93,7 @@ defmodule Larder.CacheTest do
       for ref <- refs, do: assert_receive({:DOWN, ^ref, _, _, _})
 
       # (the owner stopped in order, as in a stop: its config is gone too)
-      assert_raise ArgumentError, ~r/unknown cache/, fn ->
+      assert_raise ArgumentError, ~r/unknown Larder.Cache #{inspect(name)}/, fn ->
         Cache.fetch(name, :k, fn -> {:ok, 1} end)
       end
 
@@ -103,9 +105,11 @@ defmodule Larder.CacheTest do
       Process.exit(Process.whereis(name), :kill)
       assert_receive {:DOWN, ^ref, _, _, :shutdown}
 
-      assert_raise ArgumentError, ~r/unknown cache.*no longer running/, fn ->
-        Cache.fetch(name, :k, fn -> {:ok, 1} end)
-      end
+      assert_raise ArgumentError,
+                   ~r/unknown Larder.Cache #{inspect(name)}: .*owned it exited/,
+                   fn ->
+                     Cache.fetch(name, :k, fn -> {:ok, 1} end)
+                   end
     end
   end
 

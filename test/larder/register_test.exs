@@ -164,7 +164,9 @@ defmodule Larder.RegisterTest do
             fn -> Register.keys(reg) end,
             fn -> Register.size(reg) end
           ] do
-        assert_raise ArgumentError, ~r/unknown register: #Larder.Register</, call
+        assert_raise ArgumentError,
+                     ~r/unknown Larder.Register #Larder.Register<\d+>: .*dropped/,
+                     call
       end
 
       # drop/1 alone is idempotent.
@@ -178,11 +180,19 @@ defmodule Larder.RegisterTest do
       assert Register.get(reg, :k) == 1
       assert Register.get(name, :k) == 1
       assert Register.size(name) == 1
-      assert_raise ArgumentError, ~r/already in use/, fn -> Register.new(name: name) end
+
+      assert_raise ArgumentError,
+                   ~r/a Larder.Register named #{inspect(name)} already exists/,
+                   fn -> Register.new(name: name) end
+
       :ok = Register.drop(name)
       assert Register.drop(name) == :ok
       assert Register.drop(reg) == :ok
-      message = "unknown register: #{inspect(name)}"
+
+      message =
+        "unknown Larder.Register #{inspect(name)}: it was never created, it was dropped, " <>
+          "or the process that owned it exited"
+
       assert_raise ArgumentError, message, fn -> Register.get(name, :k) end
       assert_raise ArgumentError, message, fn -> Register.put(name, :k, 1) end
 
@@ -242,7 +252,7 @@ defmodule Larder.RegisterTest do
     test "a tombstone left by a killed delete reads as absent and is dropped" do
       reg = Register.new()
       :ok = Register.put(reg, :k, 1)
-      tab = Register.__table__(reg)
+      tab = reg.tab
       # What delete/2 leaves when killed after committing its tombstone
       # (version 1, at or below the slot counter) and before dropping it.
       :ets.insert(tab, {:k, 1})
@@ -306,7 +316,7 @@ defmodule Larder.RegisterTest do
       assert_receive {:DOWN, ^ref, _, _, _}
       # The register notices its owner died asynchronously; allow for a loaded machine.
       eventually(fn -> raises_argument_error?(fn -> Register.put(reg, :k, 2) end) end, 250)
-      assert_raise ArgumentError, ~r/unknown register/, fn -> Register.get(reg, :k) end
+      assert_raise ArgumentError, ~r/unknown Larder.Register/, fn -> Register.get(reg, :k) end
     end
 
     test "start_link/1 and child_spec/1 run a named register under a supervisor", context do
@@ -315,7 +325,7 @@ defmodule Larder.RegisterTest do
       :ok = Register.put(name, :k, 1)
       assert Register.get(name, :k) == 1
       :ok = Supervisor.stop(sup)
-      assert_raise ArgumentError, ~r/unknown register/, fn -> Register.get(name, :k) end
+      assert_raise ArgumentError, ~r/unknown Larder.Register/, fn -> Register.get(name, :k) end
     end
 
     test "start_link/1 needs a name" do
@@ -340,13 +350,17 @@ defmodule Larder.RegisterTest do
     end
 
     test "something that is not a register raises ArgumentError" do
-      assert_raise ArgumentError, ~r/expected a register handle or name, got: "nope"/, fn ->
-        Register.get("nope", :k)
-      end
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Register \(a handle or the name of one\), got: "nope"/,
+                   fn ->
+                     Register.get("nope", :k)
+                   end
 
-      assert_raise ArgumentError, "unknown register: :no_such_register", fn ->
-        Register.put(:no_such_register, :k, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/^unknown Larder.Register :no_such_register: it was never created/,
+                   fn ->
+                     Register.put(:no_such_register, :k, 1)
+                   end
     end
   end
 
@@ -452,7 +466,7 @@ defmodule Larder.RegisterTest do
 
       assert_receive {:reg, reg}
       assert Register.get(reg, :k) == 1
-      tab = Register.__table__(reg)
+      tab = reg.tab
       ref = Process.monitor(owner)
       Process.exit(owner, :kill)
       assert_receive {:DOWN, ^ref, _, _, _}
@@ -624,11 +638,13 @@ defmodule Larder.RegisterTest do
     test "forged handles, improper option lists and wrong funs name the argument" do
       reg = Register.new()
 
-      assert_raise ArgumentError, ~r/forged or corrupted handle/, fn ->
-        Register.put(%{reg | slots: :x}, :k, 1)
-      end
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Register \(a handle or the name of one\), got: #Larder.Register<\d+>/,
+                   fn ->
+                     Register.put(%{reg | slots: :x}, :k, 1)
+                   end
 
-      assert_raise ArgumentError, ~r/unknown register/, fn ->
+      assert_raise ArgumentError, ~r/unknown Larder.Register/, fn ->
         Register.get(%{reg | versions: make_ref()}, :k)
       end
 
@@ -646,7 +662,7 @@ defmodule Larder.RegisterTest do
     # holder id left behind by the writers that exited.
     test "leave one record, no growth in ETS and no holder entries" do
       reg = Register.new(slots: 16)
-      tab = Register.__table__(reg)
+      tab = reg.tab
       value = Enum.to_list(1..100)
       :ok = Register.put(reg, :hot, value)
       before = {:ets.info(tab, :size), :ets.info(tab, :memory)}
@@ -814,7 +830,7 @@ defmodule Larder.RegisterTest do
     @tag timeout: :timer.minutes(10)
     test "leave no garbage, no stuck key and no broken invariant (10,000 kills)" do
       reg = Register.new(slots: 4)
-      tab = Register.__table__(reg)
+      tab = reg.tab
       owner = :ets.info(tab, :owner)
       keys = for i <- 1..8, do: {:key, i}
       attempted = :ets.new(:attempted, [:set, :public])
@@ -936,7 +952,7 @@ defmodule Larder.RegisterTest do
         unless :ets.member(attempted, n) do
           Process.sleep(50)
 
-          raise "read #{inspect({key, n})} never written (recorded 50 ms later: #{:ets.member(attempted, n)}; table: #{inspect(:ets.lookup(Register.__table__(reg), key))}; attempted size #{:ets.info(attempted, :size)})"
+          raise "read #{inspect({key, n})} never written (recorded 50 ms later: #{:ets.member(attempted, n)}; table: #{inspect(:ets.lookup(reg.tab, key))}; attempted size #{:ets.info(attempted, :size)})"
         end
       end
 

@@ -265,8 +265,14 @@ defmodule Larder.TableTest do
 
       orphan = Task.async(fn -> Table.new(key: :id, index: [:a]) end) |> Task.await()
       assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.get(orphan, 1) end
-      assert_raise ArgumentError, ~r/no Larder.Table named :nope/, fn -> Table.get(:nope, 1) end
-      assert_raise ArgumentError, ~r/table must be a Larder.Table/, fn -> Table.get("nope", 1) end
+
+      assert_raise ArgumentError, ~r/unknown Larder.Table :nope: it was never created/, fn ->
+        Table.get(:nope, 1)
+      end
+
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Table \(a handle or the name of one\), got: "nope"/,
+                   fn -> Table.get("nope", 1) end
     end
   end
 

@@ -12,6 +12,7 @@ defmodule Larder.Cache.Owner do
 
   alias Larder.Cache.{Eviction, Expiry, Generation, Invalidations, LocalCopies}
   alias Larder.Cache.{Remote, Repairs, Runtime, Stats, Store}
+  alias Larder.Instance
 
   # Longest wait between two reads of a generation that keep failing.
   @generation_retry_max_ms 5_000
@@ -23,7 +24,9 @@ defmodule Larder.Cache.Owner do
   # way to us), retry_timer and retry_wait (a failed generation read, read
   # again)}.
 
-  def start_link(opts), do: GenServer.start_link(__MODULE__, opts, name: opts[:name])
+  # The name is claimed through Larder.Instance as the process starts; the
+  # bare name is then registered too, as the cache's documented address.
+  def start_link(opts), do: Instance.start_link(__MODULE__, opts, Larder.Cache, opts[:name])
 
   @doc """
   The owner's part of `Larder.Cache.invalidate_all/1`, once the caller's
@@ -37,8 +40,7 @@ defmodule Larder.Cache.Owner do
   def invalidate_all(rt, how) do
     GenServer.call(rt.owner, {:invalidate_all, how}, :infinity)
   catch
-    :exit, _ ->
-      raise ArgumentError, "unknown cache: #{inspect(rt.name)} (it is no longer running)"
+    :exit, _ -> Instance.unknown!(Larder.Cache, rt.name)
   end
 
   @doc """
@@ -51,8 +53,15 @@ defmodule Larder.Cache.Owner do
 
   @impl true
   def init(opts) do
-    Process.flag(:trap_exit, true)
+    Instance.watch(nil)
 
+    case Instance.address(opts[:name]) do
+      :ok -> start(opts)
+      {:error, reason} -> {:stop, reason}
+    end
+  end
+
+  defp start(opts) do
     # The tables are this process's: they live and die with it.
     rt =
       Runtime.new(
@@ -233,7 +242,7 @@ defmodule Larder.Cache.Owner do
 
   @impl true
   def terminate(_reason, %{rt: rt}) do
-    Runtime.withdraw(rt.name)
+    Runtime.withdraw(rt)
     Remote.stop(rt)
     LocalCopies.died(rt)
   end

@@ -5,6 +5,10 @@
 defmodule Larder.Cache.Runtime do
   @moduledoc false
 
+  alias Larder.Instance
+
+  require Larder.Instance
+
   # Taken from the validated options as they are.
   @options [
     :name,
@@ -77,23 +81,20 @@ defmodule Larder.Cache.Runtime do
         deaths: Larder.LocalCopies.deaths(),
         node_id: :crypto.strong_rand_bytes(16),
         # :telemetry is looked for once, here, at start (never at compile time).
-        telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
+        telemetry: Instance.telemetry?(opts[:telemetry])
       })
     )
   end
 
-  # (get/1 spells the key out: it is on every call's path)
-  defp key(name), do: {Larder.Cache, name}
-
-  @doc "Publishes the handle (the owner, once it is complete)."
+  @doc "Publishes the handle through `Larder.Instance` (the owner, once it is complete)."
   @spec publish(t()) :: :ok
-  def publish(%__MODULE__{name: name} = rt), do: :persistent_term.put(key(name), rt)
+  def publish(%__MODULE__{name: name} = rt), do: Instance.publish(Larder.Cache, name, rt)
 
-  @doc "Withdraws the handle of the cache `name` (the owner, as it stops)."
-  @spec withdraw(atom()) :: boolean()
-  def withdraw(name), do: :persistent_term.erase(key(name))
+  @doc "Withdraws the handle `rt` (the owner, as it stops); a newer one stays."
+  @spec withdraw(t()) :: :ok
+  def withdraw(%__MODULE__{name: name} = rt), do: Instance.release(Larder.Cache, name, rt, self())
 
   @doc "The handle of the running cache `name`, or nil."
   @spec get(atom()) :: t() | nil
-  def get(name), do: :persistent_term.get({Larder.Cache, name}, nil)
+  def get(name), do: Instance.lookup(Larder.Cache, name)
 end

@@ -1,50 +1,32 @@
-# The owner of a register: creates its table and publishes its name; marks
-# the register dead and drops the table on drop/1, owner exit or
-# shutdown.
+# The owner of a register: creates its table and publishes its handle; marks
+# the register dead and drops the table on drop/1, owner exit or shutdown
+# (see Larder.Instance for the life cycle every structure shares).
 defmodule Larder.Register.Server do
   @moduledoc false
 
   use GenServer
 
+  alias Larder.Instance
   alias Larder.Register.Store
 
-  @spec start({keyword(), pid() | nil}) :: GenServer.on_start()
-  def start({opts, _owner} = arg), do: GenServer.start(__MODULE__, arg, gen_opts(opts))
-
-  @spec start_link(keyword()) :: GenServer.on_start()
-  def start_link(opts), do: GenServer.start_link(__MODULE__, {opts, nil}, gen_opts(opts))
-
-  defp gen_opts(opts) do
-    case Keyword.fetch!(opts, :name) do
-      nil -> []
-      name -> [name: name]
-    end
-  end
-
   @impl true
-  def init({opts, owner}) do
-    Process.flag(:trap_exit, true)
-    if owner, do: Process.monitor(owner)
-
+  def init({opts, caller}) do
+    Instance.watch(caller)
     reg = Store.create(opts, self())
-
-    if name = Keyword.fetch!(opts, :name) do
-      :persistent_term.put({Larder.Register, name}, reg)
-    end
-
-    {:ok, %{reg: reg, owner: owner}}
+    Instance.publish(Larder.Register, reg.name, reg)
+    {:ok, %{reg: reg, caller: caller}}
   end
 
   @impl true
   def handle_call(:handle, _from, state), do: {:reply, state.reg, state}
 
-  def handle_call(:drop, _from, state) do
+  def handle_call({Instance, :drop}, _from, state) do
     shutdown(state.reg)
     {:stop, :normal, :ok, %{state | reg: nil}}
   end
 
   @impl true
-  def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state) do
+  def handle_info({:DOWN, _ref, :process, caller, _reason}, %{caller: caller} = state) do
     {:stop, :normal, state}
   end
 
@@ -58,7 +40,6 @@ defmodule Larder.Register.Server do
   # copy can be served after drop/1 returns.
   defp shutdown(reg) do
     Store.kill(reg)
-    if name = reg.name, do: :persistent_term.erase({Larder.Register, name})
-    :ok
+    Instance.release(Larder.Register, reg.name, reg, self())
   end
 end

@@ -32,8 +32,7 @@ defmodule Larder.Register.Store do
       server: server,
       name: Keyword.fetch!(opts, :name),
       max_cached: Keyword.fetch!(opts, :max_cached),
-      # :telemetry is looked for once, here, at creation (never at compile time).
-      telemetry: Larder.Telemetry.enabled?(Keyword.fetch!(opts, :telemetry))
+      telemetry: Larder.Instance.telemetry?(Keyword.fetch!(opts, :telemetry))
     }
   end
 

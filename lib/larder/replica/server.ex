@@ -38,7 +38,9 @@ defmodule Larder.Replica.Server do
   def start_link(opts) do
     ref = make_ref()
 
-    case GenServer.start_link(__MODULE__, [{:reply_to, {self(), ref}} | opts], name: opts[:name]) do
+    args = [{:reply_to, {self(), ref}} | opts]
+
+    case Larder.Instance.start_link(__MODULE__, args, Larder.Replica, opts[:name]) do
       :ignore ->
         receive do
           {^ref, error} -> {:error, error}
@@ -51,7 +53,15 @@ defmodule Larder.Replica.Server do
 
   @impl true
   def init(opts) do
-    Process.flag(:trap_exit, true)
+    Larder.Instance.watch(nil)
+
+    case Larder.Instance.address(opts[:name]) do
+      :ok -> start(opts)
+      {:error, reason} -> fail(opts, reason)
+    end
+  end
+
+  defp start(opts) do
     {source, source_opts} = opts[:source]
     spec = opts[:into]
 
@@ -73,7 +83,7 @@ defmodule Larder.Replica.Server do
       block_ms: opts[:block_ms],
       on_trimmed: opts[:on_trimmed],
       on_error: opts[:on_error],
-      telemetry: Larder.Telemetry.enabled?(opts[:telemetry])
+      telemetry: Larder.Instance.telemetry?(opts[:telemetry])
     }
 
     case safe_start_target(state) do
@@ -93,12 +103,16 @@ defmodule Larder.Replica.Server do
         {:ok, schedule(%{state | reader: reader})}
 
       {:error, error} ->
-        # start_link/1 gets the error as a value (a {:stop, reason} here
-        # would also send the exit to a linked caller that does not trap).
-        {caller, ref} = opts[:reply_to]
-        send(caller, {ref, error})
-        :ignore
+        fail(opts, error)
     end
+  end
+
+  # start_link/1 gets the error as a value (a {:stop, reason} here would
+  # also send the exit to a linked caller that does not trap).
+  defp fail(opts, error) do
+    {caller, ref} = opts[:reply_to]
+    send(caller, {ref, error})
+    :ignore
   end
 
   # Bad options of the structure raise in start_link/1's caller.
@@ -130,6 +144,7 @@ defmodule Larder.Replica.Server do
   ## Calls
 
   @impl true
+  def handle_call({Larder.Instance, :drop}, _from, state), do: {:stop, :normal, :ok, state}
   def handle_call(:offset, _from, state), do: {:reply, state.offset, state}
   def handle_call(:target, _from, state), do: {:reply, state.target, state}
   def handle_call(:source, _from, state), do: {:reply, {state.source, state.source_opts}, state}

@@ -1,12 +1,14 @@
 # The process behind each Larder.Table: it owns the table's ETS tables and
 # index, hands out (and reuses) row ids, and applies every write whole, so a
-# caller killed mid-write cannot leave half of one behind.
+# caller killed mid-write cannot leave half of one behind. Its name, owner
+# and drop follow Larder.Instance.
 defmodule Larder.Table.Writer do
   @moduledoc false
 
   use GenServer
 
   alias Larder.Index
+  alias Larder.Instance
   alias Larder.Table
   alias Larder.Table.Claim
   alias Larder.Table.Snapshot
@@ -26,22 +28,11 @@ defmodule Larder.Table.Writer do
     held: :queue.new()
   ]
 
-  @doc "Starts the writer of a table owned by `owner` (it stops when `owner` exits)."
-  @spec start(map(), pid()) :: GenServer.on_start()
-  def start(config, owner), do: GenServer.start(__MODULE__, {config, owner, nil})
-
-  @doc """
-  Starts the writer of a table owned by `owner`, filled from the snapshot
-  at `path` (read here, so the file's bytes are this process's garbage, not
-  the caller's); `{:error, {:shutdown, %Larder.Error{}}}` when the file is
-  bad (the writer then stops, its tables with it).
-  """
-  @spec load(map(), pid(), Path.t()) :: GenServer.on_start()
-  def load(config, owner, path), do: GenServer.start(__MODULE__, {config, owner, path})
-
-  @doc "Starts the writer of a supervised table, linked to the caller."
-  @spec start_link(map()) :: GenServer.on_start()
-  def start_link(config), do: GenServer.start_link(__MODULE__, {config, nil, nil})
+  # Started by Larder.Table through Larder.Instance.start/4 (new/1, load/2:
+  # `owner` is the caller) or start_link/4 (owner nil), with `path` the
+  # snapshot load/2 fills the table from (read here, so the file's bytes are
+  # this process's garbage, not the caller's); a bad file stops the writer
+  # with `{:shutdown, %Larder.Error{}}`.
 
   @doc """
   Whether the calling process is a table's writer, that is, whether a write
@@ -67,9 +58,8 @@ defmodule Larder.Table.Writer do
   end
 
   defp init(config, owner, snapshot) do
-    Process.flag(:trap_exit, true)
+    Instance.watch(owner)
     Process.put(__MODULE__, true)
-    if owner, do: Process.monitor(owner)
 
     table = %Table{
       # Public so that a caller can insert a claimed chunk (Larder.Table.Claim).
@@ -82,15 +72,16 @@ defmodule Larder.Table.Writer do
       store: config.store,
       writer: self(),
       name: config.name,
-      # :telemetry is looked for once, here, when the table starts.
-      telemetry: Larder.Telemetry.enabled?(config.telemetry)
+      telemetry: Instance.telemetry?(config.telemetry)
     }
 
-    with {:ok, state} <- fill(%__MODULE__{table: table, owner: owner}, snapshot),
-         :ok <- register(table) do
-      {:ok, state}
-    else
-      {:error, error} -> {:stop, error}
+    case fill(%__MODULE__{table: table, owner: owner}, snapshot) do
+      {:ok, state} ->
+        Instance.publish(Table, table.name, table)
+        {:ok, state}
+
+      {:error, error} ->
+        {:stop, error}
     end
   end
 
@@ -107,34 +98,6 @@ defmodule Larder.Table.Writer do
       {:error, error} ->
         {:error, {:shutdown, error}}
     end
-  end
-
-  # The name maps to the handle through :persistent_term; the global lock
-  # makes check-and-put atomic between two tables started with one name.
-  defp register(%Table{name: nil}), do: :ok
-
-  defp register(%Table{name: name} = table) do
-    :global.trans(
-      {{Table, name}, self()},
-      fn ->
-        case :persistent_term.get({Table, name}, nil) do
-          %Table{writer: pid} when pid != self() and is_pid(pid) ->
-            if Process.alive?(pid),
-              do:
-                {:error, ArgumentError.exception("a Larder.Table named #{inspect(name)} exists")},
-              else: put_name(table)
-
-          _ ->
-            put_name(table)
-        end
-      end,
-      [node()]
-    )
-  end
-
-  defp put_name(table) do
-    :persistent_term.put({Table, table.name}, table)
-    :ok
   end
 
   @impl true
@@ -166,7 +129,7 @@ defmodule Larder.Table.Writer do
     kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
   end
 
-  def handle_call(:drop, _from, state) do
+  def handle_call({Instance, :drop}, _from, state) do
     release(state)
     {:stop, :normal, :ok, state}
   end
@@ -197,13 +160,7 @@ defmodule Larder.Table.Writer do
   defp release(%{table: table}) do
     for tab <- [table.rows, table.keys], :ets.info(tab, :id) != :undefined, do: :ets.delete(tab)
     Index.drop(table.index)
-
-    case table.name && :persistent_term.get({Table, table.name}, nil) do
-      %Table{writer: writer} when writer == self() -> :persistent_term.erase({Table, table.name})
-      _ -> :ok
-    end
-
-    :ok
+    Instance.release(Table, table.name, table, self())
   end
 
   defp settle(state) do

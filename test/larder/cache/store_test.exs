@@ -361,7 +361,9 @@ defmodule Larder.Cache.StoreTest do
         assert {:error, %Larder.Error{reason: :cache_stopped}} = result
       end
 
-      assert_raise ArgumentError, ~r/no longer running/, fn -> Cache.get(cache, :slow) end
+      assert_raise ArgumentError, ~r/unknown Larder.Cache #{inspect(cache)}/, fn ->
+        Cache.get(cache, :slow)
+      end
     end
   end
 

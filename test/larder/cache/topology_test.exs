@@ -113,7 +113,9 @@ defmodule Larder.Cache.TopologyTest do
     assert {:error, %Larder.Error{reason: :l2_failed}} = start(ctx, :no_start)
     assert Process.whereis(ctx.name) == nil
 
-    assert_raise ArgumentError, ~r/unknown cache/, fn -> Cache.get(ctx.name, :k) end
+    assert_raise ArgumentError, ~r/unknown Larder.Cache #{inspect(ctx.name)}/, fn ->
+      Cache.get(ctx.name, :k)
+    end
   end
 
   test "the tree: the owner first, then the L2's processes and the clock", ctx do

@@ -319,7 +319,13 @@ defmodule Larder.Table.SnapshotTest do
       assert_raise ArgumentError, ~r/path/, fn -> Table.dump(table, :nope) end
       assert_raise ArgumentError, ~r/path/, fn -> Table.dump(table, "a\0b") end
       assert_raise ArgumentError, ~r/path/, fn -> Table.load(123, key: :id) end
-      assert_raise ArgumentError, ~r/table must be/, fn -> Table.dump(:erlang.make_ref(), "x") end
+
+      assert_raise ArgumentError,
+                   ~r/expected a Larder.Table \(a handle or the name of one\), got: #Reference/,
+                   fn ->
+                     Table.dump(:erlang.make_ref(), "x")
+                   end
+
       assert_raise ArgumentError, ~r/:key/, fn -> Table.load(Path.join(dir, "x"), []) end
 
       assert_raise ArgumentError, ~r/bogus/, fn ->
@@ -333,12 +339,15 @@ defmodule Larder.Table.SnapshotTest do
       end
     end
 
-    test "a name in use raises, after the file checked out", %{tmp_dir: dir} do
+    test "a name in use raises", %{tmp_dir: dir} do
       path = Path.join(dir, "named")
       :ok = Table.dump(Table.new(key: :id), path)
       name = :"snap_taken_#{System.unique_integer([:positive])}"
       _ = Table.new(key: :id, name: name)
-      assert_raise ArgumentError, ~r/exists/, fn -> Table.load(path, key: :id, name: name) end
+
+      assert_raise ArgumentError, ~r/a Larder.Table named #{inspect(name)} already exists/, fn ->
+        Table.load(path, key: :id, name: name)
+      end
     end
 
     test "an unwritable path is a file error", %{tmp_dir: dir} do

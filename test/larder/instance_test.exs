@@ -1,0 +1,227 @@
+defmodule Larder.InstanceTest do
+  # The life cycle every structure shares (Larder.Instance), checked the
+  # same way for Bag, Register, Table, Cache and Replica: one message for an
+  # unknown structure and one for a term that is not one, one winner among
+  # racing creators of a name, new/1 structures dying with their caller,
+  # start_link/1 structures restarted after a crash but not after drop/1.
+  use ExUnit.Case, async: true
+
+  import Larder.Test.Eventually
+
+  alias Larder.{Bag, Cache, Register, Replica, Table}
+
+  defp unknown(kind, name) do
+    "unknown #{inspect(kind)} #{inspect(name)}: it was never created, it was dropped, " <>
+      "or the process that owned it exited"
+  end
+
+  defp replica_opts(name) do
+    [
+      name: name,
+      into: {Table, name: :"#{name}.table", key: :id},
+      source: {Larder.Test.EmptySource, []},
+      apply: fn _fields -> :skip end
+    ]
+  end
+
+  # {kind, a call by name or handle that raises once the structure is gone}
+  defp calls do
+    [
+      {Bag, &Bag.size/1},
+      {Register, &Register.size/1},
+      {Table, &Table.size/1},
+      {Cache, &Cache.get(&1, :k)},
+      {Replica, &Replica.offset/1}
+    ]
+  end
+
+  describe "one error message for every structure" do
+    test "an unknown name", ctx do
+      for {kind, call} <- calls() do
+        name = :"#{ctx.test} #{inspect(kind)}"
+        assert_raise ArgumentError, unknown(kind, name), fn -> call.(name) end
+      end
+    end
+
+    test "a term that is neither a handle nor a name" do
+      for {kind, call} <- calls(), bad <- ["x", 42, {:a}, nil] do
+        message =
+          "expected a #{inspect(kind)} (a handle or the name of one), got: #{inspect(bad)}"
+
+        assert_raise ArgumentError, message, fn -> call.(bad) end
+      end
+    end
+
+    test "a structure dropped or stopped, by name", ctx do
+      for {kind, call} <- calls() do
+        name = :"#{ctx.test} #{inspect(kind)}"
+
+        case kind do
+          Cache ->
+            {:ok, sup} = Cache.start_link(name: name)
+            :ok = Supervisor.stop(sup)
+
+          Replica ->
+            {:ok, _pid} = Replica.start_link(replica_opts(name))
+            :ok = Replica.drop(name)
+
+          _ ->
+            kind.new(if kind == Table, do: [key: :id, name: name], else: [name: name])
+            :ok = kind.drop(name)
+        end
+
+        assert_raise ArgumentError, unknown(kind, name), fn -> call.(name) end
+      end
+    end
+
+    test "a handle whose structure was dropped names it", ctx do
+      for kind <- [Bag, Register, Table] do
+        name = :"#{ctx.test} #{inspect(kind)}"
+        opts = if kind == Table, do: [key: :id, name: name], else: [name: name]
+        handle = kind.new(opts)
+        :ok = kind.drop(handle)
+        assert_raise ArgumentError, unknown(kind, name), fn -> kind.size(handle) end
+      end
+    end
+  end
+
+  describe "a name is held by one structure" do
+    # Each racer waits for :go, tries to create `name`, reports, and stays
+    # alive (holding what it created) until :done.
+    defp race(n, create) do
+      test = self()
+
+      racers =
+        for _ <- 1..n do
+          spawn(fn ->
+            Process.flag(:trap_exit, true)
+
+            receive do
+              :go -> send(test, {self(), create.()})
+            end
+
+            receive do
+              :done -> :ok
+            end
+          end)
+        end
+
+      Enum.each(racers, &send(&1, :go))
+      results = for pid <- racers, do: receive(do: ({^pid, result} -> result))
+      {racers, results}
+    end
+
+    defp finish(racers) do
+      refs = for pid <- racers, do: {Process.monitor(pid), send(pid, :done)}
+      for {ref, _} <- refs, do: assert_receive({:DOWN, ^ref, _, _, _})
+    end
+
+    defp taken?(create) do
+      create.()
+      false
+    rescue
+      e in ArgumentError -> e.message =~ "already exists"
+    end
+
+    test "racing new/1 callers: exactly one gets the name", ctx do
+      for kind <- [Bag, Register, Table], round <- 1..60 do
+        name = :"#{ctx.test} #{inspect(kind)} #{round}"
+        opts = if kind == Table, do: [key: :id, name: name], else: [name: name]
+        create = fn -> if taken?(fn -> kind.new(opts) end), do: :taken, else: :won end
+
+        {racers, results} = race(8, create)
+        assert Enum.count(results, &(&1 == :won)) == 1, "#{inspect(kind)}: #{inspect(results)}"
+        assert Enum.count(results, &(&1 == :taken)) == 7
+        finish(racers)
+      end
+    end
+
+    test "racing start_link/1 callers: exactly one gets the name", ctx do
+      starts = [
+        {Bag, 40, &Bag.start_link(name: &1)},
+        {Register, 40, &Register.start_link(name: &1)},
+        {Table, 40, &Table.start_link(key: :id, name: &1)},
+        {Cache, 10, &Cache.start_link(name: &1)},
+        {Replica, 10, &Replica.start_link(replica_opts(&1))}
+      ]
+
+      for {kind, rounds, start} <- starts, round <- 1..rounds do
+        name = :"#{ctx.test} #{inspect(kind)} #{round}"
+        {racers, results} = race(6, fn -> start.(name) end)
+        assert [{:ok, _}] = Enum.filter(results, &match?({:ok, _}, &1)), inspect(results)
+        owner = Larder.Instance.whereis(kind, name)
+        assert is_pid(owner)
+
+        for result <- results, not match?({:ok, _}, result) do
+          assert result == {:error, {:already_started, owner}}
+        end
+
+        finish(racers)
+      end
+    end
+  end
+
+  describe "ownership" do
+    test "a new/1 structure dies with its caller; its name is free again", ctx do
+      for kind <- [Bag, Register, Table] do
+        name = :"#{ctx.test} #{inspect(kind)}"
+        opts = if kind == Table, do: [key: :id, name: name], else: [name: name]
+        test = self()
+
+        caller =
+          spawn(fn ->
+            send(test, {:handle, kind.new(opts)})
+            receive(do: (:never -> :ok))
+          end)
+
+        assert_receive {:handle, handle}
+        ref = Process.monitor(caller)
+        Process.exit(caller, :kill)
+        assert_receive {:DOWN, ^ref, _, _, :killed}
+
+        # Register and Table owners see the caller's death a moment later.
+        eventually(fn -> raises?(fn -> kind.size(handle) end) end)
+        assert_raise ArgumentError, unknown(kind, name), fn -> kind.size(handle) end
+        eventually(fn -> not taken?(fn -> kind.new(opts) end) end)
+        assert kind.size(name) == 0
+        :ok = kind.drop(name)
+      end
+    end
+
+    test "a supervised replica: restarted after a crash, not after drop/1; drop/1 twice", ctx do
+      name = :"#{ctx.test}"
+      {:ok, sup} = Supervisor.start_link([{Replica, replica_opts(name)}], strategy: :one_for_one)
+      [{{Replica, ^name}, pid, :worker, _}] = Supervisor.which_children(sup)
+      ref = Process.monitor(pid)
+      Process.exit(pid, :kill)
+      assert_receive {:DOWN, ^ref, _, _, :killed}
+
+      eventually(fn ->
+        match?([{_, new, _, _}] when is_pid(new) and new != pid, Supervisor.which_children(sup))
+      end)
+
+      eventually(fn -> not raises?(fn -> Replica.offset(name) end) end)
+      [{_, pid, _, _}] = Supervisor.which_children(sup)
+      ref = Process.monitor(pid)
+      assert Replica.drop(name) == :ok
+      assert_receive {:DOWN, ^ref, _, _, :normal}
+      eventually(fn -> match?([{_, :undefined, _, _}], Supervisor.which_children(sup)) end)
+      assert_raise ArgumentError, unknown(Replica, name), fn -> Replica.offset(name) end
+      assert Replica.drop(name) == :ok
+      assert Replica.drop(pid) == :ok
+      :ok = Supervisor.stop(sup)
+    end
+
+    test "drop/1 of a pid that runs no replica does not touch it" do
+      assert Replica.drop(self()) == :ok
+      refute_received _
+    end
+  end
+
+  defp raises?(fun) do
+    fun.()
+    false
+  rescue
+    ArgumentError -> true
+  end
+end
