@@ -340,7 +340,7 @@ defmodule Larder.Table.Writer do
         {ops, now} =
           Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
             {fresh, now} =
-              Enum.reduce(ids, {[], now}, fn id, {fresh, now} ->
+              Enum.reduce(id_list(ids), {[], now}, fn id, {fresh, now} ->
                 case now do
                   %{^id => terms} -> {fresh, %{now | id => [term | terms]}}
                   _ -> {[id | fresh], now}
@@ -353,6 +353,10 @@ defmodule Larder.Table.Writer do
         Enum.reduce(now, ops, fn {id, terms}, ops -> diff(old_terms(t, id), terms, id, ops) end)
     end
   end
+
+  # The ids of an op from Records.write/2: a binary of little-endian u32s.
+  defp id_list(ids) when is_binary(ids), do: for(<<id::32-little <- ids>>, do: id)
+  defp id_list(ids), do: ids
 
   # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
   # order of ops does not matter: each id appears once, and its adds and

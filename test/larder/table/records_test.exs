@@ -1,0 +1,91 @@
+defmodule Larder.Table.RecordsTest do
+  # A build's index ops (Records.write/2, terms grouped by the NIF) against a
+  # plain model: a map from each term to the ids of the records that have it.
+  use ExUnit.Case, async: true
+
+  import :proper_types
+
+  alias Larder.Table
+  alias Larder.Table.Records
+  alias Larder.Test.PropEr
+
+  # Values that are equal (==) but not identical (===), a float zero of
+  # either sign, nested terms, lists, binaries past 64 bytes and a bitstring.
+  defp value do
+    oneof([
+      integer(-3, 3),
+      oneof([1.0, 0.0, -0.0, 2.5]),
+      oneof([:a, :b, nil]),
+      oneof(["x", "y", :binary.copy("z", 100), <<1::3>>]),
+      tuple([integer(0, 2), oneof([:a, "x"])]),
+      list(integer(0, 2))
+    ])
+  end
+
+  defp record, do: {integer(0, 300), value(), list(value())}
+
+  defp table(test) do
+    Table.new(
+      name: test,
+      key: :id,
+      index: [:v, {:many, fn record -> record.many end}],
+      store: [:id, :v]
+    )
+  end
+
+  defp ids(ids) when is_binary(ids), do: for(<<id::32-little <- ids>>, do: id)
+
+  defp model(records) do
+    Enum.reduce(records, %{}, fn %{id: id, v: v, many: many}, model ->
+      Enum.reduce([{:v, v} | Enum.map(many, &{:many, &1})], model, fn term, model ->
+        Map.update(model, term, MapSet.new([id]), &MapSet.put(&1, id))
+      end)
+    end)
+  end
+
+  test "a build's ops index each record under each of its terms, once per distinct term",
+       context do
+    table = table(context.test)
+
+    property =
+      :proper.forall(list(record()), fn records ->
+        records =
+          records
+          |> Enum.map(fn {id, v, many} -> %{id: id, v: v, many: many} end)
+          |> Map.new(&{&1.id, &1})
+          |> Map.values()
+          # Two records at least (one alone is written as {:add_terms, terms, id}).
+          |> Enum.concat([%{id: 1_000, v: :a, many: [0]}, %{id: 1_001, v: :b, many: []}])
+
+        {rows, ops, [], _span} = Records.write(table, records)
+        terms = for {:add, term, _} <- ops, do: term
+
+        grouped =
+          Enum.reduce(ops, %{}, fn {:add, term, packed}, acc ->
+            Map.update(
+              acc,
+              term,
+              MapSet.new(ids(packed)),
+              &MapSet.union(&1, MapSet.new(ids(packed)))
+            )
+          end)
+
+        length(terms) == length(Enum.uniq(terms)) and grouped == model(records) and
+          Enum.sort(rows) == Enum.sort(for r <- records, do: {r.id, Map.take(r, [:id, :v])})
+      end)
+
+    PropEr.check(property, numtests: 300)
+  end
+
+  test "a build whose terms take more than a normal scheduler's share is grouped whole",
+       context do
+    table = table(context.test)
+    deep = Enum.reduce(1..10_000, :x, fn _, e -> {e} end)
+    records = for id <- 0..4_999, do: %{id: id, v: deep, many: [rem(id, 7), "s#{rem(id, 3)}"]}
+
+    {_rows, ops, [], {0, 4_999}} = Records.write(table, records)
+    grouped = Map.new(ops, fn {:add, term, packed} -> {term, MapSet.new(ids(packed))} end)
+
+    assert grouped == model(records)
+  end
+end
