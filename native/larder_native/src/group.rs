@@ -11,6 +11,7 @@ use crate::atoms;
 use crate::budget::Budget;
 use crate::error::{reply, NativeError};
 use crate::key::{elem, next_cell, tuple_elems};
+use crate::stack::Stack;
 use rustler::types::tuple::make_tuple;
 use rustler::{Binary, Encoder, Env, NewBinary, NifResult, Term, TermType};
 use std::collections::HashMap;
@@ -59,17 +60,36 @@ impl Hasher for Spread {
     }
 }
 
-/// What hashing and comparing `term` costs, when it is a tuple of flat
-/// terms (the `{name, value}` of an index); `None` for anything deeper,
-/// which only a dirty scheduler takes.
+/// Past this many nodes, a term is hashed on a dirty scheduler.
+const FLAT_NODES: usize = 32;
+
+/// What hashing and comparing `term` costs, when it is a small term of
+/// tuples, atoms, numbers and binaries (the `{name, value}` of an index,
+/// `{name, {char, value}}`); `None` for anything else (lists, maps, more
+/// than `FLAT_NODES` nodes), which only a dirty scheduler takes.
 fn flat_cost(term: Term) -> Option<u64> {
-    let mut cost = 1;
-    for &raw in tuple_elems(term)? {
-        let element = elem(term, raw);
-        cost += match element.get_type() {
+    let mut pending: Stack<Term, 8> = Stack::new();
+    pending.push(term);
+    let (mut cost, mut nodes) = (0, 0);
+    while let Some(node) = pending.pop() {
+        nodes += 1;
+        if nodes > FLAT_NODES {
+            return None;
+        }
+        cost += match node.get_type() {
             TermType::Atom | TermType::Integer | TermType::Float => 1,
-            TermType::Binary => 1 + element.decode::<Binary>().ok()?.len() as u64 / BYTES_PER_UNIT,
-            TermType::List if element.is_empty_list() => 1,
+            TermType::Binary => 1 + node.decode::<Binary>().ok()?.len() as u64 / BYTES_PER_UNIT,
+            TermType::List if node.is_empty_list() => 1,
+            TermType::Tuple => {
+                let elems = tuple_elems(node)?;
+                if nodes + pending.len() + elems.len() > FLAT_NODES {
+                    return None;
+                }
+                for &raw in elems {
+                    pending.push(elem(node, raw));
+                }
+                1
+            }
             _ => return None,
         };
     }

@@ -77,6 +77,31 @@ defmodule Larder.Table.RecordsTest do
     PropEr.check(property, numtests: 300)
   end
 
+  test "a small build of small terms is grouped on a normal scheduler, others on a dirty one" do
+    # A replica following a log writes small batches: {name, {char, value}}
+    # terms of a hundred records stay on the normal scheduler.
+    flat =
+      Enum.flat_map(0..99, fn id -> [id, {:char, {"Term", "#{rem(id, 3)}"}}, {:spec, "MRC"}] end)
+
+    assert [{:add, _, _} | _] = Larder.Native.index_group(flat)
+    assert Larder.Native.index_group([1, {:v, [1, 2]}]) == :dirty
+    assert Larder.Native.index_group([1, {:v, Enum.reduce(1..40, :x, &{&1, &2})}]) == :dirty
+    assert Larder.Native.index_group([1, List.to_tuple(Enum.to_list(1..100))]) == :dirty
+    assert Larder.Native.index_group(Enum.flat_map(0..9_999, &[&1, {:v, :a}])) == :dirty
+  end
+
+  test "the NIF refuses a malformed list with an error, not a crash" do
+    for group <- [&Larder.Native.index_group/1, &Larder.Native.index_group_dirty/1] do
+      assert group.([{:v, 1}]) == {:error, :bad_op}
+      assert group.([1, {:v, 1} | :tail]) == {:error, :bad_op}
+      assert group.([-1, {:v, 1}]) == {:error, :bad_ids}
+      assert group.([2 ** 32, {:v, 1}]) == {:error, :bad_ids}
+      assert group.(:not_a_list) == {:error, :bad_op}
+      assert group.([]) == []
+      assert group.([1, 2]) == []
+    end
+  end
+
   test "a build whose terms take more than a normal scheduler's share is grouped whole",
        context do
     table = table(context.test)
