@@ -7,6 +7,9 @@ defmodule Larder.Table.Records do
   alias Larder.Native
 
   @direct_limit 0x80000000
+  # Records whose terms a normal-scheduler call groups within its budget
+  # (about 20 terms each); a larger chunk is grouped on a dirty scheduler.
+  @normal_records 256
 
   @doc "The index terms of `record`, one `{name, value}` per term, in index order."
   def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
@@ -49,17 +52,23 @@ defmodule Larder.Table.Records do
         end
       end)
 
-    {rows, group(flat), keyed, span}
+    {rows, group(flat, length(rows)), keyed, span}
   end
 
   # `[id, term, ..., id, term, ...]` to one `{:add, term, ids}` per distinct
-  # term, grouped in the NIF (on a dirty scheduler past about a millisecond).
-  defp group([]), do: []
+  # term, grouped in the NIF: on a dirty scheduler past about a millisecond,
+  # at once past @normal_records records (a normal-scheduler call would
+  # spend its budget before answering :dirty).
+  defp group([], _records), do: []
 
-  defp group(flat) do
-    case Native.index_group(flat) do
-      :dirty -> Native.index_group_dirty(flat)
-      ops -> ops
+  defp group(flat, records) do
+    if records > @normal_records do
+      Native.index_group_dirty(flat)
+    else
+      case Native.index_group(flat) do
+        :dirty -> Native.index_group_dirty(flat)
+        ops -> ops
+      end
     end
     |> case do
       ops when is_list(ops) -> ops

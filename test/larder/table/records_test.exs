@@ -106,11 +106,14 @@ defmodule Larder.Table.RecordsTest do
        context do
     table = table(context.test)
     deep = Enum.reduce(1..10_000, :x, fn _, e -> {e} end)
-    records = for id <- 0..4_999, do: %{id: id, v: deep, many: [rem(id, 7), "s#{rem(id, 3)}"]}
+    # A chunk small enough to try the normal scheduler first, and a large one.
+    for last <- [99, 4_999] do
+      records = for id <- 0..last, do: %{id: id, v: deep, many: [rem(id, 7), "s#{rem(id, 3)}"]}
 
-    {_rows, ops, [], {0, 4_999}} = Records.write(table, records)
-    grouped = Map.new(ops, fn {:add, term, packed} -> {term, MapSet.new(ids(packed))} end)
+      {_rows, ops, [], {0, ^last}} = Records.write(table, records)
+      grouped = Map.new(ops, fn {:add, term, packed} -> {term, MapSet.new(ids(packed))} end)
 
-    assert grouped == model(records)
+      assert grouped == model(records)
+    end
   end
 end
