@@ -364,8 +364,14 @@ defmodule Larder.Table.Writer do
   defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
 
   defp diff(before, now, id, ops) do
-    {before, now} = {Enum.uniq(before), Enum.uniq(now)}
-    [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
+    # A record whose terms did not change (a new price, say) needs no op;
+    # sorted lists that are identical (===) hold the same terms.
+    if :lists.sort(before) === :lists.sort(now) do
+      ops
+    else
+      {before, now} = {Enum.uniq(before), Enum.uniq(now)}
+      [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
+    end
   end
 
   # The terms the index holds for `id`. With `:store` the row may lack what
