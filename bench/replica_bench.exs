@@ -7,7 +7,9 @@
 #   * restart from a snapshot (the whole catalogue) with 10,000 new entries
 #     after it, from start_link/1 to await(:latest);
 #   * lag under a producer of 10,000 entries/s: a marker price change XADDed
-#     every 5 ms, timed from before its XADD until a search finds it.
+#     every 5 ms, timed from before its XADD until a search finds it (after
+#     Replica.await/3 on its id; the producer and the probe run in processes
+#     of their own, each on its own sample of 10,000 prices).
 #
 #   mix run bench/replica_bench.exs [--quick] [--json PATH]
 #
@@ -27,6 +29,8 @@ defmodule Larder.ReplicaBench do
 
   @store [:idx, :spec, :value, :currency, :is_default]
   @stream "prices"
+  # Prices the lag's producer changes, and as many the probe changes.
+  @sample 10_000
 
   def run(argv) do
     bench = Bench.start("Larder.Replica: a Table fed from a Redis Stream", argv)
@@ -175,7 +179,12 @@ defmodule Larder.ReplicaBench do
     duration = Bench.pick(bench, 2_000, 10_000)
     title = "Lag from XADD to a search, under a producer of #{rate} entries/s"
     col = "XADD to visible"
-    prices = List.to_tuple(ctx.prices)
+    # The producer and the probe change prices of two disjoint samples: a
+    # process holding the whole catalogue (copied into it) would block a
+    # scheduler for a fraction of a second at each garbage collection, and
+    # a producer's change to a marker's price would hide the marker.
+    {prices, markers} = ctx.prices |> Enum.take_random(2 * @sample) |> Enum.split(@sample)
+    {prices, markers} = {List.to_tuple(prices), List.to_tuple(markers)}
     pid = start!(opts(ctx))
     :ok = Replica.await(pid, :latest, :infinity)
     producer_client = PriceStream.connect(port: ctx.redis.port)
@@ -184,7 +193,14 @@ defmodule Larder.ReplicaBench do
       Task.async(fn -> PriceStream.produce(producer_client, @stream, prices, rate, duration) end)
 
     deadline = System.monotonic_time(:millisecond) + duration
-    samples = PriceStream.marker_lags(ctx.client, @stream, :bench_prices, prices, deadline)
+    client = ctx.client
+
+    probe =
+      Task.async(fn ->
+        PriceStream.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
+      end)
+
+    samples = Task.await(probe, duration + 60_000)
     sent = Task.await(producer, duration + 60_000)
     kill(pid)
     :eredis.stop(producer_client)

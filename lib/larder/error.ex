@@ -50,6 +50,8 @@ defmodule Larder.Error do
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
     * `:no_snapshot_path` - `Larder.Replica.snapshot/1` on a replica
       without `:snapshot`.
+    * `:unknown_call` - a `Larder.Replica` process was sent a
+      `GenServer.call/3` that is not one of `Larder.Replica`'s.
     * `:internal` - `Larder.Index`: the NIF could not rebuild a stored
       term; a bug in Larder, not in the caller's input.
 
@@ -76,6 +78,7 @@ defmodule Larder.Error do
           | :timeout
           | :replica_stopped
           | :no_snapshot_path
+          | :unknown_call
           | :internal
           | atom()
   @type t :: %__MODULE__{reason: reason(), message: String.t() | nil, details: map()}

@@ -130,8 +130,13 @@ defmodule Larder.Index do
   @typedoc "A row id."
   @type id :: non_neg_integer()
 
-  @typedoc "One id or a list of them."
-  @type ids :: id() | [id()]
+  @typedoc """
+  One id, a list of them, or a binary of ids packed as little-endian 32-bit
+  integers (4 bytes each: `for id <- ids, into: <<>>, do: <<id::32-little>>`),
+  which a process sends without copying and the index reads without walking
+  a list.
+  """
+  @type ids :: id() | [id()] | binary()
 
   @typedoc "A query expression; see the moduledoc."
   @type expr ::
@@ -346,7 +351,8 @@ defmodule Larder.Index do
 
   defp fail!(:bad_ids, ops) do
     raise ArgumentError,
-          "ids must be an integer in 0..4294967295 or a proper list of them, in: " <>
+          "ids must be an integer in 0..4294967295, a proper list of them " <>
+            "or a binary of 4-byte little-endian ones, in: " <>
             inspect(ops, limit: 10, printable_limit: 50)
   end
 

@@ -69,6 +69,8 @@ defmodule Larder.Native do
   def index_live_bytes, do: not_loaded()
   def index_export(_index), do: not_loaded()
   def index_import(_index, _entries), do: not_loaded()
+  def index_group(_list), do: not_loaded()
+  def index_group_dirty(_list), do: not_loaded()
 
   def bag_fps_new(_shards), do: not_loaded()
   def bag_fps_add(_set, _key_hash, _value_hash), do: not_loaded()

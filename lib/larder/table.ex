@@ -396,28 +396,36 @@ defmodule Larder.Table do
   defp write_many!(table, records) do
     live!(table)
     records!(table, records, records)
-
-    records
-    |> Stream.chunk_every(@chunk)
-    |> Enum.reduce(nil, fn chunk, pending ->
-      # The index functions run here, in the caller, which builds the rows
-      # and index ops (Records.write/2); the writer only applies them. One
-      # chunk is applied while the next is computed.
-      {rows, ops, keyed, span} =
-        try do
-          Records.write(table, last_per_key(chunk, table))
-        catch
-          kind, reason ->
-            await!(table, pending)
-            :erlang.raise(kind, reason, __STACKTRACE__)
-        end
-
-      write_chunk!(table, {rows, ops, keyed, span}, pending)
-    end)
-    |> then(&await!(table, &1))
-
+    await!(table, write_chunks!(table, records, nil))
     :ok
   end
+
+  # Takes the chunks of @chunk records one by one (Stream.chunk_every/2
+  # cost about 5% of a build). Returns the last chunk's request.
+  defp write_chunks!(_table, [], pending), do: pending
+
+  defp write_chunks!(table, records, pending) do
+    {chunk, rest} = take_chunk(records, @chunk, [])
+
+    # The index functions run here, in the caller, which builds the rows
+    # and index ops (Records.write/2); the writer only applies them. One
+    # chunk is applied while the next is computed.
+    {rows, ops, keyed, span} =
+      try do
+        Records.write(table, last_per_key(chunk, table))
+      catch
+        kind, reason ->
+          await!(table, pending)
+          :erlang.raise(kind, reason, __STACKTRACE__)
+      end
+
+    write_chunks!(table, rest, write_chunk!(table, {rows, ops, keyed, span}, pending))
+  end
+
+  defp take_chunk([record | rest], n, chunk) when n > 0,
+    do: take_chunk(rest, n - 1, [record | chunk])
+
+  defp take_chunk(rest, _n, chunk), do: {:lists.reverse(chunk), rest}
 
   # Sends a chunk's write and awaits the previous one; returns the request
   # to await for this chunk's outcome. A large chunk of fresh rows (as in a

@@ -362,6 +362,24 @@ defmodule Larder.IndexTest do
       assert Index.terms(index) == []
     end
 
+    test "ids packed in a binary are the same ids; a binary of another length raises" do
+      index = Index.new()
+      ids = [0, 1, 70_000, 2 ** 32 - 1]
+      :ok = Index.batch(index, [{:add, :a, for(id <- ids, into: <<>>, do: <<id::32-little>>)}])
+      :ok = Index.batch(index, [{:add_terms, [:b, :c], <<7::32-little>>}, {:add, :d, <<>>}])
+      :ok = Index.remove(index, :a, <<1::32-little>>)
+
+      assert Index.query(index, :a) == [0, 70_000, 2 ** 32 - 1]
+      assert Index.query(index, {:and, [:b, :c]}) == [7]
+      assert Index.terms(index) |> Enum.sort() == [:a, :b, :c]
+
+      for ids <- [<<1, 2, 3>>, <<1::32-little, 9>>, <<1::33>>] do
+        assert_raise ArgumentError, ~r/^ids must be/, fn -> Index.add(index, :e, ids) end
+      end
+
+      assert Index.query(index, :e) == []
+    end
+
     test "an expression deeper than 100 levels raises ArgumentError; 99 levels answer" do
       index = Index.new()
       :ok = Index.add(index, :a, [1, 2])

@@ -544,6 +544,33 @@ defmodule Larder.ReplicaTest do
     end
   end
 
+  test "a call or cast that is not the replica's is answered or ignored, and logged; the replica goes on",
+       ctx do
+    import ExUnit.CaptureLog
+
+    [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}])
+    replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+    assert Replica.await(replica, id, 10_000) == :ok
+
+    log =
+      capture_log(fn ->
+        assert {:error, %Larder.Error{reason: :unknown_call, details: %{request: {:bogus, 1}}}} =
+                 GenServer.call(replica, {:bogus, 1})
+
+        GenServer.cast(replica, :bogus_cast)
+        # Served after the cast: the replica is still there.
+        assert Replica.offset(replica) == id
+      end)
+
+    assert log =~ "unknown call"
+    assert log =~ "{:bogus, 1}"
+    assert log =~ "unknown cast"
+
+    [id2] = Log.add(ctx.redis, ctx.stream, [{:put, 2, 2}])
+    assert Replica.await(replica, id2, 10_000) == :ok
+    assert Process.alive?(replica)
+  end
+
   test "bad options raise ArgumentError naming them", ctx do
     opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream)
 

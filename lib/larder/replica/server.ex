@@ -174,6 +174,30 @@ defmodule Larder.Replica.Server do
     end
   end
 
+  # Not a call of Larder.Replica's: answered with an error, not a crash
+  # (which would lose the structure and restart the catch-up).
+  def handle_call(request, {caller, _}, state) do
+    error =
+      Larder.Error.new(:unknown_call, "Larder.Replica does not answer this call", request: request)
+
+    Logger.warning(
+      "Larder.Replica #{inspect(state.name)}: unknown call from #{inspect(caller)}: " <>
+        inspect(request, limit: 10, printable_limit: 100)
+    )
+
+    {:reply, {:error, error}, state}
+  end
+
+  @impl true
+  def handle_cast(request, state) do
+    Logger.warning(
+      "Larder.Replica #{inspect(state.name)}: unknown cast ignored: " <>
+        inspect(request, limit: 10, printable_limit: 100)
+    )
+
+    {:noreply, state}
+  end
+
   ## The reader's batches
 
   @impl true

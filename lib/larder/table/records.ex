@@ -4,7 +4,12 @@
 defmodule Larder.Table.Records do
   @moduledoc false
 
+  alias Larder.Native
+
   @direct_limit 0x80000000
+  # Records whose terms a normal-scheduler call groups within its budget
+  # (about 20 terms each); a larger chunk is grouped on a dirty scheduler.
+  @normal_records 256
 
   @doc "The index terms of `record`, one `{name, value}` per term, in index order."
   def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
@@ -14,13 +19,14 @@ defmodule Larder.Table.Records do
   One record whose key is its row id gives `{:add_terms, terms, id}`.
   A record whose key is its row id gives its ETS row `{id, stored}`, and
   its terms go into `ops`, one `{:add, term, ids}` per distinct term (a
-  term shared by many records is copied and indexed once), which index
+  term shared by many records is copied and indexed once; `ids` packed in
+  a binary, which is sent to the writer without a copy), which index
   these rows as fresh ones; `span` is `{lowest, highest}` of those ids
   (`nil` when there are none). Any other record gives `{key, stored,
   terms}`, to which the writer gives a row id.
   """
   def write(%{key: field} = table, [record]) do
-    # One record (insert/2, upsert/3): `{:add_terms, terms, id}` needs no
+    # One record (insert/2, update/4): `{:add_terms, terms, id}` needs no
     # gathering.
     key = :erlang.map_get(field, record)
     stored = stored(table, record)
@@ -31,68 +37,70 @@ defmodule Larder.Table.Records do
   end
 
   def write(%{key: field} = table, records) do
-    # The ids of each term gather in the process dictionary, under keys
-    # that no other call uses, erased before returning (or raising).
-    tag = make_ref()
+    # Each record's terms follow its row id in one flat list, which the
+    # NIF groups by term (see group/1).
+    {rows, flat, keyed, span} =
+      Enum.reduce(records, {[], [], [], nil}, fn record, {rows, flat, keyed, span} ->
+        key = :erlang.map_get(field, record)
+        stored = stored(table, record)
 
-    {rows, terms, keyed, span} =
-      try do
-        Enum.reduce(records, {[], [], [], nil}, fn record, {rows, terms, keyed, span} ->
-          key = :erlang.map_get(field, record)
-          stored = stored(table, record)
+        if is_integer(key) and key >= 0 and key < @direct_limit do
+          flat = [key | push_entries(table.entries, record, flat)]
+          {[{key, stored} | rows], flat, keyed, widen(span, key)}
+        else
+          {rows, flat, [{key, stored, terms(table, record)} | keyed], span}
+        end
+      end)
 
-          if is_integer(key) and key >= 0 and key < @direct_limit do
-            terms = gather_entries(table.entries, record, key, tag, terms)
-            {[{key, stored} | rows], terms, keyed, widen(span, key)}
-          else
-            {rows, terms, [{key, stored, terms(table, record)} | keyed], span}
-          end
-        end)
-      catch
-        kind, reason ->
-          for {{^tag, _} = gathered, _} <- :erlang.get(), do: :erlang.erase(gathered)
-          :erlang.raise(kind, reason, __STACKTRACE__)
+    {rows, group(flat, length(rows)), keyed, span}
+  end
+
+  # `[id, term, ..., id, term, ...]` to one `{:add, term, ids}` per distinct
+  # term, grouped in the NIF: on a dirty scheduler past about a millisecond,
+  # at once past @normal_records records (a normal-scheduler call would
+  # spend its budget before answering :dirty).
+  defp group([], _records), do: []
+
+  defp group(flat, records) do
+    if records > @normal_records do
+      Native.index_group_dirty(flat)
+    else
+      case Native.index_group(flat) do
+        :dirty -> Native.index_group_dirty(flat)
+        ops -> ops
+      end
+    end
+    |> case do
+      ops when is_list(ops) -> ops
+      {:error, reason} -> raise "Larder.Table: the NIF refused a build's terms (#{reason})"
+    end
+  end
+
+  # Prepends the terms of `record` to `flat`.
+  defp push_entries([{name, {:field, field}} | rest], record, flat) do
+    case record do
+      %{^field => value} -> push_entries(rest, record, [{name, value} | flat])
+      _ -> push_entries(rest, record, flat)
+    end
+  end
+
+  defp push_entries([{name, fun} | rest], record, flat) do
+    flat =
+      case fun.(record) do
+        values when is_list(values) -> push_values(name, values, values, flat)
+        value -> [{name, value} | flat]
       end
 
-    ops = for term <- terms, do: {:add, term, :erlang.erase({tag, term})}
-    {rows, ops, keyed, span}
+    push_entries(rest, record, flat)
   end
 
-  defp gather_entries([{name, {:field, field}} | rest], record, id, tag, seen) do
-    case record do
-      %{^field => value} ->
-        gather_entries(rest, record, id, tag, gather_one({name, value}, id, tag, seen))
+  defp push_entries([], _record, flat), do: flat
 
-      _ ->
-        gather_entries(rest, record, id, tag, seen)
-    end
-  end
+  defp push_values(name, [value | rest], all, flat),
+    do: push_values(name, rest, all, [{name, value} | flat])
 
-  defp gather_entries([entry | rest], record, id, tag, seen),
-    do: gather_entries(rest, record, id, tag, gather(entry_terms(entry, record), id, tag, seen))
-
-  defp gather_entries([], _record, _id, _tag, seen), do: seen
-
-  # Adds `id` to the ids of each of `terms`; returns `seen` with the terms
-  # not seen before.
-  defp gather([term | rest], id, tag, seen),
-    do: gather(rest, id, tag, gather_one(term, id, tag, seen))
-
-  defp gather([], _id, _tag, seen), do: seen
-
-  defp gather_one(term, id, tag, seen) do
-    key = {tag, term}
-
-    case :erlang.get(key) do
-      :undefined ->
-        :erlang.put(key, [id])
-        [term | seen]
-
-      ids ->
-        :erlang.put(key, [id | ids])
-        seen
-    end
-  end
+  defp push_values(_name, [], _all, flat), do: flat
+  defp push_values(name, _improper, all, _flat), do: improper!(name, all)
 
   defp widen(nil, id), do: {id, id}
   defp widen({low, high}, id) when id < low, do: {id, high}
@@ -118,7 +126,9 @@ defmodule Larder.Table.Records do
   defp tag(name, [value | rest], all), do: [{name, value} | tag(name, rest, all)]
   defp tag(_name, [], _all), do: []
 
-  defp tag(name, _improper, all) do
+  defp tag(name, _improper, all), do: improper!(name, all)
+
+  defp improper!(name, all) do
     raise ArgumentError,
           "the index function of #{inspect(name)} returned an improper list: " <>
             inspect(all, limit: 10)

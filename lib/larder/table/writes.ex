@@ -152,7 +152,7 @@ defmodule Larder.Table.Writes do
         {ops, now} =
           Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
             {fresh, now} =
-              Enum.reduce(ids, {[], now}, fn id, {fresh, now} ->
+              Enum.reduce(id_list(ids), {[], now}, fn id, {fresh, now} ->
                 case now do
                   %{^id => terms} -> {fresh, %{now | id => [term | terms]}}
                   _ -> {[id | fresh], now}
@@ -166,14 +166,24 @@ defmodule Larder.Table.Writes do
     end
   end
 
+  # The ids of an op from Records.write/2: a binary of little-endian u32s.
+  defp id_list(ids) when is_binary(ids), do: for(<<id::32-little <- ids>>, do: id)
+  defp id_list(ids), do: ids
+
   # Ops that turn `before` into `now` for `id`, prepended to `ops` (the
   # order of ops does not matter: each id appears once, and its adds and
   # removes are disjoint).
   defp diff([], now, id, ops), do: [{:add_terms, now, id} | ops]
 
   defp diff(before, now, id, ops) do
-    {before, now} = {Enum.uniq(before), Enum.uniq(now)}
-    [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
+    # A record whose terms did not change (a new price, say) needs no op;
+    # sorted lists that are identical (===) hold the same terms.
+    if :lists.sort(before) === :lists.sort(now) do
+      ops
+    else
+      {before, now} = {Enum.uniq(before), Enum.uniq(now)}
+      [{:add_terms, now -- before, id}, {:remove_terms, before -- now, id} | ops]
+    end
   end
 
   # The terms the index holds for `id`. With `:store` the row may lack what

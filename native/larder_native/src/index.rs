@@ -20,7 +20,7 @@ use crate::rev::{Change, Reverse};
 use crate::terms::KeyHasher;
 use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
-use rustler::{Decoder, Encoder, Env, NifResult, ResourceArc, Term};
+use rustler::{Binary, Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -278,12 +278,26 @@ struct Run {
     ids_by_key: HashMap<Vec<u8>, Vec<u32>, BuildHasherDefault<KeyHasher>>,
 }
 
-/// Decodes an id or a proper list of ids into `into`.
+/// Decodes an id, a proper list of ids or a binary of little-endian u32s
+/// (from `index_group`) into `into`.
 fn decode_ids(term: Term, into: &mut Vec<u32>, budget: &mut Budget) -> Result<(), NativeError> {
     into.clear();
     if let Ok(id) = term.decode::<u32>() {
         into.push(id);
         return budget.spend(1);
+    }
+    if let Ok(bytes) = term.decode::<Binary>() {
+        let bytes = bytes.as_slice();
+        if bytes.len() % 4 != 0 {
+            return Err(NativeError::BadIds);
+        }
+        budget.spend(bytes.len() as u64 / 4)?;
+        into.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|id| u32::from_le_bytes([id[0], id[1], id[2], id[3]])),
+        );
+        return Ok(());
     }
     let mut rest = term;
     while let Some(id) = next_cell(&mut rest) {

@@ -7,6 +7,7 @@ mod bag;
 mod budget;
 mod error;
 mod expr;
+mod group;
 mod index;
 mod key;
 mod posting;

@@ -180,36 +180,55 @@ defmodule PriceSearch.PriceStream do
   end
 
   @doc """
-  The lag of a replica following `stream` into `table`, sampled until
+  The lag of `replica` following `stream` into `table`, sampled until
   `deadline` (monotonic ms): every 5 ms a price change with a value no price
-  has is XADDed, then searched for (by its offering and spec, its value
-  checked) until found. Returns the lags in microseconds, each from before
-  the XADD to the search that found it.
+  has is XADDed, then waited for with `Larder.Replica.await/3` on its id
+  (a message from the replica, no polling) and searched for (by its
+  offering and spec, its value checked); a search that does not find it
+  yet (the replica has applied it, so it should) is retried every
+  millisecond. Returns the lags in microseconds, each from before the XADD
+  to the search that found it.
+
+  Run it in a process of its own with a small `prices` (a sample), as the
+  producer: a process that holds the whole catalogue takes a scheduler
+  for a fraction of a second at each of its garbage collections, which
+  the lag would then measure. `prices` must be prices that no producer
+  changes meanwhile (a later change would hide the marker's value).
   """
-  @spec marker_lags(pid(), String.t(), atom(), tuple(), integer()) :: [non_neg_integer()]
-  def marker_lags(client, stream, table, prices, deadline, acc \\ []) do
+  @spec marker_lags(pid(), String.t(), GenServer.server(), atom(), tuple(), integer()) ::
+          [non_neg_integer()]
+  def marker_lags(client, stream, replica, table, prices, deadline, acc \\ []) do
     if System.monotonic_time(:millisecond) >= deadline do
       acc
     else
       price = change(prices)
       marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
       started = System.monotonic_time(:microsecond)
-      add(client, stream, [marker])
-      spin(table, marker)
+      id = add(client, stream, [marker])
+      :ok = Larder.Replica.await(replica, id, 60_000)
+      visible(table, marker, started)
       lag = System.monotonic_time(:microsecond) - started
       Process.sleep(5)
-      marker_lags(client, stream, table, prices, deadline, [lag | acc])
+      marker_lags(client, stream, replica, table, prices, deadline, [lag | acc])
     end
   end
 
-  defp spin(table, marker) do
+  defp visible(table, marker, started) do
     found =
       Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
       |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
 
-    unless found do
-      :erlang.yield()
-      spin(table, marker)
+    cond do
+      found ->
+        :ok
+
+      System.monotonic_time(:microsecond) - started > 10_000_000 ->
+        raise "marker price #{marker.idx} applied but not found in a search after 10 s " <>
+                "(did a producer change the same price?)"
+
+      true ->
+        Process.sleep(1)
+        visible(table, marker, started)
     end
   end
 
