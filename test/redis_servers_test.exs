@@ -22,8 +22,8 @@ defmodule Larder.RedisServersTest do
 
     # a paused sentinel does not stop the others from answering
     [sentinel | _] = set.sentinels
-    :ok = RedisSentinel.pause(sentinel)
-    :ok = RedisSentinel.resume(sentinel)
+    :ok = RedisServer.pause(sentinel)
+    :ok = RedisServer.resume(sentinel)
 
     assert RedisSentinel.kill_master(set) == master
     new = RedisSentinel.wait_failover(set, master)

@@ -451,12 +451,7 @@ defmodule Larder.Bag do
       :ok
   """
   @spec drop(bag()) :: :ok
-  def drop(name) when Instance.name?(name) do
-    case Instance.lookup(__MODULE__, name) do
-      nil -> :ok
-      bag -> drop(bag)
-    end
-  end
+  def drop(name) when Instance.name?(name), do: Instance.drop_name(__MODULE__, name, &drop/1)
 
   def drop(bag) do
     case bag!(bag) do

@@ -328,19 +328,18 @@ defmodule Larder.Index do
   end
 
   defp fail!(:bad_expr, {:exprs, exprs}) do
-    raise ArgumentError,
-          "exprs must be a proper list of expressions, each combining terms with " <>
-            "{:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
-            inspect(exprs, limit: 20, printable_limit: 50)
+    bad!(
+      "exprs must be a proper list of expressions, each combining terms with " <>
+        "{:and, [expr]}, {:or, [expr]} and {:not, expr}, got: ",
+      exprs,
+      20
+    )
   end
 
   defp fail!(:too_deep, {:exprs, exprs}), do: fail!(:too_deep, exprs)
 
-  defp fail!(:too_deep, expr) do
-    raise ArgumentError,
-          "expr nests :and, :or and :not deeper than #{@max_depth} levels, got: " <>
-            inspect(expr, limit: 5, printable_limit: 50)
-  end
+  defp fail!(:too_deep, expr),
+    do: bad!("expr nests :and, :or and :not deeper than #{@max_depth} levels, got: ", expr, 5)
 
   defp fail!(:internal, _arg) do
     raise Larder.Error.new(:internal, "the index NIF could not rebuild a stored term")
@@ -350,21 +349,33 @@ defmodule Larder.Index do
     do: raise(ArgumentError, "id must be an integer in 0..4294967295, got: #{inspect(id)}")
 
   defp fail!(:bad_ids, ops) do
-    raise ArgumentError,
-          "ids must be an integer in 0..4294967295, a proper list of them " <>
-            "or a binary of 4-byte little-endian ones, in: " <>
-            inspect(ops, limit: 10, printable_limit: 50)
+    bad!(
+      "ids must be an integer in 0..4294967295, a proper list of them " <>
+        "or a binary of 4-byte little-endian ones, in: ",
+      ops,
+      10
+    )
   end
 
   defp fail!(:bad_op, ops) do
-    raise ArgumentError,
-          "ops must be a list of {:add | :remove, term, ids} or {:add_terms | :remove_terms, [term], ids}, got: " <>
-            inspect(ops, limit: 10, printable_limit: 50)
+    bad!(
+      "ops must be a list of {:add | :remove, term, ids} or " <>
+        "{:add_terms | :remove_terms, [term], ids}, got: ",
+      ops,
+      10
+    )
   end
 
   defp fail!(:bad_expr, expr) do
-    raise ArgumentError,
-          "expr must combine terms with {:and, [expr]}, {:or, [expr]} and {:not, expr}, got: " <>
-            inspect(expr, limit: 20, printable_limit: 50)
+    bad!(
+      "expr must combine terms with {:and, [expr]}, {:or, [expr]} and {:not, expr}, got: ",
+      expr,
+      20
+    )
   end
+
+  # The ArgumentError for a bad user term: `message` and the term, cut to
+  # `limit` elements and short strings.
+  defp bad!(message, term, limit),
+    do: raise(ArgumentError, message <> inspect(term, limit: limit, printable_limit: 50))
 end

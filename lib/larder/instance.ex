@@ -284,6 +284,19 @@ defmodule Larder.Instance do
     :exit, _gone -> :ok
   end
 
+  @doc """
+  Drops the structure published under `name` with `drop`, the kind's own
+  drop/1 on a handle. A name that holds nothing is taken as a structure
+  already dropped: `:ok`.
+  """
+  @spec drop_name(kind(), name(), (term() -> :ok)) :: :ok
+  def drop_name(kind, name, drop) do
+    case lookup(kind, name) do
+      nil -> :ok
+      handle -> drop.(handle)
+    end
+  end
+
   ## Telemetry
 
   @doc "Whether a structure created now with `telemetry: flag` emits events."

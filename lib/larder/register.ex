@@ -275,19 +275,14 @@ defmodule Larder.Register do
   itself, which returns `:ok` again, by handle or by name (a name that names
   no register is taken as one already dropped).
 
-      iex> reg = Larder.Register.new()
-      iex> Larder.Register.drop(reg)
+      iex> Larder.Register.new(name: :doc_drop_example)
+      iex> Larder.Register.drop(:doc_drop_example)
       :ok
-      iex> Larder.Register.drop(reg)
+      iex> Larder.Register.drop(:doc_drop_example)
       :ok
   """
   @spec drop(register()) :: :ok
-  def drop(name) when Instance.name?(name) do
-    case Instance.lookup(__MODULE__, name) do
-      nil -> :ok
-      reg -> drop(reg)
-    end
-  end
+  def drop(name) when Instance.name?(name), do: Instance.drop_name(__MODULE__, name, &drop/1)
 
   def drop(reg) do
     %__MODULE__{server: server, local: local} = resolve(reg)

@@ -814,12 +814,7 @@ defmodule Larder.Table do
     end
   end
 
-  def drop(name) when Instance.name?(name) do
-    case Instance.lookup(__MODULE__, name) do
-      %__MODULE__{} = table -> drop(table)
-      nil -> :ok
-    end
-  end
+  def drop(name) when Instance.name?(name), do: Instance.drop_name(__MODULE__, name, &drop/1)
 
   def drop(other), do: handle!(other)
 

@@ -216,15 +216,14 @@ defmodule Larder.BagBadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Bag
+  alias Larder.Test.BadCall
   alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
   @bang [:dump!, :load!]
+  @bad_handles [:deleted, :forged_ref, :foreign, :unknown_name]
 
   ## Generators
-
-  # PropEr's ?LET: a generator of fun.(value) for values of `gen`.
-  defp let(gen, fun), do: :proper_types.bind(gen, fun, false)
 
   defp hostile_gen do
     Hostile.term([
@@ -233,17 +232,6 @@ defmodule Larder.BagBadInputTest do
   end
 
   defp opts_gen do
-    key =
-      :proper_types.oneof([
-        :name,
-        :dedup,
-        :read_concurrency,
-        :write_concurrency,
-        :compressed,
-        :create_atoms,
-        :bogus
-      ])
-
     value =
       :proper_types.frequency([
         {3, :proper_types.oneof([true, false, :auto, nil, 0, -1, 2 ** 64, "x"])},
@@ -251,11 +239,11 @@ defmodule Larder.BagBadInputTest do
         {2, hostile_gen()}
       ])
 
-    :proper_types.frequency([
-      {4, :proper_types.list({key, value})},
-      {1, hostile_gen()},
-      {1, let(:proper_types.list({key, value}), &(&1 ++ :tail))}
-    ])
+    Hostile.options(
+      [:name, :dedup, :read_concurrency, :write_concurrency, :compressed, :create_atoms],
+      value,
+      hostile_gen()
+    )
   end
 
   # A hostile binary would be a real path (relative to the working
@@ -281,47 +269,33 @@ defmodule Larder.BagBadInputTest do
     ])
   end
 
-  defp handle_gen do
-    :proper_types.frequency([
-      {4, {:"$bag", :proper_types.oneof([:live, :named])}},
-      {2, {:"$bag", :proper_types.oneof([:deleted, :forged_ref, :foreign, :unknown_name])}},
-      {1, hostile_gen()}
-    ])
-  end
-
   defp call_gen do
-    h = handle_gen()
     t = hostile_gen()
+    h = Hostile.handle(:"$bag", @bad_handles, t)
 
-    :proper_types.oneof([
-      {:new, [opts_gen()]},
-      {:start_link, [opts_gen()]},
-      {:child_spec, [opts_gen()]},
-      {:insert, [h, t, t]},
-      {:insert_many,
-       [h, :proper_types.oneof([t, :proper_types.list({t, t}), :proper_types.list(t)])]},
-      {:delete, [h, t]},
-      {:delete, [h, t, t]},
-      # Never the bags under test: deleting them is legitimate.
-      {:drop,
-       [
-         :proper_types.oneof([
-           t,
-           {:"$bag", :proper_types.oneof([:deleted, :forged_ref, :foreign, :unknown_name])}
-         ])
-       ]},
-      {:lookup, [h, t]},
-      {:member?, [h, t, t]},
-      {:count, [h, t]},
-      {:size, [h]},
-      {:memory, [h]},
-      {:keys, [h]},
-      {:stream, [h]},
-      {:dump, [h, path_gen()]},
-      {:dump!, [h, path_gen()]},
-      {:load, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]},
-      {:load!, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]}
-    ])
+    :proper_types.oneof(
+      Hostile.creations(opts_gen()) ++
+        [
+          {:insert, [h, t, t]},
+          {:insert_many,
+           [h, :proper_types.oneof([t, :proper_types.list({t, t}), :proper_types.list(t)])]},
+          {:delete, [h, t]},
+          {:delete, [h, t, t]},
+          # Never the bags under test: deleting them is legitimate.
+          {:drop, [:proper_types.oneof([t, {:"$bag", :proper_types.oneof(@bad_handles)}])]},
+          {:lookup, [h, t]},
+          {:member?, [h, t, t]},
+          {:count, [h, t]},
+          {:size, [h]},
+          {:memory, [h]},
+          {:keys, [h]},
+          {:stream, [h]},
+          {:dump, [h, path_gen()]},
+          {:dump!, [h, path_gen()]},
+          {:load, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]},
+          {:load!, [:proper_types.oneof([path_gen(), file_gen()]), opts_gen()]}
+        ]
+    )
   end
 
   ## The property
@@ -340,16 +314,9 @@ defmodule Larder.BagBadInputTest do
     :ets.give_away(foreign, holder, nil)
 
     property =
-      :proper.forall(
+      PropEr.forall(
         {:proper_types.bool(), :proper_types.non_empty(:proper_types.list(call_gen()))},
-        fn {dedup, calls} ->
-          try do
-            run(calls, dedup, dir, foreign, context.test)
-          rescue
-            # PropEr 1.2 cannot report an exception on this OTP: return it.
-            e -> :proper.equals({:raised, e, __STACKTRACE__}, :ok)
-          end
-        end
+        fn {dedup, calls} -> run(calls, dedup, dir, foreign, context.test) end
       )
 
     PropEr.check(property, numtests: 300, max_size: 12)
@@ -399,25 +366,13 @@ defmodule Larder.BagBadInputTest do
   defp call({fun, args}, env) do
     args = fun |> path_position() |> confine(Enum.map(args, &resolve(&1, env)), env)
 
-    try do
-      apply(Bag, fun, args) |> force() |> check(fun)
-    rescue
-      # Ours name the argument; a BIF's bare badarg does not.
-      e in ArgumentError ->
-        message = Exception.message(e)
-
-        if message =~ ~r/^(errors were found at the given arguments|argument error)/,
-          do: [{fun, args_summary(args), :bare_badarg, message}],
-          else: []
-
-      e in Larder.Error ->
-        if fun in @bang, do: [], else: [{fun, :raised, e}]
-
-      e ->
-        [{fun, args_summary(args), e}]
-    catch
-      kind, reason -> [{fun, args_summary(args), kind, reason}]
-    end
+    BadCall.failures(
+      fun,
+      args,
+      fn -> apply(Bag, fun, args) |> force() |> check(fun) end,
+      # The bang functions raise a Larder.Error for a bad file.
+      &(fun in @bang and is_struct(&1, Larder.Error))
+    )
   end
 
   defp force(%Stream{} = stream), do: Enum.to_list(stream)
@@ -438,8 +393,6 @@ defmodule Larder.BagBadInputTest do
   # A taken name: GenServer's {:error, reason} with the ArgumentError.
   defp check({:error, %ArgumentError{}}, :start_link), do: []
   defp check(_result, _fun), do: []
-
-  defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
 
   # Hostile descriptors and the test's placeholders may sit anywhere in a
   # generated argument (pairs, options, lists).

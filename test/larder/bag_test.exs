@@ -263,8 +263,7 @@ defmodule Larder.BagTest do
         Enum.flat_map(model, fn {fp, n} -> List.duplicate(fp, n) end)
       )
 
-      assert Native.bag_fps_count(set) == 0
-      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(2))
+      assert_fps_emptied(set, 2)
     end
 
     test "one key with enough values to make its fingerprint table big (resized on a dirty scheduler)" do
@@ -303,8 +302,7 @@ defmodule Larder.BagTest do
             do: dirty.(&Native.bag_fps_remove/3, &Native.bag_fps_remove_dirty/3, v)
 
       assert {:dirty, :ok} in removes and Enum.all?(removes, &(&1 in [:ok, {:dirty, :ok}]))
-      assert Native.bag_fps_count(set) == 0
-      assert Native.bag_fps_memory(set) == Native.bag_fps_memory(Native.bag_fps_new(1))
+      assert_fps_emptied(set, 1)
     end
 
     test "memory/1 is the table's size in words and grows with the pairs" do
@@ -793,6 +791,15 @@ defmodule Larder.BagTest do
   end
 
   defp fingerprints(%Bag{fps: fps}), do: Larder.Native.bag_fps_count(fps)
+
+  # The fingerprint set of `shards` shards holds nothing and has shrunk back
+  # to a new one's memory.
+  defp assert_fps_emptied(set, shards) do
+    assert Larder.Native.bag_fps_count(set) == 0
+
+    assert Larder.Native.bag_fps_memory(set) ==
+             Larder.Native.bag_fps_memory(Larder.Native.bag_fps_new(shards))
+  end
 
   defp read_until_done(bag, writer, acc) do
     acc = [Bag.count(bag, :k), length(Bag.lookup(bag, :k)) | acc]

@@ -180,7 +180,7 @@ defmodule Larder.InstanceTest do
         assert_receive {:DOWN, ^ref, _, _, :killed}
 
         # Register and Table owners see the caller's death a moment later.
-        eventually(fn -> raises?(fn -> kind.size(handle) end) end)
+        eventually(fn -> raises_argument_error?(fn -> kind.size(handle) end) end)
         assert_raise ArgumentError, unknown(kind, name), fn -> kind.size(handle) end
         eventually(fn -> not taken?(fn -> kind.new(opts) end) end)
         assert kind.size(name) == 0
@@ -200,7 +200,7 @@ defmodule Larder.InstanceTest do
         match?([{_, new, _, _}] when is_pid(new) and new != pid, Supervisor.which_children(sup))
       end)
 
-      eventually(fn -> not raises?(fn -> Replica.offset(name) end) end)
+      eventually(fn -> not raises_argument_error?(fn -> Replica.offset(name) end) end)
       [{_, pid, _, _}] = Supervisor.which_children(sup)
       ref = Process.monitor(pid)
       assert Replica.drop(name) == :ok
@@ -216,12 +216,5 @@ defmodule Larder.InstanceTest do
       assert Replica.drop(self()) == :ok
       refute_received _
     end
-  end
-
-  defp raises?(fun) do
-    fun.()
-    false
-  rescue
-    ArgumentError -> true
   end
 end

@@ -1004,11 +1004,4 @@ defmodule Larder.RegisterTest do
       raise_max(seen, value)
     end
   end
-
-  defp raises_argument_error?(fun) do
-    fun.()
-    false
-  rescue
-    ArgumentError -> true
-  end
 end

@@ -22,4 +22,30 @@ defmodule Larder.Test.BadCall do
     result ->
       result
   end
+
+  @doc """
+  The failures of one call to `fun` with `args`, for a property that
+  collects them: `call` makes the call and returns the failures it sees in
+  the result (a list). What it raises or throws is a failure too, except an
+  `ArgumentError` of ours (one that names the argument, where a BIF's bare
+  badarg does not) and an exception `allowed?` accepts.
+  """
+  @spec failures(atom(), list(), (() -> list()), (Exception.t() -> boolean())) :: list()
+  def failures(fun, args, call, allowed? \\ fn _ -> false end) do
+    call.()
+  rescue
+    e in ArgumentError ->
+      message = Exception.message(e)
+
+      if message =~ ~r/^(errors were found at the given arguments|argument error)/,
+        do: [{fun, summary(args), :bare_badarg, message}],
+        else: []
+
+    e ->
+      if allowed?.(e), do: [], else: [{fun, summary(args), e}]
+  catch
+    kind, reason -> [{fun, summary(args), kind, reason}]
+  end
+
+  defp summary(args), do: inspect(args, limit: 5, printable_limit: 50)
 end

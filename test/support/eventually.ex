@@ -19,4 +19,15 @@ defmodule Larder.Test.Eventually do
         eventually(fun, tries - 1, sleep_ms)
     end
   end
+
+  @doc """
+  Whether `fun` raises an `ArgumentError`: the condition to poll for a
+  structure that another process is taking down (or bringing back).
+  """
+  def raises_argument_error?(fun) do
+    fun.()
+    false
+  rescue
+    ArgumentError -> true
+  end
 end

@@ -32,6 +32,44 @@ defmodule Larder.Test.Hostile do
     )
   end
 
+  @doc """
+  Option lists for a function whose options are `keys`: mostly proper lists
+  of `{key, value}` pairs, each key one of `keys` or `:bogus` (an unknown
+  one), each value from `value`; sometimes `term` (a hostile term) instead
+  of a list; sometimes such a list with an improper tail.
+  """
+  @spec options([atom()], gen(), gen()) :: gen()
+  def options(keys, value, term) do
+    pairs = :proper_types.list({:proper_types.oneof(keys ++ [:bogus]), value})
+
+    :proper_types.frequency([
+      {4, pairs},
+      {1, term},
+      {1, :proper_types.bind(pairs, &(&1 ++ :tail), false)}
+    ])
+  end
+
+  @doc """
+  Handles to call with, as the test's placeholders `{tag, which}`: mostly
+  its live structures (`which` is `:live` or `:named`), sometimes one of its
+  `bad` ones (dropped, forged, unknown names...), sometimes `term`.
+  """
+  @spec handle(atom(), [atom()], gen()) :: gen()
+  def handle(tag, bad, term) do
+    :proper_types.frequency([
+      {4, {tag, :proper_types.oneof([:live, :named])}},
+      {2, {tag, :proper_types.oneof(bad)}},
+      {1, term}
+    ])
+  end
+
+  @doc """
+  The calls that create a structure, each with an option list from `opts`:
+  `new/1`, `start_link/1` and `child_spec/1`, as `{fun, args}`.
+  """
+  @spec creations(gen()) :: [{atom(), [gen()]}]
+  def creations(opts), do: [{:new, [opts]}, {:start_link, [opts]}, {:child_spec, [opts]}]
+
   @doc "Lists, tuples and maps nested up to 100,000 deep (a descriptor)."
   @spec deep() :: gen()
   def deep do

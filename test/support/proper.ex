@@ -35,6 +35,21 @@ defmodule Larder.Test.PropEr do
     end
   end
 
+  @doc """
+  `:proper.forall(gen, fun)`, where an exception raised by `fun` fails the
+  property with `{:raised, exception, stacktrace}` as its result (PropEr
+  cannot report an exception itself on this OTP).
+  """
+  def forall(gen, fun) do
+    :proper.forall(gen, fn value ->
+      try do
+        fun.(value)
+      rescue
+        e -> :proper.equals({:raised, e, __STACKTRACE__}, :ok)
+      end
+    end)
+  end
+
   defp default_numtests do
     case System.get_env("PROPER_NUMTESTS") do
       nil -> 100

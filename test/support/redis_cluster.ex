@@ -174,14 +174,8 @@ defmodule Larder.Support.RedisCluster do
     |> Enum.sum()
   end
 
-  @doc "Kills a node at once (SIGKILL)."
-  defdelegate kill(node), to: RedisServer
-
-  @doc "Pauses a node (SIGSTOP)."
-  defdelegate pause(node), to: RedisServer
-
-  @doc "Resumes a paused node (SIGCONT)."
-  defdelegate resume(node), to: RedisServer
+  # A node is killed, paused and resumed with RedisServer.kill/1, pause/1
+  # and resume/1: it is a %RedisServer{}.
 
   @doc "Kills every node and removes their dirs."
   def stop(%__MODULE__{nodes: nodes}) do

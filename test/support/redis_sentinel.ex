@@ -92,14 +92,9 @@ defmodule Larder.Support.RedisSentinel do
   sentinels. Returns the master.
   """
   def wait_agreed(%__MODULE__{} = set, timeout \\ 30_000) do
-    RedisServer.wait_until(timeout, "the sentinels to agree", fn ->
-      with %RedisServer{} = master <- master(set),
-           "master" <- RedisCluster.role(master),
-           true <- Enum.all?(live(set.sentinels), &settled?(&1, set.name)) do
-        master
-      else
-        _ -> nil
-      end
+    wait_master(set, timeout, "the sentinels to agree", fn master ->
+      RedisCluster.role(master) == "master" and
+        Enum.all?(live(set.sentinels), &settled?(&1, set.name))
     end)
   end
 
@@ -118,24 +113,25 @@ defmodule Larder.Support.RedisSentinel do
   node) and that node says master. Returns the new master.
   """
   def wait_failover(%__MODULE__{} = set, %RedisServer{port: old_port}, timeout \\ 30_000) do
-    RedisServer.wait_until(timeout, "a failover", fn ->
-      with %RedisServer{port: port} = master when port != old_port <- master(set),
-           "master" <- RedisCluster.role(master) do
-        master
-      else
-        _ -> nil
+    wait_master(set, timeout, "a failover", fn %RedisServer{port: port} = master ->
+      port != old_port and RedisCluster.role(master) == "master"
+    end)
+  end
+
+  # Waits until the sentinels name a master and `fit?` holds for it (it is
+  # checked with the sentinels' answer in hand, so it may query the node).
+  # Returns the master.
+  defp wait_master(set, timeout, what, fit?) do
+    RedisServer.wait_until(timeout, what, fn ->
+      case master(set) do
+        %RedisServer{} = master -> if fit?.(master), do: master
+        _none -> nil
       end
     end)
   end
 
-  @doc "Pauses a node, data or sentinel (SIGSTOP)."
-  defdelegate pause(node), to: RedisServer
-
-  @doc "Resumes a paused node (SIGCONT)."
-  defdelegate resume(node), to: RedisServer
-
-  @doc "Kills a node (SIGKILL)."
-  defdelegate kill(node), to: RedisServer
+  # A node, data or sentinel, is killed, paused and resumed with
+  # RedisServer.kill/1, pause/1 and resume/1: it is a %RedisServer{}.
 
   @doc "Kills every process and removes their dirs."
   def stop(%__MODULE__{data: data, sentinels: sentinels}) do

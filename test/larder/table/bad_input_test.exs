@@ -7,10 +7,12 @@ defmodule Larder.Table.BadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Table
+  alias Larder.Test.BadCall
   alias Larder.Test.Hostile
   alias Larder.Test.PropEr
 
   @seeds 10
+  @bad_handles [:dropped, :forged, :unknown_name]
 
   ## Generators
 
@@ -48,8 +50,6 @@ defmodule Larder.Table.BadInputTest do
   end
 
   defp opts_gen do
-    key = :proper_types.oneof([:key, :index, :store, :name, :bogus])
-
     entry =
       :proper_types.oneof([:a, :b, :and, {:a, &Function.identity/1}, {:f, :x}, hostile_gen()])
 
@@ -61,11 +61,7 @@ defmodule Larder.Table.BadInputTest do
         {2, hostile_gen()}
       ])
 
-    :proper_types.frequency([
-      {4, :proper_types.list({key, value})},
-      {1, hostile_gen()},
-      {1, let(:proper_types.list({key, value}), &(&1 ++ :tail))}
-    ])
+    Hostile.options([:key, :index, :store, :name], value, hostile_gen())
   end
 
   defp fun_gen do
@@ -80,49 +76,36 @@ defmodule Larder.Table.BadInputTest do
     ])
   end
 
-  defp handle_gen do
-    :proper_types.frequency([
-      {4, {:"$table", :proper_types.oneof([:live, :named])}},
-      {2, {:"$table", :proper_types.oneof([:dropped, :forged, :unknown_name])}},
-      {1, hostile_gen()}
-    ])
-  end
-
   defp call_gen do
-    h = handle_gen()
     t = hostile_gen()
+    h = Hostile.handle(:"$table", @bad_handles, t)
 
-    :proper_types.oneof([
-      {:new, [opts_gen()]},
-      {:start_link, [opts_gen()]},
-      {:child_spec, [opts_gen()]},
-      {:insert, [h, record_gen()]},
-      {:insert_many,
-       [h, :proper_types.oneof([t, :proper_types.list(record_gen()), Hostile.improper()])]},
-      {:merge, [h, t, :proper_types.oneof([t, let(t, &%{a: &1}), let(t, &%{id: &1})])]},
-      {:update, [h, t, :proper_types.oneof([t, record_gen()]), fun_gen()]},
-      # A default that fits its key, so that the function runs once it exists.
-      {:update, let({h, t, fun_gen()}, fn {h, k, f} -> [h, k, %{id: k, a: 1, tags: []}, f] end)},
-      {:delete, [h, t]},
-      {:get, [h, t]},
-      {:get, [h, t, t]},
-      {:search, [h, conditions_gen()]},
-      {:search_keys, [h, conditions_gen()]},
-      {:count, [h, conditions_gen()]},
-      {:search_many,
-       [h, :proper_types.oneof([t, :proper_types.list(conditions_gen()), Hostile.improper()])]},
-      {:stream, [h]},
-      {:size, [h]},
-      {:memory, [h]},
-      # Never the tables under test: dropping them is legitimate.
-      {:drop,
-       [
-         :proper_types.oneof([
-           t,
-           {:"$table", :proper_types.oneof([:dropped, :forged, :unknown_name])}
-         ])
-       ]}
-    ])
+    :proper_types.oneof(
+      Hostile.creations(opts_gen()) ++
+        [
+          {:insert, [h, record_gen()]},
+          {:insert_many,
+           [h, :proper_types.oneof([t, :proper_types.list(record_gen()), Hostile.improper()])]},
+          {:merge, [h, t, :proper_types.oneof([t, let(t, &%{a: &1}), let(t, &%{id: &1})])]},
+          {:update, [h, t, :proper_types.oneof([t, record_gen()]), fun_gen()]},
+          # A default that fits its key, so that the function runs once it exists.
+          {:update,
+           let({h, t, fun_gen()}, fn {h, k, f} -> [h, k, %{id: k, a: 1, tags: []}, f] end)},
+          {:delete, [h, t]},
+          {:get, [h, t]},
+          {:get, [h, t, t]},
+          {:search, [h, conditions_gen()]},
+          {:search_keys, [h, conditions_gen()]},
+          {:count, [h, conditions_gen()]},
+          {:search_many,
+           [h, :proper_types.oneof([t, :proper_types.list(conditions_gen()), Hostile.improper()])]},
+          {:stream, [h]},
+          {:size, [h]},
+          {:memory, [h]},
+          # Never the tables under test: dropping them is legitimate.
+          {:drop, [:proper_types.oneof([t, {:"$table", :proper_types.oneof(@bad_handles)}])]}
+        ]
+    )
   end
 
   ## The property
@@ -133,17 +116,10 @@ defmodule Larder.Table.BadInputTest do
     Process.flag(:trap_exit, true)
 
     property =
-      :proper.forall(
+      PropEr.forall(
         {:proper_types.oneof([nil, [:a, :tags]]),
          :proper_types.non_empty(:proper_types.list(call_gen()))},
-        fn {store, calls} ->
-          try do
-            run(calls, store, context.test)
-          rescue
-            # PropEr cannot report an exception on this OTP: return it.
-            e -> :proper.equals({:raised, e, __STACKTRACE__}, :ok)
-          end
-        end
+        fn {store, calls} -> run(calls, store, context.test) end
       )
 
     PropEr.check(property, numtests: 150, max_size: 10)
@@ -204,22 +180,7 @@ defmodule Larder.Table.BadInputTest do
   defp call({fun, args}, env) do
     args = Enum.map(args, &resolve(&1, env))
 
-    try do
-      apply(Table, fun, args) |> force(fun) |> check(fun)
-    rescue
-      # Ours name the argument; a BIF's bare badarg does not.
-      e in ArgumentError ->
-        message = Exception.message(e)
-
-        if message =~ ~r/^(errors were found at the given arguments|argument error)/,
-          do: [{fun, args_summary(args), :bare_badarg, message}],
-          else: []
-
-      e ->
-        [{fun, args_summary(args), e}]
-    catch
-      kind, reason -> [{fun, args_summary(args), kind, reason}]
-    end
+    BadCall.failures(fun, args, fn -> apply(Table, fun, args) |> force(fun) |> check(fun) end)
   end
 
   # Only stream/1 returns a lazy result to run.
@@ -239,8 +200,6 @@ defmodule Larder.Table.BadInputTest do
   defp check({:error, %ArgumentError{}}, :start_link), do: []
   defp check({:error, other}, fun), do: [{fun, :error, other}]
   defp check(_result, _fun), do: []
-
-  defp args_summary(args), do: inspect(args, limit: 5, printable_limit: 50)
 
   # Hostile descriptors and the test's placeholders may sit anywhere in a
   # generated argument (records, conditions, options).
