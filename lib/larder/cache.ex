@@ -370,7 +370,7 @@ defmodule Larder.Cache do
       name and the expiry check around the same ETS read.
     * An L1 hit of a large term (60k maps, 8.75 MB) costs what a raw ETS
       lookup of the term costs, since the copy out of ETS is the floor:
-      6-10x faster than a Redis `GET` plus `binary_to_term/2`.
+      6-12x faster than a Redis `GET` plus `binary_to_term/2`.
     * A repeat hit of a large value by the same process reads a small row
       and copies nothing: thousands of times faster than the Redis read
       (the bench prints the ratio; `:local_copy_min_bytes` decides which

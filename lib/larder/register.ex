@@ -159,10 +159,10 @@ defmodule Larder.Register do
       faster than `:ets.lookup/2`, and no garbage collection over 100,000
       reads with a 10k-word heap, where the ETS reads collect about 1,800
       times: the copy is returned as is, so nothing is copied.
-    * Read-mostly workloads are faster than ETS: 90% get / 10% put 1.7-3x
-      (one hot key, or 16 keys), 99/1 3.5-4.5x.
+    * Read-mostly workloads are faster than ETS: 90% get / 10% put 1.3-3x
+      (one hot key, or 16 keys), 99/1 3-4.7x.
     * Write-heavy workloads spread over many keys are slower than ETS:
-      16 keys at 50/50 about 0.8x. Each write takes its slot's lock and
+      16 keys at 50/50 0.55-0.85x. Each write takes its slot's lock and
       bumps its counter besides the ETS insert.
     * Writers of one slot take turns on a spin-then-yield lock, so a writer
       whose scheduler thread the operating system deschedules while it

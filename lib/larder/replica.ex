@@ -163,7 +163,7 @@ defmodule Larder.Replica do
   `Larder.Table.insert_many/2` of the same records in the same run, a
   restart from a snapshot plus 10,000 new entries to `await(:latest)`, and
   the lag from `XADD` to a search under a producer of 10,000 entries/s;
-  the README has the table of a full run. Catch-up costs about 1.7x
+  the README has the table of a full run. Catch-up costs about 1.7-2.1x
   `insert_many/2` of the same records: the stream's replies are read and
   parsed, and `apply` runs once per entry, besides the same Table writes.
   A restart costs `load/2` of the snapshot plus the entries after it; the

@@ -173,13 +173,14 @@ defmodule Larder.Table do
       and looks up the one matching row: 50x or more faster than the map
       index's scan of the offering's 9,744 prices. Its tail stays within
       about 2x of its median.
-    * `search_many/2` of 1,000 searches costs about 1.6x a single search
-      per search: each answer is a list built for the caller.
+    * `search_many/2` of 1,000 searches costs 0.85-1.2x a single search
+      per search: each answer is a list built for the caller, and the
+      calls into the NIF are amortised.
     * With `store:` four fields, the table (ETS and the NIF, the
       id-to-terms map included) takes about what the map index's heap
       takes, and a quarter of a table of full records. Full records cost
-      about 1.1x per search and 1.3x per build.
-    * `load/2` of a snapshot of that catalogue takes about 0.2x of
+      about 1.1x per search and 1.5x per build.
+    * `load/2` of a snapshot of that catalogue takes about 0.35x of
       rebuilding it with `insert_many/2`: measured by `make bench-startup`
       (`examples/price_search/bench/startup_bench.exs`), in the same run.
   """
