@@ -47,6 +47,14 @@ defmodule Demo.Replica do
     pid
   end
 
+  # A node started on the stream (and its snapshot, if any), once it has
+  # applied everything the stream held when it asked.
+  defp ready!(redis, dir) do
+    pid = start!(opts(redis, dir))
+    :ok = Replica.await(pid, :latest, :infinity)
+    pid
+  end
+
   defp ms(us), do: "#{round(us / 1_000)} ms"
   defp rate(n, us), do: "#{round(n * 1_000_000 / max(us, 1))} entries/s"
 
@@ -62,12 +70,7 @@ defmodule Demo.Replica do
     )
 
     # A fresh node: from zero to await(:latest).
-    {us, pid} =
-      :timer.tc(fn ->
-        pid = start!(opts(redis, dir))
-        :ok = Replica.await(pid, :latest, :infinity)
-        pid
-      end)
+    {us, pid} = :timer.tc(fn -> ready!(redis, dir) end)
 
     IO.puts(
       "fresh node caught up from zero: #{Table.size(:demo_prices)} prices in #{ms(us)} (#{rate(n, us)})"
@@ -90,12 +93,7 @@ defmodule Demo.Replica do
     table = List.to_tuple(prices)
     PriceStream.add(client, @stream, for(_ <- 1..10_000, do: PriceStream.change(table)))
 
-    {us, pid} =
-      :timer.tc(fn ->
-        pid = start!(opts(redis, dir))
-        :ok = Replica.await(pid, :latest, :infinity)
-        pid
-      end)
+    {us, pid} = :timer.tc(fn -> ready!(redis, dir) end)
 
     IO.puts("restarted node: snapshot loaded and 10,000 new entries applied, ready in #{ms(us)}")
 
