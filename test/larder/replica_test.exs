@@ -279,6 +279,170 @@ defmodule Larder.ReplicaTest do
     end
   end
 
+  describe "a log that went backwards" do
+    # 1000-1 .. 1000-100 applied, then the stream deleted and written again
+    # with lower ids: below the replica's offset, where no new entry wakes
+    # its blocked XREAD.
+    setup ctx do
+      Log.add_at(ctx.redis, ctx.stream, for(k <- 1..100, do: {"1000-#{k}", {:put, k, k}}))
+      forward(ctx, [[:larder, :replica, :trimmed]])
+      :ok
+    end
+
+    defp follow(ctx, extra) do
+      replica =
+        start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, extra))
+
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert Replica.offset(replica) == "1000-100"
+      await_blocked(ctx.redis)
+      replica
+    end
+
+    defp rewrite(ctx, pairs) do
+      {:ok, _} = Log.command(ctx.redis, ["DEL", ctx.stream])
+      Log.add_at(ctx.redis, ctx.stream, pairs)
+    end
+
+    test "is a trim: on_trimmed: :stop stops with :offset_trimmed, and await(:latest) gets it",
+         ctx do
+      Process.flag(:trap_exit, true)
+      replica = follow(ctx, block_ms: 2_000)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+
+      assert {:error, %Larder.Error{reason: :offset_trimmed}} =
+               Replica.await(replica, :latest, 20_000)
+
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1},
+                      %{action: :stop, offset: "1000-100"}}
+
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}}
+    end
+
+    test "is a trim: on_trimmed: :rebuild rebuilds from the log, and await(:latest) waits for it",
+         ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "5-10"
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, 9999})
+
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1},
+                      %{action: :rebuild, resume_after: "0-0"}}
+    end
+
+    test "a log that lost its last entries (a failover) is rebuilt the same way", ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      # the same first 90 entries, the last 10 lost
+      rewrite(ctx, for(k <- 1..90, do: {"1000-#{k}", {:put, k, k}}))
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "1000-90"
+      assert Log.contents(name(ctx, "t")) == Map.new(1..90, &{&1, &1})
+      assert_receive {:event, [:larder, :replica, :trimmed], _, %{action: :rebuild}}
+    end
+
+    test "a replica restarted from a snapshot above the log sees it at its first read", ctx do
+      Process.flag(:trap_exit, true)
+      path = Path.join(ctx.dir, "back.snap")
+      replica = follow(ctx, snapshot: path)
+      :ok = GenServer.stop(replica)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+
+      replica =
+        start!(
+          Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, snapshot: path)
+        )
+
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}},
+                     10_000
+    end
+  end
+
+  describe "an arity-2 apply stuck on an entry" do
+    # The apply blocks for good on the entry of key 2, inside the replica's
+    # process: calls that only read or wait must still answer.
+    setup ctx do
+      Process.flag(:trap_exit, true)
+      me = self()
+      [first, _] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}, {:put, 2, 2}])
+
+      apply = fn
+        %{"k" => "2"}, _into ->
+          send(me, {:stuck, self()})
+          Process.sleep(:infinity)
+
+        fields, into ->
+          Log.apply_entry(fields, into)
+      end
+
+      path = Path.join(ctx.dir, "stuck.snap")
+
+      opts =
+        Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream,
+          apply: apply,
+          batch_size: 1,
+          snapshot: path,
+          snapshot_every: 86_400_000
+        )
+
+      %{opts: opts, first: first, path: path}
+    end
+
+    # The call's result, or :hung when it has not answered in 20 s.
+    defp answer(fun) do
+      task = Task.async(fun)
+
+      case Task.yield(task, 20_000) || Task.shutdown(task, :brutal_kill) do
+        {:ok, result} -> result
+        _ -> :hung
+      end
+    end
+
+    test "await/3 answers by its timeout, offset/1 and target/1 at once", ctx do
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, ^replica}, 10_000
+
+      assert answer(fn -> Replica.offset(replica) end) == ctx.first
+      assert %Table{} = answer(fn -> Replica.target(replica) end)
+      assert answer(fn -> Replica.await(replica, ctx.first, 1_000) end) == :ok
+
+      assert {:error, %Larder.Error{reason: :timeout}} =
+               answer(fn -> Replica.await(replica, :latest, 1_000) end)
+
+      # in the caller's own process: a late answer would not reach it
+      assert {:error, %Larder.Error{reason: :timeout}} =
+               Replica.await(name(ctx, "r"), "99999999999999-0", 300)
+
+      refute_receive {_ref, :ok}, 500
+    end
+
+    test "drop/1 kills it: no snapshot, and the name is free again", ctx do
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, ^replica}, 10_000
+      assert answer(fn -> Replica.drop(replica) end) == :ok
+      assert_received {:EXIT, ^replica, :killed}
+      refute Process.alive?(replica)
+      refute File.exists?(ctx.path)
+      assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn -> Replica.offset(replica) end
+
+      # a new replica of the same name and structure starts (and gets stuck)
+      again = start!(ctx.opts)
+      assert_receive {:stuck, ^again}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+    end
+
+    test "drop/1 of a supervised one kills it and it stays dropped", ctx do
+      {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
+      on_exit(fn -> Process.exit(sup, :kill) end)
+      assert_receive {:stuck, replica}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      refute Process.alive?(replica)
+      assert [{{Replica, _}, :undefined, :worker, _}] = Supervisor.which_children(sup)
+      refute_receive {:stuck, _}, 500
+      assert Replica.drop(name(ctx, "r")) == :ok
+    end
+  end
+
   describe "a poisoned entry" do
     setup ctx do
       [_, _, poison, _, _] =

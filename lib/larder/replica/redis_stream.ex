@@ -53,7 +53,15 @@ defmodule Larder.Replica.RedisStream do
       reverse). `resume_after` is the id just before the first entry;
     * the stream is empty and its last generated id is above the replica's;
     * reading from the beginning (`"0-0"`), the stream has added more
-      entries than it holds (`entries-added`, Redis 7).
+      entries than it holds (`entries-added`, Redis 7);
+    * the stream went backwards: its last generated id is below the
+      replica's (deleted and written again with lower ids, or a failover
+      that lost entries the replica had read). `resume_after` is then where
+      a read from the beginning starts: `"0-0"`, or the id before the
+      first entry if the stream also lost its first entries. Since a wait
+      (`XREAD ... BLOCK`) is not woken by entries below its id, this is
+      seen by the atomic read that follows a wait that timed out, within
+      one block time.
 
   A stream that does not exist is empty; if the replica's id is above
   `"0-0"` it was deleted, which is reported as trimmed after `"0-0"`. An
@@ -383,15 +391,33 @@ defmodule Larder.Replica.RedisStream do
     end
   end
 
+  # A stream whose last generated id is below ours went backwards (deleted
+  # and written again, or a failover that lost entries we read): what we
+  # applied is not the log any more, so it is a trim, to be rebuilt from
+  # what the stream holds, as a read from the beginning would.
+  defp trim_check(%{last: last} = info, after_id) do
+    if compare(last, after_id) == :lt,
+      do: {:trimmed, from_origin(info)},
+      else: trim_check_forward(info, after_id)
+  end
+
   # An empty stream whose last id is above ours: its entries after ours went.
-  defp trim_check(%{first: nil, last: last}, after_id) do
+  defp trim_check_forward(%{first: nil, last: last}, after_id) do
     if compare(last, after_id) == :gt, do: {:trimmed, last}, else: :ok
   end
 
-  defp trim_check(%{first: first}, after_id) do
+  defp trim_check_forward(%{first: first}, after_id) do
     if compare(first, after_id) == :gt and first != successor(after_id),
       do: {:trimmed, predecessor(first)},
       else: :ok
+  end
+
+  # Where a rebuild reads from: the beginning, or after what was trimmed.
+  defp from_origin(info) do
+    case trim_check(info, "0-0") do
+      :ok -> "0-0"
+      {:trimmed, resume_after} -> resume_after
+    end
   end
 
   defp successor(id) do
