@@ -101,6 +101,13 @@ defmodule Larder.Instance do
     end
   end
 
+  @doc "Lets go of `owner`'s claim on `name` (one that publishes no handle)."
+  @spec unclaim(kind(), term(), pid()) :: :ok
+  def unclaim(kind, name, owner) do
+    :ets.delete_object(@table, {{kind, name}, owner})
+    :ok
+  end
+
   @doc "Publishes the handle of the structure that holds `name`'s claim."
   @spec publish(kind(), name() | nil, term()) :: :ok
   def publish(_kind, nil, _handle), do: :ok

@@ -99,11 +99,38 @@ defmodule Larder.Replica do
   names another. The replica's process applies nothing while it dumps, so
   the dump and the id are one consistent cut.
 
+  One replica per snapshot path: its sweep deletes every dump of the path
+  but its own. A replica claims its path at start, before it reads the
+  snapshot, in two ways: in the VM (so a second replica there is refused
+  and named), and on the host with a kernel lock (`flock(2)`) on the file
+  `<snapshot>.lock`, which it holds open until it stops. A second replica
+  on a path in use, in this VM or in another OS process, is refused:
+  `start_link/1` returns `{:error, %Larder.Error{reason:
+  :snapshot_in_use}}`, whose details name the path and the holder
+  (`:holder`, its pid, in this VM; `:holder_os_pid` for another process).
+  The kernel drops the lock when the holder's file is closed: when the
+  replica stops, when its process exits (killed or not), and when its VM
+  dies, even by SIGKILL. So a lock is never left behind by a dead holder: a
+  restarted service takes its path at once, however its predecessor died.
+  A killed replica's lock goes as its process exits, which may be just
+  after its supervisor restarts it: a start that finds the path locked
+  tries again for up to 2 s before it refuses. The `.lock` file names
+  its holder's OS pid; a clean stop deletes it, a killed holder leaves it
+  for the next one to lock again (a lock counts only on the file that is
+  at the path, so a file deleted under a starter is not taken for the
+  lock). Where the lock file cannot be
+  opened at all (a read-only directory that has none), the path is
+  claimed in the VM only, with a warning. Paths are compared as given
+  (expanded): two paths to one file through a link are the same file to
+  the kernel's lock, not to the VM's claim.
+
   At start, a snapshot of another log or another structure is refused:
   `start_link/1` returns `{:error, %Larder.Error{reason:
   :snapshot_mismatch}}`, and a Table dump of another definition `{:error,
   %Larder.Error{reason: :definition_mismatch}}`; a damaged one `{:error,
-  %Larder.Error{reason: :corrupt_snapshot}}`. The replica does not start
+  %Larder.Error{reason: :corrupt_snapshot}}`; one whose manifest or dump
+  cannot be read (removed, or the disk refuses) `{:error,
+  %Larder.Error{reason: :file_error}}`. The replica does not start
   from zero on its own when its snapshot is bad: remove the file to do so.
 
   ## Complexity
@@ -230,7 +257,10 @@ defmodule Larder.Replica do
 
   @doc """
   Starts a replica linked to the caller (see "Options"). Returns `{:error,
-  %Larder.Error{}}` when its snapshot is refused (see "Snapshots").
+  %Larder.Error{}}` when its snapshot path is in use by another replica
+  (`:snapshot_in_use`) or its snapshot is refused (`:snapshot_mismatch`,
+  `:definition_mismatch`, `:corrupt_snapshot`, or `:file_error` when the
+  dump the manifest names cannot be read); see "Snapshots".
   """
   @spec start_link(keyword()) :: GenServer.on_start() | {:error, Larder.Error.t()}
   def start_link(opts) do

@@ -634,6 +634,112 @@ defmodule Larder.ReplicaTest do
     end
   end
 
+  describe "one snapshot path" do
+    # Two replicas on one path would sweep each other's dumps: the second
+    # is refused, in this VM or from another one. (Both are replicas of one
+    # stream into one table name, so the second can start from the first
+    # one's snapshot once the path is free.)
+    setup ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      path = Path.join(ctx.dir, "shared.snap")
+
+      opts =
+        for i <- 1..2 do
+          Log.opts(name(ctx, "r#{i}"), name(ctx, "t"), ctx.server.port, ctx.stream,
+            snapshot: path,
+            snapshot_every: 100
+          )
+        end
+
+      %{path: path, opts: opts}
+    end
+
+    test "in this VM: the second is refused, the first keeps its snapshots", ctx do
+      [opts1, opts2] = ctx.opts
+      first = start!(opts1)
+      assert Replica.await(first, :latest, 10_000) == :ok
+
+      assert {:error, %Larder.Error{reason: :snapshot_in_use, details: details} = error} =
+               Replica.start_link(opts2)
+
+      assert details.path == ctx.path
+      assert details.holder == first
+      assert Exception.message(error) =~ ctx.path
+      refute Process.whereis(name(ctx, "r2"))
+
+      # the first one's snapshots go on and a restart starts from them
+      Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
+      assert Replica.await(first, :latest, 10_000) == :ok
+      assert {:ok, offset} = Replica.snapshot(first)
+      :ok = GenServer.stop(first)
+      first = start!(opts1)
+      assert Replica.offset(first) == offset
+      assert Log.contents(name(ctx, "t")) == Map.new(1..11, &{&1, &1})
+
+      # once the first is dropped, the second may take the path (and its
+      # last snapshot)
+      :ok = Replica.drop(first)
+      second = start!(opts2)
+      assert Replica.offset(second) == offset
+
+      # the lock file goes with a clean stop
+      assert File.exists?(ctx.path <> ".lock")
+      :ok = Replica.drop(second)
+      refute File.exists?(ctx.path <> ".lock")
+    end
+
+    test "a replica killed is followed at once by its restart on the path", ctx do
+      Process.flag(:trap_exit, true)
+      [opts1, _] = ctx.opts
+
+      for _ <- 1..5 do
+        pid = start!(opts1)
+        assert Replica.await(pid, :latest, 10_000) == :ok
+        Process.exit(pid, :kill)
+        assert_receive {:EXIT, ^pid, :killed}
+      end
+    end
+
+    test "held by another OS process: refused, and free again once that VM is SIGKILLed",
+         ctx do
+      [opts, _] = ctx.opts
+      peer = Larder.Test.Isolated.start_peer()
+      on_exit(fn -> catch_exit(:peer.stop(peer)) end)
+      os_pid = Larder.Test.Isolated.os_pid(peer)
+
+      # a replica in the other VM, on the same path (and the same Redis)
+      assert {:ok, :started} =
+               Larder.Test.Isolated.eval(
+                 peer,
+                 quote do
+                   {:ok, pid} = Larder.Replica.start_link(unquote(Macro.escape(opts)))
+                   Process.unlink(pid)
+                   :ok = Larder.Replica.await(pid, :latest, 10_000)
+                   :started
+                 end
+               )
+
+      # the same replica started a second time, in this VM
+      assert {:error, %Larder.Error{reason: :snapshot_in_use, details: details}} =
+               Replica.start_link(opts)
+
+      assert details.path == ctx.path
+      assert details.holder_os_pid == os_pid
+
+      # the holder dies without a word: its lock goes with it
+      {_, 0} = System.cmd("kill", ["-KILL", os_pid])
+
+      RedisServer.wait_until(10_000, "the peer VM's exit", fn ->
+        {_, status} = System.cmd("kill", ["-0", os_pid], stderr_to_stdout: true)
+        status != 0
+      end)
+
+      restarted = start!(opts)
+      assert Replica.await(restarted, :latest, 10_000) == :ok
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, &1})
+    end
+  end
+
   describe "a server that is not Redis" do
     for mode <- [:random, :wrong_types, :endless, :close_mid_reply] do
       test "(#{mode}) is counted, never fatal", ctx do

@@ -37,6 +37,7 @@ defmodule Larder.Replica.Server do
 
   alias Larder.Replica.Reader
   alias Larder.Replica.Snapshot
+  alias Larder.Replica.SnapshotLock
   alias Larder.Replica.Target
 
   defstruct [
@@ -59,6 +60,7 @@ defmodule Larder.Replica.Server do
     :snapshot_offset,
     :timer,
     :handle,
+    :path_lock,
     epoch: 0,
     waiters: []
   ]
@@ -129,26 +131,43 @@ defmodule Larder.Replica.Server do
       telemetry: Larder.Instance.telemetry?(opts[:telemetry])
     }
 
-    case safe_start_target(state) do
-      {:ok, target, offset} ->
-        state = publish(%{state | target: target, offset: offset, snapshot_offset: offset})
+    with {:ok, state} <- claim_path(state),
+         {:ok, target, offset} <- safe_start_target(state) do
+      state = publish(%{state | target: target, offset: offset, snapshot_offset: offset})
 
-        reader =
-          Reader.start_link(
-            source,
-            source_opts,
-            offset,
-            state.batch_size,
-            state.block_ms,
-            prepare(state)
-          )
+      reader =
+        Reader.start_link(
+          source,
+          source_opts,
+          offset,
+          state.batch_size,
+          state.block_ms,
+          prepare(state)
+        )
 
-        {:ok, schedule(%{state | reader: reader})}
+      {:ok, schedule(%{state | reader: reader})}
+    else
+      {:error, error, state} ->
+        release_path(state)
+        fail(opts, error)
 
       {:error, error} ->
         fail(opts, error)
     end
   end
+
+  # One replica per snapshot path (its sweep deletes every other dump).
+  defp claim_path(%{snapshot: nil} = state), do: {:ok, state}
+
+  defp claim_path(state) do
+    case SnapshotLock.claim(state.snapshot, state.name) do
+      {:ok, lock} -> {:ok, %{state | path_lock: lock}}
+      {:error, error} -> {:error, error}
+    end
+  end
+
+  defp release_path(%{path_lock: nil}), do: :ok
+  defp release_path(state), do: SnapshotLock.release(state.path_lock)
 
   # start_link/1 gets the error as a value (a {:stop, reason} here would
   # also send the exit to a linked caller that does not trap).
@@ -160,9 +179,12 @@ defmodule Larder.Replica.Server do
 
   # Bad options of the structure raise in start_link/1's caller.
   defp safe_start_target(state) do
-    start_target(state)
+    case start_target(state) do
+      {:error, error} -> {:error, error, state}
+      ok -> ok
+    end
   rescue
-    error in ArgumentError -> {:error, error}
+    error in ArgumentError -> {:error, error, state}
   end
 
   defp start_target(%{snapshot: nil} = state),
@@ -361,6 +383,7 @@ defmodule Larder.Replica.Server do
     # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
     # last snapshot; a crash does not (the structure may be mid-entry).
     if state.snapshot && clean?(reason), do: write_snapshot(state)
+    release_path(state)
     Larder.Instance.release(Larder.Replica, state.name, state.handle, self())
     :ok
   end
