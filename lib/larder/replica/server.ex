@@ -746,7 +746,9 @@ defmodule Larder.Replica.Server do
     :ok
   end
 
-  defp stopping?(nil), do: false
+  # No handle: the replica is still starting or already stopping (it lets
+  # its name go in terminate/2); either way it is not stuck in an apply.
+  defp stopping?(nil), do: true
 
   defp stopping?(%Handle{row: row}) do
     :ets.member(row, :stopping)
