@@ -341,6 +341,21 @@ defmodule Larder.ReplicaTest do
       assert_receive {:event, [:larder, :replica, :trimmed], _, %{action: :rebuild}}
     end
 
+    test "a log that lost its last entries and got new ones past them is rebuilt too", ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      # the last 10 lost, and new entries past the replica's id
+      rewrite(
+        ctx,
+        for(k <- 1..90, do: {"1000-#{k}", {:put, k, k}}) ++
+          for(k <- 1..5, do: {"2000-#{k}", {:put, k, -k}})
+      )
+
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "2000-5"
+      assert Log.contents(name(ctx, "t")) == Log.model(ctx.redis, ctx.stream)
+      assert_receive {:event, [:larder, :replica, :trimmed], _, %{action: :rebuild}}
+    end
+
     test "a replica restarted from a snapshot above the log sees it at its first read", ctx do
       Process.flag(:trap_exit, true)
       path = Path.join(ctx.dir, "back.snap")
@@ -773,8 +788,11 @@ defmodule Larder.ReplicaTest do
     test "a well-formed reply with ids that do not increase is a bad reply", ctx do
       forward(ctx, [[:larder, :replica, :source, :error]])
 
+      # a well-formed XINFO (length 2, last id 5-0), no entry 0-0, and XREAD
       reply =
-        "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n" <>
+          "*4\r\n$6\r\nlength\r\n:2\r\n$17\r\nlast-generated-id\r\n$3\r\n5-0\r\n" <>
+          "*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>
           "*2\r\n$3\r\n5-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n" <>
           "*2\r\n$3\r\n4-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n"
 
@@ -789,8 +807,14 @@ defmodule Larder.ReplicaTest do
 
       replica = start!(opts)
 
+      # refused by the check of the entries, not of the XINFO reply
       assert_receive {:event, [:larder, :replica, :source, :error], _,
-                      %{error: %Larder.Error{reason: :source_bad_reply}}},
+                      %{
+                        error: %Larder.Error{
+                          reason: :source_bad_reply,
+                          message: "an unexpected reply to XREAD"
+                        }
+                      }},
                      10_000
 
       assert Replica.offset(replica) == "0-0"
