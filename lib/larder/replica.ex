@@ -115,14 +115,13 @@ defmodule Larder.Replica do
   A killed replica's lock goes as its process exits, which may be just
   after its supervisor restarts it: a start that finds the path locked
   tries again for up to 2 s before it refuses. The `.lock` file names
-  its holder's OS pid; a clean stop deletes it, a killed holder leaves it
-  for the next one to lock again (a lock counts only on the file that is
-  at the path, so a file deleted under a starter is not taken for the
-  lock). Where the lock file cannot be
-  opened at all (a read-only directory that has none), the path is
-  claimed in the VM only, with a warning. Paths are compared as given
-  (expanded): two paths to one file through a link are the same file to
-  the kernel's lock, not to the VM's claim.
+  its holder's OS pid; a clean stop deletes it, and a killed holder
+  leaves it for the next one to lock (a lock counts only on the file that
+  is at the path, so a starter that opened a file being deleted tries
+  again). Where the lock file cannot be opened at all (a read-only
+  directory that has none), the path is claimed in the VM only, with a
+  warning. Paths are compared expanded: two paths to one file through a
+  link are one file to the kernel's lock, two to the VM's claim.
 
   At start, a snapshot of another log or another structure is refused:
   `start_link/1` returns `{:error, %Larder.Error{reason:
@@ -194,7 +193,9 @@ defmodule Larder.Replica do
       new entry below its id wakes the wait; `await(replica, :latest, t)`
       compares the log's last id with the offset and waits for that
       rebuild (or gets the stop's error), never answering `:ok` from the
-      old entries.
+      old entries. A log that lost entries the replica applied and then
+      got new ones past its id is detected too, on Redis 7 (see
+      `Larder.Replica.RedisStream`).
     * **A stop** (`on_trimmed: :stop`, `on_error: :stop`) ends the process
       with `{:shutdown, %Larder.Error{}}`; as a `:transient` child it is not
       restarted, and its structure goes with it. `await/3` callers get that

@@ -214,9 +214,6 @@ defmodule Larder.Replica.Server do
     {:stop, :normal, :ok, state}
   end
 
-  def handle_call(:offset, _from, state), do: {:reply, state.offset, state}
-  def handle_call(:target, _from, state), do: {:reply, state.target, state}
-
   def handle_call({:await, id, epoch, timeout}, from, state) do
     if reached?(state.source, {state.offset, state.epoch}, id, epoch) do
       {:reply, :ok, state}
@@ -727,6 +724,10 @@ defmodule Larder.Replica.Server do
   process is gone.
   """
   @spec drop(pid()) :: :ok
+  # An apply that drops its own replica: a call to itself, which cannot be
+  # answered; nothing is done, as for any call of a process to itself.
+  def drop(pid) when pid == self(), do: :ok
+
   def drop(pid) do
     monitor = Process.monitor(pid)
     handle = handle(pid)
@@ -769,7 +770,7 @@ defmodule Larder.Replica.Server do
   # restarts it (Larder.Instance.dropped/3).
   defp kill(pid, name) do
     case Process.info(pid, :parent) do
-      {:parent, parent} when is_pid(parent) ->
+      {:parent, parent} when is_pid(parent) and name != nil ->
         Larder.Instance.dropped(Larder.Replica, name, parent)
 
       _ ->
