@@ -39,7 +39,11 @@ defmodule PriceSearch.HTTP do
   `:idle_timeout` (60 s). A request's head and body must arrive within
   `:request_timeout` (10 s) of its first line: a head dribbled past it is cut
   off, a body announced but not sent in time is a 400 and the connection
-  closes. Connections over `:max_connections` (100,000) are closed at once;
+  closes. A client that does not read its answer holds it (a bulk answer
+  and the body it answers, tens of MB) only while each write of it waits
+  less than `:send_timeout` (10 s) for the client to take data; then the
+  connection is closed, counted (`:send_timed_out`), and its memory freed.
+  Connections over `:max_connections` (100,000) are closed at once;
   in practice the process's file descriptor limit (`ulimit -n`) binds first,
   two descriptors for each connection held by a client on the same host, one
   otherwise. A client that hangs up before its answer is sent is normal: it
@@ -93,6 +97,9 @@ defmodule PriceSearch.HTTP do
       it is closed, 1..3,600,000. Default 60,000.
     * `:request_timeout` - ms a request's head and body may take to arrive,
       from its first line, 1..3,600,000. Default 10,000.
+    * `:send_timeout` - ms one write of an answer may wait for the client
+      to take data (a full socket send queue) before the connection is
+      closed, 1..3,600,000. Default 10,000.
     * `:max_connections` - open connections at most, 1..1,000,000; one over
       it is closed at once. Default 100,000 (the process's file descriptor
       limit usually binds first).
@@ -111,6 +118,7 @@ defmodule PriceSearch.HTTP do
           name: nil,
           idle_timeout: 60_000,
           request_timeout: 10_000,
+          send_timeout: 10_000,
           max_connections: 100_000,
           backlog: 4_096,
           acceptors: 16
@@ -122,6 +130,7 @@ defmodule PriceSearch.HTTP do
           name: {"an atom", &is_atom/1},
           idle_timeout: Options.integer(1..@max_timeout),
           request_timeout: Options.integer(1..@max_timeout),
+          send_timeout: Options.integer(1..@max_timeout),
           max_connections: Options.integer(1..@max_connections),
           backlog: Options.integer(1..65_535),
           acceptors: Options.integer(1..1_024)
@@ -147,8 +156,9 @@ defmodule PriceSearch.HTTP do
   A listener's counters: `:open` connections now; since it started,
   `:hangups` (clients gone before their answer was sent), `:idle_closed`
   (connections closed after `:idle_timeout`), `:timed_out` (requests whose
-  head or body did not arrive within `:request_timeout`), `:refused`
-  (connections over `:max_connections`).
+  head or body did not arrive within `:request_timeout`), `:send_timed_out`
+  (connections closed because the client took none of its answer within
+  `:send_timeout`), `:refused` (connections over `:max_connections`).
   """
   @spec stats(GenServer.server()) :: %{atom() => non_neg_integer()}
   def stats(listener), do: Server.stats(listener)

@@ -26,6 +26,7 @@ defmodule PriceSearch.HTTP.Server do
   @idle_closed 3
   @timed_out 4
   @refused 5
+  @send_timed_out 6
 
   defstruct [
     :socket,
@@ -58,7 +59,8 @@ defmodule PriceSearch.HTTP.Server do
       hangups: :counters.get(counters, @hangups),
       idle_closed: :counters.get(counters, @idle_closed),
       timed_out: :counters.get(counters, @timed_out),
-      refused: :counters.get(counters, @refused)
+      refused: :counters.get(counters, @refused),
+      send_timed_out: :counters.get(counters, @send_timed_out)
     }
   end
 
@@ -66,6 +68,10 @@ defmodule PriceSearch.HTTP.Server do
   def init(opts) do
     Process.flag(:trap_exit, true)
 
+    # Accepted sockets inherit these. A send that cannot queue its data
+    # within :send_timeout (a client that does not read) fails and closes
+    # the socket, so its answer's memory is freed; without it the send, and
+    # all the request held, wait for as long as the client stays.
     listen_opts = [
       :binary,
       ip: Keyword.fetch!(opts, :ip),
@@ -73,12 +79,14 @@ defmodule PriceSearch.HTTP.Server do
       reuseaddr: true,
       nodelay: true,
       active: false,
-      packet: :raw
+      packet: :raw,
+      send_timeout: Keyword.fetch!(opts, :send_timeout),
+      send_timeout_close: true
     ]
 
     case :gen_tcp.listen(Keyword.fetch!(opts, :port), listen_opts) do
       {:ok, listen} ->
-        counters = :counters.new(5, [:write_concurrency])
+        counters = :counters.new(6, [:write_concurrency])
 
         conn = %{
           handler: Keyword.fetch!(opts, :handler),
@@ -533,12 +541,18 @@ defmodule PriceSearch.HTTP.Server do
     ]
   end
 
-  # A client that hangs up before its answer is sent is normal: counted,
-  # and the connection's process ends.
+  # A client that hangs up before its answer is sent is normal, and so is
+  # one that does not read it within :send_timeout (the socket is then
+  # closed by send_timeout_close): counted, and the connection's process
+  # ends, which frees what the request held.
   defp send!(req, data) do
     case :gen_tcp.send(req.socket, data) do
       :ok ->
         :ok
+
+      {:error, :timeout} ->
+        :counters.add(req.counters, @send_timed_out, 1)
+        exit(:normal)
 
       {:error, _} ->
         :counters.add(req.counters, @hangups, 1)
