@@ -21,7 +21,25 @@ defmodule PriceSearch.HTTP do
 
   ## Failures
 
-  Every body is untrusted. A single search body that cannot be read is a 400
+  Every request is untrusted. Its framing is read as Go's `net/http` reads
+  it, and refused with Go's answers: `Content-Length` fields that differ,
+  or a value that is not plain decimal digits (`+421`, `0x1a5`, empty), are
+  `400 Bad Request`; a `Transfer-Encoding` other than one `chunked` is `501
+  Not Implemented` (on HTTP/1.1; HTTP/1.0 ignores it); both answered as
+  Go's server writes them (body `400 Bad Request` or `Unsupported transfer
+  encoding`, no `Content-Length`) and the connection closed. Repeated equal
+  `Content-Length` fields are one; `chunked` beside a valid
+  `Content-Length` wins. A chunk size is 1 to 16 hex digits after any
+  `;extension` and trailing blanks are cut, on a line ending in CRLF:
+  anything else (`0x1a5`, `-0`, `+1a5`, `1a5zz`, a bare LF) breaks the
+  body where it stands, as Go's reader does, and the handler answers as
+  Go's handler does with the data read before it (a search: its value if
+  complete, else 500 `Internal Server Error`; a bulk body: the values
+  before it); the connection then closes. A client that shuts down its
+  sending side after its requests still gets their answers; a body cut
+  short by it is answered as Go answers a body ending there.
+
+  A single search body that cannot be read is a 400
   with Go's message (`PriceSearch.Request`); a search that finds nothing a
   404 with Go's message (`PriceSearch.Search`). A bulk body is read as a
   stream of JSON values; at the first one that cannot be read it stops, as
@@ -219,14 +237,41 @@ defmodule PriceSearch.HTTP do
 
   defp single(req, store_name, kind) do
     with {:ok, store} <- loaded(store_name),
-         {:ok, body} <- body(req, @single_limit),
-         {:ok, request} <- decode(body) do
+         {:ok, request} <- single_request(req) do
       case apply(Search, kind, [store, request]) do
         {:ok, price} -> Server.respond(req, 200, @json, JSON.price_line(price))
         {:error, message} -> text(req, 404, message)
       end
     else
       {:error, status, message} -> error(req, status, message)
+    end
+  end
+
+  defp single_request(req) do
+    case body(req, @single_limit) do
+      {:ok, body} -> decode(body)
+      {:cut, fault, partial} -> decode_cut(fault, partial)
+      {:error, _status, _message} = error -> error
+    end
+  end
+
+  @incomplete ["Request body must not be empty", "Request body contains badly-formed JSON"]
+
+  # Go's decoder reads the body up to the fault: a value complete before it
+  # is used, a syntax error before it is reported, and otherwise the read's
+  # error is: io.ErrUnexpectedEOF for a body cut short (400, "badly-formed
+  # JSON"), another error for chunked framing it refuses (500, the default
+  # of the reference's HandleDecodeError).
+  defp decode_cut(fault, partial) do
+    case decode(partial) do
+      {:error, 400, message} when message in @incomplete and fault == :truncated ->
+        {:error, 400, "Request body contains badly-formed JSON"}
+
+      {:error, 400, message} when message in @incomplete ->
+        {:error, 500, "Internal Server Error"}
+
+      decoded ->
+        decoded
     end
   end
 
@@ -241,7 +286,7 @@ defmodule PriceSearch.HTTP do
 
   defp bulk(req, store_name) do
     with {:ok, store} <- loaded(store_name),
-         {:ok, body} <- body(req, @bulk_limit) do
+         {:ok, body} <- bulk_body(req) do
       case Request.bulk(body, @bulk_lines) do
         {:too_many, max} -> error(req, 413, "a bulk body holds at most #{max} requests")
         {:error, []} -> Server.respond(req, 400, @text, JSON.bulk_stopped())
@@ -285,19 +330,30 @@ defmodule PriceSearch.HTTP do
     end
   end
 
+  # Go's bulk handler reads values until its decoder fails: a body cut
+  # short, or chunked framing it refuses, is read as if it ended at the
+  # fault (the values before it answered; one cut inside ends the answer
+  # with "Unable decode body").
+  defp bulk_body(req) do
+    case body(req, @bulk_limit) do
+      {:cut, _fault, partial} -> {:ok, partial}
+      other -> other
+    end
+  end
+
   defp body(req, limit) do
     case Server.read_body(req, limit) do
       {:ok, body} ->
         {:ok, body}
+
+      {:error, fault, partial} ->
+        {:cut, fault, partial}
 
       {:error, :too_large} ->
         {:error, 413, "Request body must not be larger than #{div(limit, 1024 * 1024)}MB"}
 
       {:error, :timeout} ->
         {:error, 400, "request body not received in time"}
-
-      {:error, :bad} ->
-        {:error, 400, "unreadable request body (Content-Length or Transfer-Encoding)"}
     end
   end
 
