@@ -255,10 +255,70 @@ defmodule PriceSearch.HostileTest do
     assert {200, _, _} = C.post(port, @bitmap, request)
   end
 
+  # The listener's side of a client's connection: its socket, found by the
+  # client's address, and the process that owns it.
+  defp server_side(client, port) do
+    {:ok, client_address} = :inet.sockname(client)
+
+    Enum.find_value(:erlang.ports(), fn socket ->
+      with {:name, 'tcp_inet'} <- Port.info(socket, :name),
+           {:ok, {_, ^port}} <- :inet.sockname(socket),
+           {:ok, ^client_address} <- :inet.peername(socket),
+           {:connected, pid} <- Port.info(socket, :connected) do
+        {socket, pid}
+      else
+        _ -> nil
+      end
+    end)
+  end
+
+  test "a client that never reads its bulk answer is closed after :send_timeout, its memory freed",
+       %{request: request} do
+    {listener, port} = listener(send_timeout: 1_000)
+    # 65,536 answers, about 6 MB: more than the socket buffers hold.
+    body = String.duplicate(request <> "\n", 65_536)
+    head = "POST #{@bulk} HTTP/1.1\r\nHost: x\r\nContent-Length: #{byte_size(body)}\r\n\r\n"
+    :erlang.garbage_collect()
+    before = :erlang.memory(:binary)
+
+    {:ok, client} = :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false, recbuf: 4096])
+
+    :ok = :gen_tcp.send(client, [head, body])
+
+    # The connection's process, blocked in a send the client never takes.
+    assert eventually(fn -> server_side(client, port) != nil end)
+    {socket, pid} = server_side(client, port)
+    ref = Process.monitor(pid)
+
+    # (after reading, decoding and searching 65,536 requests: up to a
+    # minute on a loaded machine)
+    assert eventually(
+             fn -> match?({_, {:prim_inet, _, _}}, Process.info(pid, :current_function)) end,
+             2_400
+           )
+
+    held = :erlang.memory(:binary) - before
+    {:memory, process} = Process.info(pid, :memory)
+    assert held + process > 8 * 1024 * 1024
+
+    # Closed once a send has waited :send_timeout, though the client is
+    # still there: the process ends and what it held is freed.
+    assert_receive {:DOWN, ^ref, :process, ^pid, :normal}, 30_000
+    assert Port.info(socket) == nil
+    assert eventually(fn -> PriceSearch.HTTP.stats(listener).open == 0 end)
+    assert PriceSearch.HTTP.stats(listener).send_timed_out == 1
+    :erlang.garbage_collect()
+    assert :erlang.memory(:binary) - before < div(held, 4)
+
+    :gen_tcp.close(client)
+    assert {200, _, _} = C.post(port, @bitmap, request)
+  end
+
   test "the listener refuses bad limits with an ArgumentError naming them" do
     for {key, bad} <- [
           idle_timeout: 0,
           request_timeout: 3_600_001,
+          send_timeout: 0,
           max_connections: 0,
           backlog: :many,
           acceptors: 2_000

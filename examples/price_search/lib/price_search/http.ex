@@ -21,7 +21,25 @@ defmodule PriceSearch.HTTP do
 
   ## Failures
 
-  Every body is untrusted. A single search body that cannot be read is a 400
+  Every request is untrusted. Its framing is read as Go's `net/http` reads
+  it, and refused with Go's answers: `Content-Length` fields that differ,
+  or a value that is not plain decimal digits (`+421`, `0x1a5`, empty), are
+  `400 Bad Request`; a `Transfer-Encoding` other than one `chunked` is `501
+  Not Implemented` (on HTTP/1.1; HTTP/1.0 ignores it); both answered as
+  Go's server writes them (body `400 Bad Request` or `Unsupported transfer
+  encoding`, no `Content-Length`) and the connection closed. Repeated equal
+  `Content-Length` fields are one; `chunked` beside a valid
+  `Content-Length` wins. A chunk size is 1 to 16 hex digits after any
+  `;extension` and trailing blanks are cut, on a line ending in CRLF:
+  anything else (`0x1a5`, `-0`, `+1a5`, `1a5zz`, a bare LF) breaks the
+  body where it stands, as Go's reader does, and the handler answers as
+  Go's handler does with the data read before it (a search: its value if
+  complete, else 500 `Internal Server Error`; a bulk body: the values
+  before it); the connection then closes. A client that shuts down its
+  sending side after its requests still gets their answers; a body cut
+  short by it is answered as Go answers a body ending there.
+
+  A single search body that cannot be read is a 400
   with Go's message (`PriceSearch.Request`); a search that finds nothing a
   404 with Go's message (`PriceSearch.Search`). A bulk body is read as a
   stream of JSON values; at the first one that cannot be read it stops, as
@@ -39,7 +57,11 @@ defmodule PriceSearch.HTTP do
   `:idle_timeout` (60 s). A request's head and body must arrive within
   `:request_timeout` (10 s) of its first line: a head dribbled past it is cut
   off, a body announced but not sent in time is a 400 and the connection
-  closes. Connections over `:max_connections` (100,000) are closed at once;
+  closes. A client that does not read its answer holds it (a bulk answer
+  and the body it answers, tens of MB) only while each write of it waits
+  less than `:send_timeout` (10 s) for the client to take data; then the
+  connection is closed, counted (`:send_timed_out`), and its memory freed.
+  Connections over `:max_connections` (100,000) are closed at once;
   in practice the process's file descriptor limit (`ulimit -n`) binds first,
   two descriptors for each connection held by a client on the same host, one
   otherwise. A client that hangs up before its answer is sent is normal: it
@@ -93,6 +115,9 @@ defmodule PriceSearch.HTTP do
       it is closed, 1..3,600,000. Default 60,000.
     * `:request_timeout` - ms a request's head and body may take to arrive,
       from its first line, 1..3,600,000. Default 10,000.
+    * `:send_timeout` - ms one write of an answer may wait for the client
+      to take data (a full socket send queue) before the connection is
+      closed, 1..3,600,000. Default 10,000.
     * `:max_connections` - open connections at most, 1..1,000,000; one over
       it is closed at once. Default 100,000 (the process's file descriptor
       limit usually binds first).
@@ -111,6 +136,7 @@ defmodule PriceSearch.HTTP do
           name: nil,
           idle_timeout: 60_000,
           request_timeout: 10_000,
+          send_timeout: 10_000,
           max_connections: 100_000,
           backlog: 4_096,
           acceptors: 16
@@ -122,6 +148,7 @@ defmodule PriceSearch.HTTP do
           name: {"an atom", &is_atom/1},
           idle_timeout: Options.integer(1..@max_timeout),
           request_timeout: Options.integer(1..@max_timeout),
+          send_timeout: Options.integer(1..@max_timeout),
           max_connections: Options.integer(1..@max_connections),
           backlog: Options.integer(1..65_535),
           acceptors: Options.integer(1..1_024)
@@ -147,8 +174,9 @@ defmodule PriceSearch.HTTP do
   A listener's counters: `:open` connections now; since it started,
   `:hangups` (clients gone before their answer was sent), `:idle_closed`
   (connections closed after `:idle_timeout`), `:timed_out` (requests whose
-  head or body did not arrive within `:request_timeout`), `:refused`
-  (connections over `:max_connections`).
+  head or body did not arrive within `:request_timeout`), `:send_timed_out`
+  (connections closed because the client took none of its answer within
+  `:send_timeout`), `:refused` (connections over `:max_connections`).
   """
   @spec stats(GenServer.server()) :: %{atom() => non_neg_integer()}
   def stats(listener), do: Server.stats(listener)
@@ -209,14 +237,41 @@ defmodule PriceSearch.HTTP do
 
   defp single(req, store_name, kind) do
     with {:ok, store} <- loaded(store_name),
-         {:ok, body} <- body(req, @single_limit),
-         {:ok, request} <- decode(body) do
+         {:ok, request} <- single_request(req) do
       case apply(Search, kind, [store, request]) do
         {:ok, price} -> Server.respond(req, 200, @json, JSON.price_line(price))
         {:error, message} -> text(req, 404, message)
       end
     else
       {:error, status, message} -> error(req, status, message)
+    end
+  end
+
+  defp single_request(req) do
+    case body(req, @single_limit) do
+      {:ok, body} -> decode(body)
+      {:cut, fault, partial} -> decode_cut(fault, partial)
+      {:error, _status, _message} = error -> error
+    end
+  end
+
+  @incomplete ["Request body must not be empty", "Request body contains badly-formed JSON"]
+
+  # Go's decoder reads the body up to the fault: a value complete before it
+  # is used, a syntax error before it is reported, and otherwise the read's
+  # error is: io.ErrUnexpectedEOF for a body cut short (400, "badly-formed
+  # JSON"), another error for chunked framing it refuses (500, the default
+  # of the reference's HandleDecodeError).
+  defp decode_cut(fault, partial) do
+    case decode(partial) do
+      {:error, 400, message} when message in @incomplete and fault == :truncated ->
+        {:error, 400, "Request body contains badly-formed JSON"}
+
+      {:error, 400, message} when message in @incomplete ->
+        {:error, 500, "Internal Server Error"}
+
+      decoded ->
+        decoded
     end
   end
 
@@ -231,7 +286,7 @@ defmodule PriceSearch.HTTP do
 
   defp bulk(req, store_name) do
     with {:ok, store} <- loaded(store_name),
-         {:ok, body} <- body(req, @bulk_limit) do
+         {:ok, body} <- bulk_body(req) do
       case Request.bulk(body, @bulk_lines) do
         {:too_many, max} -> error(req, 413, "a bulk body holds at most #{max} requests")
         {:error, []} -> Server.respond(req, 400, @text, JSON.bulk_stopped())
@@ -275,19 +330,30 @@ defmodule PriceSearch.HTTP do
     end
   end
 
+  # Go's bulk handler reads values until its decoder fails: a body cut
+  # short, or chunked framing it refuses, is read as if it ended at the
+  # fault (the values before it answered; one cut inside ends the answer
+  # with "Unable decode body").
+  defp bulk_body(req) do
+    case body(req, @bulk_limit) do
+      {:cut, _fault, partial} -> {:ok, partial}
+      other -> other
+    end
+  end
+
   defp body(req, limit) do
     case Server.read_body(req, limit) do
       {:ok, body} ->
         {:ok, body}
+
+      {:error, fault, partial} ->
+        {:cut, fault, partial}
 
       {:error, :too_large} ->
         {:error, 413, "Request body must not be larger than #{div(limit, 1024 * 1024)}MB"}
 
       {:error, :timeout} ->
         {:error, 400, "request body not received in time"}
-
-      {:error, :bad} ->
-        {:error, 400, "unreadable request body (Content-Length or Transfer-Encoding)"}
     end
   end
 

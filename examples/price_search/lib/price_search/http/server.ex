@@ -26,6 +26,7 @@ defmodule PriceSearch.HTTP.Server do
   @idle_closed 3
   @timed_out 4
   @refused 5
+  @send_timed_out 6
 
   defstruct [
     :socket,
@@ -36,6 +37,8 @@ defmodule PriceSearch.HTTP.Server do
     :counters,
     :opts,
     headers: [],
+    # The request's body: :none, its Content-Length, or :chunked.
+    body: :none,
     close: false
   ]
 
@@ -58,7 +61,8 @@ defmodule PriceSearch.HTTP.Server do
       hangups: :counters.get(counters, @hangups),
       idle_closed: :counters.get(counters, @idle_closed),
       timed_out: :counters.get(counters, @timed_out),
-      refused: :counters.get(counters, @refused)
+      refused: :counters.get(counters, @refused),
+      send_timed_out: :counters.get(counters, @send_timed_out)
     }
   end
 
@@ -66,6 +70,12 @@ defmodule PriceSearch.HTTP.Server do
   def init(opts) do
     Process.flag(:trap_exit, true)
 
+    # Accepted sockets inherit these. A send that cannot queue its data
+    # within :send_timeout (a client that does not read) fails and closes
+    # the socket, so its answer's memory is freed; without it the send, and
+    # all the request held, wait for as long as the client stays.
+    # exit_on_close: false keeps the socket writable after the client has
+    # shut down its sending side: the requests it sent are still answered.
     listen_opts = [
       :binary,
       ip: Keyword.fetch!(opts, :ip),
@@ -73,12 +83,15 @@ defmodule PriceSearch.HTTP.Server do
       reuseaddr: true,
       nodelay: true,
       active: false,
-      packet: :raw
+      packet: :raw,
+      send_timeout: Keyword.fetch!(opts, :send_timeout),
+      send_timeout_close: true,
+      exit_on_close: false
     ]
 
     case :gen_tcp.listen(Keyword.fetch!(opts, :port), listen_opts) do
       {:ok, listen} ->
-        counters = :counters.new(5, [:write_concurrency])
+        counters = :counters.new(6, [:write_concurrency])
 
         conn = %{
           handler: Keyword.fetch!(opts, :handler),
@@ -207,7 +220,9 @@ defmodule PriceSearch.HTTP.Server do
   end
 
   # The next data on the socket, within `timeout` ms: {:ok, data},
-  # {:error, :timeout} or {:error, :closed} (the client gone, or an error).
+  # {:error, :timeout} or {:error, :closed} (the client gone or done
+  # sending, or an error). The end of input is put back in the mailbox, so
+  # every later read sees it at once, while answers can still be sent.
   defp read(%{socket: socket} = req, timeout) do
     receive do
       {:tcp, ^socket, data} ->
@@ -219,10 +234,12 @@ defmodule PriceSearch.HTTP.Server do
           {:error, _} -> {:error, :closed}
         end
 
-      {:tcp_closed, ^socket} ->
+      {:tcp_closed, ^socket} = closed ->
+        send(self(), closed)
         {:error, :closed}
 
       {:tcp_error, ^socket, _} ->
+        send(self(), {:tcp_closed, socket})
         {:error, :closed}
     after
       timeout -> {:error, :timeout}
@@ -250,12 +267,22 @@ defmodule PriceSearch.HTTP.Server do
 
       {:ok, :http_eoh, rest} ->
         Process.put(:price_search_buffer, rest)
-        req = %{req | headers: acc}
-        req = %{req | close: closes?(req)}
-        # A body the handler does not read leaves the connection unusable.
-        Process.put(:price_search_close, body?(req))
-        req.opts.handler.(req)
-        next(req)
+
+        case framing(acc, req.version) do
+          {:ok, body} ->
+            req = %{req | headers: acc, body: body}
+            req = %{req | close: closes?(req)}
+            # A body the handler does not read leaves the connection unusable.
+            Process.put(:price_search_close, body not in [:none, 0])
+            req.opts.handler.(req)
+            next(req)
+
+          :bad ->
+            refuse(req, "400 Bad Request", "400 Bad Request")
+
+          :unsupported ->
+            refuse(req, "501 Not Implemented", "Unsupported transfer encoding")
+        end
 
       {:more, _} when byte_size(buffer) > @max_line ->
         bad_request(req)
@@ -278,12 +305,95 @@ defmodule PriceSearch.HTTP.Server do
     end
   end
 
-  defp body?(req) do
-    header(req, "transfer-encoding") != nil or
-      case header(req, "content-length") do
-        nil -> false
-        length -> length != "0"
-      end
+  # How the body is framed, by Go's readTransfer (net/http/transfer.go):
+  # Transfer-Encoding first, on HTTP/1.1 only (ignored on 1.0): one field,
+  # "chunked" in any case, else :unsupported (501). Then Content-Length,
+  # even beside chunked: repeated fields must agree once trimmed, and the
+  # value is decimal digits only (no sign, no blank inside, not empty),
+  # below 2^63, else :bad (400). A valid length beside chunked is dropped.
+  # `headers` is the kept headers, last first.
+  defp framing(headers, version) do
+    {lengths, encodings} = framing_fields(headers, [], [])
+
+    with {:ok, chunked?} <- transfer_encoding(encodings, version),
+         {:ok, length} <- content_length(lengths) do
+      {:ok, if(chunked?, do: :chunked, else: length)}
+    end
+  end
+
+  defp framing_fields([], lengths, encodings), do: {lengths, encodings}
+
+  defp framing_fields([{"content-length", value} | rest], lengths, encodings),
+    do: framing_fields(rest, [value | lengths], encodings)
+
+  defp framing_fields([{"transfer-encoding", value} | rest], lengths, encodings),
+    do: framing_fields(rest, lengths, [value | encodings])
+
+  defp framing_fields([_ | rest], lengths, encodings),
+    do: framing_fields(rest, lengths, encodings)
+
+  defp transfer_encoding([], _version), do: {:ok, false}
+  defp transfer_encoding(_, {major, minor}) when {major, minor} < {1, 1}, do: {:ok, false}
+
+  defp transfer_encoding([value], _version) do
+    if String.downcase(trim(value), :ascii) == "chunked", do: {:ok, true}, else: :unsupported
+  end
+
+  defp transfer_encoding(_several, _version), do: :unsupported
+
+  defp content_length([]), do: {:ok, :none}
+
+  defp content_length([first | others]) do
+    first = trim(first)
+
+    if Enum.all?(others, &(trim(&1) == first)),
+      do: decimal(first, 0, 0),
+      else: :bad
+  end
+
+  # strconv.ParseUint(value, 10, 63); stops at the first digit past the
+  # bound (a 16 KB field of digits costs no big-integer arithmetic).
+  defp decimal(_, _digits, n) when n >= 0x8000000000000000, do: :bad
+  defp decimal(<<>>, 0, _n), do: :bad
+  defp decimal(<<>>, _digits, n), do: {:ok, n}
+
+  defp decimal(<<c, rest::binary>>, digits, n) when c in ?0..?9,
+    do: decimal(rest, digits + 1, n * 10 + c - ?0)
+
+  defp decimal(_, _digits, _n), do: :bad
+
+  # textproto.TrimString: ASCII blanks at both ends.
+  defp trim(value), do: value |> trim_leading() |> trim_trailing()
+
+  defp trim_leading(<<c, rest::binary>>) when c in ' \t\r\n', do: trim_leading(rest)
+  defp trim_leading(value), do: value
+
+  defp trim_trailing(value) do
+    case byte_size(value) - 1 do
+      -1 ->
+        value
+
+      last ->
+        if :binary.at(value, last) in ' \t\r\n',
+          do: trim_trailing(binary_part(value, 0, last)),
+          else: value
+    end
+  end
+
+  # Go's answer to a request it cannot frame, byte for byte (server.go:
+  # no Date, no Content-Length), then the connection closes. What the
+  # client still sends is read and dropped for a moment, so that closing
+  # does not reset the connection under the answer.
+  defp refuse(req, status, text) do
+    send!(req, [
+      "HTTP/1.1 ",
+      status,
+      "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n",
+      text
+    ])
+
+    :gen_tcp.shutdown(req.socket, :write)
+    linger(req, 64 * 1024, 100)
   end
 
   defp bad_request(req) do
@@ -328,29 +438,20 @@ defmodule PriceSearch.HTTP.Server do
 
   @doc false
   # Reads the body, up to `limit` bytes, within the request's deadline:
-  # {:ok, body} | {:error, :too_large} | {:error, :timeout} | {:error, :bad}.
-  def read_body(req, limit) do
+  # {:ok, body} | {:error, :too_large} | {:error, :timeout} |
+  # {:error, :broken, partial} (chunked framing Go's reader refuses) |
+  # {:error, :truncated, partial} (the client stopped sending before the
+  # body's end). `partial` is the body's data before the fault: what Go's
+  # body reader hands its handler before it reports the error.
+  def read_body(%{body: body} = req, limit) do
     Process.put(:price_search_close, false)
 
-    case {header(req, "content-length"), header(req, "transfer-encoding")} do
-      {nil, nil} ->
-        {:ok, ""}
-
-      {nil, te} ->
-        if String.downcase(te) == "chunked",
-          do: continue(req, fn -> chunked(req, take_buffer(), [], 0, limit) end),
-          else: bad_body()
-
-      {length, nil} ->
-        case Integer.parse(length) do
-          {n, ""} when n > limit -> too_large()
-          {0, ""} -> {:ok, ""}
-          {n, ""} when n > 0 -> continue(req, fn -> exactly(req, n) end)
-          _ -> bad_body()
-        end
-
-      _ ->
-        bad_body()
+    case body do
+      :none -> {:ok, ""}
+      0 -> {:ok, ""}
+      n when is_integer(n) and n > limit -> too_large()
+      n when is_integer(n) -> continue(req, fn -> exactly(req, n) end)
+      :chunked -> continue(req, fn -> chunked(req, take_buffer(), [], 0, 0, limit) end)
     end
   end
 
@@ -359,9 +460,14 @@ defmodule PriceSearch.HTTP.Server do
     {:error, :too_large}
   end
 
-  defp bad_body do
+  defp broken(partial) do
     close_after()
-    {:error, :bad}
+    {:error, :broken, IO.iodata_to_binary(partial)}
+  end
+
+  defp truncated(partial) do
+    close_after()
+    {:error, :truncated, IO.iodata_to_binary(partial)}
   end
 
   defp continue(req, read) do
@@ -386,22 +492,21 @@ defmodule PriceSearch.HTTP.Server do
   # n bytes of body: what the buffer holds, then the socket's; what came
   # after them stays in the buffer (a pipelined next request).
   defp exactly(req, n) do
-    case take_buffer() do
-      <<body::binary-size(n), rest::binary>> ->
+    case take(req, take_buffer(), n) do
+      {:ok, body, rest} ->
         Process.put(:price_search_buffer, rest)
         {:ok, body}
 
-      buffer ->
-        with {:ok, body, rest} <- take(req, buffer, n) do
-          Process.put(:price_search_buffer, rest)
-          {:ok, body}
-        end
+      {:eof, partial} ->
+        truncated(partial)
+
+      {:error, :timeout} = error ->
+        error
     end
   end
 
   # Data from the socket within the request's deadline; a timeout is
-  # counted and closes the connection after the answer; a client gone ends
-  # the process (nothing to answer).
+  # counted and closes the connection after the answer.
   defp recv(req) do
     case read(req, remaining(req)) do
       {:ok, data} ->
@@ -413,64 +518,145 @@ defmodule PriceSearch.HTTP.Server do
         {:error, :timeout}
 
       {:error, :closed} ->
-        exit(:normal)
+        {:error, :closed}
     end
   end
 
-  # A chunked body: size line, data, CRLF; a 0 chunk (and trailers) ends it.
-  defp chunked(req, buffer, acc, size, limit) do
-    case :binary.split(buffer, "\r\n") do
+  # A chunked body, as Go's chunkedReader (net/http/internal/chunked.go)
+  # reads it. A size line ends in CRLF, holds no other CR and is under
+  # 4 KB; blanks at its end, then any ";extension", are cut off; what is
+  # left is 1 to 16 hex digits, nothing else (no sign, no "0x", no blank
+  # before). Then the data and CRLF. A 0 chunk and the trailer end it.
+  # `excess` is Go's bound on bytes that are not data (16 KB beyond 16
+  # bytes and twice the data per chunk).
+  defp chunked(req, buffer, acc, size, excess, limit) do
+    case :binary.split(buffer, "\n") do
       [line, rest] ->
-        case Integer.parse(hd(String.split(line, ";")), 16) do
-          {0, _} ->
-            trailers(req, rest, acc)
+        case chunk_size(line, excess) do
+          {0, _excess} ->
+            trailer(req, rest, acc)
 
-          {n, _} when n > 0 and size + n > limit ->
+          {n, _excess} when size + n > limit ->
             too_large()
 
-          {n, _} when n > 0 ->
-            with {:ok, data, rest} <- take(req, rest, n + 2),
-                 <<chunk::binary-size(n), "\r\n">> <- data do
-              chunked(req, rest, [acc | chunk], size + n, limit)
-            else
-              {:error, _} = error -> error
-              _ -> bad_body()
+          {n, excess} ->
+            case take(req, rest, n + 2) do
+              {:ok, <<chunk::binary-size(n), "\r\n">>, rest} ->
+                chunked(req, rest, [acc | chunk], size + n, excess, limit)
+
+              {:ok, <<chunk::binary-size(n), _::binary>>, _rest} ->
+                broken([acc | chunk])
+
+              {:eof, data} ->
+                truncated([acc | binary_part(data, 0, min(n, byte_size(data)))])
+
+              {:error, :timeout} = error ->
+                error
             end
 
-          _ ->
-            bad_body()
+          :error ->
+            broken(acc)
         end
 
-      [_] when byte_size(buffer) > 1024 ->
-        bad_body()
+      [_] when byte_size(buffer) >= 4096 ->
+        broken(acc)
 
       [_] ->
-        with {:ok, more} <- recv(req), do: chunked(req, buffer <> more, acc, size, limit)
+        case recv(req) do
+          {:ok, more} -> chunked(req, buffer <> more, acc, size, excess, limit)
+          {:error, :closed} -> truncated(acc)
+          error -> error
+        end
     end
   end
 
-  defp trailers(req, buffer, acc) do
+  # A size line (without its LF): {size, excess} or :error.
+  defp chunk_size(line, excess) do
+    last = byte_size(line) - 1
+
+    with true <- last in 0..4095,
+         {^last, 1} <- :binary.match(line, "\r"),
+         [digits | _] <- :binary.split(trim_blanks(binary_part(line, 0, last)), ";"),
+         {:ok, n} <- hex(digits, 0, 0),
+         excess = max(excess + last + 2 - 16 - 2 * n, 0),
+         true <- excess <= 16 * 1024 do
+      {n, excess}
+    else
+      _ -> :error
+    end
+  end
+
+  # Spaces and tabs at the end.
+  defp trim_blanks(value) do
+    case byte_size(value) - 1 do
+      -1 ->
+        value
+
+      last ->
+        if :binary.at(value, last) in ' \t',
+          do: trim_blanks(binary_part(value, 0, last)),
+          else: value
+    end
+  end
+
+  defp hex(<<>>, 0, _n), do: :error
+  defp hex(<<>>, _digits, n), do: {:ok, n}
+  defp hex(_, 16, _n), do: :error
+  defp hex(<<c, rest::binary>>, i, n) when c in ?0..?9, do: hex(rest, i + 1, n * 16 + c - ?0)
+  defp hex(<<c, rest::binary>>, i, n) when c in ?a..?f, do: hex(rest, i + 1, n * 16 + c - ?a + 10)
+  defp hex(<<c, rest::binary>>, i, n) when c in ?A..?F, do: hex(rest, i + 1, n * 16 + c - ?A + 10)
+  defp hex(_, _i, _n), do: :error
+
+  # After the 0 chunk: CRLF, or header fields ending in a blank line within
+  # 4 KB (Go's readTrailer); an end of input here is a broken body in Go.
+  defp trailer(req, buffer, acc) do
     case buffer do
       "\r\n" <> rest ->
-        Process.put(:price_search_buffer, rest)
-        {:ok, IO.iodata_to_binary(acc)}
+        body_done(rest, acc)
 
-      _ ->
+      <<_, _, _::binary>> ->
         case :binary.split(buffer, "\r\n\r\n") do
-          [_, rest] ->
-            Process.put(:price_search_buffer, rest)
-            {:ok, IO.iodata_to_binary(acc)}
+          [fields, rest] when byte_size(fields) <= 4092 ->
+            if trailer_fields?(fields), do: body_done(rest, acc), else: broken(acc)
+
+          [_, _] ->
+            broken(acc)
+
+          [_] when byte_size(buffer) >= 4096 ->
+            broken(acc)
 
           [_] ->
             trailer_more(req, buffer, acc)
         end
+
+      _ ->
+        trailer_more(req, buffer, acc)
     end
   end
 
-  defp trailer_more(_req, buffer, _acc) when byte_size(buffer) > 8192, do: bad_body()
-
   defp trailer_more(req, buffer, acc) do
-    with {:ok, more} <- recv(req), do: trailers(req, buffer <> more, acc)
+    case recv(req) do
+      {:ok, more} -> trailer(req, buffer <> more, acc)
+      {:error, :closed} -> broken(acc)
+      error -> error
+    end
+  end
+
+  defp trailer_fields?(fields) do
+    fields
+    |> :binary.split("\r\n", [:global])
+    |> Enum.all?(fn field ->
+      # (decode_packet wants the next line's start: a field may continue)
+      match?(
+        {:ok, {:http_header, _, _, _, _}, "\r\n"},
+        :erlang.decode_packet(:httph_bin, field <> "\r\n\r\n", [])
+      )
+    end)
+  end
+
+  defp body_done(rest, acc) do
+    Process.put(:price_search_buffer, rest)
+    {:ok, IO.iodata_to_binary(acc)}
   end
 
   defp take(_req, buffer, n) when byte_size(buffer) >= n do
@@ -479,7 +665,11 @@ defmodule PriceSearch.HTTP.Server do
   end
 
   defp take(req, buffer, n) do
-    with {:ok, more} <- recv(req), do: take(req, buffer <> more, n)
+    case recv(req) do
+      {:ok, more} -> take(req, buffer <> more, n)
+      {:error, :closed} -> {:eof, buffer}
+      {:error, :timeout} = error -> error
+    end
   end
 
   @doc false
@@ -533,12 +723,18 @@ defmodule PriceSearch.HTTP.Server do
     ]
   end
 
-  # A client that hangs up before its answer is sent is normal: counted,
-  # and the connection's process ends.
+  # A client that hangs up before its answer is sent is normal, and so is
+  # one that does not read it within :send_timeout (the socket is then
+  # closed by send_timeout_close): counted, and the connection's process
+  # ends, which frees what the request held.
   defp send!(req, data) do
     case :gen_tcp.send(req.socket, data) do
       :ok ->
         :ok
+
+      {:error, :timeout} ->
+        :counters.add(req.counters, @send_timed_out, 1)
+        exit(:normal)
 
       {:error, _} ->
         :counters.add(req.counters, @hangups, 1)
