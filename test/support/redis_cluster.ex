@@ -178,8 +178,9 @@ defmodule Larder.Support.RedisCluster do
   # and resume/1: it is a %RedisServer{}.
 
   @doc """
-  SIGKILLs `master`, as a crash would (no `CLUSTER FAILOVER`: the dead
-  node answers nothing), calls `after_kill` (e.g. to start timing puts),
+  Waits until the replica of `master` is in sync with it, then SIGKILLs
+  `master`, as a crash would (no `CLUSTER FAILOVER`: the dead node
+  answers nothing), calls `after_kill` (e.g. to start timing puts),
   then waits until its replica says it is a master (the cluster's own
   promotion) and every other node says `cluster_state:ok`, each polled
   every 10 ms. Returns the replica and the monotonic times, in
@@ -196,6 +197,14 @@ defmodule Larder.Support.RedisCluster do
         raise "#{master.port} has no replica"
 
     deadline = System.monotonic_time(:millisecond) + timeout
+
+    # A replica that has not finished its first sync is never promoted
+    # ("Disconnected from master for longer than allowed"): on a loaded
+    # machine that sync can take seconds after the cluster says ok.
+    poll(deadline, "#{replica.port} to be in sync with its master", fn ->
+      RedisServer.command(replica, ~w(INFO replication)) =~ "master_link_status:up"
+    end)
+
     killed_at = System.monotonic_time(:microsecond)
     :ok = RedisServer.kill(master)
     after_kill.()
