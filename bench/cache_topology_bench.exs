@@ -21,9 +21,20 @@
 #     binary_to_term) on both (within 10%), columns taking turns; and a
 #     reshard of 1,000 slots (redis-cli --cluster reshard) while 16 runners
 #     put and get their own keys through the L2: wrong values read (target
-#     0) and the error rate (target <= 1% of calls).
+#     0) and the error rate (target <= 1% of calls);
+#   * a cluster master SIGKILLed (cluster-node-timeout 2 s), 5 times (2 with
+#     --quick), each on a fresh six-node cluster: two caches under put load
+#     (8 writers), 300 slots resharded live, then a master that serves
+#     neither the caches' channel nor their generation key killed; timed
+#     from the kill to the cluster's own promotion of its replica (its ROLE
+#     polled every 10 ms), to cluster_state:ok on every live node, and to
+#     the first put of a key in the dead master's slots that returns :ok
+#     (target: at most the promotion time + 1 s).
 #
-#   mix run bench/cache_topology_bench.exs [--quick] [--json PATH]
+#   mix run bench/cache_topology_bench.exs [--quick] [--json PATH] [--only NAME,...]
+#
+# NAME: foreign_write, sentinel_l1_hit, sentinel_failover,
+# foreign_write_cluster, cluster_hits, reshard, cluster_kill.
 #
 # Starts its own redis-server, Sentinel sets and cluster on free loopback
 # ports (and says so and does nothing if none is installed).
@@ -42,25 +53,46 @@ defmodule Larder.CacheTopologyBench do
   @cluster_title "Foreign write until every node's L1 drops the key (cluster)"
   @col "SET by another client until 2 nodes dropped it"
 
+  @scenarios ~w(foreign_write sentinel_l1_hit sentinel_failover foreign_write_cluster
+                 cluster_hits reshard cluster_kill)
+
   def run(argv) do
+    {opts, _, _} =
+      OptionParser.parse(argv, strict: [only: :string, quick: :boolean, json: :string])
+
     bench = Bench.start("Larder.Cache on Redis topologies", argv)
+    only = if opts[:only], do: String.split(opts[:only], ","), else: @scenarios
+    unknown = only -- @scenarios
+
+    if unknown != [],
+      do: raise("unknown --only #{inspect(unknown)}; known: #{inspect(@scenarios)}")
 
     if RedisServer.available?() do
-      redis = RedisServer.start()
-      cluster = RedisCluster.start()
+      # (each started only when a scenario chosen needs it)
+      redis = if only -- ~w(sentinel_failover reshard cluster_kill) != [], do: RedisServer.start()
+
+      cluster =
+        if Enum.any?(~w(foreign_write_cluster cluster_hits reshard), &(&1 in only)),
+          do: RedisCluster.start()
+
+      steps = [
+        {"foreign_write", &foreign_write(&1, redis)},
+        {"sentinel_l1_hit", &sentinel_l1_hit(&1, redis)},
+        {"sentinel_failover", &sentinel_failover/1},
+        {"foreign_write_cluster", &foreign_write_cluster(&1, cluster)},
+        {"cluster_hits", &cluster_hits(&1, redis, cluster)},
+        {"reshard", &reshard(&1, cluster)},
+        {"cluster_kill", &cluster_kill/1}
+      ]
 
       try do
-        bench
-        |> foreign_write(redis)
-        |> sentinel_l1_hit(redis)
-        |> sentinel_failover()
-        |> foreign_write_cluster(cluster)
-        |> cluster_hits(redis, cluster)
-        |> reshard(cluster)
+        steps
+        |> Enum.filter(fn {name, _} -> name in only end)
+        |> Enum.reduce(bench, fn {_, step}, bench -> step.(bench) end)
         |> Bench.finish()
       after
-        RedisServer.stop(redis)
-        RedisCluster.stop(cluster)
+        if redis, do: RedisServer.stop(redis)
+        if cluster, do: RedisCluster.stop(cluster)
       end
     else
       IO.puts("\nredis-server is not installed: nothing to measure.")
@@ -257,14 +289,14 @@ defmodule Larder.CacheTopologyBench do
     end
   end
 
-  defp first_put(cache) do
-    case Cache.put(cache, :k, :new) do
+  defp first_put(cache, key \\ :k) do
+    case Cache.put(cache, key, :new) do
       :ok ->
         System.monotonic_time(:microsecond)
 
       {:error, _} ->
         Process.sleep(1)
-        first_put(cache)
+        first_put(cache, key)
     end
   end
 
@@ -499,6 +531,121 @@ defmodule Larder.CacheTopologyBench do
         runner(state, r, parent, known, n + 1, {calls + 2, errors, wrong})
     end
   end
+
+  @kill_title "Cluster master SIGKILLed (cluster-node-timeout 2 s), from the kill"
+  @kill_cols ["cluster's promotion", "cluster_state:ok", "first successful put"]
+
+  def cluster_kill(bench) do
+    runs = Bench.pick(bench, 2, 5)
+    samples = for run <- 1..runs, do: kill_once(run)
+    results = Map.new(@kill_cols, &{&1, Bench.summarize(for(s <- samples, do: s[&1]), nil, 1)})
+
+    bench =
+      bench
+      |> Bench.table(@kill_title, @kill_cols)
+      |> Bench.row("#{runs} kills", results)
+
+    lag = for s <- samples, do: s["first successful put"] - s["cluster's promotion"]
+    ratio = for s <- samples, do: s["first successful put"] / s["cluster's promotion"]
+
+    bench
+    |> Bench.target(
+      "first put after the kill - promotion time, worst of #{runs} (ms)",
+      Enum.max(lag) / 1_000,
+      :<=,
+      1_000
+    )
+    |> Bench.target(
+      "first put after the kill / promotion time, worst of #{runs} (ratio)",
+      Enum.max(ratio),
+      :<=,
+      1.5
+    )
+  end
+
+  # One kill on a fresh cluster (a kill uses up a master): caches a and b
+  # under 8 writers, 300 slots resharded live, then the kill. Times in us
+  # from just before the SIGKILL.
+  defp kill_once(run) do
+    cluster = RedisCluster.start()
+
+    try do
+      seeds = RedisCluster.seeds(cluster)
+      l2 = {Cache.Redis, cluster: seeds, timeout: 1_000}
+      caches = for n <- [:kill_a, :kill_b], do: start_cache(:"#{n}_#{run}", l2, :pubsub)
+      writers = for c <- caches, r <- 1..4, do: spawn_link(fn -> writer(c, r) end)
+      [from, to | _] = RedisCluster.masters(cluster)
+      :ok = RedisCluster.reshard(cluster, from, to, 300)
+
+      # a master that serves neither the channel nor the generation key
+      # (losing the subscription would make the keeper read the map anyway)
+      cfg = Runtime.get(hd(caches))
+      map = slot_map(hd(seeds))
+      busy = Enum.map([Remote.channel(cfg), Remote.generation_key(cfg)], &master(map, &1))
+
+      victim =
+        Enum.find(
+          [to, from | RedisCluster.masters(cluster)],
+          &({"127.0.0.1", &1.port} not in busy)
+        )
+
+      key =
+        Enum.find(Stream.map(1..100_000, &{:key, &1}), fn k ->
+          master(map, Remote.l2_key(cfg, k)) == {"127.0.0.1", victim.port}
+        end)
+
+      parent = self()
+      ref = make_ref()
+
+      kill =
+        RedisCluster.kill_master(cluster, victim, fn ->
+          spawn_link(fn -> send(parent, {ref, first_put(hd(caches), key)}) end)
+        end)
+
+      put_at =
+        receive do
+          {^ref, at} -> at
+        after
+          30_000 -> raise "no put on the dead master's slots within 30 s of cluster_state:ok"
+        end
+
+      stop_all(writers)
+      Enum.each(caches, &GenServer.stop/1)
+
+      %{
+        "cluster's promotion" => kill.promoted_at - kill.killed_at,
+        "cluster_state:ok" => kill.ok_at - kill.killed_at,
+        "first successful put" => put_at - kill.killed_at
+      }
+    after
+      RedisCluster.stop(cluster)
+    end
+  end
+
+  defp stop_all(pids) do
+    refs = for pid <- pids, do: {Process.monitor(pid), send(pid, :stop)}
+    for {ref, _} <- refs, do: receive(do: ({:DOWN, ^ref, _, _, _} -> :ok))
+  end
+
+  defp writer(cache, r) do
+    receive do
+      :stop -> :ok
+    after
+      2 ->
+        Cache.put(cache, {:load, r, :rand.uniform(100)}, r)
+        writer(cache, r)
+    end
+  end
+
+  defp slot_map({host, port}) do
+    {:ok, conn} = Cache.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, reply} = Cache.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    GenServer.stop(conn)
+    {:ok, map} = Cache.Redis.Cluster.slot_map(reply, host)
+    map
+  end
+
+  defp master(map, key), do: Cache.Redis.Cluster.master(map, Cache.Redis.Cluster.slot(key))
 
   defp start_cache(name, l2, invalidation \\ :tracking) do
     {:ok, pid} =

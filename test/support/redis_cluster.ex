@@ -177,6 +177,68 @@ defmodule Larder.Support.RedisCluster do
   # A node is killed, paused and resumed with RedisServer.kill/1, pause/1
   # and resume/1: it is a %RedisServer{}.
 
+  @doc """
+  Waits until the replica of `master` is in sync with it, then SIGKILLs
+  `master`, as a crash would (no `CLUSTER FAILOVER`: the dead node
+  answers nothing), calls `after_kill` (e.g. to start timing puts),
+  then waits until its replica says it is a master (the cluster's own
+  promotion) and every other node says `cluster_state:ok`, each polled
+  every 10 ms. Returns the replica and the monotonic times, in
+  microseconds, of the kill, the promotion and the ok.
+  """
+  def kill_master(
+        %__MODULE__{nodes: nodes} = cluster,
+        %RedisServer{} = master,
+        after_kill \\ fn -> :ok end,
+        timeout \\ 60_000
+      ) do
+    replica =
+      Enum.find(replicas(cluster), &(master_of(cluster, &1).port == master.port)) ||
+        raise "#{master.port} has no replica"
+
+    deadline = System.monotonic_time(:millisecond) + timeout
+
+    # A replica that has not finished its first sync is never promoted
+    # ("Disconnected from master for longer than allowed"): on a loaded
+    # machine that sync can take seconds after the cluster says ok.
+    poll(deadline, "#{replica.port} to be in sync with its master", fn ->
+      RedisServer.command(replica, ~w(INFO replication)) =~ "master_link_status:up"
+    end)
+
+    killed_at = System.monotonic_time(:microsecond)
+    :ok = RedisServer.kill(master)
+    after_kill.()
+
+    promoted_at =
+      poll(deadline, "#{replica.port} to be promoted", fn ->
+        String.starts_with?(RedisServer.command(replica, ["ROLE"]), "*3\r\n$6\r\nmaster")
+      end)
+
+    live = Enum.reject(nodes, &(&1.port == master.port))
+
+    ok_at =
+      poll(deadline, "cluster_state:ok on every live node", fn ->
+        Enum.all?(live, &(RedisServer.command(&1, ~w(CLUSTER INFO)) =~ "cluster_state:ok"))
+      end)
+
+    %{replica: replica, killed_at: killed_at, promoted_at: promoted_at, ok_at: ok_at}
+  end
+
+  # When `fun` first holds (monotonic us), polled every 10 ms.
+  defp poll(deadline, what, fun) do
+    cond do
+      fun.() ->
+        System.monotonic_time(:microsecond)
+
+      System.monotonic_time(:millisecond) > deadline ->
+        raise "timed out waiting for #{what}"
+
+      true ->
+        Process.sleep(10)
+        poll(deadline, what, fun)
+    end
+  end
+
   @doc "Kills every node and removes their dirs."
   def stop(%__MODULE__{nodes: nodes}) do
     Enum.each(nodes, &RedisServer.stop/1)

@@ -59,6 +59,128 @@ defmodule Larder.Cache.RedisClusterLoadTest do
     assert errors <= calls / 100, "#{errors} errors in #{calls} calls"
   end
 
+  # The report of issue 25: after a live reshard, a master SIGKILLed under
+  # two caches' load. The cluster promotes its replica; the dead master
+  # never answers (no MOVED), so only the keeper's own reading of the map
+  # can move its slots' keys to the promoted replica.
+  test "a master SIGKILLed after a reshard, under load: every key's put succeeds again", ctx do
+    seeds = RedisCluster.seeds(ctx.cluster)
+
+    caches =
+      for n <- [:a, :b] do
+        name = :"#{ctx.test}.#{n}"
+        l2 = {Redis, timeout: 500, cluster: seeds}
+        start_supervised!({Larder.Cache, name: name, l2: l2, namespace: "kill"}, id: name)
+        name
+      end
+
+    [a, _b] = caches
+    cfg = Larder.Cache.Runtime.get(a)
+    loaders = for c <- caches, r <- 1..4, do: spawn_link(fn -> load(c, r) end)
+
+    [from, to | _] = RedisCluster.masters(ctx.cluster)
+    :ok = RedisCluster.reshard(ctx.cluster, from, to, 300)
+
+    # The victim serves neither the caches' channel nor their generation
+    # key (a lost subscription makes the keeper read the map again, which
+    # would hide the fault): only some keys' slots die with it.
+    map = slot_map(seeds)
+    names = [Larder.Cache.Remote.channel(cfg), Larder.Cache.Remote.generation_key(cfg)]
+    busy = Enum.map(names, &Cluster.master(map, Cluster.slot(&1)))
+
+    victim =
+      Enum.find([to, from | RedisCluster.masters(ctx.cluster)], fn m ->
+        {"127.0.0.1", m.port} not in busy
+      end)
+
+    keys = for i <- 1..300, do: {:key, i}
+
+    dead_keys =
+      Enum.filter(keys, fn key ->
+        slot = Cluster.slot(Larder.Cache.Remote.l2_key(cfg, key))
+        Cluster.master(map, slot) == {"127.0.0.1", victim.port}
+      end)
+
+    assert dead_keys != [] and length(dead_keys) < length(keys)
+    parent = self()
+
+    probe = fn ->
+      spawn_link(fn -> send(parent, {:first_put, first_put(a, hd(dead_keys))}) end)
+    end
+
+    kill = RedisCluster.kill_master(ctx.cluster, victim, probe)
+
+    # every key, on both caches, within 15 s of the cluster saying ok
+    deadline = System.monotonic_time(:millisecond) + 15_000
+    failing = put_until_ok(for(c <- caches, k <- keys, do: {c, k}), deadline)
+
+    first_put =
+      receive do
+        {:first_put, at} -> at
+      after
+        0 -> nil
+      end
+
+    for pid <- loaders, ref = Process.monitor(pid) do
+      send(pid, :stop)
+      assert_receive {:DOWN, ^ref, _, _, _}, 5_000
+    end
+
+    ms = fn at -> at && div(at - kill.killed_at, 1_000) end
+
+    assert failing == [],
+           "#{length(failing)} of #{2 * length(keys)} puts still fail 15 s after " <>
+             "cluster_state:ok (promotion #{ms.(kill.promoted_at)} ms and ok " <>
+             "#{ms.(kill.ok_at)} ms after the kill), e.g. #{inspect(Enum.take(failing, 2))}"
+
+    assert first_put,
+           "no put on the dead master's slots (promotion #{ms.(kill.promoted_at)} ms)"
+  end
+
+  # Puts of `key` every 5 ms until one returns :ok: when (monotonic us).
+  defp first_put(cache, key) do
+    case Larder.Cache.put(cache, key, :probe) do
+      :ok ->
+        System.monotonic_time(:microsecond)
+
+      {:error, %Larder.Error{}} ->
+        Process.sleep(5)
+        first_put(cache, key)
+    end
+  end
+
+  # Puts each {cache, key} again (10 ms apart) until it returns :ok or the
+  # deadline passes: the pairs that never did.
+  defp put_until_ok(pairs, deadline) do
+    left = Enum.reject(pairs, fn {c, k} -> Larder.Cache.put(c, k, :after) == :ok end)
+
+    if left == [] or System.monotonic_time(:millisecond) > deadline do
+      left
+    else
+      Process.sleep(10)
+      put_until_ok(left, deadline)
+    end
+  end
+
+  # One writer of a cache's keys, 2 ms apart, until told to stop.
+  defp load(cache, r) do
+    receive do
+      :stop -> :ok
+    after
+      2 ->
+        Larder.Cache.put(cache, {:load, r, :rand.uniform(100)}, r)
+        load(cache, r)
+    end
+  end
+
+  defp slot_map([{host, port} | _]) do
+    {:ok, conn} = Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, reply} = Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    GenServer.stop(conn)
+    {:ok, map} = Cluster.slot_map(reply, host)
+    map
+  end
+
   test "a slot halfway through a migration: reads and writes follow ASK", ctx do
     key = "{ask-slot}:k"
     slot = Cluster.slot(key)

@@ -17,7 +17,8 @@ defmodule Larder.Cache.Redis.Cluster do
   # Failures: replies and errors come from the network and are untrusted.
   # `slot_map/2` never raises on a reply: entries that are not what
   # CLUSTER SLOTS sends are skipped and counted in `:bad`; a reply that is
-  # not a list at all is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+  # not a list at all, or whose ranges name more than @max_masters masters,
+  # is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
   # `redirect/2` returns `:other` for anything that is not a well-formed
   # MOVED, ASK, TRYAGAIN or CLUSTERDOWN error.
   #
@@ -32,6 +33,10 @@ defmodule Larder.Cache.Redis.Cluster do
   # Entries beyond this many in one reply are not read (the spec's maximum
   # is one per slot).
   @max_entries @slots
+  # The most masters a map may name: Redis Cluster is designed for up to
+  # 1,000 nodes. Each master costs the keeper a pool of connections (and
+  # their reconnects while it is down): a reply naming more is refused.
+  @max_masters 1_000
 
   @typedoc "A node's address."
   @type address :: {host :: binary(), port :: 1..65_535}
@@ -60,6 +65,10 @@ defmodule Larder.Cache.Redis.Cluster do
     end
 
   @crc_table List.to_tuple(crc_table)
+
+  @doc "The most masters a slot map may name."
+  @spec max_masters() :: pos_integer()
+  def max_masters, do: @max_masters
 
   @doc "Number of hash slots in a Redis Cluster."
   @spec slots() :: pos_integer()
@@ -116,22 +125,34 @@ defmodule Larder.Cache.Redis.Cluster do
   @doc """
   Builds the slot map from a `CLUSTER SLOTS` reply (as
   Larder.Redis.RESP returns it: integers come as decimal binaries). An empty host means the node the
-  command was sent to, `default_host`. Only masters are kept.
+  command was sent to, `default_host`. Only masters are kept; a reply
+  whose usable ranges name more than `max_masters/0` masters is refused.
   """
   @spec slot_map(term(), binary()) :: {:ok, slot_map()} | {:error, Larder.Error.t()}
   def slot_map(reply, default_host) when is_list(reply) and is_binary(default_host) do
     {ranges, bad} = ranges(reply, default_host, @max_entries, [], 0)
     {ranges, overlapping} = disjoint(Enum.sort(ranges))
     masters = ranges |> Enum.map(&elem(&1, 2)) |> Enum.uniq()
-    index = masters |> Enum.with_index() |> Map.new()
 
-    slots =
-      ranges
-      |> Enum.map(fn {first, last, address} -> {first, last, Map.fetch!(index, address)} end)
-      |> fill(0, [])
-      |> List.to_tuple()
+    case length(masters) do
+      n when n > @max_masters ->
+        {:error,
+         Larder.Error.new(:l2_bad_reply, "CLUSTER SLOTS names too many masters",
+           masters: n,
+           max_masters: @max_masters
+         )}
 
-    {:ok, %{slots: slots, masters: List.to_tuple(masters), bad: bad + overlapping}}
+      _ ->
+        index = masters |> Enum.with_index() |> Map.new()
+
+        slots =
+          ranges
+          |> Enum.map(fn {first, last, address} -> {first, last, Map.fetch!(index, address)} end)
+          |> fill(0, [])
+          |> List.to_tuple()
+
+        {:ok, %{slots: slots, masters: List.to_tuple(masters), bad: bad + overlapping}}
+    end
   end
 
   def slot_map(reply, default_host) when is_binary(default_host) do

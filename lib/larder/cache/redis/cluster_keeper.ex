@@ -12,13 +12,25 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # `{slot, {host, port}}` per served slot, `{{host, port, i}, pid | :none}`
   # per pool client, `{:keeper, pid}`, and `{:bad_replies, n}`, the count of
   # CLUSTER SLOTS answers that were not usable (not RESP, an error reply,
-  # not a list, skipped entries, larger than @max_reply_bytes). A new map is
-  # written pools first, then slots, so a slot never names a master without
-  # a pool.
+  # not a list, naming more than Cluster.max_masters/0 masters, skipped
+  # entries, larger than @max_reply_bytes). A new map is written pools
+  # first, then slots, so a slot never names a master without a pool.
   #
   # A refresh blocks the keeper (each node within :timeout) and runs at most
   # once per :reconnect_sleep, however many callers hint it; while it runs,
   # pub/sub messages wait. Nothing a node says is trusted: see Cluster.
+  #
+  # A master down (a connection to it refused or failed to open): the map
+  # is read again at once (within that rate) from the other nodes, since a
+  # dead master answers no MOVED, and again after a wait that doubles from
+  # :reconnect_sleep up to @max_follow_ms while the map still names a
+  # master that is down. Meanwhile its pool is not reconnected key by key:
+  # one connection is tried after a wait that doubles from
+  # :reconnect_sleep up to Keeper.max_wait/1 (each wait jittered by +-25%
+  # so that masters down together are not tried together), and the rest
+  # of its pool is started once one connects. So a map naming many dead
+  # masters costs at most one connection attempt per master per backoff
+  # and one CLUSTER SLOTS per @max_follow_ms.
 
   @behaviour Larder.Cache.Redis.Keeper
 
@@ -33,6 +45,9 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   @max_reply_bytes 4_194_304
   # Of start_link's wait (see Larder.Cache.Redis), what the first map may take.
   @init_budget_ms 4_000
+  # The longest wait between two readings of the map while it names a
+  # master that is down.
+  @max_follow_ms 500
 
   @doc """
   Checks the :cluster option of `validated` (the other options checked),
@@ -101,6 +116,12 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         last_refresh: nil,
         refresh_timer: nil,
         map_warned: false,
+        # masters whose connections cannot be opened: node => %{wait,
+        # timer, pending (the pool keys that wait for it)}
+        down: %{},
+        # the map read again while it names a master that is down:
+        # %{wait, timer} or nil
+        follow: nil,
         # invalidation: :tracking, per master: its pub/sub connection for
         # __redis__:invalidate (by node, and its socket's node)
         tracking: opts[:tracking_prefix],
@@ -137,6 +158,15 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
       :refresh_now ->
         refresh(%{state | refresh_timer: nil}, nil)
+
+      :follow_down ->
+        # (a timer cancelled as it fired finds no follow-up)
+        if state.follow,
+          do: refresh(%{state | follow: %{state.follow | timer: nil}}, nil),
+          else: state
+
+      {:node_retry, node} ->
+        node_retry(state, node)
 
       {:stop_clients, pids} ->
         Enum.each(pids, &Keeper.stop_client/1)
@@ -179,10 +209,11 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   # Asks the known masters, then the seeds, in turn (each within :timeout,
   # all before `deadline` when there is one) for CLUSTER SLOTS, and uses
-  # the first usable answer.
+  # the first usable answer; masters that are down are asked last.
   defp refresh(state, deadline) do
     known = if state.map, do: Cluster.masters(state.map), else: []
-    nodes = Enum.uniq(known ++ state.seeds)
+    {down, up} = Enum.split_with(Enum.uniq(known ++ state.seeds), &is_map_key(state.down, &1))
+    nodes = up ++ down
 
     result =
       Enum.reduce_while(nodes, {:error, :no_node}, fn node, acc ->
@@ -209,21 +240,50 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     state = %{state | last_refresh: System.monotonic_time(:millisecond)}
 
-    case result do
-      {:ok, map} ->
-        state |> apply_map(map) |> Map.put(:map_warned, false) |> follow_channel()
+    state =
+      case result do
+        {:ok, map} ->
+          state |> apply_map(map) |> Map.put(:map_warned, false) |> follow_channel()
 
-      {:error, reason} ->
-        unless state.map_warned do
-          Logger.warning(
-            "Larder.Cache.Redis: no usable CLUSTER SLOTS from any node " <>
-              "(#{inspect(reason, limit: 10, printable_limit: 100)}); asking again"
-          )
-        end
+        {:error, reason} ->
+          unless state.map_warned do
+            Logger.warning(
+              "Larder.Cache.Redis: no usable CLUSTER SLOTS from any node " <>
+                "(#{inspect(reason, limit: 10, printable_limit: 100)}); asking again"
+            )
+          end
 
-        %{state | map_warned: true}
-    end
+          %{state | map_warned: true}
+      end
+
+    follow_down(state)
   end
+
+  # While the map names a master that is down, it is read again after a
+  # wait doubling from :reconnect_sleep up to @max_follow_ms; once it names
+  # none, the wait starts over.
+  defp follow_down(%{down: down, follow: follow} = state) when down == %{} do
+    if follow && follow.timer, do: Process.cancel_timer(follow.timer)
+    %{state | follow: nil}
+  end
+
+  defp follow_down(%{follow: %{timer: timer}} = state) when timer != nil, do: state
+
+  defp follow_down(state) do
+    sleep = state.opts[:reconnect_sleep]
+
+    wait =
+      if state.follow, do: min(state.follow.wait * 2, max(@max_follow_ms, sleep)), else: sleep
+
+    %{
+      state
+      | follow: %{wait: wait, timer: Process.send_after(self(), :follow_down, jitter(wait))}
+    }
+  end
+
+  # `wait` +-25%.
+  defp jitter(wait) when wait < 4, do: wait
+  defp jitter(wait), do: wait - div(wait, 4) + :rand.uniform(div(wait, 2) + 1) - 1
 
   defp count_bad(state, n), do: Keeper.count(state.table, :bad_replies, n)
 
@@ -257,7 +317,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp slots_reply([{:ok, reply}], false, host) do
     case Cluster.slot_map(reply, host) do
       {:ok, map} -> {:ok, map}
-      {:error, error} -> {:error, {:bad, error.reason}}
+      {:error, error} -> {:error, {:bad, error.message}}
     end
   end
 
@@ -281,12 +341,20 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
+  # The same map again (read while a master is down): nothing to do.
+  defp apply_map(%{map: %{slots: slots, masters: masters}} = state, %{
+         slots: slots,
+         masters: masters
+       }),
+       do: state
+
   # Pools first (started for new masters, stopped for masters gone), then
   # the slots whose master changed.
   defp apply_map(state, map) do
     masters = MapSet.new(Cluster.masters(map))
     new = MapSet.difference(masters, state.pools)
     gone = MapSet.difference(state.pools, masters)
+    state = Enum.reduce(gone, state, &node_gone(&2, &1))
 
     state =
       Enum.reduce(new, %{state | pools: masters}, fn node, state ->
@@ -331,12 +399,86 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     %{state | map: map, clients: Map.new(clients)}
   end
 
-  # A pool's connection {host, port, i}, while its master is in the map.
+  # A pool's connection {host, port, i}, while its master is in the map;
+  # while that master is down, the key waits for its node's retry.
   @impl Keeper
   def start_client(state, {host, port, _i} = key) do
-    if MapSet.member?(state.pools, {host, port}),
-      do: Keeper.start_client(state, key, String.to_charlist(host), port),
-      else: state
+    node = {host, port}
+
+    cond do
+      not MapSet.member?(state.pools, node) -> state
+      is_map_key(state.down, node) -> park(state, node, key)
+      true -> connect(state, node, key)
+    end
+  end
+
+  ## Masters down: one connection attempt per node and backoff (see the
+  ## contract above)
+
+  defp connect(state, {host, port} = node, key) do
+    started = Keeper.start_client(state, key, String.to_charlist(host), port)
+
+    if started?(started, state) do
+      started
+    else
+      sleep = state.opts[:reconnect_sleep]
+      down = %{wait: sleep, timer: nil, pending: MapSet.new([key])}
+      state = %{started | down: Map.put(started.down, node, down)}
+      # (as a message: this may run inside a refresh, applying its map)
+      send(self(), :refresh)
+      state |> schedule_retry(node) |> follow_down()
+    end
+  end
+
+  # Whether Keeper.start_client/4 connected (it adds the client's pid).
+  defp started?(after_start, before), do: map_size(after_start.clients) > map_size(before.clients)
+
+  # (Keeper.start_client/4 has marked a failed key :none and will send its
+  # {:start_client, key} again: it lands here, among the pending)
+  defp park(state, node, key) do
+    Keeper.put(state.table, {key, :none})
+    update_in(state.down[node].pending, &MapSet.put(&1, key))
+  end
+
+  defp schedule_retry(state, node) do
+    %{wait: wait} = state.down[node]
+    timer = Process.send_after(self(), {:node_retry, node}, jitter(wait))
+    put_in(state.down[node].timer, timer)
+  end
+
+  # One pending key of the node is tried; once it connects, the others are
+  # started; else the wait doubles.
+  defp node_retry(state, node) do
+    case state.down do
+      %{^node => %{pending: pending, wait: wait} = down} ->
+        [key | rest] = MapSet.to_list(pending)
+        {host, port} = node
+        started = Keeper.start_client(state, key, String.to_charlist(host), port)
+
+        if started?(started, state) do
+          state = %{started | down: Map.delete(started.down, node)}
+          state = Enum.reduce(rest, state, &start_client(&2, &1))
+          follow_down(state)
+        else
+          next = min(wait * 2, Keeper.max_wait(started))
+          state = %{started | down: Map.put(started.down, node, %{down | wait: next, timer: nil})}
+          schedule_retry(state, node)
+        end
+
+      _ ->
+        state
+    end
+  end
+
+  defp node_gone(state, node) do
+    case Map.pop(state.down, node) do
+      {nil, _} ->
+        state
+
+      {down, rest} ->
+        if down.timer, do: Process.cancel_timer(down.timer)
+        %{state | down: rest}
+    end
   end
 
   ## The sharded pub/sub connection: AUTH and SSUBSCRIBE on the master of

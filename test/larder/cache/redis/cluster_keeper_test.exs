@@ -1,0 +1,163 @@
+defmodule Larder.Cache.Redis.ClusterKeeperTest do
+  # The cluster keeper against a hostile seed (a fake node whose CLUSTER
+  # SLOTS names masters on ports nothing listens on): a map naming more
+  # than Cluster.max_masters/0 masters is refused and counted, and one
+  # under that bound whose masters are all dead costs a bounded number of
+  # connection attempts per master (a backoff per node), not one per pool
+  # connection every :reconnect_sleep.
+  #
+  # Not async: it traces the keeper's calls to Connection.start_link/3
+  # (a global trace pattern).
+  use ExUnit.Case, async: false
+
+  alias Larder.Cache.Redis
+  alias Larder.Cache.Redis.{ClusterKeeper, Connection}
+  alias Larder.Support.RedisServer
+  alias Larder.Test.GarbageServer
+
+  @moduletag :capture_log
+
+  test "a seed naming 4,000 masters: the map is refused and counted, nothing is connected" do
+    {seed, slots_calls} = hostile_seed(Enum.to_list(1..4_000))
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Redis,
+        [timeout: 300, cluster: [{"127.0.0.1", seed.port}]],
+        self(),
+        "ch"
+      )
+
+    assert ClusterKeeper.bad_replies(state) >= 1
+    assert :counters.get(slots_calls, 1) >= 1
+    # no slot is served, and no pool was started
+    assert :ets.lookup(state.table, 0) == []
+    assert :ets.select_count(state.table, [{{{:_, :_, :_}, :_}, [], [true]}]) == 0
+
+    assert {:error, %Larder.Error{reason: :l2_unavailable}} =
+             Redis.put(state, "k", "v", :infinity, :always)
+  end
+
+  test "a map of 50 dead masters: connection attempts per master back off" do
+    ports = closed_ports(50)
+    {seed, slots_calls} = hostile_seed(ports)
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Redis,
+        [timeout: 300, pool_size: 2, reconnect_sleep: 100, cluster: [{"127.0.0.1", seed.port}]],
+        self(),
+        "ch"
+      )
+
+    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    calls_before = :counters.get(slots_calls, 1)
+    {:reductions, reductions_before} = Process.info(keeper, :reductions)
+    counter = trace_connects(keeper)
+    Process.sleep(3_000)
+    attempts = stop_trace(keeper, counter)
+    {:reductions, reductions_after} = Process.info(keeper, :reductions)
+    slots = :counters.get(slots_calls, 1) - calls_before
+
+    total = attempts |> Map.values() |> Enum.sum()
+    worst = attempts |> Map.values() |> Enum.max(fn -> 0 end)
+
+    report =
+      "#{total} connection attempts in 3 s (at most #{worst} to one master), " <>
+        "#{slots} CLUSTER SLOTS, #{reductions_after - reductions_before} reductions"
+
+    # the masters are tried again (each is down, and still in the map:
+    # 3 or more times each in 3 s)...
+    assert total >= length(ports), report
+    # ...after a wait that doubles from 100 ms, once per master (not per
+    # pool connection): 5 attempts in 3 s with every wait at its shortest
+    # (-25%), where one per connection every 100 ms would be 60
+    assert worst <= 8, report
+    # and the map is read again while it names masters that are down (at
+    # most twice a second after the first few: about 7 in 3 s) and after
+    # each failure of the pub/sub connection (whose channel's master is dead
+    # too), which backs off to 2 s: about 5 in 3 s
+    assert slots >= 1 and slots <= 20, report
+  end
+
+  # A fake node whose CLUSTER SLOTS gives 16,384 slots to one master per
+  # port, in equal ranges (and answers anything else with an error); the
+  # counter counts its CLUSTER SLOTS requests.
+  defp hostile_seed(ports) do
+    n = length(ports)
+    calls = :counters.new(1, [])
+
+    ranges =
+      for {port, i} <- Enum.with_index(ports) do
+        first = div(i * 16_384, n)
+        last = div((i + 1) * 16_384, n) - 1
+        "*3\r\n:#{first}\r\n:#{last}\r\n*2\r\n$9\r\n127.0.0.1\r\n:#{port}\r\n"
+      end
+
+    reply = IO.iodata_to_binary(["*#{n}\r\n" | ranges])
+
+    seed =
+      GarbageServer.start(fn request ->
+        if String.contains?(request, "SLOTS") do
+          :counters.add(calls, 1, 1)
+          reply
+        else
+          "-ERR not a node\r\n"
+        end
+      end)
+
+    on_exit(fn -> GarbageServer.stop(seed) end)
+    {seed, calls}
+  end
+
+  # `n` distinct loopback ports that nothing listens on now.
+  defp closed_ports(n), do: closed_ports(n, MapSet.new())
+
+  defp closed_ports(n, acc) do
+    if MapSet.size(acc) == n,
+      do: MapSet.to_list(acc),
+      else: closed_ports(n, MapSet.put(acc, RedisServer.free_port()))
+  end
+
+  # Counts the keeper's calls to Connection.start_link/3, by port.
+  defp trace_connects(keeper) do
+    counter =
+      spawn_link(fn ->
+        count = fn count, acc ->
+          receive do
+            {:trace, ^keeper, :call, {Connection, :start_link, [_host, port, _opts]}} ->
+              count.(count, Map.update(acc, port, 1, &(&1 + 1)))
+
+            {:get, from} ->
+              send(from, {:attempts, acc})
+          end
+        end
+
+        count.(count, %{})
+      end)
+
+    :erlang.trace_pattern({Connection, :start_link, 3}, true, [:local])
+    1 = :erlang.trace(keeper, true, [:call, {:tracer, counter}])
+
+    on_exit(fn -> :erlang.trace_pattern({Connection, :start_link, 3}, false, [:local]) end)
+    counter
+  end
+
+  defp stop_trace(keeper, counter) do
+    :erlang.trace(keeper, false, [:call])
+    # every trace message is in the counter's mailbox before the question
+    ref = :erlang.trace_delivered(keeper)
+
+    receive do
+      {:trace_delivered, ^keeper, ^ref} -> :ok
+    end
+
+    send(counter, {:get, self()})
+
+    receive do
+      {:attempts, attempts} -> attempts
+    after
+      5_000 -> flunk("the trace counter did not answer")
+    end
+  end
+end
