@@ -57,6 +57,105 @@ defmodule Larder.CacheTest do
     end
   end
 
+  describe "start_link/1 with a name in use" do
+    # Calls start_link/1 in a fresh process that does not trap exits and is
+    # not linked to the test; the process then waits for :stop (so that a
+    # cache it started keeps running). Returns {pid, monitor ref}; the
+    # process sends {:started, pid, result}.
+    defp plain_starter(opts, go \\ nil) do
+      test = self()
+
+      spawn_monitor(fn ->
+        if go, do: receive(do: (^go -> :ok))
+        send(test, {:started, self(), Cache.start_link(opts)})
+        receive do: (:stop -> :ok)
+      end)
+    end
+
+    # The processes started by `pid` (directly or below) that still run.
+    defp descendants(pid) do
+      for p <- Process.list(),
+          {:dictionary, dict} <- [Process.info(p, :dictionary)],
+          pid in Keyword.get(dict, :"$ancestors", []),
+          do: p
+    end
+
+    defp assert_alive_with_no_trace(pid, ref) do
+      refute_received {:DOWN, ^ref, _, _, _}
+      assert Process.alive?(pid)
+      assert {:links, []} = Process.info(pid, :links)
+      assert {:messages, []} = Process.info(pid, :messages)
+      assert descendants(pid) == []
+    end
+
+    test "a second cache of the same name: {:error, {:already_started, owner}}, the caller lives",
+         ctx do
+      name = :"#{ctx.test}"
+      {:ok, _sup} = Cache.start_link(name: name)
+      owner = Process.whereis(name)
+
+      {pid, ref} = plain_starter(name: name)
+      assert_receive {:started, ^pid, {:error, {:already_started, ^owner}}}, 5_000
+      assert_alive_with_no_trace(pid, ref)
+      assert Process.whereis(name) == owner
+      assert :ok = Cache.put(name, :k, 1)
+      send(pid, :stop)
+    end
+
+    test "a name another process holds: {:error, {:already_started, holder}}, the caller lives",
+         ctx do
+      name = :"#{ctx.test}"
+      holder = spawn_link(fn -> receive do: (:stop -> :ok) end)
+      Process.register(holder, name)
+
+      {pid, ref} = plain_starter(name: name)
+      assert_receive {:started, ^pid, {:error, {:already_started, ^holder}}}, 5_000
+      assert_alive_with_no_trace(pid, ref)
+      assert Process.whereis(name) == holder
+
+      # the failed start let the name's claim go: once the name is free,
+      # a cache of that name starts
+      send(holder, :stop)
+      send(pid, :stop)
+      eventually(fn -> Process.whereis(name) == nil end)
+      {:ok, sup} = Cache.start_link(name: name)
+      assert Cache.fetch(name, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      Supervisor.stop(sup)
+    end
+
+    test "many processes start one name at once: one wins, the others get its owner", ctx do
+      name = :"#{ctx.test}"
+      go = make_ref()
+      starters = for _ <- 1..50, do: plain_starter([name: name], go)
+      for {pid, _} <- starters, do: send(pid, go)
+
+      results =
+        for {pid, _} <- starters do
+          assert_receive {:started, ^pid, result}, 10_000
+          {pid, result}
+        end
+
+      assert [{winner, {:ok, sup}}] = Enum.filter(results, &match?({_, {:ok, _}}, &1))
+      owner = Process.whereis(name)
+      assert Larder.Cache.Supervisor.child(name, :owner) == owner
+      assert {:links, [^sup]} = Process.info(winner, :links)
+
+      for {pid, ref} <- starters, pid != winner do
+        assert {^pid, {:error, {:already_started, ^owner}}} = List.keyfind(results, pid, 0)
+        assert_alive_with_no_trace(pid, ref)
+      end
+
+      # the winner's tree is whole (a cache without an L2 runs no L2
+      # process) and works
+      ids = for {id, p, _, _} <- Supervisor.which_children(sup), is_pid(p), do: id
+      assert Enum.sort(ids) == [:clock, :owner]
+      assert :ok = Cache.put(name, :k, 1)
+      assert Cache.get(name, :k) == 1
+
+      for {pid, _} <- starters, do: send(pid, :stop)
+    end
+  end
+
   describe "unknown caches" do
     test "a name that was never started raises a clear ArgumentError", ctx do
       assert_raise ArgumentError,
