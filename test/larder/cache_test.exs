@@ -489,6 +489,48 @@ defmodule Larder.CacheTest do
       assert %{l2_hits: 1, l1_hits: 1, l1_misses: 1} = Cache.stats(b)
     end
 
+    test "an L2 replaced by a server holding older values (:replaced): no node reads them",
+         ctx do
+      {l2, a, b} = two_nodes(ctx)
+      :ok = Cache.put(a, :k, 2)
+      assert Cache.get(b, :k) == 2
+      rt = Larder.Cache.Runtime.get(a)
+      before = :atomics.get(rt.generation, 1)
+
+      # the server now holds what a promoted replica would: the older value
+      # under the same key, the newer put lost
+      MemoryL2.raw_put(l2, Larder.Cache.Remote.l2_key(rt, :k), :erlang.term_to_binary(1))
+      send(Process.whereis(a), {:larder_cache_l2, :replaced})
+      _ = :sys.get_state(Process.whereis(a))
+
+      # a moved to a new generation there (L1 cleared), and told b
+      assert :atomics.get(rt.generation, 1) > before
+      assert Cache.get(a, :k) == nil
+
+      eventually(fn ->
+        :atomics.get(Larder.Cache.Runtime.get(b).generation, 1) ==
+          :atomics.get(rt.generation, 1)
+      end)
+
+      assert Cache.get(b, :k) == nil
+      :ok = Cache.put(b, :k, 3)
+      assert Cache.get(a, :k) == 3
+    end
+
+    test "an L2 replaced while it does not answer: the new generation is written once it does",
+         ctx do
+      {l2, a, _b} = two_nodes(ctx)
+      :ok = Cache.put(a, :k, 2)
+      rt = Larder.Cache.Runtime.get(a)
+      before = :atomics.get(rt.generation, 1)
+      :ok = MemoryL2.set_down(l2, true)
+      send(Process.whereis(a), {:larder_cache_l2, :replaced})
+      _ = :sys.get_state(Process.whereis(a))
+      assert Cache.get(a, :k) == nil
+      :ok = MemoryL2.set_down(l2, false)
+      eventually(fn -> :atomics.get(rt.generation, 1) > before end)
+    end
+
     test "a loaded value is written to L2 for the other nodes", ctx do
       {_l2, a, b} = two_nodes(ctx)
       assert Cache.fetch(a, :k, fn -> {:ok, :loaded} end) == {:ok, :loaded}

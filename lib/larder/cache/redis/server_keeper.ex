@@ -20,7 +20,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # sentinels again on a +switch-master for its master, a caller's hint, or
   # a failed subscription, at most once per :reconnect_sleep, and every
   # watch while it knows no master. A master other than the one in use
-  # (checked with its own ROLE) moves every connection to it. While it asks
+  # (checked with its own ROLE) moves every connection to it, and tells the
+  # cache it was replaced (a promoted replica may hold older values under
+  # the same keys: the cache renews its generation there). While it asks
   # (each sentinel within :timeout), messages wait.
 
   @behaviour Larder.Cache.Redis.Keeper
@@ -222,6 +224,12 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
     state = %{state | host: host, port: port, clients: %{}, master_warned: false}
     state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+
+    # The new master is a promoted replica: writes the old one acknowledged
+    # but had not replicated are missing there, and the keys hold the older
+    # values it had. The cache moves to a new generation on it (through
+    # the connections just started), so that it reads none of them.
+    send(state.subscriber, {:larder_cache_l2, :replaced})
 
     # Whether or not it was subscribed, the cache must clear its L1 when the
     # subscription comes up on the new master: what it read from the old
