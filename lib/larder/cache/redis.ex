@@ -178,15 +178,20 @@ defmodule Larder.Cache.Redis do
       hears every other node's writes.
     * The repair window: once `max(2 s, :reconnect_sleep) +
       :reconnect_sleep + :timeout` has passed after a sentinel named the
-      new master, and while the sentinels and the new master answer, no
-      node serves a value older than the newest put of its key that had
-      returned `:ok` before the read began (on any node); a write the old
-      master acknowledged but did not replicate is a miss. Inside the
-      window, a node that has switched its connections but not yet renewed
-      the generation (milliseconds) can read the promoted replica's older
-      values. With `codec: :raw` the keys hold no generation, so a
-      failover can serve the older values a promoted replica holds for as
-      long as they are not written again. Tested with `SENTINEL FAILOVER`
+      new master, no node that heard `+switch-master` from a sentinel, or
+      whose old master is dead, serves a value older than the newest put
+      of its key that had returned `:ok` before the read began (on any
+      node), while the new master answers; a write the old master
+      acknowledged but did not replicate is a miss. Inside the window, a
+      node that has switched its connections but not yet renewed the
+      generation (the `INCR` and `GET` round trips) can read the promoted
+      replica's older values. A node that hears no sentinel while its old
+      master still runs moves only when that master stops answering as
+      one (`READONLY`, or its connections closed when the sentinels make
+      it a replica), and can serve the older values until then. With
+      `codec: :raw` the keys hold no generation, so a failover can serve
+      the older values a promoted replica holds for as long as they are
+      not written again. Tested with `SENTINEL FAILOVER`
       (the old master still running) under 8 writers and 4 readers on 2
       nodes, every operation recorded and checked
       (`test/larder/cache/redis_sentinel_history_test.exs`).
