@@ -130,11 +130,25 @@ defmodule Larder.Cache.Redis do
   ignored, one naming none is counted in the cache's `:bad_messages`.
   `+sdown` and `+odown` clear nothing: a master that some or all
   sentinels find down may come back without a failover, and until one
-  begins L1 keeps serving, as in any outage. The keeper asks the sentinels again
-  on a `+switch-master` for its master, when a command gets `READONLY` or
-  finds its connection lost, when the pub/sub connection fails, and every
-  100 ms while it knows no master; at most once per `:reconnect_sleep`
-  however many callers hint it. What a sentinel or a node says is checked
+  begins L1 keeps serving, as in any outage. From the first of
+  `+failover-state-send-slaveof-noone` (the leading sentinel sends the
+  replica `REPLICAOF NO ONE` one of its ticks later),
+  `+failover-state-wait-promotion`, `+promoted-slave` and
+  `+failover-state-reconf-slaves` that names its master, the keeper
+  sends the old master nothing more, since whatever it acknowledges from
+  then on is lost: its command connections are closed, and L2 calls fail
+  with `:l2_unavailable` at once (L1 hits are served, misses call the
+  loader, writes are repaired on the new master), until the keeper moves,
+  a sentinel publishes `-failover-abort-not-elected`,
+  `-failover-abort-no-good-slave` or `-failover-abort-slave-timeout` for
+  its master (it subscribes to those too), or 5 s have passed (a
+  failover that takes longer: the connections to the master in use are
+  opened again). Its subscription stays, so the other nodes' writes are
+  still heard. The keeper asks the sentinels again on a `+switch-master`
+  for its master, when a command gets `READONLY` or finds its connection
+  lost, when the pub/sub connection fails, and every 100 ms while it
+  knows no master or a promotion is under way; at most once per
+  `:reconnect_sleep` however many callers hint it. What a sentinel or a node says is checked
   (a reply that is not RESP, is larger than 64 KB, or has the wrong shape
   counts as no answer). A master other than the one in use moves every
   connection: the command clients are replaced, the cache gets
@@ -148,7 +162,11 @@ defmodule Larder.Cache.Redis do
   new master does not answer): the new master is a promoted replica,
   which lacks the writes the old master acknowledged but had not
   replicated, and holds the older values they had replaced under the same
-  keys. No node reads those keys again. With tracking, the new subscription has a new client id
+  keys. No node reads those keys again. (A node that hears the leading
+  sentinel sends the old master no write after the promotion, but one
+  that does not, or reads the event late, can have writes acknowledged
+  there and lost.) Tested: under `SENTINEL FAILOVER`, the old master
+  runs no write from 200 ms after the replica says it is a master. With tracking, the new subscription has a new client id
   on the new master, and every command connection is redirected to it
   before the cache gets `:connected` (see "Tracking").
 

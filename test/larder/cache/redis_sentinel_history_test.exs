@@ -49,6 +49,11 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
   @checked_ms 1_500
   # how long after the promotion the frozen keys are still written
   @freeze_ms 100
+  # from how long after the promotion the old master must take no write: a
+  # node stops sending it anything when a sentinel says the replica is
+  # being promoted, which the leader says a tick (50 to 100 ms) before it
+  # promotes it; this leaves the nodes that much more to read it
+  @quiet_ms 200
 
   setup do
     # a replica made of the old master starts its full sync at once
@@ -80,6 +85,12 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
       assert r.bad_results == [], inspect(r)
     end
 
+    # no node sent the old master a write once the promotion was under way
+    # (writes it would acknowledge and lose)
+    assert Enum.all?(results, &(&1.old_master_sets in [nil, 0])),
+           "the old master took writes after the promotion: " <>
+             inspect(Enum.map(results, &{&1.round, &1.old_master_sets}))
+
     failed = Enum.filter(results, &(&1.stale != []))
 
     assert failed == [],
@@ -107,7 +118,7 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
 
     Process.sleep(700)
     old = RedisSentinel.master(ctx.set) || flunk("the sentinels do not agree on a master")
-    named_at = fail_over(ctx.set, old, control)
+    {named_at, old_master_sets} = fail_over(ctx.set, old, control)
     Process.sleep(@window + @checked_ms)
     :atomics.put(control, 1, 1)
 
@@ -116,7 +127,7 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
 
     for node <- nodes, do: :ok = stop_supervised(node)
 
-    check(round, nodes, puts, reads, named_at)
+    Map.put(check(round, nodes, puts, reads, named_at), :old_master_sets, old_master_sets)
   end
 
   ## The workers
@@ -271,8 +282,9 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
   # the replica says it is a master (or when a sentinel names it, if that
   # comes first): what the old master acknowledged of them meanwhile is
   # lost, and no put of them is under way when the nodes move. Returns when
-  # a sentinel first named the new master (native time units).
-  defp fail_over(set, %RedisServer{port: old_port}, control) do
+  # a sentinel first named the new master (native time units), and how
+  # many SETs the old master took after the promotion (see watch/7).
+  defp fail_over(set, %RedisServer{port: old_port} = old, control) do
     replica = Enum.find(set.data, &(&1.port != old_port))
 
     sockets =
@@ -284,13 +296,13 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
     deadline = System.monotonic_time(:millisecond) + 60_000
 
     try do
-      attempt(set, sockets, replica, control, deadline)
+      attempt(set, sockets, old, replica, control, deadline)
     after
       Enum.each(sockets, &:gen_tcp.close/1)
     end
   end
 
-  defp attempt(set, sockets, replica, control, deadline) do
+  defp attempt(set, sockets, old, replica, control, deadline) do
     RedisServer.wait_until(30_000, "SENTINEL FAILOVER to be accepted", fn ->
       Enum.any?(set.sentinels, fn sentinel ->
         RedisCluster.cli(sentinel, ~w(SENTINEL FAILOVER #{set.name})) == {:ok, ["OK"]}
@@ -299,33 +311,51 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
 
     wait = System.monotonic_time(:millisecond) + 8_000
 
-    case watch(set.name, sockets, replica, control, min(wait, deadline), nil) do
-      :none when wait < deadline -> attempt(set, sockets, replica, control, deadline)
+    case watch(set.name, sockets, old, replica, control, min(wait, deadline), %{}) do
+      :none when wait < deadline -> attempt(set, sockets, old, replica, control, deadline)
       :none -> flunk("no sentinel named a new master")
-      named_at -> named_at
+      named -> named
     end
   end
 
-  defp watch(name, sockets, replica, control, deadline, promoted_at) do
+  # Polls until a sentinel names `replica` as the master: {named_at, the
+  # SETs the old master took from @quiet_ms after the replica said it was a
+  # master until then (nil if it was named before)}, or :none after
+  # `deadline`.
+  defp watch(name, sockets, old, replica, control, deadline, seen) do
     now_ms = System.monotonic_time(:millisecond)
 
     cond do
       Enum.any?(sockets, &(master_port(&1, name) == replica.port)) ->
         :atomics.put(control, 2, 1)
-        now()
+        named_at = now()
+        {named_at, seen[:sets] && set_calls(old) - seen.sets}
 
       now_ms > deadline ->
         :none
 
-      promoted_at == nil ->
-        promoted_at = if RedisCluster.role(replica) == "master", do: now_ms
-        watch(name, sockets, replica, control, deadline, promoted_at)
+      seen[:promoted_at] == nil ->
+        seen = if RedisCluster.role(replica) == "master", do: %{promoted_at: now_ms}, else: seen
+        watch(name, sockets, old, replica, control, deadline, seen)
 
       true ->
-        if now_ms >= promoted_at + @freeze_ms, do: :atomics.put(control, 2, 1)
+        if now_ms >= seen.promoted_at + @freeze_ms, do: :atomics.put(control, 2, 1)
+
+        seen =
+          if seen[:sets] == nil and now_ms >= seen.promoted_at + @quiet_ms,
+            do: Map.put(seen, :sets, set_calls(old)),
+            else: seen
+
         Process.sleep(2)
-        watch(name, sockets, replica, control, deadline, promoted_at)
+        watch(name, sockets, old, replica, control, deadline, seen)
     end
+  end
+
+  # How many SETs the node has run (INFO commandstats).
+  defp set_calls(node) do
+    info = RedisServer.command(node, ["INFO", "commandstats"])
+    [_, calls] = Regex.run(~r/cmdstat_set:calls=(\d+)/, info) || [nil, "0"]
+    String.to_integer(calls)
   end
 
   defp master_port(socket, name) do
