@@ -64,7 +64,12 @@ defmodule Larder.Cache do
   the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
   whose `init/3` raises or whose processes cannot start gives `{:error,
   %Larder.Error{reason: :l2_failed}}`; a name in use gives `{:error,
-  {:already_started, pid}}` with the owner's pid. Stopping the supervisor
+  {:already_started, pid}}` with the owner's pid (or that of the process
+  that holds the name). None of these errors harms the caller, trapping
+  exits or not: what was started of the tree is stopped before
+  `start_link/1` returns, and no exit signal or message reaches the caller.
+  Of any number of processes starting one name at once, exactly one gets
+  `{:ok, pid}`. Stopping the supervisor
   (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
   then the L2's processes, then the owner, which erases the cache's
   handle. Killing the supervisor makes the owner stop the same way a

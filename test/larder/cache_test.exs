@@ -57,6 +57,105 @@ defmodule Larder.CacheTest do
     end
   end
 
+  describe "start_link/1 with a name in use" do
+    # Calls start_link/1 in a fresh process that does not trap exits and is
+    # not linked to the test; the process then waits for :stop (so that a
+    # cache it started keeps running). Returns {pid, monitor ref}; the
+    # process sends {:started, pid, result}.
+    defp plain_starter(opts, go \\ nil) do
+      test = self()
+
+      spawn_monitor(fn ->
+        if go, do: receive(do: (^go -> :ok))
+        send(test, {:started, self(), Cache.start_link(opts)})
+        receive do: (:stop -> :ok)
+      end)
+    end
+
+    # The processes started by `pid` (directly or below) that still run.
+    defp descendants(pid) do
+      for p <- Process.list(),
+          {:dictionary, dict} <- [Process.info(p, :dictionary)],
+          pid in Keyword.get(dict, :"$ancestors", []),
+          do: p
+    end
+
+    defp assert_alive_with_no_trace(pid, ref) do
+      refute_received {:DOWN, ^ref, _, _, _}
+      assert Process.alive?(pid)
+      assert {:links, []} = Process.info(pid, :links)
+      assert {:messages, []} = Process.info(pid, :messages)
+      assert descendants(pid) == []
+    end
+
+    test "a second cache of the same name: {:error, {:already_started, owner}}, the caller lives",
+         ctx do
+      name = :"#{ctx.test}"
+      {:ok, _sup} = Cache.start_link(name: name)
+      owner = Process.whereis(name)
+
+      {pid, ref} = plain_starter(name: name)
+      assert_receive {:started, ^pid, {:error, {:already_started, ^owner}}}, 5_000
+      assert_alive_with_no_trace(pid, ref)
+      assert Process.whereis(name) == owner
+      assert :ok = Cache.put(name, :k, 1)
+      send(pid, :stop)
+    end
+
+    test "a name another process holds: {:error, {:already_started, holder}}, the caller lives",
+         ctx do
+      name = :"#{ctx.test}"
+      holder = spawn_link(fn -> receive do: (:stop -> :ok) end)
+      Process.register(holder, name)
+
+      {pid, ref} = plain_starter(name: name)
+      assert_receive {:started, ^pid, {:error, {:already_started, ^holder}}}, 5_000
+      assert_alive_with_no_trace(pid, ref)
+      assert Process.whereis(name) == holder
+
+      # the failed start let the name's claim go: once the name is free,
+      # a cache of that name starts
+      send(holder, :stop)
+      send(pid, :stop)
+      eventually(fn -> Process.whereis(name) == nil end)
+      {:ok, sup} = Cache.start_link(name: name)
+      assert Cache.fetch(name, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      Supervisor.stop(sup)
+    end
+
+    test "many processes start one name at once: one wins, the others get its owner", ctx do
+      name = :"#{ctx.test}"
+      go = make_ref()
+      starters = for _ <- 1..50, do: plain_starter([name: name], go)
+      for {pid, _} <- starters, do: send(pid, go)
+
+      results =
+        for {pid, _} <- starters do
+          assert_receive {:started, ^pid, result}, 10_000
+          {pid, result}
+        end
+
+      assert [{winner, {:ok, sup}}] = Enum.filter(results, &match?({_, {:ok, _}}, &1))
+      owner = Process.whereis(name)
+      assert Larder.Cache.Supervisor.child(name, :owner) == owner
+      assert {:links, [^sup]} = Process.info(winner, :links)
+
+      for {pid, ref} <- starters, pid != winner do
+        assert {^pid, {:error, {:already_started, ^owner}}} = List.keyfind(results, pid, 0)
+        assert_alive_with_no_trace(pid, ref)
+      end
+
+      # the winner's tree is whole (a cache without an L2 runs no L2
+      # process) and works
+      ids = for {id, p, _, _} <- Supervisor.which_children(sup), is_pid(p), do: id
+      assert Enum.sort(ids) == [:clock, :owner]
+      assert :ok = Cache.put(name, :k, 1)
+      assert Cache.get(name, :k) == 1
+
+      for {pid, _} <- starters, do: send(pid, :stop)
+    end
+  end
+
   describe "unknown caches" do
     test "a name that was never started raises a clear ArgumentError", ctx do
       assert_raise ArgumentError,
@@ -388,6 +487,48 @@ defmodule Larder.CacheTest do
       assert Cache.fetch(b, :k, loader) == {:ok, %{v: 1}}
       assert calls.() == 0
       assert %{l2_hits: 1, l1_hits: 1, l1_misses: 1} = Cache.stats(b)
+    end
+
+    test "an L2 replaced by a server holding older values (:replaced): no node reads them",
+         ctx do
+      {l2, a, b} = two_nodes(ctx)
+      :ok = Cache.put(a, :k, 2)
+      assert Cache.get(b, :k) == 2
+      rt = Larder.Cache.Runtime.get(a)
+      before = :atomics.get(rt.generation, 1)
+
+      # the server now holds what a promoted replica would: the older value
+      # under the same key, the newer put lost
+      MemoryL2.raw_put(l2, Larder.Cache.Remote.l2_key(rt, :k), :erlang.term_to_binary(1))
+      send(Process.whereis(a), {:larder_cache_l2, :replaced})
+      _ = :sys.get_state(Process.whereis(a))
+
+      # a moved to a new generation there (L1 cleared), and told b
+      assert :atomics.get(rt.generation, 1) > before
+      assert Cache.get(a, :k) == nil
+
+      eventually(fn ->
+        :atomics.get(Larder.Cache.Runtime.get(b).generation, 1) ==
+          :atomics.get(rt.generation, 1)
+      end)
+
+      assert Cache.get(b, :k) == nil
+      :ok = Cache.put(b, :k, 3)
+      assert Cache.get(a, :k) == 3
+    end
+
+    test "an L2 replaced while it does not answer: the new generation is written once it does",
+         ctx do
+      {l2, a, _b} = two_nodes(ctx)
+      :ok = Cache.put(a, :k, 2)
+      rt = Larder.Cache.Runtime.get(a)
+      before = :atomics.get(rt.generation, 1)
+      :ok = MemoryL2.set_down(l2, true)
+      send(Process.whereis(a), {:larder_cache_l2, :replaced})
+      _ = :sys.get_state(Process.whereis(a))
+      assert Cache.get(a, :k) == nil
+      :ok = MemoryL2.set_down(l2, false)
+      eventually(fn -> :atomics.get(rt.generation, 1) > before end)
     end
 
     test "a loaded value is written to L2 for the other nodes", ctx do

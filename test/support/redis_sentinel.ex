@@ -19,18 +19,20 @@ defmodule Larder.Support.RedisSentinel do
   dies.
 
   Options: `:name` (default #{inspect(@name)}), `:down_after` (ms, default
-  1000), `:failover_timeout` (ms, default 5000).
+  1000), `:failover_timeout` (ms, default 5000), `:data_args` (more
+  command-line words for both data nodes, default none).
   """
   def start(opts \\ []) do
     name = Keyword.get(opts, :name, @name)
     down_after = Keyword.get(opts, :down_after, 1_000)
     failover_timeout = Keyword.get(opts, :failover_timeout, 5_000)
+    data_args = Keyword.get(opts, :data_args, [])
 
-    master = RedisServer.start()
+    master = RedisServer.start(args: data_args)
 
     replica =
       RedisServer.start(
-        args: ~w(--replicaof 127.0.0.1 #{master.port} --repl-ping-replica-period 1)
+        args: ~w(--replicaof 127.0.0.1 #{master.port} --repl-ping-replica-period 1) ++ data_args
       )
 
     sentinels =
@@ -96,6 +98,39 @@ defmodule Larder.Support.RedisSentinel do
       RedisCluster.role(master) == "master" and
         Enum.all?(live(set.sentinels), &settled?(&1, set.name))
     end)
+  end
+
+  @doc """
+  Waits until the replica of the master the sentinels agree on is in sync:
+  its link up, no sync under way, and its offset at least the master's
+  offset read before it. (The sentinels list a replica as soon as it is
+  connected, before a full sync has brought it the master's data.)
+  Returns the master.
+  """
+  def wait_replicated(%__MODULE__{} = set, timeout \\ 30_000) do
+    wait_master(set, timeout, "the replica to be in sync", fn master ->
+      replica = Enum.find(set.data, &(&1.port != master.port))
+      master_offset = replication(master)["master_repl_offset"]
+      info = replication(replica)
+
+      info["role"] == "slave" and info["master_port"] == Integer.to_string(master.port) and
+        info["master_link_status"] == "up" and info["master_sync_in_progress"] == "0" and
+        master_offset != nil and
+        String.to_integer(info["slave_repl_offset"] || "-1") >= String.to_integer(master_offset)
+    end)
+  end
+
+  defp replication(node) do
+    node
+    |> RedisServer.command(["INFO", "replication"])
+    |> String.split("\r\n")
+    |> Enum.flat_map(fn line ->
+      case String.split(line, ":", parts: 2) do
+        [k, v] -> [{k, v}]
+        _ -> []
+      end
+    end)
+    |> Map.new()
   end
 
   @doc """

@@ -68,6 +68,26 @@ defmodule Larder.Cache.Generation do
     reply
   end
 
+  # The L2 is now another server, which may hold older values than were
+  # acknowledged under this generation's keys (a replica promoted by a
+  # failover, which had not received the last writes): the generation
+  # moves past every one that server holds (INCR there, then the usual
+  # check, which renews a key the server lost), so none of those keys is
+  # read again, and the other nodes hear of it. :ok, or :pending when the
+  # L2 did not answer (the owner repairs it as a pending invalidate-all:
+  # an INCR and a publish, once the L2 answers). L1 is cleared first.
+  def advance(rt) do
+    Store.clear(rt)
+
+    with {:ok, _incremented} <- Remote.incr_generation(rt),
+         {:ok, g, published?} <- sync(rt),
+         true <- published? or Remote.publish(rt, {:all, g}) == :ok do
+      :ok
+    else
+      _failed -> :pending
+    end
+  end
+
   defp retry_on_error({:ok, _g, _published?} = ok), do: ok
 
   defp retry_on_error(error) do

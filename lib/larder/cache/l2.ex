@@ -65,6 +65,14 @@ defmodule Larder.Cache.L2 do
       from it may be lost (a Sentinel failover has begun): the cache
       clears its L1. `:bad` in place of the keys is counted in
       `:bad_messages`.
+    * `{:larder_cache_l2, :replaced}` (optional) when the L2 moved to
+      another server that may hold older values than those written (a
+      replica a Sentinel failover promoted, which lacks the writes the
+      old server acknowledged but had not replicated). It is sent once
+      the L2's calls reach the new server: the cache moves to a new
+      generation there (an `c:incr/2` of its generation key, retried
+      until it succeeds), so that no node reads what the keys of the old
+      generation hold.
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
       subscription's connection is lost, or the L2 moves to another server
       (a Sentinel failover) whether or not it was subscribed: the cache

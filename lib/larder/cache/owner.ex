@@ -147,6 +147,15 @@ defmodule Larder.Cache.Owner do
     end
   end
 
+  # The L2 moved to another server that may hold values older than the
+  # ones acknowledged (a Sentinel failover): a new generation there.
+  def handle_info({:larder_cache_l2, :replaced}, %{rt: rt} = state) do
+    case Generation.advance(rt) do
+      :ok -> {:noreply, state}
+      :pending -> {:noreply, %{state | pending: Repairs.add(state.pending, rt, :all)}}
+    end
+  end
+
   def handle_info({:larder_cache_l2, :disconnected}, %{rt: rt} = state) do
     Invalidations.connection(rt, :disconnected, %{reason: :connection_lost})
     # messages may be missed from now on (or were, before a first

@@ -131,19 +131,43 @@ defmodule Larder.Cache.Redis do
   ignored, one naming none is counted in the cache's `:bad_messages`.
   `+sdown` and `+odown` clear nothing: a master that some or all
   sentinels find down may come back without a failover, and until one
-  begins L1 keeps serving, as in any outage. The keeper asks the sentinels again
-  on a `+switch-master` for its master, when a command gets `READONLY` or
-  finds its connection lost, when the pub/sub connection fails, and every
-  100 ms while it knows no master; at most once per `:reconnect_sleep`
-  however many callers hint it. What a sentinel or a node says is checked
+  begins L1 keeps serving, as in any outage. From the first of
+  `+failover-state-send-slaveof-noone` (the leading sentinel sends the
+  replica `REPLICAOF NO ONE` one of its ticks later),
+  `+failover-state-wait-promotion`, `+promoted-slave` and
+  `+failover-state-reconf-slaves` that names its master, the keeper
+  sends the old master nothing more, since whatever it acknowledges from
+  then on is lost: its command connections are closed, and L2 calls fail
+  with `:l2_unavailable` at once (L1 hits are served, misses call the
+  loader, writes are repaired on the new master), until the keeper moves,
+  a sentinel publishes `-failover-abort-not-elected`,
+  `-failover-abort-no-good-slave` or `-failover-abort-slave-timeout` for
+  its master (it subscribes to those too), or 5 s have passed (a
+  failover that takes longer: the connections to the master in use are
+  opened again). Its subscription stays, so the other nodes' writes are
+  still heard. The keeper asks the sentinels again on a `+switch-master`
+  for its master, when a command gets `READONLY` or finds its connection
+  lost, when the pub/sub connection fails, and every 100 ms while it
+  knows no master or a promotion is under way; at most once per
+  `:reconnect_sleep` however many callers hint it. What a sentinel or a node says is checked
   (a reply that is not RESP, is larger than 64 KB, or has the wrong shape
   counts as no answer). A master other than the one in use moves every
-  connection: the command clients are replaced, and the pub/sub connection
-  connects to the new master at once (whatever backoff its failures on the
-  old one ran up), and the cache gets `{:larder_cache_l2, :disconnected}`
-  then `:connected`, so it clears its L1 and reads the generation there
-  (writes the old master acknowledged may be lost, since replication is
-  asynchronous). With tracking, the new subscription has a new client id
+  connection: the command clients are replaced, the cache gets
+  `{:larder_cache_l2, :replaced}`, and the pub/sub connection connects to
+  the new master at once (whatever backoff its failures on the old one
+  ran up), and the cache gets `{:larder_cache_l2, :disconnected}` then
+  `:connected`, so it clears its L1 and reads the generation there. On
+  `:replaced` the cache moves to a new generation on the new master
+  (`INCR` of its generation key, checked and published as
+  `invalidate_all/1` does; retried as a pending invalidate-all while the
+  new master does not answer): the new master is a promoted replica,
+  which lacks the writes the old master acknowledged but had not
+  replicated, and holds the older values they had replaced under the same
+  keys. No node reads those keys again. (A node that hears the leading
+  sentinel sends the old master no write after the promotion, but one
+  that does not, or reads the event late, can have writes acknowledged
+  there and lost.) Tested: under `SENTINEL FAILOVER`, the old master
+  runs no write from 200 ms after the replica says it is a master. With tracking, the new subscription has a new client id
   on the new master, and every command connection is redirected to it
   before the cache gets `:connected` (see "Tracking").
 
@@ -153,11 +177,12 @@ defmodule Larder.Cache.Redis do
   `:l2_unavailable` (L1 hits are served, misses call the loader, and
   writes are repaired once the L2 answers, as in any outage); every
   node's L1 is cleared when the failover begins and again when the node
-  moves, and values written to the old master that it
-  had not yet replicated are gone (a miss, never an old value, since the
-  nodes agree on the new master's generation key, or renew it if it was
-  lost). The check runs in the keeper, which relays pub/sub messages too:
-  while it asks the sentinels (each within `:timeout`), messages wait.
+  moves; every value the cache stored in Redis before the failover is
+  gone (each node that moves renews the generation on the new master),
+  and with it every write the old master acknowledged but had not
+  replicated: a miss, never an older value. The check runs in the
+  keeper, which relays pub/sub messages too: while it asks the sentinels
+  (each within `:timeout`), messages wait.
 
   What a node serves across a failover (the contract):
 
@@ -165,10 +190,30 @@ defmodule Larder.Cache.Redis do
       from any sentinel, or, if it heard none, at its next check (one
       follows every failed attempt to subscribe again, so within
       `max(2 s, :reconnect_sleep) + :reconnect_sleep` of the sentinels
-      naming the new master). Its move is done when its subscription is
-      up on the new master and its L1 cleared: from then on it serves
-      nothing it held before the failover, and hears every other node's
-      writes.
+      naming the new master). Its move is done when it has renewed the
+      generation on the new master (one `INCR` and one `GET`, each within
+      `:timeout`) and its subscription is up there: from then on it
+      serves nothing it held or that Redis held before the failover, and
+      hears every other node's writes.
+    * The repair window: once `max(2 s, :reconnect_sleep) +
+      :reconnect_sleep + :timeout` has passed after a sentinel named the
+      new master, no node that heard `+switch-master` from a sentinel, or
+      whose old master is dead, serves a value older than the newest put
+      of its key that had returned `:ok` before the read began (on any
+      node), while the new master answers; a write the old master
+      acknowledged but did not replicate is a miss. Inside the window, a
+      node that has switched its connections but not yet renewed the
+      generation (the `INCR` and `GET` round trips) can read the promoted
+      replica's older values. A node that hears no sentinel while its old
+      master still runs moves only when that master stops answering as
+      one (`READONLY`, or its connections closed when the sentinels make
+      it a replica), and can serve the older values until then. With
+      `codec: :raw` the keys hold no generation, so a failover can serve
+      the older values a promoted replica holds for as long as they are
+      not written again. Tested with `SENTINEL FAILOVER`
+      (the old master still running) under 8 writers and 4 readers on 2
+      nodes, every operation recorded and checked
+      (`test/larder/cache/redis_sentinel_history_test.exs`).
     * A node drops its L1 when it hears a failover of its master begin,
       and again when its move is done. The sentinel that leads the
       failover publishes `+try-failover` at least three of its timer

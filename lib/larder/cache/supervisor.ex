@@ -18,18 +18,39 @@ defmodule Larder.Cache.Supervisor do
   Starts the tree: `{:ok, supervisor}`, or `{:error, reason}` with the
   reason of the child that did not start (the owner's or the L2 runner's
   `%Larder.Error{}`, or `{:already_started, pid}` for a taken name).
+
+  A child that fails never takes its caller down. A supervisor whose
+  children fail in its `init/1` exits with `{:shutdown,
+  {:failed_to_start_child, ...}}`, an exit signal that kills a linked
+  caller that does not trap exits; so the supervisor starts empty and its
+  children are added here, in order, with `:supervisor.start_child/2`,
+  which answers an error instead. On an error the half-built tree is
+  unlinked and stopped before this returns, so nothing of it is left and
+  no exit signal or message reaches the caller.
   """
   def start_link(opts) do
-    case :supervisor.start_link(__MODULE__, opts) do
-      {:error, {:shutdown, {:failed_to_start_child, _id, reason}}} -> {:error, reason}
-      other -> other
+    with {:ok, sup} <- :supervisor.start_link(__MODULE__, opts) do
+      start_children(sup, children(opts[:name], opts))
+    end
+  end
+
+  defp start_children(sup, []), do: {:ok, sup}
+
+  defp start_children(sup, [child | rest]) do
+    case :supervisor.start_child(sup, child) do
+      {:ok, _pid_or_undefined} ->
+        start_children(sup, rest)
+
+      # start_child/2 gives the child's own error with the child's record
+      {:error, {reason, _child}} ->
+        Process.unlink(sup)
+        :ok = :proc_lib.stop(sup, :shutdown, :infinity)
+        {:error, reason}
     end
   end
 
   @impl true
-  def init(opts) do
-    name = opts[:name]
-
+  def init(_opts) do
     flags = %{
       strategy: :rest_for_one,
       intensity: @max_restarts,
@@ -38,7 +59,12 @@ defmodule Larder.Cache.Supervisor do
       auto_shutdown: :any_significant
     }
 
-    children = [
+    # the children come from start_link/1, one at a time
+    {:ok, {flags, []}}
+  end
+
+  defp children(name, opts) do
+    [
       %{
         id: :owner,
         start: {Owner, :start_link, [opts]},
@@ -49,8 +75,6 @@ defmodule Larder.Cache.Supervisor do
       %{id: :l2, start: {L2Runner, :start_link, [name]}, shutdown: :infinity},
       %{id: :clock, start: {Expiry, :start_clock, [name]}, shutdown: :brutal_kill}
     ]
-
-    {:ok, {flags, children}}
   end
 
   @doc "The pid of a cache's child (`:owner`, `:l2`, `:clock`), or nil."

@@ -107,9 +107,8 @@ defmodule Larder.Cache.TopologyTest do
     Supervisor.stop(sup)
   end
 
+  # (the test process does not trap exits: the failed start must not kill it)
   test "an L2 whose processes cannot start makes start_link/1 an :l2_failed error", ctx do
-    Process.flag(:trap_exit, true)
-
     assert {:error, %Larder.Error{reason: :l2_failed}} = start(ctx, :no_start)
     assert Process.whereis(ctx.name) == nil
 

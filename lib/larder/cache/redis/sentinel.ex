@@ -25,6 +25,16 @@ defmodule Larder.Cache.Redis.Sentinel do
                         +failover-state-wait-promotion +promoted-slave
                         +failover-state-reconf-slaves)
 
+  # Of those, the ones that say the replica is being promoted, or was: the
+  # leader publishes the first one tick before it sends REPLICAOF NO ONE.
+  # From then on, what the old master acknowledges is lost.
+  @promotion_channels ~w(+failover-state-send-slaveof-noone +failover-state-wait-promotion
+                         +promoted-slave +failover-state-reconf-slaves)
+
+  # A failover given up: the master in use stays the master.
+  @abort_channels ~w(-failover-abort-not-elected -failover-abort-no-good-slave
+                     -failover-abort-slave-timeout)
+
   @doc "Checks the :sentinel option; raises ArgumentError naming what is wrong."
   def validate!(nil), do: nil
 
@@ -127,7 +137,8 @@ defmodule Larder.Cache.Redis.Sentinel do
     tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
 
     with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      commands = auth(sentinel) ++ [["SUBSCRIBE", "+switch-master" | @failover_channels]]
+      channels = ["+switch-master" | @failover_channels] ++ @abort_channels
+      commands = auth(sentinel) ++ [["SUBSCRIBE" | channels]]
 
       with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
            :ok <- :inet.setopts(socket, active: :once) do
@@ -147,9 +158,12 @@ defmodule Larder.Cache.Redis.Sentinel do
   Reads `data` from a sentinel's subscription: `{:ok, events, parser}`,
   where events are `{:switch, master_name}` for each `+switch-master`
   message (the addresses in it are not used: the master is asked again),
-  `{:failover, master_name}` for each failover event, and `:bad` for a
-  failover event whose payload names no master; or `:error` for bytes that
-  are not RESP, an error reply or a reply too large (the parser bounds it).
+  `{:failover, master_name}` for each failover event, followed by
+  `{:promoting, master_name, {host, port} | nil}` (the address of the
+  master being replaced) for one that says the replica is being promoted, `{:aborted, master_name}` for each `-failover-abort-*`, and
+  `:bad` for a failover or abort event whose payload names no master; or
+  `:error` for bytes that are not RESP, an error reply or a reply too
+  large (the parser bounds it).
   """
   def read(parser, data) do
     case RESP.parse(parser, data) do
@@ -169,16 +183,48 @@ defmodule Larder.Cache.Redis.Sentinel do
   end
 
   defp event({:ok, ["message", channel, payload]}) when channel in @failover_channels do
-    # "master <name> <ip> <port>" or, for the replica being promoted,
-    # "slave <ip:port> <ip> <port> @ <master name> <ip> <port>"
-    case is_binary(payload) && String.split(payload, " ", parts: 7) do
-      ["master", name | _] -> [{:failover, name}]
-      ["slave", _, _, _, "@", name | _] -> [{:failover, name}]
-      _ -> [:bad]
+    case master_named(payload) do
+      nil ->
+        [:bad]
+
+      {name, address} when channel in @promotion_channels ->
+        [{:failover, name}, {:promoting, name, address}]
+
+      {name, _address} ->
+        [{:failover, name}]
+    end
+  end
+
+  defp event({:ok, ["message", channel, payload]}) when channel in @abort_channels do
+    case master_named(payload) do
+      nil -> [:bad]
+      {name, _address} -> [{:aborted, name}]
     end
   end
 
   defp event(_other), do: []
+
+  # The master an event names, and its address ({host, port}, or nil when
+  # the payload does not give one): "master <name> <ip> <port>" or, for
+  # the replica being promoted, "slave <ip:port> <ip> <port> @ <master
+  # name> <ip> <port>".
+  defp master_named(payload) do
+    case is_binary(payload) && String.split(payload, " ", parts: 7) do
+      ["master", name | rest] -> {name, address(rest)}
+      ["slave", _, _, _, "@", name, rest] -> {name, address(String.split(rest, " "))}
+      ["slave", _, _, _, "@", name] -> {name, nil}
+      _ -> nil
+    end
+  end
+
+  defp address([host, port | _]) do
+    case parse_addr([host, port]) do
+      {:ok, addr} -> addr
+      _ -> nil
+    end
+  end
+
+  defp address(_), do: nil
 
   # One request on a fresh connection: the replies to `commands`, in
   # order, or {:error, reason}. An error reply is an error.

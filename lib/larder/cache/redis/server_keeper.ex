@@ -19,9 +19,15 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # again every @sentinel_retry_ms while one is away), and asks the
   # sentinels again on a +switch-master for its master, a caller's hint, or
   # a failed subscription, at most once per :reconnect_sleep, and every
-  # watch while it knows no master. A master other than the one in use
-  # (checked with its own ROLE) moves every connection to it. While it asks
-  # (each sentinel within :timeout), messages wait.
+  # watch while it knows no master or is parked. A master other than the
+  # one in use (checked with its own ROLE) moves every connection to it,
+  # and tells the cache it was replaced (a promoted replica may hold older
+  # values under the same keys: the cache renews its generation there).
+  # From an event that says a replica of the master in use is being
+  # promoted until the move (or an abort, or @park_ms), the keeper is
+  # parked: no command connection, so nothing reaches the old master (see
+  # park/1). On a +switch-master, the sentinel that announced it is asked
+  # first. While it asks (each sentinel within :timeout), messages wait.
 
   @behaviour Larder.Cache.Redis.Keeper
 
@@ -31,6 +37,10 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   # Wait before connecting again to a sentinel whose subscription was lost.
   @sentinel_retry_ms 1_000
+
+  # The longest a keeper sends nothing to its master once a sentinel said a
+  # replica is being promoted, if no +switch-master nor abort follows.
+  @park_ms 5_000
 
   @doc false
   # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
@@ -47,6 +57,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         sentinel: opts[:sentinel],
         watchers: %{},
         check: nil,
+        # {ref, timer} while parked: a replica is being promoted, the old
+        # master gets nothing (see park/1)
+        parked: nil,
         tracking: Tracking.new(opts[:tracking_prefix])
       })
 
@@ -68,19 +81,30 @@ defmodule Larder.Cache.Redis.ServerKeeper do
       {:watch_sentinel, addr} -> watch_sentinel(state, addr)
       :check_master -> request_check(state)
       :find_master -> find_master(%{state | check: nil})
+      {:unpark, ref} -> if match?({^ref, _}, state.parked), do: unpark(state), else: state
       _other -> state
     end
   end
 
   @impl Keeper
   def start_client(%{host: nil} = state, slot), do: Keeper.retry_client(state, slot)
+
+  # (unpark/1 or move/3 starts every slot again)
+  def start_client(%{parked: {_, _}} = state, slot) do
+    Keeper.put(state.table, {slot, :none})
+    state
+  end
+
   def start_client(state, slot), do: Keeper.start_client(state, slot, state.host, state.port)
 
   @impl Keeper
   def watch(state) do
     state = check_tracking(state)
-    # no master known (Sentinel named none, or it was down): ask again
-    if state.sentinel && state.host == nil, do: request_check(state), else: state
+    # no master known (Sentinel named none, or it was down), or a failover
+    # under way: ask again
+    if state.sentinel && (state.host == nil or state.parked != nil),
+      do: request_check(state),
+      else: state
   end
 
   @impl Keeper
@@ -187,8 +211,15 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   defp request_check(state), do: state
 
-  defp find_master(state) do
-    case Sentinel.master(state.sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
+  # `first`: the sentinel to ask first (the one that announced a switch:
+  # the others may name the old master, still running, for a while).
+  defp find_master(state, first \\ nil) do
+    sentinel =
+      if first,
+        do: Keyword.update!(state.sentinel, :sentinels, &[first | List.delete(&1, first)]),
+        else: state.sentinel
+
+    case Sentinel.master(sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
       {:ok, {host, port}} ->
         host = String.to_charlist(host)
 
@@ -215,6 +246,8 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     if state.host,
       do: Logger.warning("Larder.Cache.Redis: the master moved to #{host}:#{port}; moving")
 
+    state = end_park(state)
+
     for {pid, slot} <- state.clients do
       Keeper.stop_client(pid)
       Keeper.put(state.table, {slot, :none})
@@ -222,6 +255,12 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
     state = %{state | host: host, port: port, clients: %{}, master_warned: false}
     state = Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+
+    # The new master is a promoted replica: writes the old one acknowledged
+    # but had not replicated are missing there, and the keys hold the older
+    # values it had. The cache moves to a new generation on it (through
+    # the connections just started), so that it reads none of them.
+    send(state.subscriber, {:larder_cache_l2, :replaced})
 
     # Whether or not it was subscribed, the cache must clear its L1 when the
     # subscription comes up on the new master: what it read from the old
@@ -236,6 +275,46 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     if state.sub, do: Subscription.close(state.sub)
     sub_connect(%{state | sub: nil, sub_wait: state.opts[:reconnect_sleep]})
   end
+
+  # A sentinel said a replica of our master is being promoted (the leader
+  # sends it REPLICAOF NO ONE a tick after the first such event): whatever
+  # the old master acknowledges from then on is lost. So nothing more is
+  # sent to it: its command connections are closed (callers get
+  # :l2_unavailable, and writes are repaired once the L2 answers) until the
+  # keeper moves to the new master, a sentinel says the failover was
+  # aborted, or @park_ms passes (then back to the master in use). The
+  # subscription stays, so that the other nodes' invalidations are heard.
+  defp promoting?({:promoting, master, {host, port}}, master, state),
+    do: {String.to_charlist(host), port} == {state.host, state.port}
+
+  defp promoting?(_event, _master, _state), do: false
+
+  defp park(%{parked: nil, host: host} = state) when host != nil do
+    for {pid, slot} <- state.clients do
+      Keeper.stop_client(pid)
+      Keeper.put(state.table, {slot, :none})
+    end
+
+    ref = make_ref()
+    timer = Process.send_after(self(), {:unpark, ref}, @park_ms)
+    request_check(%{state | clients: %{}, parked: {ref, timer}})
+  end
+
+  defp park(state), do: state
+
+  defp unpark(%{parked: nil} = state), do: state
+
+  defp unpark(state) do
+    state = end_park(state)
+    Enum.reduce(0..(state.opts[:pool_size] - 1), state, &start_client(&2, &1))
+  end
+
+  defp end_park(%{parked: {_ref, timer}} = state) do
+    Process.cancel_timer(timer)
+    %{state | parked: nil}
+  end
+
+  defp end_park(state), do: state
 
   defp watch_sentinels(state) do
     Keeper.put(state.table, {:sentinel, self()})
@@ -271,7 +350,12 @@ defmodule Larder.Cache.Redis.ServerKeeper do
           do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
 
         for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
-        if {:switch, master} in events, do: find_master(state), else: state
+        # (a promotion away from a master this keeper already left is over
+        # for it: it moved while these messages waited)
+        state = if Enum.any?(events, &promoting?(&1, master, state)), do: park(state), else: state
+
+        state = if {:aborted, master} in events, do: unpark(state), else: state
+        if {:switch, master} in events, do: find_master(state, watcher.addr), else: state
 
       :error ->
         :gen_tcp.close(socket)
