@@ -142,7 +142,7 @@ defmodule Larder.ReplicaBench do
     setup = fn ->
       pid = start!(snapshot_opts)
       :ok = Replica.await(pid, :latest, :infinity)
-      {:ok, _} = Replica.snapshot(pid)
+      {:ok, _} = Replica.dump(pid)
       kill(pid)
       PriceStream.add(ctx.client, @stream, for(_ <- 1..10_000, do: PriceStream.change(prices)))
       :ok

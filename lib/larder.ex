@@ -38,7 +38,8 @@ defmodule Larder do
   "unknown Larder.Bag options [:x]; valid options are: [...]", a bad value
   "expected Larder.Bag option :dedup to be a boolean, got: :yes". Every
   structure is freed by `drop/1` (`Larder.Bag.drop/1`,
-  `Larder.Register.drop/1`, `Larder.Table.drop/1`, `Larder.Index.drop/1`),
+  `Larder.Register.drop/1`, `Larder.Table.drop/1`, `Larder.Index.drop/1`,
+  `Larder.Cache.drop/1`, `Larder.Replica.drop/1`),
   which frees all it holds at once and returns `:ok` again for a structure
   already dropped. Caches, registers, bags and tables take
   `telemetry: false` to turn off their events (`Larder.Telemetry`).

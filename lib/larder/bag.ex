@@ -159,9 +159,9 @@ defmodule Larder.Bag do
   """
 
   alias Larder.Bag.Dedup
-  alias Larder.Bag.Fingerprint
   alias Larder.Bag.Order
   alias Larder.Bag.Snapshot
+  alias Larder.Bag.Store
   alias Larder.Instance
 
   require Larder.Instance
@@ -231,7 +231,7 @@ defmodule Larder.Bag do
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
     opts = validate_opts!(opts, :new)
-    create(opts, nil)
+    Store.create(opts, nil)
   end
 
   @doc """
@@ -257,46 +257,6 @@ defmodule Larder.Bag do
   def child_spec(opts) do
     opts = validate_opts!(opts, :start_link)
     Instance.child_spec(__MODULE__, opts[:name], {__MODULE__, :start_link, [opts]})
-  end
-
-  @doc false
-  # Creates the bag: called by new/1, Larder.Bag.Owner (`owner`, which holds
-  # the name already) and Larder.Bag.Snapshot, with validated options.
-  @spec create(keyword(), pid() | nil) :: t()
-  def create(opts, owner \\ nil) do
-    name = Keyword.get(opts, :name)
-
-    with true <- owner == nil and name != nil,
-         {:error, _} <- Instance.claim(__MODULE__, name, self()) do
-      Instance.taken!(__MODULE__, name)
-    end
-
-    ets_opts =
-      [:duplicate_bag, :public] ++
-        if(opts[:compressed], do: [:compressed], else: []) ++
-        [
-          read_concurrency: opts[:read_concurrency],
-          write_concurrency: opts[:write_concurrency]
-        ]
-
-    bag = %__MODULE__{
-      tab: :ets.new(__MODULE__, ets_opts),
-      dedup: false,
-      name: name,
-      owner: owner,
-      telemetry: Instance.telemetry?(Keyword.get(opts, :telemetry, true))
-    }
-
-    bag =
-      if Keyword.fetch!(opts, :dedup) do
-        {fps, lock} = Dedup.new()
-        %{bag | dedup: true, fps: fps, lock: lock, mask: Fingerprint.full_mask()}
-      else
-        bag
-      end
-
-    Instance.publish(__MODULE__, name, bag)
-    bag
   end
 
   ## Writing
@@ -372,15 +332,6 @@ defmodule Larder.Bag do
   end
 
   def insert_many(bag, pairs), do: insert_many(bag!(bag), pairs)
-
-  @doc false
-  # Inserts the checked pairs of a snapshot chunk into a bag nobody else uses
-  # yet (used by Larder.Bag.Snapshot); a deduplicating bag counts their
-  # fingerprints and skips a pair the snapshot holds twice.
-  def insert_objects(%__MODULE__{tab: tab, dedup: true, fps: fps, mask: mask}, pairs),
-    do: Order.insert(tab, Dedup.load(tab, fps, mask, pairs))
-
-  def insert_objects(%__MODULE__{tab: tab}, pairs), do: Order.insert(tab, pairs)
 
   defp check_pairs([{_, _} | rest], all), do: check_pairs(rest, all)
   defp check_pairs([], _all), do: :ok
@@ -458,29 +409,7 @@ defmodule Larder.Bag do
     case bag!(bag) do
       # Its owner process frees it and exits (or is gone already).
       %{owner: owner} when is_pid(owner) -> Instance.drop(owner)
-      handle -> destroy(handle)
-    end
-  end
-
-  @doc false
-  # Frees the bag: its name, its table and its fingerprint set. Called by
-  # drop/1 (and by Larder.Bag.Owner, the table's owner, on a drop or a
-  # shutdown), from any process; freeing a freed bag does nothing.
-  @spec destroy(t()) :: :ok
-  def destroy(%__MODULE__{tab: tab, name: name, dedup: dedup} = bag) do
-    case table(bag) do
-      :gone ->
-        :ok
-
-      :bag ->
-        Instance.release(__MODULE__, name, bag, :ets.info(tab, :owner))
-        # Deleted by a concurrent drop meanwhile: that is fine.
-        _ = safe(fn -> :ets.delete(tab) end)
-        if dedup, do: Dedup.free(bag.fps)
-        :ok
-
-      :other ->
-        Instance.invalid!(__MODULE__, bag)
+      handle -> Store.destroy(handle)
     end
   end
 
@@ -774,36 +703,12 @@ defmodule Larder.Bag do
   # bag the error is the caller's own (bad pairs), or means `live`
   # (lookup/2's absent key).
   defp failed!(bag, error, stack, live \\ :reraise) do
-    case table(bag) do
+    case Store.table(bag) do
       :gone -> Instance.unknown!(__MODULE__, id(bag))
       :other -> Instance.invalid!(__MODULE__, bag)
       :bag when live != :reraise -> live
       :bag -> reraise error, stack
     end
-  end
-
-  # What a checked handle's table is: gone, a bag's (a public
-  # :duplicate_bag, with a fingerprint set if it deduplicates), or other.
-  defp table(%__MODULE__{tab: tab, fps: fps}) do
-    case safe(fn -> {:ets.info(tab, :type), :ets.info(tab, :protection)} end) do
-      nil ->
-        :gone
-
-      {:undefined, _} ->
-        :gone
-
-      {:duplicate_bag, :public} ->
-        if fps == nil or safe(fn -> Dedup.bytes(fps) end), do: :bag, else: :other
-
-      _ ->
-        :other
-    end
-  end
-
-  defp safe(fun) do
-    fun.()
-  rescue
-    ArgumentError -> nil
   end
 
   defp check_path!(path) do

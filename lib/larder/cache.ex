@@ -599,19 +599,51 @@ defmodule Larder.Cache do
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
+  @doc """
+  Drops the cache: stops its supervisor, and with it the expiry clock, the
+  L2's processes and the cache's process, whose ETS tables (L1, the
+  loading rows, the counters) are freed with it; the name is free again
+  once it returns. By name or by the pid `start_link/1` returned (or the
+  cache's process, registered under its name).
+
+  Under a supervisor (`Supervisor` or `DynamicSupervisor`, as
+  `child_spec/1` places it), the cache's child is terminated through that
+  supervisor, so it is not restarted: it stays dropped. Otherwise its
+  supervisor stops with reason `:normal`, so the process that called
+  `start_link/1`, which is linked to it, lives on without trapping exits.
+
+  Returns `:ok` once the cache's supervisor is gone. Idempotent: a name
+  or pid that runs no cache (any more) is taken as one already dropped.
+  Raises `ArgumentError` for a term that is neither a name nor a pid.
+  Every later call on the cache raises `ArgumentError` ("unknown
+  Larder.Cache"); a call racing the drop completes, raises that error, or
+  (a `fetch/3` or `get/3` loading) returns `{:error, %Larder.Error{reason:
+  :cache_stopped}}`. Nothing is written to the L2: its keys stay for the other nodes.
+  """
+  @spec drop(cache() | pid()) :: :ok
+  def drop(cache) when Instance.name?(cache) do
+    case Instance.whereis(__MODULE__, cache) do
+      nil -> :ok
+      owner -> CacheSupervisor.drop(owner)
+    end
+  end
+
+  def drop(cache) when is_pid(cache), do: CacheSupervisor.drop(cache)
+  def drop(other), do: Instance.invalid!(__MODULE__, other)
+
   ## Internals
 
   defp config!(cache) when Instance.name?(cache), do: Instance.resolve(__MODULE__, cache)
   defp config!(other), do: Instance.invalid!(__MODULE__, other)
 
-  # A cache whose owner died leaves its config behind but not its tables.
+  # A cache whose owner died leaves its config behind but not its tables;
+  # one that stopped (or was dropped) during the call leaves neither.
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
-    rt = Instance.lookup(__MODULE__, cache)
-
-    if rt && :ets.info(rt.data, :id) == :undefined do
-      Instance.unknown!(__MODULE__, cache)
-    else
-      reraise e, stacktrace
-    end
+    if Instance.name?(cache) and gone?(Instance.lookup(__MODULE__, cache)),
+      do: Instance.unknown!(__MODULE__, cache),
+      else: reraise(e, stacktrace)
   end
+
+  defp gone?(nil), do: true
+  defp gone?(rt), do: :ets.info(rt.data, :id) == :undefined
 end

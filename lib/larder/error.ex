@@ -53,7 +53,7 @@ defmodule Larder.Error do
       or answered with something its protocol does not allow.
     * `:timeout` - `Larder.Replica.await/3`: the id was not reached in time.
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
-    * `:no_snapshot_path` - `Larder.Replica.snapshot/1` on a replica
+    * `:no_snapshot_path` - `Larder.Replica.dump/1` on a replica
       without `:snapshot`.
     * `:unknown_call` - a `Larder.Replica` process was sent a
       `GenServer.call/3` that is not one of `Larder.Replica`'s.

@@ -466,17 +466,12 @@ defmodule Larder.Register do
     Local.remember(reg, key, Store.remove(reg, key))
   end
 
-  ## Internals shared with Larder.Register.*
+  ## Internals
 
-  @doc false
-  @spec unknown!(t() | atom()) :: no_return()
-  def unknown!(%__MODULE__{local: local, name: name} = reg) do
-    Local.drop(local)
-    Instance.unknown!(__MODULE__, name || reg)
-  end
+  defp unknown!(reg), do: Store.unknown!(reg)
 
   # A handle is checked for shape here; a forged one whose references are of
-  # the wrong kind fails at its first use, which raises unknown!/1.
+  # the wrong kind fails at its first use, which raises Store.unknown!/1.
   defp resolve(
          %__MODULE__{
            tab: tab,

@@ -201,7 +201,7 @@ defmodule Larder.Replica do
       restarted, and its structure goes with it. `await/3` callers get that
       error. No snapshot is written on such a stop or on a crash.
     * **An arity-2 `:apply` that does not return** holds the replica's
-      process: no more batches are applied and `snapshot/1` waits, but
+      process: no more batches are applied and `dump/1` waits, but
       `offset/1`, `target/1` and `await/3` (by its timeout) still answer.
       `drop/1` waits up to 5 s for the replica to take its request, then
       kills it: the stuck apply ends with the process, mid-entry, no
@@ -330,13 +330,16 @@ defmodule Larder.Replica do
   def target(replica), do: replica |> position!() |> elem(2)
 
   @doc """
-  Writes a snapshot now (see "Snapshots"): `{:ok, offset}`, or `{:error,
-  %Larder.Error{}}` (`:file_error`, or `:no_snapshot_path` for a replica
-  without `:snapshot`). A call to the replica's process: it is answered
-  between batches.
+  Writes a snapshot now, as the `:snapshot_every` timer does (see
+  "Snapshots"): dumps the structure next to the `:snapshot` path and
+  commits it in the manifest. The replica's `dump/2`, as Bag and Table
+  have, with the path fixed by the replica. Returns `{:ok, offset}` (the
+  offset the snapshot holds), or `{:error, %Larder.Error{}}` (`:file_error`,
+  or `:no_snapshot_path` for a replica without `:snapshot`). A call to the
+  replica's process: it is answered between batches.
   """
-  @spec snapshot(replica()) :: {:ok, Larder.Replica.Source.id()} | {:error, Larder.Error.t()}
-  def snapshot(replica), do: call!(replica, :snapshot)
+  @spec dump(replica()) :: {:ok, Larder.Replica.Source.id()} | {:error, Larder.Error.t()}
+  def dump(replica), do: call!(replica, :snapshot)
 
   @doc """
   Waits until the entry `id` (an id of the source, e.g. `"1700000000000-0"`),

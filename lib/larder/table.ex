@@ -745,16 +745,19 @@ defmodule Larder.Table do
   end
 
   @doc """
-  The distinct values the index `name` holds (each term that at least one
-  record has), in no particular order. O(terms of every index).
+  The distinct terms the index `name` holds (each term that at least one
+  record has: for `{name, value}` conditions, the values that match
+  something), in no particular order, as `Larder.Index.terms/1` gives them
+  for a whole index. O(terms of every index). Raises `ArgumentError` when
+  the table has no index `name`.
 
       iex> table = Larder.Table.new(key: :id, index: [:color])
       iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :red}])
-      iex> Larder.Table.values(table, :color)
+      iex> Larder.Table.terms(table, :color)
       [:red]
   """
-  @spec values(table(), term()) :: [term()]
-  def values(table, name) do
+  @spec terms(table(), term()) :: [term()]
+  def terms(table, name) do
     table = handle!(table)
     Conditions.indexed!(table, name)
 

@@ -1328,4 +1328,18 @@ defmodule Larder.BagTest do
     <<before::binary-size(at), byte, rest::binary>> = data
     <<before::binary, Bitwise.bxor(byte, 0xFF), rest::binary>>
   end
+
+  test "the life cycle's internals are not part of Larder.Bag's API" do
+    # Creating, filling from a snapshot and freeing belong to
+    # Larder.Bag.Store; the public module exports its documented API only.
+    Code.ensure_loaded!(Bag)
+
+    for {fun, arity} <- [create: 1, create: 2, insert_objects: 2, destroy: 1] do
+      refute function_exported?(Bag, fun, arity), "Larder.Bag exports #{fun}/#{arity}"
+    end
+
+    {:docs_v1, _, _, _, _, _, docs} = Code.fetch_docs(Bag)
+    hidden = for {{:function, f, a}, _, _, :hidden, _} <- docs, f != :__struct__, do: {f, a}
+    assert hidden == []
+  end
 end

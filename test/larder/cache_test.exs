@@ -6,6 +6,8 @@ defmodule Larder.CacheTest do
 
   import Larder.Test.Eventually
 
+  require Larder.Instance
+
   doctest Larder.Cache
 
   defp start_cache(ctx, opts \\ []) do
@@ -210,6 +212,142 @@ defmodule Larder.CacheTest do
                      Cache.fetch(name, :k, fn -> {:ok, 1} end)
                    end
     end
+  end
+
+  describe "drop/1" do
+    defp tree_pids(name) do
+      owner = Process.whereis(name)
+      {:parent, sup} = Process.info(owner, :parent)
+      children = for {_, pid, _, _} <- Supervisor.which_children(sup), is_pid(pid), do: pid
+      [sup | children]
+    end
+
+    test "by name or by pid: stops the whole tree and frees the tables, idempotently", ctx do
+      for by <- [:name, :pid] do
+        name = :"#{ctx.test} #{by}"
+        {:ok, sup} = Cache.start_link(name: name)
+        :ok = Cache.put(name, :k, 1)
+        rt = Larder.Instance.lookup(Cache, name)
+        pids = tree_pids(name)
+        assert Process.whereis(name) in pids and length(pids) >= 3
+
+        assert Cache.drop(if(by == :name, do: name, else: sup)) == :ok
+        for pid <- pids, do: refute(Process.alive?(pid))
+        assert :ets.info(rt.data) == :undefined
+        assert_raise ArgumentError, ~r/unknown Larder.Cache/, fn -> Cache.get(name, :k) end
+
+        assert Cache.drop(name) == :ok
+        assert Cache.drop(sup) == :ok
+
+        # the name is free again
+        {:ok, again} = Cache.start_link(name: name)
+        assert Cache.get(name, :k) == nil
+        assert Cache.drop(Process.whereis(name)) == :ok
+        refute Process.alive?(again)
+      end
+    end
+
+    test "a term that is neither a name nor a pid raises ArgumentError" do
+      for bad <- ["x", 1, {:a}, nil] do
+        assert_raise ArgumentError, ~r/expected a Larder.Cache/, fn -> Cache.drop(bad) end
+      end
+
+      # a pid or name that runs no cache: already dropped
+      assert Cache.drop(self()) == :ok
+      assert Cache.drop(:no_such_cache_here) == :ok
+    end
+
+    test "from the linked caller that started it, which does not trap exits", ctx do
+      test = self()
+
+      caller =
+        spawn(fn ->
+          {:ok, sup} = Cache.start_link(name: ctx.test)
+          result = Cache.drop(ctx.test)
+          send(test, {:dropped, result, sup, Process.info(self(), :trap_exit)})
+          receive do: (:done -> :ok)
+        end)
+
+      assert_receive {:dropped, :ok, sup, {:trap_exit, false}}, 10_000
+      refute Process.alive?(sup)
+      assert Process.alive?(caller)
+      send(caller, :done)
+    end
+
+    test "under a supervisor it stays dropped; a crashed cache is restarted", ctx do
+      parent =
+        start_supervised!(%{
+          id: :parent,
+          start: {Supervisor, :start_link, [[{Cache, name: ctx.test}], [strategy: :one_for_one]]},
+          type: :supervisor
+        })
+
+      # a crash (its owner killed) is restarted, as before
+      old = Process.whereis(ctx.test)
+      Process.exit(old, :kill)
+      assert eventually(fn -> Process.whereis(ctx.test) not in [nil, old] end)
+
+      assert Cache.drop(ctx.test) == :ok
+      assert [{{Cache, _}, :undefined, :supervisor, _}] = Supervisor.which_children(parent)
+      assert Process.whereis(ctx.test) == nil
+      assert_raise ArgumentError, fn -> Cache.get(ctx.test, :k) end
+
+      dynamic = start_supervised!({DynamicSupervisor, strategy: :one_for_one})
+      {:ok, sup} = DynamicSupervisor.start_child(dynamic, {Cache, name: ctx.test})
+      assert Cache.drop(sup) == :ok
+      assert DynamicSupervisor.which_children(dynamic) == []
+      assert Process.whereis(ctx.test) == nil
+    end
+
+    test "calls racing a drop complete or raise the unknown-cache error", ctx do
+      l2 = start_l2(ctx)
+
+      for round <- 1..20 do
+        name = :"#{ctx.test} #{round}"
+        {:ok, sup} = Cache.start_link(name: name, l2: {MemoryL2, server: l2})
+        test = self()
+
+        users =
+          for i <- 1..4 do
+            spawn_link(fn ->
+              send(test, {:result, self(), use_until_gone(name, i, 0)})
+            end)
+          end
+
+        Process.sleep(rem(round, 5))
+        assert Cache.drop(if(rem(round, 2) == 0, do: name, else: sup)) == :ok
+        refute Process.alive?(sup)
+
+        for user <- users do
+          assert_receive {:result, ^user, result}, 10_000
+          assert {:gone, %ArgumentError{message: message}, calls} = result
+          assert message =~ ~r/^unknown Larder.Cache/, message
+          assert calls >= 0
+        end
+      end
+    end
+  end
+
+  defp ok_or_stopped({:ok, _} = ok), do: ok
+  defp ok_or_stopped({:error, %Larder.Error{reason: :cache_stopped}} = error), do: error
+
+  # Calls `name` until one raises: {:gone, exception, calls that returned}.
+  defp use_until_gone(name, i, calls) do
+    key = rem(calls, 7)
+
+    case rem(calls + i, 6) do
+      # a fetch under way when the cache stops gets this documented error
+      0 -> {_, _} = Cache.fetch(name, key, fn -> {:ok, calls} end) |> ok_or_stopped()
+      1 -> :ok = Cache.put(name, key, calls)
+      2 -> Cache.get(name, key)
+      3 -> :ok = Cache.delete(name, key)
+      4 -> %{} = Cache.stats(name)
+      5 -> :ok = Cache.invalidate_all(name)
+    end
+
+    use_until_gone(name, i, calls + 1)
+  rescue
+    e in ArgumentError -> {:gone, e, calls}
   end
 
   describe "fetch/3 and friends, local only" do

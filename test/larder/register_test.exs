@@ -1004,4 +1004,14 @@ defmodule Larder.RegisterTest do
       raise_max(seen, value)
     end
   end
+
+  test "the error for a gone register is not part of Larder.Register's API" do
+    # Store.unknown!/1 raises it; the public module exports its documented API only.
+    Code.ensure_loaded!(Register)
+    refute function_exported?(Register, :unknown!, 1)
+
+    {:docs_v1, _, _, _, _, _, docs} = Code.fetch_docs(Register)
+    hidden = for {{:function, f, a}, _, _, :hidden, _} <- docs, f != :__struct__, do: {f, a}
+    assert hidden == []
+  end
 end

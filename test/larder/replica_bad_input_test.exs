@@ -2,7 +2,7 @@ defmodule Larder.ReplicaBadInputTest do
   # PropEr throws arbitrary terms at every option of Larder.Replica's
   # start_link/1 and child_spec/1 (one option at a time in otherwise valid
   # options, and whole option lists) and at every argument of offset/1,
-  # target/1, snapshot/1 and await/3: only a result, an ArgumentError or
+  # target/1, dump/1 and await/3: only a result, an ArgumentError or
   # {:error, %Larder.Error{}} may come back, and the replica under test
   # keeps its table.
   use ExUnit.Case, async: true
@@ -52,7 +52,7 @@ defmodule Larder.ReplicaBadInputTest do
       tuple([:start_link, tuple([nasty()])]),
       tuple([:offset, tuple([name])]),
       tuple([:target, tuple([name])]),
-      tuple([:snapshot, tuple([name])]),
+      tuple([:dump, tuple([name])]),
       tuple([:await, tuple([name, nasty(), oneof([integer(0, 20), nasty()])])])
     ])
   end
@@ -86,7 +86,7 @@ defmodule Larder.ReplicaBadInputTest do
   defp allowed?(_fun, {:error, %Larder.Error{}}), do: true
   defp allowed?(:offset, id), do: is_binary(id)
   defp allowed?(:target, _handle), do: true
-  defp allowed?(:snapshot, {:ok, id}), do: is_binary(id)
+  defp allowed?(:dump, {:ok, id}), do: is_binary(id)
   defp allowed?(:child_spec, %{id: _, start: _}), do: true
   defp allowed?(_fun, :ok), do: true
   defp allowed?(_fun, _other), do: false

@@ -78,7 +78,7 @@ defmodule Larder.ReplicaModelTest do
 
         Process.sleep(kill_after_ms)
         # a snapshot at a random point, so the restart starts from it
-        if snapshot_first, do: {:ok, _} = Replica.snapshot(replica)
+        if snapshot_first, do: {:ok, _} = Replica.dump(replica)
         Process.exit(replica, :kill)
         receive do: ({:EXIT, ^replica, :killed} -> :ok)
         # a restarted replica while the producers may still write

@@ -580,7 +580,7 @@ defmodule Larder.ReplicaTest do
       opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, snapshot: path)
       replica = start!(opts)
       assert Replica.await(replica, :latest, 10_000) == :ok
-      assert {:ok, _offset} = Replica.snapshot(replica)
+      assert {:ok, _offset} = Replica.dump(replica)
       :ok = GenServer.stop(replica)
       %{opts: opts, path: path}
     end
@@ -603,7 +603,7 @@ defmodule Larder.ReplicaTest do
       Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
       replica = start!(ctx.opts)
       assert Replica.await(replica, :latest, 10_000) == :ok
-      assert {:ok, _} = Replica.snapshot(replica)
+      assert {:ok, _} = Replica.dump(replica)
       files = File.ls!(Path.dirname(ctx.path))
       assert Enum.count(files, &String.ends_with?(&1, ".dump")) == 1
       refute Enum.any?(stale, &File.exists?/1)
@@ -685,7 +685,7 @@ defmodule Larder.ReplicaTest do
       # the first one's snapshots go on and a restart starts from them
       Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
       assert Replica.await(first, :latest, 10_000) == :ok
-      assert {:ok, offset} = Replica.snapshot(first)
+      assert {:ok, offset} = Replica.dump(first)
       :ok = GenServer.stop(first)
       first = start!(opts1)
       assert Replica.offset(first) == offset

@@ -154,6 +154,37 @@ defmodule Larder.TableTest do
     end
   end
 
+  describe "terms/2" do
+    test "the distinct terms of one index, as they are after writes and deletes", ctx do
+      table =
+        Table.new(
+          key: :id,
+          name: :"#{ctx.test}",
+          index: [:color, {:tags, & &1.tags}]
+        )
+
+      :ok =
+        Table.insert_many(table, [
+          %{id: 1, color: :red, tags: [:a, :b]},
+          %{id: 2, color: :red, tags: [:b]},
+          %{id: 3, color: :blue, tags: []}
+        ])
+
+      assert Enum.sort(Table.terms(table, :color)) == [:blue, :red]
+      # by name too; a multi-valued index gives each term once
+      assert Enum.sort(Table.terms(:"#{ctx.test}", :tags)) == [:a, :b]
+
+      :ok = Table.delete(table, 3)
+      Table.delete(table, 1)
+      assert Table.terms(table, :color) == [:red]
+      assert Table.terms(table, :tags) == [:b]
+
+      assert_raise ArgumentError, ~r/:size/, fn -> Table.terms(table, :size) end
+      Table.drop(table)
+      assert_raise ArgumentError, ~r/unknown Larder.Table/, fn -> Table.terms(table, :color) end
+    end
+  end
+
   describe "bad input" do
     test "a condition on a field without an index names it and lists the indexed ones" do
       table = catalogue_like()

@@ -6,17 +6,18 @@ defmodule Larder.Bag.Owner do
 
   use GenServer
 
+  alias Larder.Bag.Store
   alias Larder.Instance
 
   @impl true
   def init(opts) do
     Instance.watch(nil)
-    {:ok, Larder.Bag.create(opts, self())}
+    {:ok, Store.create(opts, self())}
   end
 
   @impl true
   def handle_call({Instance, :drop}, _from, bag) do
-    Larder.Bag.destroy(bag)
+    Store.destroy(bag)
     {:stop, :normal, :ok, bag}
   end
 
@@ -24,5 +25,5 @@ defmodule Larder.Bag.Owner do
   def handle_info(_other, bag), do: {:noreply, bag}
 
   @impl true
-  def terminate(_reason, bag), do: Larder.Bag.destroy(bag)
+  def terminate(_reason, bag), do: Store.destroy(bag)
 end

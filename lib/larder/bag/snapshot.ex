@@ -79,7 +79,7 @@ defmodule Larder.Bag.Snapshot do
 
     with {:ok, data} <- Larder.SnapshotFile.read(path),
          {:ok, dedup, chunks} <- parse(data, path) do
-      bag = Larder.Bag.create(Keyword.put(opts, :dedup, dedup))
+      bag = Larder.Bag.Store.create(Keyword.put(opts, :dedup, dedup))
       fill(bag, chunks, decode_opts, path)
     end
   end
@@ -129,7 +129,7 @@ defmodule Larder.Bag.Snapshot do
     Enum.reduce_while(chunks, 0, fn {count, payload}, seen ->
       case decode(payload, decode_opts) do
         {:ok, objects, ^count} ->
-          Larder.Bag.insert_objects(bag, objects)
+          Larder.Bag.Store.insert_loaded(bag, objects)
           {:cont, seen + count}
 
         {:ok, _objects, actual} ->

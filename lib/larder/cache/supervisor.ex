@@ -8,6 +8,7 @@ defmodule Larder.Cache.Supervisor do
   @behaviour :supervisor
 
   alias Larder.Cache.{Expiry, L2Runner, Owner}
+  alias Larder.Instance
 
   # The runner and the clock die only when killed (or by a bug): a few
   # restarts in a row are fine, a loop is a bug that stops the cache.
@@ -75,6 +76,78 @@ defmodule Larder.Cache.Supervisor do
       %{id: :l2, start: {L2Runner, :start_link, [name]}, shutdown: :infinity},
       %{id: :clock, start: {Expiry, :start_clock, [name]}, shutdown: :brutal_kill}
     ]
+  end
+
+  @doc """
+  Drops the cache whose supervisor, or owner (the process registered under
+  its name), is `pid`, and returns once the supervisor is gone. Under a
+  supervisor (a `Supervisor` or a `DynamicSupervisor`) the cache's child is
+  terminated through it (`terminate_child`), so it is not restarted and
+  stays dropped; otherwise the supervisor is stopped with reason `:normal`,
+  so a linked caller that does not trap exits lives on. Either way the
+  clock, the L2's processes and then the owner stop, and the owner's tables
+  go with it. A pid that is neither (any more) is taken as a cache already
+  dropped.
+  """
+  @spec drop(pid()) :: :ok
+  def drop(pid) do
+    case tree(pid) do
+      sup when is_pid(sup) and sup != self() -> stop(sup)
+      _none -> :ok
+    end
+  end
+
+  # The supervisor of the cache that `pid` is the owner or the supervisor
+  # of, or nil.
+  defp tree(pid) do
+    cond do
+      node(pid) != node() -> nil
+      Instance.holds?(Larder.Cache, pid) -> parent(pid)
+      :proc_lib.initial_call(pid) == {:supervisor, __MODULE__, [:Argument__1]} -> pid
+      true -> nil
+    end
+  end
+
+  defp parent(pid) do
+    case Process.info(pid, :parent) do
+      {:parent, parent} when is_pid(parent) -> parent
+      _ -> nil
+    end
+  end
+
+  defp stop(sup) do
+    monitor = Process.monitor(sup)
+    parent = parent(sup)
+
+    # A supervisor that is gone, or does not know the child (any more),
+    # leaves the stop to us.
+    unless parent != nil and parent != self() and terminated_by?(parent, sup) do
+      try do
+        :sys.terminate(sup, :normal, :infinity)
+      catch
+        # gone already, or stopped by a concurrent drop meanwhile
+        :exit, _ -> :ok
+      end
+    end
+
+    receive do
+      {:DOWN, ^monitor, :process, _pid, _reason} -> :ok
+    end
+  end
+
+  # Asks `parent` to terminate `sup`, if it is a supervisor (a
+  # DynamicSupervisor's initial call is a Supervisor's too) that has it as
+  # a child: an id for a Supervisor, the pid for a DynamicSupervisor (whose
+  # children have no id).
+  defp terminated_by?(parent, sup) do
+    with {:supervisor, _, _} <- :proc_lib.initial_call(parent),
+         {id, ^sup, _, _} <- List.keyfind(:supervisor.which_children(parent), sup, 1) do
+      :supervisor.terminate_child(parent, if(id == :undefined, do: sup, else: id)) == :ok
+    else
+      _ -> false
+    end
+  catch
+    :exit, _ -> false
   end
 
   @doc "The pid of a cache's child (`:owner`, `:l2`, `:clock`), or nil."

@@ -36,6 +36,16 @@ defmodule Larder.Register.Store do
     }
   end
 
+  @doc """
+  Raises the one error for a register that is gone (dropped, or its owner
+  exited), after dropping the caller's local copies of it.
+  """
+  @spec unknown!(Register.t()) :: no_return()
+  def unknown!(%Register{local: local, name: name} = reg) do
+    Local.drop(local)
+    Larder.Instance.unknown!(Register, name || reg)
+  end
+
   @spec slot(Register.t(), term()) :: pos_integer()
   def slot(%Register{slots: slots}, key), do: :erlang.phash2(key, slots) + 1
 
@@ -124,7 +134,7 @@ defmodule Larder.Register.Store do
     Lock.with_slot(lock, slot, fn -> commit_next(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
   rescue
     # The table or the counters went with the register (or the handle is forged).
-    ArgumentError -> Register.unknown!(reg)
+    ArgumentError -> unknown!(reg)
   end
 
   # With telemetry, a takeover is noted under the lock and reported after
@@ -133,7 +143,7 @@ defmodule Larder.Register.Store do
     try do
       Lock.with_slot(lock, slot, fn -> take_over(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
     rescue
-      ArgumentError -> Register.unknown!(reg)
+      ArgumentError -> unknown!(reg)
     after
       report_takeover(reg, slot)
     end
@@ -155,7 +165,7 @@ defmodule Larder.Register.Store do
 
   defp tag!(%Register{versions: versions} = reg, slot) do
     case :atomics.get(versions, slot) do
-      tag when tag < 0 -> Register.unknown!(reg)
+      tag when tag < 0 -> unknown!(reg)
       tag -> tag
     end
   end
@@ -169,7 +179,7 @@ defmodule Larder.Register.Store do
   defp commit(reg, slot, tag, version) do
     case :atomics.compare_exchange(reg.versions, slot, tag, version) do
       :ok -> :ok
-      _dead -> Register.unknown!(reg)
+      _dead -> unknown!(reg)
     end
   end
 
@@ -192,10 +202,10 @@ defmodule Larder.Register.Store do
     read(reg, key, slot, counter(reg, slot))
   rescue
     # A forged handle's counters are not atomics of its size.
-    ArgumentError -> Register.unknown!(reg)
+    ArgumentError -> unknown!(reg)
   end
 
-  defp read(reg, _key, _slot, tag) when tag < 0, do: Register.unknown!(reg)
+  defp read(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
 
   defp read(%Register{tab: tab} = reg, key, slot, tag) do
     case lookup(reg, tab, key) do
@@ -236,6 +246,6 @@ defmodule Larder.Register.Store do
   defp lookup(reg, tab, key) do
     :ets.lookup(tab, key)
   rescue
-    ArgumentError -> Register.unknown!(reg)
+    ArgumentError -> unknown!(reg)
   end
 end

@@ -49,7 +49,7 @@ defmodule Larder.Replica.Target do
   @spec new(spec()) :: Larder.Table.t() | Larder.Bag.t()
   def new({module, opts} = spec) do
     await_name(spec)
-    retry(fn -> module.new(opts) end)
+    retry(spec, fn -> module.new(opts) end)
   end
 
   @doc "Creates the structure from a dump, owned by the calling process."
@@ -59,7 +59,7 @@ defmodule Larder.Replica.Target do
     # Waited for first: a load that finds the name taken has read the whole
     # file for nothing.
     await_name(spec)
-    retry(fn -> module.load(path, opts) end)
+    retry(spec, fn -> module.load(path, opts) end)
   end
 
   @doc "Writes the structure's dump to `path`."
@@ -91,15 +91,27 @@ defmodule Larder.Replica.Target do
     ArgumentError -> false
   end
 
-  defp retry(fun, waited \\ 0) do
-    fun.()
-  rescue
-    error in ArgumentError ->
-      if waited < @name_wait_ms and error.message =~ ~r/named .* exists|already exists/ do
-        Process.sleep(10)
-        retry(fun, waited + 10)
-      else
-        reraise error, __STACKTRACE__
-      end
+  # Creates with `fun`, again while the name is taken: a creation that
+  # raised while a live process held the name's claim (Larder.Instance),
+  # before or after it, is tried again, up to @name_wait_ms. Any other
+  # ArgumentError (a bad option) is raised at once.
+  defp retry({module, opts} = spec, fun, waited \\ 0) do
+    name = opts[:name]
+    held_before = held?(module, name)
+
+    try do
+      fun.()
+    rescue
+      error in ArgumentError ->
+        if waited < @name_wait_ms and (held_before or held?(module, name)) do
+          Process.sleep(10)
+          retry(spec, fun, waited + 10)
+        else
+          reraise error, __STACKTRACE__
+        end
+    end
   end
+
+  defp held?(_module, nil), do: false
+  defp held?(module, name), do: Larder.Instance.whereis(module, name) != nil
 end

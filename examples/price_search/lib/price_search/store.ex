@@ -401,11 +401,11 @@ defmodule PriceSearch.Store do
 
   # Offerings, groups, specs and each characteristic's values, as sets.
   defp known(table) do
-    set = fn name -> Map.new(Table.values(table, name), &{&1, true}) end
+    set = fn name -> Map.new(Table.terms(table, name), &{&1, true}) end
 
     chars =
       table
-      |> Table.values(:char)
+      |> Table.terms(:char)
       |> Enum.reduce(%{}, fn {c, v}, acc ->
         Map.update(acc, c, %{v => true}, &Map.put(&1, v, true))
       end)
