@@ -301,7 +301,9 @@ fn nif_consumer_assign<'a>(
 /// is `[{partition, offset, bytes}]` of records over `max_record_bytes`,
 /// not copied (their positions are passed). A partition's error (such as
 /// `:offset_out_of_range`) is `{:error, {code, partition, message}}`,
-/// returned after the records read before it.
+/// returned after the records read before it; records of the same batch
+/// after the error are dropped, so the caller assigns again (at the
+/// positions it has) after an error.
 #[rustler::nif(schedule = "DirtyIo")]
 fn nif_consumer_poll<'a>(
     env: Env<'a>,
@@ -327,23 +329,49 @@ struct Keys<'a> {
     list: [Term<'a>; 6],
 }
 
+/// The fields' keys, made once per poll and shared by every record's map,
+/// in Erlang's term order (so building a map finds them sorted).
 fn key_terms(env: Env) -> Keys {
-    let make = |s: &str| {
-        let mut b = NewBinary::new(env, s.len());
-        b.as_mut_slice().copy_from_slice(s.as_bytes());
-        let b: Binary = b.into();
-        b.to_term(env)
-    };
+    let make = |s: &str| binary(env, s.as_bytes());
     Keys {
         list: [
-            make("key"),
-            make("value"),
             make("headers"),
-            make("partition"),
+            make("key"),
             make("offset"),
+            make("partition"),
             make("timestamp"),
+            make("value"),
         ],
     }
+}
+
+/// Messages taken from librdkafka, destroyed when dropped.
+struct Taken(Vec<*mut rdsys::rd_kafka_message_t>);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        for &m in &self.0 {
+            // SAFETY: each pointer came from rd_kafka_consume_batch_queue,
+            // is not null, and is destroyed once, here.
+            unsafe { rdsys::rd_kafka_message_destroy(m) }
+        }
+    }
+}
+
+/// Takes up to `max` messages from the consumer queue, waiting up to
+/// `wait_ms` for them.
+fn take(queue: &Queue, max: usize, wait_ms: i32) -> Taken {
+    let mut taken = Taken(Vec::with_capacity(max));
+    // SAFETY: the queue is live (owned by the state the caller holds under
+    // the resource's mutex) and the array has room for `max` pointers;
+    // librdkafka writes `n <= max` of them and the length is set to that.
+    unsafe {
+        let n = rdsys::rd_kafka_consume_batch_queue(queue.0, wait_ms, taken.0.as_mut_ptr(), max);
+        if n > 0 {
+            taken.0.set_len((n as usize).min(max));
+        }
+    }
+    taken
 }
 
 fn poll<'a>(
@@ -358,143 +386,103 @@ fn poll<'a>(
     let deadline = Instant::now() + block;
     let mut entries: Vec<Term<'a>> = Vec::with_capacity(max.min(4096));
     let mut oversize: Vec<(i32, i64, usize)> = Vec::new();
-    while entries.len() + oversize.len() < max {
-        let wait_ms = if entries.is_empty() && oversize.is_empty() {
-            deadline
-                .saturating_duration_since(Instant::now())
-                .as_millis()
-                .min(600_000) as i32
+    let mut error = None;
+    // librdkafka's batch call waits until it has all `max` or the time is
+    // up: so one message is waited for (up to `block`), and the rest are
+    // taken as queued now. An end-of-partition event is a message too, so
+    // the wait goes on after one until a record comes or the time is up.
+    loop {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .min(600_000) as i32;
+        let first = take(&state.queue, 1, wait);
+        let timed_out = first.0.is_empty();
+        let rest = if timed_out || max == 1 {
+            Taken(Vec::new())
         } else {
-            0
+            take(&state.queue, max - 1, 0)
         };
-        // SAFETY: the queue is live (owned by `state`, which the caller
-        // holds under the resource's mutex).
-        let event = unsafe { rdsys::rd_kafka_queue_poll(state.queue.0, wait_ms) };
-        if event.is_null() {
-            if wait_ms == 0 {
+        for &m in first.0.iter().chain(rest.0.iter()) {
+            // SAFETY: `m` is a live message until `first` and `rest` drop.
+            let outcome =
+                unsafe { message(env, state, m, &keys, nil, cap, &mut entries, &mut oversize) };
+            if let Err(err) = outcome {
+                // The records before the error are returned and the error
+                // comes with the next poll.
+                error = Some(err);
                 break;
             }
-            continue;
         }
-        let outcome = handle_event(
-            env,
-            state,
-            event,
-            &keys,
-            nil,
-            cap,
-            &mut entries,
-            &mut oversize,
-        );
-        // SAFETY: the event came from rd_kafka_queue_poll, is not null and
-        // is destroyed once; everything read from it was copied into terms.
-        unsafe { rdsys::rd_kafka_event_destroy(event) };
-        if let Err(err) = outcome {
-            if entries.is_empty() && oversize.is_empty() {
-                return Err(err);
-            }
-            state.pending = Some(err);
+        let got = !entries.is_empty() || !oversize.is_empty();
+        if timed_out || error.is_some() || got || Instant::now() >= deadline {
             break;
         }
+    }
+    if let Some(err) = error {
+        if entries.is_empty() && oversize.is_empty() {
+            return Err(err);
+        }
+        state.pending = Some(err);
     }
     let positions: Vec<(i32, i64)> = state.positions.iter().map(|(&p, &o)| (p, o)).collect();
     Ok((atoms::ok(), entries, positions, oversize).encode(env))
 }
 
+/// One message of a batch: a record, an end of partition, or an error.
+///
+/// # Safety
+/// `m` must be a live message.
 #[allow(clippy::too_many_arguments)]
-fn handle_event<'a>(
+unsafe fn message<'a>(
     env: Env<'a>,
     state: &mut State,
-    event: *mut rdsys::rd_kafka_event_t,
+    m: *mut rdsys::rd_kafka_message_t,
     keys: &Keys<'a>,
     nil: Term<'a>,
     cap: usize,
     entries: &mut Vec<Term<'a>>,
     oversize: &mut Vec<(i32, i64, usize)>,
 ) -> Result<(), NifError> {
-    // SAFETY: `event` is a live event (see poll); the messages and the
-    // topic-partition read from it are used before it is destroyed, and the
-    // topic-partition copy is destroyed here.
-    unsafe {
-        match rdsys::rd_kafka_event_type(event) {
-            rdsys::RD_KAFKA_EVENT_FETCH => {
-                loop {
-                    let message = rdsys::rd_kafka_event_message_next(event);
-                    if message.is_null() {
-                        break;
-                    }
-                    let m = &*message;
-                    if m.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-                        return message_error(m);
-                    }
-                    record(env, state, message, keys, nil, cap, entries, oversize);
-                }
-                Ok(())
+    let msg = &*m;
+    match msg.err {
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
+            record(env, state, m, keys, nil, cap, entries, oversize);
+            Ok(())
+        }
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+            // The offset is the fetch position at the partition's end,
+            // after everything of it queued before this event.
+            if msg.offset >= 0 && msg.partition >= 0 {
+                let at = state.positions.entry(msg.partition).or_insert(msg.offset);
+                *at = (*at).max(msg.offset);
             }
-            rdsys::RD_KAFKA_EVENT_ERROR => {
-                let err = rdsys::rd_kafka_event_error(event);
-                let tp = rdsys::rd_kafka_event_topic_partition(event);
-                let (partition, offset) = if tp.is_null() {
-                    (None, -1)
-                } else {
-                    let pair = ((*tp).partition, (*tp).offset);
-                    rdsys::rd_kafka_topic_partition_destroy(tp);
-                    (Some(pair.0), pair.1)
-                };
-                if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF {
-                    if let Some(p) = partition {
-                        if offset >= 0 {
-                            let at = state.positions.entry(p).or_insert(offset);
-                            *at = (*at).max(offset);
-                        }
-                    }
-                    return Ok(());
-                }
-                let fatal = rdsys::rd_kafka_event_error_is_fatal(event) != 0;
-                if partition.is_none() && !fatal {
-                    // A client-wide, transient error (a broker down, a
-                    // connection refused): librdkafka retries by itself, the
-                    // poll goes on and returns fewer or no records.
-                    return Ok(());
-                }
-                let text = rdsys::rd_kafka_event_error_string(event);
-                let text = if text.is_null() {
-                    String::new()
-                } else {
-                    CStr::from_ptr(text).to_string_lossy().into_owned()
-                };
-                // With auto.offset.reset=error, librdkafka reports a fetch
-                // offset the partition no longer (or does not yet) hold as
-                // _AUTO_OFFSET_RESET: that is OFFSET_OUT_OF_RANGE to us.
-                let err = if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET {
-                    RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE
-                } else {
-                    err
-                };
-                Err(NifError::resp(err, partition, text))
+            Ok(())
+        }
+        err => {
+            // An error without a partition is client-wide and transient (a
+            // broker down): librdkafka retries by itself, so it is not
+            // returned; an error of a partition is.
+            if msg.rkt.is_null() || msg.partition < 0 {
+                return Ok(());
             }
-            _ => Ok(()),
+            let text = rdsys::rd_kafka_message_errstr(m);
+            let text = if text.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(text).to_string_lossy().into_owned()
+            };
+            // With auto.offset.reset=error, librdkafka reports a fetch
+            // offset the partition no longer (or does not yet) hold as
+            // _AUTO_OFFSET_RESET: that is OFFSET_OUT_OF_RANGE to us.
+            let err = if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE
+            } else {
+                err
+            };
+            Err(NifError::resp(err, Some(msg.partition), text))
         }
     }
-}
-
-/// A message that carries an error instead of a record.
-///
-/// # Safety
-/// `m` must point into a live event.
-unsafe fn message_error(m: &rdsys::rd_kafka_message_t) -> Result<(), NifError> {
-    // SAFETY (caller): `m` is a live message; its error string is read
-    // before the event is destroyed.
-    let text = rdsys::rd_kafka_message_errstr(m);
-    let text = if text.is_null() {
-        String::new()
-    } else {
-        CStr::from_ptr(text).to_string_lossy().into_owned()
-    };
-    if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF {
-        return Ok(());
-    }
-    Err(NifError::resp(m.err, Some(m.partition), text))
 }
 
 /// Copies one record into `{{partition, offset}, fields}`.
@@ -562,13 +550,14 @@ unsafe fn record<'a>(
         .iter()
         .map(|(n, v)| (binary(env, n), opt_binary(env, *v, nil)).encode(env))
         .collect();
+    // In the order of `keys`.
     let values = [
-        opt_binary(env, key, nil),
-        opt_binary(env, value, nil),
         header_terms.encode(env),
-        partition.encode(env),
+        opt_binary(env, key, nil),
         offset.encode(env),
+        partition.encode(env),
         ts_term,
+        opt_binary(env, value, nil),
     ];
     // The six keys are distinct binaries, so this cannot fail.
     if let Ok(fields) = Term::map_from_term_arrays(env, &keys.list, &values) {
