@@ -39,8 +39,13 @@ defmodule Larder.Error do
       definition differs from the options.
     * `:snapshot_mismatch` - `Larder.Replica.start_link/1`: the snapshot
       was written by a replica of another log or another structure.
+    * `:snapshot_in_use` - `Larder.Replica.start_link/1`: another replica,
+      in this VM or another OS process, holds the snapshot path;
+      `details.path`, and `details.holder` (a pid) or
+      `details.holder_os_pid` name them.
     * `:offset_trimmed` - `Larder.Replica`: the log lost entries after the
-      replica's id (with `on_trimmed: :stop`).
+      replica's id, or the log went backwards below it (with
+      `on_trimmed: :stop`).
     * `:apply_failed` - `Larder.Replica`: the apply function rejected an
       entry (with `on_error: :stop`); `details.id` is the entry's id.
     * `:source_unavailable`, `:source_failed`, `:source_bad_reply` - a
@@ -70,6 +75,7 @@ defmodule Larder.Error do
           | :l2_bad_reply
           | :definition_mismatch
           | :snapshot_mismatch
+          | :snapshot_in_use
           | :offset_trimmed
           | :apply_failed
           | :source_unavailable

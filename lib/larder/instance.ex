@@ -101,6 +101,13 @@ defmodule Larder.Instance do
     end
   end
 
+  @doc "Lets go of `owner`'s claim on `name` (one that publishes no handle)."
+  @spec unclaim(kind(), term(), pid()) :: :ok
+  def unclaim(kind, name, owner) do
+    :ets.delete_object(@table, {{kind, name}, owner})
+    :ok
+  end
+
   @doc "Publishes the handle of the structure that holds `name`'s claim."
   @spec publish(kind(), name() | nil, term()) :: :ok
   def publish(_kind, nil, _handle), do: :ok
@@ -132,6 +139,15 @@ defmodule Larder.Instance do
     case :ets.lookup(@table, {kind, name}) do
       [{_, pid}] -> if Process.alive?(pid), do: pid, else: nil
       [] -> nil
+    end
+  end
+
+  @doc "The name of `kind` that the process `pid` holds, or nil."
+  @spec name_of(kind(), pid()) :: name() | nil
+  def name_of(kind, pid) do
+    case :ets.match(@table, {{kind, :"$1"}, pid}, 1) do
+      {[[name] | _], _} -> name
+      _ -> nil
     end
   end
 
@@ -294,6 +310,58 @@ defmodule Larder.Instance do
     case lookup(kind, name) do
       nil -> :ok
       handle -> drop.(handle)
+    end
+  end
+
+  @doc """
+  Records that drop/1 killed the owner of `name` (one stuck in user code,
+  which cannot take the drop request): its supervisor `parent` takes the
+  kill as a crash of a `:transient` child and restarts it, and that start
+  asks take_dropped/2 first, so that the structure stays dropped.
+  """
+  @spec dropped(kind(), name(), pid()) :: :ok
+  def dropped(kind, name, parent) do
+    :ets.insert(@table, {{:dropped, kind, name}, parent, System.monotonic_time(:millisecond)})
+    :ok
+  end
+
+  @doc """
+  Whether the calling process is the supervisor of an owner of `name` that
+  drop/1 killed within the last minute (and so must not start it again):
+  true once, then the record is gone.
+  """
+  @spec take_dropped(kind(), name()) :: boolean()
+  def take_dropped(kind, name) do
+    key = {:dropped, kind, name}
+
+    case :ets.lookup(@table, key) do
+      [{^key, parent, at} = record] when parent == self() ->
+        if supervisor?() do
+          :ets.delete_object(@table, record)
+          System.monotonic_time(:millisecond) - at < 60_000
+        else
+          false
+        end
+
+      _ ->
+        false
+    end
+  end
+
+  # Whether the calling process is a Supervisor or a DynamicSupervisor (a
+  # plain process that traps exits and starts the structure again is not
+  # told to keep it stopped).
+  defp supervisor? do
+    case Process.get(:"$initial_call") do
+      {:supervisor, _, _} ->
+        true
+
+      {module, :init, 1} when is_atom(module) ->
+        behaviours = List.flatten(Keyword.get_values(module.module_info(:attributes), :behaviour))
+        module == DynamicSupervisor or DynamicSupervisor in behaviours
+
+      _ ->
+        false
     end
   end
 

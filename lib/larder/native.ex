@@ -72,6 +72,9 @@ defmodule Larder.Native do
   def index_group(_list), do: not_loaded()
   def index_group_dirty(_list), do: not_loaded()
 
+  def file_lock(_path, _note), do: not_loaded()
+  def file_lock_release(_lock), do: not_loaded()
+
   def bag_fps_new(_shards), do: not_loaded()
   def bag_fps_add(_set, _key_hash, _value_hash), do: not_loaded()
   def bag_fps_incr(_set, _key_hash, _value_hash), do: not_loaded()

@@ -99,11 +99,37 @@ defmodule Larder.Replica do
   names another. The replica's process applies nothing while it dumps, so
   the dump and the id are one consistent cut.
 
+  One replica per snapshot path: its sweep deletes every dump of the path
+  but its own. A replica claims its path at start, before it reads the
+  snapshot, in two ways: in the VM (so a second replica there is refused
+  and named), and on the host with a kernel lock (`flock(2)`) on the file
+  `<snapshot>.lock`, which it holds open until it stops. A second replica
+  on a path in use, in this VM or in another OS process, is refused:
+  `start_link/1` returns `{:error, %Larder.Error{reason:
+  :snapshot_in_use}}`, whose details name the path and the holder
+  (`:holder`, its pid, in this VM; `:holder_os_pid` for another process).
+  The kernel drops the lock when the holder's file is closed: when the
+  replica stops, when its process exits (killed or not), and when its VM
+  dies, even by SIGKILL. So a lock is never left behind by a dead holder: a
+  restarted service takes its path at once, however its predecessor died.
+  A killed replica's lock goes as its process exits, which may be just
+  after its supervisor restarts it: a start that finds the path locked
+  tries again for up to 2 s before it refuses. The `.lock` file names
+  its holder's OS pid; a clean stop deletes it, and a killed holder
+  leaves it for the next one to lock (a lock counts only on the file that
+  is at the path, so a starter that opened a file being deleted tries
+  again). Where the lock file cannot be opened at all (a read-only
+  directory that has none), the path is claimed in the VM only, with a
+  warning. Paths are compared expanded: two paths to one file through a
+  link are one file to the kernel's lock, two to the VM's claim.
+
   At start, a snapshot of another log or another structure is refused:
   `start_link/1` returns `{:error, %Larder.Error{reason:
   :snapshot_mismatch}}`, and a Table dump of another definition `{:error,
   %Larder.Error{reason: :definition_mismatch}}`; a damaged one `{:error,
-  %Larder.Error{reason: :corrupt_snapshot}}`. The replica does not start
+  %Larder.Error{reason: :corrupt_snapshot}}`; one whose manifest or dump
+  cannot be read (removed, or the disk refuses) `{:error,
+  %Larder.Error{reason: :file_error}}`. The replica does not start
   from zero on its own when its snapshot is bad: remove the file to do so.
 
   ## Complexity
@@ -112,8 +138,10 @@ defmodule Larder.Replica do
   had caught up and waited), `n` calls of `:apply`, and the writes: with an
   arity-1 function, one `insert_many/2` per run of inserts. A snapshot is
   O(records) (the structure's dump) plus a manifest of a few hundred
-  bytes. `offset/1` is one call to the replica's process; `await/3` one
-  call, plus one connection to the source for `:latest`.
+  bytes. `offset/1` and `target/1` are one ETS lookup (a row the replica
+  writes after each batch), no call to its process; `await/3` is that
+  lookup, plus one call to the replica when the id is not reached yet, plus
+  one connection to the source for `:latest`.
 
   ## Concurrency
 
@@ -124,8 +152,12 @@ defmodule Larder.Replica do
   last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table
   write is whole, see `Larder.Table`); a batch is not atomic as a whole.
-  `offset/1` and `await/3` are answered between batches. During a snapshot
-  the replica applies nothing, and reads of the structure go on.
+  `offset/1` and `target/1` read what the replica wrote after its last
+  batch, at once, whatever its process is doing; `await/3` is answered
+  when a batch reaches the id, or by its own timeout even while the
+  replica is busy (an arity-2 `:apply` runs in the replica's process, and
+  one that does not return keeps it busy). During a snapshot the replica
+  applies nothing, and reads of the structure go on.
 
   ## Failures
 
@@ -151,10 +183,33 @@ defmodule Larder.Replica do
       :offset_trimmed}}`; with `:rebuild`, it drops the structure, creates
       it empty and reads what is left of the log. It never skips entries
       silently.
+    * **A log that went backwards** (its last id is below the replica's:
+      a stream deleted and written again with lower ids, or a failover to
+      a server that had not received the last entries the replica applied)
+      is a trim: what the replica applied is no longer the log. It is
+      reported and handled as above, `:offset_trimmed` or a rebuild from
+      the log's beginning (after what was trimmed from it). A replica
+      that waits for new entries sees it within one `:block_ms`, since no
+      new entry below its id wakes the wait; `await(replica, :latest, t)`
+      compares the log's last id with the offset and waits for that
+      rebuild (or gets the stop's error), never answering `:ok` from the
+      old entries. A log that lost entries the replica applied and then
+      got new ones past its id is detected too, on Redis 7 (see
+      `Larder.Replica.RedisStream`).
     * **A stop** (`on_trimmed: :stop`, `on_error: :stop`) ends the process
       with `{:shutdown, %Larder.Error{}}`; as a `:transient` child it is not
       restarted, and its structure goes with it. `await/3` callers get that
       error. No snapshot is written on such a stop or on a crash.
+    * **An arity-2 `:apply` that does not return** holds the replica's
+      process: no more batches are applied and `snapshot/1` waits, but
+      `offset/1`, `target/1` and `await/3` (by its timeout) still answer.
+      `drop/1` waits up to 5 s for the replica to take its request, then
+      kills it: the stuck apply ends with the process, mid-entry, no
+      snapshot is written (a restart starts from the last one), the reader
+      and the structure go with it, and a process linked to it gets the
+      exit `:killed` (a supervisor that started it keeps it stopped). A
+      supervisor's own shutdown of such a replica is its `shutdown: 30_000`
+      and then a kill, as for any child.
 
   ## Performance
 
@@ -203,7 +258,10 @@ defmodule Larder.Replica do
 
   @doc """
   Starts a replica linked to the caller (see "Options"). Returns `{:error,
-  %Larder.Error{}}` when its snapshot is refused (see "Snapshots").
+  %Larder.Error{}}` when its snapshot path is in use by another replica
+  (`:snapshot_in_use`) or its snapshot is refused (`:snapshot_mismatch`,
+  `:definition_mismatch`, `:corrupt_snapshot`, or `:file_error` when the
+  dump the manifest names cannot be read); see "Snapshots".
   """
   @spec start_link(keyword()) :: GenServer.on_start() | {:error, Larder.Error.t()}
   def start_link(opts) do
@@ -230,21 +288,24 @@ defmodule Larder.Replica do
 
   @doc """
   Stops the replica as a clean stop does (it writes its last snapshot, if it
-  has a `:snapshot` path) and frees its structure with it; under a
-  supervisor it stays stopped (its child is `:transient`). Idempotent: a
+  has a `:snapshot` path, given up to 30 s) and frees its structure with it;
+  under a supervisor it stays stopped (its child is `:transient`). Returns
+  once the replica's process is gone. The replica takes the request between
+  batches: one that has not within 5 s (an arity-2 `:apply` that does not
+  return) is killed, without a snapshot (see "Failures"). Idempotent: a
   name or pid that runs no replica (any more) is taken as one already
   dropped. Raises `ArgumentError` for a term that is neither a name nor a
   pid.
   """
   @spec drop(replica()) :: :ok
   def drop(replica) when is_pid(replica) do
-    if Instance.holds?(__MODULE__, replica), do: Instance.drop(replica), else: :ok
+    if Instance.holds?(__MODULE__, replica), do: Server.drop(replica), else: :ok
   end
 
   def drop(replica) when Instance.name?(replica) do
     case Instance.whereis(__MODULE__, replica) do
       nil -> :ok
-      pid -> Instance.drop(pid)
+      pid -> Server.drop(pid)
     end
   end
 
@@ -252,23 +313,27 @@ defmodule Larder.Replica do
 
   @doc """
   The id of the last entry applied (the source's origin, `"0-0"` for a
-  Redis Stream, before any). Raises `ArgumentError` for an unknown replica.
+  Redis Stream, before any), as the replica wrote it after its last batch;
+  read without a call to the replica's process, so it answers at once
+  whatever the replica is doing. Raises `ArgumentError` for an unknown
+  replica.
   """
   @spec offset(replica()) :: Larder.Replica.Source.id()
-  def offset(replica), do: call!(replica, :offset)
+  def offset(replica), do: replica |> position!() |> elem(0)
 
   @doc """
   The structure's current handle (it changes when the replica is restarted
-  or rebuilds; a name given in `:into` does not). Raises `ArgumentError` for
-  an unknown replica.
+  or rebuilds; a name given in `:into` does not). Read without a call, as
+  `offset/1`. Raises `ArgumentError` for an unknown replica.
   """
   @spec target(replica()) :: Larder.Table.t() | Larder.Bag.t()
-  def target(replica), do: call!(replica, :target)
+  def target(replica), do: replica |> position!() |> elem(2)
 
   @doc """
   Writes a snapshot now (see "Snapshots"): `{:ok, offset}`, or `{:error,
   %Larder.Error{}}` (`:file_error`, or `:no_snapshot_path` for a replica
-  without `:snapshot`).
+  without `:snapshot`). A call to the replica's process: it is answered
+  between batches.
   """
   @spec snapshot(replica()) :: {:ok, Larder.Replica.Source.id()} | {:error, Larder.Error.t()}
   def snapshot(replica), do: call!(replica, :snapshot)
@@ -276,7 +341,16 @@ defmodule Larder.Replica do
   @doc """
   Waits until the entry `id` (an id of the source, e.g. `"1700000000000-0"`),
   or with `:latest` the log's last entry when called, is applied, or until
-  `timeout` ms (`0..3_600_000` or `:infinity`) have passed.
+  `timeout` ms (`0..3_600_000` or `:infinity`) have passed, whatever the
+  replica's process is doing (an arity-2 `:apply` that does not return
+  included).
+
+  With `:latest`, a log whose last id is below the replica's offset went
+  backwards (see "Failures"): the wait is for the replica to have rebuilt
+  from the log (`on_trimmed: :rebuild`) and applied its last entry; with
+  `on_trimmed: :stop` the replica stops and the caller gets
+  `:offset_trimmed`. Never `:ok` on the strength of entries the log no
+  longer holds.
 
   Returns `:ok`, or `{:error, %Larder.Error{}}`: `:timeout`; for `:latest`,
   the source's error when it cannot be asked (`:source_unavailable`, ...);
@@ -294,17 +368,29 @@ defmodule Larder.Replica do
     end
 
     started = System.monotonic_time(:millisecond)
-    {source, opts} = call!(replica, :source)
+    handle = handle!(replica)
+    source = handle.source
+    {offset, epoch, _target} = position!(replica, handle)
 
     target =
       case id do
         :latest ->
-          source.last_id(opts, if(timeout == :infinity, do: 60_000, else: timeout))
+          with {:ok, last} <-
+                 source.last_id(
+                   handle.source_opts,
+                   if(timeout == :infinity, do: 60_000, else: timeout)
+                 ) do
+            # Below what the replica applied: the log went backwards, and
+            # only a rebuild (the next epoch) can reach its last entry.
+            if source.compare(offset, last) == :gt,
+              do: {:ok, last, epoch + 1},
+              else: {:ok, last, epoch}
+          end
 
         id ->
           case source.cast_id(id) do
             {:ok, id} ->
-              {:ok, id}
+              {:ok, id, 0}
 
             :error ->
               raise ArgumentError,
@@ -313,21 +399,13 @@ defmodule Larder.Replica do
           end
       end
 
-    with {:ok, id} <- target do
+    with {:ok, id, epoch} <- target do
       left =
         if timeout == :infinity,
           do: :infinity,
           else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
 
-      try do
-        GenServer.call(pid!(replica), {:await, id, left}, :infinity)
-      catch
-        :exit, {{:shutdown, %Larder.Error{} = error}, _} ->
-          {:error, error}
-
-        :exit, {reason, _} ->
-          {:error, Larder.Error.new(:replica_stopped, "the replica stopped", reason: reason)}
-      end
+      Server.await(handle, id, epoch, left)
     end
   end
 
@@ -348,6 +426,16 @@ defmodule Larder.Replica do
       true -> Instance.invalid!(__MODULE__, replica)
     end
   end
+
+  # What the replica publishes for callers (see Larder.Replica.Server).
+  defp handle!(replica) do
+    if is_pid(replica) or Instance.name?(replica),
+      do: Server.handle(replica) || unknown!(replica),
+      else: Instance.invalid!(__MODULE__, replica)
+  end
+
+  defp position!(replica, handle \\ nil),
+    do: Server.position(handle || handle!(replica)) || unknown!(replica)
 
   defp unknown!(replica), do: Instance.unknown!(__MODULE__, replica)
 

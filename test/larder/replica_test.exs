@@ -279,6 +279,185 @@ defmodule Larder.ReplicaTest do
     end
   end
 
+  describe "a log that went backwards" do
+    # 1000-1 .. 1000-100 applied, then the stream deleted and written again
+    # with lower ids: below the replica's offset, where no new entry wakes
+    # its blocked XREAD.
+    setup ctx do
+      Log.add_at(ctx.redis, ctx.stream, for(k <- 1..100, do: {"1000-#{k}", {:put, k, k}}))
+      forward(ctx, [[:larder, :replica, :trimmed]])
+      :ok
+    end
+
+    defp follow(ctx, extra) do
+      replica =
+        start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, extra))
+
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert Replica.offset(replica) == "1000-100"
+      await_blocked(ctx.redis)
+      replica
+    end
+
+    defp rewrite(ctx, pairs) do
+      {:ok, _} = Log.command(ctx.redis, ["DEL", ctx.stream])
+      Log.add_at(ctx.redis, ctx.stream, pairs)
+    end
+
+    test "is a trim: on_trimmed: :stop stops with :offset_trimmed, and await(:latest) gets it",
+         ctx do
+      Process.flag(:trap_exit, true)
+      replica = follow(ctx, block_ms: 2_000)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+
+      assert {:error, %Larder.Error{reason: :offset_trimmed}} =
+               Replica.await(replica, :latest, 20_000)
+
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1},
+                      %{action: :stop, offset: "1000-100"}}
+
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}}
+    end
+
+    test "is a trim: on_trimmed: :rebuild rebuilds from the log, and await(:latest) waits for it",
+         ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "5-10"
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, 9999})
+
+      assert_receive {:event, [:larder, :replica, :trimmed], %{count: 1},
+                      %{action: :rebuild, resume_after: "0-0"}}
+    end
+
+    test "a log that lost its last entries (a failover) is rebuilt the same way", ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      # the same first 90 entries, the last 10 lost
+      rewrite(ctx, for(k <- 1..90, do: {"1000-#{k}", {:put, k, k}}))
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "1000-90"
+      assert Log.contents(name(ctx, "t")) == Map.new(1..90, &{&1, &1})
+      assert_receive {:event, [:larder, :replica, :trimmed], _, %{action: :rebuild}}
+    end
+
+    test "a log that lost its last entries and got new ones past them is rebuilt too", ctx do
+      replica = follow(ctx, on_trimmed: :rebuild)
+      # the last 10 lost, and new entries past the replica's id
+      rewrite(
+        ctx,
+        for(k <- 1..90, do: {"1000-#{k}", {:put, k, k}}) ++
+          for(k <- 1..5, do: {"2000-#{k}", {:put, k, -k}})
+      )
+
+      assert Replica.await(replica, :latest, 20_000) == :ok
+      assert Replica.offset(replica) == "2000-5"
+      assert Log.contents(name(ctx, "t")) == Log.model(ctx.redis, ctx.stream)
+      assert_receive {:event, [:larder, :replica, :trimmed], _, %{action: :rebuild}}
+    end
+
+    test "a replica restarted from a snapshot above the log sees it at its first read", ctx do
+      Process.flag(:trap_exit, true)
+      path = Path.join(ctx.dir, "back.snap")
+      replica = follow(ctx, snapshot: path)
+      :ok = GenServer.stop(replica)
+      rewrite(ctx, for(k <- 1..10, do: {"5-#{k}", {:put, k, 9999}}))
+
+      replica =
+        start!(
+          Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, snapshot: path)
+        )
+
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}},
+                     10_000
+    end
+  end
+
+  describe "an arity-2 apply stuck on an entry" do
+    # The apply blocks for good on the entry of key 2, inside the replica's
+    # process: calls that only read or wait must still answer.
+    setup ctx do
+      Process.flag(:trap_exit, true)
+      me = self()
+      [first, _] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}, {:put, 2, 2}])
+
+      apply = fn
+        %{"k" => "2"}, _into ->
+          send(me, {:stuck, self()})
+          Process.sleep(:infinity)
+
+        fields, into ->
+          Log.apply_entry(fields, into)
+      end
+
+      path = Path.join(ctx.dir, "stuck.snap")
+
+      opts =
+        Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream,
+          apply: apply,
+          batch_size: 1,
+          snapshot: path,
+          snapshot_every: 86_400_000
+        )
+
+      %{opts: opts, first: first, path: path}
+    end
+
+    # The call's result, or :hung when it has not answered in 20 s.
+    defp answer(fun) do
+      task = Task.async(fun)
+
+      case Task.yield(task, 20_000) || Task.shutdown(task, :brutal_kill) do
+        {:ok, result} -> result
+        _ -> :hung
+      end
+    end
+
+    test "await/3 answers by its timeout, offset/1 and target/1 at once", ctx do
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, ^replica}, 10_000
+
+      assert answer(fn -> Replica.offset(replica) end) == ctx.first
+      assert %Table{} = answer(fn -> Replica.target(replica) end)
+      assert answer(fn -> Replica.await(replica, ctx.first, 1_000) end) == :ok
+
+      assert {:error, %Larder.Error{reason: :timeout}} =
+               answer(fn -> Replica.await(replica, :latest, 1_000) end)
+
+      # in the caller's own process: a late answer would not reach it
+      assert {:error, %Larder.Error{reason: :timeout}} =
+               Replica.await(name(ctx, "r"), "99999999999999-0", 300)
+
+      refute_receive {_ref, :ok}, 500
+    end
+
+    test "drop/1 kills it: no snapshot, and the name is free again", ctx do
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, ^replica}, 10_000
+      assert answer(fn -> Replica.drop(replica) end) == :ok
+      assert_received {:EXIT, ^replica, :killed}
+      refute Process.alive?(replica)
+      refute File.exists?(ctx.path)
+      assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn -> Replica.offset(replica) end
+
+      # a new replica of the same name and structure starts (and gets stuck)
+      again = start!(ctx.opts)
+      assert_receive {:stuck, ^again}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+    end
+
+    test "drop/1 of a supervised one kills it and it stays dropped", ctx do
+      {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
+      on_exit(fn -> Process.exit(sup, :kill) end)
+      assert_receive {:stuck, replica}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      refute Process.alive?(replica)
+      assert [{{Replica, _}, :undefined, :worker, _}] = Supervisor.which_children(sup)
+      refute_receive {:stuck, _}, 500
+      assert Replica.drop(name(ctx, "r")) == :ok
+    end
+  end
+
   describe "a poisoned entry" do
     setup ctx do
       [_, _, poison, _, _] =
@@ -470,6 +649,112 @@ defmodule Larder.ReplicaTest do
     end
   end
 
+  describe "one snapshot path" do
+    # Two replicas on one path would sweep each other's dumps: the second
+    # is refused, in this VM or from another one. (Both are replicas of one
+    # stream into one table name, so the second can start from the first
+    # one's snapshot once the path is free.)
+    setup ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      path = Path.join(ctx.dir, "shared.snap")
+
+      opts =
+        for i <- 1..2 do
+          Log.opts(name(ctx, "r#{i}"), name(ctx, "t"), ctx.server.port, ctx.stream,
+            snapshot: path,
+            snapshot_every: 100
+          )
+        end
+
+      %{path: path, opts: opts}
+    end
+
+    test "in this VM: the second is refused, the first keeps its snapshots", ctx do
+      [opts1, opts2] = ctx.opts
+      first = start!(opts1)
+      assert Replica.await(first, :latest, 10_000) == :ok
+
+      assert {:error, %Larder.Error{reason: :snapshot_in_use, details: details} = error} =
+               Replica.start_link(opts2)
+
+      assert details.path == ctx.path
+      assert details.holder == first
+      assert Exception.message(error) =~ ctx.path
+      refute Process.whereis(name(ctx, "r2"))
+
+      # the first one's snapshots go on and a restart starts from them
+      Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
+      assert Replica.await(first, :latest, 10_000) == :ok
+      assert {:ok, offset} = Replica.snapshot(first)
+      :ok = GenServer.stop(first)
+      first = start!(opts1)
+      assert Replica.offset(first) == offset
+      assert Log.contents(name(ctx, "t")) == Map.new(1..11, &{&1, &1})
+
+      # once the first is dropped, the second may take the path (and its
+      # last snapshot)
+      :ok = Replica.drop(first)
+      second = start!(opts2)
+      assert Replica.offset(second) == offset
+
+      # the lock file goes with a clean stop
+      assert File.exists?(ctx.path <> ".lock")
+      :ok = Replica.drop(second)
+      refute File.exists?(ctx.path <> ".lock")
+    end
+
+    test "a replica killed is followed at once by its restart on the path", ctx do
+      Process.flag(:trap_exit, true)
+      [opts1, _] = ctx.opts
+
+      for _ <- 1..5 do
+        pid = start!(opts1)
+        assert Replica.await(pid, :latest, 10_000) == :ok
+        Process.exit(pid, :kill)
+        assert_receive {:EXIT, ^pid, :killed}
+      end
+    end
+
+    test "held by another OS process: refused, and free again once that VM is SIGKILLed",
+         ctx do
+      [opts, _] = ctx.opts
+      peer = Larder.Test.Isolated.start_peer()
+      on_exit(fn -> catch_exit(:peer.stop(peer)) end)
+      os_pid = Larder.Test.Isolated.os_pid(peer)
+
+      # a replica in the other VM, on the same path (and the same Redis)
+      assert {:ok, :started} =
+               Larder.Test.Isolated.eval(
+                 peer,
+                 quote do
+                   {:ok, pid} = Larder.Replica.start_link(unquote(Macro.escape(opts)))
+                   Process.unlink(pid)
+                   :ok = Larder.Replica.await(pid, :latest, 10_000)
+                   :started
+                 end
+               )
+
+      # the same replica started a second time, in this VM
+      assert {:error, %Larder.Error{reason: :snapshot_in_use, details: details}} =
+               Replica.start_link(opts)
+
+      assert details.path == ctx.path
+      assert details.holder_os_pid == os_pid
+
+      # the holder dies without a word: its lock goes with it
+      {_, 0} = System.cmd("kill", ["-KILL", os_pid])
+
+      RedisServer.wait_until(10_000, "the peer VM's exit", fn ->
+        {_, status} = System.cmd("kill", ["-0", os_pid], stderr_to_stdout: true)
+        status != 0
+      end)
+
+      restarted = start!(opts)
+      assert Replica.await(restarted, :latest, 10_000) == :ok
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, &1})
+    end
+  end
+
   describe "a server that is not Redis" do
     for mode <- [:random, :wrong_types, :endless, :close_mid_reply] do
       test "(#{mode}) is counted, never fatal", ctx do
@@ -503,8 +788,11 @@ defmodule Larder.ReplicaTest do
     test "a well-formed reply with ids that do not increase is a bad reply", ctx do
       forward(ctx, [[:larder, :replica, :source, :error]])
 
+      # a well-formed XINFO (length 2, last id 5-0), no entry 0-0, and XREAD
       reply =
-        "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>
+        "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n" <>
+          "*4\r\n$6\r\nlength\r\n:2\r\n$17\r\nlast-generated-id\r\n$3\r\n5-0\r\n" <>
+          "*0\r\n*1\r\n*2\r\n$1\r\ns\r\n*2\r\n" <>
           "*2\r\n$3\r\n5-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n" <>
           "*2\r\n$3\r\n4-0\r\n*2\r\n$2\r\nop\r\n$3\r\ndel\r\n"
 
@@ -519,8 +807,14 @@ defmodule Larder.ReplicaTest do
 
       replica = start!(opts)
 
+      # refused by the check of the entries, not of the XINFO reply
       assert_receive {:event, [:larder, :replica, :source, :error], _,
-                      %{error: %Larder.Error{reason: :source_bad_reply}}},
+                      %{
+                        error: %Larder.Error{
+                          reason: :source_bad_reply,
+                          message: "an unexpected reply to XREAD"
+                        }
+                      }},
                      10_000
 
       assert Replica.offset(replica) == "0-0"

@@ -14,11 +14,7 @@ defmodule Larder.Test.Isolated do
   @spec run(Macro.t(), timeout()) ::
           {:ok, term()} | {:raised, Exception.t()} | {:vm_died, term()}
   def run(quoted, timeout \\ 30_000) do
-    paths = Enum.flat_map(:code.get_path(), &["-pa", &1])
-
-    # Not linked: the peer's death must reach the test as a value.
-    {:ok, peer, _node} =
-      :peer.start(%{connection: :standard_io, args: Enum.map(paths, &to_charlist/1)})
+    peer = start_peer()
 
     try do
       case :peer.call(peer, __MODULE__, :__run__, [quoted], timeout) do
@@ -37,6 +33,30 @@ defmodule Larder.Test.Isolated do
       end
     end
   end
+
+  @doc """
+  Starts a peer VM (another OS process) with the suite's code paths, not
+  linked to the caller (its death must reach the test as a value); stop it
+  with `:peer.stop/1`, or kill its OS process (`os_pid/1`).
+  """
+  @spec start_peer() :: pid()
+  def start_peer do
+    paths = Enum.flat_map(:code.get_path(), &["-pa", &1])
+
+    {:ok, peer, _node} =
+      :peer.start(%{connection: :standard_io, args: Enum.map(paths, &to_charlist/1)})
+
+    peer
+  end
+
+  @doc "Evaluates `quoted` in the peer VM `peer` (its :larder started), as run/2 does."
+  @spec eval(pid(), Macro.t(), timeout()) :: {:ok, term()} | {:raised, Exception.t()}
+  def eval(peer, quoted, timeout \\ 30_000),
+    do: :peer.call(peer, __MODULE__, :__run__, [quoted], timeout)
+
+  @doc "The OS pid of the peer VM `peer`."
+  @spec os_pid(pid()) :: String.t()
+  def os_pid(peer), do: :peer.call(peer, System, :pid, [])
 
   @doc """
   In a fresh peer VM: builds 20 structures with `build` (a quoted function

@@ -26,8 +26,9 @@ defmodule Larder.Replica.RedisStream do
 
   ## Reading
 
-  Each read is one round trip of `MULTI`, `XINFO STREAM`, `XREAD COUNT n
-  STREAMS key after`, `EXEC`: the trim check and the read are one atomic
+  Each read is one round trip of `MULTI`, `XINFO STREAM`, `XRANGE key
+  after after` (the replica's own entry, for the trim check), `XREAD COUNT
+  n STREAMS key after`, `EXEC`: the trim check and the read are one atomic
   step on the server, so no trim can fall between them. When that read
   returns nothing, the source waits with `XREAD COUNT 1 BLOCK ms STREAMS key
   after` and, when an entry arrives, does the atomic read again. A read
@@ -53,12 +54,29 @@ defmodule Larder.Replica.RedisStream do
       reverse). `resume_after` is the id just before the first entry;
     * the stream is empty and its last generated id is above the replica's;
     * reading from the beginning (`"0-0"`), the stream has added more
-      entries than it holds (`entries-added`, Redis 7).
+      entries than it holds (`entries-added`, Redis 7);
+    * the stream went backwards: its last generated id is below the
+      replica's (deleted and written again with lower ids, or a failover
+      that lost entries the replica had read). `resume_after` is then where
+      a read from the beginning starts: `"0-0"`, or the id before the
+      first entry if the stream also lost its first entries. Since a wait
+      (`XREAD ... BLOCK`) is not woken by entries below its id, this is
+      seen by the atomic read that follows a wait that timed out, within
+      one block time;
+    * the stream went backwards and new entries have passed the replica's
+      id since (Redis 7): the stream holds entries below the replica's id
+      but not the replica's own entry, and its `max-deleted-entry-id` is
+      below it, so that entry was never deleted from this stream: it is
+      an entry the replica read that this stream never had. `resume_after`
+      as above.
 
   A stream that does not exist is empty; if the replica's id is above
   `"0-0"` it was deleted, which is reported as trimmed after `"0-0"`. An
   entry removed with `XDEL` after the replica's id, with entries before
   and after it still there, is not detected: it is no longer in the log.
+  Before Redis 7, a stream that lost entries the replica read and then
+  got new ones past its id is not detected either (nothing tells a lost
+  entry from one removed with `XDEL`).
 
   ## Failures
 
@@ -237,12 +255,12 @@ defmodule Larder.Replica.RedisStream do
   def read(%{ahead: {after_id, count}} = conn, after_id, count, _block_ms) do
     # This read was sent ahead, when the last batch came.
     conn = %{conn | ahead: nil}
-    result(atomic_reply(replies(conn, 4, 0), conn, after_id), conn, count)
+    result(atomic_reply(replies(conn, 5, 0), conn, after_id), conn, count)
   end
 
   def read(%{ahead: {_, _}} = conn, after_id, count, block_ms) do
     # A read sent ahead for another position (after a trim): its replies go.
-    case replies(conn, 4, 0) do
+    case replies(conn, 5, 0) do
       {:ok, _replies} -> read(%{conn | ahead: nil}, after_id, count, block_ms)
       {:error, error} -> {:error, error, conn}
     end
@@ -297,8 +315,16 @@ defmodule Larder.Replica.RedisStream do
     ["XREAD", "COUNT", Integer.to_string(count)] ++ block ++ ["STREAMS", conn.stream, after_id]
   end
 
+  # XRANGE of the replica's own entry: whether the stream still holds it
+  # (see "Trimming").
   defp atomic_commands(conn, after_id, count) do
-    [["MULTI"], ["XINFO", "STREAM", conn.stream], xread(conn, after_id, count, 0), ["EXEC"]]
+    [
+      ["MULTI"],
+      ["XINFO", "STREAM", conn.stream],
+      ["XRANGE", conn.stream, after_id, after_id],
+      xread(conn, after_id, count, 0),
+      ["EXEC"]
+    ]
   end
 
   defp atomic_read(conn, after_id, count) do
@@ -307,8 +333,10 @@ defmodule Larder.Replica.RedisStream do
 
   defp atomic_reply(replies, conn, after_id) do
     case replies do
-      {:ok, [{:ok, "OK"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, [info, read]}]} ->
+      {:ok,
+       [{:ok, "OK"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, "QUEUED"}, {:ok, [info, own, read]}]} ->
         with {:ok, info} <- info(info),
+             {:ok, info} <- own_entry(info, own, after_id),
              :ok <- trim_check(info, after_id),
              {:ok, entries} <- entries(read, conn.stream, after_id) do
           {:ok, entries, info}
@@ -334,8 +362,9 @@ defmodule Larder.Replica.RedisStream do
          {:ok, last} <- cast_id(Map.get(pairs, "last-generated-id")),
          {:ok, first} <- first_entry(Map.get(pairs, "first-entry")),
          {:ok, added} <- count(Map.get(pairs, "entries-added")),
-         {:ok, length} <- count(Map.get(pairs, "length")) do
-      {:ok, %{first: first, last: last, added: added, length: length}}
+         {:ok, length} <- count(Map.get(pairs, "length")),
+         {:ok, deleted} <- max_deleted(Map.get(pairs, "max-deleted-entry-id")) do
+      {:ok, %{first: first, last: last, added: added, length: length, deleted: deleted}}
     else
       _ -> {:error, bad_reply("XINFO", info)}
     end
@@ -350,6 +379,16 @@ defmodule Larder.Replica.RedisStream do
   defp first_entry(:undefined), do: {:ok, nil}
   defp first_entry(nil), do: {:ok, nil}
   defp first_entry(_other), do: :error
+
+  # max-deleted-entry-id exists from Redis 7 on.
+  defp max_deleted(nil), do: {:ok, nil}
+  defp max_deleted(id), do: cast_id(id)
+
+  # Whether the stream holds the entry `after_id` (XRANGE of that one id).
+  defp own_entry(:missing, _own, _after_id), do: {:ok, :missing}
+  defp own_entry(info, [], _after_id), do: {:ok, Map.put(info, :own, false)}
+  defp own_entry(info, [[id, _fields]], id), do: {:ok, Map.put(info, :own, true)}
+  defp own_entry(_info, own, _after_id), do: {:error, bad_reply("XRANGE", own)}
 
   # entries-added exists from Redis 7 on.
   defp count(nil), do: {:ok, nil}
@@ -383,15 +422,44 @@ defmodule Larder.Replica.RedisStream do
     end
   end
 
+  # A stream whose last generated id is below ours went backwards (deleted
+  # and written again, or a failover that lost entries we read): what we
+  # applied is not the log any more, so it is a trim, to be rebuilt from
+  # what the stream holds, as a read from the beginning would.
+  defp trim_check(%{last: last} = info, after_id) do
+    if compare(last, after_id) == :lt or lost?(info, after_id),
+      do: {:trimmed, from_origin(info)},
+      else: trim_check_forward(info, after_id)
+  end
+
+  # The same when new entries have passed our id since (Redis 7): the
+  # stream holds entries below our id but not ours, and deleted nothing at
+  # or above it (an XDEL or a trim would have raised max-deleted-entry-id).
+  # Our id is then an entry we read that this stream never had. (An id we
+  # resumed after, which is no entry, is below the first entry.)
+  defp lost?(%{first: first, deleted: deleted, own: false}, after_id)
+       when first != nil and deleted != nil,
+       do: compare(first, after_id) == :lt and compare(deleted, after_id) == :lt
+
+  defp lost?(_info, _after_id), do: false
+
   # An empty stream whose last id is above ours: its entries after ours went.
-  defp trim_check(%{first: nil, last: last}, after_id) do
+  defp trim_check_forward(%{first: nil, last: last}, after_id) do
     if compare(last, after_id) == :gt, do: {:trimmed, last}, else: :ok
   end
 
-  defp trim_check(%{first: first}, after_id) do
+  defp trim_check_forward(%{first: first}, after_id) do
     if compare(first, after_id) == :gt and first != successor(after_id),
       do: {:trimmed, predecessor(first)},
       else: :ok
+  end
+
+  # Where a rebuild reads from: the beginning, or after what was trimmed.
+  defp from_origin(info) do
+    case trim_check(info, "0-0") do
+      :ok -> "0-0"
+      {:trimmed, resume_after} -> resume_after
+    end
   end
 
   defp successor(id) do

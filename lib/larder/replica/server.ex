@@ -1,15 +1,43 @@
 # The process of a replica: it owns the Table or Bag, applies the batches its
 # reader hands over (the only writer of the structure), moves the offset
-# after each, answers offset/await calls, and writes the snapshots.
+# after each, answers await calls, and writes the snapshots. Its offset,
+# epoch and structure are also kept in a row that callers read without a
+# call (an arity-2 apply runs in this process and can keep it busy).
 defmodule Larder.Replica.Server do
   @moduledoc false
 
+  # What a caller needs without asking the process: published under the
+  # replica's name (Larder.Instance.publish/3) once the structure exists.
+  # `row` is this process's protected ETS table, holding
+  #
+  #   {:position, offset, epoch, target}  after each batch and rebuild;
+  #   {:stopping}                         once it took a drop/1 request.
+  #
+  # `epoch` counts the rebuilds (on_trimmed: :rebuild): await/3 on a log
+  # that went below the offset waits for the next epoch.
+  defmodule Handle do
+    @moduledoc false
+    @enforce_keys [:pid, :name, :row, :source, :source_opts]
+    defstruct @enforce_keys
+
+    @type t :: %__MODULE__{
+            pid: pid(),
+            name: atom(),
+            row: :ets.tid(),
+            source: module(),
+            source_opts: keyword()
+          }
+  end
+
   use GenServer
+
+  require Larder.Instance
 
   require Logger
 
   alias Larder.Replica.Reader
   alias Larder.Replica.Snapshot
+  alias Larder.Replica.SnapshotLock
   alias Larder.Replica.Target
 
   defstruct [
@@ -31,11 +59,28 @@ defmodule Larder.Replica.Server do
     :offset,
     :snapshot_offset,
     :timer,
+    :handle,
+    :path_lock,
+    epoch: 0,
     waiters: []
   ]
 
+  # How long drop/1 waits for the replica to take its request (it does
+  # between batches, and between the entries of an arity-2 apply's batch
+  # only once the batch is done) before it kills it; and how long it then
+  # lets a replica that took it write its last snapshot.
+  @drop_wait_ms 5_000
+  @stop_wait_ms 30_000
+
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
+    # A supervisor restarting a replica that drop/1 killed: it stays dropped.
+    if Larder.Instance.take_dropped(Larder.Replica, opts[:name]),
+      do: :ignore,
+      else: start_instance(opts)
+  end
+
+  defp start_instance(opts) do
     ref = make_ref()
 
     args = [{:reply_to, {self(), ref}} | opts]
@@ -86,26 +131,43 @@ defmodule Larder.Replica.Server do
       telemetry: Larder.Instance.telemetry?(opts[:telemetry])
     }
 
-    case safe_start_target(state) do
-      {:ok, target, offset} ->
-        state = %{state | target: target, offset: offset, snapshot_offset: offset}
+    with {:ok, state} <- claim_path(state),
+         {:ok, target, offset} <- safe_start_target(state) do
+      state = publish(%{state | target: target, offset: offset, snapshot_offset: offset})
 
-        reader =
-          Reader.start_link(
-            source,
-            source_opts,
-            offset,
-            state.batch_size,
-            state.block_ms,
-            prepare(state)
-          )
+      reader =
+        Reader.start_link(
+          source,
+          source_opts,
+          offset,
+          state.batch_size,
+          state.block_ms,
+          prepare(state)
+        )
 
-        {:ok, schedule(%{state | reader: reader})}
+      {:ok, schedule(%{state | reader: reader})}
+    else
+      {:error, error, state} ->
+        release_path(state)
+        fail(opts, error)
 
       {:error, error} ->
         fail(opts, error)
     end
   end
+
+  # One replica per snapshot path (its sweep deletes every other dump).
+  defp claim_path(%{snapshot: nil} = state), do: {:ok, state}
+
+  defp claim_path(state) do
+    case SnapshotLock.claim(state.snapshot, state.name) do
+      {:ok, lock} -> {:ok, %{state | path_lock: lock}}
+      {:error, error} -> {:error, error}
+    end
+  end
+
+  defp release_path(%{path_lock: nil}), do: :ok
+  defp release_path(state), do: SnapshotLock.release(state.path_lock)
 
   # start_link/1 gets the error as a value (a {:stop, reason} here would
   # also send the exit to a linked caller that does not trap).
@@ -117,9 +179,12 @@ defmodule Larder.Replica.Server do
 
   # Bad options of the structure raise in start_link/1's caller.
   defp safe_start_target(state) do
-    start_target(state)
+    case start_target(state) do
+      {:error, error} -> {:error, error, state}
+      ok -> ok
+    end
   rescue
-    error in ArgumentError -> {:error, error}
+    error in ArgumentError -> {:error, error, state}
   end
 
   defp start_target(%{snapshot: nil} = state),
@@ -144,13 +209,13 @@ defmodule Larder.Replica.Server do
   ## Calls
 
   @impl true
-  def handle_call({Larder.Instance, :drop}, _from, state), do: {:stop, :normal, :ok, state}
-  def handle_call(:offset, _from, state), do: {:reply, state.offset, state}
-  def handle_call(:target, _from, state), do: {:reply, state.target, state}
-  def handle_call(:source, _from, state), do: {:reply, {state.source, state.source_opts}, state}
+  def handle_call({Larder.Instance, :drop}, _from, state) do
+    :ets.insert(state.handle.row, {:stopping})
+    {:stop, :normal, :ok, state}
+  end
 
-  def handle_call({:await, id, timeout}, from, state) do
-    if reached?(state, id) do
+  def handle_call({:await, id, epoch, timeout}, from, state) do
+    if reached?(state.source, {state.offset, state.epoch}, id, epoch) do
       {:reply, :ok, state}
     else
       ref = make_ref()
@@ -158,7 +223,7 @@ defmodule Larder.Replica.Server do
       timer =
         if timeout != :infinity, do: Process.send_after(self(), {:await_timeout, ref}, timeout)
 
-      {:noreply, %{state | waiters: [{ref, id, from, timer} | state.waiters]}}
+      {:noreply, %{state | waiters: [{ref, {id, epoch}, from, timer} | state.waiters]}}
     end
   end
 
@@ -259,7 +324,7 @@ defmodule Larder.Replica.Server do
         Target.drop(state.spec, state.target)
         target = Target.new(state.spec)
         send(reader, {:replica_resume, resume_after})
-        {:noreply, advance(%{state | target: target}, resume_after)}
+        {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume_after)}
     end
   end
 
@@ -270,7 +335,7 @@ defmodule Larder.Replica.Server do
 
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
-      {{^ref, id, from, _timer}, waiters} ->
+      {{^ref, {id, _epoch}, from, _timer}, waiters} ->
         GenServer.reply(
           from,
           {:error,
@@ -315,6 +380,8 @@ defmodule Larder.Replica.Server do
     # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
     # last snapshot; a crash does not (the structure may be mid-entry).
     if state.snapshot && clean?(reason), do: write_snapshot(state)
+    release_path(state)
+    Larder.Instance.release(Larder.Replica, state.name, state.handle, self())
     :ok
   end
 
@@ -530,8 +597,8 @@ defmodule Larder.Replica.Server do
 
   defp advance(state, offset) do
     {done, waiting} =
-      Enum.split_with(state.waiters, fn {_ref, id, _from, _timer} ->
-        state.source.compare(offset, id) != :lt
+      Enum.split_with(state.waiters, fn {_ref, {id, epoch}, _from, _timer} ->
+        reached?(state.source, {offset, state.epoch}, id, epoch)
       end)
 
     for {_ref, _id, from, timer} <- done do
@@ -539,10 +606,179 @@ defmodule Larder.Replica.Server do
       GenServer.reply(from, :ok)
     end
 
-    %{state | offset: offset, waiters: waiting}
+    write_row(%{state | offset: offset, waiters: waiting})
   end
 
-  defp reached?(state, id), do: state.source.compare(state.offset, id) != :lt
+  # Whether a replica at `offset` in `epoch` has applied `id` of `min_epoch`.
+  defp reached?(source, {offset, epoch}, id, min_epoch),
+    do: epoch >= min_epoch and source.compare(offset, id) != :lt
+
+  ## What callers read without a call
+
+  defp publish(state) do
+    row = :ets.new(__MODULE__, [:protected, :set, read_concurrency: true])
+
+    handle = %Handle{
+      pid: self(),
+      name: state.name,
+      row: row,
+      source: state.source,
+      source_opts: state.source_opts
+    }
+
+    state = write_row(%{state | handle: handle})
+    Larder.Instance.publish(Larder.Replica, state.name, handle)
+    state
+  end
+
+  defp write_row(state) do
+    :ets.insert(state.handle.row, {:position, state.offset, state.epoch, state.target})
+    state
+  end
+
+  @doc """
+  The handle of the live replica `replica` (its name or pid), or nil.
+  """
+  @spec handle(atom() | pid()) :: Handle.t() | nil
+  def handle(replica) when is_pid(replica) do
+    case Larder.Instance.name_of(Larder.Replica, replica) do
+      nil -> nil
+      name -> with %Handle{pid: ^replica} = handle <- handle(name), do: handle, else: (_ -> nil)
+    end
+  end
+
+  def handle(name) do
+    case Larder.Instance.lookup(Larder.Replica, name) do
+      %Handle{pid: pid} = handle -> if Process.alive?(pid), do: handle
+      _ -> nil
+    end
+  end
+
+  @doc """
+  `{offset, epoch, target}` as the replica last wrote them (after its last
+  batch), or nil when it is gone. Asks nothing of the replica's process.
+  """
+  @spec position(Handle.t()) :: {term(), non_neg_integer(), term()} | nil
+  def position(%Handle{row: row}) do
+    case :ets.lookup(row, :position) do
+      [{:position, offset, epoch, target}] -> {offset, epoch, target}
+      [] -> nil
+    end
+  rescue
+    # the replica's table went with it
+    ArgumentError -> nil
+  end
+
+  @doc """
+  Waits until the replica has applied `id` in epoch `min_epoch` or later,
+  for `timeout` ms whatever the replica's process is doing: `:ok`, or
+  `{:error, %Larder.Error{}}` (`:timeout`, the replica's own stop error, or
+  `:replica_stopped`).
+  """
+  @spec await(Handle.t(), term(), non_neg_integer(), timeout()) ::
+          :ok | {:error, Larder.Error.t()}
+  def await(handle, id, min_epoch, timeout) do
+    case position(handle) do
+      nil ->
+        {:error, stopped(:noproc)}
+
+      {offset, epoch, _target} ->
+        cond do
+          reached?(handle.source, {offset, epoch}, id, min_epoch) -> :ok
+          timeout == 0 -> {:error, timed_out(handle, id)}
+          true -> call_await(handle, id, min_epoch, timeout)
+        end
+    end
+  end
+
+  # The call is bounded by `timeout` on this side: a replica busy in an
+  # arity-2 apply answers late, and a late answer is dropped (the call's
+  # alias is gone by then).
+  defp call_await(handle, id, min_epoch, timeout) do
+    GenServer.call(handle.pid, {:await, id, min_epoch, timeout}, timeout)
+  catch
+    :exit, {:timeout, _} -> {:error, timed_out(handle, id)}
+    :exit, {{:shutdown, %Larder.Error{} = error}, _} -> {:error, error}
+    :exit, {reason, _} -> {:error, stopped(reason)}
+  end
+
+  defp timed_out(handle, id) do
+    offset =
+      case position(handle) do
+        {offset, _epoch, _target} -> offset
+        nil -> nil
+      end
+
+    Larder.Error.new(:timeout, "the replica did not reach the id in time", id: id, offset: offset)
+  end
+
+  defp stopped(reason),
+    do: Larder.Error.new(:replica_stopped, "the replica stopped", reason: reason)
+
+  @doc """
+  Drops the replica whose process is `pid`: it takes the request between
+  batches and stops as a clean stop does (its last snapshot written, given
+  up to #{@stop_wait_ms} ms). One that has not taken it within
+  #{@drop_wait_ms} ms (an arity-2 apply that does not return) is killed:
+  no snapshot, its structure and reader go with it. Returns once the
+  process is gone.
+  """
+  @spec drop(pid()) :: :ok
+  # An apply that drops its own replica: a call to itself, which cannot be
+  # answered; nothing is done, as for any call of a process to itself.
+  def drop(pid) when pid == self(), do: :ok
+
+  def drop(pid) do
+    monitor = Process.monitor(pid)
+    handle = handle(pid)
+
+    try do
+      GenServer.call(pid, {Larder.Instance, :drop}, @drop_wait_ms)
+    catch
+      :exit, {:timeout, _} ->
+        unless stopping?(handle) and gone?(monitor, @stop_wait_ms),
+          do: kill(pid, handle && handle.name)
+
+      :exit, _gone ->
+        :ok
+    end
+
+    gone?(monitor, :infinity)
+    :ok
+  end
+
+  # No handle: the replica is still starting or already stopping (it lets
+  # its name go in terminate/2); either way it is not stuck in an apply.
+  defp stopping?(nil), do: true
+
+  defp stopping?(%Handle{row: row}) do
+    :ets.member(row, :stopping)
+  rescue
+    ArgumentError -> true
+  end
+
+  defp gone?(monitor, timeout) do
+    receive do
+      {:DOWN, ^monitor, :process, _pid, _reason} -> true
+    after
+      timeout -> false
+    end
+  end
+
+  # A killed replica exits :killed, which its supervisor takes as a crash
+  # of a :transient child: the supervisor is told to keep it stopped when it
+  # restarts it (Larder.Instance.dropped/3).
+  defp kill(pid, name) do
+    case Process.info(pid, :parent) do
+      {:parent, parent} when is_pid(parent) and name != nil ->
+        Larder.Instance.dropped(Larder.Replica, name, parent)
+
+      _ ->
+        :ok
+    end
+
+    Process.exit(pid, :kill)
+  end
 
   defp schedule(%{snapshot: nil} = state), do: state
 

@@ -94,8 +94,9 @@ defmodule Larder.Replica.Snapshot do
   # files of dumps killed mid-write (`<path>.*.dump.*.tmp`: each dump has a
   # path of its own, so the structure's own sweep, which deletes the
   # temporary files of the path it writes, never meets them). Run after a
-  # commit, when no dump of this replica is being written; one replica per
-  # snapshot path.
+  # commit, when no dump of this replica is being written. One replica per
+  # snapshot path: Larder.Replica.SnapshotLock, claimed at start, refuses a
+  # second one, in this VM or another.
   defp sweep(path, keep) do
     prefix = Path.basename(path) <> "."
 

@@ -10,6 +10,7 @@ mod expr;
 mod group;
 mod index;
 mod key;
+mod lockfile;
 mod posting;
 mod rev;
 mod snapshot;
