@@ -89,3 +89,4 @@ check: setup
 	mix compile --warnings-as-errors --force
 	cd $(PRICE_SEARCH) && mix compile --warnings-as-errors --force
 	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings
+	cd native/larder_kafka && cargo fmt --check && cargo clippy --release -- -D warnings
