@@ -16,7 +16,9 @@ defmodule Larder.Replica.Kafka do
   No consumer group is joined and no offset is committed: the source
   assigns every partition of the topic to itself and seeks to the
   replica's offsets, which live in the replica's snapshot, next to the
-  state they produced.
+  state they produced. There is no group id option either: a replica's
+  lag is `Larder.Replica.offset/1` against the topic's end
+  (`await(r, :latest, t)`), not a group's committed offsets.
 
   ## Options
 
