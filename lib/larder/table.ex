@@ -74,10 +74,12 @@ defmodule Larder.Table do
   `:store` (whose stored record no longer holds them), read from the
   index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
   that record). `size/1` is
-  O(1); `count/2` is a bitmap count. `dump/2` and `load/2` are O(records +
-  index bytes); `load/2` decodes the records' chunks in as many processes
-  as there are schedulers, and builds the index (and its id-to-terms map,
-  with `:store`) in one NIF call on a dirty scheduler.
+  O(1); `count/2` is a bitmap count. `dump/2` is O(records + index bytes),
+  `load/2` O(records log records + index bytes), plus, with `:store`, the
+  (record, term) pairs of its id-to-terms map, which it bounds (see
+  "Failures"); `load/2` decodes the records' chunks in as many processes
+  as there are schedulers, and checks and builds the index (and its
+  id-to-terms map, with `:store`) in one NIF call on a dirty scheduler.
 
   ## Concurrency
 
@@ -157,8 +159,16 @@ defmodule Larder.Table do
   anything is created, payloads are decoded with `binary_to_term/2`'s
   `:safe` option, shapes are checked, and the NIF validates the bitmaps'
   bytes with Roaring's checked deserialisation). Checksums catch damage,
-  not forgery: a file forged with valid checksums whose index names row
-  ids that have no record loads, and a search skips those ids.
+  not forgery, so the index is checked against the records too: a file
+  whose index names a row id that has no record in the file is
+  `:corrupt_snapshot` (each bitmap is compared with the records' ids
+  before anything is built from it, at a cost of its bytes, not of the
+  ids it names), and so is, with `:store`, one whose index holds more
+  (record, term) pairs than 256 per record plus 8 per byte of index data
+  (and at least 16,777,216): a table whose records average more index
+  terms than that, in long runs of consecutive ids, can be dumped but not
+  loaded. A load of a forged file thus takes time and memory bounded by
+  its records and bytes.
 
   ## Performance
 
@@ -329,7 +339,9 @@ defmodule Larder.Table do
       file's definition differs from the options;
     * `{:error, %Larder.Error{reason: :corrupt_snapshot}}` for any other
       bad file (truncated, damaged, another format such as a
-      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know).
+      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know,
+      an index naming a row id the file holds no record for, or too many
+      index terms per record; see "Failures" in the moduledoc).
 
   On an error no table is left behind. Raises `ArgumentError` for bad
   options or `path`, or when a table with that `:name` exists.
