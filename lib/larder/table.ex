@@ -148,7 +148,10 @@ defmodule Larder.Table do
   (on records it replaces, and in `merge/3` and `update/4`); they should be
   pure and quick, and must not write to a table (that raises, see
   "Concurrency"). If one raises there on a record it accepted before, the
-  writer finds the old terms in the index instead.
+  writer finds the old terms in the index instead. One that is not pure
+  (without `:store`) can leave a deleted or replaced record's id under a
+  term it no longer computes; `load/2` refuses a dump of such a table
+  (`:corrupt_snapshot`, see below).
 
   `dump/2` returns `{:error, %Larder.Error{reason: :file_error}}` when the
   file cannot be written (the old file at `path`, if any, is kept).
