@@ -38,18 +38,26 @@ defmodule Larder.Table.Snapshot do
   # below 2^31 is the record's key), keys must point at rows whose record has
   # that key, and the free ids must be distinct, unused and below `next`.
   # The index bytes are checked by the NIF (Roaring's checked
-  # deserialisation, chunk ranges, distinct terms), and so are its ids:
-  # checksums catch damage, not forgery, and a few bytes of run container
-  # name 65,536 ids. fill/3 hands the NIF the row ids of the file (one
-  # binary of 32-bit ids per rows chunk); every chunk of every posting must
-  # be a subset of the rows of its 64Ki range, checked before anything is
-  # built from it and at a cost of its bytes, so a posting names at most
-  # as many ids as there are rows and a search finds only rows. With an
-  # id-to-terms map (`store:`) the (id, term) pairs are bounded too (256 a
-  # row plus 8 a byte of postings, at least 2^24; snapshot.rs, max_pairs).
+  # deserialisation, chunk ranges, distinct terms), and its ids are cut
+  # down to the rows: checksums catch damage, not forgery, and a few bytes
+  # of run container name 65,536 ids. fill/3 hands the NIF the row ids of
+  # the file (one binary of 32-bit ids per rows chunk); every chunk of
+  # every posting is ANDed with the rows of its 64Ki range before it is
+  # kept, at a cost of its bytes (and a constant), so a posting names at
+  # most as many ids as there are rows and a search finds only rows. The
+  # ids that are not rows are dropped and counted, and import/4 logs one
+  # warning with their count: a forged file names them, and so does a
+  # genuine dump of a table whose impure index function left a deleted
+  # record's id under a stale term, which must still load. Bounded too, by
+  # 256 a row plus 8 a byte of postings, at least 2^24 (snapshot.rs,
+  # max_pairs): the ids built anew from run containers cut down to the rows
+  # (a run of a few bytes can become 8 KB of array), and, with an
+  # id-to-terms map (`store:`), the (id, term) pairs.
   #
   # Writing is Larder.SnapshotFile's: a temporary file, fsync, rename, and
   # the sweep of killed dumps' temporary files.
+
+  require Logger
 
   alias Larder.Native
   alias Larder.Table
@@ -382,11 +390,19 @@ defmodule Larder.Table.Snapshot do
 
   defp import(table, terms, ids, path) do
     case Native.index_import(table.index.ref, Enum.concat(terms), ids) do
-      :ok ->
+      {:ok, 0} ->
+        :ok
+
+      {:ok, dropped} ->
+        Logger.warning(
+          "Larder.Table.load: #{inspect(path)}: the index named #{dropped} row ids " <>
+            "that have no record in the file; they were left out of the loaded index"
+        )
+
         :ok
 
       {:error, :bad_snapshot} ->
-        corrupt("the index data is malformed or names ids without a row", path)
+        corrupt("the index data is malformed", path)
     end
   end
 
