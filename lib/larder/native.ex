@@ -68,7 +68,7 @@ defmodule Larder.Native do
   def index_drop(_index), do: not_loaded()
   def index_live_bytes, do: not_loaded()
   def index_export(_index), do: not_loaded()
-  def index_import(_index, _entries), do: not_loaded()
+  def index_import(_index, _entries, _rows), do: not_loaded()
   def index_group(_list), do: not_loaded()
   def index_group_dirty(_list), do: not_loaded()
 

@@ -74,10 +74,12 @@ defmodule Larder.Table do
   `:store` (whose stored record no longer holds them), read from the
   index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
   that record). `size/1` is
-  O(1); `count/2` is a bitmap count. `dump/2` and `load/2` are O(records +
-  index bytes); `load/2` decodes the records' chunks in as many processes
-  as there are schedulers, and builds the index (and its id-to-terms map,
-  with `:store`) in one NIF call on a dirty scheduler.
+  O(1); `count/2` is a bitmap count. `dump/2` is O(records + index bytes),
+  `load/2` O(records log records + index bytes), plus, with `:store`, the
+  (record, term) pairs of its id-to-terms map, which it bounds (see
+  "Failures"); `load/2` decodes the records' chunks in as many processes
+  as there are schedulers, and checks and builds the index (and its
+  id-to-terms map, with `:store`) in one NIF call on a dirty scheduler.
 
   ## Concurrency
 
@@ -146,7 +148,12 @@ defmodule Larder.Table do
   (on records it replaces, and in `merge/3` and `update/4`); they should be
   pure and quick, and must not write to a table (that raises, see
   "Concurrency"). If one raises there on a record it accepted before, the
-  writer finds the old terms in the index instead.
+  writer finds the old terms in the index instead. One that is not pure
+  (without `:store`) can leave a deleted or replaced record's id under a
+  term it no longer computes. A deleted record's id is skipped by
+  `search/2` (not by `count/2`, nor by `search_keys/2` for integer keys,
+  which answer from the index), and `load/2` of a dump of such a table
+  leaves it out of the loaded index (see below).
 
   `dump/2` returns `{:error, %Larder.Error{reason: :file_error}}` when the
   file cannot be written (the old file at `path`, if any, is kept).
@@ -157,8 +164,21 @@ defmodule Larder.Table do
   anything is created, payloads are decoded with `binary_to_term/2`'s
   `:safe` option, shapes are checked, and the NIF validates the bitmaps'
   bytes with Roaring's checked deserialisation). Checksums catch damage,
-  not forgery: a file forged with valid checksums whose index names row
-  ids that have no record loads, and a search skips those ids.
+  not forgery, so the index is checked against the records too: row ids
+  that the index names but that have no record in the file (forged, or
+  left by an impure index function, see above) are left out of the
+  loaded index, so no search returns them and `count/2` does not count
+  them, and `load/2` logs one warning with how many it left out
+  (each bitmap is intersected with the records' ids before it is kept, at
+  a cost of its bytes, not of the ids it names). A file whose index,
+  cut down to the records, holds more ids built from Roaring run
+  containers than 256 per record plus 8 per byte of index data (and at
+  least 16,777,216) is `:corrupt_snapshot`, and so is, with `:store`, one
+  whose index holds more (record, term) pairs than that. Larder's index
+  never makes a run container, so the dump of a table built by writes
+  holds at most 8 ids per byte of index data and reaches neither bound. A
+  load of a forged file thus takes time and memory bounded by its records
+  and bytes.
 
   ## Performance
 
@@ -329,7 +349,11 @@ defmodule Larder.Table do
       file's definition differs from the options;
     * `{:error, %Larder.Error{reason: :corrupt_snapshot}}` for any other
       bad file (truncated, damaged, another format such as a
-      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know).
+      `Larder.Bag` snapshot, wrong shapes, an atom this VM does not know,
+      or too many index ids or terms per record, which a dump of a table
+      built by writes never holds; see "Failures" in the moduledoc). Index ids that have no
+      record in the file are not an error: they are left out of the
+      loaded index, and one warning is logged with their count.
 
   On an error no table is left behind. Raises `ArgumentError` for bad
   options or `path`, or when a table with that `:name` exists.

@@ -10,11 +10,16 @@ defmodule Larder.Test.Isolated do
   `{:raised, exception}` when it raised, or `{:vm_died, reason}` when the
   peer VM went away (crashed, aborted, or ran past `timeout` ms). Code
   compiled only in the test process (the test module itself) is not there.
+
+  `memory_mb: n` caps the peer's address space (`ulimit -v`), so that a
+  regression that allocates without bound aborts the peer quickly instead
+  of taking the machine's memory from everything else running on it. The
+  peer then writes no crash dump and no core.
   """
-  @spec run(Macro.t(), timeout()) ::
+  @spec run(Macro.t(), timeout(), memory_mb: pos_integer()) ::
           {:ok, term()} | {:raised, Exception.t()} | {:vm_died, term()}
-  def run(quoted, timeout \\ 30_000) do
-    peer = start_peer()
+  def run(quoted, timeout \\ 30_000, opts \\ []) do
+    peer = start_peer(opts)
 
     try do
       case :peer.call(peer, __MODULE__, :__run__, [quoted], timeout) do
@@ -37,15 +42,31 @@ defmodule Larder.Test.Isolated do
   @doc """
   Starts a peer VM (another OS process) with the suite's code paths, not
   linked to the caller (its death must reach the test as a value); stop it
-  with `:peer.stop/1`, or kill its OS process (`os_pid/1`).
+  with `:peer.stop/1`, or kill its OS process (`os_pid/1`). Takes
+  `memory_mb:` as `run/3` does.
   """
-  @spec start_peer() :: pid()
-  def start_peer do
+  @spec start_peer(memory_mb: pos_integer()) :: pid()
+  def start_peer(opts \\ []) do
     paths = Enum.flat_map(:code.get_path(), &["-pa", &1])
+    start = %{connection: :standard_io, args: Enum.map(paths, &to_charlist/1)}
 
-    {:ok, peer, _node} =
-      :peer.start(%{connection: :standard_io, args: Enum.map(paths, &to_charlist/1)})
+    start =
+      case Keyword.fetch(opts, :memory_mb) do
+        {:ok, mb} when is_integer(mb) and mb > 0 ->
+          # peer runs `sh -c <script> sh <erl's own arguments>`.
+          script = ~c"ulimit -c 0 && ulimit -v #{mb * 1024} && exec erl \"$@\""
 
+          Map.merge(start, %{
+            exec: {~c"/bin/sh", [~c"-c", script, ~c"sh"]},
+            env: [{~c"ERL_CRASH_DUMP_SECONDS", ~c"0"}]
+          })
+
+        :error ->
+          start
+      end
+
+    # Not linked: the peer's death must reach the test as a value.
+    {:ok, peer, _node} = :peer.start(start)
     peer
   end
 

@@ -38,13 +38,26 @@ defmodule Larder.Table.Snapshot do
   # below 2^31 is the record's key), keys must point at rows whose record has
   # that key, and the free ids must be distinct, unused and below `next`.
   # The index bytes are checked by the NIF (Roaring's checked
-  # deserialisation, chunk ranges, distinct terms). Checksums catch damage,
-  # not forgery: a file made on purpose with ids in the index that have no
-  # row is loaded, and a search skips those ids (as it skips a row deleted
-  # since the index answered); `count/2` counts them.
+  # deserialisation, chunk ranges, distinct terms), and its ids are cut
+  # down to the rows: checksums catch damage, not forgery, and a few bytes
+  # of run container name 65,536 ids. fill/3 hands the NIF the row ids of
+  # the file (one binary of 32-bit ids per rows chunk); every chunk of
+  # every posting is ANDed with the rows of its 64Ki range before it is
+  # kept, at a cost of its bytes (and a constant), so a posting names at
+  # most as many ids as there are rows and a search finds only rows. The
+  # ids that are not rows are dropped and counted, and import/4 logs one
+  # warning with their count: a forged file names them, and so does a
+  # genuine dump of a table whose impure index function left a deleted
+  # record's id under a stale term, which must still load. Bounded too, by
+  # 256 a row plus 8 a byte of postings, at least 2^24 (snapshot.rs,
+  # max_pairs): the ids built anew from run containers cut down to the rows
+  # (a run of a few bytes can become 8 KB of array), and, with an
+  # id-to-terms map (`store:`), the (id, term) pairs.
   #
   # Writing is Larder.SnapshotFile's: a temporary file, fsync, rename, and
   # the sweep of killed dumps' temporary files.
+
+  require Logger
 
   alias Larder.Native
   alias Larder.Table
@@ -254,10 +267,10 @@ defmodule Larder.Table.Snapshot do
     names = Map.new(table.entries, fn {name, _} -> {name, true} end)
     {rows, others} = Enum.split_with(chunks, &(elem(&1, 0) == @rows))
 
-    with {:ok, top} <- fill_rows(table, rows),
+    with {:ok, top, ids} <- fill_rows(table, rows),
          {:ok, {keyed, terms}} <- fill_others(table, names, others),
          :ok <- check_ids(table, keyed, free, next, path),
-         :ok <- import(table, terms, path) do
+         :ok <- import(table, terms, ids, path) do
       {:ok, {next, free, top}}
     else
       {:error, %Larder.Error{}} = error -> error
@@ -267,7 +280,8 @@ defmodule Larder.Table.Snapshot do
 
   # Rows are decoded and inserted (the rows table is public) by as many
   # processes as there are schedulers: decoding records is most of a load.
-  # Each process's garbage goes with it.
+  # Each process's garbage goes with it. Each chunk's row ids come back as
+  # one binary of 32-bit ids, for the NIF to check the index against.
   defp fill_rows(table, chunks) do
     chunks
     |> Task.async_stream(&fill_chunk(table, &1),
@@ -275,17 +289,17 @@ defmodule Larder.Table.Snapshot do
       ordered: false,
       timeout: :infinity
     )
-    |> Enum.reduce_while({:ok, 0}, fn
-      {:ok, {:ok, top}}, {:ok, max} -> {:cont, {:ok, max(top, max)}}
+    |> Enum.reduce_while({:ok, 0, []}, fn
+      {:ok, {:ok, top, ids}}, {:ok, max, all} -> {:cont, {:ok, max(top, max), [ids | all]}}
       {:ok, {:error, _} = error}, _ -> {:halt, error}
     end)
   end
 
   defp fill_chunk(table, {_kind, count, payload}) do
     with {:ok, items, ^count} <- decode(payload),
-         {:ok, top} <- rows(items, table.key, 0) do
+         {:ok, top, ids} <- rows(items, table.key, 0, <<>>) do
       :ets.insert(table.rows, items)
-      {:ok, top}
+      {:ok, top, ids}
     else
       {:ok, _items, n} -> {:error, "holds #{n} items, its header says #{count}"}
       {:error, _} = error -> error
@@ -325,17 +339,24 @@ defmodule Larder.Table.Snapshot do
   end
 
   # Rows `{id, record}`: a record with the key field; an id below 2^31 is
-  # the record's key (an id above is checked through the keys).
-  defp rows([{id, record} | rest], key, top) when is_integer(id) and id >= 0 and is_map(record) do
+  # the record's key (an id above is checked through the keys). Their ids
+  # are gathered in `ids`, 32 bits each.
+  defp rows([{id, record} | rest], key, top, ids)
+       when is_integer(id) and id >= 0 and is_map(record) do
     case record do
-      %{^key => ^id} when id < @direct_limit -> rows(rest, key, max(top, id + 1))
-      %{^key => _} when id >= @direct_limit and id <= @max_id -> rows(rest, key, top)
-      _ -> {:error, "holds a row whose key does not match its id"}
+      %{^key => ^id} when id < @direct_limit ->
+        rows(rest, key, max(top, id + 1), <<ids::binary, id::32>>)
+
+      %{^key => _} when id >= @direct_limit and id <= @max_id ->
+        rows(rest, key, top, <<ids::binary, id::32>>)
+
+      _ ->
+        {:error, "holds a row whose key does not match its id"}
     end
   end
 
-  defp rows([], _key, top), do: {:ok, top}
-  defp rows(_other, _key, _top), do: {:error, "holds a row of the wrong shape"}
+  defp rows([], _key, top, ids), do: {:ok, top, ids}
+  defp rows(_other, _key, _top, _ids), do: {:error, "holds a row of the wrong shape"}
 
   defp keys([{key, id} | rest], table, keyed) when is_integer(id) and id >= @direct_limit do
     field = table.key
@@ -367,10 +388,21 @@ defmodule Larder.Table.Snapshot do
     end
   end
 
-  defp import(table, terms, path) do
-    case Native.index_import(table.index.ref, Enum.concat(terms)) do
-      :ok -> :ok
-      {:error, :bad_snapshot} -> corrupt("the index data is malformed", path)
+  defp import(table, terms, ids, path) do
+    case Native.index_import(table.index.ref, Enum.concat(terms), ids) do
+      {:ok, 0} ->
+        :ok
+
+      {:ok, dropped} ->
+        Logger.warning(
+          "Larder.Table.load: #{inspect(path)}: the index named #{dropped} row ids " <>
+            "that have no record in the file; they were left out of the loaded index"
+        )
+
+        :ok
+
+      {:error, :bad_snapshot} ->
+        corrupt("the index data is malformed", path)
     end
   end
 

@@ -1,10 +1,23 @@
 //! An index's postings in and out of a `Larder.Table` snapshot file. Export
 //! gives each term with its ids in Roaring's portable serialisation, one
 //! serialised bitmap per 64Ki-id chunk (so load rebuilds each chunk from its
-//! bytes, without touching an id); import checks every byte of that (it
-//! comes from a file) and builds a whole new state, swapped in at once. The
-//! terms themselves travel as Erlang terms: keys hold atoms by their
-//! immediate value, which another VM does not share.
+//! bytes); import checks every byte of that (it comes from a file), keeps
+//! of each posting only the ids that are rows of the file, and builds a
+//! whole new state, swapped in at once. The terms themselves travel as
+//! Erlang terms: keys hold atoms by their immediate value, which another VM
+//! does not share.
+//!
+//! An id without a row is dropped, and counted: a forged file names them,
+//! and so does a genuine dump of a table whose index function is impure (a
+//! deleted record's id left under a term the function no longer computes),
+//! which must still load, as a search would skip the id anyway. A few bytes
+//! can name many ids (a run container of 15 bytes names 65,536), so what
+//! import does is bounded by the rows and the bytes it is given, not by the
+//! ids the bytes claim: each chunk is ANDed with the rows of its range (at
+//! a cost of its bytes and a constant, never of its ids) before it is kept,
+//! so a posting names at most the rows; the ids built anew from runs, and
+//! the id-to-terms map, whose size is the (id, term) pairs, are bounded by
+//! the rows and the bytes (`max_pairs`).
 
 use crate::atoms;
 use crate::budget::Budget;
@@ -16,10 +29,134 @@ use crate::posting::{Chunk, Posting};
 use crate::rev::Reverse;
 use roaring::RoaringBitmap;
 use rustler::{Binary, Encoder, Env, NifResult, OwnedBinary, Term};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Chunks of one posting: at most one per high-16-bit key.
 const MAX_CHUNKS: usize = 1 << 16;
+
+/// The (id, term) pairs an import may put in an id-to-terms map, and the
+/// ids it may build anew from run containers that named ids without a row:
+/// 256 per row, plus 8 per byte of postings (a dense bitmap container holds
+/// 8 ids a byte; arrays hold fewer), and 2^24 whatever the file. Each
+/// posting names at most the rows, but a file of rows x terms pairs (every
+/// term naming every row, in a 15-byte run a term) is refused past that,
+/// before any pair is built; and a 15-byte run cut down to rows that are
+/// not consecutive becomes up to 8 KB of array or bitmap, so past that a
+/// file is refused before more is built. The index never makes a run
+/// container (it only ever holds one a file gave it), so the dump of a
+/// table built by writes holds at most 8 ids a byte and reaches neither
+/// bound.
+const PAIRS_PER_ROW: u64 = 256;
+const PAIRS_PER_BYTE: u64 = 8;
+const PAIRS_FLOOR: u64 = 1 << 24;
+
+fn max_pairs(rows: u64, bytes: u64) -> u64 {
+    PAIRS_PER_ROW
+        .saturating_mul(rows)
+        .saturating_add(PAIRS_PER_BYTE.saturating_mul(bytes))
+        .max(PAIRS_FLOOR)
+}
+
+/// The file's row ids, split in 64Ki-id ranges as postings are: each range
+/// one single-container bitmap (an array or a bitmap container, never runs).
+struct Rows {
+    ranges: Vec<(u16, RoaringBitmap)>,
+    len: u64,
+}
+
+/// What `Rows::keep` leaves of a chunk: its ids that are rows (none, or a
+/// chunk to keep), how many it dropped, and how many ids it had to build
+/// anew from a run container (a run of a few bytes can keep as many rows
+/// as its range has; `import` bounds the sum, see `max_pairs`).
+struct Kept {
+    ids: Option<RoaringBitmap>,
+    dropped: u64,
+    built_from_runs: u64,
+}
+
+impl Rows {
+    /// From a list of binaries of big-endian `u32` row ids, in any order
+    /// (an id given twice counts once). O(rows log rows).
+    fn of(list: Term) -> Result<Rows, NativeError> {
+        let mut ids: Vec<u32> = Vec::new();
+        let mut rest = list;
+        while let Some(cell) = next_cell(&mut rest) {
+            let cell = cell.map_err(|()| NativeError::BadSnapshot)?;
+            let bin: Binary = cell.decode().map_err(|_| NativeError::BadSnapshot)?;
+            let bytes = bin.as_slice();
+            if !bytes.len().is_multiple_of(4) {
+                return Err(NativeError::BadSnapshot);
+            }
+            ids.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut ranges = Vec::new();
+        for range in ids.chunk_by(|a, b| a >> 16 == b >> 16) {
+            let bitmap = RoaringBitmap::from_sorted_iter(range.iter().copied())
+                .map_err(|_| NativeError::Internal)?;
+            ranges.push(((range[0] >> 16) as u16, bitmap));
+        }
+        Ok(Rows {
+            ranges,
+            len: ids.len() as u64,
+        })
+    }
+
+    /// The ids of `ids` (one chunk, of range `high`) that are rows: the
+    /// chunk's AND with the rows of its range, so at most as many ids as
+    /// the range has rows; the others are dropped and counted. The chunk
+    /// itself is kept when nothing is dropped (a run stays runs). An array
+    /// is filtered id by id (a lookup each: its 2 bytes an id, never the
+    /// range's rows for every term, which merging two arrays would cost); a
+    /// bitmap or run container is ANDed with the range's container, at most
+    /// 1,024 words or the range's at most 4,096 array ids, and a result of
+    /// at most 8 KB. Counting a run's ids is a sum over its runs. So the
+    /// cost is bounded by the chunk's bytes and a constant, never by the
+    /// ids a run names.
+    fn keep(&self, high: u16, ids: RoaringBitmap) -> Kept {
+        let claimed = ids.len();
+        let Ok(at) = self.ranges.binary_search_by_key(&high, |(h, _)| *h) else {
+            return Kept {
+                ids: None,
+                dropped: claimed,
+                built_from_runs: 0,
+            };
+        };
+        let rows = &self.ranges[at].1;
+        let stats = ids.statistics();
+        let kept = if stats.n_array_containers > 0 {
+            // from_sorted_iter cannot fail on a subsequence of sorted ids.
+            RoaringBitmap::from_sorted_iter(ids.iter().filter(|&id| rows.contains(id)))
+                .unwrap_or_default()
+        } else {
+            &ids & rows
+        };
+        let dropped = claimed - kept.len();
+        if dropped == 0 {
+            return Kept {
+                ids: Some(ids),
+                dropped,
+                built_from_runs: 0,
+            };
+        }
+        let built_from_runs = if stats.n_run_containers > 0 {
+            kept.len()
+        } else {
+            0
+        };
+        Kept {
+            ids: (!kept.is_empty()).then_some(kept),
+            dropped,
+            built_from_runs,
+        }
+    }
+}
 
 /// `<<chunks::32, (bytes::32, roaring portable bytes)*>>`, big-endian counts.
 fn posting_bytes(posting: &Posting) -> Result<Vec<u8>, NativeError> {
@@ -79,11 +216,27 @@ fn take_u32(rest: &mut &[u8]) -> Result<u32, NativeError> {
     Ok(u32::from_be_bytes(word))
 }
 
-/// The posting that `bytes` (from `posting_bytes`) describe. Each chunk
-/// must hold ids, all of one 64Ki range, in ascending ranges; Roaring's
-/// checked deserialisation validates each container. What it allocates is
-/// bounded by a constant times the bytes given.
-fn parse_posting(bytes: &[u8]) -> Result<Posting, NativeError> {
+/// What an import has dropped and built so far, against its bounds.
+struct Tally {
+    /// Ids named by postings that are not rows of the file.
+    dropped: u64,
+    /// Ids built anew from run containers that named ids without a row,
+    /// and the most of them an import may build (`max_pairs`).
+    built_from_runs: u64,
+    max_built: u64,
+}
+
+/// The posting that `bytes` (from `posting_bytes`) describe, less the ids
+/// that are not `rows` (dropped and counted in `tally`; the posting may be
+/// left without chunks). Each chunk must hold ids, all of one 64Ki range,
+/// in ascending ranges; Roaring's checked deserialisation validates each
+/// container, and keeps a run container as its runs (it reads and
+/// allocates 4 bytes a run and at most 8 KB a container, whatever its ids).
+/// Each chunk is then cut down to the rows of its range (`Rows::keep`), so
+/// the posting names at most the rows. Its work and what it allocates are
+/// bounded by a constant times the bytes given, plus the ids built from
+/// runs, which `tally` bounds.
+fn parse_posting(bytes: &[u8], rows: &Rows, tally: &mut Tally) -> Result<Posting, NativeError> {
     let mut rest = bytes;
     let count = take_u32(&mut rest)? as usize;
     // Each chunk takes at least 4 + 8 bytes: a count past that is a lie.
@@ -91,7 +244,6 @@ fn parse_posting(bytes: &[u8]) -> Result<Posting, NativeError> {
         return Err(NativeError::BadSnapshot);
     }
     let mut posting = Posting::default();
-    posting.chunks.reserve_exact(count);
     let mut last: Option<u16> = None;
     for _ in 0..count {
         let len = take_u32(&mut rest)? as usize;
@@ -109,8 +261,16 @@ fn parse_posting(bytes: &[u8]) -> Result<Posting, NativeError> {
             return Err(NativeError::BadSnapshot);
         }
         last = Some(high);
-        posting.len = posting.len.saturating_add(ids.len());
-        posting.chunks.push((high, Arc::new(Chunk::of(ids))));
+        let kept = rows.keep(high, ids);
+        tally.dropped = tally.dropped.saturating_add(kept.dropped);
+        tally.built_from_runs = tally.built_from_runs.saturating_add(kept.built_from_runs);
+        if tally.built_from_runs > tally.max_built {
+            return Err(NativeError::BadSnapshot);
+        }
+        if let Some(ids) = kept.ids {
+            posting.len = posting.len.saturating_add(ids.len());
+            posting.chunks.push((high, Arc::new(Chunk::of(ids))));
+        }
     }
     if !rest.is_empty() {
         return Err(NativeError::BadSnapshot);
@@ -118,11 +278,38 @@ fn parse_posting(bytes: &[u8]) -> Result<Posting, NativeError> {
     Ok(posting)
 }
 
+/// The bytes of postings in `entries` (those of a malformed entry, which
+/// `import` refuses, aside). O(terms).
+fn posting_bytes_in(entries: Term) -> u64 {
+    let mut total: u64 = 0;
+    let mut rest = entries;
+    while let Some(Ok(entry)) = next_cell(&mut rest) {
+        if let Some(&[_, bytes]) = tuple_elems(entry) {
+            if let Ok(bytes) = elem(entry, bytes).decode::<Binary>() {
+                total = total.saturating_add(bytes.len() as u64);
+            }
+        }
+    }
+    total
+}
+
 /// Fills an empty index from `entries`, a list of `{term, postings}` as
-/// `index_export` gives them: all or nothing. A malformed entry, a term
-/// given twice or an index that already holds a term is `BadSnapshot`.
-fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
+/// `index_export` gives them, keeping only the ids that are among `rows`
+/// (a list of binaries of big-endian `u32` row ids): all or nothing.
+/// Returns how many ids it dropped (a term left without ids is left out).
+/// A malformed entry, a term given twice, more ids built from run
+/// containers than `max_pairs` allows, more (id, term) pairs than it
+/// allows for an id-to-terms map, or an index that already holds a term is
+/// `BadSnapshot`.
+fn import(index_term: Term, entries: Term, rows: Term) -> Result<u64, NativeError> {
     let index = index(index_term)?;
+    let rows = Rows::of(rows)?;
+    let bytes_given = posting_bytes_in(entries);
+    let mut tally = Tally {
+        dropped: 0,
+        built_from_runs: 0,
+        max_built: max_pairs(rows.len, bytes_given),
+    };
     let mut budget = Budget::new(true);
     let mut next = State {
         reverse: index
@@ -135,6 +322,8 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
             .map(|_| Default::default()),
         ..State::default()
     };
+    // Terms whose ids were all dropped: kept only to refuse them given twice.
+    let mut emptied: HashSet<Vec<u8>> = HashSet::new();
     let mut key = Vec::with_capacity(64);
     let mut rest = entries;
     while let Some(entry) = next_cell(&mut rest) {
@@ -144,11 +333,15 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
         };
         let (term, bytes) = (elem(entry, term), elem(entry, bytes));
         let bytes: Binary = bytes.decode().map_err(|_| NativeError::BadSnapshot)?;
-        let posting = parse_posting(bytes.as_slice())?;
+        let posting = parse_posting(bytes.as_slice(), &rows, &mut tally)?;
         key.clear();
         encode(term, &mut key, &mut budget)?;
-        if next.bitmaps.get(&key).is_some() {
+        if next.bitmaps.get(&key).is_some() || emptied.contains(&key) {
             return Err(NativeError::BadSnapshot);
+        }
+        if posting.chunks.is_empty() {
+            emptied.insert(key.clone());
+            continue;
         }
         if next.bitmaps.full() {
             next.bitmaps.grow();
@@ -164,6 +357,11 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
         }
     }
     if let Some(mut reverse) = next.reverse.take() {
+        // `next.ids` is the pairs build_reverse sorts and stores: every id
+        // is a row, but a run of a few bytes per term can name every row.
+        if next.ids > max_pairs(rows.len, bytes_given) {
+            return Err(NativeError::BadSnapshot);
+        }
         build_reverse(&next, &mut reverse);
         next.reverse = Some(reverse);
     }
@@ -173,7 +371,7 @@ fn import(index_term: Term, entries: Term) -> Result<(), NativeError> {
         return Err(NativeError::BadSnapshot);
     }
     index.state.store(Some(Arc::new(next)));
-    Ok(())
+    Ok(tally.dropped)
 }
 
 /// Fills the id-to-terms map of a fresh index from its postings, one
@@ -254,12 +452,20 @@ fn build_reverse(state: &State, reverse: &mut Reverse) {
     }
 }
 
-/// Loads exported postings into an empty index. O(terms + bytes + ids
-/// with `reverse`), so on a dirty scheduler.
+/// Loads exported postings into an empty index, keeping only the ids that
+/// are `rows`: `{:ok, dropped}`, the count of ids left out. O(rows log rows
+/// + terms + bytes, + ids built from runs, + (id, term) pairs with
+/// `reverse`, each at most `max_pairs(rows, bytes)`), so on a dirty
+/// scheduler.
 #[rustler::nif(schedule = "DirtyCpu")]
-fn index_import<'a>(env: Env<'a>, index_term: Term<'a>, entries: Term<'a>) -> NifResult<Term<'a>> {
+fn index_import<'a>(
+    env: Env<'a>,
+    index_term: Term<'a>,
+    entries: Term<'a>,
+    rows: Term<'a>,
+) -> NifResult<Term<'a>> {
     reply(
         env,
-        import(index_term, entries).map(|()| atoms::ok().encode(env)),
+        import(index_term, entries, rows).map(|dropped| (atoms::ok(), dropped).encode(env)),
     )
 }
