@@ -1,0 +1,283 @@
+# What bench/replica_kafka_bench.exs and `make demo` (examples/demo/80_kafka.exs)
+# share: filling Kafka topics through the Kafka NIF's internal producer and
+# admin client (Larder.Kafka.Native), the story's records and its anchors
+# (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
+# catalogue's record encoding and the replica's apply, a steady producer
+# and the marker lags. Depends on Larder, and on PriceSearch.Catalogue and
+# Larder.Bench only where a function says so.
+#
+# Record encodings:
+#   * a price: key = its idx as decimal text, value = :erlang.term_to_binary
+#     of the price map (the catalogue's fields); a nil value deletes the idx.
+#     The apply decodes with binary_to_term(value, [:safe]) and checks that
+#     the result is a map with an integer :idx equal to the key.
+#   * the story: key = <<key::32>> (10,000 keys), value = <<n::64>> where n is
+#     the record's number (1M distinct values, about 100 per key); the apply
+#     decodes both to integers, as does the ETS anchors' loop.
+defmodule Larder.Bench.KafkaLoad do
+  @moduledoc false
+
+  alias Larder.Kafka.Native
+
+  @timeout 120_000
+  # Records per produce_batch/3 call (the NIF takes up to 100,000).
+  @chunk 50_000
+
+  ## Topics
+
+  @doc "An admin client on the broker at `bootstrap`."
+  def admin!(bootstrap) do
+    {:ok, admin} = Native.admin_open([{"bootstrap.servers", bootstrap}])
+    admin
+  end
+
+  @doc "Creates `topic` with `partitions` partitions."
+  def create_topic!(admin, topic, partitions) do
+    :ok = Native.create_topic(admin, topic, partitions, [], @timeout)
+  end
+
+  @doc """
+  A producer for filling topics: batches of up to 1 MB, 5 ms linger, lz4
+  (a producer of a real service would compress; the replica decompresses).
+  """
+  def producer!(bootstrap, extra \\ []) do
+    config =
+      [
+        {"bootstrap.servers", bootstrap},
+        {"linger.ms", "5"},
+        {"batch.size", "1048576"},
+        {"batch.num.messages", "100000"},
+        {"queue.buffering.max.messages", "1000000"},
+        {"queue.buffering.max.kbytes", "1048576"},
+        {"compression.type", "lz4"},
+        {"acks", "all"}
+      ]
+      |> Keyword.merge(extra)
+
+    {:ok, producer} = Native.producer_open(config)
+    producer
+  end
+
+  @doc """
+  Produces `records` (`{key, value}`, partitioned by key) to `topic` in
+  chunks, each flushed; returns the end offsets `%{partition => next_offset}`
+  of what was acknowledged (the partitions written to).
+  """
+  def fill!(producer, topic, records) do
+    records
+    |> Stream.chunk_every(@chunk)
+    |> Enum.reduce(%{}, fn chunk, ends ->
+      :ok =
+        Native.produce_batch(producer, topic, Enum.map(chunk, fn {k, v} -> {-1, k, v, []} end))
+
+      {:ok, acks} = Native.producer_flush(producer, @timeout)
+
+      if length(acks) != length(chunk),
+        do: raise("#{length(chunk)} records produced, #{length(acks)} acknowledged")
+
+      Enum.reduce(acks, ends, fn {p, o}, acc -> Map.update(acc, p, o + 1, &max(&1, o + 1)) end)
+    end)
+  end
+
+  ## The story: 1M records over 10k keys
+
+  @doc """
+  The story's records: `n` of them over `keys` keys, each value the record's
+  number (so every pair is distinct: about n / keys distinct values per
+  key), keys in random order (seeded).
+  """
+  def story_records(n, keys) do
+    :rand.seed(:exsss, {2026, 11, 27})
+    for i <- 1..n, do: {<<:rand.uniform(keys)::32>>, <<i::64>>}
+  end
+
+  @doc "The story's apply for a replica into a Larder.Bag."
+  def story_apply(%{"key" => <<k::32>>, "value" => <<v::64>>}), do: {:insert, k, v}
+
+  @doc """
+  The consumer's librdkafka configuration: the one Larder.Replica.Kafka
+  builds from its default options (read committed, 50 MB fetches, 4 MB per
+  partition, 16 MB prefetch per partition, 100 ms fetch wait), so that the
+  ETS anchors read exactly as the replica does.
+  """
+  def consumer_config(bootstrap) do
+    [
+      {"bootstrap.servers", bootstrap},
+      {"client.id", "larder"},
+      {"isolation.level", "read_committed"},
+      {"fetch.max.bytes", "52428800"},
+      {"receive.message.max.bytes", "53477376"},
+      {"max.partition.fetch.bytes", "4194304"},
+      {"queued.max.messages.kbytes", "16384"},
+      {"fetch.wait.max.ms", "100"},
+      {"fetch.error.backoff.ms", "100"},
+      {"reconnect.backoff.ms", "50"},
+      {"reconnect.backoff.max.ms", "1000"},
+      {"socket.keepalive.enable", "true"},
+      {"log_level", "3"},
+      {"security.protocol", "plaintext"}
+    ]
+  end
+
+  @doc """
+  What a team writes by hand today: opens the NIF consumer, assigns every
+  partition from its start, reads each partition's end, and polls (`batch`
+  records at a time, as the replica's `batch_size`) until every partition
+  reached it, handing each poll's entries to `insert` (`fn entries -> _`).
+  Returns the number of entries read.
+  """
+  def consume_all(bootstrap, topic, batch, insert) do
+    {:ok, consumer} = Native.consumer_open(consumer_config(bootstrap))
+
+    try do
+      {:ok, %{partitions: partitions}} = Native.consumer_metadata(consumer, topic, @timeout)
+
+      ends =
+        Map.new(partitions, fn p ->
+          {:ok, {_low, high}} = Native.consumer_watermarks(consumer, topic, p, @timeout)
+          {p, high}
+        end)
+
+      :ok = Native.consumer_assign(consumer, topic, Enum.map(partitions, &{&1, -1}))
+      poll_until(consumer, ends, batch, insert, Map.new(partitions, &{&1, 0}), 0)
+    after
+      Native.consumer_close(consumer)
+    end
+  end
+
+  defp poll_until(consumer, ends, batch, insert, at, read) do
+    if Enum.all?(ends, fn {p, e} -> at[p] >= e end) do
+      read
+    else
+      {:ok, entries, positions, []} = Native.consumer_poll(consumer, batch, 100, 16_777_216)
+      insert.(entries)
+      at = Enum.reduce(positions, at, fn {p, o}, acc -> Map.put(acc, p, o) end)
+      poll_until(consumer, ends, batch, insert, at, read + length(entries))
+    end
+  end
+
+  @doc "The anchors' insert: each entry decoded as the story's apply does, into an ETS table."
+  def ets_insert(tab) do
+    fn entries ->
+      rows = for {_id, %{"key" => <<k::32>>, "value" => <<v::64>>}} <- entries, do: {k, v}
+      :ets.insert(tab, rows)
+    end
+  end
+
+  ## The price catalogue
+
+  @doc "A price as a record."
+  def price_record(price), do: {Integer.to_string(price.idx), :erlang.term_to_binary(price)}
+
+  @doc "The replica's apply for prices (see the header)."
+  def price_apply(%{"key" => key, "value" => nil}), do: {:delete, String.to_integer(key)}
+
+  def price_apply(%{"key" => key, "value" => value}) do
+    case :erlang.binary_to_term(value, [:safe]) do
+      %{idx: idx} = price when is_integer(idx) ->
+        if Integer.to_string(idx) == key,
+          do: {:insert, price},
+          else: raise(ArgumentError, "price: key #{inspect(key)} is not its idx #{idx}")
+
+      other ->
+        raise(ArgumentError, "price: not a price map: #{inspect(other, limit: 5)}")
+    end
+  end
+
+  @doc "A random price of `prices` (a tuple) with a new value."
+  def change(prices) do
+    price = elem(prices, :rand.uniform(tuple_size(prices)) - 1)
+    %{price | value: :rand.uniform(1_000_000)}
+  end
+
+  @doc """
+  A steady producer: price changes of `prices` (a tuple) at `rate` records
+  per second, a batch every 10 ms, each flushed, for `duration_ms`. Returns
+  the number of records produced.
+  """
+  def produce_steadily(producer, topic, prices, rate, duration_ms) do
+    started = System.monotonic_time(:millisecond)
+    produce_steadily(producer, topic, prices, rate, started, started + duration_ms, 0)
+  end
+
+  defp produce_steadily(producer, topic, prices, rate, started, deadline, sent) do
+    now = System.monotonic_time(:millisecond)
+
+    if now >= deadline do
+      sent
+    else
+      due = div((now - started) * rate, 1_000)
+
+      sent =
+        if due > sent do
+          batch = for _ <- 1..(due - sent), do: price_record(change(prices))
+
+          :ok =
+            Native.produce_batch(
+              producer,
+              topic,
+              Enum.map(batch, fn {k, v} -> {-1, k, v, []} end)
+            )
+
+          {:ok, _} = Native.producer_flush(producer, @timeout)
+          due
+        else
+          sent
+        end
+
+      Process.sleep(min(10, max(0, deadline - now)))
+      produce_steadily(producer, topic, prices, rate, started, deadline, sent)
+    end
+  end
+
+  @doc """
+  The lag of `replica` (following `topic` into the table `table`), sampled
+  until `deadline` (monotonic ms): every 5 ms a price change of `prices`
+  with a value no price has is produced and flushed (`producer`, no
+  linger), then waited for with `Larder.Replica.await/3` on its partition's
+  offset and searched for (offering and spec, the value checked; retried
+  every millisecond if not found yet). Returns `[{from_produce_us,
+  from_ack_us}]`: from before the produce call, and from the producer's
+  flush returning with the broker's acknowledgement, to the search that
+  found it.
+  """
+  def marker_lags(producer, topic, replica, table, prices, deadline, acc \\ []) do
+    if System.monotonic_time(:millisecond) >= deadline do
+      acc
+    else
+      price = change(prices)
+      marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
+      {key, value} = price_record(marker)
+      started = System.monotonic_time(:microsecond)
+      :ok = Native.produce(producer, topic, -1, key, value, [])
+      {:ok, [{p, o}]} = Native.producer_flush(producer, @timeout)
+      acked = System.monotonic_time(:microsecond)
+      :ok = Larder.Replica.await(replica, %{p => o + 1}, 60_000)
+      visible(table, marker, started)
+      done = System.monotonic_time(:microsecond)
+      Process.sleep(5)
+
+      marker_lags(producer, topic, replica, table, prices, deadline, [
+        {done - started, done - acked} | acc
+      ])
+    end
+  end
+
+  defp visible(table, marker, started) do
+    found =
+      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
+      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
+
+    cond do
+      found ->
+        :ok
+
+      System.monotonic_time(:microsecond) - started > 10_000_000 ->
+        raise "marker price #{marker.idx} applied but not found in a search after 10 s"
+
+      true ->
+        Process.sleep(1)
+        visible(table, marker, started)
+    end
+  end
+end
