@@ -21,7 +21,7 @@ defmodule Larder do
       (`Larder.Index`), searched by ANDing the bitmaps smallest first.
     * `Larder.Replica` - a Table or Bag on every node kept equal to a log
       (a Redis Stream, or any `Larder.Replica.Source`): read in batches,
-      snapshotted with the id of the last entry applied, restarted from
+      snapshotted with its position in the log, restarted from
       that snapshot, with `await/3` for "caught up".
 
   Every performance claim in these docs comes from a benchmark under `bench/`

@@ -44,14 +44,14 @@ defmodule Larder.Error do
       `details.path`, and `details.holder` (a pid) or
       `details.holder_os_pid` name them.
     * `:offset_trimmed` - `Larder.Replica`: the log lost entries after the
-      replica's id, or the log went backwards below it (with
+      replica's position, or the log went backwards below it (with
       `on_trimmed: :stop`).
     * `:apply_failed` - `Larder.Replica`: the apply function rejected an
       entry (with `on_error: :stop`); `details.id` is the entry's id.
     * `:source_unavailable`, `:source_failed`, `:source_bad_reply` - a
       `Larder.Replica.Source` could not be reached, answered with an error,
       or answered with something its protocol does not allow.
-    * `:timeout` - `Larder.Replica.await/3`: the id was not reached in time.
+    * `:timeout` - `Larder.Replica.await/3`: the position was not reached in time.
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
     * `:no_snapshot_path` - `Larder.Replica.snapshot/1` on a replica
       without `:snapshot`.

@@ -4,8 +4,10 @@ defmodule Larder.Replica do
   a supervised process that reads the log (a Redis Stream, through
   `Larder.Replica.RedisStream`, or any `Larder.Replica.Source`) in batches,
   applies each entry with a function of yours, and writes snapshots that
-  hold the structure and the id of the last entry in it, so a restart
-  catches up from there rather than from the beginning.
+  hold the structure and the replica's position in the log (its offset:
+  for a Redis Stream the id of the last entry applied, for a Kafka topic
+  the next offset to read in each partition), so a restart catches up from
+  there rather than from the beginning.
 
       children = [
         {Larder.Replica,
@@ -38,8 +40,9 @@ defmodule Larder.Replica do
 
   ## Applying entries
 
-  `:apply` is called on each entry's fields (`%{binary => binary}`), in the
-  log's order:
+  `:apply` is called on each entry's fields (a map: for a Redis Stream
+  `%{binary => binary}`, for Kafka see `Larder.Replica.Kafka`), in the
+  log's order (for a topic, each partition's entries in offset order):
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the
@@ -92,12 +95,12 @@ defmodule Larder.Replica do
   `GenServer.stop/1`), the replica dumps the structure (`Larder.Table.dump/2`
   or `Larder.Bag.dump/2`) to `<snapshot>.<stamp>.dump` and then writes the
   file `:snapshot`, a small manifest that names the log (the source module
-  and its identity, a stream's name), the structure (kind and name), the id
-  of the last entry applied and the dump. The manifest is written to a
+  and its identity, a stream's name), the structure (kind and name), the
+  replica's position and the dump. The manifest is written to a
   temporary file, fsynced and renamed (`Larder.SnapshotFile`): its rename
   is the snapshot's commit, and a dump is deleted only once a newer manifest
   names another. The replica's process applies nothing while it dumps, so
-  the dump and the id are one consistent cut.
+  the dump and the position are one consistent cut.
 
   One replica per snapshot path: its sweep deletes every dump of the path
   but its own. A replica claims its path at start, before it reads the
@@ -140,7 +143,7 @@ defmodule Larder.Replica do
   O(records) (the structure's dump) plus a manifest of a few hundred
   bytes. `offset/1` and `target/1` are one ETS lookup (a row the replica
   writes after each batch), no call to its process; `await/3` is that
-  lookup, plus one call to the replica when the id is not reached yet, plus
+  lookup, plus one call to the replica when the position is not reached yet, plus
   one connection to the source for `:latest`.
 
   ## Concurrency
@@ -149,12 +152,12 @@ defmodule Larder.Replica do
   runs an arity-1 `:apply` over it, while the replica writes the previous
   one; at most one more batch waits in the replica's mailbox. The
   offset moves only after a whole batch is applied (or, on a stop, to the
-  last entry applied before the rejected one). Readers of the structure see
+  position after the last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table
   write is whole, see `Larder.Table`); a batch is not atomic as a whole.
   `offset/1` and `target/1` read what the replica wrote after its last
   batch, at once, whatever its process is doing; `await/3` is answered
-  when a batch reaches the id, or by its own timeout even while the
+  when a batch reaches the position, or by its own timeout even while the
   replica is busy (an arity-2 `:apply` runs in the replica's process, and
   one that does not return keeps it busy). During a snapshot the replica
   applies nothing, and reads of the structure go on.
@@ -164,34 +167,34 @@ defmodule Larder.Replica do
     * **A kill at any point** (of the replica, its reader, or the VM)
       loses nothing and applies nothing twice that a snapshot counted: the
       structure dies with the replica, and a restarted replica builds it
-      from the last committed snapshot (the dump and its id) and reads the
-      log after that id. The entries applied after that snapshot are read
+      from the last committed snapshot (the dump and its position) and reads
+      the log from that position. The entries applied after that snapshot are read
       and applied again, onto the snapshot's state: each entry's effect is
       in the new structure exactly once. (So `:apply` needs no idempotence.)
     * **The source is down** (Redis stopped, paused, restarted): the reader
       reports `[:larder, :replica, :source, :error]`, logs one warning per
       outage, and connects again after 100 ms, doubling to 2 s; it reads on
-      after the last id it handed over. The structure keeps serving reads
+      from the last position it handed over. The structure keeps serving reads
       meanwhile. A reply that fails the source's checks (see
       `Larder.Replica.RedisStream`) is counted the same way and closes the
       connection; nothing from the source can crash the replica.
-    * **A trimmed log**: when the log lost entries after the replica's id
-      (the source's `read/4` says so; for Redis, `XINFO STREAM`'s
+    * **A trimmed log**: when the log lost entries after the replica's
+      position (the source's `read/4` says so; for Redis, `XINFO STREAM`'s
       `max-deleted-entry-id` is above it), the replica reports
       `[:larder, :replica, :trimmed]` and, with `on_trimmed: :stop`, logs an
       error and stops with `{:shutdown, %Larder.Error{reason:
       :offset_trimmed}}`; with `:rebuild`, it drops the structure, creates
       it empty and reads what is left of the log. It never skips entries
       silently.
-    * **A log that went backwards** (its last id is below the replica's:
-      a stream deleted and written again with lower ids, or a failover to
+    * **A log that went backwards** (its end is below the replica's
+      position: a stream deleted and written again with lower ids, or a failover to
       a server that had not received the last entries the replica applied)
       is a trim: what the replica applied is no longer the log. It is
       reported and handled as above, `:offset_trimmed` or a rebuild from
       the log's beginning (after what was trimmed from it). A replica
       that waits for new entries sees it within one `:block_ms`, since no
       new entry below its id wakes the wait; `await(replica, :latest, t)`
-      compares the log's last id with the offset and waits for that
+      compares the log's end (the source's `latest/2`) with the offset and waits for that
       rebuild (or gets the stop's error), never answering `:ok` from the
       old entries. A log that lost entries the replica applied and then
       got new ones past its id is detected too, on Redis 7 (see
@@ -230,9 +233,9 @@ defmodule Larder.Replica do
 
     * `[:larder, :replica, :batch]`: a batch was applied. Measurements:
       `:count` (entries applied), `:rejected` (skipped), `:duration`
-      (native units). Metadata: `:offset`.
+      (native units). Metadata: `:offset` (the position after it).
     * `[:larder, :replica, :rejected]`: an entry was rejected.
-      Measurements: `:count` (1). Metadata: `:id`, `:reason` (`{kind,
+      Measurements: `:count` (1). Metadata: `:id` (the entry's), `:reason` (`{kind,
       reason}` of a raise, throw or exit, `{:returned, value}`, or `{:error,
       exception}` of its write), `:action` (`:stop` or `:skip`).
     * `[:larder, :replica, :snapshot]`: a snapshot was written or failed.
@@ -240,7 +243,7 @@ defmodule Larder.Replica do
       (`:ok` or `{:error, %Larder.Error{}}`).
     * `[:larder, :replica, :trimmed]`: the log lost entries after the
       offset. Measurements: `:count` (1). Metadata: `:offset`,
-      `:resume_after`, `:action`.
+      `:resume_after` (the position reading resumes from), `:action`.
     * `[:larder, :replica, :source, :error]`: a connection, a read or a
       reply failed. Measurements: `:count` (1). Metadata: `:error`.
   """
@@ -312,13 +315,15 @@ defmodule Larder.Replica do
   def drop(other), do: Instance.invalid!(__MODULE__, other)
 
   @doc """
-  The id of the last entry applied (the source's origin, `"0-0"` for a
-  Redis Stream, before any), as the replica wrote it after its last batch;
+  The replica's position in the log (see `Larder.Replica.Source`): for a
+  Redis Stream the id of the last entry applied (`"0-0"` before any), for
+  Kafka a map of partition to the next offset to read (`%{}` before any),
+  as the replica wrote it after its last batch;
   read without a call to the replica's process, so it answers at once
   whatever the replica is doing. Raises `ArgumentError` for an unknown
   replica.
   """
-  @spec offset(replica()) :: Larder.Replica.Source.id()
+  @spec offset(replica()) :: Larder.Replica.Source.position()
   def offset(replica), do: replica |> position!() |> elem(0)
 
   @doc """
@@ -335,17 +340,21 @@ defmodule Larder.Replica do
   without `:snapshot`). A call to the replica's process: it is answered
   between batches.
   """
-  @spec snapshot(replica()) :: {:ok, Larder.Replica.Source.id()} | {:error, Larder.Error.t()}
+  @spec snapshot(replica()) ::
+          {:ok, Larder.Replica.Source.position()} | {:error, Larder.Error.t()}
   def snapshot(replica), do: call!(replica, :snapshot)
 
   @doc """
-  Waits until the entry `id` (an id of the source, e.g. `"1700000000000-0"`),
-  or with `:latest` the log's last entry when called, is applied, or until
+  Waits until the replica's offset has reached `position` (a position of
+  the source: a stream id such as `"1700000000000-0"`, the entry of that
+  id applied; for Kafka `%{partition => offset}`, every partition read up
+  to that offset), or with `:latest` the log's end when called (for Kafka
+  every partition's high watermark then), or until
   `timeout` ms (`0..3_600_000` or `:infinity`) have passed, whatever the
   replica's process is doing (an arity-2 `:apply` that does not return
   included).
 
-  With `:latest`, a log whose last id is below the replica's offset went
+  With `:latest`, a log whose end is below the replica's offset went
   backwards (see "Failures"): the wait is for the replica to have rebuilt
   from the log (`on_trimmed: :rebuild`) and applied its last entry; with
   `on_trimmed: :stop` the replica stops and the caller gets
@@ -356,11 +365,11 @@ defmodule Larder.Replica do
   the source's error when it cannot be asked (`:source_unavailable`, ...);
   the replica's own error when it stops meanwhile (`:offset_trimmed`,
   `:apply_failed`), or `:replica_stopped`. Raises `ArgumentError` for an
-  unknown replica, an id the source does not take, or a bad timeout.
+  unknown replica, a position the source does not take, or a bad timeout.
   """
-  @spec await(replica(), Larder.Replica.Source.id() | :latest, timeout()) ::
+  @spec await(replica(), Larder.Replica.Source.position() | :latest, timeout()) ::
           :ok | {:error, Larder.Error.t()}
-  def await(replica, id, timeout \\ 5_000) do
+  def await(replica, position, timeout \\ 5_000) do
     unless timeout == :infinity or (is_integer(timeout) and timeout in 0..3_600_000) do
       raise ArgumentError,
             "expected timeout to be an integer in 0..3600000 or :infinity, got: " <>
@@ -373,39 +382,39 @@ defmodule Larder.Replica do
     {offset, epoch, _target} = position!(replica, handle)
 
     target =
-      case id do
+      case position do
         :latest ->
-          with {:ok, last} <-
-                 source.last_id(
+          with {:ok, latest} <-
+                 source.latest(
                    handle.source_opts,
                    if(timeout == :infinity, do: 60_000, else: timeout)
                  ) do
-            # Below what the replica applied: the log went backwards, and
-            # only a rebuild (the next epoch) can reach its last entry.
-            if source.compare(offset, last) == :gt,
-              do: {:ok, last, epoch + 1},
-              else: {:ok, last, epoch}
+            # An end that has not reached what the replica applied: the log
+            # went backwards, and only a rebuild (the next epoch) can reach it.
+            if source.reached?(latest, offset),
+              do: {:ok, latest, epoch},
+              else: {:ok, latest, epoch + 1}
           end
 
-        id ->
-          case source.cast_id(id) do
-            {:ok, id} ->
-              {:ok, id, 0}
+        position ->
+          case source.cast_position(position) do
+            {:ok, position} ->
+              {:ok, position, 0}
 
             :error ->
               raise ArgumentError,
-                    "expected id to be :latest or an id of #{inspect(source)}, got: " <>
-                      inspect(id, limit: 10)
+                    "expected position to be :latest or a position of #{inspect(source)}, got: " <>
+                      inspect(position, limit: 10)
           end
       end
 
-    with {:ok, id, epoch} <- target do
+    with {:ok, target, epoch} <- target do
       left =
         if timeout == :infinity,
           do: :infinity,
           else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
 
-      Server.await(handle, id, epoch, left)
+      Server.await(handle, target, epoch, left)
     end
   end
 

@@ -830,7 +830,7 @@ defmodule Larder.ReplicaTest do
     assert {:error, %Larder.Error{reason: :timeout}} =
              Replica.await(replica, "99999999999999-0", 50)
 
-    assert_raise ArgumentError, ~r/id/, fn -> Replica.await(replica, "bogus", 10) end
+    assert_raise ArgumentError, ~r/position/, fn -> Replica.await(replica, "bogus", 10) end
     assert_raise ArgumentError, ~r/timeout/, fn -> Replica.await(replica, id, -1) end
 
     assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn ->

@@ -15,27 +15,28 @@ defmodule Larder.Test.EmptySource do
   def origin(_opts), do: 0
 
   @impl true
-  def cast_id(id) when is_integer(id) and id >= 0, do: {:ok, id}
-  def cast_id(_other), do: :error
+  def cast_position(position) when is_integer(position) and position >= 0, do: {:ok, position}
+  def cast_position(_other), do: :error
 
   @impl true
-  def compare(a, b) when a < b, do: :lt
-  def compare(a, b) when a > b, do: :gt
-  def compare(_a, _b), do: :eq
+  def advance(_position, id), do: id
+
+  @impl true
+  def reached?(position, target), do: position >= target
 
   @impl true
   def connect(_opts), do: {:ok, nil}
 
   @impl true
-  def read(conn, _after_id, _count, block_ms) do
+  def read(conn, position, _count, block_ms) do
     receive do
     after
-      min(block_ms, 50) -> {:ok, [], conn}
+      min(block_ms, 50) -> {:ok, [], position, conn}
     end
   end
 
   @impl true
-  def last_id(_opts, _timeout), do: {:ok, 0}
+  def latest(_opts, _timeout), do: {:ok, 0}
 
   @impl true
   def close(_conn), do: :ok

@@ -1,5 +1,5 @@
 # The reader of a replica: a process linked to the replica's server that
-# connects to the source, reads batches after the last id it handed over,
+# connects to the source, reads batches from the position it handed over last,
 # and hands each batch to the server, reading the next one (and running a
 # pure apply function over it) while the server applies the previous one
 # (at most one more batch waits in the server's mailbox). A source error closes
@@ -13,12 +13,14 @@ defmodule Larder.Replica.Reader do
   @max_wait_ms 2_000
 
   @doc """
-  Starts the reader, linked to the caller (the server), reading after
-  `after_id`. It sends the server `{:replica_batch, reader, entries}`
-  (`{id, fields}`, or `{id, prepare.(fields)}` given a `prepare` function,
-  called here while the server applies the previous batch),
-  `{:replica_trimmed, reader, resume_after}` (and then waits for
-  `{:replica_resume, id}`) and `{:replica_source_error, reader, error}`.
+  Starts the reader, linked to the caller (the server), reading from
+  `position`. It sends the server `{:replica_batch, reader, entries,
+  position_after}` (`{id, fields}`, or `{id, prepare.(fields)}` given a
+  `prepare` function, called here while the server applies the previous
+  batch; a batch may have no entries when only the position moved, past a
+  gap of the log), `{:replica_trimmed, reader, resume_position}` (and then
+  waits for `{:replica_resume, position}`) and `{:replica_source_error,
+  reader, error}`.
   """
   @spec start_link(
           module(),
@@ -28,7 +30,7 @@ defmodule Larder.Replica.Reader do
           non_neg_integer(),
           (map() -> term()) | nil
         ) :: pid()
-  def start_link(source, opts, after_id, batch_size, block_ms, prepare \\ nil) do
+  def start_link(source, opts, position, batch_size, block_ms, prepare \\ nil) do
     server = self()
 
     spawn_link(fn ->
@@ -36,7 +38,7 @@ defmodule Larder.Replica.Reader do
         server: server,
         source: source,
         opts: opts,
-        after: after_id,
+        position: position,
         count: batch_size,
         block: block_ms,
         prepare: prepare,
@@ -58,23 +60,24 @@ defmodule Larder.Replica.Reader do
   end
 
   defp loop(state) do
-    case state.source.read(state.conn, state.after, state.count, state.block) do
-      {:ok, [], conn} ->
+    position = state.position
+
+    case state.source.read(state.conn, position, state.count, state.block) do
+      {:ok, [], ^position, conn} ->
         loop(recovered(%{state | conn: conn}))
 
-      {:ok, entries, conn} ->
-        {last, _fields} = List.last(entries)
+      {:ok, entries, position_after, conn} ->
         entries = prepare(entries, state.prepare)
         state = state |> recovered() |> await_acks(1)
-        send(state.server, {:replica_batch, self(), entries})
-        loop(%{state | conn: conn, after: last, unacked: state.unacked + 1})
+        send(state.server, {:replica_batch, self(), entries, position_after})
+        loop(%{state | conn: conn, position: position_after, unacked: state.unacked + 1})
 
-      {:trimmed, resume_after, conn} ->
+      {:trimmed, resume_position, conn} ->
         state = await_acks(%{state | conn: conn}, 0)
-        send(state.server, {:replica_trimmed, self(), resume_after})
+        send(state.server, {:replica_trimmed, self(), resume_position})
 
         receive do
-          {:replica_resume, id} -> loop(%{state | after: id})
+          {:replica_resume, position} -> loop(%{state | position: position})
         end
 
       {:error, error, conn} ->
@@ -116,7 +119,7 @@ defmodule Larder.Replica.Reader do
     unless state.failing do
       Logger.warning(
         "Larder.Replica: the source failed (#{Exception.message(error)}); " <>
-          "retrying every #{state.wait}..#{@max_wait_ms} ms from #{inspect(state.after)}"
+          "retrying every #{state.wait}..#{@max_wait_ms} ms from #{inspect(state.position)}"
       )
     end
 

@@ -21,8 +21,10 @@ defmodule Larder.Replica.RedisStream do
         batch from then on (down to one), so a log of large entries is
         still read.
 
-  Ids are the stream's ids as Redis writes them (`"1700000000000-0"`);
-  `origin/1` is `"0-0"`.
+  Entry ids are the stream's ids as Redis writes them (`"1700000000000-0"`).
+  The replica's position (`Larder.Replica.Source`) is the id of the last
+  entry it applied; `origin/1` is `"0-0"`, and `Larder.Replica.await/3`
+  takes an id.
 
   ## Reading
 
@@ -140,17 +142,24 @@ defmodule Larder.Replica.RedisStream do
   def origin(_opts), do: "0-0"
 
   @impl true
-  def cast_id(id) when is_binary(id) and byte_size(id) <= 41 do
+  def cast_position(id), do: cast_id(id)
+
+  @impl true
+  def advance(_position, id), do: id
+
+  @impl true
+  def reached?(position, target), do: compare(position, target) != :lt
+
+  defp cast_id(id) when is_binary(id) and byte_size(id) <= 41 do
     case parse_id(id) do
       {:ok, _} -> {:ok, id}
       :error -> :error
     end
   end
 
-  def cast_id(_id), do: :error
+  defp cast_id(_id), do: :error
 
-  @impl true
-  def compare(a, b) do
+  defp compare(a, b) do
     {:ok, a} = parse_id(a)
     {:ok, b} = parse_id(b)
 
@@ -255,7 +264,7 @@ defmodule Larder.Replica.RedisStream do
   def read(%{ahead: {after_id, count}} = conn, after_id, count, _block_ms) do
     # This read was sent ahead, when the last batch came.
     conn = %{conn | ahead: nil}
-    result(atomic_reply(replies(conn, 5, 0), conn, after_id), conn, count)
+    result(atomic_reply(replies(conn, 5, 0), conn, after_id), conn, count, after_id)
   end
 
   def read(%{ahead: {_, _}} = conn, after_id, count, block_ms) do
@@ -274,7 +283,7 @@ defmodule Larder.Replica.RedisStream do
   def read(conn, after_id, count, block_ms) do
     case atomic_read(conn, after_id, count) do
       {:ok, [], _info} when block_ms > 0 -> block(conn, after_id, count, block_ms)
-      other -> result(other, conn, count)
+      other -> result(other, conn, count, after_id)
     end
   end
 
@@ -282,33 +291,39 @@ defmodule Larder.Replica.RedisStream do
   # leaves the next read to start with the atomic read (and its trim check).
   defp block(conn, after_id, count, block_ms) do
     case request(conn, [xread(conn, after_id, 1, block_ms)], block_ms) do
-      {:ok, [{:ok, :undefined}]} -> {:ok, [], %{conn | caught_up: false}}
+      {:ok, [{:ok, :undefined}]} -> {:ok, [], after_id, %{conn | caught_up: false}}
       {:ok, [{:ok, reply}]} when is_list(reply) -> wake(conn, after_id, count)
       {:ok, [reply]} -> {:error, reply_error(reply, "XREAD"), conn}
       {:error, error} -> {:error, error, conn}
     end
   end
 
-  defp wake(conn, after_id, count), do: result(atomic_read(conn, after_id, count), conn, count)
+  defp wake(conn, after_id, count),
+    do: result(atomic_read(conn, after_id, count), conn, count, after_id)
 
   # A batch short of `count` reached the end of the stream; after a full
   # one, the next read is sent now, so that Redis prepares it while the
-  # replica applies this one.
-  defp result({:ok, entries, _info}, conn, count) when length(entries) < count,
-    do: {:ok, entries, %{conn | caught_up: true}}
+  # replica applies this one. The position after a batch is its last id.
+  defp result({:ok, [], _info}, conn, _count, after_id),
+    do: {:ok, [], after_id, %{conn | caught_up: true}}
 
-  defp result({:ok, entries, _info}, conn, count) do
+  defp result({:ok, entries, _info}, conn, count, _after_id) when length(entries) < count do
+    {last, _fields} = List.last(entries)
+    {:ok, entries, last, %{conn | caught_up: true}}
+  end
+
+  defp result({:ok, entries, _info}, conn, count, _after_id) do
     {last, _fields} = List.last(entries)
     commands = Enum.map(atomic_commands(conn, last, count), &RESP.command/1)
 
     case :gen_tcp.send(conn.socket, commands) do
-      :ok -> {:ok, entries, %{conn | caught_up: false, ahead: {last, count}}}
-      {:error, _reason} -> {:ok, entries, %{conn | caught_up: false}}
+      :ok -> {:ok, entries, last, %{conn | caught_up: false, ahead: {last, count}}}
+      {:error, _reason} -> {:ok, entries, last, %{conn | caught_up: false}}
     end
   end
 
-  defp result({:trimmed, resume}, conn, _count), do: {:trimmed, resume, conn}
-  defp result({:error, error}, conn, _count), do: {:error, error, conn}
+  defp result({:trimmed, resume}, conn, _count, _after_id), do: {:trimmed, resume, conn}
+  defp result({:error, error}, conn, _count, _after_id), do: {:error, error, conn}
 
   defp xread(conn, after_id, count, block_ms) do
     block = if block_ms > 0, do: ["BLOCK", Integer.to_string(block_ms)], else: []
@@ -504,7 +519,7 @@ defmodule Larder.Replica.RedisStream do
   defp fields(_other, _acc), do: :error
 
   @impl true
-  def last_id(opts, timeout) do
+  def latest(opts, timeout) do
     opts = put_in(opts, [:redis, :timeout], max(1, min(timeout, 60_000)))
 
     with {:ok, conn} <- connect(opts) do

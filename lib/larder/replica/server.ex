@@ -214,8 +214,8 @@ defmodule Larder.Replica.Server do
     {:stop, :normal, :ok, state}
   end
 
-  def handle_call({:await, id, epoch, timeout}, from, state) do
-    if reached?(state.source, {state.offset, state.epoch}, id, epoch) do
+  def handle_call({:await, target, epoch, timeout}, from, state) do
+    if reached?(state.source, {state.offset, state.epoch}, target, epoch) do
       {:reply, :ok, state}
     else
       ref = make_ref()
@@ -223,7 +223,7 @@ defmodule Larder.Replica.Server do
       timer =
         if timeout != :infinity, do: Process.send_after(self(), {:await_timeout, ref}, timeout)
 
-      {:noreply, %{state | waiters: [{ref, {id, epoch}, from, timer} | state.waiters]}}
+      {:noreply, %{state | waiters: [{ref, {target, epoch}, from, timer} | state.waiters]}}
     end
   end
 
@@ -266,10 +266,10 @@ defmodule Larder.Replica.Server do
   ## The reader's batches
 
   @impl true
-  def handle_info({:replica_batch, reader, entries}, %{reader: reader} = state) do
+  def handle_info({:replica_batch, reader, entries, position_after}, %{reader: reader} = state) do
     started = System.monotonic_time()
 
-    case apply_batch(state, entries) do
+    case apply_batch(state, entries, position_after) do
       {:ok, offset, applied, rejected} ->
         send(reader, :replica_ack)
 
@@ -293,10 +293,10 @@ defmodule Larder.Replica.Server do
     end
   end
 
-  def handle_info({:replica_trimmed, reader, resume_after}, %{reader: reader} = state) do
+  def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state) do
     execute(state, [:trimmed], %{count: 1}, %{
       offset: state.offset,
-      resume_after: resume_after,
+      resume_after: resume,
       action: state.on_trimmed
     })
 
@@ -305,10 +305,10 @@ defmodule Larder.Replica.Server do
         error =
           Larder.Error.new(
             :offset_trimmed,
-            "the log lost entries after the replica's offset (trimmed up to " <>
-              "#{inspect(resume_after)}); on_trimmed: :rebuild rebuilds from what is left",
+            "the log lost entries after the replica's offset (what is left starts at " <>
+              "#{inspect(resume)}); on_trimmed: :rebuild rebuilds from what is left",
             offset: state.offset,
-            trimmed_to: resume_after,
+            trimmed_to: resume,
             log: state.identity.log
           )
 
@@ -318,13 +318,13 @@ defmodule Larder.Replica.Server do
       :rebuild ->
         Logger.warning(
           "Larder.Replica #{inspect(state.name)}: the log lost entries after " <>
-            "#{inspect(state.offset)}; rebuilding from what is left, after #{inspect(resume_after)}"
+            "#{inspect(state.offset)}; rebuilding from what is left, from #{inspect(resume)}"
         )
 
         Target.drop(state.spec, state.target)
         target = Target.new(state.spec)
-        send(reader, {:replica_resume, resume_after})
-        {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume_after)}
+        send(reader, {:replica_resume, resume})
+        {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume)}
     end
   end
 
@@ -335,12 +335,12 @@ defmodule Larder.Replica.Server do
 
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
-      {{^ref, {id, _epoch}, from, _timer}, waiters} ->
+      {{^ref, {target, _epoch}, from, _timer}, waiters} ->
         GenServer.reply(
           from,
           {:error,
-           Larder.Error.new(:timeout, "the replica did not reach the id in time",
-             id: id,
+           Larder.Error.new(:timeout, "the replica did not reach the position in time",
+             id: target,
              offset: state.offset
            )}
         )
@@ -392,8 +392,12 @@ defmodule Larder.Replica.Server do
 
   ## Applying
 
-  # Applies `entries` in order: {:ok, last_id, applied, rejected}, or {:stop,
-  # error, id of the last entry done} (with on_error: :stop). An arity-1
+  # Applies `entries` in order: {:ok, position_after, applied, rejected}
+  # once every entry is applied or skipped, or {:stop, error, position after
+  # the last entry done} (with on_error: :stop). The position moves by the
+  # source's advance/2 over each entry done; a whole batch moves it to the
+  # reader's `position_after`, which may be past the last entry (past a gap
+  # of the log: a compacted offset, a transaction marker). An arity-1
   # function is pure: its ops are queued and written in runs (the inserts
   # between two deletes as one insert_many/2). An arity-2 function may
   # write `into` itself, so what is queued is written before each call.
@@ -401,7 +405,7 @@ defmodule Larder.Replica.Server do
   # An arity-1 function is called by the reader, on the batch it has just
   # read (in parallel with the batch this process applies): the entries
   # come as {id, result of run_apply/2}. An arity-2 one is called here.
-  defp apply_batch(state, entries) do
+  defp apply_batch(state, entries, position_after) do
     ctx = %{state: state, pending: [], done: state.offset, applied: 0, rejected: 0}
     pure = is_function(state.apply, 1)
 
@@ -421,7 +425,7 @@ defmodule Larder.Replica.Server do
 
     with {:ok, ctx} <- result,
          {:ok, ctx} <- flush(ctx) do
-      {:ok, ctx.done, ctx.applied, ctx.rejected}
+      {:ok, position_after, ctx.applied, ctx.rejected}
     end
   end
 
@@ -430,7 +434,7 @@ defmodule Larder.Replica.Server do
 
     case result do
       :ok ->
-        %{ctx | done: id, applied: ctx.applied + 1}
+        %{ctx | done: done(ctx, id), applied: ctx.applied + 1}
 
       {:ops, ops} ->
         %{ctx | pending: [{id, ops} | ctx.pending]}
@@ -442,6 +446,9 @@ defmodule Larder.Replica.Server do
         end
     end
   end
+
+  # The position after entry `id`, done after the entries before it.
+  defp done(ctx, id), do: ctx.state.source.advance(ctx.done, id)
 
   defp stop_after_flush(ctx, error) do
     case flush(ctx) do
@@ -530,10 +537,12 @@ defmodule Larder.Replica.Server do
 
     try do
       write_ops(ctx.state.spec, ctx.state.target, ops)
-      {last, _} = List.last(queued)
+
+      done =
+        Enum.reduce(queued, ctx.done, fn {id, _}, done -> ctx.state.source.advance(done, id) end)
 
       {:ok,
-       %{ctx | done: last, applied: ctx.applied + Enum.count(queued, &(elem(&1, 1) != :skipped))}}
+       %{ctx | done: done, applied: ctx.applied + Enum.count(queued, &(elem(&1, 1) != :skipped))}}
     rescue
       _ -> flush_one_by_one(ctx, queued)
     end
@@ -542,7 +551,7 @@ defmodule Larder.Replica.Server do
   defp flush_one_by_one(ctx, []), do: {:ok, ctx}
 
   defp flush_one_by_one(ctx, [{id, :skipped} | rest]),
-    do: flush_one_by_one(%{ctx | done: id}, rest)
+    do: flush_one_by_one(%{ctx | done: done(ctx, id)}, rest)
 
   defp flush_one_by_one(ctx, [{id, ops} | rest]) do
     result =
@@ -555,12 +564,12 @@ defmodule Larder.Replica.Server do
     case result do
       {:raised, error} ->
         case reject(ctx, id, {:error, error}) do
-          {:skip, ctx} -> flush_one_by_one(%{ctx | done: id}, rest)
+          {:skip, ctx} -> flush_one_by_one(%{ctx | done: done(ctx, id)}, rest)
           {:stop, error} -> {:stop, error, ctx.done}
         end
 
       _ ->
-        flush_one_by_one(%{ctx | done: id, applied: ctx.applied + 1}, rest)
+        flush_one_by_one(%{ctx | done: done(ctx, id), applied: ctx.applied + 1}, rest)
     end
   end
 
@@ -597,8 +606,8 @@ defmodule Larder.Replica.Server do
 
   defp advance(state, offset) do
     {done, waiting} =
-      Enum.split_with(state.waiters, fn {_ref, {id, epoch}, _from, _timer} ->
-        reached?(state.source, {offset, state.epoch}, id, epoch)
+      Enum.split_with(state.waiters, fn {_ref, {target, epoch}, _from, _timer} ->
+        reached?(state.source, {offset, state.epoch}, target, epoch)
       end)
 
     for {_ref, _id, from, timer} <- done do
@@ -609,9 +618,10 @@ defmodule Larder.Replica.Server do
     write_row(%{state | offset: offset, waiters: waiting})
   end
 
-  # Whether a replica at `offset` in `epoch` has applied `id` of `min_epoch`.
-  defp reached?(source, {offset, epoch}, id, min_epoch),
-    do: epoch >= min_epoch and source.compare(offset, id) != :lt
+  # Whether a replica at `offset` in `epoch` has reached the position
+  # `target` of `min_epoch`.
+  defp reached?(source, {offset, epoch}, target, min_epoch),
+    do: epoch >= min_epoch and source.reached?(offset, target)
 
   ## What callers read without a call
 
@@ -670,23 +680,24 @@ defmodule Larder.Replica.Server do
   end
 
   @doc """
-  Waits until the replica has applied `id` in epoch `min_epoch` or later,
+  Waits until the replica has reached the position `target` (the
+  source's `reached?/2`) in epoch `min_epoch` or later,
   for `timeout` ms whatever the replica's process is doing: `:ok`, or
   `{:error, %Larder.Error{}}` (`:timeout`, the replica's own stop error, or
   `:replica_stopped`).
   """
   @spec await(Handle.t(), term(), non_neg_integer(), timeout()) ::
           :ok | {:error, Larder.Error.t()}
-  def await(handle, id, min_epoch, timeout) do
+  def await(handle, target, min_epoch, timeout) do
     case position(handle) do
       nil ->
         {:error, stopped(:noproc)}
 
-      {offset, epoch, _target} ->
+      {offset, epoch, _structure} ->
         cond do
-          reached?(handle.source, {offset, epoch}, id, min_epoch) -> :ok
-          timeout == 0 -> {:error, timed_out(handle, id)}
-          true -> call_await(handle, id, min_epoch, timeout)
+          reached?(handle.source, {offset, epoch}, target, min_epoch) -> :ok
+          timeout == 0 -> {:error, timed_out(handle, target)}
+          true -> call_await(handle, target, min_epoch, timeout)
         end
     end
   end
@@ -694,22 +705,25 @@ defmodule Larder.Replica.Server do
   # The call is bounded by `timeout` on this side: a replica busy in an
   # arity-2 apply answers late, and a late answer is dropped (the call's
   # alias is gone by then).
-  defp call_await(handle, id, min_epoch, timeout) do
-    GenServer.call(handle.pid, {:await, id, min_epoch, timeout}, timeout)
+  defp call_await(handle, target, min_epoch, timeout) do
+    GenServer.call(handle.pid, {:await, target, min_epoch, timeout}, timeout)
   catch
-    :exit, {:timeout, _} -> {:error, timed_out(handle, id)}
+    :exit, {:timeout, _} -> {:error, timed_out(handle, target)}
     :exit, {{:shutdown, %Larder.Error{} = error}, _} -> {:error, error}
     :exit, {reason, _} -> {:error, stopped(reason)}
   end
 
-  defp timed_out(handle, id) do
+  defp timed_out(handle, target) do
     offset =
       case position(handle) do
-        {offset, _epoch, _target} -> offset
+        {offset, _epoch, _structure} -> offset
         nil -> nil
       end
 
-    Larder.Error.new(:timeout, "the replica did not reach the id in time", id: id, offset: offset)
+    Larder.Error.new(:timeout, "the replica did not reach the position in time",
+      id: target,
+      offset: offset
+    )
   end
 
   defp stopped(reason),

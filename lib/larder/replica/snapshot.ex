@@ -1,6 +1,8 @@
-# A replica's snapshot: the dump of its Table or Bag and the id of the last
-# entry in it, tied together by a small manifest file that names the log,
-# the structure and the dump; the manifest's rename is the snapshot's commit.
+# A replica's snapshot: the dump of its Table or Bag and the source's
+# position after the last entry in it (a Larder.Replica.Source position: a
+# stream id, a map of partition to offset), tied together by a small
+# manifest file that names the log, the structure and the dump; the
+# manifest's rename is the snapshot's commit.
 defmodule Larder.Replica.Snapshot do
   @moduledoc false
 
@@ -20,7 +22,9 @@ defmodule Larder.Replica.Snapshot do
   #
   #   {source_module, log_identity, target_identity, offset, dump_name, dump_size}
   #
-  # where dump_name is the dump's base name (in the manifest's directory).
+  # where offset is the source's position (checked with its
+  # cast_position/1) and dump_name is the dump's base name (in the
+  # manifest's directory).
   # Nothing may follow the payload.
   #
   # The dump is taken while the replica's process applies nothing (it is
@@ -108,7 +112,7 @@ defmodule Larder.Replica.Snapshot do
 
   @doc """
   Reads and checks the manifest at `path` against `identity`: `{:ok,
-  %{offset: id, dump: dump_path}}`, `:none` when there is no file, or an
+  %{offset: position, dump: dump_path}}`, `:none` when there is no file, or an
   error (`:corrupt_snapshot`, `:snapshot_mismatch`, `:file_error`).
   """
   @spec read(Path.t(), map()) :: {:ok, manifest()} | :none | {:error, Larder.Error.t()}
@@ -158,7 +162,7 @@ defmodule Larder.Replica.Snapshot do
            given: [source: identity.source, log: identity.log, target: identity.target]
          )}
 
-      identity.source.cast_id(offset) != {:ok, offset} ->
+      identity.source.cast_position(offset) != {:ok, offset} ->
         corrupt("a bad offset", path)
 
       Path.basename(dump) != dump or not String.starts_with?(dump, prefix) or

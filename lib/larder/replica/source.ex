@@ -1,47 +1,72 @@
 defmodule Larder.Replica.Source do
   @moduledoc """
-  The behaviour of a log that a `Larder.Replica` follows: a sequence of
-  entries, each an id and a map of fields, read in id order from a given
-  id on. `Larder.Replica.RedisStream` (a Redis Stream) is the first; a
-  Kafka partition, a file of records or a database's change feed fit the
-  same callbacks.
+  The behaviour of a log that a `Larder.Replica` follows: entries, each an
+  id and a map of fields, read in order from a *position*, the replica's
+  place in the log, which its snapshots store. `Larder.Replica.RedisStream`
+  (a Redis Stream, whose position is the id of the last entry applied) and
+  `Larder.Replica.Kafka` (a topic, whose position is the next offset to read
+  in each partition) implement it; a file of records or a database's change
+  feed fit the same callbacks.
 
   A source is given to the replica as `{module, options}`. The replica
   calls `validate!/1` when it is configured (so bad options raise
   `ArgumentError` in the caller of `Larder.Replica.start_link/1`), then,
   in its reader process, `connect/1`, `read/4` in a loop and `close/1`.
-  `last_id/2` runs in the caller of `Larder.Replica.await/3`.
+  `latest/2` runs in the caller of `Larder.Replica.await/3`.
 
   ## The contract
 
-    * Ids are terms ordered by `compare/2`; `origin/1` is an id below every
-      entry's (reading after it reads the log from its beginning).
-    * `read(conn, after_id, count, block_ms)` returns up to `count`
-      entries whose ids are all above `after_id`, in increasing order,
-      with no entry of the log skipped between `after_id` and the last one
-      returned. It may wait up to `block_ms` for entries when there are
-      none, and returns `{:ok, [], conn}` when none came.
-    * When the log has lost entries after `after_id` (trimmed, expired,
-      compacted), `read/4` returns `{:trimmed, resume_after, conn}`
-      instead: `resume_after` is an id at or above the last one lost, so
-      that reading after it skips nothing that is still there. A source
-      must never skip entries silently.
+    * A position may be made of several parts (one per partition of a
+      topic). `origin/1` is the position before every entry: reading from
+      it reads the whole log. `advance/2` gives the position after one
+      entry applied at a position; `reached?/2` says whether a position
+      includes everything up to a target position (every part at or past
+      the target's). Positions are plain terms (they are stored in
+      snapshots); `cast_position/1` checks one read from a snapshot or
+      given to `Larder.Replica.await/3`.
+    * `read(conn, position, count, block_ms)` returns `{:ok, entries,
+      position_after, conn}`: up to `count` entries that follow `position`,
+      in the order they are to be applied (within a part, increasing; the
+      parts' entries may interleave), with no entry of the log skipped,
+      and the position after them. Folding `advance/2` over the entries
+      from `position` gives a position that `position_after` has reached;
+      `position_after` may be further (past gaps of the log that hold no
+      entry: a compacted topic's, a transaction marker's), even with no
+      entries. It may wait up to `block_ms` for entries when there are
+      none, and returns `{:ok, [], position, conn}` when none came.
+    * When the log has lost entries after `position` (trimmed, expired,
+      deleted and created again), `read/4` returns `{:trimmed,
+      resume_position, conn}` instead: reading from `resume_position`
+      reads what the log still holds, and skips nothing that is still
+      there. A gap that is the log's normal shape (compaction) is not a
+      trim. A source must never skip entries silently.
     * Everything read from the outside is untrusted: a reply of the wrong
       shape or size is `{:error, %Larder.Error{reason: :source_bad_reply}}`,
       a server that cannot be reached or does not answer in time
       `{:error, %Larder.Error{reason: :source_unavailable}}`. Neither may
       raise. After an error the replica calls `close/1` and, after a
       pause, `connect/1` again and reads on from where it was.
-    * `identity/1` names the log (a stream's name, a topic and partition):
-      it is stored in the replica's snapshots, and a snapshot of another
-      log is refused.
+    * `latest(opts, timeout)` is the position the log's end has now: a
+      replica whose position has reached it has applied every entry the
+      log held when `latest/2` was called. A position that this one has
+      not reached (`reached?(latest, position)` is false) means the log
+      went backwards, below what the replica applied.
+    * `identity/1` names the log (a stream's name, a topic): it is stored
+      in the replica's snapshots, and a snapshot of another log is
+      refused.
   """
 
-  @typedoc "A position in the log, ordered by `c:compare/2`."
-  @type id :: term()
+  @typedoc """
+  The replica's place in the log, stored in its snapshots: a term of the
+  source's (a stream id; a map of partition to next offset).
+  """
+  @type position :: term()
+
+  @typedoc "The id of one entry (a stream id; `{partition, offset}`)."
+  @type entry_id :: term()
 
   @typedoc "One entry of the log: its id and its fields."
-  @type entry :: {id(), %{optional(binary()) => binary()}}
+  @type entry :: {entry_id(), map()}
 
   @typedoc "The source's connection state, private to it."
   @type conn :: term()
@@ -55,30 +80,33 @@ defmodule Larder.Replica.Source do
   @doc "The name of the log these (validated) options read, stored in snapshots."
   @callback identity(opts :: keyword()) :: binary()
 
-  @doc "The id below every entry: reading after it reads the whole log."
-  @callback origin(opts :: keyword()) :: id()
+  @doc "The position before every entry: reading from it reads the whole log."
+  @callback origin(opts :: keyword()) :: position()
 
-  @doc "`{:ok, id}` when `term` is an id of this source, `:error` otherwise."
-  @callback cast_id(term :: term()) :: {:ok, id()} | :error
+  @doc "`{:ok, position}` when `term` is a position of this source, `:error` otherwise."
+  @callback cast_position(term :: term()) :: {:ok, position()} | :error
 
-  @doc "Orders two ids."
-  @callback compare(id(), id()) :: :lt | :eq | :gt
+  @doc "The position after the entry `entry_id`, applied at `position`."
+  @callback advance(position(), entry_id()) :: position()
+
+  @doc "Whether `position` includes every entry up to `target` (every part at or past it)."
+  @callback reached?(position(), target :: position()) :: boolean()
 
   @doc "Opens a connection. Must not raise."
   @callback connect(opts :: keyword()) :: {:ok, conn()} | {:error, Larder.Error.t()}
 
-  @doc "Reads the next entries after `after_id` (see \"The contract\"). Must not raise."
-  @callback read(conn(), after_id :: id(), count :: pos_integer(), block_ms :: non_neg_integer()) ::
-              {:ok, [entry()], conn()}
-              | {:trimmed, resume_after :: id(), conn()}
+  @doc "Reads the entries that follow `position` (see \"The contract\"). Must not raise."
+  @callback read(conn(), position(), count :: pos_integer(), block_ms :: non_neg_integer()) ::
+              {:ok, [entry()], position_after :: position(), conn()}
+              | {:trimmed, resume_position :: position(), conn()}
               | {:error, Larder.Error.t(), conn()}
 
   @doc """
-  The id of the log's last entry now (`origin/1`'s when it is empty),
-  over a connection of its own, within `timeout` ms. Must not raise.
+  The position of the log's end now (`origin/1`'s when it is empty), over
+  a connection of its own, within `timeout` ms. Must not raise.
   """
-  @callback last_id(opts :: keyword(), timeout :: non_neg_integer()) ::
-              {:ok, id()} | {:error, Larder.Error.t()}
+  @callback latest(opts :: keyword(), timeout :: non_neg_integer()) ::
+              {:ok, position()} | {:error, Larder.Error.t()}
 
   @doc "Closes a connection. Must not raise."
   @callback close(conn()) :: :ok

@@ -21,14 +21,21 @@ defmodule Larder.Replica.RedisStreamTest do
     %{redis: redis, ids: ids, conn: conn}
   end
 
-  defp ids({:ok, entries, conn}), do: {Enum.map(entries, &elem(&1, 0)), conn}
+  # The ids read, checking the position after them (Source contract v2):
+  # the last id, as a stream's position is the last entry applied.
+  defp ids({:ok, entries, position_after, conn}) do
+    ids = Enum.map(entries, &elem(&1, 0))
+    assert position_after == List.last(ids)
+    {ids, conn}
+  end
 
   test "the reads sent ahead after full batches follow the stream to its end", ctx do
     {first, conn} = ids(RedisStream.read(ctx.conn, "0-0", 4, 0))
     {second, conn} = ids(RedisStream.read(conn, List.last(first), 4, 0))
     {third, conn} = ids(RedisStream.read(conn, List.last(second), 4, 0))
     assert first ++ second ++ third == ctx.ids
-    assert {:ok, [], _conn} = RedisStream.read(conn, List.last(third), 4, 0)
+    last = List.last(third)
+    assert {:ok, [], ^last, _conn} = RedisStream.read(conn, last, 4, 0)
   end
 
   test "a read for another position than the one sent ahead reads that position", ctx do
@@ -42,7 +49,8 @@ defmodule Larder.Replica.RedisStreamTest do
     assert rest == Enum.drop(ctx.ids, 6)
 
     # The connection is in step: a command after these reads gets its own reply.
-    assert {:ok, [], _conn} = RedisStream.read(conn, List.last(rest), 100, 0)
+    last = List.last(rest)
+    assert {:ok, [], ^last, _conn} = RedisStream.read(conn, last, 100, 0)
   end
 
   test "a stream trimmed after a read was sent ahead is reported as trimmed", ctx do
@@ -53,7 +61,7 @@ defmodule Larder.Replica.RedisStreamTest do
     # the trim seen by the next read) or after it (the trim seen now):
     # either way no entry is skipped silently.
     case RedisStream.read(conn, List.last(first), 2, 0) do
-      {:ok, entries, conn} ->
+      {:ok, entries, _position_after, conn} ->
         assert Enum.map(entries, &elem(&1, 0)) == Enum.slice(ctx.ids, 2, 2)
         assert {:trimmed, _resume, _conn} = RedisStream.read(conn, Enum.at(ctx.ids, 3), 2, 0)
 

@@ -1,0 +1,157 @@
+# A Larder.Replica.Source over an in-memory log of several partitions, with
+# the shapes a Kafka topic has: a position made of one next offset per
+# partition, offsets with gaps (compaction), a partition whose end is past
+# its last entry (a gap at the tail, as a transaction marker leaves), and
+# partitions trimmed from their start. For the tests of the Source
+# contract (v2) without a broker; Larder.Replica.Kafka has the same shapes.
+defmodule Larder.Test.PartitionedSource do
+  @moduledoc false
+
+  @behaviour Larder.Replica.Source
+
+  # The log lives in a public ETS table owned by the test:
+  #   {{:entry, partition, offset}, fields}
+  #   {{:end, partition}, next_offset}      (at or past the last entry's + 1)
+  #   {{:start, partition}, log_start}      (entries below it are gone)
+  #   {:partitions, n}
+
+  @doc "A new empty log of `partitions` partitions; returns its table."
+  def new(partitions) do
+    table = :ets.new(__MODULE__, [:public, :ordered_set])
+    :ets.insert(table, {:partitions, partitions})
+    for p <- 0..(partitions - 1), do: :ets.insert(table, [{{:end, p}, 0}, {{:start, p}, 0}])
+    table
+  end
+
+  @doc "Appends `fields` to `partition`; returns its offset."
+  def append(table, partition, fields) do
+    offset = :ets.lookup_element(table, {:end, partition}, 2)
+    :ets.insert(table, [{{:entry, partition, offset}, fields}, {{:end, partition}, offset + 1}])
+    offset
+  end
+
+  @doc "Moves `partition`'s end `n` offsets past its last entry (a gap, no entries)."
+  def skip(table, partition, n) do
+    :ets.update_counter(table, {:end, partition}, n)
+    :ok
+  end
+
+  @doc "Removes an entry (compaction: its offset becomes a gap)."
+  def compact(table, partition, offset) do
+    :ets.delete(table, {:entry, partition, offset})
+    :ok
+  end
+
+  @doc "Deletes `partition`'s entries below `offset` (a trim)."
+  def trim(table, partition, offset) do
+    for o <- :ets.lookup_element(table, {:start, partition}, 2)..(offset - 1)//1,
+        do: :ets.delete(table, {:entry, partition, o})
+
+    :ets.insert(table, {{:start, partition}, offset})
+    :ok
+  end
+
+  @doc "Every entry, partition by partition, in offset order."
+  def entries(table) do
+    table
+    |> :ets.match_object({{:entry, :_, :_}, :_})
+    |> Enum.map(fn {{:entry, p, o}, fields} -> {{p, o}, fields} end)
+  end
+
+  @impl true
+  def validate!(opts) do
+    unless Keyword.has_key?(opts, :table), do: raise(ArgumentError, "expected :table")
+    opts
+  end
+
+  @impl true
+  def identity(opts), do: Keyword.get(opts, :name, "partitioned")
+
+  @impl true
+  def origin(_opts), do: %{}
+
+  @impl true
+  def cast_position(position) when is_map(position) do
+    if Enum.all?(position, fn {p, o} -> is_integer(p) and p >= 0 and is_integer(o) and o >= 0 end),
+      do: {:ok, position},
+      else: :error
+  end
+
+  def cast_position(_other), do: :error
+
+  @impl true
+  def advance(position, {partition, offset}), do: Map.put(position, partition, offset + 1)
+
+  @impl true
+  def reached?(position, target),
+    do: Enum.all?(target, fn {p, o} -> Map.get(position, p, 0) >= o end)
+
+  @impl true
+  def connect(opts), do: {:ok, opts[:table]}
+
+  @impl true
+  def close(_conn), do: :ok
+
+  # Up to `count` entries, taken from the partitions in turn (so a batch
+  # interleaves them), and the position after them: a partition read to
+  # its end moves to its end, past a gap at its tail.
+  @impl true
+  def read(table, position, count, block_ms) do
+    n = :ets.lookup_element(table, :partitions, 2)
+
+    trimmed =
+      Enum.any?(0..(n - 1), fn p ->
+        Map.get(position, p, 0) < :ets.lookup_element(table, {:start, p}, 2)
+      end)
+
+    if trimmed do
+      {:trimmed, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:start, &1}, 2)}), table}
+    else
+      {entries, position_after} = take(table, n, position, count)
+
+      if entries == [] and position_after == position do
+        Process.sleep(min(block_ms, 20))
+        {:ok, [], position, table}
+      else
+        {:ok, entries, position_after, table}
+      end
+    end
+  end
+
+  defp take(table, n, position, count) do
+    per = max(div(count, n), 1)
+
+    Enum.reduce(0..(n - 1), {[], position}, fn p, {acc, pos} ->
+      from = Map.get(pos, p, 0)
+      last = :ets.lookup_element(table, {:end, p}, 2)
+      room = count - length(acc)
+
+      found =
+        if room > 0 do
+          for o <- from..(last - 1)//1,
+              [{_, fields}] <- [:ets.lookup(table, {:entry, p, o})],
+              do: {{p, o}, fields}
+        else
+          []
+        end
+
+      batch = Enum.take(found, min(per, room))
+
+      pos =
+        cond do
+          length(batch) < length(found) -> Map.put(pos, p, elem(elem(List.last(batch), 0), 1) + 1)
+          room > 0 and last > from -> Map.put(pos, p, last)
+          true -> pos
+        end
+
+      {acc ++ batch, pos}
+    end)
+  end
+
+  @impl true
+  def latest(opts, _timeout) do
+    table = opts[:table]
+    n = :ets.lookup_element(table, :partitions, 2)
+    {:ok, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:end, &1}, 2)})}
+  end
+end
