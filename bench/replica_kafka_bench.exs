@@ -4,8 +4,9 @@
 # a message, when Java or the jars are missing). Topics are filled through
 # the Kafka NIF's producer (lz4 batches, acks=all), see
 # bench/support/kafka_load.ex for the record encodings:
-#   * a price: key = its idx as text, value = :erlang.term_to_binary(price);
-#     the apply decodes it with binary_to_term(value, [:safe]);
+#   * a price: key = its idx as text, value = its CSV columns joined by tabs
+#     (PriceSearch.PriceStream's payload, as bench/replica_bench.exs sends it
+#     to Redis); the apply decodes it with PriceStream.apply_entry/1;
 #   * the story: key = <<key::32>>, value = <<n::64>> (the record's number),
 #     decoded to integers by the apply and by the anchors' loop alike.
 #
@@ -28,7 +29,8 @@
 #   * restart from a snapshot of the whole catalogue, then 10,000 new
 #     records: start_link/1 to await(:latest);
 #   * lag under a producer of 10,000 records/s (a batch every 10 ms, each
-#     flushed): a marker price change produced every 5 ms and flushed, timed
+#     flushed): a marker price change produced every 5 ms by a producer of
+#     its own (no linger, Nagle off) and flushed, timed
 #     from the flush's return (the broker's acknowledgement) and from before
 #     the produce, until a search finds it (after Replica.await/3 on its
 #     partition's offset);
@@ -37,16 +39,20 @@
 #     lost (pairs missing from the Bag, against the produced model), the
 #     records applied twice (calls beyond the record count), and the time
 #     from the restarted broker answering a metadata request to the
-#     replica's offset reaching the topic's end.
+#     replica's offset reaching the topic's end. This replica prefetches
+#     64 KiB per partition (:queued_max_kbytes, the least), with 64 KiB
+#     partition fetches: by default librdkafka would have fetched the
+#     whole topic before the kill.
 #
 #   mix run bench/replica_kafka_bench.exs [--quick] [--json PATH]
 #
 # --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one run
 # each, a 2 s producer.
 Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("support/kafka_load.ex", __DIR__)
 Code.require_file("../test/support/kafka_broker.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
+Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
+Code.require_file("support/kafka_load.ex", __DIR__)
 
 defmodule Larder.ReplicaKafkaBench do
   alias Larder.{Bag, Bench, Replica, Table}
@@ -331,7 +337,7 @@ defmodule Larder.ReplicaKafkaBench do
     pid = start!(price_opts(ctx))
     :ok = Replica.await(pid, :latest, :infinity)
     steady = KafkaLoad.producer!(ctx.bootstrap)
-    probe_producer = KafkaLoad.producer!(ctx.bootstrap, [{"linger.ms", "0"}])
+    probe_producer = KafkaLoad.producer!(ctx.bootstrap, KafkaLoad.probe_config())
 
     producer =
       Task.async(fn -> KafkaLoad.produce_steadily(steady, @prices, prices, @rate, duration) end)
@@ -376,11 +382,20 @@ defmodule Larder.ReplicaKafkaBench do
       KafkaLoad.story_apply(fields)
     end
 
+    # librdkafka prefetches up to :queued_max_kbytes per partition (16 MB
+    # by default: the whole topic): with the smallest prefetch and fetches,
+    # the replica still reads from the broker when it is killed.
+    {Larder.Replica.Kafka, source_opts} = source(ctx, @story)
+
+    small_fetches =
+      source_opts ++
+        [queued_max_kbytes: 64, max_partition_fetch_bytes: 65_536, fetch_max_bytes: 1_048_576]
+
     pid =
       start!(
         name: :bench_kill,
         into: {Bag, name: :bench_kill_bag},
-        source: source(ctx, @story),
+        source: {Larder.Replica.Kafka, small_fetches},
         apply: apply
       )
 
@@ -390,6 +405,7 @@ defmodule Larder.ReplicaKafkaBench do
     broker = KafkaBroker.restart(Process.get(:broker))
     Process.put(:broker, broker)
     answered = System.monotonic_time(:microsecond)
+    applied_at_answer = pid |> Replica.offset() |> applied()
     :ok = Replica.await(pid, ctx.story_ends, 120_000)
     ready_us = System.monotonic_time(:microsecond) - answered
 
@@ -406,7 +422,8 @@ defmodule Larder.ReplicaKafkaBench do
     kill(pid)
 
     IO.puts(
-      "\nbroker killed after #{applied_at_kill} of #{n} records applied; restarted; " <>
+      "\nbroker killed after #{applied_at_kill} of #{n} records applied; restarted, " <>
+        "answering with #{applied_at_answer} applied; " <>
         "#{:counters.get(calls, 1)} apply calls, #{lost} records missing, #{extra} pairs not in the model"
     )
 
