@@ -1,0 +1,634 @@
+defmodule Larder.Replica.Kafka do
+  @moduledoc """
+  A `Larder.Replica.Source` that reads every partition of a Kafka topic,
+  through librdkafka (the `rdkafka` crate's bundled build, in a NIF library
+  of its own that is loaded the first time a Kafka source is used).
+
+      {Larder.Replica,
+       name: :prices_replica,
+       into: {Larder.Table, name: :prices, key: :k, index: [:product]},
+       source: {Larder.Replica.Kafka, brokers: ["127.0.0.1:9092"], topic: "prices"},
+       apply: fn %{"key" => k, "value" => v} ->
+         if v, do: {:insert, decode(k, v)}, else: {:delete, k}
+       end,
+       snapshot: "/var/lib/app/prices.snap"}
+
+  No consumer group is joined and no offset is committed: the source
+  assigns every partition of the topic to itself and seeks to the
+  replica's offsets, which live in the replica's snapshot, next to the
+  state they produced.
+
+  ## Options
+
+    * `:brokers` (required) - the bootstrap brokers, a list of 1 to 100
+      `"host:port"` strings or `{host, port}` tuples (host a string or
+      charlist, port `1..65_535`).
+    * `:topic` (required) - the topic, 1 to 249 bytes of letters, digits,
+      `.`, `_` and `-`.
+    * `:client_id` - the client id the brokers see, 1 to 255 bytes,
+      default `"larder"`.
+    * `:tls` - `false` (default), `true` (TLS, the system's CA
+      certificates), or a keyword list: `:cacertfile`, `:certfile`,
+      `:keyfile` (paths) and `:verify` (`true` by default: the broker's
+      certificate and host name are checked).
+    * `:sasl` - `nil` (default) or `{mechanism, user, password}` with
+      mechanism `:plain`, `:scram_sha_256` or `:scram_sha_512` (user and
+      password strings up to 1,024 bytes). Over TLS when `:tls` is set.
+    * `:isolation_level` - `:read_committed` (default) or
+      `:read_uncommitted`. Read committed hands over the records of
+      committed transactions only, and records of non-transactional
+      producers as they come; a partition's readable end is then its last
+      stable offset, so `await(r, :latest, t)` waits for a transaction that
+      is open when it is called to end.
+    * `:fetch_max_bytes` - the most bytes one fetch asks a broker for,
+      `1_024..268_435_456`, default `52_428_800`.
+    * `:max_partition_fetch_bytes` - the most bytes of one partition in a
+      fetch, `1_024..268_435_456`, default `4_194_304`.
+    * `:queued_max_kbytes` - librdkafka's prefetch buffer per partition,
+      in KiB, `64..1_048_576`, default `16_384`: what the source holds in
+      memory ahead of the replica is at most about this times the number
+      of partitions.
+    * `:max_record_bytes` - the largest record (key, value and headers)
+      handed to the replica, `1_024..1_073_741_824`, default `16_777_216`.
+      A larger record is not copied: it is skipped and reported by a
+      `[:larder, :replica, :kafka, :oversize]` event (measurement `count`,
+      metadata `topic` and `records`, a list of `{partition, offset,
+      bytes}`) and a warning in the log.
+    * `:timeout` - ms, `100..600_000`, default `10_000`: how long a
+      metadata or watermark request may take.
+
+  Bad options raise `ArgumentError` naming the option.
+
+  ## Entries
+
+  Each record is an entry `{{partition, offset}, fields}`, with `fields`:
+
+      %{
+        "key" => binary | nil,
+        "value" => binary | nil,          # nil: a tombstone
+        "headers" => [{name :: binary, binary | nil}],
+        "partition" => non_neg_integer,
+        "offset" => non_neg_integer,
+        "timestamp" => integer | nil      # ms since the epoch
+      }
+
+  Records of one partition come in offset order; records of different
+  partitions are interleaved as the brokers send them (Kafka orders
+  nothing across partitions).
+
+  ## Positions
+
+  The replica's position is a map `%{partition => next_offset}`: the
+  offset of the next record to read in each partition. A partition absent
+  from the map is read from its start. On its first read the source puts
+  every partition of the topic in the map (those absent at their log start
+  offset), and adds `:topic_id` (the topic's id, when the broker has
+  topic ids), so a snapshot names the topic's incarnation as well as its
+  offsets. The position moves past offsets that hold no record (compacted
+  away, transaction markers, aborted records): gaps in offsets are not a
+  trim.
+
+  `await(r, :latest, t)` reads each partition's end (its high watermark,
+  or last stable offset under `:read_committed`) when it is called, and
+  returns when every partition has reached it.
+
+  ## Trims and changes of the topic
+
+  These are reported to the replica as a trim, which it handles by its
+  `:on_trimmed` option (`:rebuild` empties the structure and reads every
+  partition from its start):
+
+    * a partition's log start offset is past the replica's offset
+      (retention, `kafka-delete-records`), found when the source assigns
+      the partitions, or librdkafka's `OFFSET_OUT_OF_RANGE` while reading;
+    * a partition's end below the replica's offset, or a topic id other
+      than the one in the position: the topic was deleted and created again;
+    * a number of partitions other than the position's: partitions were
+      added (or the topic recreated with another count). Kafka maps a key
+      to a partition by the partition count, so after a change the records
+      of one key are spread over two partitions whose relative order the
+      log does not keep; the replica does not follow that silently.
+
+  The topic's metadata is read on every assignment (each connection, each
+  trim) and again every 30 s while reading, so a change during a run is
+  found within 30 s.
+
+  ## Failures
+
+  A broker restart, a leader change or an unreachable broker pauses the
+  replica: librdkafka reconnects and fetches from the leader by itself, the
+  reads return no records meanwhile, and reading goes on from the
+  replica's offsets. A topic that does not exist, a broker that does not
+  answer a metadata or watermark request within `:timeout` are
+  `{:error, %Larder.Error{reason: :source_unavailable}}`; a failed
+  authentication, a refused TLS handshake or a configuration librdkafka
+  rejects are `:source_failed`. After an error the replica closes the
+  connection, waits and connects again. Everything a broker sends is
+  untrusted: librdkafka checks the protocol (CRCs, sizes), the NIF bounds
+  what it copies (at most `batch_size` records per read, each at most
+  `:max_record_bytes`), and no reply can raise in the replica or crash
+  the VM.
+
+  ## Performance
+
+  A read is one call into the NIF on a dirty I/O scheduler that takes up
+  to `batch_size` records from librdkafka's prefetch queue and builds the
+  entries there; librdkafka fetches from every broker in its own threads
+  meanwhile. See `Larder.Replica` for the catch-up figures
+  (`mix run bench/replica_kafka_bench.exs`).
+  """
+
+  @behaviour Larder.Replica.Source
+
+  alias Larder.Kafka.Native
+
+  @what "Larder.Replica.Kafka"
+  @recheck_ms 30_000
+  @max_offset 9_223_372_036_854_775_807
+  @max_partition 2_147_483_647
+
+  @impl true
+  def validate!(opts) do
+    opts =
+      Larder.Options.validate!(
+        opts,
+        [
+          brokers:
+            {{:custom, "a list of 1 to 100 \"host:port\" or {host, port}", &brokers?/1},
+             :required},
+          topic:
+            {{:custom, "a topic name (1 to 249 bytes of [a-zA-Z0-9._-])", &topic?/1}, :required},
+          client_id: {{:string, 1, 255}, "larder"},
+          tls: {{:custom, "false, true or a keyword list of TLS options", &tls?/1}, false},
+          sasl:
+            {{:custom, "nil or {:plain | :scram_sha_256 | :scram_sha_512, user, password}",
+              &sasl?/1}, nil},
+          isolation_level: {{:in, [:read_committed, :read_uncommitted]}, :read_committed},
+          fetch_max_bytes: {{:integer, 1_024, 268_435_456}, 52_428_800},
+          max_partition_fetch_bytes: {{:integer, 1_024, 268_435_456}, 4_194_304},
+          queued_max_kbytes: {{:integer, 64, 1_048_576}, 16_384},
+          max_record_bytes: {{:integer, 1_024, 1_073_741_824}, 16_777_216},
+          timeout: {{:integer, 100, 600_000}, 10_000}
+        ],
+        @what
+      )
+
+    opts
+    |> Keyword.update!(:brokers, fn brokers -> Enum.map(brokers, &broker_string/1) end)
+    |> Keyword.update!(:tls, &tls!/1)
+  end
+
+  defp brokers?(brokers) do
+    is_list(brokers) and brokers != [] and length(brokers) <= 100 and
+      Enum.all?(brokers, &broker?/1)
+  end
+
+  defp broker?({host, port}), do: host?(host) and is_integer(port) and port in 1..65_535
+
+  defp broker?(string) when is_binary(string) and byte_size(string) <= 300 do
+    case :binary.split(string, ":", [:global]) do
+      [host, port] -> host?(host) and port?(port)
+      _ -> bracketed?(string)
+    end
+  end
+
+  defp broker?(_), do: false
+
+  # "[::1]:9092"
+  defp bracketed?(string) do
+    case Regex.run(~r/^\[([0-9a-fA-F:.]+)\]:(\d{1,5})$/, string) do
+      [_, _host, port] -> port?(port)
+      _ -> false
+    end
+  end
+
+  defp port?(port) do
+    case Integer.parse(port) do
+      {n, ""} -> n in 1..65_535
+      _ -> false
+    end
+  end
+
+  defp host?(host) when is_list(host),
+    do: host != [] and List.ascii_printable?(host) and host?(List.to_string(host))
+
+  defp host?(host) when is_binary(host),
+    do: byte_size(host) in 1..253 and host =~ ~r/^[A-Za-z0-9._:\-\[\]]+$/
+
+  defp host?(_), do: false
+
+  defp broker_string({host, port}) do
+    host = to_string(host)
+
+    if String.contains?(host, ":") and not String.starts_with?(host, "["),
+      do: "[#{host}]:#{port}",
+      else: "#{host}:#{port}"
+  end
+
+  defp broker_string(string), do: string
+
+  defp topic?(topic),
+    do: is_binary(topic) and byte_size(topic) in 1..249 and topic =~ ~r/^[A-Za-z0-9._\-]+$/
+
+  defp tls?(tls) when is_boolean(tls), do: true
+
+  defp tls?(tls) when is_list(tls) do
+    Keyword.keyword?(tls) and
+      Enum.all?(tls, fn
+        {key, path} when key in [:cacertfile, :certfile, :keyfile] -> path?(path)
+        {:verify, verify} -> is_boolean(verify)
+        _ -> false
+      end)
+  end
+
+  defp tls?(_), do: false
+
+  defp path?(path) when is_list(path),
+    do: List.ascii_printable?(path) and path?(List.to_string(path))
+
+  defp path?(path),
+    do:
+      is_binary(path) and byte_size(path) in 1..4_096 and String.valid?(path) and
+        not String.contains?(path, <<0>>)
+
+  defp tls!(false), do: false
+  defp tls!(true), do: [verify: true]
+
+  defp tls!(tls) do
+    Keyword.merge(
+      [verify: true],
+      Enum.map(tls, fn
+        {:verify, v} -> {:verify, v}
+        {k, path} -> {k, to_string(path)}
+      end)
+    )
+  end
+
+  defp sasl?(nil), do: true
+
+  defp sasl?({mechanism, user, password}) do
+    mechanism in [:plain, :scram_sha_256, :scram_sha_512] and secret?(user) and secret?(password)
+  end
+
+  defp sasl?(_), do: false
+
+  defp secret?(s),
+    do:
+      is_binary(s) and byte_size(s) <= 1_024 and String.valid?(s) and
+        not String.contains?(s, <<0>>)
+
+  @doc false
+  # librdkafka's configuration for these (validated) options.
+  def librdkafka_config(opts) do
+    fetch_max = opts[:fetch_max_bytes]
+
+    base = [
+      {"bootstrap.servers", Enum.join(opts[:brokers], ",")},
+      {"client.id", opts[:client_id]},
+      {"isolation.level", Atom.to_string(opts[:isolation_level])},
+      {"fetch.max.bytes", Integer.to_string(fetch_max)},
+      {"receive.message.max.bytes", Integer.to_string(fetch_max + 1_048_576)},
+      {"max.partition.fetch.bytes", Integer.to_string(opts[:max_partition_fetch_bytes])},
+      {"queued.max.messages.kbytes", Integer.to_string(opts[:queued_max_kbytes])},
+      {"fetch.wait.max.ms", "100"},
+      {"fetch.error.backoff.ms", "100"},
+      {"reconnect.backoff.ms", "50"},
+      {"reconnect.backoff.max.ms", "1000"},
+      {"socket.keepalive.enable", "true"},
+      {"log_level", "3"}
+    ]
+
+    base ++ security(opts[:tls], opts[:sasl])
+  end
+
+  defp security(tls, sasl) do
+    protocol =
+      case {tls, sasl} do
+        {false, nil} -> "plaintext"
+        {false, _} -> "sasl_plaintext"
+        {_, nil} -> "ssl"
+        {_, _} -> "sasl_ssl"
+      end
+
+    tls_config =
+      case tls do
+        false ->
+          []
+
+        tls ->
+          [
+            {"enable.ssl.certificate.verification", to_string(tls[:verify])},
+            {"ssl.endpoint.identification.algorithm", if(tls[:verify], do: "https", else: "none")}
+          ] ++
+            for {key, name} <- [
+                  cacertfile: "ssl.ca.location",
+                  certfile: "ssl.certificate.location",
+                  keyfile: "ssl.key.location"
+                ],
+                path = tls[key],
+                do: {name, path}
+      end
+
+    sasl_config =
+      case sasl do
+        nil ->
+          []
+
+        {mechanism, user, password} ->
+          name =
+            case mechanism do
+              :plain -> "PLAIN"
+              :scram_sha_256 -> "SCRAM-SHA-256"
+              :scram_sha_512 -> "SCRAM-SHA-512"
+            end
+
+          [{"sasl.mechanism", name}, {"sasl.username", user}, {"sasl.password", password}]
+      end
+
+    [{"security.protocol", protocol} | tls_config ++ sasl_config]
+  end
+
+  @impl true
+  def identity(opts), do: opts[:topic]
+
+  @impl true
+  def origin(_opts), do: %{}
+
+  @impl true
+  def cast_position(position) when is_map(position) and map_size(position) <= 100_001 do
+    valid =
+      Enum.all?(position, fn
+        {p, o} when is_integer(p) and p >= 0 and p <= @max_partition ->
+          is_integer(o) and o >= 0 and o <= @max_offset
+
+        {:topic_id, id} ->
+          is_binary(id) and byte_size(id) in 1..64
+
+        _ ->
+          false
+      end)
+
+    if valid, do: {:ok, position}, else: :error
+  end
+
+  def cast_position(_position), do: :error
+
+  @impl true
+  def advance(position, {partition, offset}), do: Map.put(position, partition, offset + 1)
+
+  @impl true
+  def reached?(position, target) do
+    Enum.all?(target, fn
+      {p, end_offset} when is_integer(p) -> Map.get(position, p, 0) >= end_offset
+      _ -> true
+    end)
+  end
+
+  @impl true
+  def connect(opts) do
+    case Native.consumer_open(librdkafka_config(opts)) do
+      {:ok, consumer} ->
+        {:ok,
+         %{
+           consumer: consumer,
+           topic: opts[:topic],
+           timeout: opts[:timeout],
+           max_record_bytes: opts[:max_record_bytes],
+           expected: nil,
+           partitions: nil,
+           checked_at: nil,
+           telemetry: Code.ensure_loaded?(:telemetry)
+         }}
+
+      {:error, reason} ->
+        {:error, error(reason, "opening the consumer")}
+    end
+  end
+
+  @impl true
+  def close(%{consumer: consumer}) do
+    Native.consumer_close(consumer)
+    :ok
+  end
+
+  @impl true
+  def read(conn, position, count, block_ms) do
+    case prepare(conn, position) do
+      {:ok, conn, position} -> poll(conn, position, count, block_ms)
+      other -> other
+    end
+  end
+
+  # Assigns the partitions at `position` unless the consumer is already
+  # there (the position the last read returned), checking the topic first;
+  # and rechecks the topic's metadata every @recheck_ms.
+  defp prepare(%{expected: position} = conn, position) do
+    if now() - conn.checked_at < @recheck_ms do
+      {:ok, conn, position}
+    else
+      with {:ok, meta} <- metadata(conn),
+           :ok <- same_topic(meta, position) do
+        {:ok, %{conn | checked_at: now()}, position}
+      else
+        {:trimmed, _why} -> trimmed(conn)
+        {:error, error} -> {:error, error, conn}
+      end
+    end
+  end
+
+  defp prepare(conn, position) do
+    with {:ok, meta} <- metadata(conn),
+         :ok <- same_topic(meta, position),
+         {:ok, position} <- fill(conn, meta, position) do
+      offsets = Enum.map(meta.partitions, &{&1, Map.fetch!(position, &1)})
+
+      case Native.consumer_assign(conn.consumer, conn.topic, offsets) do
+        :ok ->
+          {:ok, %{conn | expected: position, partitions: meta.partitions, checked_at: now()},
+           position}
+
+        {:error, reason} ->
+          {:error, error(reason, "assigning the partitions"), conn}
+      end
+    else
+      {:trimmed, _why} -> trimmed(conn)
+      {:error, error} -> {:error, error, conn}
+    end
+  end
+
+  # Every trim resumes from the start of every partition (the empty
+  # position): the replica rebuilds from what the topic holds now, and
+  # the next assignment fills in the partitions and the topic id.
+  defp trimmed(conn), do: {:trimmed, %{}, %{conn | expected: nil}}
+
+  defp metadata(conn) do
+    case Native.consumer_metadata(conn.consumer, conn.topic, conn.timeout) do
+      {:ok, %{partitions: partitions, topic_id: id} = meta}
+      when is_list(partitions) and partitions != [] ->
+        conn_id = if is_binary(id) and byte_size(id) in 1..64, do: id
+        {:ok, %{meta | topic_id: conn_id}}
+
+      {:ok, _meta} ->
+        {:error,
+         Larder.Error.new(:source_unavailable, "the topic has no partitions", topic: conn.topic)}
+
+      {:error, reason} ->
+        {:error, error(reason, "reading the topic's metadata")}
+    end
+  end
+
+  # A position of another incarnation of the topic, or of another number
+  # of partitions, is a trim.
+  defp same_topic(meta, position) do
+    stored = for {p, _} <- position, is_integer(p), do: p
+
+    cond do
+      is_binary(position[:topic_id]) and is_binary(meta.topic_id) and
+          position[:topic_id] != meta.topic_id ->
+        {:trimmed, :topic_id}
+
+      stored != [] and Enum.sort(stored) != meta.partitions ->
+        {:trimmed, :partitions}
+
+      true ->
+        :ok
+    end
+  end
+
+  # Checks each stored offset against its partition's watermarks and puts
+  # every partition (at its log start when absent) and the topic id into
+  # the position.
+  defp fill(conn, meta, position) do
+    Enum.reduce_while(meta.partitions, {:ok, position}, fn p, {:ok, acc} ->
+      case Native.consumer_watermarks(conn.consumer, conn.topic, p, conn.timeout) do
+        {:ok, {low, high}}
+        when is_integer(low) and is_integer(high) and low >= 0 and high >= low ->
+          case Map.fetch(acc, p) do
+            :error -> {:cont, {:ok, Map.put(acc, p, low)}}
+            {:ok, o} when o < low or o > high -> {:halt, {:trimmed, {:offset, p, o, low, high}}}
+            {:ok, _o} -> {:cont, {:ok, acc}}
+          end
+
+        {:ok, other} ->
+          {:halt,
+           {:error,
+            Larder.Error.new(:source_bad_reply, "watermarks out of range",
+              partition: p,
+              watermarks: other
+            )}}
+
+        {:error, reason} ->
+          {:halt, {:error, error(reason, "reading partition #{p}'s watermarks")}}
+      end
+    end)
+    |> case do
+      {:ok, position} ->
+        {:ok, if(meta.topic_id, do: Map.put(position, :topic_id, meta.topic_id), else: position)}
+
+      other ->
+        other
+    end
+  end
+
+  defp poll(conn, position, count, block_ms) do
+    case Native.consumer_poll(conn.consumer, min(count, 100_000), block_ms, conn.max_record_bytes) do
+      {:ok, entries, positions, oversize} ->
+        if oversize != [], do: oversize(conn, oversize)
+        after_read = Enum.reduce(positions, position, fn {p, o}, acc -> Map.put(acc, p, o) end)
+        {:ok, entries, after_read, %{conn | expected: after_read}}
+
+      {:error, {:offset_out_of_range, _partition, _message}} ->
+        trimmed(conn)
+
+      {:error, reason} ->
+        {:error, error(reason, "reading"), %{conn | expected: nil}}
+    end
+  end
+
+  defp oversize(conn, records) do
+    require Logger
+
+    Logger.warning(
+      "Larder.Replica.Kafka: #{length(records)} record(s) of #{conn.topic} over " <>
+        ":max_record_bytes (#{conn.max_record_bytes}) skipped: " <>
+        inspect(Enum.take(records, 10))
+    )
+
+    Larder.Telemetry.execute(
+      conn.telemetry,
+      [:larder, :replica, :kafka, :oversize],
+      %{count: length(records)},
+      %{topic: conn.topic, records: records}
+    )
+  end
+
+  @impl true
+  def latest(opts, timeout) do
+    deadline = now() + timeout
+
+    case Native.consumer_open(librdkafka_config(opts)) do
+      {:ok, consumer} ->
+        try do
+          conn = %{consumer: consumer, topic: opts[:topic], timeout: max(timeout, 1)}
+
+          with {:ok, meta} <- metadata(conn) do
+            Enum.reduce_while(meta.partitions, {:ok, %{}}, fn p, {:ok, acc} ->
+              left = max(deadline - now(), 1)
+
+              case Native.consumer_watermarks(consumer, opts[:topic], p, min(left, 600_000)) do
+                {:ok, {_low, high}} when is_integer(high) and high >= 0 ->
+                  {:cont, {:ok, Map.put(acc, p, high)}}
+
+                {:ok, other} ->
+                  {:halt,
+                   {:error,
+                    Larder.Error.new(:source_bad_reply, "a watermark out of range",
+                      watermarks: other
+                    )}}
+
+                {:error, reason} ->
+                  {:halt, {:error, error(reason, "reading partition #{p}'s end")}}
+              end
+            end)
+          end
+        after
+          Native.consumer_close(consumer)
+        end
+
+      {:error, reason} ->
+        {:error, error(reason, "opening the consumer")}
+    end
+  end
+
+  @failed [
+    :config,
+    :bad_arg,
+    :authentication,
+    :sasl_authentication_failed,
+    :topic_authorization_failed,
+    :cluster_authorization_failed,
+    :ssl,
+    :unsupported_sasl_mechanism,
+    :fatal,
+    :panic
+  ]
+
+  defp error({code, partition, message}, doing) when is_integer(partition),
+    do: error({code, message}, doing) |> put_detail(:partition, partition)
+
+  defp error({code, message}, doing) when is_atom(code) and is_binary(message) do
+    reason = if code in @failed, do: :source_failed, else: :source_unavailable
+    Larder.Error.new(reason, "#{doing}: #{message}", code: code)
+  end
+
+  defp error(other, doing),
+    do:
+      Larder.Error.new(:source_bad_reply, "#{doing}: an unexpected reply",
+        reply: inspect(other, limit: 10)
+      )
+
+  defp put_detail(%Larder.Error{details: details} = error, key, value),
+    do: %{error | details: Map.put(details, key, value)}
+
+  defp now, do: System.monotonic_time(:millisecond)
+end
