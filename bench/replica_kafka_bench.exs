@@ -39,13 +39,17 @@
 #     lost (pairs missing from the Bag, against the produced model), the
 #     records applied twice (calls beyond the record count), and the time
 #     from the restarted broker answering a metadata request to the
-#     replica's offset reaching the topic's end. This replica prefetches
+#     replica's offset reaching the topic's end (and, to tell a slow
+#     resumption from the rest of the catch-up, to its first batch applied
+#     after that). This replica prefetches
 #     64 KiB per partition (:queued_max_kbytes, the least), with 64 KiB
 #     partition fetches: by default librdkafka would have fetched the
 #     whole topic before the kill.
 #
-#   mix run bench/replica_kafka_bench.exs [--quick] [--json PATH]
+#   mix run bench/replica_kafka_bench.exs [--quick] [--json PATH] [SECTION...]
 #
+# SECTIONs (catch_up, story, restart, lag, kill) run only those (the topics
+# are filled all the same); without any, all of them.
 # --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one run
 # each, a 2 s producer.
 Code.require_file("support/bench.ex", __DIR__)
@@ -132,12 +136,20 @@ defmodule Larder.ReplicaKafkaBench do
       dir: dir
     }
 
-    bench
-    |> catch_up(ctx)
-    |> story_sync(ctx)
-    |> restart(ctx)
-    |> lag(ctx)
-    |> broker_kill(ctx)
+    # Sections named on the command line, else all of them.
+    sections = [
+      catch_up: &catch_up/2,
+      story: &story_sync/2,
+      restart: &restart/2,
+      lag: &lag/2,
+      kill: &broker_kill/2
+    ]
+
+    only = Enum.map(bench.argv, &String.to_atom/1)
+
+    sections
+    |> Enum.filter(fn {name, _} -> only == [] or name in only end)
+    |> Enum.reduce(bench, fn {_name, section}, bench -> section.(bench, ctx) end)
     |> Bench.finish()
   end
 
@@ -406,6 +418,7 @@ defmodule Larder.ReplicaKafkaBench do
     Process.put(:broker, broker)
     answered = System.monotonic_time(:microsecond)
     applied_at_answer = pid |> Replica.offset() |> applied()
+    resumed_us = wait_applied_over(pid, applied_at_answer, answered + 120_000_000) - answered
     :ok = Replica.await(pid, ctx.story_ends, 120_000)
     ready_us = System.monotonic_time(:microsecond) - answered
 
@@ -424,6 +437,7 @@ defmodule Larder.ReplicaKafkaBench do
     IO.puts(
       "\nbroker killed after #{applied_at_kill} of #{n} records applied; restarted, " <>
         "answering with #{applied_at_answer} applied; " <>
+        "applying again #{Bench.fmt_us(resumed_us)} later; " <>
         "#{:counters.get(calls, 1)} apply calls, #{lost} records missing, #{extra} pairs not in the model"
     )
 
@@ -432,6 +446,9 @@ defmodule Larder.ReplicaKafkaBench do
       |> Bench.table(title, [col])
       |> Bench.row("records lost", %{col => Bench.value(lost + extra, "records")})
       |> Bench.row("records applied twice", %{col => Bench.value(twice, "records")})
+      |> Bench.row("broker answering to applying again", %{
+        col => Bench.summarize([resumed_us], nil, 1)
+      })
       |> Bench.row("broker answering to ready", %{col => Bench.summarize([ready_us], nil, 1)})
 
     bench
@@ -458,6 +475,23 @@ defmodule Larder.ReplicaKafkaBench do
     |> Enum.find(fn applied ->
       applied >= min or System.monotonic_time(:millisecond) > deadline
     end)
+  end
+
+  # The monotonic time (us) when the replica's offsets pass `applied`.
+  defp wait_applied_over(pid, applied, deadline_us) do
+    now = System.monotonic_time(:microsecond)
+
+    cond do
+      applied(Replica.offset(pid)) > applied ->
+        now
+
+      now > deadline_us ->
+        now
+
+      true ->
+        Process.sleep(2)
+        wait_applied_over(pid, applied, deadline_us)
+    end
   end
 
   defp applied(position) when is_map(position),

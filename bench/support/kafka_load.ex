@@ -205,12 +205,16 @@ defmodule Larder.Bench.KafkaLoad do
 
   @doc """
   A steady producer: price changes of `prices` (a tuple) at `rate` records
-  per second, a batch every 10 ms, each flushed, for `duration_ms`. Returns
-  the number of records produced.
+  per second, a batch handed to librdkafka every 10 ms (sent after its
+  5 ms linger), for `duration_ms`, then flushed. Returns the number of
+  records acknowledged. (A flush after each batch held the producer for up
+  to 100 ms, see `await_ack/2`, and it fell behind its rate.)
   """
   def produce_steadily(producer, topic, prices, rate, duration_ms) do
     started = System.monotonic_time(:millisecond)
     produce_steadily(producer, topic, prices, rate, started, started + duration_ms, 0)
+    {:ok, acks} = Native.producer_flush(producer, @timeout)
+    length(acks)
   end
 
   defp produce_steadily(producer, topic, prices, rate, started, deadline, sent) do
@@ -232,7 +236,6 @@ defmodule Larder.Bench.KafkaLoad do
               Enum.map(batch, fn {k, v} -> {-1, k, v, []} end)
             )
 
-          {:ok, _} = Native.producer_flush(producer, @timeout)
           due
         else
           sent
