@@ -360,6 +360,13 @@ impl Drop for Taken {
 
 /// Takes up to `max` messages from the consumer queue, waiting up to
 /// `wait_ms` for them.
+///
+/// librdkafka's batch call hands back as a message every op it does not
+/// serve itself, and aborts on one that is not a record or an error: an
+/// admin result or an offset-commit reply must never reach the consumer
+/// queue. So this client never commits (auto commit is off and there is
+/// no commit call) and its one admin request (`topic_id`) has a queue of
+/// its own.
 fn take(queue: &Queue, max: usize, wait_ms: i32) -> Taken {
     let mut taken = Taken(Vec::with_capacity(max));
     // SAFETY: the queue is live (owned by the state the caller holds under

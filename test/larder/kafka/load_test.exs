@@ -41,4 +41,49 @@ defmodule Larder.Kafka.LoadTest do
 
     assert results == List.duplicate(:ok, 8)
   end
+
+  # librdkafka starts threads for each client; a handle dropped without a
+  # close must stop them (the resource's destructor closes the client on a
+  # thread of its own).
+  @tag :linux
+  test "dropped consumers, producers and admin clients stop their threads" do
+    assert {:ok, {before, held, left}} =
+             Isolated.run(
+               quote do
+                 threads = fn -> length(File.ls!("/proc/self/task")) end
+                 # No broker needed: the clients start, and try to connect.
+                 config = [{"bootstrap.servers", "127.0.0.1:1"}]
+                 Larder.Kafka.Native.load!()
+                 before = threads.()
+
+                 {held, _} =
+                   (fn ->
+                      handles =
+                        for open <- [:consumer_open, :producer_open, :admin_open], _ <- 1..4 do
+                          {:ok, h} = apply(Larder.Kafka.Native, open, [config])
+                          h
+                        end
+
+                      {threads.(), length(handles)}
+                    end).()
+
+                 # The handles are garbage now: collect them and wait for
+                 # the closing threads.
+                 :erlang.garbage_collect()
+
+                 left =
+                   Enum.reduce_while(1..100, threads.(), fn _, _ ->
+                     Process.sleep(100)
+                     n = threads.()
+                     if n <= before, do: {:halt, n}, else: {:cont, n}
+                   end)
+
+                 {before, held, left}
+               end,
+               60_000
+             )
+
+    assert held > before + 12
+    assert left <= before
+  end
 end

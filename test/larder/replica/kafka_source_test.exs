@@ -44,6 +44,28 @@ defmodule Larder.Replica.KafkaSourceTest do
       assert plain["enable.ssl.certificate.verification"] == "true"
     end
 
+    test "librdkafka takes the options at both ends of their bounds" do
+      for extra <- [
+            [fetch_max_bytes: 1_048_576, max_partition_fetch_bytes: 1_024, queued_max_kbytes: 64],
+            [
+              fetch_max_bytes: 268_435_456,
+              max_partition_fetch_bytes: 268_435_456,
+              queued_max_kbytes: 1_048_576,
+              max_record_bytes: 1_073_741_824,
+              timeout: 600_000
+            ],
+            [tls: true, sasl: {:scram_sha_512, "u", "p"}, isolation_level: :read_uncommitted],
+            [tls: [verify: false], sasl: {:plain, "u", "p"}]
+          ] do
+        opts = Kafka.validate!([brokers: ["127.0.0.1:1"], topic: "t"] ++ extra)
+
+        assert {:ok, consumer} = Native.consumer_open(Kafka.librdkafka_config(opts)),
+               inspect(extra)
+
+        Native.consumer_close(consumer)
+      end
+    end
+
     test "rejects bad options with an ArgumentError naming them" do
       good = [brokers: ["127.0.0.1:9092"], topic: "t"]
 
@@ -72,8 +94,10 @@ defmodule Larder.Replica.KafkaSourceTest do
             sasl: {:plain, "u"},
             sasl: {:plain, "u", :p},
             sasl: {:plain, String.duplicate("u", 1_025), "p"},
+            sasl: {:plain, "u", ""},
             isolation_level: :serializable,
             fetch_max_bytes: 0,
+            fetch_max_bytes: 1_024,
             fetch_max_bytes: 2 ** 40,
             max_partition_fetch_bytes: 1,
             queued_max_kbytes: 2 ** 30,
