@@ -711,6 +711,9 @@ defmodule Larder.Support.KafkaBroker do
   end
 
   defp tmp_dir(port) do
-    Path.join(System.tmp_dir!(), "larder-kafka-#{port}-#{System.unique_integer([:positive])}")
+    # Random: unique_integer/1 is unique in this VM only, and other VMs on
+    # the machine start brokers too.
+    token = Base.encode16(:rand.bytes(8), case: :lower)
+    Path.join(System.tmp_dir!(), "larder-kafka-#{port}-#{token}")
   end
 end

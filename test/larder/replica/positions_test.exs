@@ -15,7 +15,10 @@ defmodule Larder.Replica.PositionsTest do
   @partitions 4
 
   setup ctx do
-    dir = Path.join(System.tmp_dir!(), "larder-positions-#{System.unique_integer([:positive])}")
+    # Random, not unique_integer/1: that is unique in this VM only, and other
+    # VMs on the machine run these tests too.
+    token = Base.encode16(:rand.bytes(8), case: :lower)
+    dir = Path.join(System.tmp_dir!(), "larder-positions-#{token}")
     File.mkdir_p!(dir)
     on_exit(fn -> File.rm_rf(dir) end)
     %{dir: dir, log: Log.new(@partitions), test_name: ctx.test}
@@ -150,9 +153,6 @@ defmodule Larder.Replica.PositionsTest do
     test "on_trimmed: :stop stops the replica with :offset_trimmed", ctx do
       Process.flag(:trap_exit, true)
       replica = start!(opts(ctx, snapshot: ctx.path))
-
-      assert {:error, %Larder.Error{reason: :offset_trimmed}} =
-               Replica.await(replica, :latest, 30_000)
 
       assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}}
     end
