@@ -1,100 +1,189 @@
-# Larder.Replica over Kafka (issue 26): the 487,200-price catalogue
-# (../shared/data/price-catalogue; the generated catalogue of the same shape
-# when it is absent) in an 8-partition topic, followed into a `store:` Table
-# by Larder.Replica.Kafka:
-#   * catch-up from zero: start_link/1 to await(:latest), against
-#     Larder.Table.insert_many/2 of the same records (already in memory)
-#     in the same run, the anchor.
-# Each record's key is the price's idx and its value the tab-separated
-# payload of the Redis Stream benchmark (PriceStream.fields/1), decoded by
-# the same apply function, so the two benchmarks compare.
+# Larder.Replica.Kafka (issue 26), against a single-node Kafka 4 broker
+# (KRaft) this script starts on free loopback ports from the jars
+# scripts/setup fetched (test/support/kafka_broker.ex; it does nothing, with
+# a message, when Java or the jars are missing). Topics are filled through
+# the Kafka NIF's producer (lz4 batches, acks=all), see
+# bench/support/kafka_load.ex for the record encodings:
+#   * a price: key = its idx as text, value = its CSV columns joined by tabs
+#     (PriceSearch.PriceStream's payload, as bench/replica_bench.exs sends it
+#     to Redis); the apply decodes it with PriceStream.apply_entry/1;
+#   * the story: key = <<key::32>>, value = <<n::64>> (the record's number),
+#     decoded to integers by the apply and by the anchors' loop alike.
 #
-#   mix run bench/replica_kafka_bench.exs [--quick] [--json PATH]
+# Measured, each against an anchor of the same run:
+#   * catch-up from zero: the 487,200-price catalogue (../shared/data, or
+#     CATALOGUE_DIR; the generated catalogue of the same shape when absent)
+#     from an 8-partition topic into a `store:` Table, start_link/1 to
+#     await(:latest), against Larder.Table.insert_many/2 of the same
+#     records (already in memory);
+#   * the story's sync at start-up: 1M records over 10k keys (about 100
+#     distinct values per key) from an 8-partition topic into a Larder.Bag
+#     by a replica, against what a team writes today: the same NIF consumer
+#     (the replica's librdkafka configuration, every partition assigned
+#     from its start, polled 1,000 records at a time, as the replica's
+#     batch_size, until every partition reached the end it had when the
+#     sync started) inserting each poll into an ETS :duplicate_bag (the
+#     anchor) or an ETS :bag. The same loop into Larder.Bag.insert_many/2
+#     is shown too: it differs from the ETS loops in the insert only, while
+#     the replica also overlaps reading with writing (its reader process);
+#   * restart from a snapshot of the whole catalogue, then 10,000 new
+#     records: start_link/1 to await(:latest);
+#   * lag under a producer of 10,000 records/s (a batch every 10 ms, each
+#     flushed): a marker price change produced every 5 ms by a producer of
+#     its own (no linger, Nagle off) and flushed, timed
+#     from the flush's return (the broker's acknowledgement) and from before
+#     the produce, until a search finds it (after Replica.await/3 on its
+#     partition's offset);
+#   * the broker SIGKILLed mid-catch-up of the story's topic into a Bag (an
+#     apply that counts its calls), restarted on the same data: the records
+#     lost (pairs missing from the Bag, against the produced model), the
+#     records applied twice (calls beyond the record count), and the time
+#     from the restarted broker answering a metadata request to the
+#     replica's offset reaching the topic's end (and, to tell a slow
+#     resumption from the rest of the catch-up, to its first batch applied
+#     after that). This replica prefetches
+#     64 KiB per partition (:queued_max_kbytes, the least), with 64 KiB
+#     partition fetches: by default librdkafka would have fetched the
+#     whole topic before the kill.
 #
-# --quick: 50,000 prices, one run. Starts its own Kafka broker on free
-# loopback ports (test/support/kafka_broker.ex; does nothing without Java
-# and the jars of scripts/setup).
+#   mix run bench/replica_kafka_bench.exs [--quick] [--json PATH] [SECTION...]
+#
+# SECTIONs (catch_up, story, restart, lag, kill) run only those (the topics
+# are filled all the same); without any, all of them.
+# --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one run
+# each, a 2 s producer.
 Code.require_file("support/bench.ex", __DIR__)
 Code.require_file("../test/support/kafka_broker.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
+Code.require_file("support/kafka_load.ex", __DIR__)
 
 defmodule Larder.ReplicaKafkaBench do
-  alias Larder.Bench
-  alias Larder.Kafka.Native
-  alias Larder.Replica
+  alias Larder.{Bag, Bench, Replica, Table}
+  alias Larder.Bench.KafkaLoad
   alias Larder.Support.KafkaBroker
-  alias Larder.Table
-  alias PriceSearch.{Catalogue, PriceStream}
+  alias PriceSearch.Catalogue
 
   @store [:idx, :spec, :value, :currency, :is_default]
-  @topic "prices"
+  @prices "prices"
+  @story "story"
   @partitions 8
+  # Prices the lag's producer changes, and as many the probe changes.
+  @sample 10_000
+  @rate 10_000
 
   def run(argv) do
-    bench = Bench.start("Larder.Replica: a Table fed from a Kafka topic", argv)
+    bench = Bench.start("Larder.Replica: a Table or Bag fed from a Kafka topic", argv)
 
     if KafkaBroker.available?() do
-      broker = KafkaBroker.start()
+      {us, broker} = :timer.tc(fn -> KafkaBroker.start() end)
+      IO.puts("\nKafka broker started in #{Bench.fmt_us(us)} (#{KafkaBroker.bootstrap(broker)})")
+      dir = Path.join(System.tmp_dir!(), "larder-replica-kafka-bench-#{System.pid()}")
+      File.mkdir_p!(dir)
+      # The kill scenario restarts the broker: its handle changes.
+      Process.put(:broker, broker)
 
       try do
-        {source, prices, _requests} = Catalogue.reference_or_generated()
-        prices = Enum.take(prices, Bench.pick(bench, 50_000, length(prices)))
-        bootstrap = KafkaBroker.bootstrap(broker)
-        {:ok, admin} = Native.admin_open([{"bootstrap.servers", bootstrap}])
-        :ok = Native.create_topic(admin, @topic, @partitions, [], 120_000)
-        {us, _} = :timer.tc(fn -> fill(bootstrap, prices) end)
-
-        IO.puts(
-          "\n#{length(prices)} prices of #{source} produced to #{@partitions} partitions in " <>
-            "#{Bench.fmt_us(us)} (#{round(length(prices) * 1_000_000 / us)} records/s, acknowledged)"
-        )
-
-        bench
-        |> catch_up(%{bootstrap: bootstrap, prices: prices})
-        |> Bench.finish()
+        measure(bench, broker, dir)
       after
-        KafkaBroker.stop(broker)
+        KafkaBroker.stop(Process.get(:broker))
+        File.rm_rf(dir)
       end
     else
-      IO.puts("\nJava or the Kafka jars are missing (scripts/setup): nothing to measure.")
+      IO.puts(
+        "\nJava or the Kafka jars are missing (run scripts/setup; jars in " <>
+          "#{KafkaBroker.home()}/libs): nothing to measure."
+      )
     end
   end
 
-  defp fill(bootstrap, prices) do
-    {:ok, producer} =
-      Native.producer_open([{"bootstrap.servers", bootstrap}, {"linger.ms", "20"}])
+  defp measure(bench, broker, dir) do
+    bootstrap = KafkaBroker.bootstrap(broker)
+    admin = KafkaLoad.admin!(bootstrap)
+    producer = KafkaLoad.producer!(bootstrap)
 
-    for chunk <- Enum.chunk_every(prices, 50_000) do
-      records =
-        for price <- chunk do
-          ["price", payload] = PriceStream.fields(price)
-          {rem(price.idx, @partitions), Integer.to_string(price.idx), payload, []}
-        end
+    {source, prices, _requests} = Catalogue.reference_or_generated()
+    prices = Enum.take(prices, Bench.pick(bench, 50_000, length(prices)))
+    KafkaLoad.create_topic!(admin, @prices, @partitions)
 
-      :ok = Native.produce_batch(producer, @topic, records)
-    end
+    {us, _} =
+      :timer.tc(fn ->
+        KafkaLoad.fill!(producer, @prices, Enum.map(prices, &KafkaLoad.price_record/1))
+      end)
 
-    {:ok, acks} = Native.producer_flush(producer, 600_000)
-    length(acks) == length(prices) || raise "not every record was acknowledged"
-    Native.producer_close(producer)
-  end
+    IO.puts(
+      "#{length(prices)} prices of #{source} produced to #{@partitions} partitions in " <>
+        "#{Bench.fmt_us(us)} (#{round(length(prices) * 1_000_000 / us)} records/s)"
+    )
 
-  defp opts(ctx) do
-    [
-      name: :bench_kafka_replica,
-      into: {Table, Catalogue.table_opts(name: :bench_kafka_prices, store: @store)},
-      source: {Replica.Kafka, brokers: [ctx.bootstrap], topic: @topic},
-      apply: fn %{"value" => payload} -> PriceStream.apply_entry(%{"price" => payload}) end,
-      batch_size: 2_000
+    {n, keys} = Bench.pick(bench, {200_000, 2_000}, {1_000_000, 10_000})
+    story = KafkaLoad.story_records(n, keys)
+    KafkaLoad.create_topic!(admin, @story, @partitions)
+    {us, story_ends} = :timer.tc(fn -> KafkaLoad.fill!(producer, @story, story) end)
+
+    IO.puts(
+      "story: #{n} records over #{keys} keys produced in #{Bench.fmt_us(us)} " <>
+        "(#{round(n * 1_000_000 / us)} records/s)"
+    )
+
+    ctx = %{
+      bootstrap: bootstrap,
+      producer: producer,
+      prices: prices,
+      story: story,
+      story_ends: story_ends,
+      keys: keys,
+      dir: dir
+    }
+
+    # Sections named on the command line, else all of them.
+    sections = [
+      catch_up: &catch_up/2,
+      story: &story_sync/2,
+      restart: &restart/2,
+      lag: &lag/2,
+      kill: &broker_kill/2
     ]
+
+    only = Enum.map(bench.argv, &String.to_atom/1)
+
+    sections
+    |> Enum.filter(fn {name, _} -> only == [] or name in only end)
+    |> Enum.reduce(bench, fn {_name, section}, bench -> section.(bench, ctx) end)
+    |> Bench.finish()
+  end
+
+  defp source(ctx, topic), do: {Larder.Replica.Kafka, brokers: [ctx.bootstrap], topic: topic}
+
+  defp price_opts(ctx, extra \\ []) do
+    Keyword.merge(
+      [
+        name: :bench_replica,
+        into: {Table, Catalogue.table_opts(name: :bench_prices, store: @store)},
+        source: source(ctx, @prices),
+        apply: &KafkaLoad.price_apply/1
+      ],
+      extra
+    )
+  end
+
+  defp start!(opts) do
+    {:ok, pid} = Replica.start_link(opts)
+    Process.unlink(pid)
+    pid
+  end
+
+  defp kill(pid) do
+    ref = Process.monitor(pid)
+    Process.exit(pid, :kill)
+    receive do: ({:DOWN, ^ref, _, _, _} -> :ok)
   end
 
   def catch_up(bench, ctx) do
     n = length(ctx.prices)
-    title = "Catch-up from zero: #{n} records of #{@partitions} partitions into a store: Table"
+    title = "Catch-up from zero: #{n} prices from #{@partitions} partitions into a store: Table"
     anchor = "Table.insert_many/2"
-    col = "Replica.Kafka, start_link/1 to await(:latest)"
+    col = "Replica, start to await(:latest)"
 
     insert_many = fn ->
       table = Table.new(Catalogue.table_opts(store: @store))
@@ -103,10 +192,11 @@ defmodule Larder.ReplicaKafkaBench do
     end
 
     replica = fn ->
-      {:ok, pid} = Replica.start_link(opts(ctx))
-      Process.unlink(pid)
+      pid = start!(price_opts(ctx))
       :ok = Replica.await(pid, :latest, :infinity)
-      GenServer.stop(pid)
+      n = Table.size(:bench_prices)
+      kill(pid)
+      n
     end
 
     bench =
@@ -119,17 +209,295 @@ defmodule Larder.ReplicaKafkaBench do
         interleave: true
       )
 
-    [%{results: results}] = Enum.find(bench.tables, &(&1.title == title)).rows
+    result = Bench.result(bench, title, "#{n} records", col)
 
     bench
-    |> Bench.target("catch-up from zero (records/s)", results[col].ops_per_s, :>=, 300_000)
+    |> Bench.target("catch-up from zero (records/s)", result.ops_per_s, :>=, 300_000)
     |> Bench.target(
       "catch-up / insert_many/2 of the same records (x)",
-      results[col].median_us / results[anchor].median_us,
+      Bench.ratio(bench, title, "#{n} records", col),
       :<=,
       1.5
     )
   end
+
+  def story_sync(bench, ctx) do
+    n = length(ctx.story)
+    title = "The story's sync: #{n} records over #{ctx.keys} keys from #{@partitions} partitions"
+    dup = "ETS :duplicate_bag"
+    bag = "ETS :bag"
+    loop = "Larder.Bag, same loop"
+    col = "Replica into a Larder.Bag"
+    label = "start to every partition's end"
+
+    ets = fn type ->
+      {fn tab ->
+         ^n = KafkaLoad.consume_all(ctx.bootstrap, @story, 1_000, KafkaLoad.ets_insert(tab))
+       end, setup: fn -> :ets.new(:story, [type, :public]) end, teardown: &:ets.delete/1}
+    end
+
+    bag_loop =
+      {fn b ->
+         insert = fn entries ->
+           Bag.insert_many(
+             b,
+             for({_id, %{"key" => <<k::32>>, "value" => <<v::64>>}} <- entries, do: {k, v})
+           )
+         end
+
+         ^n = KafkaLoad.consume_all(ctx.bootstrap, @story, 1_000, insert)
+       end, setup: fn -> Bag.new() end, teardown: &Bag.drop/1}
+
+    replica = fn ->
+      pid =
+        start!(
+          name: :bench_story,
+          into: {Bag, name: :bench_story_bag},
+          source: source(ctx, @story),
+          apply: &KafkaLoad.story_apply/1
+        )
+
+      :ok = Replica.await(pid, :latest, :infinity)
+      ^n = Bag.size(:bench_story_bag)
+      kill(pid)
+    end
+
+    bench =
+      bench
+      |> Bench.table(title, [dup, bag, loop, col], anchor: dup)
+      |> Bench.row(
+        label,
+        %{dup => ets.(:duplicate_bag), bag => ets.(:bag), loop => bag_loop, col => replica},
+        runs: Bench.pick(bench, 1, 3),
+        warmup: 0,
+        interleave: true
+      )
+
+    replica_us = Bench.result(bench, title, label, col).median_us
+    bag_us = Bench.result(bench, title, label, bag).median_us
+
+    bench
+    |> Bench.target(
+      "story sync: ETS :bag / Replica into a Bag (x faster)",
+      bag_us / replica_us,
+      :>=,
+      5
+    )
+    |> Bench.target(
+      "story sync: Replica into a Bag / ETS :duplicate_bag (x)",
+      Bench.ratio(bench, title, label, col),
+      :<=,
+      1.5
+    )
+  end
+
+  def restart(bench, ctx) do
+    path = Path.join(ctx.dir, "prices.snap")
+    title = "Restart from a snapshot of #{length(ctx.prices)} prices, then 10,000 new records"
+    col = "start_link/1 to await(:latest)"
+    prices = List.to_tuple(ctx.prices)
+    snapshot_opts = price_opts(ctx, snapshot: path, snapshot_every: 86_400_000)
+
+    # The snapshot covers the whole topic; then 10,000 records are added.
+    setup = fn ->
+      pid = start!(snapshot_opts)
+      :ok = Replica.await(pid, :latest, :infinity)
+      {:ok, _} = Replica.snapshot(pid)
+      kill(pid)
+      changes = for _ <- 1..10_000, do: KafkaLoad.price_record(KafkaLoad.change(prices))
+      KafkaLoad.fill!(ctx.producer, @prices, changes)
+      :ok
+    end
+
+    timed = fn _ ->
+      pid = start!(snapshot_opts)
+      :ok = Replica.await(pid, :latest, :infinity)
+      kill(pid)
+    end
+
+    bench =
+      bench
+      |> Bench.table(title, [col])
+      |> Bench.row("restart", %{col => timed},
+        setup: setup,
+        runs: Bench.pick(bench, 1, 5),
+        warmup: 0
+      )
+
+    result = Bench.result(bench, title, "restart", col)
+
+    Bench.target(
+      bench,
+      "restart + 10k records, ready (s)",
+      result.median_us / 1_000_000,
+      :<=,
+      0.5
+    )
+  end
+
+  def lag(bench, ctx) do
+    duration = Bench.pick(bench, 2_000, 10_000)
+    title = "Lag to a search, under a producer of #{@rate} records/s"
+    from_ack = "ack to visible"
+    from_produce = "produce to visible"
+    # Two disjoint samples, the producer's and the markers' (see
+    # bench/replica_bench.exs: a process holding the whole catalogue stalls
+    # a scheduler at each collection; a change to a marker's price would
+    # hide it).
+    {prices, markers} = ctx.prices |> Enum.take_random(2 * @sample) |> Enum.split(@sample)
+    {prices, markers} = {List.to_tuple(prices), List.to_tuple(markers)}
+    pid = start!(price_opts(ctx))
+    :ok = Replica.await(pid, :latest, :infinity)
+    steady = KafkaLoad.producer!(ctx.bootstrap)
+    probe_producer = KafkaLoad.producer!(ctx.bootstrap, KafkaLoad.probe_config())
+
+    producer =
+      Task.async(fn -> KafkaLoad.produce_steadily(steady, @prices, prices, @rate, duration) end)
+
+    deadline = System.monotonic_time(:millisecond) + duration
+
+    probe =
+      Task.async(fn ->
+        KafkaLoad.marker_lags(probe_producer, @prices, pid, :bench_prices, markers, deadline)
+      end)
+
+    samples = Task.await(probe, duration + 60_000)
+    sent = Task.await(producer, duration + 60_000)
+    kill(pid)
+
+    IO.puts("\n#{sent} records produced in #{duration} ms; #{length(samples)} markers timed")
+    ack = Bench.summarize(Enum.map(samples, &elem(&1, 1)), nil, 1)
+    produce = Bench.summarize(Enum.map(samples, &elem(&1, 0)), nil, 1)
+
+    bench =
+      bench
+      |> Bench.table(title, [from_ack, from_produce])
+      |> Bench.row("median / p99 over the markers", %{from_ack => ack, from_produce => produce})
+
+    Bench.target(
+      bench,
+      "lag p99 from the ack at #{@rate} records/s (ms)",
+      ack.p99_us / 1_000,
+      :<=,
+      20
+    )
+  end
+
+  def broker_kill(bench, ctx) do
+    n = length(ctx.story)
+    title = "Broker SIGKILLed and restarted mid-catch-up of #{n} records into a Bag"
+    col = "replica"
+    calls = :counters.new(1, [:write_concurrency])
+
+    apply = fn fields ->
+      :counters.add(calls, 1, 1)
+      KafkaLoad.story_apply(fields)
+    end
+
+    # librdkafka prefetches up to :queued_max_kbytes per partition (16 MB
+    # by default: the whole topic): with the smallest prefetch and fetches,
+    # the replica still reads from the broker when it is killed.
+    {Larder.Replica.Kafka, source_opts} = source(ctx, @story)
+
+    small_fetches =
+      source_opts ++
+        [queued_max_kbytes: 64, max_partition_fetch_bytes: 65_536, fetch_max_bytes: 1_048_576]
+
+    pid =
+      start!(
+        name: :bench_kill,
+        into: {Bag, name: :bench_kill_bag},
+        source: {Larder.Replica.Kafka, small_fetches},
+        apply: apply
+      )
+
+    # Killed (KafkaBroker.restart/1 SIGKILLs it first) once a fifth of the
+    # records is applied.
+    applied_at_kill = wait_applied(pid, div(n, 5), 120_000)
+    broker = KafkaBroker.restart(Process.get(:broker))
+    Process.put(:broker, broker)
+    answered = System.monotonic_time(:microsecond)
+    applied_at_answer = pid |> Replica.offset() |> applied()
+    resumed_us = wait_applied_over(pid, applied_at_answer, answered + 120_000_000) - answered
+    :ok = Replica.await(pid, ctx.story_ends, 120_000)
+    ready_us = System.monotonic_time(:microsecond) - answered
+
+    model = Enum.group_by(ctx.story, fn {<<k::32>>, _} -> k end, fn {_, <<v::64>>} -> v end)
+
+    lost =
+      Enum.reduce(model, 0, fn {k, vs}, acc ->
+        have = MapSet.new(Bag.lookup(:bench_kill_bag, k))
+        acc + Enum.count(vs, &(not MapSet.member?(have, &1)))
+      end)
+
+    extra = Bag.size(:bench_kill_bag) - (n - lost)
+    twice = :counters.get(calls, 1) - n
+    kill(pid)
+
+    IO.puts(
+      "\nbroker killed after #{applied_at_kill} of #{n} records applied; restarted, " <>
+        "answering with #{applied_at_answer} applied; " <>
+        "applying again #{Bench.fmt_us(resumed_us)} later; " <>
+        "#{:counters.get(calls, 1)} apply calls, #{lost} records missing, #{extra} pairs not in the model"
+    )
+
+    bench =
+      bench
+      |> Bench.table(title, [col])
+      |> Bench.row("records lost", %{col => Bench.value(lost + extra, "records")})
+      |> Bench.row("records applied twice", %{col => Bench.value(twice, "records")})
+      |> Bench.row("broker answering to applying again", %{
+        col => Bench.summarize([resumed_us], nil, 1)
+      })
+      |> Bench.row("broker answering to ready", %{col => Bench.summarize([ready_us], nil, 1)})
+
+    bench
+    |> Bench.target("broker kill: records lost", lost + extra, :<=, 0)
+    |> Bench.target("broker kill: records applied twice", twice, :<=, 0)
+    |> Bench.target(
+      "broker kill: ready after the broker answers (s)",
+      ready_us / 1_000_000,
+      :<=,
+      2
+    )
+  end
+
+  # The number of records applied (the offsets' sum) once it is at least
+  # `min` (or at the timeout).
+  defp wait_applied(pid, min, timeout) do
+    deadline = System.monotonic_time(:millisecond) + timeout
+
+    Stream.repeatedly(fn ->
+      applied = pid |> Replica.offset() |> applied()
+      if applied < min, do: Process.sleep(5)
+      applied
+    end)
+    |> Enum.find(fn applied ->
+      applied >= min or System.monotonic_time(:millisecond) > deadline
+    end)
+  end
+
+  # The monotonic time (us) when the replica's offsets pass `applied`.
+  defp wait_applied_over(pid, applied, deadline_us) do
+    now = System.monotonic_time(:microsecond)
+
+    cond do
+      applied(Replica.offset(pid)) > applied ->
+        now
+
+      now > deadline_us ->
+        now
+
+      true ->
+        Process.sleep(2)
+        wait_applied_over(pid, applied, deadline_us)
+    end
+  end
+
+  defp applied(position) when is_map(position),
+    do: for({p, o} <- position, is_integer(p), reduce: 0, do: (acc -> acc + o))
+
+  defp applied(_), do: 0
 end
 
 Larder.ReplicaKafkaBench.run(System.argv())

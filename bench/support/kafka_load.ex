@@ -1,0 +1,320 @@
+# What bench/replica_kafka_bench.exs and `make demo` (examples/demo/80_kafka.exs)
+# share: filling Kafka topics through the Kafka NIF's internal producer and
+# admin client (Larder.Kafka.Native), the story's records and its anchors
+# (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
+# catalogue's record encoding and the replica's apply, a steady producer
+# and the marker lags. Depends on Larder, and for prices on
+# examples/price_search/lib/price_search/price_stream.ex (loaded by the caller).
+#
+# Record encodings:
+#   * a price: key = its idx as decimal text, value = PriceSearch.PriceStream's
+#     payload (the price's CSV columns joined by tabs, as the Redis Stream
+#     replica's bench sends it); a nil value deletes the idx. The apply
+#     decodes it with PriceStream.apply_entry/1 and checks the key.
+#   * the story: key = <<key::32>> (10,000 keys), value = <<n::64>> where n is
+#     the record's number (1M distinct values, about 100 per key); the apply
+#     decodes both to integers, as does the ETS anchors' loop.
+defmodule Larder.Bench.KafkaLoad do
+  @moduledoc false
+
+  alias Larder.Kafka.Native
+
+  @timeout 120_000
+  # Records per produce_batch/3 call (the NIF takes up to 100,000).
+  @chunk 50_000
+
+  ## Topics
+
+  @doc "An admin client on the broker at `bootstrap`."
+  def admin!(bootstrap) do
+    {:ok, admin} = Native.admin_open([{"bootstrap.servers", bootstrap}])
+    admin
+  end
+
+  @doc "Creates `topic` with `partitions` partitions."
+  def create_topic!(admin, topic, partitions) do
+    :ok = Native.create_topic(admin, topic, partitions, [], @timeout)
+  end
+
+  @doc """
+  A producer for filling topics: batches of up to 1 MB, 5 ms linger, lz4
+  (a producer of a real service would compress; the replica decompresses).
+  """
+  def producer!(bootstrap, extra \\ []) do
+    config =
+      [
+        {"bootstrap.servers", bootstrap},
+        {"linger.ms", "5"},
+        {"batch.size", "1048576"},
+        {"batch.num.messages", "100000"},
+        {"queue.buffering.max.messages", "1000000"},
+        {"queue.buffering.max.kbytes", "1048576"},
+        {"compression.type", "lz4"},
+        {"acks", "all"}
+      ]
+      |> Enum.reject(fn {key, _} -> List.keymember?(extra, key, 0) end)
+      |> Kernel.++(extra)
+
+    {:ok, producer} = Native.producer_open(config)
+    producer
+  end
+
+  @doc "The marker producer's settings: no linger, Nagle's algorithm off."
+  def probe_config, do: [{"linger.ms", "0"}, {"socket.nagle.disable", "true"}]
+
+  @doc """
+  Produces `records` (`{key, value}`, partitioned by key) to `topic` in
+  chunks, each flushed; returns the end offsets `%{partition => next_offset}`
+  of what was acknowledged (the partitions written to).
+  """
+  def fill!(producer, topic, records) do
+    records
+    |> Stream.chunk_every(@chunk)
+    |> Enum.reduce(%{}, fn chunk, ends ->
+      :ok =
+        Native.produce_batch(producer, topic, Enum.map(chunk, fn {k, v} -> {-1, k, v, []} end))
+
+      {:ok, acks} = Native.producer_flush(producer, @timeout)
+
+      if length(acks) != length(chunk),
+        do: raise("#{length(chunk)} records produced, #{length(acks)} acknowledged")
+
+      Enum.reduce(acks, ends, fn {p, o}, acc -> Map.update(acc, p, o + 1, &max(&1, o + 1)) end)
+    end)
+  end
+
+  ## The story: 1M records over 10k keys
+
+  @doc """
+  The story's records: `n` of them over `keys` keys, each value the record's
+  number (so every pair is distinct: about n / keys distinct values per
+  key), keys in random order (seeded).
+  """
+  def story_records(n, keys) do
+    :rand.seed(:exsss, {2026, 11, 27})
+    for i <- 1..n, do: {<<:rand.uniform(keys)::32>>, <<i::64>>}
+  end
+
+  @doc "The story's apply for a replica into a Larder.Bag."
+  def story_apply(%{"key" => <<k::32>>, "value" => <<v::64>>}), do: {:insert, k, v}
+
+  @doc """
+  The consumer's librdkafka configuration: the one Larder.Replica.Kafka
+  builds from its default options (read committed, 50 MB fetches, 4 MB per
+  partition, 16 MB prefetch per partition, 100 ms fetch wait), so that the
+  ETS anchors read exactly as the replica does.
+  """
+  def consumer_config(bootstrap) do
+    [
+      {"bootstrap.servers", bootstrap},
+      {"client.id", "larder"},
+      {"isolation.level", "read_committed"},
+      {"fetch.max.bytes", "52428800"},
+      {"receive.message.max.bytes", "53477376"},
+      {"max.partition.fetch.bytes", "4194304"},
+      {"queued.max.messages.kbytes", "16384"},
+      {"fetch.wait.max.ms", "100"},
+      {"fetch.error.backoff.ms", "100"},
+      {"reconnect.backoff.ms", "50"},
+      {"reconnect.backoff.max.ms", "1000"},
+      {"socket.keepalive.enable", "true"},
+      {"log_level", "3"},
+      {"security.protocol", "plaintext"}
+    ]
+  end
+
+  @doc """
+  What a team writes by hand today: opens the NIF consumer, assigns every
+  partition from its start, reads each partition's end, and polls (`batch`
+  records at a time, as the replica's `batch_size`) until every partition
+  reached it, handing each poll's entries to `insert` (`fn entries -> _`).
+  Returns the number of entries read.
+  """
+  def consume_all(bootstrap, topic, batch, insert) do
+    {:ok, consumer} = Native.consumer_open(consumer_config(bootstrap))
+
+    try do
+      {:ok, %{partitions: partitions}} = Native.consumer_metadata(consumer, topic, @timeout)
+
+      ends =
+        Map.new(partitions, fn p ->
+          {:ok, {_low, high}} = Native.consumer_watermarks(consumer, topic, p, @timeout)
+          {p, high}
+        end)
+
+      :ok = Native.consumer_assign(consumer, topic, Enum.map(partitions, &{&1, -1}))
+      poll_until(consumer, ends, batch, insert, Map.new(partitions, &{&1, 0}), 0)
+    after
+      Native.consumer_close(consumer)
+    end
+  end
+
+  defp poll_until(consumer, ends, batch, insert, at, read) do
+    if Enum.all?(ends, fn {p, e} -> at[p] >= e end) do
+      read
+    else
+      {:ok, entries, positions, []} = Native.consumer_poll(consumer, batch, 100, 16_777_216)
+      insert.(entries)
+      at = Enum.reduce(positions, at, fn {p, o}, acc -> Map.put(acc, p, o) end)
+      poll_until(consumer, ends, batch, insert, at, read + length(entries))
+    end
+  end
+
+  @doc "The anchors' insert: each entry decoded as the story's apply does, into an ETS table."
+  def ets_insert(tab) do
+    fn entries ->
+      rows = for {_id, %{"key" => <<k::32>>, "value" => <<v::64>>}} <- entries, do: {k, v}
+      :ets.insert(tab, rows)
+    end
+  end
+
+  ## The price catalogue
+
+  @doc """
+  A price as a record: key = its idx as text, value = the payload of
+  PriceSearch.PriceStream (the CSV columns joined by tabs), the encoding
+  the Redis Stream replica's bench uses: 171 bytes a price on average
+  against 418 for :erlang.term_to_binary/1, and no slower to decode.
+  """
+  def price_record(price) do
+    ["price", payload] = PriceSearch.PriceStream.fields(price)
+    {Integer.to_string(price.idx), payload}
+  end
+
+  @doc """
+  The replica's apply for prices: a tombstone deletes the key's idx;
+  otherwise PriceSearch.PriceStream.apply_entry/1 decodes the payload
+  (raising on a payload of another shape) and the key must be its idx.
+  """
+  def price_apply(%{"key" => key, "value" => nil}), do: {:delete, String.to_integer(key)}
+
+  def price_apply(%{"key" => key, "value" => value}) do
+    {:insert, price} = op = PriceSearch.PriceStream.apply_entry(%{"price" => value})
+
+    if Integer.to_string(price.idx) != key,
+      do: raise(ArgumentError, "price: key #{inspect(key)} is not its idx #{price.idx}")
+
+    op
+  end
+
+  @doc "A random price of `prices` (a tuple) with a new value."
+  def change(prices) do
+    price = elem(prices, :rand.uniform(tuple_size(prices)) - 1)
+    %{price | value: :rand.uniform(1_000_000)}
+  end
+
+  @doc """
+  A steady producer: price changes of `prices` (a tuple) at `rate` records
+  per second, a batch handed to librdkafka every 10 ms (sent after its
+  5 ms linger), for `duration_ms`, then flushed. Returns the number of
+  records acknowledged. (A flush after each batch held the producer for up
+  to 100 ms, see `await_ack/2`, and it fell behind its rate.)
+  """
+  def produce_steadily(producer, topic, prices, rate, duration_ms) do
+    started = System.monotonic_time(:millisecond)
+    produce_steadily(producer, topic, prices, rate, started, started + duration_ms, 0)
+    {:ok, acks} = Native.producer_flush(producer, @timeout)
+    length(acks)
+  end
+
+  defp produce_steadily(producer, topic, prices, rate, started, deadline, sent) do
+    now = System.monotonic_time(:millisecond)
+
+    if now >= deadline do
+      sent
+    else
+      due = div((now - started) * rate, 1_000)
+
+      sent =
+        if due > sent do
+          batch = for _ <- 1..(due - sent), do: price_record(change(prices))
+
+          :ok =
+            Native.produce_batch(
+              producer,
+              topic,
+              Enum.map(batch, fn {k, v} -> {-1, k, v, []} end)
+            )
+
+          due
+        else
+          sent
+        end
+
+      Process.sleep(min(10, max(0, deadline - now)))
+      produce_steadily(producer, topic, prices, rate, started, deadline, sent)
+    end
+  end
+
+  @doc """
+  The lag of `replica` (following `topic` into the table `table`), sampled
+  until `deadline` (monotonic ms): every 5 ms a price change of `prices`
+  with a value no price has is produced and flushed (`producer`, no
+  linger), its acknowledgement waited for (`await_ack/2`), then the record
+  waited for with `Larder.Replica.await/3` on its partition's offset and
+  searched for (offering and spec, the value checked; retried every
+  millisecond if not found yet). Returns `[{from_produce_us,
+  from_ack_us}]`: from before the produce call, and from the broker's
+  acknowledgement, to the search that found it.
+  """
+  def marker_lags(producer, topic, replica, table, prices, deadline, acc \\ []) do
+    if System.monotonic_time(:millisecond) >= deadline do
+      acc
+    else
+      price = change(prices)
+      marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
+      {key, value} = price_record(marker)
+      started = System.monotonic_time(:microsecond)
+      :ok = Native.produce(producer, topic, -1, key, value, [])
+      {{p, o}, acked} = await_ack(producer, started + 60_000_000)
+      :ok = Larder.Replica.await(replica, %{p => o + 1}, 60_000)
+      visible(table, marker, started)
+      done = System.monotonic_time(:microsecond)
+      Process.sleep(5)
+
+      marker_lags(producer, topic, replica, table, prices, deadline, [
+        {done - started, done - acked} | acc
+      ])
+    end
+  end
+
+  @doc """
+  Waits for the acknowledgement of the one record `producer` has in
+  flight; returns `{{partition, offset}, monotonic_us}` when it came.
+
+  `producer_flush/2` with a timeout polls librdkafka in steps of up to
+  100 ms (rdkafka's BaseProducer::flush) and returned 100 ms after a
+  single record's produce here however fast the broker answered, so the
+  moment of the acknowledgement is taken by flushes of 1 ms in a loop
+  instead (one poll of up to 1 ms each, which serves the delivery report
+  as it comes).
+  """
+  def await_ack(producer, deadline_us) do
+    case Native.producer_flush(producer, 1) do
+      {:ok, [ack]} ->
+        {ack, System.monotonic_time(:microsecond)}
+
+      _not_yet ->
+        if System.monotonic_time(:microsecond) > deadline_us, do: raise("no acknowledgement")
+        await_ack(producer, deadline_us)
+    end
+  end
+
+  defp visible(table, marker, started) do
+    found =
+      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
+      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
+
+    cond do
+      found ->
+        :ok
+
+      System.monotonic_time(:microsecond) - started > 10_000_000 ->
+        raise "marker price #{marker.idx} applied but not found in a search after 10 s"
+
+      true ->
+        Process.sleep(1)
+        visible(table, marker, started)
+    end
+  end
+end
