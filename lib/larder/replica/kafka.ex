@@ -134,6 +134,12 @@ defmodule Larder.Replica.Kafka do
   `:max_record_bytes`), and no reply can raise in the replica or crash
   the VM.
 
+  librdkafka's own log (a refused connection, "brokers are down") never
+  reaches the VM's stderr: the NIF keeps up to 100 lines between two reads
+  and counts the rest, and the source hands them to `Logger` (librdkafka's
+  levels mapped to Logger's), at most 5 lines and a count of the others
+  every 10 s.
+
   ## Performance
 
   A read is one call into the NIF on a dirty I/O scheduler that takes up
