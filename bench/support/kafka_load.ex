@@ -282,12 +282,10 @@ defmodule Larder.Bench.KafkaLoad do
   Waits for the acknowledgement of the one record `producer` has in
   flight; returns `{{partition, offset}, monotonic_us}` when it came.
 
-  `producer_flush/2` with a timeout polls librdkafka in steps of up to
-  100 ms (rdkafka's BaseProducer::flush) and returned 100 ms after a
-  single record's produce here however fast the broker answered, so the
-  moment of the acknowledgement is taken by flushes of 1 ms in a loop
-  instead (one poll of up to 1 ms each, which serves the delivery report
-  as it comes).
+  Flushes of 1 ms in a loop: each returns the acknowledgement as soon as
+  its delivery report is served, and one that times out keeps it for the
+  next (`producer_flush/2` also returns as soon as the last record is
+  acknowledged, so one longer flush would take the same moment).
   """
   def await_ack(producer, deadline_us) do
     case Native.producer_flush(producer, 1) do

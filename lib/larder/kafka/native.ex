@@ -7,6 +7,8 @@ defmodule Larder.Kafka.Native do
 
   @max_poll 100_000
   @max_timeout 600_000
+  @max_partitions 100_000
+  @max_headers 10_000
 
   @doc """
   Loads the NIF library once. Safe to call from many processes at once:
@@ -57,6 +59,16 @@ defmodule Larder.Kafka.Native do
     with_handle(consumer, :consumer, fn -> nif_consumer_close(consumer) end)
   end
 
+  @doc """
+  `{:ok, [{level, facility, message}], dropped}`: librdkafka's log lines
+  since the last call (syslog levels 0..7), at most 100, and how many more
+  there were. librdkafka never writes them to stderr.
+  """
+  def consumer_logs(consumer) do
+    check_handle!(consumer, :consumer)
+    with_handle(consumer, :consumer, fn -> nif_consumer_logs(consumer) end)
+  end
+
   def consumer_metadata(consumer, topic, timeout_ms) do
     check_handle!(consumer, :consumer)
     check_binary!(topic, :topic)
@@ -79,11 +91,10 @@ defmodule Larder.Kafka.Native do
     check_handle!(consumer, :consumer)
     check_binary!(topic, :topic)
 
-    unless is_list(offsets) and
-             Enum.all?(offsets, fn
-               {p, o} -> int?(p, 0, 2_147_483_647) and int?(o, -1, 9_223_372_036_854_775_807)
-               _ -> false
-             end) do
+    unless list_of?(offsets, @max_partitions, fn
+             {p, o} -> int?(p, 0, 2_147_483_647) and int?(o, -1, 9_223_372_036_854_775_807)
+             _ -> false
+           end) do
       raise ArgumentError,
             "offsets must be a list of {partition, offset} (offset -1 = from the start), got: " <>
               inspect(offsets, limit: 5)
@@ -130,7 +141,7 @@ defmodule Larder.Kafka.Native do
     check_handle!(producer, :producer)
     check_binary!(topic, :topic)
 
-    unless is_list(records) and length(records) <= @max_poll,
+    unless list_of?(records, @max_poll, fn _ -> true end),
       do: raise(ArgumentError, "records must be a list of at most 100000 records")
 
     Enum.each(records, &check_record!/1)
@@ -187,11 +198,10 @@ defmodule Larder.Kafka.Native do
     check_handle!(admin, :admin)
     check_binary!(topic, :topic)
 
-    unless is_list(offsets) and
-             Enum.all?(offsets, fn
-               {p, o} -> int?(p, 0, 2_147_483_647) and int?(o, 0, 9_223_372_036_854_775_807)
-               _ -> false
-             end),
+    unless list_of?(offsets, @max_partitions, fn
+             {p, o} -> int?(p, 0, 2_147_483_647) and int?(o, 0, 9_223_372_036_854_775_807)
+             _ -> false
+           end),
            do: raise(ArgumentError, "offsets must be a list of {partition, offset}")
 
     check_int!(timeout_ms, :timeout_ms, 0, @max_timeout)
@@ -201,8 +211,7 @@ defmodule Larder.Kafka.Native do
   ## checks
 
   defp check_config!(config) do
-    unless is_list(config) and length(config) <= 256 and
-             Enum.all?(config, &match?({k, v} when is_binary(k) and is_binary(v), &1)) do
+    unless list_of?(config, 256, &match?({k, v} when is_binary(k) and is_binary(v), &1)) do
       raise ArgumentError,
             "config must be a list of at most 256 {binary, binary}, got: " <>
               inspect(config, limit: 5)
@@ -243,11 +252,27 @@ defmodule Larder.Kafka.Native do
 
   defp int?(value, min, max), do: is_integer(value) and value >= min and value <= max
 
+  # A proper list of at most `max` elements, each passing `ok?`: walked
+  # once, never past `max` cells, so an improper or huge list is refused
+  # without a bare badarg (length/1) or a FunctionClauseError (Enum).
+  defp list_of?(list, max, ok?), do: list_of?(list, max, ok?, 0)
+
+  defp list_of?([], _max, _ok?, _n), do: true
+
+  defp list_of?([x | rest], max, ok?, n) when n < max,
+    do: ok?.(x) and list_of?(rest, max, ok?, n + 1)
+
+  defp list_of?(_other, _max, _ok?, _n), do: false
+
   defp check_record!({partition, key, value, headers} = record) do
     ok =
       int?(partition, -1, 2_147_483_647) and (is_nil(key) or is_binary(key)) and
-        (is_nil(value) or is_binary(value)) and is_list(headers) and
-        Enum.all?(headers, &match?({k, v} when is_binary(k) and (is_binary(v) or is_nil(v)), &1))
+        (is_nil(value) or is_binary(value)) and
+        list_of?(
+          headers,
+          @max_headers,
+          &match?({k, v} when is_binary(k) and (is_binary(v) or is_nil(v)), &1)
+        )
 
     unless ok,
       do:
@@ -270,6 +295,7 @@ defmodule Larder.Kafka.Native do
 
   defp nif_consumer_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_close(_c), do: :erlang.nif_error(:not_loaded)
+  defp nif_consumer_logs(_c), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_metadata(_c, _topic, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_watermarks(_c, _topic, _p, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_assign(_c, _topic, _offsets), do: :erlang.nif_error(:not_loaded)

@@ -27,11 +27,13 @@ defmodule Larder.Replica.Kafka do
       charlist, port `1..65_535`).
     * `:topic` (required) - the topic, 1 to 249 bytes of letters, digits,
       `.`, `_` and `-`.
-    * `:client_id` - the client id the brokers see, 1 to 255 bytes,
-      default `"larder"`.
+    * `:client_id` - the client id the brokers see, 1 to 255 bytes of
+      UTF-8 without null bytes, default `"larder"`.
     * `:tls` - `false` (default), `true` (TLS, the system's CA
       certificates), or a keyword list: `:cacertfile`, `:certfile`,
-      `:keyfile` (paths) and `:verify` (`true` by default: the broker's
+      `:keyfile` (paths of files that exist when the options are checked;
+      a file librdkafka cannot read is `:source_failed` at each
+      connection) and `:verify` (`true` by default: the broker's
       certificate and host name are checked).
     * `:sasl` - `nil` (default) or `{mechanism, user, password}` with
       mechanism `:plain`, `:scram_sha_256` or `:scram_sha_512` (user and
@@ -132,6 +134,12 @@ defmodule Larder.Replica.Kafka do
   `:max_record_bytes`), and no reply can raise in the replica or crash
   the VM.
 
+  librdkafka's own log (a refused connection, "brokers are down") never
+  reaches the VM's stderr: the NIF keeps up to 100 lines between two reads
+  and counts the rest, and the source hands them to `Logger` (librdkafka's
+  levels mapped to Logger's), at most 5 lines and a count of the others
+  every 10 s.
+
   ## Performance
 
   A read is one call into the NIF on a dirty I/O scheduler that takes up
@@ -152,6 +160,8 @@ defmodule Larder.Replica.Kafka do
 
   @what "Larder.Replica.Kafka"
   @recheck_ms 30_000
+  @log_every_ms 10_000
+  @log_lines 5
   @max_offset 9_223_372_036_854_775_807
   @max_partition 2_147_483_647
 
@@ -166,7 +176,9 @@ defmodule Larder.Replica.Kafka do
              :required},
           topic:
             {{:custom, "a topic name (1 to 249 bytes of [a-zA-Z0-9._-])", &topic?/1}, :required},
-          client_id: {{:string, 1, 255}, "larder"},
+          client_id:
+            {{:custom, "a string of 1 to 255 bytes of UTF-8 without null bytes", &client_id?/1},
+             "larder"},
           tls: {{:custom, "false, true or a keyword list of TLS options", &tls?/1}, false},
           sasl:
             {{:custom, "nil or {:plain | :scram_sha_256 | :scram_sha_512, user, password}",
@@ -186,10 +198,14 @@ defmodule Larder.Replica.Kafka do
     |> Keyword.update!(:tls, &tls!/1)
   end
 
-  defp brokers?(brokers) do
-    is_list(brokers) and brokers != [] and length(brokers) <= 100 and
-      Enum.all?(brokers, &broker?/1)
-  end
+  # 1 to 100 brokers, walked by hand: an improper list is refused here, not
+  # by a bare badarg from length/1.
+  defp brokers?([_ | _] = brokers), do: brokers?(brokers, 0)
+  defp brokers?(_), do: false
+
+  defp brokers?([], _n), do: true
+  defp brokers?([b | rest], n) when n < 100, do: broker?(b) and brokers?(rest, n + 1)
+  defp brokers?(_, _n), do: false
 
   defp broker?({host, port}), do: host?(host) and is_integer(port) and port in 1..65_535
 
@@ -235,6 +251,12 @@ defmodule Larder.Replica.Kafka do
 
   defp broker_string(string), do: string
 
+  # librdkafka refuses a setting that is not UTF-8 or holds a null byte.
+  defp client_id?(id),
+    do:
+      is_binary(id) and byte_size(id) in 1..255 and String.valid?(id) and
+        not String.contains?(id, <<0>>)
+
   defp topic?(topic),
     do: is_binary(topic) and byte_size(topic) in 1..249 and topic =~ ~r/^[A-Za-z0-9._\-]+$/
 
@@ -243,9 +265,16 @@ defmodule Larder.Replica.Kafka do
   defp tls?(tls) when is_list(tls) do
     Keyword.keyword?(tls) and
       Enum.all?(tls, fn
-        {key, path} when key in [:cacertfile, :certfile, :keyfile] -> path?(path)
-        {:verify, verify} -> is_boolean(verify)
-        _ -> false
+        # librdkafka refuses to create a client whose files are missing:
+        # refused here rather than by every connection attempt.
+        {key, path} when key in [:cacertfile, :certfile, :keyfile] ->
+          path?(path) and File.regular?(to_string(path))
+
+        {:verify, verify} ->
+          is_boolean(verify)
+
+        _ ->
+          false
       end)
   end
 
@@ -405,6 +434,7 @@ defmodule Larder.Replica.Kafka do
            expected: nil,
            partitions: nil,
            checked_at: nil,
+           logged_at: now() - @log_every_ms,
            telemetry: Code.ensure_loaded?(:telemetry)
          }}
 
@@ -421,11 +451,63 @@ defmodule Larder.Replica.Kafka do
 
   @impl true
   def read(conn, position, count, block_ms) do
-    case prepare(conn, position) do
-      {:ok, conn, position} -> poll(conn, position, count, block_ms)
-      other -> other
+    result =
+      case prepare(conn, position) do
+        {:ok, conn, position} -> poll(conn, position, count, block_ms)
+        other -> other
+      end
+
+    # (every result carries the conn last)
+    put_elem(result, tuple_size(result) - 1, log_librdkafka(elem(result, tuple_size(result) - 1)))
+  end
+
+  # librdkafka's log lines (connection failures, brokers down) never reach
+  # the VM's stderr: the NIF keeps them (at most 100 between two calls, the
+  # rest counted) and they go to Logger from here, at most a few lines
+  # every @log_every_ms.
+  defp log_librdkafka(conn) do
+    now = now()
+
+    if now - conn.logged_at < @log_every_ms do
+      conn
+    else
+      case Native.consumer_logs(conn.consumer) do
+        {:ok, [], 0} ->
+          conn
+
+        {:ok, lines, dropped} ->
+          require Logger
+
+          {shown, rest} = Enum.split(lines, @log_lines)
+
+          for {level, facility, message} <- shown do
+            Logger.log(
+              logger_level(level),
+              "Larder.Replica.Kafka (#{conn.topic}): librdkafka #{facility}: #{message}"
+            )
+          end
+
+          more = length(rest) + dropped
+
+          if more > 0 do
+            Logger.warning(
+              "Larder.Replica.Kafka (#{conn.topic}): #{more} more librdkafka log line(s) " <>
+                "in the last #{div(@log_every_ms, 1_000)} s not shown"
+            )
+          end
+
+          %{conn | logged_at: now}
+
+        {:error, _} ->
+          conn
+      end
     end
   end
+
+  defp logger_level(level) when level <= 3, do: :error
+  defp logger_level(4), do: :warning
+  defp logger_level(level) when level in 5..6, do: :info
+  defp logger_level(_), do: :debug
 
   # Assigns the partitions at `position` unless the consumer is already
   # there (the position the last read returned), checking the topic first;

@@ -35,6 +35,22 @@ const MAX_RECORD_CAP: usize = 1 << 30;
 
 pub struct Consumer {
     state: Mutex<Option<State>>,
+    /// librdkafka's log lines, taken from its log queue by the calls that
+    /// hold `state` and handed to Elixir's Logger by `consumer_logs/1`
+    /// (which takes only this lock, never waiting on a poll).
+    logs: Mutex<LogBuf>,
+}
+
+/// The most log lines kept between two `consumer_logs/1`; later ones are
+/// counted.
+const MAX_LOG_LINES: usize = 100;
+/// The most bytes of one log line kept.
+const MAX_LOG_TEXT: usize = 1_024;
+
+#[derive(Default)]
+struct LogBuf {
+    lines: Vec<(i32, String, String)>,
+    dropped: u64,
 }
 
 #[rustler::resource_impl]
@@ -50,9 +66,13 @@ impl Drop for Consumer {
     }
 }
 
-// Fields drop in order: the queue handle before the client it belongs to.
+// Fields drop in order: the queue handles before the client they belong to.
 struct State {
     queue: Queue,
+    /// librdkafka's log queue: its log lines come here instead of to the
+    /// consumer queue, where librdkafka's batch call would print them to
+    /// the VM's stderr (its default log callback).
+    log_queue: Queue,
     consumer: BaseConsumer,
     topic: Option<String>,
     positions: BTreeMap<i32, i64>,
@@ -101,8 +121,28 @@ fn nif_consumer_open<'a>(env: Env<'a>, config: Term<'a>) -> Term<'a> {
                 "the client has no consumer queue",
             ));
         }
+        let queue = Queue(queue);
+        // SAFETY: as above; the new queue is released by Queue::drop before
+        // `consumer` is dropped, and librdkafka keeps its own reference to
+        // the queue it forwards the log to until the client is destroyed.
+        let log_queue = unsafe { rdsys::rd_kafka_queue_new(consumer.client().native_ptr()) };
+        if log_queue.is_null() {
+            return Err(NifError::ours(atoms::config, "no log queue"));
+        }
+        let log_queue = Queue(log_queue);
+        let err =
+            unsafe { rdsys::rd_kafka_set_log_queue(consumer.client().native_ptr(), log_queue.0) };
+        if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err(NifError::ours(atoms::config, "cannot set the log queue"));
+        }
+        // Log lines logged before the log queue was set went to the main
+        // queue, which forwards to the consumer queue: taken from there now
+        // (nothing else is in it before an assignment).
+        let logs = Mutex::new(LogBuf::default());
+        drain_logs(&queue, &logs);
         let state = State {
-            queue: Queue(queue),
+            queue,
+            log_queue,
             consumer,
             topic: None,
             positions: BTreeMap::new(),
@@ -110,6 +150,7 @@ fn nif_consumer_open<'a>(env: Env<'a>, config: Term<'a>) -> Term<'a> {
         };
         let resource = ResourceArc::new(Consumer {
             state: Mutex::new(Some(state)),
+            logs,
         });
         guard::ok(env, resource)
     })
@@ -321,7 +362,78 @@ fn nif_consumer_poll<'a>(
         let max = max.clamp(1, MAX_POLL);
         let cap = max_record_bytes.min(MAX_RECORD_CAP);
         let block = config::timeout(block_ms);
-        poll(env, state, max, block, cap)
+        let result = poll(env, state, max, block, cap);
+        drain_logs(&state.log_queue, &consumer.logs);
+        result
+    })
+}
+
+/// Moves librdkafka's log lines from its log queue into `buf`: at most
+/// MAX_LOG_LINES kept, the rest counted. The queue is emptied whatever
+/// the buffer holds, so it never grows while the consumer is polled.
+fn drain_logs(queue: &Queue, buf: &Mutex<LogBuf>) {
+    loop {
+        // SAFETY: the queue is live (owned by the state the caller holds);
+        // each event returned is destroyed once, below.
+        let event = unsafe { rdsys::rd_kafka_queue_poll(queue.0, 0) };
+        if event.is_null() {
+            return;
+        }
+        let mut fac: *const std::os::raw::c_char = std::ptr::null();
+        let mut text: *const std::os::raw::c_char = std::ptr::null();
+        let mut level: i32 = 0;
+        // SAFETY: `event` is live; rd_kafka_event_log sets the pointers to
+        // strings owned by the event (valid until it is destroyed) and
+        // returns 0 only for a log event.
+        let is_log = unsafe {
+            rdsys::rd_kafka_event_type(event) == rdsys::RD_KAFKA_EVENT_LOG
+                && rdsys::rd_kafka_event_log(event, &mut fac, &mut text, &mut level) == 0
+        };
+        if is_log {
+            let mut buf = lock(buf);
+            if buf.lines.len() < MAX_LOG_LINES {
+                // SAFETY: as above, the strings live until the event is
+                // destroyed; a null one is read as empty.
+                let (fac, text) = unsafe { (c_text(fac), c_text(text)) };
+                buf.lines.push((level, fac, text));
+            } else {
+                buf.dropped += 1;
+            }
+        }
+        // SAFETY: `event` came from rd_kafka_queue_poll and is destroyed
+        // once, here.
+        unsafe { rdsys::rd_kafka_event_destroy(event) }
+    }
+}
+
+/// A C string as UTF-8 text (lossy), cut to MAX_LOG_TEXT bytes.
+///
+/// # Safety
+/// `ptr` is null or a NUL-terminated string that outlives the call.
+unsafe fn c_text(ptr: *const std::os::raw::c_char) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    let mut text = CStr::from_ptr(ptr).to_string_lossy().trim().to_string();
+    if text.len() > MAX_LOG_TEXT {
+        let mut end = MAX_LOG_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// `{:ok, [{level, facility, message}], dropped}`: librdkafka's log lines
+/// since the last call (syslog levels, 0 emergency .. 7 debug), at most
+/// MAX_LOG_LINES, and how many more were dropped. Takes only the log
+/// buffer's lock, held for a copy: a normal scheduler.
+#[rustler::nif]
+fn nif_consumer_logs<'a>(env: Env<'a>, consumer: ResourceArc<Consumer>) -> Term<'a> {
+    guard::run(env, || {
+        let taken = std::mem::take(&mut *lock(&consumer.logs));
+        Ok((atoms::ok(), taken.lines, taken.dropped).encode(env))
     })
 }
 

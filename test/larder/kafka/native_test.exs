@@ -205,6 +205,54 @@ defmodule Larder.Kafka.NativeTest do
     assert bytes >= 5_000
   end
 
+  # Flushes with `timeout_ms` until every one of `n` records was returned
+  # (or the deadline): the acks of every flush that returned some.
+  defp flush_all(producer, n, timeouts) do
+    deadline = System.monotonic_time(:millisecond) + @timeout
+
+    timeouts
+    |> Stream.cycle()
+    |> Enum.reduce_while([], fn timeout_ms, acc ->
+      acc =
+        case Native.producer_flush(producer, timeout_ms) do
+          {:ok, acks} -> acc ++ acks
+          {:error, {:operation_timed_out, _}} -> acc
+        end
+
+      if length(acc) >= n or System.monotonic_time(:millisecond) > deadline,
+        do: {:halt, acc},
+        else: {:cont, acc}
+    end)
+  end
+
+  test "a flush with no time left returns the acks that already arrived", ctx do
+    topic = create!(ctx, 1)
+    producer = producer!(ctx)
+    :ok = Native.produce(producer, topic, 0, "k", "v", [])
+
+    # The broker has the record: its acknowledgement is on its way or here.
+    consumer = consumer!(ctx)
+    :ok = Native.consumer_assign(consumer, topic, [{0, 0}])
+    assert {[_], _} = poll_n(consumer, 1)
+    Native.consumer_close(consumer)
+
+    # Only zero-time flushes: each must serve what arrived.
+    assert flush_all(producer, 1, [0]) == [{0, 0}]
+    assert Native.producer_flush(producer, 0) == {:ok, []}
+  end
+
+  test "no acknowledgement is lost across flushes that time out", ctx do
+    topic = create!(ctx, 4)
+    producer = producer!(ctx, [{"linger.ms", "20"}])
+    records = for i <- 1..2_000, do: {rem(i, 4), "k#{i}", "v#{i}", []}
+    :ok = Native.produce_batch(producer, topic, records)
+
+    acks = flush_all(producer, 2_000, [0, 1, 0, 2])
+    expected = for p <- 0..3, o <- 0..499, do: {p, o}
+    assert Enum.sort(acks) == expected
+    assert Native.producer_flush(producer, 0) == {:ok, []}
+  end
+
   test "bad configuration and bad values are error values, never a crash", ctx do
     assert {:error, {:config, _}} = Native.consumer_open([{"no.such.setting", "1"}])
     assert {:error, {:config, _}} = Native.consumer_open([{"fetch.max.bytes", "lots"}])

@@ -24,7 +24,7 @@ defmodule Larder.Replica.KafkaSourceTest do
         Kafka.validate!(
           brokers: ["b:9093"],
           topic: "t",
-          tls: [cacertfile: "/ca.pem", verify: false],
+          tls: [cacertfile: "/etc/ssl/certs/ca-certificates.crt", verify: false],
           sasl: {:scram_sha_512, "user", "secret"},
           isolation_level: :read_uncommitted
         )
@@ -33,7 +33,7 @@ defmodule Larder.Replica.KafkaSourceTest do
       assert config["security.protocol"] == "sasl_ssl"
       assert config["sasl.mechanism"] == "SCRAM-SHA-512"
       assert config["sasl.username"] == "user"
-      assert config["ssl.ca.location"] == "/ca.pem"
+      assert config["ssl.ca.location"] == "/etc/ssl/certs/ca-certificates.crt"
       assert config["enable.ssl.certificate.verification"] == "false"
       assert config["isolation.level"] == "read_uncommitted"
 
@@ -90,6 +90,7 @@ defmodule Larder.Replica.KafkaSourceTest do
             tls: [cacertfile: 1],
             tls: [cacertfile: "a\0b"],
             tls: [ciphers: "x"],
+            tls: [cacertfile: "/no/such/ca.pem"],
             sasl: {:gssapi, "u", "p"},
             sasl: {:plain, "u"},
             sasl: {:plain, "u", :p},
