@@ -302,7 +302,7 @@ defmodule Larder.ReplicaKafkaBench do
     setup = fn ->
       pid = start!(snapshot_opts)
       :ok = Replica.await(pid, :latest, :infinity)
-      {:ok, _} = Replica.snapshot(pid)
+      {:ok, _} = Replica.dump(pid)
       kill(pid)
       changes = for _ <- 1..10_000, do: KafkaLoad.price_record(KafkaLoad.change(prices))
       KafkaLoad.fill!(ctx.producer, @prices, changes)

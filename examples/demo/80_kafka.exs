@@ -192,7 +192,7 @@ defmodule Demo.Kafka do
     )
 
     # A restarted node: a snapshot, a crash, 10,000 changes, a restart.
-    {snap_us, {:ok, _}} = :timer.tc(fn -> Replica.snapshot(pid) end)
+    {snap_us, {:ok, _}} = :timer.tc(fn -> Replica.dump(pid) end)
     Process.exit(pid, :kill)
 
     IO.puts(
