@@ -312,7 +312,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
   end
 
   test "an unreachable broker is :source_unavailable, never a raise", ctx do
-    port = free_port()
+    port = Larder.Support.KafkaBroker.free_port()
     opts = Kafka.validate!(brokers: ["127.0.0.1:#{port}"], topic: ctx.topic, timeout: 500)
     assert {:ok, conn} = Kafka.connect(opts)
 
@@ -339,12 +339,5 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
       tries == 0 -> false
       true -> Process.sleep(200) && wait_for(fun, tries - 1)
     end
-  end
-
-  defp free_port do
-    {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
-    {:ok, port} = :inet.port(socket)
-    :gen_tcp.close(socket)
-    port
   end
 end
