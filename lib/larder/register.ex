@@ -169,6 +169,17 @@ defmodule Larder.Register do
       holds the lock stalls the slot's other writers: on a machine shared
       with other CPU-heavy work the hot-key figures drop, and with 16
       runners on 2 cores they are the noisiest of the bench.
+
+  `ANE_PATH=<a checkout of Ane> mix run bench/register_vs_ane_bench.exs`
+  measures a register against [Ane](https://github.com/gyson/ane) on Ane's
+  own workload in the same run (the README has the table of a run). Ane's
+  writers never wait for each other (each inserts its own versioned record),
+  where a register's writers of one slot take turns on its lock: a register
+  is behind Ane on a single hot key written by many processes, and more so
+  on a loaded machine, where a lock holder's scheduler thread is often
+  descheduled. What the register keeps that Ane lacks: any term as a key,
+  no handle to thread through the caller, and writers killed mid-write
+  leave nothing to clean up.
   """
 
   import Bitwise, only: [<<<: 2]
