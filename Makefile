@@ -67,6 +67,9 @@ release-check: setup
 	mix test test/release_test.exs
 
 # Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
+# ANE_PATH=<a checkout of github.com/gyson/ane> adds Ane to
+# bench/register_vs_ane_bench.exs (compiled into that bench's VM only);
+# without it that bench runs the Register alone and says Ane was not measured.
 bench: setup
 	@mkdir -p bench/results
 	@set -e; for f in $(BENCHES); do \

@@ -169,6 +169,17 @@ defmodule Larder.Register do
       holds the lock stalls the slot's other writers: on a machine shared
       with other CPU-heavy work the hot-key figures drop, and with 16
       runners on 2 cores they are the noisiest of the bench.
+
+  `ANE_PATH=<a checkout of Ane> mix run bench/register_vs_ane_bench.exs`
+  measures a register against [Ane](https://github.com/gyson/ane) on Ane's
+  own workload in the same run (the README has the table of a run). Ane's
+  writers never wait for each other (each inserts its own versioned record),
+  where a register's writers of one slot take turns on its lock: a register
+  is behind Ane on a single hot key written by many processes, and more so
+  on a loaded machine, where a lock holder's scheduler thread is often
+  descheduled. What the register keeps that Ane lacks: any term as a key,
+  no handle to thread through the caller, and writers killed mid-write
+  leave nothing to clean up.
   """
 
   import Bitwise, only: [<<<: 2]
@@ -309,9 +320,11 @@ defmodule Larder.Register do
   @spec get(register(), key(), value()) :: value()
   def get(reg, key, default \\ nil)
 
-  # The hot path allocates nothing: a served copy is returned as is.
+  # The hot path allocates nothing: a served copy is returned as is. It
+  # calls :erlang.get/1 itself: Process.get/1 is two more remote calls
+  # (get/1, then get/2), a third of an unchanged read's cost.
   def get(%__MODULE__{versions: versions, local: local} = reg, key, default) do
-    case Process.get(local) do
+    case :erlang.get(local) do
       %{^key => {slot, tag, _version, value}} ->
         if :atomics.get(versions, slot) == tag, do: value, else: fresh_get(reg, key, default)
 
@@ -384,7 +397,7 @@ defmodule Larder.Register do
   end
 
   defp read(%__MODULE__{versions: versions, local: local} = reg, key) do
-    with %{^key => entry} <- Process.get(local),
+    with %{^key => entry} <- :erlang.get(local),
          {:hit, found} <- served(entry, versions) do
       found
     else

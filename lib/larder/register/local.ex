@@ -31,21 +31,21 @@ defmodule Larder.Register.Local do
   """
   @spec remember(Register.t(), term(), tuple()) :: :ok
   def remember(%Register{local: local, max_cached: max} = reg, key, entry) do
-    case Process.get(local) do
+    case :erlang.get(local) do
       %{^key => _} = copies ->
-        Process.put(local, %{copies | key => entry})
+        :erlang.put(local, %{copies | key => entry})
 
       %{} = copies when map_size(copies) < max ->
-        Process.put(local, Map.put(copies, key, entry))
+        :erlang.put(local, Map.put(copies, key, entry))
 
-      nil ->
-        # Stored before it is held: if the register died meanwhile, the
+      :undefined ->
+        # (:erlang.get/1's answer for no entry.) Stored before it is held: if the register died meanwhile, the
         # sweep of hold/4 drops this copy too.
-        Process.put(local, %{key => entry})
+        :erlang.put(local, %{key => entry})
         LocalCopies.hold(reg.deaths, local, __MODULE__, {reg.versions, reg.tab})
 
       _full ->
-        Process.put(local, %{key => entry})
+        :erlang.put(local, %{key => entry})
     end
 
     :ok
