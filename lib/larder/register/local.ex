@@ -39,8 +39,9 @@ defmodule Larder.Register.Local do
         :erlang.put(local, Map.put(copies, key, entry))
 
       :undefined ->
-        # (:erlang.get/1's answer for no entry.) Stored before it is held: if the register died meanwhile, the
-        # sweep of hold/4 drops this copy too.
+        # No copies yet (:erlang.get/1 answers :undefined). Stored before
+        # it is held: if the register died meanwhile, the sweep of hold/4
+        # drops this copy too.
         :erlang.put(local, %{key => entry})
         LocalCopies.hold(reg.deaths, local, __MODULE__, {reg.versions, reg.tab})
 
