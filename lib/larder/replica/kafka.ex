@@ -449,6 +449,19 @@ defmodule Larder.Replica.Kafka do
     :ok
   end
 
+  # librdkafka prefetches in its own threads: the replica reads in its own
+  # process, with no wait, and is told when the consumer queue gets
+  # something (a record, an end of partition, an error) after a read found
+  # it empty.
+  @impl true
+  def notify(conn, pid) do
+    case Native.consumer_notify(conn.consumer, pid) do
+      :armed -> {:armed, conn}
+      :ready -> {:ready, conn}
+      {:error, reason} -> {:error, error(reason, "asking for a notice"), %{conn | expected: nil}}
+    end
+  end
+
   @impl true
   def read(conn, position, count, block_ms) do
     result =
