@@ -15,6 +15,7 @@ defmodule Larder.Test.NotifyingSource do
   #   {:seen, n}                 appends there were when the last read began
   #   {:armed, pid}              a notice owed to pid
   #   {:reads, n}, {:last_read, pid, block_ms}
+  #   {:hold_connect}            connect/1 waits while it is there
 
   @doc "A new empty log of `partitions` partitions; returns its table."
   def new(partitions) do
@@ -56,8 +57,25 @@ defmodule Larder.Test.NotifyingSource do
   defdelegate advance(position, id), to: Log
   @impl true
   defdelegate reached?(position, target), to: Log
+
+  @doc "Makes connect/1 wait (up to 30 s) until release_connect/1, as a server that does not answer."
+  def hold_connect(table), do: :ets.insert(table, {:hold_connect})
+
+  def release_connect(table), do: :ets.delete(table, :hold_connect)
+
   @impl true
-  defdelegate connect(opts), to: Log
+  def connect(opts) do
+    held(opts[:table], 3_000)
+    Log.connect(opts)
+  end
+
+  defp held(table, tries) do
+    if tries > 0 and :ets.member(table, :hold_connect) do
+      Process.sleep(10)
+      held(table, tries - 1)
+    end
+  end
+
   @impl true
   defdelegate close(conn), to: Log
   @impl true

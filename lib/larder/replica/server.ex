@@ -61,7 +61,8 @@ defmodule Larder.Replica.Server do
     :telemetry,
     :reader,
     # Reading in this process (a source with notify/2): the connection,
-    # the pending fallback read and retry timers, the retry wait.
+    # the pending fallback read timer, the retry (nil, a timer, or
+    # {:connecting, pid} while a process connects), the retry wait.
     :conn,
     :read_timer,
     :retry,
@@ -294,6 +295,9 @@ defmodule Larder.Replica.Server do
 
   def handle_info(:replica_retry, %{reader: nil} = state), do: read(%{state | retry: nil})
 
+  def handle_info({:replica_connected, pid, result}, %{retry: {:connecting, pid}} = state),
+    do: read_result(%{state | retry: nil}, result)
+
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
       {{^ref, {target, _epoch}, from, _timer}, waiters} ->
@@ -341,6 +345,8 @@ defmodule Larder.Replica.Server do
     end
 
     if state.conn, do: state.source.close(state.conn)
+    # (its connection, if any, goes with it)
+    with {:connecting, pid} <- state.retry, do: Process.exit(pid, :kill)
 
     # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
     # last snapshot; a crash does not (the structure may be mid-entry).
@@ -382,29 +388,41 @@ defmodule Larder.Replica.Server do
   # queued behind whatever calls came meanwhile; or, when nothing came,
   # the source asked for a notice (and a read after :block_ms at the
   # latest, which keeps a source's periodic checks going when idle).
-  # While a retry is pending, notices wait for it.
-  defp read(%{retry: nil} = state) do
-    case connected(state) do
-      {:ok, state} -> read_batch(state)
-      {:error, error, state} -> read_failed(state, error)
-    end
-  end
+  # While a retry or a connection is pending, notices wait for it.
+  defp read(%{retry: nil, conn: nil} = state), do: {:noreply, connect(state)}
+
+  defp read(%{retry: nil} = state),
+    do: read_result(state, state.source.read(state.conn, state.offset, state.batch_size, 0))
 
   defp read(state), do: {:noreply, state}
 
-  defp connected(%{conn: nil} = state) do
-    case state.source.connect(state.source_opts) do
-      {:ok, conn} -> {:ok, %{state | conn: conn}}
-      {:error, error} -> {:error, error, state}
-    end
+  # The connection and its first read (where a source looks the log up:
+  # Kafka's metadata, watermarks and assignment, the calls that wait on a
+  # broker that does not answer, up to its :timeout) run in a process of
+  # their own, linked, so the replica answers calls meanwhile. It hands
+  # over the connection and that first batch.
+  defp connect(state) do
+    %{source: source, source_opts: opts, offset: offset, batch_size: count} = state
+    server = self()
+
+    pid =
+      spawn_link(fn ->
+        result =
+          case source.connect(opts) do
+            {:ok, conn} -> source.read(conn, offset, count, 0)
+            {:error, error} -> {:error, error, nil}
+          end
+
+        send(server, {:replica_connected, self(), result})
+      end)
+
+    %{state | retry: {:connecting, pid}}
   end
 
-  defp connected(state), do: {:ok, state}
-
-  defp read_batch(state) do
+  defp read_result(state, result) do
     offset = state.offset
 
-    case state.source.read(state.conn, offset, state.batch_size, 0) do
+    case result do
       {:ok, [], ^offset, conn} ->
         await_entries(recovered(%{state | conn: conn}))
 
@@ -420,7 +438,7 @@ defmodule Larder.Replica.Server do
         trimmed(%{state | conn: conn}, resume)
 
       {:error, error, conn} ->
-        state.source.close(conn)
+        if conn, do: state.source.close(conn)
         read_failed(%{state | conn: nil}, error)
     end
   end

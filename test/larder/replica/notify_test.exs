@@ -97,6 +97,23 @@ defmodule Larder.Replica.NotifyTest do
     assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
   end
 
+  test "calls are answered while the source's connect/1 waits on a server that does not answer",
+       ctx do
+    path = Path.join(ctx.dir, "held.snap")
+    produce(ctx.log, for(k <- 1..20, do: {:put, k, k}))
+    Log.hold_connect(ctx.log)
+    replica = start!(opts(ctx, snapshot: path))
+
+    # dump/1 is a call of the replica's process: answered, not held.
+    task = Task.async(fn -> Replica.dump(replica) end)
+    assert {:ok, {:ok, %{}}} = Task.yield(task, 10_000) || Task.shutdown(task)
+
+    Log.release_connect(ctx.log)
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+    assert :ok = Replica.drop(replica)
+  end
+
   test "every partition converges to the model under a producer, with an arity-2 apply " <>
          "too, and a restart from a snapshot applies nothing twice",
        ctx do
