@@ -344,7 +344,6 @@ defmodule Larder.Replica.Server do
       Process.exit(state.reader, :kill)
     end
 
-    if state.conn, do: state.source.close(state.conn)
     # (its connection, if any, goes with it)
     with {:connecting, pid} <- state.retry, do: Process.exit(pid, :kill)
 
@@ -353,6 +352,8 @@ defmodule Larder.Replica.Server do
     if state.snapshot && clean?(reason), do: write_snapshot(state)
     release_path(state)
     Larder.Instance.release(Larder.Replica, state.name, state.handle, self())
+    # Last: the snapshot does not wait for the source's close.
+    if state.conn, do: state.source.close(state.conn)
     :ok
   end
 

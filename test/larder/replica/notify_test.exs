@@ -16,7 +16,7 @@ defmodule Larder.Replica.NotifyTest do
   @partitions 4
 
   setup ctx do
-    token = Base.encode16(:rand.bytes(8), case: :lower)
+    token = Base.encode16(:crypto.strong_rand_bytes(8), case: :lower)
     dir = Path.join(System.tmp_dir!(), "larder-notify-#{token}")
     File.mkdir_p!(dir)
     on_exit(fn -> File.rm_rf(dir) end)
