@@ -46,7 +46,8 @@ defmodule Larder.Replica do
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the
-      replica writes the previous one): returns what to do,
+      replica writes the previous one), or, for a source read in the
+      replica's own process (see Concurrency), there: returns what to do,
       one op or a list of them, which the replica writes in runs (the
       inserts between two deletes as one `Larder.Table.insert_many/2` or
       `Larder.Bag.insert_many/2`). For a Table: `{:insert, record}` (the
@@ -150,7 +151,13 @@ defmodule Larder.Replica do
 
   The reader (a process linked to the replica's) reads the next batch, and
   runs an arity-1 `:apply` over it, while the replica writes the previous
-  one; at most one more batch waits in the replica's mailbox. The
+  one; at most one more batch waits in the replica's mailbox. A source
+  that reads ahead in threads of its own and implements
+  `c:Larder.Replica.Source.notify/2` (`Larder.Replica.Kafka`) has no
+  reader process: the replica reads each batch itself with no wait (no
+  copy of the batch between processes), answers the calls that came in
+  between two batches, and once caught up waits for the source's notice
+  (and reads at least every `:block_ms`). The
   offset moves only after a whole batch is applied (or, on a stop, to the
   position after the last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table

@@ -103,6 +103,15 @@ defmodule Larder.Kafka.Native do
     with_handle(consumer, :consumer, fn -> nif_consumer_assign(consumer, topic, offsets) end)
   end
 
+  def consumer_notify(consumer, pid) do
+    check_handle!(consumer, :consumer)
+
+    unless is_pid(pid) and node(pid) == node(),
+      do: raise(ArgumentError, "pid must be a local pid, got: #{inspect(pid)}")
+
+    with_handle(consumer, :consumer, fn -> nif_consumer_notify(consumer, pid) end)
+  end
+
   def consumer_poll(consumer, max, block_ms, max_record_bytes) do
     check_handle!(consumer, :consumer)
     check_int!(max, :max, 1, @max_poll)
@@ -300,6 +309,7 @@ defmodule Larder.Kafka.Native do
   defp nif_consumer_watermarks(_c, _topic, _p, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_assign(_c, _topic, _offsets), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_poll(_c, _max, _block, _cap), do: :erlang.nif_error(:not_loaded)
+  defp nif_consumer_notify(_c, _pid), do: :erlang.nif_error(:not_loaded)
   defp nif_producer_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_producer_close(_p), do: :erlang.nif_error(:not_loaded)
   defp nif_produce(_p, _topic, _part, _key, _value, _headers), do: :erlang.nif_error(:not_loaded)

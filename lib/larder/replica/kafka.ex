@@ -142,14 +142,20 @@ defmodule Larder.Replica.Kafka do
 
   ## Performance
 
-  A read is one call into the NIF on a dirty I/O scheduler that takes up
-  to `batch_size` records from librdkafka's prefetch queue in one batch
-  and builds the entries there; librdkafka fetches from every broker in
-  its own threads meanwhile. Copying a record into its entry costs about
-  as much as decoding it with a simple apply function; in a catch-up the
-  replica's apply and writes are most of the time (the NIF and
-  librdkafka's threads took under a tenth of the CPU of a catch-up into
-  an indexed Table). `mix run bench/replica_kafka_bench.exs` measures the
+  The replica reads this source in its own process (the source
+  implements `c:Larder.Replica.Source.notify/2`): a read is one call into
+  the NIF on a dirty I/O scheduler that takes, with no wait, up to
+  `batch_size` records from librdkafka's prefetch queue and builds the
+  entries there, so no batch is copied between processes; librdkafka
+  fetches from every broker in its own threads meanwhile. Once a read
+  comes back empty, librdkafka's queue callback wakes the replica (the
+  message `:larder_source_ready`, sent by a thread of the NIF's) when the
+  next record, end of partition or error arrives: the lag from a record's
+  arrival is one message and one batch's apply, with no polling while
+  idle. In a catch-up the replica's apply and writes are most of the time
+  (the NIF and librdkafka's threads took under a tenth of the CPU of a
+  catch-up into an indexed Table), and they run one after the other in
+  the replica's process. `mix run bench/replica_kafka_bench.exs` measures the
   catch-up from zero of the 487,200-price catalogue from 8 partitions
   against `Larder.Table.insert_many/2` of the same records.
   """
@@ -447,6 +453,19 @@ defmodule Larder.Replica.Kafka do
   def close(%{consumer: consumer}) do
     Native.consumer_close(consumer)
     :ok
+  end
+
+  # librdkafka prefetches in its own threads: the replica reads in its own
+  # process, with no wait, and is told when the consumer queue gets
+  # something (a record, an end of partition, an error) after a read found
+  # it empty.
+  @impl true
+  def notify(conn, pid) do
+    case Native.consumer_notify(conn.consumer, pid) do
+      :armed -> {:armed, conn}
+      :ready -> {:ready, conn}
+      {:error, reason} -> {:error, error(reason, "asking for a notice"), %{conn | expected: nil}}
+    end
   end
 
   @impl true

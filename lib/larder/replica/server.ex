@@ -1,6 +1,10 @@
 # The process of a replica: it owns the Table or Bag, applies the batches its
 # reader hands over (the only writer of the structure), moves the offset
-# after each, answers await calls, and writes the snapshots. Its offset,
+# after each, answers await calls, and writes the snapshots. A source that
+# can notify (a client that prefetches in threads of its own: Kafka) is
+# read by this process itself, with no wait and no reader process, so a
+# batch is never copied between processes; it tells this process when
+# there is something to read once a read comes back empty. Its offset,
 # epoch and structure are also kept in a row that callers read without a
 # call (an arity-2 apply runs in this process and can keep it busy).
 defmodule Larder.Replica.Server do
@@ -56,13 +60,21 @@ defmodule Larder.Replica.Server do
     :on_error,
     :telemetry,
     :reader,
+    # Reading in this process (a source with notify/2): the connection,
+    # the pending fallback read timer, the retry (nil, a timer, or
+    # {:connecting, pid} while a process connects), the retry wait.
+    :conn,
+    :read_timer,
+    :retry,
     :offset,
     :snapshot_offset,
     :timer,
     :handle,
     :path_lock,
     epoch: 0,
-    waiters: []
+    waiters: [],
+    wait: 100,
+    failing: false
   ]
 
   # How long drop/1 waits for the replica to take its request (it does
@@ -71,6 +83,11 @@ defmodule Larder.Replica.Server do
   # lets a replica that took it write its last snapshot.
   @drop_wait_ms 5_000
   @stop_wait_ms 30_000
+
+  # Reading in this process: the waits between two connections after a
+  # source error, as the reader's.
+  @min_wait_ms 100
+  @max_wait_ms 2_000
 
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
@@ -134,18 +151,7 @@ defmodule Larder.Replica.Server do
     with {:ok, state} <- claim_path(state),
          {:ok, target, offset} <- safe_start_target(state) do
       state = publish(%{state | target: target, offset: offset, snapshot_offset: offset})
-
-      reader =
-        Reader.start_link(
-          source,
-          source_opts,
-          offset,
-          state.batch_size,
-          state.block_ms,
-          prepare(state)
-        )
-
-      {:ok, schedule(%{state | reader: reader})}
+      {:ok, schedule(start_reading(state))}
     else
       {:error, error, state} ->
         release_path(state)
@@ -267,71 +273,30 @@ defmodule Larder.Replica.Server do
 
   @impl true
   def handle_info({:replica_batch, reader, entries, position_after}, %{reader: reader} = state) do
-    started = System.monotonic_time()
-
-    case apply_batch(state, entries, position_after) do
-      {:ok, offset, applied, rejected} ->
-        send(reader, :replica_ack)
-
-        execute(
-          state,
-          [:batch],
-          %{
-            count: applied,
-            rejected: rejected,
-            duration: System.monotonic_time() - started
-          },
-          %{offset: offset}
-        )
-
-        {:noreply, advance(state, offset)}
-
-      {:stop, error, offset} ->
-        state = advance(state, offset)
-        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
-        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
-    end
+    applied(state, entries, position_after, is_function(state.apply, 1))
   end
 
-  def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state) do
-    execute(state, [:trimmed], %{count: 1}, %{
-      offset: state.offset,
-      resume_after: resume,
-      action: state.on_trimmed
-    })
-
-    case state.on_trimmed do
-      :stop ->
-        error =
-          Larder.Error.new(
-            :offset_trimmed,
-            "the log lost entries after the replica's offset (what is left starts at " <>
-              "#{inspect(resume)}); on_trimmed: :rebuild rebuilds from what is left",
-            offset: state.offset,
-            trimmed_to: resume,
-            log: state.identity.log
-          )
-
-        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
-        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
-
-      :rebuild ->
-        Logger.warning(
-          "Larder.Replica #{inspect(state.name)}: the log lost entries after " <>
-            "#{inspect(state.offset)}; rebuilding from what is left, from #{inspect(resume)}"
-        )
-
-        Target.drop(state.spec, state.target)
-        target = Target.new(state.spec)
-        send(reader, {:replica_resume, resume})
-        {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume)}
-    end
-  end
+  def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state),
+    do: trimmed(state, resume)
 
   def handle_info({:replica_source_error, reader, error}, %{reader: reader} = state) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
     {:noreply, state}
   end
+
+  # Reading in this process: the next batch (after one applied), the
+  # source's notice that there is something to read, the fallback read
+  # while waiting, the connection again after an error.
+  def handle_info(:replica_read, %{reader: nil} = state), do: read(state)
+  def handle_info(:larder_source_ready, %{reader: nil} = state), do: read(state)
+
+  def handle_info(:replica_read_timer, %{reader: nil} = state),
+    do: read(%{state | read_timer: nil})
+
+  def handle_info(:replica_retry, %{reader: nil} = state), do: read(%{state | retry: nil})
+
+  def handle_info({:replica_connected, pid, result}, %{retry: {:connecting, pid}} = state),
+    do: read_result(%{state | retry: nil}, result)
 
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
@@ -362,7 +327,7 @@ defmodule Larder.Replica.Server do
     {:noreply, schedule(state)}
   end
 
-  def handle_info({:EXIT, reader, reason}, %{reader: reader} = state) do
+  def handle_info({:EXIT, reader, reason}, %{reader: reader} = state) when is_pid(reader) do
     {:stop, reason, %{state | snapshot: nil}}
   end
 
@@ -374,14 +339,21 @@ defmodule Larder.Replica.Server do
 
   @impl true
   def terminate(reason, state) do
-    Process.unlink(state.reader)
-    Process.exit(state.reader, :kill)
+    if state.reader do
+      Process.unlink(state.reader)
+      Process.exit(state.reader, :kill)
+    end
+
+    # (its connection, if any, goes with it)
+    with {:connecting, pid} <- state.retry, do: Process.exit(pid, :kill)
 
     # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
     # last snapshot; a crash does not (the structure may be mid-entry).
     if state.snapshot && clean?(reason), do: write_snapshot(state)
     release_path(state)
     Larder.Instance.release(Larder.Replica, state.name, state.handle, self())
+    # Last: the snapshot does not wait for the source's close.
+    if state.conn, do: state.source.close(state.conn)
     :ok
   end
 
@@ -389,6 +361,209 @@ defmodule Larder.Replica.Server do
   defp clean?(:shutdown), do: true
   defp clean?({:shutdown, reason}), do: not is_exception(reason)
   defp clean?(_), do: false
+
+  ## Reading
+
+  # A source that notifies is read here; any other by a reader process
+  # (which blocks in read/4 up to :block_ms).
+  defp start_reading(state) do
+    if Code.ensure_loaded?(state.source) and function_exported?(state.source, :notify, 2) do
+      send(self(), :replica_read)
+      state
+    else
+      reader =
+        Reader.start_link(
+          state.source,
+          state.source_opts,
+          state.offset,
+          state.batch_size,
+          state.block_ms,
+          prepare(state)
+        )
+
+      %{state | reader: reader}
+    end
+  end
+
+  # One read with no wait, then: the batch applied and the next read
+  # queued behind whatever calls came meanwhile; or, when nothing came,
+  # the source asked for a notice (and a read after :block_ms at the
+  # latest, which keeps a source's periodic checks going when idle).
+  # While a retry or a connection is pending, notices wait for it.
+  defp read(%{retry: nil, conn: nil} = state), do: {:noreply, connect(state)}
+
+  defp read(%{retry: nil} = state),
+    do: read_result(state, state.source.read(state.conn, state.offset, state.batch_size, 0))
+
+  defp read(state), do: {:noreply, state}
+
+  # The connection and its first read (where a source looks the log up:
+  # Kafka's metadata, watermarks and assignment, the calls that wait on a
+  # broker that does not answer, up to its :timeout) run in a process of
+  # their own, linked, so the replica answers calls meanwhile. It hands
+  # over the connection and that first batch.
+  defp connect(state) do
+    %{source: source, source_opts: opts, offset: offset, batch_size: count} = state
+    server = self()
+
+    pid =
+      spawn_link(fn ->
+        result =
+          case source.connect(opts) do
+            {:ok, conn} -> source.read(conn, offset, count, 0)
+            {:error, error} -> {:error, error, nil}
+          end
+
+        send(server, {:replica_connected, self(), result})
+      end)
+
+    %{state | retry: {:connecting, pid}}
+  end
+
+  defp read_result(state, result) do
+    offset = state.offset
+
+    case result do
+      {:ok, [], ^offset, conn} ->
+        await_entries(recovered(%{state | conn: conn}))
+
+      {:ok, [], position_after, conn} ->
+        await_entries(advance(recovered(%{state | conn: conn}), position_after))
+
+      {:ok, entries, position_after, conn} ->
+        send(self(), :replica_read)
+        applied(recovered(%{state | conn: conn}), entries, position_after, false)
+
+      {:trimmed, resume, conn} ->
+        send(self(), :replica_read)
+        trimmed(%{state | conn: conn}, resume)
+
+      {:error, error, conn} ->
+        if conn, do: state.source.close(conn)
+        read_failed(%{state | conn: nil}, error)
+    end
+  end
+
+  defp await_entries(state) do
+    case state.source.notify(state.conn, self()) do
+      {:armed, conn} ->
+        timer =
+          state.read_timer ||
+            Process.send_after(self(), :replica_read_timer, state.block_ms)
+
+        {:noreply, %{state | conn: conn, read_timer: timer}}
+
+      {:ready, conn} ->
+        send(self(), :replica_read)
+        {:noreply, %{state | conn: conn}}
+
+      {:error, error, conn} ->
+        state.source.close(conn)
+        read_failed(%{state | conn: nil}, error)
+    end
+  end
+
+  # As the reader does: reported, one warning per outage, a retry after
+  # 100 ms doubling to 2 s; a batch too large for the source's reply bound
+  # is read in halves.
+  defp read_failed(state, error) do
+    execute(state, [:source, :error], %{count: 1}, %{error: error})
+
+    state =
+      case error do
+        %Larder.Error{reason: :source_bad_reply, details: %{max_reply_bytes: _}}
+        when state.batch_size > 1 ->
+          %{state | batch_size: div(state.batch_size, 2)}
+
+        _ ->
+          state
+      end
+
+    unless state.failing do
+      Logger.warning(
+        "Larder.Replica #{inspect(state.name)}: the source failed " <>
+          "(#{Exception.message(error)}); retrying every #{state.wait}..#{@max_wait_ms} ms " <>
+          "from #{inspect(state.offset)}"
+      )
+    end
+
+    retry = Process.send_after(self(), :replica_retry, state.wait)
+
+    {:noreply, %{state | retry: retry, wait: min(state.wait * 2, @max_wait_ms), failing: true}}
+  end
+
+  defp recovered(%{failing: true} = state) do
+    Logger.info("Larder.Replica #{inspect(state.name)}: the source answers again")
+    %{state | failing: false, wait: @min_wait_ms}
+  end
+
+  defp recovered(state), do: state
+
+  ## Batches
+
+  # `prepared`: an arity-1 apply already ran over the entries (in the
+  # reader process). A reader gets an ack for each batch it sent.
+  defp applied(state, entries, position_after, prepared) do
+    started = System.monotonic_time()
+
+    case apply_batch(state, entries, position_after, prepared) do
+      {:ok, offset, applied, rejected} ->
+        if state.reader, do: send(state.reader, :replica_ack)
+
+        execute(
+          state,
+          [:batch],
+          %{
+            count: applied,
+            rejected: rejected,
+            duration: System.monotonic_time() - started
+          },
+          %{offset: offset}
+        )
+
+        {:noreply, advance(state, offset)}
+
+      {:stop, error, offset} ->
+        state = advance(state, offset)
+        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
+        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
+    end
+  end
+
+  defp trimmed(state, resume) do
+    execute(state, [:trimmed], %{count: 1}, %{
+      offset: state.offset,
+      resume_after: resume,
+      action: state.on_trimmed
+    })
+
+    case state.on_trimmed do
+      :stop ->
+        error =
+          Larder.Error.new(
+            :offset_trimmed,
+            "the log lost entries after the replica's offset (what is left starts at " <>
+              "#{inspect(resume)}); on_trimmed: :rebuild rebuilds from what is left",
+            offset: state.offset,
+            trimmed_to: resume,
+            log: state.identity.log
+          )
+
+        Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
+        {:stop, {:shutdown, error}, %{state | snapshot: nil}}
+
+      :rebuild ->
+        Logger.warning(
+          "Larder.Replica #{inspect(state.name)}: the log lost entries after " <>
+            "#{inspect(state.offset)}; rebuilding from what is left, from #{inspect(resume)}"
+        )
+
+        Target.drop(state.spec, state.target)
+        target = Target.new(state.spec)
+        if state.reader, do: send(state.reader, {:replica_resume, resume})
+        {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume)}
+    end
+  end
 
   ## Applying
 
@@ -404,9 +579,18 @@ defmodule Larder.Replica.Server do
   #
   # An arity-1 function is called by the reader, on the batch it has just
   # read (in parallel with the batch this process applies): the entries
-  # come as {id, result of run_apply/2}. An arity-2 one is called here.
-  defp apply_batch(state, entries, position_after) do
-    ctx = %{state: state, pending: [], done: state.offset, applied: 0, rejected: 0}
+  # come `prepared`, as {id, result of run_apply/2}. Otherwise (an
+  # arity-2 function, or a source read in this process) it is called here.
+  defp apply_batch(state, entries, position_after, prepared) do
+    ctx = %{
+      state: state,
+      prepared: prepared,
+      pending: [],
+      done: state.offset,
+      applied: 0,
+      rejected: 0
+    }
+
     pure = is_function(state.apply, 1)
 
     result =
@@ -430,7 +614,7 @@ defmodule Larder.Replica.Server do
   end
 
   defp apply_entry(ctx, id, fields) do
-    result = if is_function(ctx.state.apply, 1), do: fields, else: run_apply(ctx.state, fields)
+    result = if ctx.prepared, do: fields, else: run_apply(ctx.state, fields)
 
     case result do
       :ok ->

@@ -10,9 +10,14 @@ defmodule Larder.Replica.Source do
 
   A source is given to the replica as `{module, options}`. The replica
   calls `validate!/1` when it is configured (so bad options raise
-  `ArgumentError` in the caller of `Larder.Replica.start_link/1`), then,
-  in its reader process, `connect/1`, `read/4` in a loop and `close/1`.
-  `latest/2` runs in the caller of `Larder.Replica.await/3`.
+  `ArgumentError` in the caller of `Larder.Replica.start_link/1`), then
+  `connect/1`, `read/4` in a loop and `close/1`: in a reader process of
+  its own, which blocks in `read/4` up to `:block_ms` and hands each batch
+  to the replica's process; or, for a source that implements the optional
+  `notify/2` (a client that reads ahead in threads of its own, such as
+  librdkafka), in the replica's process itself, with `block_ms` 0 and no
+  copy of the batch between processes. `latest/2` runs in the caller of
+  `Larder.Replica.await/3`.
 
   ## The contract
 
@@ -51,6 +56,15 @@ defmodule Larder.Replica.Source do
       log held when `latest/2` was called. A position that this one has
       not reached (`reached?(latest, position)` is false) means the log
       went backwards, below what the replica applied.
+    * `notify(conn, pid)` (optional) is called when a read returned no
+      entries: `{:armed, conn}` means the source sends `pid` the message
+      `:larder_source_ready` once, when something may be read (a later
+      read may still find nothing: an end of partition, a spurious
+      notice); `{:ready, conn}` means there is something to read now. The
+      replica also reads every `:block_ms` while it waits, so a source's
+      periodic checks in `read/4` go on when the log is idle. An error is
+      `{:error, %Larder.Error{}, conn}`, handled as a read's. It must not
+      block: it is called in the replica's process.
     * `identity/1` names the log (a stream's name, a topic): it is stored
       in the replica's snapshots, and a snapshot of another log is
       refused.
@@ -110,4 +124,14 @@ defmodule Larder.Replica.Source do
 
   @doc "Closes a connection. Must not raise."
   @callback close(conn()) :: :ok
+
+  @doc """
+  Asks for the message `:larder_source_ready` to `pid` once something can
+  be read (see "The contract"). Optional: a source that implements it is
+  read in the replica's own process. Must not raise nor block.
+  """
+  @callback notify(conn(), pid()) ::
+              {:armed, conn()} | {:ready, conn()} | {:error, Larder.Error.t(), conn()}
+
+  @optional_callbacks notify: 2
 end

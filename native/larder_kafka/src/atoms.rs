@@ -13,4 +13,6 @@ rustler::atoms! {
     unknown_topic,
     partitions,
     topic_id,
+    ready,
+    armed,
 }

@@ -17,11 +17,12 @@ use crate::atoms;
 use crate::config;
 use crate::error::NifError;
 use crate::guard::{self, lock};
+use crate::wake::{self, Waker};
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
-use rustler::{Binary, Encoder, Env, NewBinary, ResourceArc, Term};
+use rustler::{Binary, Encoder, Env, LocalPid, NewBinary, ResourceArc, Term};
 use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::os::raw::c_void;
@@ -77,6 +78,23 @@ struct State {
     topic: Option<String>,
     positions: BTreeMap<i32, i64>,
     pending: Option<NifError>,
+    /// Made by the first `consumer_notify/2`; dropped last, after the
+    /// queue's callback is removed (State::drop).
+    waker: Option<Waker>,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if self.waker.is_some() {
+            // SAFETY: the queue is live (dropped after this); removing the
+            // callback takes the queue's lock, which the callback runs
+            // under, so no call of it is under way once this returns and
+            // the waker it points to can go.
+            unsafe {
+                rdsys::rd_kafka_queue_cb_event_enable(self.queue.0, None, std::ptr::null_mut())
+            }
+        }
+    }
 }
 
 /// Our reference to librdkafka's consumer queue.
@@ -147,6 +165,7 @@ fn nif_consumer_open<'a>(env: Env<'a>, config: Term<'a>) -> Term<'a> {
             topic: None,
             positions: BTreeMap::new(),
             pending: None,
+            waker: None,
         };
         let resource = ResourceArc::new(Consumer {
             state: Mutex::new(Some(state)),
@@ -365,6 +384,56 @@ fn nif_consumer_poll<'a>(
         let result = poll(env, state, max, block, cap);
         drain_logs(&state.log_queue, &consumer.logs);
         result
+    })
+}
+
+/// `:armed`: `pid` gets the message `:larder_source_ready` once when
+/// something (a record, an end of partition, an error) is put into the
+/// consumer queue, which is empty now; or `:ready`: the queue is not empty
+/// (or a poll is under way), read now. One message per call: a reader
+/// polls with no wait until a poll comes back short, then calls this.
+/// Never waits on a poll (it takes the resource's lock only if free): a
+/// normal scheduler.
+#[rustler::nif]
+fn nif_consumer_notify<'a>(
+    env: Env<'a>,
+    consumer: ResourceArc<Consumer>,
+    pid: LocalPid,
+) -> Term<'a> {
+    guard::run(env, || {
+        let mut guard = match consumer.state.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(atoms::ready().encode(env)),
+        };
+        let state = guard.as_mut().ok_or_else(NifError::closed)?;
+        if state.waker.is_none() {
+            let waker = Waker::start()
+                .ok_or_else(|| NifError::ours(atoms::config, "cannot start a thread"))?;
+            // SAFETY: the queue is live; the opaque points to the waker's
+            // shared flags, which live until the waker drops, after the
+            // callback is removed (State::drop).
+            unsafe {
+                rdsys::rd_kafka_queue_cb_event_enable(
+                    state.queue.0,
+                    Some(wake::on_event),
+                    waker.opaque(),
+                )
+            };
+            state.waker = Some(waker);
+        }
+        let Some(waker) = state.waker.as_ref() else {
+            return Ok(atoms::ready().encode(env));
+        };
+        waker.arm(pid);
+        // Armed before looking: an op put in after this look fires the
+        // callback; one put in before it is seen here.
+        // SAFETY: the queue is live (owned by the state held here).
+        if unsafe { rdsys::rd_kafka_queue_length(state.queue.0) } > 0 {
+            waker.disarm();
+            return Ok(atoms::ready().encode(env));
+        }
+        Ok(atoms::armed().encode(env))
     })
 }
 

@@ -14,5 +14,6 @@ mod consumer;
 mod error;
 mod guard;
 mod producer;
+mod wake;
 
 rustler::init!("Elixir.Larder.Kafka.Native");

@@ -154,6 +154,37 @@ defmodule Larder.Kafka.NativeTest do
              Native.consumer_metadata(consumer, "no-such-topic-#{ctx.topic}", 5_000)
   end
 
+  test "notify: one :larder_source_ready once a record comes into the empty queue, " <>
+         ":ready when it is not empty",
+       ctx do
+    topic = create!(ctx, 2)
+    producer = producer!(ctx)
+    consumer = consumer!(ctx)
+    :ok = Native.consumer_assign(consumer, topic, [{0, 0}, {1, 0}])
+    # Both partitions' end events, then an empty queue.
+    assert poll_until_positions(consumer, %{0 => 0, 1 => 0}) == %{0 => 0, 1 => 0}
+    {:ok, [], _, []} = Native.consumer_poll(consumer, 1_000, 0, 1_048_576)
+
+    assert Native.consumer_notify(consumer, self()) == :armed
+    refute_receive :larder_source_ready, 200
+
+    :ok = Native.produce_batch(producer, topic, [{1, "k", "v", []}])
+    {:ok, _} = Native.producer_flush(producer, @timeout)
+    assert_receive :larder_source_ready, @timeout
+    # One notice per arm.
+    refute_receive :larder_source_ready, 200
+
+    # Not read yet: the queue holds the record, so no wait.
+    assert Native.consumer_notify(consumer, self()) == :ready
+    {entries, _} = poll_n(consumer, 1)
+    assert [{{1, 0}, %{"value" => "v"}}] = entries
+
+    # A closed consumer is an error value; a remote-looking pid an ArgumentError.
+    :ok = Native.consumer_close(consumer)
+    assert {:error, {:closed, _}} = Native.consumer_notify(consumer, self())
+    assert_raise ArgumentError, ~r/pid/, fn -> Native.consumer_notify(consumer, :me) end
+  end
+
   test "an offset out of range is reported with its partition", ctx do
     topic = create!(ctx, 2)
     producer = producer!(ctx)

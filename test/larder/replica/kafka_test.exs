@@ -32,8 +32,11 @@ defmodule Larder.Replica.KafkaTest do
 
   setup ctx do
     # Random, not unique_integer/1: that is unique in this VM only, and other
-    # VMs on the machine run these tests too.
-    token = Base.encode16(:rand.bytes(8), case: :lower)
+    # VMs on the machine run these tests too. Not :rand either: ExUnit seeds
+    # it alike in every test, so every test had the same directory, and a
+    # replica of a finished test, stopping as its test process exits, could
+    # write its last snapshot into the next test's.
+    token = Base.encode16(:crypto.strong_rand_bytes(8), case: :lower)
     dir = Path.join(System.tmp_dir!(), "larder-kafka-replica-#{token}")
 
     File.mkdir_p!(dir)

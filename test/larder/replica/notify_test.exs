@@ -1,0 +1,160 @@
+defmodule Larder.Replica.NotifyTest do
+  # The Source contract's optional notify/2: a source that implements it
+  # (a client that reads ahead in threads of its own, as librdkafka) is read
+  # in the replica's own process with no wait, so no batch is copied from a
+  # reader process, and the replica waits for the source's notice instead
+  # of blocking in read/4. On an in-memory log of several partitions
+  # (Larder.Test.NotifyingSource, Larder.Test.PartitionedSource's shapes).
+  use ExUnit.Case, async: true
+
+  alias Larder.Replica
+  alias Larder.Test.NotifyingSource, as: Log
+  alias Larder.Test.ReplicaLog
+
+  @moduletag :capture_log
+
+  @partitions 4
+
+  setup ctx do
+    token = Base.encode16(:crypto.strong_rand_bytes(8), case: :lower)
+    dir = Path.join(System.tmp_dir!(), "larder-notify-#{token}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf(dir) end)
+    %{dir: dir, log: Log.new(@partitions), test_name: ctx.test}
+  end
+
+  defp name(ctx, what), do: :"#{ctx.test_name} #{what}"
+
+  defp opts(ctx, extra) do
+    Keyword.merge(
+      [
+        name: name(ctx, "r"),
+        into: {Larder.Table, name: name(ctx, "t"), key: :id, index: [:v]},
+        source: {Log, table: ctx.log},
+        apply: &ReplicaLog.apply_entry/1,
+        batch_size: 7,
+        block_ms: 60_000
+      ],
+      extra
+    )
+  end
+
+  defp start!(opts) do
+    {:ok, pid} = Replica.start_link(opts)
+    pid
+  end
+
+  defp produce(log, ops) do
+    for op <- ops do
+      key = elem(op, 1)
+
+      fields =
+        op |> ReplicaLog.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
+
+      Log.append(log, rem(key, @partitions), fields)
+    end
+  end
+
+  defp model(log) do
+    Enum.reduce(Log.entries(log), %{}, fn {_id, fields}, acc ->
+      case fields do
+        %{"op" => "put", "k" => k, "v" => v} -> Map.put(acc, int(k), int(v))
+        %{"op" => "del", "k" => k} -> Map.delete(acc, int(k))
+        %{"op" => "incr", "k" => k, "n" => n} -> Map.update(acc, int(k), int(n), &(&1 + int(n)))
+      end
+    end)
+  end
+
+  defp int(s), do: String.to_integer(s)
+
+  defp ends(log) do
+    {:ok, latest} = Log.latest([table: log], 0)
+    latest
+  end
+
+  test "the replica reads in its own process with no wait, and a waiting replica " <>
+         "reads again only on the source's notice",
+       ctx do
+    produce(ctx.log, for(k <- 1..50, do: {:put, k, k}))
+    replica = start!(opts(ctx, []))
+    assert Replica.await(replica, :latest, 30_000) == :ok
+
+    {_reads, reader, block_ms} = Log.reads(ctx.log)
+    assert reader == replica
+    assert block_ms == 0
+
+    # Caught up and waiting: no reads without a notice (no polling loop;
+    # the fallback read comes after block_ms, 60 s here).
+    {before, _, _} = Log.reads(ctx.log)
+    Process.sleep(300)
+    {idle, _, _} = Log.reads(ctx.log)
+    assert idle - before <= 1
+
+    # A notice wakes it well before block_ms; calls are answered meanwhile.
+    assert %{} = Replica.offset(replica)
+    produce(ctx.log, [{:put, 7, 700}, {:del, 9}])
+    assert Replica.await(replica, ends(ctx.log), 10_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+  end
+
+  test "calls are answered while the source's connect/1 waits on a server that does not answer",
+       ctx do
+    path = Path.join(ctx.dir, "held.snap")
+    produce(ctx.log, for(k <- 1..20, do: {:put, k, k}))
+    Log.hold_connect(ctx.log)
+    replica = start!(opts(ctx, snapshot: path))
+
+    # dump/1 is a call of the replica's process: answered, not held.
+    task = Task.async(fn -> Replica.dump(replica) end)
+    assert {:ok, {:ok, %{}}} = Task.yield(task, 10_000) || Task.shutdown(task)
+
+    Log.release_connect(ctx.log)
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+    assert :ok = Replica.drop(replica)
+  end
+
+  test "every partition converges to the model under a producer, with an arity-2 apply " <>
+         "too, and a restart from a snapshot applies nothing twice",
+       ctx do
+    path = Path.join(ctx.dir, "r.snap")
+    opts = opts(ctx, snapshot: path, apply: &ReplicaLog.apply_entry/2)
+    replica = start!(opts)
+
+    producer =
+      Task.async(fn ->
+        for _ <- 1..20 do
+          produce(ctx.log, for(_ <- 1..15, do: {:incr, :rand.uniform(30), :rand.uniform(9)}))
+          Process.sleep(5)
+        end
+      end)
+
+    Task.await(producer, 30_000)
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+    assert {:ok, _position} = Replica.dump(replica)
+    :ok = Replica.drop(replica)
+
+    produce(ctx.log, for(_ <- 1..100, do: {:incr, :rand.uniform(30), :rand.uniform(9)}))
+    replica = start!(opts)
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+    assert Replica.offset(replica) == ends(ctx.log)
+  end
+
+  test "a partition trimmed past the position is rebuilt with on_trimmed: :rebuild", ctx do
+    path = Path.join(ctx.dir, "trim.snap")
+    produce(ctx.log, for(k <- 1..40, do: {:put, k, k}))
+    replica = start!(opts(ctx, snapshot: path))
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    :ok = Replica.drop(replica)
+
+    produce(ctx.log, for(k <- [1, 5, 9], do: {:put, k, 100}))
+    Larder.Test.PartitionedSource.trim(ctx.log, 1, ends(ctx.log)[1] - 1)
+
+    replica = start!(opts(ctx, snapshot: path, on_trimmed: :rebuild))
+    assert Replica.await(replica, :latest, 30_000) == :ok
+    assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
+    assert Replica.offset(replica) == ends(ctx.log)
+  end
+end
