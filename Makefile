@@ -2,7 +2,7 @@
 # Both install what a fresh machine lacks first (scripts/setup, idempotent).
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-BENCHES := $(sort $(wildcard bench/*_bench.exs))
+BENCHES := $(sort $(wildcard bench/*_bench.exs)) examples/session_registry/sessions_bench.exs
 BENCH_ARGS ?=
 
 .PHONY: setup demo test bench bench-quick bench-http bench-startup serve check format release-check report

@@ -12,9 +12,15 @@ defmodule Larder.MixProject do
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
       elixirc_paths: elixirc_paths(Mix.env()),
+      # The session registry example's test lives beside it (it has no Mix
+      # project of its own); `mix test` runs it with the library's.
+      test_paths: ["test", "examples/session_registry"],
       # The Rust NIF is built first, so Larder.Native can load it.
       compilers: [:larder_native | Mix.compilers()],
       deps: [],
+      # bench/support/kafka_load.ex encodes prices with the price search
+      # example's PriceSearch.PriceStream, which its callers load.
+      xref: [exclude: [PriceSearch.PriceStream]],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
       docs: [main: "Larder"]
@@ -34,6 +40,19 @@ defmodule Larder.MixProject do
   defp extra_applications(:test), do: [:proper]
   defp extra_applications(_), do: []
 
-  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  # test/support is the one support folder, compiled here rather than loaded
+  # from one tree by another. The tests get all of it, and the benchmark
+  # harness and report they test. The benchmarks and the demo (`mix run`, in
+  # :dev) get the harness and, of test/support, the servers they start and
+  # the free port: not ExUnit's case templates, nor the :telemetry stand-in,
+  # which would turn telemetry events on in every benchmark. A dependency's
+  # build (:prod) is the library alone.
+  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel kafka_broker)
+
+  defp elixirc_paths(:test), do: ["lib", "test/support", "bench/support", "bench/report"]
+
+  defp elixirc_paths(:dev),
+    do: ["lib", "bench/support"] ++ Enum.map(@shared_support, &"test/support/#{&1}.ex")
+
   defp elixirc_paths(_), do: ["lib"]
 end

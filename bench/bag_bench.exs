@@ -4,7 +4,6 @@
 #
 # --quick scales every workload down 5x (200k rows over 2k keys keeps the
 # ~100 values per key of the full 1M over 10k) and takes fewer runs.
-Code.require_file("support/bench.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Bag

@@ -6,8 +6,6 @@
 #
 # Full size: 1M rows over 10k keys (~100 values a key); --quick: 200k rows
 # over 2k keys. Runs are interleaved across columns (Bench.interleave/2).
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("support/bag_designs.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Bench.BagDesigns

@@ -17,9 +17,6 @@
 #
 # Starts its own redis-server on a free loopback port (skips the Redis
 # workloads, saying so, if none is installed).
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("support/cache.ex", __DIR__)
-Code.require_file("../test/support/redis_server.ex", __DIR__)
 
 defmodule Larder.CacheBench do
   alias Larder.Bench

@@ -38,10 +38,6 @@
 #
 # Starts its own redis-server, Sentinel sets and cluster on free loopback
 # ports (and says so and does nothing if none is installed).
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../test/support/redis_server.ex", __DIR__)
-Code.require_file("../test/support/redis_cluster.ex", __DIR__)
-Code.require_file("../test/support/redis_sentinel.ex", __DIR__)
 
 defmodule Larder.CacheTopologyBench do
   alias Larder.Bench

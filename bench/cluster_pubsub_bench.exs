@@ -11,9 +11,6 @@
 # reaches only that shard (its master and replicas), so every cache node
 # subscribes (SSUBSCRIBE) there. "bus bytes" is what the publish costs the
 # cluster bus per message (cluster_stats_messages_publish_sent, summed).
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../test/support/redis_server.ex", __DIR__)
-Code.require_file("../test/support/redis_cluster.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Cache.Redis.Cluster

@@ -4,7 +4,6 @@
 # expected price computed by a plain filter over the loaded catalogue.
 #
 #   mix run bench/index_bench.exs [--quick] [--json PATH]
-Code.require_file("support/bench.ex", __DIR__)
 # The catalogue code belongs to the price search example; jiffy (Debian's
 # erlang-jiffy) is on the code path and loads its NIF on first use.
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)

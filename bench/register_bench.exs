@@ -8,13 +8,9 @@
 # 16 keys holding 100-integer lists, a put every 10th (90/10), 100th (99/1)
 # or 2nd (50/50) operation. Runners are fresh processes each run, so their
 # local copies start empty. Figures are per operation.
-Code.require_file("support/bench.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Register
-
-Code.require_file("support/register_plain.ex", __DIR__)
-Code.require_file("support/register_work.ex", __DIR__)
 
 alias Larder.RegisterBench.Work
 

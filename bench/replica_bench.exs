@@ -15,8 +15,6 @@
 #
 # --quick: 50,000 prices, one run each, a 2 s producer. Starts its own
 # redis-server on a free loopback port (does nothing without one).
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../test/support/redis_server.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
 

@@ -52,16 +52,13 @@
 # are filled all the same); without any, all of them.
 # --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one run
 # each, a 2 s producer.
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../test/support/kafka_broker.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
-Code.require_file("support/kafka_load.ex", __DIR__)
 
 defmodule Larder.ReplicaKafkaBench do
   alias Larder.{Bag, Bench, Replica, Table}
   alias Larder.Bench.KafkaLoad
-  alias Larder.Support.KafkaBroker
+  alias Larder.Test.KafkaBroker
   alias PriceSearch.Catalogue
 
   @store [:idx, :spec, :value, :currency, :is_default]

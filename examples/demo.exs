@@ -1,6 +1,5 @@
 # `make demo`: a demo of every capability, each printing a side-by-side table
 # against the baseline its users have today (ETS, Redis), measured in this run.
-Code.require_file("../bench/support/bench.ex", __DIR__)
 
 IO.puts("""
 Larder demo: every figure below is measured now, on this machine, side by side

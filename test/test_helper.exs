@@ -1,6 +1,6 @@
 # Integration tests (tagged :redis) start their own redis-server on a free
-# loopback port (test/support/redis_server.ex, compiled with the test support;
-# the benchmarks and the demo load it from there); `make test` installs
+# loopback port (test/support/redis_server.ex, compiled with the test support,
+# and for the benchmarks and the demo too: see mix.exs); `make test` installs
 # redis-server and runs every test.
 #
 # Kafka tests (tagged :kafka) start a real single-node Kafka 4 broker (KRaft)

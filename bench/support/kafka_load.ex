@@ -4,7 +4,8 @@
 # (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
 # catalogue's record encoding and the replica's apply, a steady producer
 # and the marker lags. Depends on Larder, and for prices on
-# examples/price_search/lib/price_search/price_stream.ex (loaded by the caller).
+# examples/price_search/lib/price_search/price_stream.ex, which the caller
+# loads (so it is not known when this is compiled).
 #
 # Record encodings:
 #   * a price: key = its idx as decimal text, value = PriceSearch.PriceStream's

@@ -1,6 +1,5 @@
 # Larder.Register on the hot-key workload: 16 processes share one key holding
 # a 100-integer list, 90% get / 10% put, against plain ETS in the same run.
-Code.require_file("../../bench/support/register_work.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Register

@@ -1,8 +1,6 @@
 # Larder.Cache in `make demo`: a large term read through Redis + binary_to_term
 # (what a service without an L1 pays), an L1 hit and a repeat hit by the same
 # process; local-only when redis-server is not installed.
-Code.require_file("../../test/support/redis_server.ex", __DIR__)
-Code.require_file("../../bench/support/cache.ex", __DIR__)
 
 defmodule Larder.Demo.Cache do
   alias Larder.Bench

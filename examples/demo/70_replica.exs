@@ -3,7 +3,6 @@
 # followed into a `store:` Table by a replica: a fresh node catching up from
 # zero, a restarted node catching up from its snapshot, and the lag under a
 # steady producer. Stream code: examples/price_search (PriceSearch.PriceStream).
-Code.require_file("../../test/support/redis_server.ex", __DIR__)
 Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
 Code.require_file("../price_search/lib/price_search/price_stream.ex", __DIR__)
 

@@ -56,6 +56,11 @@ defmodule Larder.Instance do
   # published until the name is claimed again, and every call through it
   # meets the freed ETS tables and raises unknown!/2.
   #
+  # A Cache (a supervision tree) and a Replica stuck in an apply cannot be
+  # asked to exit :normal: terminate/2 stops them, through their parent's
+  # terminate_child when a supervisor started them, so the supervisor keeps
+  # the child stopped and counts no crash.
+  #
   # Telemetry. Whether a structure emits :telemetry events is decided once,
   # at creation (telemetry?/1), and kept in its handle.
 
@@ -314,53 +319,98 @@ defmodule Larder.Instance do
   end
 
   @doc """
-  Records that drop/1 killed the owner of `name` (one stuck in user code,
-  which cannot take the drop request): its supervisor `parent` takes the
-  kill as a crash of a `:transient` child and restarts it, and that start
-  asks take_dropped/2 first, so that the structure stays dropped.
+  Stops `pid`, the top process of a structure (a Cache's supervisor, a
+  Replica's process), so that it stays stopped, and returns once it is gone.
+
+  Under a `Supervisor` or a `DynamicSupervisor` that has it as a child, it
+  is terminated through that supervisor (`terminate_child`): the supervisor
+  does not take the exit for a crash, so it neither restarts the child nor
+  counts it against its restart intensity. `how` is `:shutdown` (the
+  child's own shutdown, as the supervisor's shutdown of it would be) or
+  `:kill` (at once: a process stuck in user code cannot take a shutdown).
+  Otherwise `pid` is stopped directly: `:sys.terminate(pid, :normal)` (so a
+  linked caller that does not trap exits lives on) or killed. A process
+  already gone counts as stopped.
   """
-  @spec dropped(kind(), name(), pid()) :: :ok
-  def dropped(kind, name, parent) do
-    :ets.insert(@table, {{:dropped, kind, name}, parent, System.monotonic_time(:millisecond)})
-    :ok
-  end
+  @spec terminate(pid(), :shutdown | :kill) :: :ok
+  def terminate(pid, how) when how in [:shutdown, :kill] do
+    monitor = Process.monitor(pid)
 
-  @doc """
-  Whether the calling process is the supervisor of an owner of `name` that
-  drop/1 killed within the last minute (and so must not start it again):
-  true once, then the record is gone.
-  """
-  @spec take_dropped(kind(), name()) :: boolean()
-  def take_dropped(kind, name) do
-    key = {:dropped, kind, name}
+    # A supervisor that is gone, or does not know the child (any more),
+    # leaves the stop to us.
+    unless terminated_by_parent?(pid, how), do: stop(pid, how)
 
-    case :ets.lookup(@table, key) do
-      [{^key, parent, at} = record] when parent == self() ->
-        if supervisor?() do
-          :ets.delete_object(@table, record)
-          System.monotonic_time(:millisecond) - at < 60_000
-        else
-          false
-        end
-
-      _ ->
-        false
+    receive do
+      {:DOWN, ^monitor, :process, _pid, _reason} -> :ok
     end
   end
 
-  # Whether the calling process is a Supervisor or a DynamicSupervisor (a
-  # plain process that traps exits and starts the structure again is not
-  # told to keep it stopped).
-  defp supervisor? do
-    case Process.get(:"$initial_call") do
-      {:supervisor, _, _} ->
-        true
+  defp stop(pid, :kill), do: Process.exit(pid, :kill)
 
-      {module, :init, 1} when is_atom(module) ->
-        behaviours = List.flatten(Keyword.get_values(module.module_info(:attributes), :behaviour))
-        module == DynamicSupervisor or DynamicSupervisor in behaviours
+  defp stop(pid, :shutdown) do
+    :sys.terminate(pid, :normal, :infinity)
+  catch
+    # gone already, or stopped by a concurrent drop meanwhile
+    :exit, _ -> :ok
+  end
 
-      _ ->
+  # Asks `pid`'s parent to terminate it, if the parent is a supervisor (a
+  # DynamicSupervisor's initial call is a Supervisor's too) that has it as
+  # a child: by id for a Supervisor, by pid for a DynamicSupervisor (whose
+  # children have no id). Whether the supervisor did.
+  defp terminated_by_parent?(pid, how) do
+    with {:parent, parent} when is_pid(parent) and parent != self() <-
+           Process.info(pid, :parent),
+         {:supervisor, _, _} <- :proc_lib.initial_call(parent),
+         {id, ^pid, _, _} <- List.keyfind(:supervisor.which_children(parent), pid, 1) do
+      child = if id == :undefined, do: pid, else: id
+
+      case how do
+        :shutdown -> :supervisor.terminate_child(parent, child) == :ok
+        :kill -> kill_through(parent, child, pid)
+      end
+    else
+      _ -> false
+    end
+  catch
+    :exit, _ -> false
+  end
+
+  # terminate_child/2 waits the child's whole shutdown time for a process
+  # that cannot take the shutdown, and OTP has no terminate_child with
+  # another one. So a helper asks for it, and `pid` is killed once the
+  # supervisor is in its shutdown of it: the supervisor monitors the child
+  # then, and only then, so a kill seen before it cannot be taken for a
+  # crash (restarted and counted).
+  defp kill_through(parent, child, pid) do
+    {helper, ref} =
+      spawn_monitor(fn -> exit({:done, :supervisor.terminate_child(parent, child)}) end)
+
+    if shutting_down?(parent, pid, helper), do: Process.exit(pid, :kill)
+
+    receive do
+      {:DOWN, ^ref, :process, _, reason} -> reason == {:done, :ok}
+    end
+  end
+
+  # Waits until `parent` monitors `pid`: true; false when `pid` is gone or
+  # the helper is done first (the supervisor had no such child any more).
+  defp shutting_down?(parent, pid, helper) do
+    case Process.info(pid, :monitored_by) do
+      {:monitored_by, by} ->
+        cond do
+          parent in by ->
+            true
+
+          not Process.alive?(helper) ->
+            false
+
+          true ->
+            Process.sleep(1)
+            shutting_down?(parent, pid, helper)
+        end
+
+      nil ->
         false
     end
   end

@@ -217,7 +217,9 @@ defmodule Larder.Replica do
       kills it: the stuck apply ends with the process, mid-entry, no
       snapshot is written (a restart starts from the last one), the reader
       and the structure go with it, and a process linked to it gets the
-      exit `:killed` (a supervisor that started it keeps it stopped). A
+      exit `:killed`. A supervisor that started it kills it (its
+      `terminate_child`), so it stays stopped and the kill is not counted
+      against the supervisor's restart intensity. A
       supervisor's own shutdown of such a replica is its `shutdown: 30_000`
       and then a kill, as for any child.
 

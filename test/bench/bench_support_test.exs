@@ -1,6 +1,5 @@
 # The benchmark harness (bench/support/bench.ex) is not part of the library;
 # these check its statistics and its interleaving, without timing anything.
-Code.require_file("../../bench/support/bench.ex", __DIR__)
 
 defmodule Larder.BenchSupportTest do
   use ExUnit.Case, async: true

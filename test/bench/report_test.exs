@@ -6,9 +6,6 @@ defmodule Larder.ReportTest do
   # Needs gnuplot (gnuplot-nox, installed by scripts/setup).
   use ExUnit.Case, async: true
 
-  Code.require_file("../../bench/support/bench.ex", __DIR__)
-  Code.require_file("../../bench/report/json.ex", __DIR__)
-
   @script Path.expand("../../bench/report/report.exs", __DIR__)
   @fixtures Path.expand("fixtures", __DIR__)
 

@@ -6,7 +6,8 @@ defmodule Larder.DropTest do
   # is restarted.
   use ExUnit.Case, async: true
 
-  alias Larder.{Bag, Index, Register, Table}
+  alias Larder.{Bag, Index, Register, Replica, Table}
+  alias Larder.Test.PartitionedSource
 
   # {module, creates an unnamed one, creates one under a name, child spec
   #  options, a call that must raise once it is dropped}
@@ -82,6 +83,76 @@ defmodule Larder.DropTest do
       assert_raise ArgumentError, fn -> use.(name) end
       assert mod.drop(name) == :ok
       :ok = Supervisor.stop(sup)
+    end
+  end
+
+  describe "a replica stuck in an arity-2 apply" do
+    # A replica that cannot take the drop request is killed; under a
+    # supervisor the kill goes through it (terminate_child), so it is
+    # neither restarted nor counted as a crash: with max_restarts: 0 a
+    # crash would take the supervisor and its other children down.
+    setup ctx do
+      log = PartitionedSource.new(1)
+      PartitionedSource.append(log, 0, %{"k" => "1"})
+      me = self()
+
+      apply = fn _fields, _into ->
+        send(me, {:stuck, self()})
+        Process.sleep(:infinity)
+      end
+
+      name = name(ctx, Replica)
+
+      opts = [
+        name: name,
+        into: {Table, name: :"#{name}.table", key: :id},
+        source: {PartitionedSource, table: log},
+        apply: apply
+      ]
+
+      other = %{id: :other, start: {Agent, :start_link, [fn -> :other end]}}
+      %{name: name, opts: opts, other: other}
+    end
+
+    test "under a Supervisor: dropped, not restarted, no crash counted", ctx do
+      {:ok, sup} =
+        Supervisor.start_link([{Replica, ctx.opts}, ctx.other],
+          strategy: :one_for_one,
+          max_restarts: 0
+        )
+
+      on_exit(fn -> if Process.alive?(sup), do: Process.exit(sup, :kill) end)
+      assert_receive {:stuck, replica}, 10_000
+
+      [{:other, other, _, _}] =
+        Enum.filter(Supervisor.which_children(sup), &(elem(&1, 0) == :other))
+
+      assert Replica.drop(ctx.name) == :ok
+      refute Process.alive?(replica)
+      assert Process.alive?(sup)
+      assert Process.alive?(other)
+
+      assert {{Replica, ctx.name}, :undefined, :worker, [Replica]} in Supervisor.which_children(
+               sup
+             )
+
+      refute_receive {:stuck, _}, 500
+      assert_raise ArgumentError, fn -> Replica.offset(ctx.name) end
+      assert Replica.drop(ctx.name) == :ok
+    end
+
+    test "under a DynamicSupervisor: dropped, not restarted, no crash counted", ctx do
+      {:ok, sup} = DynamicSupervisor.start_link(strategy: :one_for_one, max_restarts: 0)
+      on_exit(fn -> if Process.alive?(sup), do: Process.exit(sup, :kill) end)
+      {:ok, other} = DynamicSupervisor.start_child(sup, ctx.other)
+      {:ok, replica} = DynamicSupervisor.start_child(sup, {Replica, ctx.opts})
+      assert_receive {:stuck, ^replica}, 10_000
+
+      assert Replica.drop(replica) == :ok
+      refute Process.alive?(replica)
+      assert Process.alive?(sup)
+      assert [{:undefined, ^other, _, _}] = DynamicSupervisor.which_children(sup)
+      refute_receive {:stuck, _}, 500
     end
   end
 

@@ -2,10 +2,12 @@
 # in one JVM) on free loopback ports from the jars scripts/setup fetched, and
 # shuts it down, kills it or restarts it on the same data on demand; runs the
 # Kafka CLI tools of the same jars against it (topics, records). One home for
-# the tests (compiled with test/support), the benchmarks and the demo (which
-# may load it with Code.require_file/2); not part of the library.
-defmodule Larder.Support.KafkaBroker do
+# the tests (compiled with test/support), the benchmarks and the demo
+# (compiled for them too: see mix.exs); not part of the library.
+defmodule Larder.Test.KafkaBroker do
   @moduledoc false
+
+  alias Larder.Test.FreePort
 
   defstruct [:port, :controller_port, :root, :os_pid, :erl_port, config: []]
 
@@ -91,8 +93,8 @@ defmodule Larder.Support.KafkaBroker do
   """
   def start(opts \\ []) do
     ensure_available!()
-    port = Keyword.get_lazy(opts, :port, &free_port/0)
-    controller_port = Keyword.get_lazy(opts, :controller_port, &free_port/0)
+    port = Keyword.get_lazy(opts, :port, &FreePort.get/0)
+    controller_port = Keyword.get_lazy(opts, :controller_port, &FreePort.get/0)
     root = Keyword.get_lazy(opts, :root, fn -> tmp_dir(port) end)
     config = Keyword.get(opts, :config, [])
     File.mkdir_p!(Path.join(root, "data"))
@@ -379,14 +381,6 @@ defmodule Larder.Support.KafkaBroker do
       Keyword.get(opts, :stdin, "/dev/null"),
       Keyword.get(opts, :timeout, @tool_timeout_ms)
     )
-  end
-
-  @doc "A TCP port nothing listens on right now."
-  def free_port do
-    {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
-    {:ok, port} = :inet.port(socket)
-    :gen_tcp.close(socket)
-    port
   end
 
   ## Starting

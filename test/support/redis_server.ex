@@ -1,7 +1,7 @@
 # Starts a throwaway redis-server on a free loopback port (no persistence, a
 # temp dir), and kills or restarts it on demand. One home for the tests
-# (compiled with test/support), the benchmarks and the demo (which load it
-# with Code.require_file/2); not part of the library.
+# (compiled with test/support), the benchmarks and the demo (compiled for
+# them too: see mix.exs); not part of the library.
 defmodule Larder.Support.RedisServer do
   @moduledoc false
 
@@ -121,13 +121,8 @@ defmodule Larder.Support.RedisServer do
     end
   end
 
-  @doc "A TCP port nothing listens on right now."
-  def free_port do
-    {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
-    {:ok, port} = :inet.port(socket)
-    :gen_tcp.close(socket)
-    port
-  end
+  @doc "A TCP port nothing listens on right now (`Larder.Test.FreePort.get/0`)."
+  defdelegate free_port, to: Larder.Test.FreePort, as: :get
 
   # A test's own commands are not what it measures: on a loaded 2-core
   # machine a reply can take over a second, so they wait up to 5 s.

@@ -80,7 +80,8 @@ defmodule Larder.Cache.Supervisor do
 
   @doc """
   Drops the cache whose supervisor, or owner (the process registered under
-  its name), is `pid`, and returns once the supervisor is gone. Under a
+  its name), is `pid`, and returns once the supervisor is gone
+  (`Larder.Instance.terminate/2`). Under a
   supervisor (a `Supervisor` or a `DynamicSupervisor`) the cache's child is
   terminated through it (`terminate_child`), so it is not restarted and
   stays dropped; otherwise the supervisor is stopped with reason `:normal`,
@@ -92,7 +93,7 @@ defmodule Larder.Cache.Supervisor do
   @spec drop(pid()) :: :ok
   def drop(pid) do
     case tree(pid) do
-      sup when is_pid(sup) and sup != self() -> stop(sup)
+      sup when is_pid(sup) and sup != self() -> Instance.terminate(sup, :shutdown)
       _none -> :ok
     end
   end
@@ -113,41 +114,6 @@ defmodule Larder.Cache.Supervisor do
       {:parent, parent} when is_pid(parent) -> parent
       _ -> nil
     end
-  end
-
-  defp stop(sup) do
-    monitor = Process.monitor(sup)
-    parent = parent(sup)
-
-    # A supervisor that is gone, or does not know the child (any more),
-    # leaves the stop to us.
-    unless parent != nil and parent != self() and terminated_by?(parent, sup) do
-      try do
-        :sys.terminate(sup, :normal, :infinity)
-      catch
-        # gone already, or stopped by a concurrent drop meanwhile
-        :exit, _ -> :ok
-      end
-    end
-
-    receive do
-      {:DOWN, ^monitor, :process, _pid, _reason} -> :ok
-    end
-  end
-
-  # Asks `parent` to terminate `sup`, if it is a supervisor (a
-  # DynamicSupervisor's initial call is a Supervisor's too) that has it as
-  # a child: an id for a Supervisor, the pid for a DynamicSupervisor (whose
-  # children have no id).
-  defp terminated_by?(parent, sup) do
-    with {:supervisor, _, _} <- :proc_lib.initial_call(parent),
-         {id, ^sup, _, _} <- List.keyfind(:supervisor.which_children(parent), sup, 1) do
-      :supervisor.terminate_child(parent, if(id == :undefined, do: sup, else: id)) == :ok
-    else
-      _ -> false
-    end
-  catch
-    :exit, _ -> false
   end
 
   @doc "The pid of a cache's child (`:owner`, `:l2`, `:clock`), or nil."

@@ -91,13 +91,6 @@ defmodule Larder.Replica.Server do
 
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts) do
-    # A supervisor restarting a replica that drop/1 killed: it stays dropped.
-    if Larder.Instance.take_dropped(Larder.Replica, opts[:name]),
-      do: :ignore,
-      else: start_instance(opts)
-  end
-
-  defp start_instance(opts) do
     ref = make_ref()
 
     args = [{:reply_to, {self(), ref}} | opts]
@@ -918,8 +911,9 @@ defmodule Larder.Replica.Server do
   batches and stops as a clean stop does (its last snapshot written, given
   up to #{@stop_wait_ms} ms). One that has not taken it within
   #{@drop_wait_ms} ms (an arity-2 apply that does not return) is killed:
-  no snapshot, its structure and reader go with it. Returns once the
-  process is gone.
+  no snapshot, its structure and reader go with it (through its
+  supervisor, if one started it: `Larder.Instance.terminate/2`). Returns
+  once the process is gone.
   """
   @spec drop(pid()) :: :ok
   # An apply that drops its own replica: a call to itself, which cannot be
@@ -935,7 +929,7 @@ defmodule Larder.Replica.Server do
     catch
       :exit, {:timeout, _} ->
         unless stopping?(handle) and gone?(monitor, @stop_wait_ms),
-          do: kill(pid, handle && handle.name)
+          do: Larder.Instance.terminate(pid, :kill)
 
       :exit, _gone ->
         :ok
@@ -961,21 +955,6 @@ defmodule Larder.Replica.Server do
     after
       timeout -> false
     end
-  end
-
-  # A killed replica exits :killed, which its supervisor takes as a crash
-  # of a :transient child: the supervisor is told to keep it stopped when it
-  # restarts it (Larder.Instance.dropped/3).
-  defp kill(pid, name) do
-    case Process.info(pid, :parent) do
-      {:parent, parent} when is_pid(parent) and name != nil ->
-        Larder.Instance.dropped(Larder.Replica, name, parent)
-
-      _ ->
-        :ok
-    end
-
-    Process.exit(pid, :kill)
   end
 
   defp schedule(%{snapshot: nil} = state), do: state

@@ -8,7 +8,7 @@ defmodule Larder.Kafka.BrokerTest do
 
   import Larder.Test.KafkaSetup
 
-  alias Larder.Support.KafkaBroker
+  alias Larder.Test.KafkaBroker
 
   @moduletag :kafka
 

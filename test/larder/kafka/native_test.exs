@@ -6,7 +6,7 @@ defmodule Larder.Kafka.NativeTest do
   @moduletag :kafka
 
   alias Larder.Kafka.Native
-  alias Larder.Support.KafkaBroker
+  alias Larder.Test.KafkaBroker
   alias Larder.Test.KafkaSetup
 
   @timeout 60_000

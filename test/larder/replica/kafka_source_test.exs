@@ -169,7 +169,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
 
   setup_all do
     broker = Larder.Test.KafkaSetup.start()
-    bootstrap = Larder.Support.KafkaBroker.bootstrap(broker)
+    bootstrap = Larder.Test.KafkaBroker.bootstrap(broker)
     {:ok, admin} = Native.admin_open([{"bootstrap.servers", bootstrap}])
     {:ok, producer} = Native.producer_open([{"bootstrap.servers", bootstrap}])
     %{bootstrap: bootstrap, admin: admin, producer: producer}
@@ -312,7 +312,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
   end
 
   test "an unreachable broker is :source_unavailable, never a raise", ctx do
-    port = Larder.Support.KafkaBroker.free_port()
+    port = Larder.Test.FreePort.get()
     opts = Kafka.validate!(brokers: ["127.0.0.1:#{port}"], topic: ctx.topic, timeout: 500)
     assert {:ok, conn} = Kafka.connect(opts)
 

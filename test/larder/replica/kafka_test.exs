@@ -14,7 +14,7 @@ defmodule Larder.Replica.KafkaTest do
 
   alias Larder.Kafka.Native
   alias Larder.Replica
-  alias Larder.Support.KafkaBroker
+  alias Larder.Test.KafkaBroker
   alias Larder.Table
   alias Larder.Test.KafkaSetup
 

@@ -1,4 +1,4 @@
-defmodule Larder.ReplicaKafkaBadInputTest do
+defmodule Larder.Replica.Kafka.BadInputTest do
   # PropEr throws arbitrary terms at every option of Larder.Replica.Kafka,
   # passed through Larder.Replica's start_link/1 and child_spec/1 (one option
   # at a time in otherwise valid options, and whole option lists): only an

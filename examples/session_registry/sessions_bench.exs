@@ -3,9 +3,8 @@
 # a key that is not first, merge_info, create_session through the registry,
 # and ETS memory for 100 records of 10 pairs.
 #
-#   mix run bench/sessions_bench.exs [--quick] [--json PATH]
-Code.require_file("support/bench.ex", __DIR__)
-Code.require_file("../examples/session_registry/session_registry.ex", __DIR__)
+#   mix run examples/session_registry/sessions_bench.exs [--quick] [--json PATH]
+Code.require_file("session_registry.ex", __DIR__)
 
 alias Larder.Bench
 

@@ -1,4 +1,4 @@
-defmodule Larder.ReplicaBadInputTest do
+defmodule Larder.Replica.BadInputTest do
   # PropEr throws arbitrary terms at every option of Larder.Replica's
   # start_link/1 and child_spec/1 (one option at a time in otherwise valid
   # options, and whole option lists) and at every argument of offset/1,

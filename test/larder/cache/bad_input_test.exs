@@ -1,4 +1,4 @@
-defmodule Larder.CacheBadInputTest do
+defmodule Larder.Cache.BadInputTest do
   # PropEr throws arbitrary terms (deep, improper, huge, pattern-like atoms)
   # at every argument of every public function of Larder.Cache: only a
   # result, an ArgumentError or {:error, %Larder.Error{}} may come back, and
@@ -78,7 +78,7 @@ defmodule Larder.CacheBadInputTest do
   defp allowed?(_fun, _other), do: false
 
   test "arbitrary arguments get a result, an ArgumentError or a Larder.Error", ctx do
-    # The module too: Larder.ReplicaBadInputTest's test has the same name.
+    # The module too: Larder.Replica.BadInputTest's test has the same name.
     cache = :"#{inspect(__MODULE__)} #{ctx.test}"
     start_supervised!({Cache, name: cache, local_copy_min_bytes: 1_000})
     sentinels = for i <- 1..20, do: {{:sentinel, make_ref()}, {i, Enum.to_list(1..(i * 100))}}

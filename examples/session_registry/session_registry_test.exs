@@ -1,4 +1,4 @@
-Code.require_file("../../examples/session_registry/session_registry.ex", __DIR__)
+Code.require_file("session_registry.ex", __DIR__)
 
 defmodule SessionRegistryTest do
   use ExUnit.Case, async: true
