@@ -20,7 +20,6 @@
 # one going first alternating, and the round's ratio is Ane's time over
 # the Register's (above 1: the Register is faster). Each row prints every
 # round, the median ratio and its spread (the lowest and highest round).
-Code.require_file("support/bench.ex", __DIR__)
 
 alias Larder.Bench
 alias Larder.Register
@@ -42,8 +41,6 @@ ane? =
       {:ok, _modules, _warnings} = Kernel.ParallelCompiler.compile(files)
       Code.ensure_loaded?(Ane) or raise ArgumentError, "ANE_PATH=#{path} did not define Ane"
   end
-
-Code.require_file("support/register_ane.ex", __DIR__)
 
 alias Larder.RegisterBench.Ane, as: Work
 
