@@ -78,6 +78,9 @@ defmodule Larder.Replica.Snapshot do
 
     pid =
       spawn_link(fn ->
+        # Background work: the replica's process comes first.
+        Process.flag(:priority, :low)
+
         written =
           receive do
             {:cut, {Larder.Table, writer, ref}} -> Larder.Table.Dump.await(writer, ref)

@@ -84,6 +84,10 @@ defmodule Larder.Table.Dump do
     {pid, monitor} =
       Process.spawn(
         fn ->
+          # Background work: the writer, and whoever writes through it, come
+          # first (low is run less often than normal, never starved).
+          Process.flag(:priority, :low)
+
           result =
             try do
               Snapshot.dump(table, cut, fork, path, &walk/4)
