@@ -268,8 +268,9 @@ defmodule Larder.Replica do
   lag is a wake-up of the blocked `XREAD` plus one batch's apply. A
   snapshot of a Table stops the replica for the cut only (constant time:
   two ETS tables made, the index's snapshot kept); the dump's process then
-  takes a core's share of CPU for the length of the dump (0.3-0.5 s at
-  487,200 records), which is what the lag through snapshots pays.
+  runs beside it at low priority (the replica's and the table's processes
+  are scheduled first) for the length of the dump, 0.3-0.5 s of CPU at
+  487,200 records, which is what the lag through snapshots pays.
 
   ## Telemetry
 

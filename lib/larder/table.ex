@@ -308,7 +308,8 @@ defmodule Larder.Table do
   was when its writer took the dump's request, every write before it whole
   and none after it. Writes and reads go on during the dump: the writer
   takes the cut in constant time (the index's current immutable snapshot is
-  kept, the id state copied) and a process of its own writes the file; a
+  kept, the id state copied) and a process of its own, at low priority,
+  writes the file; a
   write made meanwhile first saves the rows it changes as they were (one
   ETS lookup and insert per row, the first time), and the dump writes those
   saved rows instead of the changed ones. It writes a temporary file
