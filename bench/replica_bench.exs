@@ -9,11 +9,19 @@
 #   * lag under a producer of 10,000 entries/s: a marker price change XADDed
 #     every 5 ms, timed from before its XADD until a search finds it (after
 #     Replica.await/3 on its id; the producer and the probe run in processes
-#     of their own, each on its own sample of 10,000 prices).
+#     of their own, each on its own sample of 10,000 prices);
+#   * the same lag through snapshots: the replica has a :snapshot path and
+#     :snapshot_every of 3 s over a 12 s producer (so at least 3 snapshots
+#     of the whole catalogue), and besides the markers' lag the longest gap
+#     between two applied batches ([:larder, :replica, :batch] events)
+#     while the producer runs: a replica that stops applying for a dump
+#     shows it there.
 #
-#   mix run bench/replica_bench.exs [--quick] [--json PATH]
+#   mix run bench/replica_bench.exs [--quick] [--json PATH] [snapshots]
 #
-# --quick: 50,000 prices, one run each, a 2 s producer. Starts its own
+# --quick: 50,000 prices, one run each, a 2 s producer (4 s, snapshots every
+# second, for the lag through snapshots). `snapshots`: that measurement
+# alone, after the fill (it needs no other). Starts its own
 # redis-server on a free loopback port (does nothing without one).
 Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
 Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
@@ -51,11 +59,16 @@ defmodule Larder.ReplicaBench do
 
         ctx = %{redis: redis, client: client, prices: prices, dir: dir}
 
-        bench
-        |> catch_up(ctx)
-        |> restart(ctx)
-        |> lag(ctx)
-        |> Bench.finish()
+        if "snapshots" in bench.argv do
+          bench |> lag_through_snapshots(ctx) |> Bench.finish()
+        else
+          bench
+          |> catch_up(ctx)
+          |> restart(ctx)
+          |> lag(ctx)
+          |> lag_through_snapshots(ctx)
+          |> Bench.finish()
+        end
 
         :eredis.stop(client)
       after
@@ -217,6 +230,119 @@ defmodule Larder.ReplicaBench do
     )
 
     Bench.target(bench, "lag p99 at #{rate} entries/s (ms)", result.p99_us / 1_000, :<=, 20)
+  end
+
+  def lag_through_snapshots(bench, ctx) do
+    rate = 10_000
+    duration = Bench.pick(bench, 4_000, 12_000)
+    every = Bench.pick(bench, 1_000, 3_000)
+    title = "Lag from XADD to a search through snapshots (every #{every} ms), #{rate} entries/s"
+    col = "XADD to visible"
+    {prices, markers} = ctx.prices |> Enum.take_random(2 * @sample) |> Enum.split(@sample)
+    {prices, markers} = {List.to_tuple(prices), List.to_tuple(markers)}
+    path = Path.join(ctx.dir, "lag.snap")
+    File.rm(path)
+    pid = start!(opts(ctx, snapshot: path, snapshot_every: every))
+    :ok = Replica.await(pid, :latest, :infinity)
+
+    producer_client = PriceStream.connect(port: ctx.redis.port)
+    deadline = System.monotonic_time(:millisecond) + duration
+    # Watches the replica's offset (one ETS read, no call) every millisecond
+    # and the snapshot's dumps (a directory listing every 50 ms).
+    watcher = Task.async(fn -> watch(pid, path, deadline) end)
+
+    producer =
+      Task.async(fn -> PriceStream.produce(producer_client, @stream, prices, rate, duration) end)
+
+    client = ctx.client
+
+    probe =
+      Task.async(fn ->
+        PriceStream.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
+      end)
+
+    samples = Task.await(probe, duration + 60_000)
+    sent = Task.await(producer, duration + 60_000)
+    {gap_us, dumps} = Task.await(watcher, duration + 60_000)
+    kill(pid)
+    :eredis.stop(producer_client)
+    gap = gap_us / 1_000
+
+    IO.puts(
+      "\n#{sent} entries produced in #{duration} ms; #{length(samples)} markers timed; " <>
+        "#{dumps} snapshots written during the run; longest time the offset did not move " <>
+        "#{Float.round(gap, 1)} ms"
+    )
+
+    result = Bench.summarize(samples, nil, 1)
+
+    bench =
+      bench
+      |> Bench.table(title, [col])
+      |> Bench.row("p50 / p99 over the markers", %{col => result})
+
+    IO.puts(
+      "lag through snapshots: median #{Bench.fmt_us(result.median_us)}, " <>
+        "p99 #{Bench.fmt_us(result.p99_us)}, max #{Bench.fmt_us(Enum.max(samples))}"
+    )
+
+    bench
+    |> Bench.target("snapshots during the lag run", dumps, :>=, 3)
+    |> Bench.target("lag p99 through snapshots (ms)", result.p99_us / 1_000, :<=, 20)
+    |> Bench.target("longest time the offset did not move (ms)", gap, :<=, 50)
+    |> Bench.target("longest lag through snapshots (ms)", Enum.max(samples) / 1_000, :<=, 50)
+  end
+
+  # Until `deadline`: the longest time (us) between two moves of the
+  # replica's offset, and how many dumps of `path` appeared.
+  defp watch(pid, path, deadline) do
+    now = System.monotonic_time(:microsecond)
+    before = dumps(path)
+    {gap, seen} = watch(pid, path, deadline, {Replica.offset(pid), now}, 0, before, now)
+    {gap, MapSet.size(MapSet.difference(seen, before))}
+  end
+
+  defp watch(pid, path, deadline, {offset, since}, gap, dumps, listed) do
+    now = System.monotonic_time(:microsecond)
+
+    {dumps, listed} =
+      if now - listed >= 50_000,
+        do: {MapSet.union(dumps, dumps(path)), now},
+        else: {dumps, listed}
+
+    if div(now, 1_000) >= deadline do
+      {max(gap, now - since), MapSet.union(dumps, dumps(path))}
+    else
+      {last, gap} =
+        case Replica.offset(pid) do
+          ^offset -> {{offset, since}, gap}
+          moved -> {{moved, now}, max(gap, now - since)}
+        end
+
+      receive do
+      after
+        1 -> :ok
+      end
+
+      watch(pid, path, deadline, last, gap, dumps, listed)
+    end
+  end
+
+  # The dumps of the snapshot at `path` now (each snapshot writes one).
+  defp dumps(path) do
+    prefix = Path.basename(path) <> "."
+
+    case File.ls(Path.dirname(path)) do
+      {:ok, names} ->
+        for name <- names,
+            String.starts_with?(name, prefix),
+            String.ends_with?(name, ".dump"),
+            into: MapSet.new(),
+            do: name
+
+      {:error, _} ->
+        MapSet.new()
+    end
   end
 end
 

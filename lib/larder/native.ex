@@ -67,6 +67,7 @@ defmodule Larder.Native do
   def index_memory(_index), do: not_loaded()
   def index_drop(_index), do: not_loaded()
   def index_live_bytes, do: not_loaded()
+  def index_fork(_index), do: not_loaded()
   def index_export(_index), do: not_loaded()
   def index_import(_index, _entries, _rows), do: not_loaded()
   def table_row_ids(_items), do: not_loaded()

@@ -109,9 +109,11 @@ defmodule Larder.Table do
   Reads are allowed. A function that waits on another process which writes
   to the table cannot be detected and would wait for ever: do not.
 
-  `dump/2` runs in the writer process: the file is one state of the table
-  (a consistent cut, every write before it whole and none after it); the
-  writes sent meanwhile wait for the dump, reads do not. A table being
+  `dump/2` writes one state of the table (a consistent cut, every write
+  before it whole and none after it), taken by the writer in constant time
+  between two writes; a process of the writer's writes the file while
+  writes and reads go on (see `dump/2` for what a write costs meanwhile). A
+  table being
   loaded is not visible to anyone until `load/2` returns.
 
   A chunk of at least 256 new records whose integer keys are all above any
@@ -302,9 +304,15 @@ defmodule Larder.Table do
   file is durable, or `{:error, %Larder.Error{reason: :file_error}}` when it
   cannot be written (`path` then keeps its old contents, if any).
 
-  The table's writer process writes the file, so the snapshot is one state
-  of the table (a consistent cut): writes sent during the dump wait for it
-  and are not in the file; reads go on. It writes a temporary file
+  The file is one state of the table (a consistent cut): the table as it
+  was when its writer took the dump's request, every write before it whole
+  and none after it. Writes and reads go on during the dump: the writer
+  takes the cut in constant time (the index's current immutable snapshot is
+  kept, the id state copied) and a process of its own, at low priority,
+  writes the file; a
+  write made meanwhile first saves the rows it changes as they were (one
+  ETS lookup and insert per row, the first time), and the dump writes those
+  saved rows instead of the changed ones. It writes a temporary file
   `<path>.<os pid>.<token>-<n>.tmp`, fsyncs it, renames it over `path` and
   fsyncs the directory; a dump killed mid-write leaves that file, which the
   next dump of `path` deletes (as `Larder.Bag.dump/2` does).
@@ -316,7 +324,13 @@ defmodule Larder.Table do
   def dump(table, path) do
     table = handle!(table)
     path!(path)
-    write!(table, {:dump, path})
+    {:ok, ref} = write!(table, {:dump, path, self()})
+
+    case Larder.Table.Dump.await(table.writer, ref) do
+      {:raise, kind, reason, stack} -> :erlang.raise(kind, reason, stack)
+      :gone -> gone!(table)
+      result -> result
+    end
   end
 
   @doc "Like `dump/2`, but raises the `Larder.Error` on failure."

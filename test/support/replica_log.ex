@@ -36,6 +36,7 @@ defmodule Larder.Test.ReplicaLog do
   @doc "The fields of an op."
   def fields({:put, key, value}), do: ["op", "put", "k", to_string(key), "v", to_string(value)]
   def fields({:del, key}), do: ["op", "del", "k", to_string(key)]
+  def fields({:delp, key, value}), do: ["op", "delp", "k", to_string(key), "v", to_string(value)]
   def fields({:incr, key, n}), do: ["op", "incr", "k", to_string(key), "n", to_string(n)]
   def fields(:poison), do: ["op", "poison"]
 

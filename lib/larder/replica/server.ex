@@ -71,10 +71,14 @@ defmodule Larder.Replica.Server do
     :timer,
     :handle,
     :path_lock,
+    # the snapshot being written (a process of Larder.Replica.Snapshot):
+    # %{pid, offset, started, callers}; `next_callers` wait for the one after
+    :snapshotting,
     epoch: 0,
     waiters: [],
     wait: 100,
-    failing: false
+    failing: false,
+    next_callers: []
   ]
 
   # How long drop/1 waits for the replica to take its request (it does
@@ -231,12 +235,7 @@ defmodule Larder.Replica.Server do
      state}
   end
 
-  def handle_call(:snapshot, _from, state) do
-    case write_snapshot(state) do
-      {:ok, state} -> {:reply, {:ok, state.offset}, state}
-      {:error, error, state} -> {:reply, {:error, error}, state}
-    end
-  end
+  def handle_call(:snapshot, from, state), do: {:noreply, snapshot(state, [from])}
 
   # Not a call of Larder.Replica's: answered with an error, not a crash
   # (which would lose the structure and restart the catch-up).
@@ -310,14 +309,19 @@ defmodule Larder.Replica.Server do
     end
   end
 
-  def handle_info(:snapshot_timer, state) do
-    state =
-      case write_snapshot(state) do
-        {:ok, state} -> state
-        {:error, _error, state} -> state
-      end
+  def handle_info(:snapshot_timer, state), do: {:noreply, state |> snapshot([]) |> schedule()}
 
-    {:noreply, schedule(state)}
+  def handle_info({Snapshot, pid, result}, %{snapshotting: %{pid: pid}} = state),
+    do: {:noreply, snapshot_done(state, result)}
+
+  def handle_info({:EXIT, pid, reason}, %{snapshotting: %{pid: pid}} = state) do
+    error =
+      Larder.Error.new(:file_error, "the snapshot's process exited before it committed",
+        path: state.snapshot,
+        reason: reason
+      )
+
+    {:noreply, snapshot_done(state, {:error, error})}
   end
 
   def handle_info({:EXIT, reader, reason}, %{reader: reader} = state) when is_pid(reader) do
@@ -340,9 +344,14 @@ defmodule Larder.Replica.Server do
     # (its connection, if any, goes with it)
     with {:connecting, pid} <- state.retry, do: Process.exit(pid, :kill)
 
-    # A clean stop (the supervisor's shutdown, GenServer.stop/1) writes a
-    # last snapshot; a crash does not (the structure may be mid-entry).
-    if state.snapshot && clean?(reason), do: write_snapshot(state)
+    # A clean stop (the supervisor's shutdown, GenServer.stop/1) lets the
+    # snapshot being written commit and writes a last one; a crash does not
+    # (the structure may be mid-entry), and its snapshot's process goes
+    # with it (linked).
+    if state.snapshot && clean?(reason) do
+      state |> await_snapshot() |> write_snapshot()
+    end
+
     release_path(state)
     Larder.Instance.release(Larder.Replica, state.name, state.handle, self())
     # Last: the snapshot does not wait for the source's close.
@@ -963,28 +972,128 @@ defmodule Larder.Replica.Server do
     %{state | timer: Process.send_after(self(), :snapshot_timer, state.snapshot_every)}
   end
 
+  ## Snapshots
+  #
+  # A snapshot names `offset`, the position after the last batch applied
+  # when it begins (between two batches: the replica, the only writer of its
+  # structure, applies nothing while it starts one), and a dump that holds
+  # the effect of every entry up to `offset`:
+  #
+  #   * a Table: its writer takes a consistent cut in constant time
+  #     (Larder.Table.Dump), none of the later entries in it, and a process
+  #     of its own writes the file while the replica goes on applying,
+  #     whatever the :apply;
+  #   * a deduplicating Bag (dedup: true, the default) fed by an arity-1
+  #     :apply: the dump reads the bag while the replica goes on applying
+  #     (Larder.Bag.dump/2 is no snapshot), so it holds every pair as of
+  #     `offset` that no later entry changes, and each pair a later entry
+  #     inserts or deletes as before or after that entry. Started from it,
+  #     the replica applies those entries again: their ops are pure
+  #     functions of the entries, and an insert of a pair present or a
+  #     delete of one absent changes nothing, so each pair ends as the log
+  #     leaves it;
+  #   * any other Bag (dedup: false, where an insert applied twice leaves
+  #     two copies; or an arity-2 :apply, which may read what it writes):
+  #     the replica dumps it itself and applies nothing meanwhile.
+  #
+  # One snapshot at a time: a timer that fires meanwhile is skipped, and a
+  # dump/1 call waits for the next one. The snapshot's process is linked to
+  # the replica: a kill of the replica takes it down mid-dump, leaving the
+  # last committed manifest and its dump (Larder.Replica.Snapshot).
+
+  defp snapshot(%{snapshotting: %{}} = state, callers),
+    do: %{state | next_callers: callers ++ state.next_callers}
+
+  defp snapshot(%{offset: offset, snapshot_offset: offset} = state, callers) do
+    for from <- callers, do: GenServer.reply(from, {:ok, offset})
+    state
+  end
+
+  defp snapshot(state, callers) do
+    if concurrent?(state) do
+      pid = Snapshot.start(state.snapshot, state.identity, state.target, state.offset)
+
+      snapshotting = %{
+        pid: pid,
+        offset: state.offset,
+        started: System.monotonic_time(),
+        callers: callers
+      }
+
+      %{state | snapshotting: snapshotting}
+    else
+      {reply, state} =
+        case write_snapshot(state) do
+          {:ok, state} -> {{:ok, state.offset}, state}
+          {:error, error, state} -> {{:error, error}, state}
+        end
+
+      for from <- callers, do: GenServer.reply(from, reply)
+      state
+    end
+  end
+
+  defp concurrent?(%{spec: {Larder.Table, _}}), do: true
+
+  defp concurrent?(%{spec: {Larder.Bag, opts}, apply: fun}),
+    do: is_function(fun, 1) and Keyword.get(opts, :dedup, true)
+
+  defp snapshot_done(state, result) do
+    %{offset: offset, started: started, callers: callers} = state.snapshotting
+    state = %{state | snapshotting: nil}
+    state = snapshot_result(state, offset, started, result)
+    reply = if result == :ok, do: {:ok, offset}, else: result
+    for from <- callers, do: GenServer.reply(from, reply)
+
+    case state.next_callers do
+      [] -> state
+      next -> snapshot(%{state | next_callers: []}, next)
+    end
+  end
+
+  # The snapshot being written, committed or failed, before a last one.
+  defp await_snapshot(%{snapshotting: nil} = state), do: state
+
+  defp await_snapshot(%{snapshotting: %{pid: pid}} = state) do
+    result =
+      receive do
+        {Snapshot, ^pid, result} -> result
+        {:EXIT, ^pid, reason} -> {:error, Larder.Error.new(:file_error, nil, reason: reason)}
+      end
+
+    snapshot_done(%{state | next_callers: []}, result)
+  end
+
   defp write_snapshot(%{offset: offset, snapshot_offset: offset} = state), do: {:ok, state}
 
+  # A snapshot in this process: it applies nothing until it is committed.
   defp write_snapshot(state) do
     started = System.monotonic_time()
     result = Snapshot.write(state.snapshot, state.identity, state.target, state.offset)
 
+    case snapshot_result(state, state.offset, started, result) do
+      state when result == :ok -> {:ok, state}
+      state -> {:error, elem(result, 1), state}
+    end
+  end
+
+  defp snapshot_result(state, offset, started, result) do
     execute(state, [:snapshot], %{duration: System.monotonic_time() - started}, %{
-      offset: state.offset,
+      offset: offset,
       path: state.snapshot,
       result: if(result == :ok, do: :ok, else: result)
     })
 
     case result do
       :ok ->
-        {:ok, %{state | snapshot_offset: state.offset}}
+        %{state | snapshot_offset: offset}
 
       {:error, error} ->
         Logger.warning(
           "Larder.Replica #{inspect(state.name)}: snapshot failed: #{Exception.message(error)}"
         )
 
-        {:error, error, state}
+        state
     end
   end
 

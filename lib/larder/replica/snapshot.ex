@@ -27,9 +27,11 @@ defmodule Larder.Replica.Snapshot do
   # manifest's directory).
   # Nothing may follow the payload.
   #
-  # The dump is taken while the replica's process applies nothing (it is
-  # that process that applies entries, and it waits for the dump), so the
-  # dump and `offset` are one consistent cut. A kill before the manifest's
+  # The dump holds the structure as it was at `offset` and no later entry
+  # (a consistent cut, taken between two batches), or, for a deduplicating
+  # Bag fed by an arity-1 apply, every effect of the entries up to `offset`
+  # and perhaps some of later ones, which are idempotent (see
+  # Larder.Replica.Server's snapshot path). A kill before the manifest's
   # rename leaves the previous manifest, which names the previous dump, still
   # there: dumps are deleted only once a newer manifest names another one.
   # So a reader of `path` always finds a whole manifest and the dump it names.
@@ -46,17 +48,89 @@ defmodule Larder.Replica.Snapshot do
   @type manifest :: %{offset: term(), dump: Path.t()}
 
   @doc """
-  Dumps `handle` and commits the manifest for `offset`. Deletes the dumps
-  no manifest names any more.
+  Dumps `handle` and commits the manifest for `offset`, in the calling
+  process (which must not write `handle` meanwhile). Deletes the dumps no
+  manifest names any more.
   """
   @spec write(Path.t(), map(), term(), term()) :: :ok | {:error, Larder.Error.t()}
   def write(path, identity, target, offset) do
+    dump = dump_path(path)
+
+    with :ok <- Larder.Replica.Target.dump(identity.spec, target, dump) do
+      commit(path, identity, offset, dump)
+    end
+  end
+
+  @doc """
+  Starts a snapshot of `target` at `offset` that the caller, the replica's
+  process, does not wait for: a process linked to it dumps the structure
+  and commits the manifest, and then sends the caller
+  `{Larder.Replica.Snapshot, pid, :ok | {:error, %Larder.Error{}}}`. For a
+  Table the cut is taken before this returns (Larder.Table.Dump), so the
+  dump holds the table as it is now whatever the caller writes next; for a
+  Bag the dump reads the bag while the caller writes it (see "Snapshots" in
+  Larder.Replica.Server for when that is allowed).
+  """
+  @spec start(Path.t(), map(), term(), term()) :: pid()
+  def start(path, identity, target, offset) do
+    replica = self()
+    dump = dump_path(path)
+
+    pid =
+      spawn_link(fn ->
+        # Background work: the replica's process comes first.
+        Process.flag(:priority, :low)
+
+        written =
+          receive do
+            {:cut, {Larder.Table, writer, ref}} -> Larder.Table.Dump.await(writer, ref)
+            {:cut, Larder.Bag} -> Larder.Bag.dump(target, dump)
+            {:cut, :gone} -> :gone
+          end
+
+        result =
+          case written do
+            :ok -> commit(path, identity, offset, dump)
+            {:error, %Larder.Error{}} = error -> error
+            :gone -> exit(:structure_gone)
+            {:raise, kind, reason, stack} -> :erlang.raise(kind, reason, stack)
+          end
+
+        send(replica, {__MODULE__, self(), result})
+      end)
+
+    cut =
+      case identity.spec do
+        {Larder.Table, _} ->
+          case Larder.Table.Dump.request(target, dump, pid) do
+            {:ok, ref} -> {Larder.Table, target.writer, ref}
+            :gone -> :gone
+          end
+
+        {Larder.Bag, _} ->
+          Larder.Bag
+      end
+
+    send(pid, {:cut, cut})
+    pid
+  end
+
+  @doc "A new dump's path for the snapshot `path` (`<path>.<stamp>.dump`)."
+  @spec dump_path(Path.t()) :: Path.t()
+  def dump_path(path) do
     stamp = "#{System.os_time(:millisecond)}-#{Base.encode16(:rand.bytes(4), case: :lower)}"
-    dump = "#{path}.#{stamp}.dump"
+    "#{path}.#{stamp}.dump"
+  end
+
+  @doc """
+  Commits the manifest naming the written `dump` at `offset`, then deletes
+  the dumps no manifest names any more. On an error the dump is deleted.
+  """
+  @spec commit(Path.t(), map(), term(), Path.t()) :: :ok | {:error, Larder.Error.t()}
+  def commit(path, identity, offset, dump) do
     base = Path.basename(dump)
 
-    with :ok <- Larder.Replica.Target.dump(identity.spec, target, dump),
-         {:ok, %File.Stat{size: size}} <- stat(dump) do
+    with {:ok, %File.Stat{size: size}} <- stat(dump) do
       payload =
         :erlang.term_to_binary(
           {identity.source, identity.log, identity.target, offset, base, size}

@@ -55,6 +55,28 @@ defmodule Larder.Replica.Target do
   @doc "Creates the structure from a dump, owned by the calling process."
   @spec load(spec(), Path.t()) ::
           {:ok, Larder.Table.t() | Larder.Bag.t()} | {:error, Larder.Error.t()}
+  def load({Larder.Bag, opts} = spec, path) do
+    # The file holds the bag's mode (load/2 takes no :dedup): a file of the
+    # other mode is refused.
+    {dedup, opts} = Keyword.pop(opts, :dedup, true)
+    await_name(spec)
+
+    with {:ok, bag} <- retry(spec, fn -> Larder.Bag.load(path, opts) end) do
+      if match?(%Larder.Bag{dedup: ^dedup}, bag) do
+        {:ok, bag}
+      else
+        Larder.Bag.drop(bag)
+
+        {:error,
+         Larder.Error.new(
+           :definition_mismatch,
+           "the snapshot's bag has dedup: #{not dedup}, the replica's :into dedup: #{dedup}",
+           path: path
+         )}
+      end
+    end
+  end
+
   def load({module, opts} = spec, path) do
     # Waited for first: a load that finds the name taken has read the whole
     # file for nothing.

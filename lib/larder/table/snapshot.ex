@@ -1,7 +1,8 @@
 # The snapshot file format of Larder.Table: its definition, its ETS rows and
 # keys, and its index's postings (Roaring's portable bytes), in checksummed
-# chunks; the writer process dumps it (a consistent cut) and fills a new
-# table from it without re-indexing a record.
+# chunks; a process of the writer's dumps it (a consistent cut, see
+# Larder.Table.Dump) and the writer fills a new table from it without
+# re-indexing a record.
 defmodule Larder.Table.Snapshot do
   @moduledoc false
 
@@ -75,23 +76,25 @@ defmodule Larder.Table.Snapshot do
   @index 4
 
   @doc """
-  Writes `table` (run by its writer, so no write interleaves) to `path`;
-  `next` and `free` are the writer's id state.
+  Writes `table` as it was at the writer's cut `cut` (see
+  Larder.Table.Dump) to `path`: `next` and `free` are the writer's id state
+  then, `index` the fork of its index, and `walk.(tab, :rows | :keys, cut,
+  write_chunk)` hands `write_chunk` the objects of the ETS table `tab` at
+  the cut, in lists, and returns `{:ok, count}` or the error of a write.
   """
-  @spec dump(Table.t(), non_neg_integer(), [non_neg_integer()], Path.t()) ::
+  @spec dump(Table.t(), map(), reference(), Path.t(), function()) ::
           :ok | {:error, Larder.Error.t()}
-  def dump(table, next, free, path) do
+  def dump(table, cut, index, path, walk) do
     names = Enum.map(table.entries, &elem(&1, 0))
-    terms = Native.index_export(table.index.ref)
 
     Larder.SnapshotFile.write(path, "Larder.Table.dump/2", fn write ->
-      definition = [{table.key, table.store, names, next, free}]
+      definition = [{table.key, table.store, names, cut.next, cut.free}]
 
       with :ok <- write.([@magic, @version]),
            :ok <- write.(chunk(@definition, definition)),
-           {:ok, rows} <- write_ets(write, @rows, table.rows),
-           {:ok, keys} <- write_ets(write, @keys, table.keys),
-           {:ok, count} <- write_list(write, @index, terms, 0) do
+           {:ok, rows} <- walk.(table.rows, :rows, cut, &write.(chunk(@rows, &1))),
+           {:ok, keys} <- walk.(table.keys, :keys, cut, &write.(chunk(@keys, &1))),
+           {:ok, count} <- write_list(write, @index, Native.index_export(index), 0) do
         write.(<<0, rows::64, keys::64, count::64>>)
       end
     end)
@@ -100,19 +103,6 @@ defmodule Larder.Table.Snapshot do
   defp chunk(kind, items) do
     payload = :erlang.term_to_binary(items)
     [<<kind, byte_size(payload)::32, length(items)::32, :erlang.crc32(payload)::32>>, payload]
-  end
-
-  defp write_ets(write, kind, tab) do
-    write_select(write, kind, :ets.select(tab, [{:_, [], [:"$_"]}], @chunk), 0)
-  end
-
-  defp write_select(_write, _kind, :"$end_of_table", total), do: {:ok, total}
-
-  defp write_select(write, kind, {items, cont}, total) do
-    case write.(chunk(kind, items)) do
-      :ok -> write_select(write, kind, :ets.select(cont), total + length(items))
-      error -> error
-    end
   end
 
   defp write_list(_write, _kind, [], total), do: {:ok, total}

@@ -11,6 +11,7 @@ defmodule Larder.Table.Writer do
   alias Larder.Instance
   alias Larder.Table
   alias Larder.Table.Claim
+  alias Larder.Table.Dump
   alias Larder.Table.Snapshot
   alias Larder.Table.Writes
 
@@ -18,6 +19,8 @@ defmodule Larder.Table.Writer do
 
   # `next`, `free` and `top` are the row ids' state (see Larder.Table.Writes).
   # While a `claim` is held, the other requests wait in `held`, in order.
+  # `dumps` are the dumps running (Larder.Table.Dump), whose cut each write
+  # saves what it changes for.
   defstruct [
     :table,
     :owner,
@@ -25,7 +28,8 @@ defmodule Larder.Table.Writer do
     free: [],
     top: 0,
     claim: nil,
-    held: :queue.new()
+    held: :queue.new(),
+    dumps: []
   ]
 
   # Started by Larder.Table through Larder.Instance.start/4 (new/1, load/2:
@@ -121,10 +125,12 @@ defmodule Larder.Table.Writer do
     end
   end
 
-  # A dump by the writer: no write runs during it, so the file is one
-  # state of the table.
-  def handle_call({:dump, path}, _from, state) do
-    {:reply, Snapshot.dump(state.table, state.next, state.free, path), state}
+  # A dump: the writer takes the cut (between two writes, so the file is
+  # one state of the table) and a process of its own writes the file while
+  # the writer goes on; `notify` gets the result (Larder.Table.Dump).
+  def handle_call({:dump, path, notify}, _from, state) do
+    dump = Dump.start(state, path, notify)
+    {:reply, {:ok, dump.ref}, %{state | dumps: [dump | state.dumps]}}
   catch
     kind, reason -> {:reply, {:raise, kind, reason, __STACKTRACE__}, state}
   end
@@ -144,15 +150,32 @@ defmodule Larder.Table.Writer do
   end
 
   @impl true
-  def handle_info({:DOWN, ref, :process, _, _}, %{claim: %Claim{ref: ref}} = state) do
+  def handle_info({Dump, ref, result}, state),
+    do: {:noreply, %{state | dumps: Dump.finish(state.dumps, ref, result)}}
+
+  def handle_info({:DOWN, monitor, :process, _, reason} = down, state) do
+    case Dump.down(state.dumps, monitor) do
+      nil ->
+        down(down, state)
+
+      # Killed from outside: the caller of dump/2 exits as its process did.
+      dump ->
+        result = {:raise, :exit, reason, []}
+        {:noreply, %{state | dumps: Dump.finish(state.dumps, dump.ref, result)}}
+    end
+  end
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  defp down({:DOWN, ref, :process, _, _}, %{claim: %Claim{ref: ref}} = state) do
     {_reply, state} = settle(state)
     drain(state)
   end
 
-  def handle_info({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state),
+  defp down({:DOWN, _ref, :process, owner, _reason}, %{owner: owner} = state),
     do: {:stop, :normal, state}
 
-  def handle_info(_other, state), do: {:noreply, state}
+  defp down(_other, state), do: {:noreply, state}
 
   @impl true
   def terminate(_reason, state), do: release(state)

@@ -5,6 +5,7 @@ defmodule Larder.Table.Writes do
   @moduledoc false
 
   alias Larder.Index
+  alias Larder.Table.Dump
   alias Larder.Table.Records
 
   @direct_limit 0x80000000
@@ -20,6 +21,7 @@ defmodule Larder.Table.Writes do
           :next => non_neg_integer(),
           :free => [non_neg_integer()],
           :top => non_neg_integer(),
+          :dumps => [Dump.t()],
           optional(atom()) => term()
         }
 
@@ -55,6 +57,7 @@ defmodule Larder.Table.Writes do
       end)
 
     Index.batch(t.index, ops)
+    save(state, rows, keys)
     :ets.insert(t.keys, keys)
     :ets.insert(t.rows, rows)
     {:ok, %{state | next: next, free: free, top: top}}
@@ -69,11 +72,13 @@ defmodule Larder.Table.Writes do
 
       id ->
         Index.batch(t.index, [{:remove_terms, old_terms(t, id), id}])
+        Dump.save_rows(state.dumps, t.rows, [id])
         :ets.delete(t.rows, id)
 
         if direct?(key) do
           {:ok, state}
         else
+          Dump.save_keys(state.dumps, t.keys, [key])
           :ets.delete(t.keys, key)
           {:ok, %{state | free: [id | state.free]}}
         end
@@ -105,6 +110,7 @@ defmodule Larder.Table.Writes do
 
       stored = Records.stored(t, new)
       Index.batch(t.index, diff(before, now, id, []))
+      Dump.save_rows(state.dumps, t.rows, [id])
       :ets.insert(t.rows, {id, stored})
       {{:ok, stored}, state}
     else
@@ -136,6 +142,16 @@ defmodule Larder.Table.Writes do
   defp put(t, record, state) do
     {rows, ops, keyed, span} = Records.write(t, [record])
     {:ok, _state} = run({:insert, rows, ops, keyed, span}, state)
+  end
+
+  # While a dump runs, the rows and keys about to change as they are (see
+  # Larder.Table.Dump).
+  defp save(%{dumps: []}, _rows, _keys), do: :ok
+
+  defp save(state, rows, keys) do
+    t = state.table
+    Dump.save_rows(state.dumps, t.rows, for({id, _} <- rows, do: id))
+    Dump.save_keys(state.dumps, t.keys, for({key, _} <- keys, do: key))
   end
 
   # The ops of Records.write/2, with each id that holds a row taken out of

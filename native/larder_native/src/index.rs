@@ -119,6 +119,24 @@ fn index_drop<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
     reply(env, result)
 }
 
+/// A new index holding the current snapshot of `index_term`: the `Arc` is
+/// cloned, nothing is copied, so it is O(1) on a normal scheduler. A write
+/// to either index copies only what it changes (see the module doc), so the
+/// fork keeps the state of the moment it was taken while the original goes
+/// on: a table's dump exports the fork while its writer keeps writing.
+#[rustler::nif]
+fn index_fork<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
+    let result = index(index_term).and_then(|index| {
+        let current = index.state.load_full().ok_or(NativeError::Dropped)?;
+        let fork = ResourceArc::new(IndexResource {
+            state: ArcSwapOption::new(Some(current)),
+            writer: Mutex::new(()),
+        });
+        Ok(fork.encode(env))
+    });
+    reply(env, result)
+}
+
 /// Defines a NIF pair over `$fun(env, index, arg, dirty) -> Answer`: `$name`
 /// runs on a normal scheduler, where `$fun` answers `:dirty` when the call
 /// could run past about a millisecond, and `$dirty` runs the same call on a

@@ -653,17 +653,20 @@ defmodule Larder.Table.SnapshotTest do
   end
 
   describe "concurrency" do
-    # The writer process dumps: a dump is one state of the table. One
-    # process inserts records 1, 2, 3, ... one write each; every snapshot
-    # must hold exactly 1..k for some k, indexed alike.
+    # A dump is one state of the table. One
+    # process inserts records 1, 2, 3, ... one write each (up to 50,000, a
+    # pause of a millisecond every 100: writes no longer wait for dumps, and
+    # an unpaced writer would grow the table faster than it is loaded);
+    # every snapshot must hold exactly 1..k for some k, indexed alike.
     test "dumps during writes are consistent cuts", %{tmp_dir: dir} do
       table = Table.new(key: :id, index: [:even, {:tag, &[&1.id, :all]}], store: [:even])
       parent = self()
 
       writer =
         spawn_link(fn ->
-          Enum.each(Stream.iterate(1, &(&1 + 1)), fn i ->
+          Enum.each(1..50_000, fn i ->
             if rem(i, 50) == 0, do: send(parent, {:at, i})
+            if rem(i, 100) == 0, do: Process.sleep(1)
             Table.insert(table, %{id: i, even: rem(i, 2) == 0})
           end)
         end)
@@ -686,6 +689,66 @@ defmodule Larder.Table.SnapshotTest do
 
       Process.unlink(writer)
       Process.exit(writer, :kill)
+    end
+
+    # The writer takes the cut and a process of its own writes the file:
+    # writes of every kind go on while that process is held in the middle,
+    # and the file is the table as it was when the dump began.
+    for store <- [nil, [:a, :tags]] do
+      test "writes go on while a dump is held; the file is the table at the cut " <>
+             "(store: #{inspect(store)})",
+           %{tmp_dir: dir} do
+        store = unquote(store)
+        table = build(store, 11, 20_000)
+        by_key = &Enum.sort_by(&1, fn r -> :erlang.term_to_binary(r.id) end)
+        expected = by_key.(Table.stream(table))
+        answers = for q <- searches(11), do: {Table.search(table, q), Table.count(table, q)}
+        path = Path.join(dir, "held")
+
+        {dumper, dump} =
+          Larder.Test.Dumps.suspend_dump(fn -> [table.writer] end, fn ->
+            Table.dump(table, path)
+          end)
+
+        writes =
+          Task.async(fn ->
+            keys = for %{id: key} <- Enum.take_random(expected, 600), do: key
+            {replaced, rest} = Enum.split(keys, 200)
+            {deleted, merged} = Enum.split(rest, 200)
+            Table.insert_many(table, for(key <- replaced, do: %{id: key, a: :new, tags: [:p]}))
+            for key <- deleted, do: Table.delete(table, key)
+            # new keys take the ids the deletes freed
+            Table.insert_many(table, for(i <- 1..300, do: %{id: "new#{i}", a: :x, tags: []}))
+            for key <- merged, do: Table.merge(table, key, %{a: :merged})
+            Table.update(table, hd(merged), %{id: hd(merged)}, &Map.put(&1, :a, :updated))
+            # a build: a chunk of new integer keys above every key (a claim)
+            Table.insert_many(table, for(i <- 1..1_000, do: %{id: 1_000_000 + i, a: :y}))
+            {deleted, merged}
+          end)
+
+        try do
+          assert {:ok, {deleted, merged}} = Task.yield(writes, 30_000),
+                 "the writes waited for the dump"
+
+          assert Task.yield(dump, 0) == nil
+          assert Table.get(table, "new300").a == :x
+          assert Table.get(table, hd(deleted)) == nil
+          assert Table.get(table, List.last(merged)).a == :merged
+          assert Table.size(table) == length(expected) + 1_000 + 300 - 200
+        after
+          Larder.Test.Dumps.resume(dumper)
+        end
+
+        assert Task.await(dump, 60_000) == :ok
+        copy = Table.load!(path, opts(store))
+        assert by_key.(Table.stream(copy)) == expected
+
+        assert for(q <- searches(11), do: {Table.search(copy, q), Table.count(copy, q)}) ==
+                 answers
+
+        Table.drop(copy)
+        Table.drop(table)
+      end
     end
 
     test "a dump deletes the temporary files of killed dumps", %{tmp_dir: dir} do
