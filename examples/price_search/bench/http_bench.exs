@@ -355,6 +355,7 @@ end
 fmt = fn
   nil -> "-"
   n when is_float(n) and n >= 100 -> n |> round() |> Integer.to_string()
+  n when is_float(n) and n < 10 -> :erlang.float_to_binary(n, decimals: 2)
   n when is_float(n) -> :erlang.float_to_binary(n, decimals: 1)
   n -> to_string(n)
 end
