@@ -77,13 +77,13 @@ defmodule PriceSearch.HTTP do
   `{active, N}` mode (at most 64 packets queued as messages, then the
   socket turns passive until more is wanted). A request is decoded, searched
   (straight on the `Larder.Table`, fetched from `PriceSearch.Store` through
-  `:persistent_term`) and answered in that process; a bulk body of 200
-  requests or more, with more than one scheduler online, is cut into one
-  share per scheduler, the first searched in that process and each other in
-  a short-lived process of its own, so that one body uses every scheduler
-  (each piece of at most 1,000 requests is one `Larder.Table.search_many/2`,
-  and sees one state of the table; the body as a whole may see writes made
-  between its pieces). Idle connections cost a
+  `:persistent_term`) and answered in that process; a bulk body of 16 KB
+  or more, with more than one scheduler online, is cut after a newline into
+  one slice per scheduler, the first read, searched and written in that
+  process and each other in a short-lived process of its own, so that one
+  body uses every scheduler (each piece of at most 1,000 requests is one
+  `Larder.Table.search_many/2` and sees one state of the table; the body as
+  a whole may see writes made between its pieces). Idle connections cost a
   process waiting for the socket's next message (about 3 KB) and a socket;
   they take no scheduler time, so held connections do not slow the others.
 
