@@ -144,6 +144,114 @@ defmodule PriceSearch.HTTPTest do
              ~r/^\{"price":\{"id":"\d+","spec":"\w+","value":\d+,"currency":"[^"]*"\},"error":\{\},"id":\d+\}$/m
   end
 
+  # Issue 28: a large bulk body is cut into pieces searched on every
+  # scheduler. The answer must not show the cut: every line in request
+  # order, errors where they stood, across the pieces' boundaries; and the
+  # pieces must run in more than one process when more than one scheduler
+  # is online (one process, as before, leaves a core idle).
+  test "bulk: a large body is answered in order, its pieces searched in several processes", %{
+    port: port,
+    requests: requests
+  } do
+    [{first, _} | _] = requests
+    first = :jiffy.decode(first, [:return_maps])
+    count = 2_500
+    # Unknown offerings, one every 97 lines: some fall on the pieces' edges.
+    bad? = fn id -> rem(id, 97) == 0 end
+
+    {lines, expected} =
+      for id <- 0..(count - 1) do
+        if bad?.(id) do
+          {encode(Map.merge(first, %{"id" => id, "offeringId" => "no-such-offering"})), {id, nil}}
+        else
+          {body, price} = Enum.at(requests, rem(id, length(requests)))
+          {encode(Map.put(:jiffy.decode(body, [:return_maps]), "id", id)), {id, price}}
+        end
+      end
+      |> Enum.unzip()
+
+    body = Enum.join(lines, "\n") <> "\n"
+
+    # Which processes call Larder.Table.search_many/2 while the body is answered.
+    :erlang.trace_pattern({Larder.Table, :search_many, 2}, true, [:local])
+    :erlang.trace(:all, true, [:call])
+
+    answer =
+      try do
+        assert {200, _headers, answer} = C.post(port, @bulk, body, 'application/x-ndjson')
+        answer
+      after
+        :erlang.trace(:all, false, [:call])
+        :erlang.trace_pattern({Larder.Table, :search_many, 2}, false, [:local])
+      end
+
+    callers = collect_callers(MapSet.new())
+
+    answered =
+      answer |> String.split("\n", trim: true) |> Enum.map(&:jiffy.decode(&1, [:return_maps]))
+
+    assert length(answered) == count
+
+    for {line, {id, price}} <- Enum.zip(answered, expected) do
+      assert line["id"] == id
+
+      if price do
+        assert %{"price" => %{"id" => pid, "value" => value}} = line
+        assert {pid, value} == {Integer.to_string(price.idx), price.value}
+      else
+        assert line["error"]["message"] == "unable find offeringId in index"
+      end
+    end
+
+    if System.schedulers_online() > 1, do: assert(MapSet.size(callers) > 1)
+  end
+
+  # A cut after a newline may fall inside a value that spans lines, or after
+  # a stray bracket that ends the stream: the body is then read as a whole,
+  # as Go reads it.
+  test "bulk: a large body cut inside a value, or ended by a stray bracket, is read as Go reads it",
+       %{port: port, requests: requests} do
+    values =
+      for id <- 0..599 do
+        {body, price} = Enum.at(requests, rem(id, length(requests)))
+        json = Map.put(:jiffy.decode(body, [:return_maps]), "id", id)
+        {:jiffy.encode(json, [:pretty]), price}
+      end
+
+    assert Enum.all?(values, fn {json, _} -> json =~ "\n" end)
+    body = Enum.map_join(values, "\n", &elem(&1, 0)) <> "\n"
+    assert byte_size(body) > 64 * 1024
+
+    assert {200, _, answer} = C.post(port, @bulk, body, 'application/x-ndjson')
+
+    lines =
+      answer |> String.split("\n", trim: true) |> Enum.map(&:jiffy.decode(&1, [:return_maps]))
+
+    assert Enum.map(lines, & &1["id"]) == Enum.to_list(0..599)
+
+    for {line, {_json, price}} <- Enum.zip(lines, values),
+        do: assert(line["price"]["id"] == Integer.to_string(price.idx))
+
+    # A stray "]" after the 100th value ends the stream there.
+    {first, rest} = Enum.split(Enum.map(values, &elem(&1, 0)), 100)
+    body = Enum.join(first ++ ["]"] ++ rest, "\n") <> "\n"
+    assert {200, _, answer} = C.post(port, @bulk, body, 'application/x-ndjson')
+
+    lines =
+      answer |> String.split("\n", trim: true) |> Enum.map(&:jiffy.decode(&1, [:return_maps]))
+
+    assert Enum.map(lines, & &1["id"]) == Enum.to_list(0..99)
+  end
+
+  defp collect_callers(acc) do
+    receive do
+      {:trace, pid, :call, {Larder.Table, :search_many, _}} ->
+        collect_callers(MapSet.put(acc, pid))
+    after
+      100 -> acc
+    end
+  end
+
   # One request on a plain socket; the whole raw response, read until close.
   defp raw_post(port, path, body) do
     {:ok, socket} = :gen_tcp.connect({127, 0, 0, 1}, port, [:binary, active: false])

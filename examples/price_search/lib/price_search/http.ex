@@ -77,7 +77,13 @@ defmodule PriceSearch.HTTP do
   `{active, N}` mode (at most 64 packets queued as messages, then the
   socket turns passive until more is wanted). A request is decoded, searched
   (straight on the `Larder.Table`, fetched from `PriceSearch.Store` through
-  `:persistent_term`) and answered in that process. Idle connections cost a
+  `:persistent_term`) and answered in that process; a bulk body of 16 KB
+  or more, with more than one scheduler online, is cut after a newline into
+  one slice per scheduler, the first read, searched and written in that
+  process and each other in a short-lived process of its own, so that one
+  body uses every scheduler (each piece of at most 1,000 requests is one
+  `Larder.Table.search_many/2` and sees one state of the table; the body as
+  a whole may see writes made between its pieces). Idle connections cost a
   process waiting for the socket's next message (about 3 KB) and a socket;
   they take no scheduler time, so held connections do not slow the others.
 
@@ -287,39 +293,152 @@ defmodule PriceSearch.HTTP do
   defp bulk(req, store_name) do
     with {:ok, store} <- loaded(store_name),
          {:ok, body} <- bulk_body(req) do
-      case Request.bulk(body, @bulk_lines) do
-        {:too_many, max} -> error(req, 413, "a bulk body holds at most #{max} requests")
-        {:error, []} -> Server.respond(req, 400, @text, JSON.bulk_stopped())
-        {status, requests} -> bulk_answer(req, store, requests, status)
+      case bulk_answer(store, body) do
+        {:too_many, max} ->
+          error(req, 413, "a bulk body holds at most #{max} requests")
+
+        {:error, 0, _} ->
+          Server.respond(req, 400, @text, JSON.bulk_stopped())
+
+        {status, _count, chunks} ->
+          # One write a chunk: a client that takes none of its answer blocks
+          # the next write, which :send_timeout then ends.
+          Server.chunked_head(req, 200, @ndjson)
+          Enum.each(chunks, &Server.chunk(req, &1))
+          if status == :error, do: Server.chunk(req, JSON.bulk_stopped())
+          Server.chunk(req, "")
       end
     else
       {:error, status, message} -> error(req, status, message)
     end
   end
 
-  defp bulk_answer(req, store, requests, status) do
-    answers = Search.bitmap_many(store, requests)
-    Server.chunked_head(req, 200, @ndjson)
-    write_lines(requests, answers, req, 0, [])
-    if status == :error, do: Server.chunk(req, JSON.bulk_stopped())
-    Server.chunk(req, "")
-  end
-
+  # At most 1,000 lines per chunk of the answer.
   @chunk_lines 1_000
+  # A smaller body is read and searched on the connection's scheduler alone.
+  @parallel_bytes 16 * 1024
 
-  # Writes the answers in chunks of 1,000 lines.
-  defp write_lines([], [], resp, _n, acc), do: write_chunk(acc, resp)
+  # A bulk body's answer: {:ok | :error, requests read, chunks} or
+  # {:too_many, max}, as `PriceSearch.Request.bulk/2` reads the body.
+  #
+  # With more than one scheduler online and a body of @parallel_bytes or
+  # more, the body is cut after a newline into one slice per scheduler, and
+  # each slice is read, searched and written as lines by a process of its
+  # own (this one takes the first; the others read the store from
+  # `:persistent_term` by its name, so it is not copied, and hand back their
+  # lines as binaries). That is the same answer as reading the whole body
+  # when every slice but the last holds whole values (`Request.bulk_slice/2`)
+  # and the body holds fewer than the most requests allowed; otherwise, a
+  # body Go would read across a cut, the body is read again as a whole.
+  defp bulk_answer(store, body) do
+    schedulers = :erlang.system_info(:schedulers_online)
 
-  defp write_lines(requests, answers, resp, @chunk_lines, acc) do
-    write_chunk(acc, resp)
-    write_lines(requests, answers, resp, 0, [])
+    slices =
+      if schedulers > 1 and byte_size(body) >= @parallel_bytes,
+        do: slices(body, schedulers),
+        else: [body]
+
+    case slices do
+      [_body] ->
+        bulk_whole(store, body)
+
+      [mine | theirs] ->
+        name = store.name
+        last = length(theirs)
+
+        shares =
+          for {slice, i} <- Enum.with_index(theirs, 1) do
+            spawn_monitor(fn -> exit({:bulk_share, bulk_share(name, slice, i == last)}) end)
+          end
+
+        mine = bulk_slice(store, mine, false)
+        combine([mine | Enum.map(shares, &await_share/1)], 0, []) || bulk_whole(store, body)
+    end
   end
 
-  defp write_lines([request | requests], [answer | answers], resp, n, acc),
-    do: write_lines(requests, answers, resp, n + 1, [acc | JSON.bulk_line(request.id, answer)])
+  defp bulk_whole(store, body) do
+    case Request.bulk(body, @bulk_lines) do
+      {:too_many, max} ->
+        {:too_many, max}
 
-  defp write_chunk([], _resp), do: :ok
-  defp write_chunk(data, req), do: Server.chunk(req, data)
+      {status, requests} ->
+        chunks = requests |> Enum.chunk_every(@chunk_lines) |> Enum.map(&bulk_lines(store, &1))
+        {status, length(requests), chunks}
+    end
+  end
+
+  # `parts` slices of `body`, each but the last ending just after a newline
+  # (fewer when the body has fewer newlines).
+  defp slices(body, parts) do
+    size = byte_size(body)
+
+    cuts =
+      Enum.reduce(1..(parts - 1), [0], fn k, [previous | _] = cuts ->
+        from = max(previous, div(k * size, parts))
+
+        case :binary.match(body, "\n", scope: {from, size - from}) do
+          {at, 1} when at + 1 < size -> [at + 1 | cuts]
+          _ -> cuts
+        end
+      end)
+
+    [size | cuts]
+    |> Enum.reverse()
+    |> Enum.chunk_every(2, 1, :discard)
+    |> Enum.map(fn [from, to] -> binary_part(body, from, to - from) end)
+  end
+
+  # A slice's {status, requests read, chunks}: searched only when its answer
+  # can be used (a slice before the last must hold whole values).
+  defp bulk_slice(store, slice, last?) do
+    case Request.bulk_slice(slice, @bulk_lines) do
+      {status, requests} when status == :whole or (last? and status in [:stopped, :error]) ->
+        chunks =
+          requests
+          |> Enum.chunk_every(@chunk_lines)
+          |> Enum.map(&IO.iodata_to_binary(bulk_lines(store, &1)))
+
+        {status, length(requests), chunks}
+
+      _unusable ->
+        :unusable
+    end
+  end
+
+  defp bulk_share(name, slice, last?) do
+    {:ok, store} = Store.fetch(name)
+    bulk_slice(store, slice, last?)
+  end
+
+  # A share's answer comes back as its exit reason; a share that fails
+  # raises here, in the connection's process, which answers 500 as for any
+  # failure. The shares are not linked: a client gone mid-answer leaves
+  # them to finish their bounded work (a slice of a 32 MB body) and end.
+  defp await_share({pid, ref}) do
+    receive do
+      {:DOWN, ^ref, :process, ^pid, {:bulk_share, answer}} -> answer
+      {:DOWN, ^ref, :process, ^pid, reason} -> raise "a bulk share failed: #{inspect(reason)}"
+    end
+  end
+
+  # The slices' answers as the body's, or nil when they cannot stand for it.
+  # (Reading the whole body, a value that starts after the most requests
+  # allowed makes it too many, even a value that cannot be read.)
+  defp combine([{status, n, chunks}], count, acc)
+       when count + n < @bulk_lines or (count + n == @bulk_lines and status != :error) do
+    status = if status == :error, do: :error, else: :ok
+    {status, count + n, Enum.concat(:lists.reverse([chunks | acc]))}
+  end
+
+  defp combine([{:whole, n, chunks} | rest], count, acc) when rest != [],
+    do: combine(rest, count + n, [chunks | acc])
+
+  defp combine(_answers, _count, _acc), do: nil
+
+  defp bulk_lines(store, requests) do
+    answers = Search.bitmap_many(store, requests)
+    Enum.zip_with(requests, answers, &JSON.bulk_line(&1.id, &2))
+  end
 
   ## Helpers
 

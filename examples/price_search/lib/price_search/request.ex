@@ -84,7 +84,30 @@ defmodule PriceSearch.Request do
   """
   @spec bulk(binary(), pos_integer(), :auto | :exact) ::
           {:ok | :error, [t()]} | {:too_many, pos_integer()}
-  def bulk(body, max \\ 65_536, reader \\ :auto), do: stream(body, max, reader, 0, [])
+  def bulk(body, max \\ 65_536, reader \\ :auto) do
+    case stream(body, max, reader, 0, []) do
+      {:stopped, requests} -> {:ok, requests}
+      other -> other
+    end
+  end
+
+  @doc """
+  Reads a slice of a bulk body cut just after a newline, as `bulk/2` reads
+  it: `{:whole, requests}` when the slice holds whole values only and nothing
+  but blanks after the last, so that reading the body from the slice's end
+  goes on exactly as reading it all would (a JSON value holds no raw
+  newline but between its tokens, and its tokens end where the slice does);
+  otherwise what `bulk/2` answers for the slice alone, with `{:stopped,
+  requests}` for a stream ended by a stray `]` or `}`.
+  """
+  @spec bulk_slice(binary(), pos_integer()) ::
+          {:whole | :stopped | :error, [t()]} | {:too_many, pos_integer()}
+  def bulk_slice(slice, max) do
+    case stream(slice, max, :auto, 0, []) do
+      {:ok, requests} -> {:whole, requests}
+      other -> other
+    end
+  end
 
   defp stream(rest, max, reader, count, acc) do
     case GoJSON.skip_ws(rest, 0) do
@@ -93,7 +116,7 @@ defmodule PriceSearch.Request do
 
       # Go's Decoder.More: a stray closing bracket ends the stream.
       {<<c, _::binary>>, _} when c in ~c"]}" ->
-        {:ok, :lists.reverse(acc)}
+        {:stopped, :lists.reverse(acc)}
 
       _ when count == max ->
         {:too_many, max}

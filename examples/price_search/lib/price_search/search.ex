@@ -26,7 +26,7 @@ defmodule PriceSearch.Search do
   ## Performance
 
   A search is one `Larder.Table.search/2` (or one `Larder.Table.search_many/2`
-  for a bulk body); finding which value is unknown costs map lookups, and
+  for each piece of a bulk body, see `PriceSearch.HTTP`); finding which value is unknown costs map lookups, and
   only when nothing matched. A request with more than #{@many_chars}
   characteristics has them checked first and repeats dropped, so the table
   search never gets more conditions than the catalogue has values.
