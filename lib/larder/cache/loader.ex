@@ -29,9 +29,9 @@ defmodule Larder.Cache.Loader do
   # expiry time (Expiry.live?/2, written out), one counter, and no tuple
   # but the result. Every other row (a large value, a loading marker, an
   # expired or absent row) goes the general way, fetch/3, which looks again.
-  # Each of those steps showed in a profile of the hit against a raw ETS
-  # lookup (bench/cache_bench.exs): the calls, tuples and map reads of the
-  # general way cost about a tenth of the lookup with 16 runners or a ttl.
+  # The general way costs a hit four calls, two tuples and four reads of
+  # the handle's fields more (bench/cache_bench.exs compares both with a
+  # raw ETS lookup).
   def read(%{telemetry: false, data: data, clock: clock, stats: stats} = rt, key, fun) do
     case :ets.lookup(data, key) do
       [{_, _, :infinity, size, value}] when is_integer(size) ->
