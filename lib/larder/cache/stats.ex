@@ -19,8 +19,10 @@ defmodule Larder.Cache.Stats do
     :bad_messages
   ]
 
+  # A counter's index in the array (Loader's hit path adds to :l1_hits
+  # itself, with the index as a compile-time constant).
   for {name, index} <- Enum.with_index(@stats, 1) do
-    defp index(unquote(name)), do: unquote(index)
+    def index(unquote(name)), do: unquote(index)
   end
 
   def new, do: :counters.new(length(@stats), [:write_concurrency])

@@ -26,6 +26,10 @@ defmodule Larder.Cache.Store do
   #                                            the journal of the write in
   #                                            progress under that slot
   #
+  # The hit path (Larder.Cache.Loader.read/3) matches a small value row
+  # itself, to save a call and a tuple per hit: a change to that row's
+  # layout changes it too.
+  #
   # Keys are never put in a match pattern: every access to a key's rows is
   # key-exact (lookup, insert, delete, delete_object), so a key such as :_
   # or :"$1" is just a key.

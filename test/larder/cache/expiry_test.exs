@@ -170,4 +170,81 @@ defmodule Larder.Cache.ExpiryTest do
     :ok = stop_supervised({Cache, cache})
     assert_receive {:DOWN, ^ref, :process, ^new_clock, _}
   end
+
+  # A hit compares a row's expiry time with the clock's atomic: served while
+  # expires_at > clock, a miss (and the row deleted) from the tick that
+  # reaches expires_at on. The clock process is suspended so that the test
+  # alone moves the clock.
+  describe "a hit against the clock" do
+    defp hold_clock(cache) do
+      pid = clock_process(cache)
+      true = :erlang.suspend_process(pid)
+      on_exit(fn -> Process.alive?(pid) and :erlang.resume_process(pid) end)
+      :ok
+    end
+
+    defp expires_at(cache, key) do
+      [{^key, _version, expires_at, _size, _value}] = :ets.lookup(cfg(cache).data, key)
+      expires_at
+    end
+
+    defp set_clock(cache, time), do: :atomics.put(cfg(cache).clock, 1, time)
+
+    test "is served until the clock reaches the deadline, and misses from then on", ctx do
+      cache = start_cache(ctx)
+      hold_clock(cache)
+      :ok = Cache.put(cache, :k, %{small: true}, ttl: 60_000)
+      deadline = expires_at(cache, :k)
+
+      set_clock(cache, deadline - 1)
+      assert Cache.fetch(cache, :k, fn -> {:ok, :loaded} end) == {:ok, %{small: true}}
+      assert Cache.get(cache, :k) == %{small: true}
+
+      set_clock(cache, deadline)
+      assert Cache.get(cache, :k) == nil
+      assert Cache.stats(cache).entries == 0
+      assert %{l1_hits: 2, l1_misses: 1} = Cache.stats(cache)
+      assert Cache.fetch(cache, :k, fn -> {:ok, :loaded} end) == {:ok, :loaded}
+    end
+
+    test "a large value and a value without a ttl go by the same rule", ctx do
+      cache = :"#{ctx.test}"
+      start_supervised!({Cache, name: cache, telemetry: false, local_copy_min_bytes: 100})
+      hold_clock(cache)
+      large = :binary.copy("x", 1_000)
+      :ok = Cache.put(cache, :large, large, ttl: 60_000)
+      :ok = Cache.put(cache, :forever, 1)
+      [{_, _, deadline, {:large, _}, _}] = :ets.lookup(cfg(cache).data, :large)
+
+      set_clock(cache, deadline - 1)
+      assert Cache.get(cache, :large) == large
+      set_clock(cache, deadline)
+      assert Cache.get(cache, :large) == nil
+
+      set_clock(cache, deadline + 1_000_000_000)
+      assert Cache.get(cache, :forever) == 1
+    end
+
+    test "hits from many processes are each counted once", ctx do
+      cache = start_cache(ctx)
+      :ok = Cache.put(cache, :plain, 1)
+      :ok = Cache.put(cache, :timed, 2, ttl: 3_600_000)
+      processes = 16
+      each = 1_000
+
+      1..processes
+      |> Enum.map(fn i ->
+        Task.async(fn ->
+          for j <- 1..each do
+            key = if rem(i + j, 2) == 0, do: :plain, else: :timed
+            {:ok, _} = Cache.fetch(cache, key, fn -> raise "a hit must not load" end)
+          end
+        end)
+      end)
+      |> Enum.each(&Task.await(&1, 60_000))
+
+      assert %{l1_hits: hits, l1_misses: 0, loads: 0} = Cache.stats(cache)
+      assert hits == processes * each
+    end
+  end
 end
