@@ -16,7 +16,7 @@ Code.require_file("../test/support/redis_server.ex", __DIR__)
 Code.require_file("../test/support/redis_cluster.ex", __DIR__)
 
 alias Larder.Bench
-alias Larder.Cache.Redis.Cluster
+alias Larder.Redis.Cluster
 alias Larder.Support.RedisCluster
 
 defmodule Larder.ClusterPubsubBench do

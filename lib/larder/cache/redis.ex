@@ -6,12 +6,17 @@ defmodule Larder.Cache.Redis do
 
   ## Options
 
+  The connection options (`:host` to `:max_reply_bytes`, `:sentinel` and
+  `:cluster`) are the ones `Larder.Replica.RedisStream` takes under
+  `:redis`, checked by one schema.
+
     * `:host` - the server's host name or address, 1 to 255 bytes (default
       `"127.0.0.1"`).
     * `:port` - its TCP port, 1 to 65535 (default `6379`).
     * `:database` - the database index selected on connect, 0 to 1,000,000
       (default `0`).
-    * `:password` - sent with `AUTH` on connect (default none).
+    * `:password` - sent with `AUTH` on connect, 0 to 4,096 bytes (default
+      none).
     * `:username` - a Redis 6 ACL user, 1 to 255 bytes, sent with
       `:password` as `AUTH <username> <password>` by every data and
       pub/sub connection, on every reconnect too (default none: `AUTH
@@ -54,8 +59,9 @@ defmodule Larder.Cache.Redis do
 
   ## Client
 
-  Larder speaks RESP2 to Redis itself, over `:gen_tcp`: no Redis client
-  library is needed, in development or in a release.
+  Larder speaks RESP2 to Redis itself, over `:gen_tcp`, through its own
+  client's socket layer (the one the replica's stream source uses too):
+  no Redis client library is needed, in development or in a release.
 
   Command connections (`:pool_size` of them, per master on a cluster) are
   each one process that owns its socket:
@@ -403,12 +409,10 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, Connection, Sentinel, ServerKeeper}
-  alias Larder.Options
+  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, Connection, ServerKeeper}
+  alias Larder.Redis.Options, as: RedisOptions
 
   # Upper bounds of the numeric options (documented in the moduledoc).
-  @max_database 1_000_000
-  @max_timeout 600_000
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
@@ -453,25 +457,14 @@ defmodule Larder.Cache.Redis do
   # :timeout) and the pub/sub connection; it succeeds while Redis is down
   # or not Redis.
   @doc false
-  @spec start_link(map()) :: {:ok, pid()} | {:error, :timeout}
+  @spec start_link(map()) :: {:ok, pid()} | {:error, term()}
   def start_link(state) do
     check_args!(state, [])
-    parent = self()
-    ref = make_ref()
+    keeper = if state.cluster?, do: ClusterKeeper, else: ServerKeeper
+    timeout = @init_timeout + state.pool_size * state.timeout
 
-    keeper =
-      if state.cluster?,
-        do: spawn_link(fn -> ClusterKeeper.init(parent, ref, state) end),
-        else: spawn_link(fn -> ServerKeeper.init(parent, ref, state) end)
-
-    receive do
-      {^ref, :ready} -> {:ok, keeper}
-    after
-      @init_timeout + state.pool_size * state.timeout ->
-        Process.unlink(keeper)
-        Process.exit(keeper, :kill)
-        {:error, :timeout}
-    end
+    # (a keeper that does not report ready in time is killed by proc_lib)
+    :proc_lib.start_link(keeper, :init, [self(), state], timeout)
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
@@ -662,25 +655,16 @@ defmodule Larder.Cache.Redis do
   @impl true
   @spec validate_opts!(keyword()) :: keyword()
   def validate_opts!(opts) do
-    schema = [
-      host: {{:string, 1, 255}, "127.0.0.1"},
-      port: {{:integer, 1, 65_535}, 6379},
-      database: {{:integer, 0, @max_database}, 0},
-      password: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil},
-      timeout: {{:integer, 1, @max_timeout}, 1000},
+    extra = [
       reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
       pool_size: {{:integer, 1, @max_pool_size}, 2},
-      max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
-      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
-      cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
-      username: {{:or_nil, {:string, 1, 255}}, nil},
       tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
-    opts
-    |> Options.validate!(schema, "Larder.Cache.Redis")
-    |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
-    |> ClusterKeeper.validate!(opts)
+    RedisOptions.validate!(opts, "Larder.Cache.Redis", extra,
+      timeout: 1000,
+      max_reply_bytes: 134_217_728
+    )
   end
 end

@@ -8,7 +8,7 @@ defmodule Larder.Cache.RedisClusterLoadTest do
   use ExUnit.Case, async: false
 
   alias Larder.Cache.Redis
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Redis.Cluster
   alias Larder.Support.RedisCluster
 
   @moduletag :redis

@@ -11,7 +11,8 @@ defmodule Larder.Cache.RedisClusterTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.Redis.{Cluster, ClusterKeeper}
+  alias Larder.Cache.Redis.ClusterKeeper
+  alias Larder.Redis.Cluster
   alias Larder.Support.{RedisCluster, RedisServer}
   alias Larder.Test.GarbageServer
 

@@ -36,10 +36,10 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, Keeper, Subscription, Tracking}
-  alias Larder.Redis.RESP
+  alias Larder.Cache.Redis.{Keeper, Subscription, Tracking}
+  alias Larder.Redis.Cluster
+  alias Larder.Redis.Socket
 
-  @max_seeds 16
   # The largest CLUSTER SLOTS reply read (16,384 one-slot ranges with a
   # few replicas each fit).
   @max_reply_bytes 4_194_304
@@ -49,55 +49,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # master that is down.
   @max_follow_ms 500
 
-  @doc """
-  Checks the :cluster option of `validated` (the other options checked),
-  against the options the user gave (`raw`): 1 to #{@max_seeds} `{host,
-  port}` seeds, no :host, :port or :sentinel, :database 0.
-  Returns the options without :host and :port, which a cluster does not use.
-  """
-  @spec validate!(keyword(), keyword()) :: keyword()
-  def validate!(validated, raw) do
-    case validated[:cluster] do
-      nil ->
-        validated
-
-      seeds ->
-        unless is_list(seeds) and seeds != [] and length(seeds) <= @max_seeds and
-                 Enum.all?(seeds, &address?/1) do
-          raise ArgumentError,
-                "expected Larder.Cache.Redis option :cluster to be a list of 1 to " <>
-                  "#{@max_seeds} {host, port} seed nodes (host a string of 1 to 255 bytes, " <>
-                  "port 1 to 65535), got: #{inspect(seeds, limit: 20)}"
-        end
-
-        for key <- [:host, :port, :sentinel], raw[key] != nil do
-          raise ArgumentError,
-                "Larder.Cache.Redis option :cluster excludes #{inspect(key)}: " <>
-                  "the cluster's nodes come from its seeds"
-        end
-
-        if validated[:database] != 0 do
-          raise ArgumentError,
-                "expected Larder.Cache.Redis option :database to be 0 with :cluster " <>
-                  "(a Redis Cluster has one database), got: #{inspect(validated[:database])}"
-        end
-
-        validated |> Keyword.delete(:host) |> Keyword.delete(:port)
-    end
-  end
-
-  defp address?({host, port}),
-    do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535
-
-  defp address?(_), do: false
-
   @doc "How many CLUSTER SLOTS answers (or their entries) were not usable."
   @spec bad_replies(map()) :: non_neg_integer()
   def bad_replies(%{table: table}), do: Keeper.counter(table, :bad_replies)
 
   @doc false
-  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
-  def init(parent, ref, %{opts: opts, table: table} = l2) do
+  # The keeper process (a :proc_lib process started linked by
+  # Larder.Cache.Redis.start_link/1; see Keeper for its system messages).
+  def init(parent, %{opts: opts, table: table} = l2) do
     state = Keeper.init(parent, l2)
     # A keeper that restarts starts from nothing: the rows of the one before
     # (slots, pools of masters that may be gone) are dropped, and callers
@@ -110,7 +69,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         timeout: opts[:timeout],
         pool_size: opts[:pool_size],
         seeds: opts[:cluster],
-        auth: Auth.commands(opts),
+        auth: Socket.handshake(Keyword.take(opts, [:username, :password])),
         map: nil,
         pools: MapSet.new(),
         last_refresh: nil,
@@ -131,7 +90,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
     state = refresh(state, System.monotonic_time(:millisecond) + max(budget, 1))
-    Keeper.run(__MODULE__, state, ref)
+    Keeper.run(__MODULE__, state)
   end
 
   @impl Keeper
@@ -288,56 +247,27 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp count_bad(state, n), do: Keeper.count(state.table, :bad_replies, n)
 
   defp fetch_map(state, {host, port}) do
-    timeout = state.timeout
-    deadline = System.monotonic_time(:millisecond) + timeout
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    opts = [timeout: state.timeout, handshake: state.auth, max_reply_bytes: @max_reply_bytes]
 
-    case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      {:ok, socket} ->
-        commands = state.auth ++ [["CLUSTER", "SLOTS"]]
-
-        try do
-          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
-               {:ok, replies} <-
-                 read(socket, RESP.new(@max_reply_bytes), length(commands), deadline, []) do
-            slots_reply(replies, state.auth != [], host)
-          end
-        after
-          :gen_tcp.close(socket)
+    case Socket.request(host, port, [["CLUSTER", "SLOTS"]], opts) do
+      {:ok, [{:ok, reply}]} ->
+        case Cluster.slot_map(reply, host) do
+          {:ok, map} -> {:ok, map}
+          {:error, reason} -> {:error, {:bad, reason}}
         end
+
+      {:ok, [{:error, error}]} ->
+        {:error, {:bad, {:error_reply, error}}}
+
+      {:error, {:handshake, error}} ->
+        {:error, {:auth, error}}
+
+      # (the parser bounds each reply to @max_reply_bytes)
+      {:error, reason} when reason in [:bad_reply, :reply_too_large] ->
+        {:error, {:bad, reason}}
 
       {:error, reason} ->
         {:error, {:connection_error, reason}}
-    end
-  end
-
-  defp slots_reply([{:ok, "OK"}, reply], true, host), do: slots_reply([reply], false, host)
-  defp slots_reply([{:error, error} | _], true, _host), do: {:error, {:auth, error}}
-
-  defp slots_reply([{:ok, reply}], false, host) do
-    case Cluster.slot_map(reply, host) do
-      {:ok, map} -> {:ok, map}
-      {:error, error} -> {:error, {:bad, error.message}}
-    end
-  end
-
-  defp slots_reply([{:error, error}], false, _host), do: {:error, {:bad, {:error_reply, error}}}
-  defp slots_reply(_other, _auth?, _host), do: {:error, {:bad, :unexpected_reply}}
-
-  # (the parser bounds each reply to @max_reply_bytes)
-  defp bad({:error, reason}) when reason in [:not_resp, :too_large], do: {:error, {:bad, reason}}
-  defp bad(result), do: result
-
-  defp read(socket, parser, n, deadline, acc) do
-    left = deadline - System.monotonic_time(:millisecond)
-
-    with true <- left > 0 || {:error, :timeout},
-         {:ok, data} <- :gen_tcp.recv(socket, 0, left),
-         {:ok, replies, parser} <- RESP.parse(parser, data) |> bad() do
-      acc = acc ++ replies
-      if length(acc) >= n, do: {:ok, acc}, else: read(socket, parser, n, deadline, acc)
-    else
-      {:error, _} = error -> error
     end
   end
 

@@ -25,7 +25,8 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   # server); a lost connection, a call past the deadline, a redirect loop
   # or a cluster still down when the deadline comes is :l2_unavailable.
 
-  alias Larder.Cache.Redis.{Cluster, Connection}
+  alias Larder.Cache.Redis.Connection
+  alias Larder.Redis.Cluster
 
   @max_hops 5
   @first_wait_ms 5

@@ -37,7 +37,8 @@ defmodule Larder.Cache.Redis.Keeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Connection, Subscription}
+  alias Larder.Cache.Redis.{Connection, Subscription}
+  alias Larder.Redis.Socket
 
   @watch_ms 100
   @sub_max_wait_ms 2_000
@@ -100,14 +101,42 @@ defmodule Larder.Cache.Redis.Keeper do
   end
 
   @doc """
-  Tells `parent` the keeper is ready, opens the pub/sub connection and runs
-  the loop of `mod`'s keeper. Does not return.
+  Tells the parent the keeper is ready (`:proc_lib.init_ack/1`), opens the
+  pub/sub connection and runs the loop of `mod`'s keeper. Does not return.
   """
-  @spec run(module(), state(), reference()) :: no_return()
-  def run(mod, state, ref) do
-    send(state.parent, {ref, :ready})
+  @spec run(module(), state()) :: no_return()
+  def run(mod, state) do
+    :proc_lib.init_ack({:ok, self()})
     Process.send_after(self(), :watch, @watch_ms)
     loop(mod, mod.sub_connect(state))
+  end
+
+  ## System messages: the keeper is a :proc_lib special process, so
+  ## :sys.get_state/1, :sys.trace/2 and crash reports work on it.
+
+  @doc false
+  def system_continue(_parent, _debug, {mod, state}), do: loop(mod, state)
+
+  @doc false
+  def system_terminate(reason, _parent, _debug, {mod, state}), do: stop(mod, state, reason)
+
+  @doc false
+  def system_get_state({_mod, state}), do: {:ok, state}
+
+  @doc false
+  def system_replace_state(fun, {mod, state}) do
+    state = fun.(state)
+    {:ok, state, {mod, state}}
+  end
+
+  @doc false
+  def system_code_change(misc, _module, _old, _extra), do: {:ok, misc}
+
+  defp stop(mod, %{sub: sub, clients: clients} = state, reason) do
+    mod.shutdown(state)
+    for pid <- Map.keys(clients), do: stop_client(pid)
+    if sub, do: Subscription.close(sub)
+    exit(reason)
   end
 
   defp loop(mod, %{sub: sub, parent: parent, clients: clients} = state) do
@@ -140,11 +169,11 @@ defmodule Larder.Cache.Redis.Keeper do
         state = state |> write_rows() |> end_summary()
         loop(mod, mod.watch(state))
 
+      {:system, from, request} ->
+        :sys.handle_system_msg(request, from, parent, __MODULE__, [], {mod, state})
+
       {:EXIT, ^parent, reason} ->
-        mod.shutdown(state)
-        for pid <- Map.keys(clients), do: stop_client(pid)
-        if sub, do: Subscription.close(sub)
-        exit(reason)
+        stop(mod, state, reason)
 
       {:EXIT, pid, reason} when is_map_key(clients, pid) ->
         loop(mod, client_ended(state, pid, reason))
@@ -168,7 +197,7 @@ defmodule Larder.Cache.Redis.Keeper do
     conn_opts = [
       timeout: opts[:timeout],
       database: opts[:database],
-      auth: Auth.commands(opts),
+      auth: Socket.handshake(Keyword.take(opts, [:username, :password])),
       max_reply_bytes: opts[:max_reply_bytes]
     ]
 

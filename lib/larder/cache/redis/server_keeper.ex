@@ -33,7 +33,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Keeper, Sentinel, Subscription, Tracking}
+  alias Larder.Cache.Redis.{Keeper, Subscription, Tracking}
+  alias Larder.Redis.Sentinel
+  alias Larder.Redis.Socket
 
   # Wait before connecting again to a sentinel whose subscription was lost.
   @sentinel_retry_ms 1_000
@@ -43,8 +45,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   @park_ms 5_000
 
   @doc false
-  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
-  def init(parent, ref, %{opts: opts} = l2) do
+  # The keeper process (a :proc_lib process started linked by
+  # Larder.Cache.Redis.start_link/1; see Keeper for its system messages).
+  def init(parent, %{opts: opts} = l2) do
     state = Keeper.init(parent, l2)
     Keeper.put(state.table, {:keeper, self()})
 
@@ -69,7 +72,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
-    Keeper.run(__MODULE__, state, ref)
+    Keeper.run(__MODULE__, state)
   end
 
   @impl Keeper
@@ -122,7 +125,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   def sub_connect(state) do
     opts = state.opts
-    auth = Auth.commands(opts)
+    auth = Socket.handshake(Keyword.take(opts, [:username, :password]))
     {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
     expect = if auth != [], do: [:auth | expect], else: expect
 
@@ -219,7 +222,11 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         do: Keyword.update!(state.sentinel, :sentinels, &[first | List.delete(&1, first)]),
         else: state.sentinel
 
-    case Sentinel.master(sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
+    case Sentinel.master(
+           sentinel,
+           Socket.handshake(Keyword.take(state.opts, [:username, :password])),
+           state.opts[:timeout]
+         ) do
       {:ok, {host, port}} ->
         host = String.to_charlist(host)
 

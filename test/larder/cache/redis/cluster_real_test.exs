@@ -5,7 +5,7 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
   # the new owner that a refreshed map already knows.
   use ExUnit.Case, async: true
 
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Redis.Cluster
   alias Larder.Support.RedisCluster
 
   @moduletag :redis

@@ -5,7 +5,7 @@ defmodule Larder.Cache.Redis.ClusterTest do
   # cluster.
   use ExUnit.Case, async: true
 
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Redis.Cluster
   alias Larder.Test.PropEr
 
   import Bitwise, only: [&&&: 2]
@@ -93,23 +93,21 @@ defmodule Larder.Cache.Redis.ClusterTest do
       assert Cluster.master(map, 16_383) == {"a", 1}
     end
 
-    test "a reply naming more than max_masters/0 masters is an :l2_bad_reply error" do
+    test "a reply naming more than max_masters/0 masters is refused" do
       reply = fn n -> for i <- 0..(n - 1), do: [i, i, ["h", i + 1]] end
       max = Cluster.max_masters()
       assert {:ok, map} = Cluster.slot_map(reply.(max), "h")
       assert length(Cluster.masters(map)) == max
 
-      assert {:error, %Larder.Error{reason: :l2_bad_reply, details: details}} =
-               Cluster.slot_map(reply.(max + 1), "h")
-
-      assert details.masters == max + 1
+      assert {:error, {:too_many_masters, n}} = Cluster.slot_map(reply.(max + 1), "h")
+      assert n == max + 1
 
       # the same master in many ranges is one master
       assert {:ok, _} = Cluster.slot_map(for(i <- 0..16_383, do: [i, i, ["h", 1]]), "h")
     end
 
-    test "a reply that is not a list is an :l2_bad_reply error" do
-      assert {:error, %Larder.Error{reason: :l2_bad_reply}} = Cluster.slot_map("ERR", "h")
+    test "a reply that is not a list is refused" do
+      assert {:error, :not_a_list} = Cluster.slot_map("ERR", "h")
       assert {:ok, %{bad: 0}} = Cluster.slot_map([], "h")
       assert {:ok, %{bad: 0}} = Cluster.slot_map([[0, 1, ["h", 1]] | :improper], "h")
     end
@@ -194,7 +192,7 @@ defmodule Larder.Cache.Redis.ClusterTest do
                     end
                   end)
 
-              {:error, %Larder.Error{reason: :l2_bad_reply}} ->
+              {:error, :not_a_list} ->
                 not is_list(reply)
             end
 
