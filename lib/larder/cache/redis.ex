@@ -219,7 +219,7 @@ defmodule Larder.Cache.Redis do
       not written again. Tested with `SENTINEL FAILOVER`
       (the old master still running) under 8 writers and 4 readers on 2
       nodes, every operation recorded and checked
-      (`test/larder/cache/redis_sentinel_history_test.exs`).
+      (`test/larder/cache/redis/sentinel_history_test.exs`).
     * A node drops its L1 when it hears a failover of its master begin,
       and again when its move is done. The sentinel that leads the
       failover publishes `+try-failover` at least three of its timer
@@ -250,7 +250,7 @@ defmodule Larder.Cache.Redis do
       or a miss (a repair of an earlier put of the key that failed
       deletes it; a renewed generation). Tested with the master SIGKILLed
       under 8 readers and writers on 2 nodes
-      (`test/larder/cache/redis_sentinel_failover_test.exs`).
+      (`test/larder/cache/redis/sentinel_failover_test.exs`).
     * A caller sees only `:l2_unavailable` from a failover in which the
       old master stays down. An old master that comes back before the
       sentinels make it a replica still says `master` and holds its
