@@ -30,7 +30,10 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # so that masters down together are not tried together), and the rest
   # of its pool is started once one connects. So a map naming many dead
   # masters costs at most one connection attempt per master per backoff
-  # and one CLUSTER SLOTS per @max_follow_ms.
+  # and one CLUSTER SLOTS per @max_follow_ms. A master that accepts
+  # connections and closes them (a pool connection ending within a second
+  # of its start, see ended_young/2) is down the same way, its backoff
+  # going on from one such end to the next.
 
   @behaviour Larder.Cache.Redis.Keeper
 
@@ -48,6 +51,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # The longest wait between two readings of the map while it names a
   # master that is down.
   @max_follow_ms 500
+  # How long a master's young ends are remembered for its backoff.
+  @young_forget_ms 10_000
 
   @doc "How many CLUSTER SLOTS answers (or their entries) were not usable."
   @spec bad_replies(map()) :: non_neg_integer()
@@ -85,7 +90,10 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         # __redis__:invalidate (by node, and its socket's node)
         tracking: opts[:tracking_prefix],
         tsubs: %{},
-        tsockets: %{}
+        tsockets: %{},
+        # masters whose connections ended young: node => {the wait the
+        # next young end starts from, when the last one was}
+        young: %{}
       })
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
@@ -360,6 +368,46 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
+  # A pool connection that ended young (a master that accepts and then
+  # closes): its master is down as if the connection had been refused, and
+  # the backoff goes on from where the last young end left it (unless that
+  # was more than @young_forget_ms ago), since each retry connects.
+  @impl Keeper
+  def ended_young(state, {host, port, _i} = key) do
+    node = {host, port}
+    Keeper.put(state.table, {key, :none})
+
+    cond do
+      not MapSet.member?(state.pools, node) ->
+        state
+
+      is_map_key(state.down, node) ->
+        park(state, node, key)
+
+      true ->
+        now = System.monotonic_time(:millisecond)
+        sleep = state.opts[:reconnect_sleep]
+
+        wait =
+          case state.young do
+            %{^node => {wait, at}} when now - at < @young_forget_ms -> wait
+            _ -> sleep
+          end
+
+        down = %{wait: wait, timer: nil, pending: MapSet.new([key])}
+        young = {min(wait * 2, Keeper.max_wait(state)), now}
+
+        state = %{
+          state
+          | down: Map.put(state.down, node, down),
+            young: Map.put(state.young, node, young)
+        }
+
+        send(self(), :refresh)
+        state |> schedule_retry(node) |> follow_down()
+    end
+  end
+
   # Whether Keeper.start_client/4 connected (it adds the client's pid).
   defp started?(after_start, before), do: map_size(after_start.clients) > map_size(before.clients)
 
@@ -401,6 +449,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp node_gone(state, node) do
+    state = %{state | young: Map.delete(state.young, node)}
+
     case Map.pop(state.down, node) do
       {nil, _} ->
         state

@@ -22,7 +22,9 @@ defmodule Larder.Cache.Redis.Keeper do
   # after :reconnect_sleep: by a timer, not a restart, since a hostile
   # server may end one on every reply. Ends are logged as one warning for
   # the first, then at most one per @end_log_ms saying how many more ended:
-  # a reconnect storm does not flood the log.
+  # a reconnect storm does not flood the log. A connection that ends within
+  # @young_ms of its start goes to the topology's c:ended_young/2 when it
+  # has one (the cluster keeper backs its master off as one that refused).
   #
   # The pub/sub connection: the topology opens it (c:sub_connect/1, with
   # Subscription.open/7) and handles the replies of its own handshake and
@@ -43,6 +45,9 @@ defmodule Larder.Cache.Redis.Keeper do
   @watch_ms 100
   @sub_max_wait_ms 2_000
   @end_log_ms 30_000
+  # A command connection that ends sooner than this after it started
+  # ended young (see c:ended_young/2).
+  @young_ms 1_000
 
   @type state :: map()
 
@@ -75,6 +80,15 @@ defmodule Larder.Cache.Redis.Keeper do
   @doc "The topology's part of the periodic watch."
   @callback watch(state()) :: state()
 
+  @doc """
+  A command connection of `key` ended less than @young_ms after it was
+  started: the topology backs it off as a connection that could not be
+  opened (optional; without it, the key is started again after
+  `:reconnect_sleep`, as after any end).
+  """
+  @callback ended_young(state(), key :: term()) :: state()
+  @optional_callbacks ended_young: 2
+
   @doc "Closes the topology's own sockets, when the keeper stops."
   @callback shutdown(state()) :: :ok
 
@@ -93,6 +107,8 @@ defmodule Larder.Cache.Redis.Keeper do
       opts: opts,
       table: l2.table,
       clients: %{},
+      # when each command connection was started (monotonic ms)
+      born: %{},
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
@@ -176,7 +192,7 @@ defmodule Larder.Cache.Redis.Keeper do
         stop(mod, state, reason)
 
       {:EXIT, pid, reason} when is_map_key(clients, pid) ->
-        loop(mod, client_ended(state, pid, reason))
+        loop(mod, client_ended(mod, state, pid, reason))
 
       other ->
         loop(mod, mod.handle_info(other, state))
@@ -204,7 +220,8 @@ defmodule Larder.Cache.Redis.Keeper do
     case Connection.start_link(host, port, conn_opts) do
       {:ok, client} ->
         put(state.table, {key, client})
-        %{state | clients: Map.put(state.clients, client, key)}
+        born = Map.put(state.born, client, System.monotonic_time(:millisecond))
+        %{state | clients: Map.put(state.clients, client, key), born: born}
 
       {:error, _reason} ->
         retry_client(state, key)
@@ -230,11 +247,19 @@ defmodule Larder.Cache.Redis.Keeper do
   @spec ended_connections(map()) :: non_neg_integer()
   def ended_connections(%{table: table}), do: counter(table, :ended_connections)
 
-  defp client_ended(state, pid, reason) do
+  defp client_ended(mod, state, pid, reason) do
     {key, clients} = Map.pop(state.clients, pid)
+    {born, born_map} = Map.pop(state.born, pid)
     count(state.table, :ended_connections, 1)
-    state = retry_client(%{state | clients: clients}, key)
     now = System.monotonic_time(:millisecond)
+    state = %{state | clients: clients, born: born_map}
+
+    # A connection that ended young (a server that accepts and closes)
+    # is, for a topology that backs off failed opens, one of those.
+    state =
+      if born != nil and now - born < @young_ms and function_exported?(mod, :ended_young, 2),
+        do: mod.ended_young(state, key),
+        else: retry_client(state, key)
 
     case state.end_log do
       %{at: at, quiet: quiet} when at != nil and now - at < @end_log_ms ->
