@@ -638,8 +638,8 @@ defmodule Larder.CacheTopologyBench do
   end
 
   defp slot_map({host, port}) do
-    {:ok, conn} = Cache.Redis.Connection.start_link(String.to_charlist(host), port)
-    {:ok, reply} = Cache.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    {:ok, conn} = Larder.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, reply} = Larder.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
     GenServer.stop(conn)
     {:ok, map} = Larder.Redis.Cluster.slot_map(reply, host)
     map

@@ -409,7 +409,8 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, Connection, ServerKeeper}
+  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, ServerKeeper}
+  alias Larder.Redis.Connection
   alias Larder.Redis.Options, as: RedisOptions
 
   # Upper bounds of the numeric options (documented in the moduledoc).

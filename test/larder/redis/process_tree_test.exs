@@ -63,7 +63,7 @@ defmodule Larder.Redis.ProcessTreeTest do
 
   defp redis?(pid) do
     case initial_call(pid) do
-      {mod, _, _} -> String.starts_with?(inspect(mod), "Larder.Cache.Redis.")
+      {mod, _, _} -> String.starts_with?(inspect(mod), ["Larder.Cache.Redis.", "Larder.Redis."])
       _ -> false
     end
   end
@@ -74,7 +74,7 @@ defmodule Larder.Redis.ProcessTreeTest do
     # the keeper and its command connections at least
     keepers = [Cache.Redis.ServerKeeper, Cache.Redis.ClusterKeeper]
     assert Enum.any?(initial, fn {mod, _, _} -> mod in keepers end), inspect(initial)
-    assert {Cache.Redis.Connection, :init, 1} in initial, inspect(initial)
+    assert {Larder.Redis.Connection, :init, 1} in initial, inspect(initial)
 
     for pid <- pids do
       assert is_map(:sys.get_state(pid, 5_000)), "no state from #{inspect(pid)}"

@@ -39,7 +39,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Keeper, Subscription, Tracking}
+  alias Larder.Cache.Redis.{Keeper, Tracking}
+  alias Larder.Redis.Subscription
   alias Larder.Redis.Cluster
   alias Larder.Redis.Socket
 

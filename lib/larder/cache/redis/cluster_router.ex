@@ -25,7 +25,7 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   # server); a lost connection, a call past the deadline, a redirect loop
   # or a cluster still down when the deadline comes is :l2_unavailable.
 
-  alias Larder.Cache.Redis.Connection
+  alias Larder.Redis.Connection
   alias Larder.Redis.Cluster
 
   @max_hops 5

@@ -39,7 +39,7 @@ defmodule Larder.Cache.Redis.Keeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Connection, Subscription}
+  alias Larder.Redis.{Connection, Subscription}
   alias Larder.Redis.Socket
 
   @watch_ms 100

@@ -33,7 +33,8 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Keeper, Subscription, Tracking}
+  alias Larder.Cache.Redis.{Keeper, Tracking}
+  alias Larder.Redis.Subscription
   alias Larder.Redis.Sentinel
   alias Larder.Redis.Socket
 

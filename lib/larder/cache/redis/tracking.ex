@@ -7,7 +7,7 @@ defmodule Larder.Cache.Redis.Tracking do
 
   require Logger
 
-  alias Larder.Cache.Redis.Connection
+  alias Larder.Redis.Connection
 
   # Redis sends tracking invalidations to a RESP2 redirect target as
   # messages on this channel: an array of keys, or nil after FLUSHDB or

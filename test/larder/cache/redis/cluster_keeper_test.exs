@@ -11,7 +11,8 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
   use ExUnit.Case, async: false
 
   alias Larder.Cache.Redis
-  alias Larder.Cache.Redis.{ClusterKeeper, Connection}
+  alias Larder.Cache.Redis.ClusterKeeper
+  alias Larder.Redis.Connection
   alias Larder.Support.RedisServer
   alias Larder.Test.GarbageServer
 

@@ -1,7 +1,8 @@
-# One command connection of Larder.Cache.Redis: a process that owns a TCP
+# One command connection of the Redis client: a process that owns a TCP
 # socket to a data node, pipelines its callers' commands and answers them
-# in order; it exits when the connection fails, and its keeper replaces it.
-defmodule Larder.Cache.Redis.Connection do
+# in order; it exits when the connection fails, and its owner (the process
+# that started it, linked: a keeper of a pool) replaces it.
+defmodule Larder.Redis.Connection do
   @moduledoc false
 
   # Contract (internal).
@@ -9,7 +10,7 @@ defmodule Larder.Cache.Redis.Connection do
   # start_link/3 connects through Larder.Redis.Socket (AUTH, SELECT of a
   # :database other than 0, their replies checked, all within :timeout),
   # then returns {:ok, pid}; or {:error, reason}. The process is linked to
-  # its caller (the keeper).
+  # its caller (the owner of a pool).
   #
   # q/3 and qp/3 send a command (or several, pipelined on this connection,
   # as ASKING then a command) and wait at most `timeout` ms for the
@@ -21,7 +22,7 @@ defmodule Larder.Cache.Redis.Connection do
   #
   # A failure of the connection fails every caller waiting on it at once
   # with that reason, closes the socket and ends the process (exit reason
-  # {:shutdown, reason}): it never reconnects; its keeper starts another.
+  # {:shutdown, reason}): it never reconnects; its owner starts another.
   #
   # Cost per command, in this process: one gen_tcp.send of the iodata the
   # caller encoded, one queue entry, one parse of what arrives, one reply.

@@ -1,8 +1,9 @@
-# The socket of a pub/sub connection, for the single-server and Sentinel
-# keeper (Larder.Cache.Redis) and the cluster keeper: opening it with its
+# The socket of a pub/sub connection of the Redis client, held in the
+# state of the process that owns it (a keeper of a single server, a
+# Sentinel-managed master or a Cluster's masters): opening it with its
 # handshake sent, reading what arrives, and closing it. What the replies
-# mean, and what a failure costs, is each keeper's own.
-defmodule Larder.Cache.Redis.Subscription do
+# mean, and what a failure costs, is the owner's own.
+defmodule Larder.Redis.Subscription do
   @moduledoc false
 
   alias Larder.Redis.{RESP, Socket}
