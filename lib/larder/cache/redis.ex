@@ -409,8 +409,8 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, ServerKeeper}
-  alias Larder.Redis.Connection
+  alias Larder.Cache.Redis.{ClusterKeeper, ServerKeeper}
+  alias Larder.Redis.{ClusterRouter, Connection}
   alias Larder.Redis.Options, as: RedisOptions
 
   # Upper bounds of the numeric options (documented in the moduledoc).
@@ -556,7 +556,21 @@ defmodule Larder.Cache.Redis do
   # order whichever connection they take. The keeper replaces a client that
   # died, and its pid is looked up in the keeper's table. On a cluster, the
   # router sends it to the pool of the master of the key's slot.
-  defp query(%{cluster?: true} = state, command), do: ClusterRouter.query(state, command)
+  defp query(%{cluster?: true} = state, [name | _] = command) do
+    case ClusterRouter.query(state, command) do
+      {:ok, value} ->
+        {:ok, value}
+
+      {:error, {:error_reply, text}} ->
+        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: text)}
+
+      {:error, {:unavailable, reason}} ->
+        {:error, unavailable(reason)}
+
+      {:error, {:bad_reply, reply}} ->
+        bad_reply(name, reply)
+    end
+  end
 
   defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
     slot = rem(:erlang.system_info(:scheduler_id), size)

@@ -39,8 +39,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Keeper, Tracking}
-  alias Larder.Redis.Subscription
+  alias Larder.Cache.Redis.Keeper
+  alias Larder.Redis.{Subscription, Tracking}
   alias Larder.Redis.Cluster
   alias Larder.Redis.Socket
 
@@ -614,7 +614,9 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
           else: {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(channel)})}
 
       {{:ok, ["message", channel, payload]}, %{expect: []}} ->
-        if channel == Tracking.channel(), do: send(state.subscriber, Tracking.relay(payload))
+        if channel == Tracking.channel(),
+          do: send(state.subscriber, {:larder_cache_l2, :invalidated, Tracking.keys(payload)})
+
         {:cont, state}
 
       {{:ok, _other}, %{expect: []}} ->

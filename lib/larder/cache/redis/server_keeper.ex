@@ -33,8 +33,8 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Keeper, Tracking}
-  alias Larder.Redis.Subscription
+  alias Larder.Cache.Redis.Keeper
+  alias Larder.Redis.{Subscription, Tracking}
   alias Larder.Redis.Sentinel
   alias Larder.Redis.Socket
 
@@ -173,7 +173,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
       when state.tracking != nil and channel == "__redis__:invalidate" do
-    send(state.subscriber, Tracking.relay(payload))
+    send(state.subscriber, {:larder_cache_l2, :invalidated, Tracking.keys(payload)})
     {:cont, state}
   end
 
