@@ -4,6 +4,71 @@ defmodule Larder.Cache.Redis do
 
   Use it as `l2: {Larder.Cache.Redis, redis_opts}` in `Larder.Cache.start_link/1`.
 
+  ## Contract
+
+  The adapter is five commands over Larder's internal Redis client (which
+  speaks RESP2 over `:gen_tcp` itself: no Redis client library is needed,
+  in development or in a release):
+
+    * `get/2` is `GET key`: `{:ok, binary}`, or `:miss` for nil.
+    * `put/5` is `SET key value [PX ttl] [NX]`: `:ok` for `OK` (and for
+      nil with `NX`, a key that was there).
+    * `delete/2` is `DEL key`, `incr/2` is `INCR key` (the cache's
+      generation), `publish/3` is `PUBLISH channel payload` (`SPUBLISH` on
+      a cluster): each reply an integer from 0 to 2^63 - 1.
+
+  Each call goes from the caller straight to one command connection of a
+  pool of `:pool_size` (per master on a cluster), chosen by scheduler;
+  never through the cache's process. What the client reports is turned
+  into the cache's terms: an error reply is `:l2_failed`, a reply that is
+  not what Redis sends for the command is `:l2_bad_reply`, and anything
+  else that keeps a reply from coming within `:timeout` (no connection,
+  a lost one, a timeout, a reply over `:max_reply_bytes`, bytes that are
+  not RESP, a redirect loop, a cluster still down) is `:l2_unavailable`,
+  with the client's reason as the error's `:error` detail (`:closed`,
+  `:timeout`, `:bad_reply`, `:reply_too_large`, `:no_connection`...).
+
+  A keeper process, the child spec `init/3` returns (run by the cache's
+  supervision tree, see "Processes" in `Larder.Cache`), owns the
+  connections: it keeps their pids in the table of the state, which the
+  cache's process owns and callers read, and opens a connection that
+  could not be opened, or that ended, again after `:reconnect_sleep` ms:
+  meanwhile calls on its slot of the pool return `:l2_unavailable` at
+  once. If the keeper itself dies, the cache starts another, which fills
+  the same table: the state callers hold stays valid.
+
+  ## Messages
+
+  The keeper runs the pub/sub connection on the cache's channel (and,
+  with `:tracking_prefix`, on Redis's tracking channel) and turns what
+  the client reports into the messages of `Larder.Cache.L2`, sent to the
+  cache's process:
+
+    * a payload published on the channel: `{:larder_cache_l2, :message,
+      payload}`;
+    * the subscription up (again): `{:larder_cache_l2, :connected}`, after
+      which the cache re-reads its generation; with tracking, only once
+      every command connection is redirected to the new subscription;
+    * the subscription lost (an error reply such as `NOAUTH`, a
+      handshake reply that is not Redis's, bytes that are not RESP, a
+      message over `:max_message_bytes`, a handshake not done within
+      `:timeout`, a closed connection): `{:larder_cache_l2,
+      :disconnected}` if it was subscribed (the cache reports the
+      `[:larder, :cache, :l2, :disconnected]` event, and clears its L1 at
+      the next `:connected`); the first failure of a run is
+      logged as one warning, and the keeper subscribes again after
+      `:reconnect_sleep` ms, doubling the wait after each failure up to
+      2 s (or `:reconnect_sleep`, if longer), back to `:reconnect_sleep`
+      once subscribed;
+    * keys Redis reports changed (tracking): `{:larder_cache_l2,
+      :invalidated, keys | :all | :bad}` (see "Tracking");
+    * a failover that begins, or a move to another master (Sentinel):
+      `{:larder_cache_l2, :invalidated, :all}`, and `{:larder_cache_l2,
+      :replaced}` (see "Sentinel").
+
+  Replies that are not messages on the channel are ignored once
+  subscribed.
+
   ## Options
 
   The connection options (`:host` to `:max_reply_bytes`, `:sentinel` and
@@ -56,70 +121,6 @@ defmodule Larder.Cache.Redis do
   through the cache's process. A connection pipelines the commands of all
   the callers that use it and answers them in order, so a slow reply (a
   large value) delays the others on that connection only.
-
-  ## Client
-
-  Larder speaks RESP2 to Redis itself, over `:gen_tcp`, through its own
-  client's socket layer (the one the replica's stream source uses too):
-  no Redis client library is needed, in development or in a release.
-
-  Command connections (`:pool_size` of them, per master on a cluster) are
-  each one process that owns its socket:
-
-    * Connecting: within `:timeout`, it sends `AUTH` (`:username` and
-      `:password`, as a RESP array, so any bytes are sent as they are) and
-      `SELECT` (a `:database` other than 0), and checks that each answers
-      `OK`. A connection that cannot be opened, or whose `AUTH` or
-      `SELECT` fails, is tried again every `:reconnect_sleep` ms (on a
-      cluster, once per master, backing off: see "Cluster"); meanwhile
-      calls on its pool slot return `:l2_unavailable` at once.
-    * Replies: read incrementally, whatever the TCP segments: an error
-      reply is an error (`:l2_failed`) however its bytes arrive, and a
-      value is never taken for an error. Nothing is buffered beyond
-      `:max_reply_bytes` per reply: a bulk string's declared length is
-      checked against it (with the rest of its reply) before any of its
-      bytes is kept. A reply may nest at most 16 arrays of at most 2^24
-      elements each, and a line (a header, a status, an error) is at
-      most 64 KB.
-    * Failures: a lost connection, bytes that are not RESP, a reply over
-      those bounds, or a reply no caller asked for closes the connection:
-      every caller waiting on it gets `:l2_unavailable` at once (the
-      details say why: `:closed`, `:bad_reply`, `:reply_too_large`...),
-      and a new connection is opened after `:reconnect_sleep` ms. A caller
-      whose reply does not come within `:timeout` gets `:l2_unavailable`
-      (`:timeout`); a reply that comes later is dropped.
-    * Cost: one `GenServer.call` per command. The caller encodes it; the
-      connection process sends it (one `:gen_tcp.send`), queues the caller,
-      parses what arrives (the socket delivers up to 100 reads before it
-      is re-armed) and replies; a bulk string read in one TCP read is a
-      sub-binary of it, one spread over several reads is joined once.
-
-  One keeper process, the child spec `init/3` returns (run by the cache's
-  supervision tree, see "Processes" in `Larder.Cache`), owns the
-  connections: it keeps their pids in the table of the state, which the
-  cache's process owns and callers read, replaces a connection that ended
-  after `:reconnect_sleep` ms, and runs the pub/sub connection itself. A
-  connection that ends is replaced by the keeper, on a timer, rather than
-  by a supervisor: a hostile server ends a connection on every reply, a
-  loop that no restart intensity should count as a bug. No process
-  crashes in a loop: reconnection is a timer, not a restart. If the
-  keeper itself dies (a bug, or killed), the cache starts another, which
-  fills the same table: the state callers hold stays valid.
-
-  The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
-  and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
-  a handshake reply that is not the one Redis sends, bytes that are not
-  RESP, a reply larger than `:max_message_bytes`, a handshake not done
-  within `:timeout` ms, or a lost connection closes it: the cache gets
-  `{:larder_cache_l2, :disconnected}` if it was subscribed (the
-  `[:larder, :cache, :l2, :disconnected]` event), the first failure of a
-  run of failures is logged as one warning, and the keeper connects again
-  after `:reconnect_sleep` ms, doubling the wait after each failure up to
-  2 s (or `:reconnect_sleep`, if longer). Once subscribed again (the
-  server's password matches, or Redis is back) the cache gets
-  `{:larder_cache_l2, :connected}`, and the wait is back to
-  `:reconnect_sleep`. Replies that are not messages on the channel are
-  ignored once subscribed.
 
   ## Sentinel
 

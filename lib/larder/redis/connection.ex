@@ -20,12 +20,30 @@ defmodule Larder.Redis.Connection do
   # :bad_reply - also a reply nobody asked for -, :reply_too_large), or
   # :no_connection (no such process, or it exited).
   #
+  # The handshake's AUTH is a RESP array (:username and :password, any
+  # bytes sent as they are), and each handshake reply must be OK.
+  #
+  # Replies are read incrementally, whatever the TCP segments: an error
+  # reply is an error however its bytes arrive, and a value is never taken
+  # for an error. Nothing is buffered beyond :max_reply_bytes per reply: a
+  # bulk string's declared length is checked against it (with the rest of
+  # its reply) before any of its bytes is kept. A reply nests at most 16
+  # arrays of at most 2^24 elements each, and a line (a header, a status,
+  # an error) is at most 64 KB (Larder.Redis.RESP).
+  #
   # A failure of the connection fails every caller waiting on it at once
   # with that reason, closes the socket and ends the process (exit reason
   # {:shutdown, reason}): it never reconnects; its owner starts another.
   #
-  # Cost per command, in this process: one gen_tcp.send of the iodata the
-  # caller encoded, one queue entry, one parse of what arrives, one reply.
+  # A caller whose reply does not come within its timeout gets
+  # {:error, :timeout}; a reply that comes later is dropped (GenServer's
+  # call alias).
+  #
+  # Cost per command: one GenServer.call. The caller encodes the command;
+  # this process does one gen_tcp.send of it, one queue entry, one parse
+  # of what arrives (the socket delivers up to @active reads before it is
+  # re-armed), one reply. A bulk string read in one TCP read is a
+  # sub-binary of it, one spread over several reads is joined once.
 
   use GenServer
 
