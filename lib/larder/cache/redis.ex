@@ -268,28 +268,23 @@ defmodule Larder.Cache.Redis do
 
   ## Tracking
 
-  With `:tracking_prefix`, the pub/sub connection also sends `CLIENT ID`
-  before subscribing, and subscribes to `__redis__:invalidate` along with
-  the cache's channel (each reply checked, as above). Once subscribed, the
-  keeper runs `CLIENT TRACKING off` and `CLIENT TRACKING on REDIRECT <id>
-  BCAST PREFIX <prefix>` on every command connection (in parallel, within
-  `:timeout`), so that Redis sends the pub/sub connection, as a message on
-  that channel, every key under the prefix that any client changes, or a
-  null after `FLUSHDB`/`FLUSHALL`; only then does the cache get
-  `{:larder_cache_l2, :connected}`. Each such message goes to the cache as
-  `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
-  place of the keys when it is not what Redis sends (anyone may `PUBLISH`
-  on that channel). A resubscription has a new id, so tracking is set
-  again on every connection before the cache hears of it. A command
-  connection that replaces one that ended starts with tracking off: every
-  100 ms the keeper compares each connection's socket with the one it
-  turned tracking on for, and turns it on for a new one; when no connection kept
-  its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
-  again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
-  Redis before 6.0, an ACL without it) is tried again every 100 ms, and
-  the first failure of a run is logged. With BCAST every tracking
-  connection reports every write, so each node receives `:pool_size`
-  reports of each write.
+  With `:tracking_prefix` (the cache's `invalidation: :tracking`), every
+  command connection has `CLIENT TRACKING` on in BCAST mode for the
+  prefix, redirected to the keeper's pub/sub connection, so that Redis
+  reports there every key under the prefix that any client changes, or a
+  flush (`FLUSHDB`/`FLUSHALL`). The cache gets `{:larder_cache_l2,
+  :invalidated, keys | :all}`, or `:bad` in place of the keys when the
+  message is not what Redis sends (anyone may `PUBLISH` on that channel).
+  The cache gets `{:larder_cache_l2, :connected}` only once every command
+  connection reports to the current subscription (a resubscription has a
+  new client id, so tracking is set again on every connection first). A
+  command connection that replaces one that ended is redirected within
+  100 ms; when no connection kept its tracking meanwhile, the cache gets
+  `:connected` again (and clears L1). A connection whose `CLIENT
+  TRACKING` fails (a Redis before 6.0, an ACL without it) is tried again
+  every 100 ms, and the first failure of a run is logged. With BCAST every
+  tracking connection reports every write, so each node receives
+  `:pool_size` reports of each write.
 
   ## Cluster
 
