@@ -662,6 +662,19 @@ defmodule Larder.Cache.Redis do
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 
+  # What the keepers report (Keeper.tell/2, in the client's terms) as the
+  # cache's messages (Larder.Cache.L2, "Messages"): a published payload;
+  # the subscription up (again), or tracking back after a gap; the
+  # subscription lost; keys Redis reports changed, or :all (a flush, a
+  # Sentinel failover under way), or :bad; a move to another master.
+  @doc false
+  @spec message(term()) :: tuple()
+  def message({:message, payload}), do: {:larder_cache_l2, :message, payload}
+  def message(:up), do: {:larder_cache_l2, :connected}
+  def message(:down), do: {:larder_cache_l2, :disconnected}
+  def message({:invalidate, keys}), do: {:larder_cache_l2, :invalidated, keys}
+  def message(:moved), do: {:larder_cache_l2, :replaced}
+
   @doc "Checks the options above; raises `ArgumentError` naming a bad one."
   @impl true
   @spec validate_opts!(keyword()) :: keyword()

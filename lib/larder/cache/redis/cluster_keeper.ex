@@ -499,7 +499,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   def sub_reply(["smessage", channel, payload], %{sub: %{expect: []}} = state)
       when channel == state.channel and is_binary(payload) do
-    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    Keeper.tell(state, {:message, payload})
     {:cont, state}
   end
 
@@ -536,11 +536,11 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   ## that sends CLIENT ID and subscribes to __redis__:invalidate; once it
   ## is subscribed, every client of that master's pool runs CLIENT TRACKING
   ## on REDIRECT <its id> BCAST PREFIX <prefix> (see Tracking), then the
-  ## cache gets :connected (and clears L1). Its reports go to the cache as
-  ## {:larder_cache_l2, :invalidated, keys | :all | :bad}. A lost
-  ## connection sends :disconnected and connects again (the wait doubling
+  ## cache is told :up (and clears L1). Its reports go to the cache as
+  ## {:invalidate, keys | :all | :bad} (Keeper.tell/2). A lost
+  ## connection tells :down and connects again (the wait doubling
   ## from :reconnect_sleep up to 2 s); a client that replaced one that
-  ## failed gets its tracking back within 100 ms (:connected when none of the master's
+  ## failed gets its tracking back within 100 ms (:up when none of the master's
   ## clients kept it meanwhile).
 
   defp tsub_connect(state, node) do
@@ -615,7 +615,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
       {{:ok, ["message", channel, payload]}, %{expect: []}} ->
         if channel == Tracking.channel(),
-          do: send(state.subscriber, {:larder_cache_l2, :invalidated, Tracking.keys(payload)})
+          do: Keeper.tell(state, {:invalidate, Tracking.keys(payload)})
 
         {:cont, state}
 
@@ -631,7 +631,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     Process.cancel_timer(tsub.timer)
     clients = node_clients(state, node)
     tracking = Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
-    send(state.subscriber, {:larder_cache_l2, :connected})
+    Keeper.tell(state, :up)
 
     tsub = %{
       tsub
@@ -649,7 +649,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     Subscription.close(tsub)
 
     if tsub.expect == [] do
-      send(state.subscriber, {:larder_cache_l2, :disconnected})
+      Keeper.tell(state, :down)
     else
       Logger.warning(
         "Larder.Cache.Redis: the tracking connection of #{inspect(node)} failed " <>
@@ -688,7 +688,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       {node, %{expect: [], tracking: tracking} = tsub}, state ->
         clients = node_clients(state, node)
         {tracking, gap?} = Tracking.check(tracking, clients, state.timeout)
-        if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+        if gap?, do: Keeper.tell(state, :up)
         put_in(state.tsubs[node], %{tsub | tracking: tracking})
 
       _, state ->

@@ -381,6 +381,18 @@ defmodule Larder.Cache.Redis.Keeper do
   end
 
   @doc """
+  Tells the subscriber (the cache's process) `event`, in the client's
+  terms: `{:message, payload}`, `:up`, `:down`, `{:invalidate, keys | :all
+  | :bad}` or `:moved`; `Larder.Cache.Redis.message/1` says what each is to
+  the cache.
+  """
+  @spec tell(map(), term()) :: :ok
+  def tell(%{subscriber: subscriber}, event) do
+    send(subscriber, Larder.Cache.Redis.message(event))
+    :ok
+  end
+
+  @doc """
   A handshake reply was the one expected: `expect` is what is left. When
   nothing is, the subscription is up: the topology's part, then the
   subscriber gets `:connected`, and the wait is back to `:reconnect_sleep`.
@@ -392,7 +404,7 @@ defmodule Larder.Cache.Redis.Keeper do
   def handshake_step(%{sub: sub} = state, [], mod) do
     Process.cancel_timer(sub.timer)
     state = mod.subscribed(state)
-    send(state.subscriber, {:larder_cache_l2, :connected})
+    tell(state, :up)
     if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
     sub = %{state.sub | expect: [], timer: nil}
     %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
@@ -410,7 +422,7 @@ defmodule Larder.Cache.Redis.Keeper do
 
     cond do
       lost? ->
-        send(state.subscriber, {:larder_cache_l2, :disconnected})
+        tell(state, :down)
 
       not state.sub_failing ->
         Logger.warning(

@@ -167,13 +167,13 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
       when channel == state.channel and is_binary(payload) do
-    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    Keeper.tell(state, {:message, payload})
     {:cont, state}
   end
 
   def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
       when state.tracking != nil and channel == "__redis__:invalidate" do
-    send(state.subscriber, {:larder_cache_l2, :invalidated, Tracking.keys(payload)})
+    Keeper.tell(state, {:invalidate, Tracking.keys(payload)})
     {:cont, state}
   end
 
@@ -201,7 +201,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
     {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
-    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+    if gap?, do: Keeper.tell(state, :up)
     %{state | tracking: tracking}
   end
 
@@ -268,12 +268,12 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     # but had not replicated are missing there, and the keys hold the older
     # values it had. The cache moves to a new generation on it (through
     # the connections just started), so that it reads none of them.
-    send(state.subscriber, {:larder_cache_l2, :replaced})
+    Keeper.tell(state, :moved)
 
     # Whether or not it was subscribed, the cache must clear its L1 when the
     # subscription comes up on the new master: what it read from the old
     # one may be lost. :disconnected tells it so.
-    send(state.subscriber, {:larder_cache_l2, :disconnected})
+    Keeper.tell(state, :down)
 
     # The subscription moves at once, even when it is waiting out the
     # backoff of its failures on the old master (up to 2 s): until it is
@@ -355,9 +355,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         # Larder.Cache.Redis); counted as a bad message when the event
         # names no master.
         if {:failover, master} in events,
-          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
+          do: Keeper.tell(state, {:invalidate, :all})
 
-        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
+        for :bad <- events, do: Keeper.tell(state, {:invalidate, :bad})
         # (a promotion away from a master this keeper already left is over
         # for it: it moved while these messages waited)
         state = if Enum.any?(events, &promoting?(&1, master, state)), do: park(state), else: state
