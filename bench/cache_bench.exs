@@ -106,7 +106,7 @@ defmodule Larder.CacheBench do
       )
 
     raw = :ets.new(:bench_large_raw, [:set, :public, read_concurrency: true])
-    {:ok, client} = Larder.Cache.Redis.Connection.start_link(~c"127.0.0.1", redis.port)
+    {:ok, client} = Larder.Redis.Connection.start_link(~c"127.0.0.1", redis.port)
 
     # Built and stored by another process, so that this one (which measures)
     # does not carry the term in its heap through every garbage collection.
@@ -119,8 +119,7 @@ defmodule Larder.CacheBench do
           :ets.insert(raw, {:catalogue, term})
           bin = :erlang.term_to_binary(term, compressed: 6)
 
-          {:ok, "OK"} =
-            Larder.Cache.Redis.Connection.q(client, ["SET", "bench:large", bin], 10_000)
+          {:ok, "OK"} = Larder.Redis.Connection.q(client, ["SET", "bench:large", bin], 10_000)
 
           {length(term), :erlang.external_size(term), byte_size(bin)}
         end),
@@ -128,7 +127,7 @@ defmodule Larder.CacheBench do
       )
 
     redis_get = fn ->
-      {:ok, got} = Larder.Cache.Redis.Connection.q(client, ["GET", "bench:large"], 10_000)
+      {:ok, got} = Larder.Redis.Connection.q(client, ["GET", "bench:large"], 10_000)
       :erlang.binary_to_term(got, [:safe])
     end
 

@@ -634,14 +634,14 @@ defmodule Larder.CacheTopologyBench do
   end
 
   defp slot_map({host, port}) do
-    {:ok, conn} = Cache.Redis.Connection.start_link(String.to_charlist(host), port)
-    {:ok, reply} = Cache.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    {:ok, conn} = Larder.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, reply} = Larder.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
     GenServer.stop(conn)
-    {:ok, map} = Cache.Redis.Cluster.slot_map(reply, host)
+    {:ok, map} = Larder.Redis.Cluster.slot_map(reply, host)
     map
   end
 
-  defp master(map, key), do: Cache.Redis.Cluster.master(map, Cache.Redis.Cluster.slot(key))
+  defp master(map, key), do: Larder.Redis.Cluster.master(map, Larder.Redis.Cluster.slot(key))
 
   defp start_cache(name, l2, invalidation \\ :tracking) do
     {:ok, pid} =

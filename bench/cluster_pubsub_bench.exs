@@ -13,7 +13,7 @@
 # cluster bus per message (cluster_stats_messages_publish_sent, summed).
 
 alias Larder.Bench
-alias Larder.Cache.Redis.Cluster
+alias Larder.Redis.Cluster
 alias Larder.Support.RedisCluster
 
 defmodule Larder.ClusterPubsubBench do
@@ -34,14 +34,14 @@ defmodule Larder.ClusterPubsubBench do
   end
 
   def connect({host, port}) do
-    {:ok, conn} = Larder.Cache.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, conn} = Larder.Redis.Connection.start_link(String.to_charlist(host), port)
     conn
   end
 
   # One message: publish, then wait until every socket has read it.
   def round(conn, command, channel, sockets) do
     id = Integer.to_string(System.unique_integer([:positive]))
-    {:ok, _} = Larder.Cache.Redis.Connection.q(conn, [command, channel, id])
+    {:ok, _} = Larder.Redis.Connection.q(conn, [command, channel, id])
     Enum.each(sockets, &await(&1, id, ""))
   end
 
@@ -98,7 +98,7 @@ cluster = RedisCluster.start()
 
 try do
   conn = P.connect(hd(RedisCluster.seeds(cluster)))
-  {:ok, reply} = Larder.Cache.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+  {:ok, reply} = Larder.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
   {:ok, map} = Cluster.slot_map(reply, "127.0.0.1")
   channel = Cluster.tagged("bench:1", "invalidate")
   owner = Cluster.master(map, Cluster.slot(channel))
@@ -177,10 +177,10 @@ try do
   # Cluster-bus messages one publish costs.
   n = 200
   before = P.bus_publish_sent(cluster)
-  for _ <- 1..n, do: Larder.Cache.Redis.Connection.q(pub[other_a], ["PUBLISH", channel, "x"])
+  for _ <- 1..n, do: Larder.Redis.Connection.q(pub[other_a], ["PUBLISH", channel, "x"])
   publish_bus = (P.bus_publish_sent(cluster) - before) / n
   before = P.bus_publish_sent(cluster)
-  for _ <- 1..n, do: Larder.Cache.Redis.Connection.q(pub[owner], ["SPUBLISH", channel, "x"])
+  for _ <- 1..n, do: Larder.Redis.Connection.q(pub[owner], ["SPUBLISH", channel, "x"])
   spublish_bus = (P.bus_publish_sent(cluster) - before) / n
 
   bench =

@@ -75,12 +75,12 @@ defmodule Larder.Demo.Cache do
   end
 
   defp anchor(redis, bin) do
-    {:ok, client} = Larder.Cache.Redis.Connection.start_link(~c"127.0.0.1", redis.port)
-    {:ok, _} = Larder.Cache.Redis.Connection.q(client, ["SET", "demo:catalogue", bin], 10_000)
+    {:ok, client} = Larder.Redis.Connection.start_link(~c"127.0.0.1", redis.port)
+    {:ok, _} = Larder.Redis.Connection.q(client, ["SET", "demo:catalogue", bin], 10_000)
 
     {"Redis GET + binary_to_term",
      fn ->
-       {:ok, got} = Larder.Cache.Redis.Connection.q(client, ["GET", "demo:catalogue"], 10_000)
+       {:ok, got} = Larder.Redis.Connection.q(client, ["GET", "demo:catalogue"], 10_000)
        :erlang.binary_to_term(got, [:safe])
      end, fn -> GenServer.stop(client) end}
   end

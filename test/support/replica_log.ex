@@ -7,31 +7,23 @@ defmodule Larder.Test.ReplicaLog do
 
   import Bitwise
 
-  alias Larder.Redis.RESP
+  alias Larder.Redis.{RESP, Socket}
 
-  @doc "A connection to the redis-server on `port`."
+  @doc "A connection to the redis-server on `port` (through Larder's socket layer)."
   def connect(port) do
-    {:ok, socket} =
-      :gen_tcp.connect(~c"127.0.0.1", port, [:binary, active: false, nodelay: true], 5_000)
-
+    {:ok, socket} = Socket.connect("127.0.0.1", port, timeout: 5_000, tcp: [nodelay: true])
     socket
   end
 
   @doc "Sends `commands` pipelined and returns their replies."
   def pipeline(socket, commands) do
-    :ok = :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1))
-    receive_replies(socket, RESP.new(1 <<< 30), length(commands), [])
+    :ok = Socket.send(socket, commands)
+    deadline = System.monotonic_time(:millisecond) + 30_000
+    {:ok, replies, _parser} = Socket.recv(socket, RESP.new(1 <<< 30), length(commands), deadline)
+    replies
   end
 
   def command(socket, command), do: hd(pipeline(socket, [command]))
-
-  defp receive_replies(_socket, _parser, 0, acc), do: Enum.reverse(acc)
-
-  defp receive_replies(socket, parser, left, acc) do
-    {:ok, data} = :gen_tcp.recv(socket, 0, 30_000)
-    {:ok, replies, parser} = RESP.parse(parser, data)
-    receive_replies(socket, parser, left - length(replies), Enum.reverse(replies, acc))
-  end
 
   @doc "The fields of an op."
   def fields({:put, key, value}), do: ["op", "put", "k", to_string(key), "v", to_string(value)]

@@ -4,14 +4,84 @@ defmodule Larder.Cache.Redis do
 
   Use it as `l2: {Larder.Cache.Redis, redis_opts}` in `Larder.Cache.start_link/1`.
 
+  ## Contract
+
+  The adapter is five commands over Larder's internal Redis client (which
+  speaks RESP2 over `:gen_tcp` itself: no Redis client library is needed,
+  in development or in a release):
+
+    * `get/2` is `GET key`: `{:ok, binary}`, or `:miss` for nil.
+    * `put/5` is `SET key value [PX ttl] [NX]`: `:ok` for `OK` (and for
+      nil with `NX`, a key that was there).
+    * `delete/2` is `DEL key`, `incr/2` is `INCR key` (the cache's
+      generation), `publish/3` is `PUBLISH channel payload` (`SPUBLISH` on
+      a cluster): each reply an integer from 0 to 2^63 - 1.
+
+  Each call goes from the caller straight to one command connection of a
+  pool of `:pool_size` (per master on a cluster), chosen by scheduler;
+  never through the cache's process. What the client reports is turned
+  into the cache's terms: an error reply is `:l2_failed`, a reply that is
+  not what Redis sends for the command is `:l2_bad_reply`, and anything
+  else that keeps a reply from coming within `:timeout` (no connection,
+  a lost one, a timeout, a reply over `:max_reply_bytes`, bytes that are
+  not RESP, a redirect loop, a cluster still down) is `:l2_unavailable`,
+  with the client's reason as the error's `:error` detail (`:closed`,
+  `:timeout`, `:bad_reply`, `:reply_too_large`, `:no_connection`...).
+
+  A keeper process, the child spec `init/3` returns (run by the cache's
+  supervision tree, see "Processes" in `Larder.Cache`), owns the
+  connections: it keeps their pids in the table of the state, which the
+  cache's process owns and callers read, and opens a connection that
+  could not be opened, or that ended, again after `:reconnect_sleep` ms:
+  meanwhile calls on its slot of the pool return `:l2_unavailable` at
+  once. If the keeper itself dies, the cache starts another, which fills
+  the same table: the state callers hold stays valid.
+
+  ## Messages
+
+  The keeper runs the pub/sub connection on the cache's channel (and,
+  with `:tracking_prefix`, on Redis's tracking channel) and turns what
+  the client reports into the messages of `Larder.Cache.L2`, sent to the
+  cache's process:
+
+    * a payload published on the channel: `{:larder_cache_l2, :message,
+      payload}`;
+    * the subscription up (again): `{:larder_cache_l2, :connected}`, after
+      which the cache re-reads its generation; with tracking, only once
+      every command connection is redirected to the new subscription;
+    * the subscription lost (an error reply such as `NOAUTH`, a
+      handshake reply that is not Redis's, bytes that are not RESP, a
+      message over `:max_message_bytes`, a handshake not done within
+      `:timeout`, a closed connection): `{:larder_cache_l2,
+      :disconnected}` if it was subscribed (the cache reports the
+      `[:larder, :cache, :l2, :disconnected]` event, and clears its L1 at
+      the next `:connected`); the first failure of a run is
+      logged as one warning, and the keeper subscribes again after
+      `:reconnect_sleep` ms, doubling the wait after each failure up to
+      2 s (or `:reconnect_sleep`, if longer), back to `:reconnect_sleep`
+      once subscribed;
+    * keys Redis reports changed (tracking): `{:larder_cache_l2,
+      :invalidated, keys | :all | :bad}` (see "Tracking");
+    * a failover that begins, or a move to another master (Sentinel):
+      `{:larder_cache_l2, :invalidated, :all}`, and `{:larder_cache_l2,
+      :replaced}` (see "Sentinel").
+
+  Replies that are not messages on the channel are ignored once
+  subscribed.
+
   ## Options
+
+  The connection options (`:host` to `:max_reply_bytes`, `:sentinel` and
+  `:cluster`) are the ones `Larder.Replica.RedisStream` takes under
+  `:redis`, checked by one schema.
 
     * `:host` - the server's host name or address, 1 to 255 bytes (default
       `"127.0.0.1"`).
     * `:port` - its TCP port, 1 to 65535 (default `6379`).
     * `:database` - the database index selected on connect, 0 to 1,000,000
       (default `0`).
-    * `:password` - sent with `AUTH` on connect (default none).
+    * `:password` - sent with `AUTH` on connect, 0 to 4,096 bytes (default
+      none).
     * `:username` - a Redis 6 ACL user, 1 to 255 bytes, sent with
       `:password` as `AUTH <username> <password>` by every data and
       pub/sub connection, on every reconnect too (default none: `AUTH
@@ -51,69 +121,6 @@ defmodule Larder.Cache.Redis do
   through the cache's process. A connection pipelines the commands of all
   the callers that use it and answers them in order, so a slow reply (a
   large value) delays the others on that connection only.
-
-  ## Client
-
-  Larder speaks RESP2 to Redis itself, over `:gen_tcp`: no Redis client
-  library is needed, in development or in a release.
-
-  Command connections (`:pool_size` of them, per master on a cluster) are
-  each one process that owns its socket:
-
-    * Connecting: within `:timeout`, it sends `AUTH` (`:username` and
-      `:password`, as a RESP array, so any bytes are sent as they are) and
-      `SELECT` (a `:database` other than 0), and checks that each answers
-      `OK`. A connection that cannot be opened, or whose `AUTH` or
-      `SELECT` fails, is tried again every `:reconnect_sleep` ms (on a
-      cluster, once per master, backing off: see "Cluster"); meanwhile
-      calls on its pool slot return `:l2_unavailable` at once.
-    * Replies: read incrementally, whatever the TCP segments: an error
-      reply is an error (`:l2_failed`) however its bytes arrive, and a
-      value is never taken for an error. Nothing is buffered beyond
-      `:max_reply_bytes` per reply: a bulk string's declared length is
-      checked against it (with the rest of its reply) before any of its
-      bytes is kept. A reply may nest at most 16 arrays of at most 2^24
-      elements each, and a line (a header, a status, an error) is at
-      most 64 KB.
-    * Failures: a lost connection, bytes that are not RESP, a reply over
-      those bounds, or a reply no caller asked for closes the connection:
-      every caller waiting on it gets `:l2_unavailable` at once (the
-      details say why: `:closed`, `:bad_reply`, `:reply_too_large`...),
-      and a new connection is opened after `:reconnect_sleep` ms. A caller
-      whose reply does not come within `:timeout` gets `:l2_unavailable`
-      (`:timeout`); a reply that comes later is dropped.
-    * Cost: one `GenServer.call` per command. The caller encodes it; the
-      connection process sends it (one `:gen_tcp.send`), queues the caller,
-      parses what arrives (the socket delivers up to 100 reads before it
-      is re-armed) and replies; a bulk string read in one TCP read is a
-      sub-binary of it, one spread over several reads is joined once.
-
-  One keeper process, the child spec `init/3` returns (run by the cache's
-  supervision tree, see "Processes" in `Larder.Cache`), owns the
-  connections: it keeps their pids in the table of the state, which the
-  cache's process owns and callers read, replaces a connection that ended
-  after `:reconnect_sleep` ms, and runs the pub/sub connection itself. A
-  connection that ends is replaced by the keeper, on a timer, rather than
-  by a supervisor: a hostile server ends a connection on every reply, a
-  loop that no restart intensity should count as a bug. No process
-  crashes in a loop: reconnection is a timer, not a restart. If the
-  keeper itself dies (a bug, or killed), the cache starts another, which
-  fills the same table: the state callers hold stays valid.
-
-  The pub/sub connection sends `AUTH` (with `:password`) and `SUBSCRIBE`,
-  and checks every reply. An error reply (`NOAUTH`, `WRONGPASS`, `NOPERM`),
-  a handshake reply that is not the one Redis sends, bytes that are not
-  RESP, a reply larger than `:max_message_bytes`, a handshake not done
-  within `:timeout` ms, or a lost connection closes it: the cache gets
-  `{:larder_cache_l2, :disconnected}` if it was subscribed (the
-  `[:larder, :cache, :l2, :disconnected]` event), the first failure of a
-  run of failures is logged as one warning, and the keeper connects again
-  after `:reconnect_sleep` ms, doubling the wait after each failure up to
-  2 s (or `:reconnect_sleep`, if longer). Once subscribed again (the
-  server's password matches, or Redis is back) the cache gets
-  `{:larder_cache_l2, :connected}`, and the wait is back to
-  `:reconnect_sleep`. Replies that are not messages on the channel are
-  ignored once subscribed.
 
   ## Sentinel
 
@@ -213,7 +220,7 @@ defmodule Larder.Cache.Redis do
       not written again. Tested with `SENTINEL FAILOVER`
       (the old master still running) under 8 writers and 4 readers on 2
       nodes, every operation recorded and checked
-      (`test/larder/cache/redis_sentinel_history_test.exs`).
+      (`test/larder/cache/redis/sentinel_history_test.exs`).
     * A node drops its L1 when it hears a failover of its master begin,
       and again when its move is done. The sentinel that leads the
       failover publishes `+try-failover` at least three of its timer
@@ -244,7 +251,7 @@ defmodule Larder.Cache.Redis do
       or a miss (a repair of an earlier put of the key that failed
       deletes it; a renewed generation). Tested with the master SIGKILLed
       under 8 readers and writers on 2 nodes
-      (`test/larder/cache/redis_sentinel_failover_test.exs`).
+      (`test/larder/cache/redis/sentinel_failover_test.exs`).
     * A caller sees only `:l2_unavailable` from a failover in which the
       old master stays down. An old master that comes back before the
       sentinels make it a replica still says `master` and holds its
@@ -261,28 +268,23 @@ defmodule Larder.Cache.Redis do
 
   ## Tracking
 
-  With `:tracking_prefix`, the pub/sub connection also sends `CLIENT ID`
-  before subscribing, and subscribes to `__redis__:invalidate` along with
-  the cache's channel (each reply checked, as above). Once subscribed, the
-  keeper runs `CLIENT TRACKING off` and `CLIENT TRACKING on REDIRECT <id>
-  BCAST PREFIX <prefix>` on every command connection (in parallel, within
-  `:timeout`), so that Redis sends the pub/sub connection, as a message on
-  that channel, every key under the prefix that any client changes, or a
-  null after `FLUSHDB`/`FLUSHALL`; only then does the cache get
-  `{:larder_cache_l2, :connected}`. Each such message goes to the cache as
-  `{:larder_cache_l2, :invalidated, keys | :all}`, or with `:bad` in
-  place of the keys when it is not what Redis sends (anyone may `PUBLISH`
-  on that channel). A resubscription has a new id, so tracking is set
-  again on every connection before the cache hears of it. A command
-  connection that replaces one that ended starts with tracking off: every
-  100 ms the keeper compares each connection's socket with the one it
-  turned tracking on for, and turns it on for a new one; when no connection kept
-  its tracking meanwhile, the cache gets `{:larder_cache_l2, :connected}`
-  again (and clears L1). A connection whose `CLIENT TRACKING` fails (a
-  Redis before 6.0, an ACL without it) is tried again every 100 ms, and
-  the first failure of a run is logged. With BCAST every tracking
-  connection reports every write, so each node receives `:pool_size`
-  reports of each write.
+  With `:tracking_prefix` (the cache's `invalidation: :tracking`), every
+  command connection has `CLIENT TRACKING` on in BCAST mode for the
+  prefix, redirected to the keeper's pub/sub connection, so that Redis
+  reports there every key under the prefix that any client changes, or a
+  flush (`FLUSHDB`/`FLUSHALL`). The cache gets `{:larder_cache_l2,
+  :invalidated, keys | :all}`, or `:bad` in place of the keys when the
+  message is not what Redis sends (anyone may `PUBLISH` on that channel).
+  The cache gets `{:larder_cache_l2, :connected}` only once every command
+  connection reports to the current subscription (a resubscription has a
+  new client id, so tracking is set again on every connection first). A
+  command connection that replaces one that ended is redirected within
+  100 ms; when no connection kept its tracking meanwhile, the cache gets
+  `:connected` again (and clears L1). A connection whose `CLIENT
+  TRACKING` fails (a Redis before 6.0, an ACL without it) is tried again
+  every 100 ms, and the first failure of a run is logged. With BCAST every
+  tracking connection reports every write, so each node receives
+  `:pool_size` reports of each write.
 
   ## Cluster
 
@@ -403,12 +405,11 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  alias Larder.Cache.Redis.{ClusterKeeper, ClusterRouter, Connection, Sentinel, ServerKeeper}
-  alias Larder.Options
+  alias Larder.Cache.Redis.{ClusterKeeper, ServerKeeper}
+  alias Larder.Redis.{ClusterRouter, Connection}
+  alias Larder.Redis.Options, as: RedisOptions
 
   # Upper bounds of the numeric options (documented in the moduledoc).
-  @max_database 1_000_000
-  @max_timeout 600_000
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
@@ -453,25 +454,14 @@ defmodule Larder.Cache.Redis do
   # :timeout) and the pub/sub connection; it succeeds while Redis is down
   # or not Redis.
   @doc false
-  @spec start_link(map()) :: {:ok, pid()} | {:error, :timeout}
+  @spec start_link(map()) :: {:ok, pid()} | {:error, term()}
   def start_link(state) do
     check_args!(state, [])
-    parent = self()
-    ref = make_ref()
+    keeper = if state.cluster?, do: ClusterKeeper, else: ServerKeeper
+    timeout = @init_timeout + state.pool_size * state.timeout
 
-    keeper =
-      if state.cluster?,
-        do: spawn_link(fn -> ClusterKeeper.init(parent, ref, state) end),
-        else: spawn_link(fn -> ServerKeeper.init(parent, ref, state) end)
-
-    receive do
-      {^ref, :ready} -> {:ok, keeper}
-    after
-      @init_timeout + state.pool_size * state.timeout ->
-        Process.unlink(keeper)
-        Process.exit(keeper, :kill)
-        {:error, :timeout}
-    end
+    # (a keeper that does not report ready in time is killed by proc_lib)
+    :proc_lib.start_link(keeper, :init, [self(), state], timeout)
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
@@ -562,7 +552,21 @@ defmodule Larder.Cache.Redis do
   # order whichever connection they take. The keeper replaces a client that
   # died, and its pid is looked up in the keeper's table. On a cluster, the
   # router sends it to the pool of the master of the key's slot.
-  defp query(%{cluster?: true} = state, command), do: ClusterRouter.query(state, command)
+  defp query(%{cluster?: true} = state, [name | _] = command) do
+    case ClusterRouter.query(state, command) do
+      {:ok, value} ->
+        {:ok, value}
+
+      {:error, {:error_reply, text}} ->
+        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: text)}
+
+      {:error, {:unavailable, reason}} ->
+        {:error, unavailable(reason)}
+
+      {:error, {:bad_reply, reply}} ->
+        bad_reply(name, reply)
+    end
+  end
 
   defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
     slot = rem(:erlang.system_info(:scheduler_id), size)
@@ -658,29 +662,33 @@ defmodule Larder.Cache.Redis do
   defp unavailable(reason),
     do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 
+  # What the keepers report (Keeper.tell/2, in the client's terms) as the
+  # cache's messages (Larder.Cache.L2, "Messages"): a published payload;
+  # the subscription up (again), or tracking back after a gap; the
+  # subscription lost; keys Redis reports changed, or :all (a flush, a
+  # Sentinel failover under way), or :bad; a move to another master.
+  @doc false
+  @spec message(term()) :: tuple()
+  def message({:message, payload}), do: {:larder_cache_l2, :message, payload}
+  def message(:up), do: {:larder_cache_l2, :connected}
+  def message(:down), do: {:larder_cache_l2, :disconnected}
+  def message({:invalidate, keys}), do: {:larder_cache_l2, :invalidated, keys}
+  def message(:moved), do: {:larder_cache_l2, :replaced}
+
   @doc "Checks the options above; raises `ArgumentError` naming a bad one."
   @impl true
   @spec validate_opts!(keyword()) :: keyword()
   def validate_opts!(opts) do
-    schema = [
-      host: {{:string, 1, 255}, "127.0.0.1"},
-      port: {{:integer, 1, 65_535}, 6379},
-      database: {{:integer, 0, @max_database}, 0},
-      password: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil},
-      timeout: {{:integer, 1, @max_timeout}, 1000},
+    extra = [
       reconnect_sleep: {{:integer, 1, @max_reconnect_sleep}, 100},
       pool_size: {{:integer, 1, @max_pool_size}, 2},
-      max_reply_bytes: {{:integer, 1024, @max_max_reply_bytes}, 134_217_728},
       max_message_bytes: {{:integer, 1024, @max_max_reply_bytes}, 1_048_576},
-      sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
-      cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
-      username: {{:or_nil, {:string, 1, 255}}, nil},
       tracking_prefix: {{:or_nil, {:string, 0, 4096}}, nil}
     ]
 
-    opts
-    |> Options.validate!(schema, "Larder.Cache.Redis")
-    |> Keyword.update!(:sentinel, &Sentinel.validate!/1)
-    |> ClusterKeeper.validate!(opts)
+    RedisOptions.validate!(opts, "Larder.Cache.Redis", extra,
+      timeout: 1000,
+      max_reply_bytes: 134_217_728
+    )
   end
 end

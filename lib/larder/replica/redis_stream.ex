@@ -9,11 +9,27 @@ defmodule Larder.Replica.RedisStream do
   Options:
 
     * `:stream` (required) - the stream's key, 1 to 1,024 bytes.
-    * `:redis` - the server: a keyword list of
-      * `:host` - a string or charlist, default `"127.0.0.1"`;
+    * `:redis` - the server: a keyword list of the connection options
+      `Larder.Cache.Redis` takes too (one schema):
+      * `:host` - a string of 1 to 255 bytes (or a charlist), default
+        `"127.0.0.1"`;
       * `:port` - `1..65_535`, default `6379`;
-      * `:password` - a string sent with `AUTH`, or `nil` (default);
-      * `:timeout` - ms, `1..60_000`, default `5_000`: connecting, and
+      * `:username` - a Redis 6 ACL user (1 to 255 bytes), or `nil`
+        (default);
+      * `:password` - a string sent with `AUTH` (with `:username` when
+        given), or `nil` (default);
+      * `:database` - `0..1_000_000`, default `0` (`SELECT`);
+      * `:sentinel` - read from the master a Sentinel set names, as
+        `Larder.Cache.Redis`'s `:sentinel` (`sentinels:`, `master:`, and
+        the sentinels' own `username:`/`password:`), used instead of
+        `:host` and `:port`. The master is asked for on
+        every connect, so after a failover the replica reconnects to the
+        promoted replica;
+      * `:cluster` - `{host, port}` seeds of a Redis Cluster: the stream
+        (one key, one slot) is read from its slot's master, found with
+        `CLUSTER SLOTS` on every connect; excludes `:host`, `:port` and
+        `:sentinel`, and needs `:database` 0;
+      * `:timeout` - ms, `1..600_000`, default `5_000`: connecting, and
         waiting for a reply beyond the read's own block time;
       * `:max_reply_bytes` - the largest reply accepted, `1_024..2^32`,
         default `67_108_864` (64 MiB); a larger one closes the connection
@@ -82,8 +98,8 @@ defmodule Larder.Replica.RedisStream do
 
   ## Failures
 
-  The source uses a socket of its own and Larder's RESP parser, the one
-  of the cache's connections (incremental: a large `XREAD` reply split
+  The source reads through Larder's Redis socket layer and RESP parser,
+  the ones of the cache's connections (incremental: a large `XREAD` reply split
   over many packets is read once; bounded: a length above
   `:max_reply_bytes` is refused at its header, before its bytes are
   buffered); it needs no eredis. Every reply is checked: the replies of
@@ -91,16 +107,25 @@ defmodule Larder.Replica.RedisStream do
   not RESP, a reply of the wrong shape, an id that does not parse or does not increase, fields that are
   not pairs of strings: each is `{:error, %Larder.Error{reason:
   :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
-  `:source_failed`; a refused connection, a closed one or a timeout is
+  `:source_failed`; a refused connection, a closed one, a timeout, or no
+  master from the sentinels or the cluster's seeds is
   `:source_unavailable`. None raises.
+
+  With `:sentinel` or `:cluster`, a failover is a failed read followed by
+  a connect to the new master. A promoted replica may lack entries the
+  replica read from the old master: that is a stream that went
+  backwards (see "Trimming"), and the replica rebuilds from what the new
+  master holds.
   """
 
   @behaviour Larder.Replica.Source
 
-  alias Larder.Redis.RESP
+  alias Larder.Redis.{Cluster, RESP, Sentinel, Socket}
+  alias Larder.Redis.Options, as: RedisOptions
 
   @what "Larder.Replica.RedisStream"
-  @max_max_reply_bytes 4_294_967_296
+  # The largest CLUSTER SLOTS reply read (as the cache's).
+  @max_slots_reply_bytes 4_194_304
   @max_u64 18_446_744_073_709_551_615
 
   @impl true
@@ -115,25 +140,30 @@ defmodule Larder.Replica.RedisStream do
         @what
       )
 
+    # (a charlist host, which this source took before the options were
+    # shared, is still taken)
     redis =
-      Larder.Options.validate!(
-        opts[:redis],
-        [
-          host: {{:custom, "a non-empty string or charlist", &host?/1}, "127.0.0.1"},
-          port: {{:integer, 1, 65_535}, 6379},
-          password: {{:or_nil, {:string, 0, 1_024}}, nil},
-          timeout: {{:integer, 1, 60_000}, 5_000},
-          max_reply_bytes: {{:integer, 1_024, @max_max_reply_bytes}, 67_108_864}
-        ],
-        "#{@what} :redis"
+      opts[:redis]
+      |> charlist_host()
+      |> RedisOptions.validate!("#{@what} :redis", [],
+        timeout: 5_000,
+        max_reply_bytes: 67_108_864
       )
 
     Keyword.put(opts, :redis, redis)
   end
 
-  defp host?(host) when is_binary(host), do: host != "" and String.valid?(host)
-  defp host?(host) when is_list(host), do: host != [] and List.ascii_printable?(host)
-  defp host?(_), do: false
+  defp charlist_host(redis) do
+    case redis[:host] do
+      [_ | _] = host ->
+        if List.ascii_printable?(host),
+          do: Keyword.put(redis, :host, List.to_string(host)),
+          else: redis
+
+      _ ->
+        redis
+    end
+  end
 
   @impl true
   def identity(opts), do: opts[:stream]
@@ -200,61 +230,81 @@ defmodule Larder.Replica.RedisStream do
   @impl true
   def connect(opts) do
     redis = opts[:redis]
-    host = if is_binary(redis[:host]), do: String.to_charlist(redis[:host]), else: redis[:host]
     # Large buffers: a catch-up's replies are megabytes, read in few packets.
-    tcp = [
-      :binary,
-      active: false,
-      packet: :raw,
-      nodelay: true,
-      send_timeout: redis[:timeout],
-      recbuf: 1_048_576,
-      buffer: 1_048_576
+    socket_opts = [
+      timeout: redis[:timeout],
+      tcp: [nodelay: true, recbuf: 1_048_576, buffer: 1_048_576],
+      handshake: Socket.handshake(redis)
     ]
 
-    case :gen_tcp.connect(host, redis[:port], tcp, redis[:timeout]) do
-      {:ok, socket} ->
-        conn = %{
-          socket: socket,
-          caught_up: false,
-          ahead: nil,
-          stream: opts[:stream],
-          timeout: redis[:timeout],
-          max: redis[:max_reply_bytes]
-        }
+    with {:ok, {host, port}} <- address(redis, opts[:stream]) do
+      case Socket.connect(host, port, socket_opts) do
+        {:ok, socket} ->
+          {:ok,
+           %{
+             socket: socket,
+             caught_up: false,
+             ahead: nil,
+             stream: opts[:stream],
+             timeout: redis[:timeout],
+             max: redis[:max_reply_bytes]
+           }}
 
-        auth(conn, redis[:password])
+        {:error, {:handshake, message}} ->
+          {:error, Larder.Error.new(:source_failed, "AUTH/SELECT: #{truncate(message)}")}
 
-      {:error, reason} ->
-        {:error, unavailable(reason, opts)}
+        {:error, reason} ->
+          {:error, unavailable(reason)}
+      end
     end
-  catch
-    # :gen_tcp.connect/4 raises on a host it cannot take.
-    _kind, reason -> {:error, unavailable(reason, opts)}
   end
 
-  defp auth(conn, nil), do: {:ok, conn}
+  # The server to read: the one named, the master the sentinels name
+  # (asked on every connect, so a replica follows a failover: a read that
+  # fails reconnects), or the master of the stream's slot on a cluster (a
+  # stream is one key; MOVED fails the read, and the reconnect asks again).
+  defp address(redis, stream) do
+    auth = Socket.handshake(Keyword.take(redis, [:username, :password]))
 
-  defp auth(conn, password) do
-    case request(conn, [["AUTH", password]], 0) do
-      {:ok, [{:ok, "OK"}]} ->
-        {:ok, conn}
+    cond do
+      redis[:sentinel] ->
+        case Sentinel.master(redis[:sentinel], auth, redis[:timeout]) do
+          {:ok, address} -> {:ok, address}
+          {:error, reason} -> {:error, unavailable({:sentinel, reason})}
+        end
 
-      {:ok, [reply]} ->
-        close(conn)
-        {:error, reply_error(reply, "AUTH")}
+      redis[:cluster] ->
+        slot = Cluster.slot(stream)
 
-      {:error, error} ->
-        close(conn)
-        {:error, error}
+        Enum.reduce_while(redis[:cluster], {:error, unavailable(:no_seed)}, fn seed, acc ->
+          case slot_master(seed, slot, auth, redis[:timeout]) do
+            {:ok, address} -> {:halt, {:ok, address}}
+            {:error, reason} -> {:cont, {:error, unavailable({:cluster, reason})}}
+            :none -> {:cont, acc}
+          end
+        end)
+
+      true ->
+        {:ok, {redis[:host], redis[:port]}}
+    end
+  end
+
+  defp slot_master({host, port}, slot, auth, timeout) do
+    opts = [timeout: timeout, handshake: auth, max_reply_bytes: @max_slots_reply_bytes]
+
+    with {:ok, [{:ok, reply}]} <- Socket.request(host, port, [["CLUSTER", "SLOTS"]], opts),
+         {:ok, map} <- Cluster.slot_map(reply, host),
+         {_host, _port} = address <- Cluster.master(map, slot) do
+      {:ok, address}
+    else
+      {:ok, [{:error, message}]} -> {:error, {:error_reply, truncate(message)}}
+      {:error, reason} -> {:error, reason}
+      nil -> :none
     end
   end
 
   @impl true
-  def close(%{socket: socket}) do
-    :gen_tcp.close(socket)
-    :ok
-  end
+  def close(%{socket: socket}), do: Socket.close(socket)
 
   def close(_conn), do: :ok
 
@@ -314,9 +364,8 @@ defmodule Larder.Replica.RedisStream do
 
   defp result({:ok, entries, _info}, conn, count, _after_id) do
     {last, _fields} = List.last(entries)
-    commands = Enum.map(atomic_commands(conn, last, count), &RESP.command/1)
 
-    case :gen_tcp.send(conn.socket, commands) do
+    case Socket.send(conn.socket, atomic_commands(conn, last, count)) do
       :ok -> {:ok, entries, last, %{conn | caught_up: false, ahead: {last, count}}}
       {:error, _reason} -> {:ok, entries, last, %{conn | caught_up: false}}
     end
@@ -553,65 +602,40 @@ defmodule Larder.Replica.RedisStream do
   ## :timeout (plus `extra_ms`, a blocking read's own wait).
 
   defp request(conn, commands, extra_ms) do
-    case :gen_tcp.send(conn.socket, Enum.map(commands, &RESP.command/1)) do
+    case Socket.send(conn.socket, commands) do
       :ok -> replies(conn, length(commands), extra_ms)
-      {:error, reason} -> {:error, unavailable(reason, conn)}
+      {:error, reason} -> {:error, unavailable(reason)}
     end
   end
 
+  # The bound is checked before the bytes are buffered (and the parser
+  # refuses a declared length above it as soon as it reads the header).
   defp replies(conn, n, extra_ms) do
     deadline = System.monotonic_time(:millisecond) + conn.timeout + extra_ms
-    receive_replies(conn, RESP.new(conn.max), n, [], 0, deadline)
-  end
 
-  defp receive_replies(_conn, _reader, 0, acc, _bytes, _deadline),
-    do: {:ok, Enum.reverse(acc)}
+    case Socket.recv(conn.socket, RESP.new(conn.max), n, deadline, conn.max) do
+      {:ok, replies, _parser} ->
+        {:ok, replies}
 
-  defp receive_replies(conn, reader, left, acc, bytes, deadline) do
-    wait = max(0, deadline - System.monotonic_time(:millisecond))
+      {:error, :reply_too_large} ->
+        {:error,
+         Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+           max_reply_bytes: conn.max
+         )}
 
-    case :gen_tcp.recv(conn.socket, 0, wait) do
-      {:ok, data} ->
-        bytes = bytes + byte_size(data)
-
-        # The bound is checked before the bytes are buffered (and the reader
-        # refuses a declared length above it as soon as it reads the header).
-        case if(bytes > conn.max, do: {:error, :too_large}, else: RESP.parse(reader, data)) do
-          {:error, :too_large} ->
-            too_large(conn)
-
-          {:ok, replies, reader} ->
-            n = length(replies)
-
-            if n > left,
-              do: {:error, bad_reply("more replies than commands", replies)},
-              else:
-                receive_replies(
-                  conn,
-                  reader,
-                  left - n,
-                  Enum.reverse(replies, acc),
-                  bytes,
-                  deadline
-                )
-
-          {:error, :not_resp} ->
-            {:error, Larder.Error.new(:source_bad_reply, "bytes that are not RESP")}
-        end
+      {:error, :bad_reply} ->
+        {:error,
+         Larder.Error.new(
+           :source_bad_reply,
+           "bytes that are not RESP, or more replies than commands"
+         )}
 
       {:error, reason} ->
-        {:error, unavailable(reason, conn)}
+        {:error, unavailable(reason)}
     end
   end
 
-  defp too_large(conn) do
-    {:error,
-     Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
-       max_reply_bytes: conn.max
-     )}
-  end
-
-  defp unavailable(reason, _conn) do
+  defp unavailable(reason) do
     Larder.Error.new(:source_unavailable, "Redis did not answer: #{inspect(reason)}",
       reason: reason
     )

@@ -30,16 +30,20 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # so that masters down together are not tried together), and the rest
   # of its pool is started once one connects. So a map naming many dead
   # masters costs at most one connection attempt per master per backoff
-  # and one CLUSTER SLOTS per @max_follow_ms.
+  # and one CLUSTER SLOTS per @max_follow_ms. A master that accepts
+  # connections and closes them (a pool connection ending within a second
+  # of its start, see ended_young/2) is down the same way, its backoff
+  # going on from one such end to the next.
 
   @behaviour Larder.Cache.Redis.Keeper
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Cluster, Keeper, Subscription, Tracking}
-  alias Larder.Redis.RESP
+  alias Larder.Cache.Redis.Keeper
+  alias Larder.Redis.{Subscription, Tracking}
+  alias Larder.Redis.Cluster
+  alias Larder.Redis.Socket
 
-  @max_seeds 16
   # The largest CLUSTER SLOTS reply read (16,384 one-slot ranges with a
   # few replicas each fit).
   @max_reply_bytes 4_194_304
@@ -48,56 +52,17 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   # The longest wait between two readings of the map while it names a
   # master that is down.
   @max_follow_ms 500
-
-  @doc """
-  Checks the :cluster option of `validated` (the other options checked),
-  against the options the user gave (`raw`): 1 to #{@max_seeds} `{host,
-  port}` seeds, no :host, :port or :sentinel, :database 0.
-  Returns the options without :host and :port, which a cluster does not use.
-  """
-  @spec validate!(keyword(), keyword()) :: keyword()
-  def validate!(validated, raw) do
-    case validated[:cluster] do
-      nil ->
-        validated
-
-      seeds ->
-        unless is_list(seeds) and seeds != [] and length(seeds) <= @max_seeds and
-                 Enum.all?(seeds, &address?/1) do
-          raise ArgumentError,
-                "expected Larder.Cache.Redis option :cluster to be a list of 1 to " <>
-                  "#{@max_seeds} {host, port} seed nodes (host a string of 1 to 255 bytes, " <>
-                  "port 1 to 65535), got: #{inspect(seeds, limit: 20)}"
-        end
-
-        for key <- [:host, :port, :sentinel], raw[key] != nil do
-          raise ArgumentError,
-                "Larder.Cache.Redis option :cluster excludes #{inspect(key)}: " <>
-                  "the cluster's nodes come from its seeds"
-        end
-
-        if validated[:database] != 0 do
-          raise ArgumentError,
-                "expected Larder.Cache.Redis option :database to be 0 with :cluster " <>
-                  "(a Redis Cluster has one database), got: #{inspect(validated[:database])}"
-        end
-
-        validated |> Keyword.delete(:host) |> Keyword.delete(:port)
-    end
-  end
-
-  defp address?({host, port}),
-    do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535
-
-  defp address?(_), do: false
+  # How long a master's young ends are remembered for its backoff.
+  @young_forget_ms 10_000
 
   @doc "How many CLUSTER SLOTS answers (or their entries) were not usable."
   @spec bad_replies(map()) :: non_neg_integer()
   def bad_replies(%{table: table}), do: Keeper.counter(table, :bad_replies)
 
   @doc false
-  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
-  def init(parent, ref, %{opts: opts, table: table} = l2) do
+  # The keeper process (a :proc_lib process started linked by
+  # Larder.Cache.Redis.start_link/1; see Keeper for its system messages).
+  def init(parent, %{opts: opts, table: table} = l2) do
     state = Keeper.init(parent, l2)
     # A keeper that restarts starts from nothing: the rows of the one before
     # (slots, pools of masters that may be gone) are dropped, and callers
@@ -110,7 +75,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         timeout: opts[:timeout],
         pool_size: opts[:pool_size],
         seeds: opts[:cluster],
-        auth: Auth.commands(opts),
+        auth: Socket.handshake(Keyword.take(opts, [:username, :password])),
         map: nil,
         pools: MapSet.new(),
         last_refresh: nil,
@@ -126,12 +91,15 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         # __redis__:invalidate (by node, and its socket's node)
         tracking: opts[:tracking_prefix],
         tsubs: %{},
-        tsockets: %{}
+        tsockets: %{},
+        # masters whose connections ended young: node => {the wait the
+        # next young end starts from, when the last one was}
+        young: %{}
       })
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
     state = refresh(state, System.monotonic_time(:millisecond) + max(budget, 1))
-    Keeper.run(__MODULE__, state, ref)
+    Keeper.run(__MODULE__, state)
   end
 
   @impl Keeper
@@ -288,56 +256,27 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   defp count_bad(state, n), do: Keeper.count(state.table, :bad_replies, n)
 
   defp fetch_map(state, {host, port}) do
-    timeout = state.timeout
-    deadline = System.monotonic_time(:millisecond) + timeout
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
+    opts = [timeout: state.timeout, handshake: state.auth, max_reply_bytes: @max_reply_bytes]
 
-    case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      {:ok, socket} ->
-        commands = state.auth ++ [["CLUSTER", "SLOTS"]]
-
-        try do
-          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
-               {:ok, replies} <-
-                 read(socket, RESP.new(@max_reply_bytes), length(commands), deadline, []) do
-            slots_reply(replies, state.auth != [], host)
-          end
-        after
-          :gen_tcp.close(socket)
+    case Socket.request(host, port, [["CLUSTER", "SLOTS"]], opts) do
+      {:ok, [{:ok, reply}]} ->
+        case Cluster.slot_map(reply, host) do
+          {:ok, map} -> {:ok, map}
+          {:error, reason} -> {:error, {:bad, reason}}
         end
+
+      {:ok, [{:error, error}]} ->
+        {:error, {:bad, {:error_reply, error}}}
+
+      {:error, {:handshake, error}} ->
+        {:error, {:auth, error}}
+
+      # (the parser bounds each reply to @max_reply_bytes)
+      {:error, reason} when reason in [:bad_reply, :reply_too_large] ->
+        {:error, {:bad, reason}}
 
       {:error, reason} ->
         {:error, {:connection_error, reason}}
-    end
-  end
-
-  defp slots_reply([{:ok, "OK"}, reply], true, host), do: slots_reply([reply], false, host)
-  defp slots_reply([{:error, error} | _], true, _host), do: {:error, {:auth, error}}
-
-  defp slots_reply([{:ok, reply}], false, host) do
-    case Cluster.slot_map(reply, host) do
-      {:ok, map} -> {:ok, map}
-      {:error, error} -> {:error, {:bad, error.message}}
-    end
-  end
-
-  defp slots_reply([{:error, error}], false, _host), do: {:error, {:bad, {:error_reply, error}}}
-  defp slots_reply(_other, _auth?, _host), do: {:error, {:bad, :unexpected_reply}}
-
-  # (the parser bounds each reply to @max_reply_bytes)
-  defp bad({:error, reason}) when reason in [:not_resp, :too_large], do: {:error, {:bad, reason}}
-  defp bad(result), do: result
-
-  defp read(socket, parser, n, deadline, acc) do
-    left = deadline - System.monotonic_time(:millisecond)
-
-    with true <- left > 0 || {:error, :timeout},
-         {:ok, data} <- :gen_tcp.recv(socket, 0, left),
-         {:ok, replies, parser} <- RESP.parse(parser, data) |> bad() do
-      acc = acc ++ replies
-      if length(acc) >= n, do: {:ok, acc}, else: read(socket, parser, n, deadline, acc)
-    else
-      {:error, _} = error -> error
     end
   end
 
@@ -430,6 +369,46 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
+  # A pool connection that ended young (a master that accepts and then
+  # closes): its master is down as if the connection had been refused, and
+  # the backoff goes on from where the last young end left it (unless that
+  # was more than @young_forget_ms ago), since each retry connects.
+  @impl Keeper
+  def ended_young(state, {host, port, _i} = key) do
+    node = {host, port}
+    Keeper.put(state.table, {key, :none})
+
+    cond do
+      not MapSet.member?(state.pools, node) ->
+        state
+
+      is_map_key(state.down, node) ->
+        park(state, node, key)
+
+      true ->
+        now = System.monotonic_time(:millisecond)
+        sleep = state.opts[:reconnect_sleep]
+
+        wait =
+          case state.young do
+            %{^node => {wait, at}} when now - at < @young_forget_ms -> wait
+            _ -> sleep
+          end
+
+        down = %{wait: wait, timer: nil, pending: MapSet.new([key])}
+        young = {min(wait * 2, Keeper.max_wait(state)), now}
+
+        state = %{
+          state
+          | down: Map.put(state.down, node, down),
+            young: Map.put(state.young, node, young)
+        }
+
+        send(self(), :refresh)
+        state |> schedule_retry(node) |> follow_down()
+    end
+  end
+
   # Whether Keeper.start_client/4 connected (it adds the client's pid).
   defp started?(after_start, before), do: map_size(after_start.clients) > map_size(before.clients)
 
@@ -471,6 +450,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp node_gone(state, node) do
+    state = %{state | young: Map.delete(state.young, node)}
+
     case Map.pop(state.down, node) do
       {nil, _} ->
         state
@@ -518,7 +499,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   def sub_reply(["smessage", channel, payload], %{sub: %{expect: []}} = state)
       when channel == state.channel and is_binary(payload) do
-    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    Keeper.tell(state, {:message, payload})
     {:cont, state}
   end
 
@@ -555,11 +536,11 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   ## that sends CLIENT ID and subscribes to __redis__:invalidate; once it
   ## is subscribed, every client of that master's pool runs CLIENT TRACKING
   ## on REDIRECT <its id> BCAST PREFIX <prefix> (see Tracking), then the
-  ## cache gets :connected (and clears L1). Its reports go to the cache as
-  ## {:larder_cache_l2, :invalidated, keys | :all | :bad}. A lost
-  ## connection sends :disconnected and connects again (the wait doubling
+  ## cache is told :up (and clears L1). Its reports go to the cache as
+  ## {:invalidate, keys | :all | :bad} (Keeper.tell/2). A lost
+  ## connection tells :down and connects again (the wait doubling
   ## from :reconnect_sleep up to 2 s); a client that replaced one that
-  ## failed gets its tracking back within 100 ms (:connected when none of the master's
+  ## failed gets its tracking back within 100 ms (:up when none of the master's
   ## clients kept it meanwhile).
 
   defp tsub_connect(state, node) do
@@ -633,7 +614,9 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
           else: {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(channel)})}
 
       {{:ok, ["message", channel, payload]}, %{expect: []}} ->
-        if channel == Tracking.channel(), do: send(state.subscriber, Tracking.relay(payload))
+        if channel == Tracking.channel(),
+          do: Keeper.tell(state, {:invalidate, Tracking.keys(payload)})
+
         {:cont, state}
 
       {{:ok, _other}, %{expect: []}} ->
@@ -648,7 +631,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     Process.cancel_timer(tsub.timer)
     clients = node_clients(state, node)
     tracking = Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
-    send(state.subscriber, {:larder_cache_l2, :connected})
+    Keeper.tell(state, :up)
 
     tsub = %{
       tsub
@@ -666,7 +649,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     Subscription.close(tsub)
 
     if tsub.expect == [] do
-      send(state.subscriber, {:larder_cache_l2, :disconnected})
+      Keeper.tell(state, :down)
     else
       Logger.warning(
         "Larder.Cache.Redis: the tracking connection of #{inspect(node)} failed " <>
@@ -705,7 +688,7 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
       {node, %{expect: [], tracking: tracking} = tsub}, state ->
         clients = node_clients(state, node)
         {tracking, gap?} = Tracking.check(tracking, clients, state.timeout)
-        if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+        if gap?, do: Keeper.tell(state, :up)
         put_in(state.tsubs[node], %{tsub | tracking: tracking})
 
       _, state ->

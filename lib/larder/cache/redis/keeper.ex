@@ -22,7 +22,9 @@ defmodule Larder.Cache.Redis.Keeper do
   # after :reconnect_sleep: by a timer, not a restart, since a hostile
   # server may end one on every reply. Ends are logged as one warning for
   # the first, then at most one per @end_log_ms saying how many more ended:
-  # a reconnect storm does not flood the log.
+  # a reconnect storm does not flood the log. A connection that ends within
+  # @young_ms of its start goes to the topology's c:ended_young/2 when it
+  # has one (the cluster keeper backs its master off as one that refused).
   #
   # The pub/sub connection: the topology opens it (c:sub_connect/1, with
   # Subscription.open/7) and handles the replies of its own handshake and
@@ -37,11 +39,15 @@ defmodule Larder.Cache.Redis.Keeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Connection, Subscription}
+  alias Larder.Redis.{Connection, Subscription}
+  alias Larder.Redis.Socket
 
   @watch_ms 100
   @sub_max_wait_ms 2_000
   @end_log_ms 30_000
+  # A command connection that ends sooner than this after it started
+  # ended young (see c:ended_young/2).
+  @young_ms 1_000
 
   @type state :: map()
 
@@ -74,6 +80,15 @@ defmodule Larder.Cache.Redis.Keeper do
   @doc "The topology's part of the periodic watch."
   @callback watch(state()) :: state()
 
+  @doc """
+  A command connection of `key` ended less than @young_ms after it was
+  started: the topology backs it off as a connection that could not be
+  opened (optional; without it, the key is started again after
+  `:reconnect_sleep`, as after any end).
+  """
+  @callback ended_young(state(), key :: term()) :: state()
+  @optional_callbacks ended_young: 2
+
   @doc "Closes the topology's own sockets, when the keeper stops."
   @callback shutdown(state()) :: :ok
 
@@ -92,6 +107,8 @@ defmodule Larder.Cache.Redis.Keeper do
       opts: opts,
       table: l2.table,
       clients: %{},
+      # when each command connection was started (monotonic ms)
+      born: %{},
       sub: nil,
       sub_wait: opts[:reconnect_sleep],
       sub_failing: false,
@@ -100,14 +117,42 @@ defmodule Larder.Cache.Redis.Keeper do
   end
 
   @doc """
-  Tells `parent` the keeper is ready, opens the pub/sub connection and runs
-  the loop of `mod`'s keeper. Does not return.
+  Tells the parent the keeper is ready (`:proc_lib.init_ack/1`), opens the
+  pub/sub connection and runs the loop of `mod`'s keeper. Does not return.
   """
-  @spec run(module(), state(), reference()) :: no_return()
-  def run(mod, state, ref) do
-    send(state.parent, {ref, :ready})
+  @spec run(module(), state()) :: no_return()
+  def run(mod, state) do
+    :proc_lib.init_ack({:ok, self()})
     Process.send_after(self(), :watch, @watch_ms)
     loop(mod, mod.sub_connect(state))
+  end
+
+  ## System messages: the keeper is a :proc_lib special process, so
+  ## :sys.get_state/1, :sys.trace/2 and crash reports work on it.
+
+  @doc false
+  def system_continue(_parent, _debug, {mod, state}), do: loop(mod, state)
+
+  @doc false
+  def system_terminate(reason, _parent, _debug, {mod, state}), do: stop(mod, state, reason)
+
+  @doc false
+  def system_get_state({_mod, state}), do: {:ok, state}
+
+  @doc false
+  def system_replace_state(fun, {mod, state}) do
+    state = fun.(state)
+    {:ok, state, {mod, state}}
+  end
+
+  @doc false
+  def system_code_change(misc, _module, _old, _extra), do: {:ok, misc}
+
+  defp stop(mod, %{sub: sub, clients: clients} = state, reason) do
+    mod.shutdown(state)
+    for pid <- Map.keys(clients), do: stop_client(pid)
+    if sub, do: Subscription.close(sub)
+    exit(reason)
   end
 
   defp loop(mod, %{sub: sub, parent: parent, clients: clients} = state) do
@@ -140,14 +185,14 @@ defmodule Larder.Cache.Redis.Keeper do
         state = state |> write_rows() |> end_summary()
         loop(mod, mod.watch(state))
 
+      {:system, from, request} ->
+        :sys.handle_system_msg(request, from, parent, __MODULE__, [], {mod, state})
+
       {:EXIT, ^parent, reason} ->
-        mod.shutdown(state)
-        for pid <- Map.keys(clients), do: stop_client(pid)
-        if sub, do: Subscription.close(sub)
-        exit(reason)
+        stop(mod, state, reason)
 
       {:EXIT, pid, reason} when is_map_key(clients, pid) ->
-        loop(mod, client_ended(state, pid, reason))
+        loop(mod, client_ended(mod, state, pid, reason))
 
       other ->
         loop(mod, mod.handle_info(other, state))
@@ -168,14 +213,15 @@ defmodule Larder.Cache.Redis.Keeper do
     conn_opts = [
       timeout: opts[:timeout],
       database: opts[:database],
-      auth: Auth.commands(opts),
+      auth: Socket.handshake(Keyword.take(opts, [:username, :password])),
       max_reply_bytes: opts[:max_reply_bytes]
     ]
 
     case Connection.start_link(host, port, conn_opts) do
       {:ok, client} ->
         put(state.table, {key, client})
-        %{state | clients: Map.put(state.clients, client, key)}
+        born = Map.put(state.born, client, System.monotonic_time(:millisecond))
+        %{state | clients: Map.put(state.clients, client, key), born: born}
 
       {:error, _reason} ->
         retry_client(state, key)
@@ -201,11 +247,19 @@ defmodule Larder.Cache.Redis.Keeper do
   @spec ended_connections(map()) :: non_neg_integer()
   def ended_connections(%{table: table}), do: counter(table, :ended_connections)
 
-  defp client_ended(state, pid, reason) do
+  defp client_ended(mod, state, pid, reason) do
     {key, clients} = Map.pop(state.clients, pid)
+    {born, born_map} = Map.pop(state.born, pid)
     count(state.table, :ended_connections, 1)
-    state = retry_client(%{state | clients: clients}, key)
     now = System.monotonic_time(:millisecond)
+    state = %{state | clients: clients, born: born_map}
+
+    # A connection that ended young (a server that accepts and closes)
+    # is, for a topology that backs off failed opens, one of those.
+    state =
+      if born != nil and now - born < @young_ms and function_exported?(mod, :ended_young, 2),
+        do: mod.ended_young(state, key),
+        else: retry_client(state, key)
 
     case state.end_log do
       %{at: at, quiet: quiet} when at != nil and now - at < @end_log_ms ->
@@ -327,6 +381,18 @@ defmodule Larder.Cache.Redis.Keeper do
   end
 
   @doc """
+  Tells the subscriber (the cache's process) `event`, in the client's
+  terms: `{:message, payload}`, `:up`, `:down`, `{:invalidate, keys | :all
+  | :bad}` or `:moved`; `Larder.Cache.Redis.message/1` says what each is to
+  the cache.
+  """
+  @spec tell(map(), term()) :: :ok
+  def tell(%{subscriber: subscriber}, event) do
+    send(subscriber, Larder.Cache.Redis.message(event))
+    :ok
+  end
+
+  @doc """
   A handshake reply was the one expected: `expect` is what is left. When
   nothing is, the subscription is up: the topology's part, then the
   subscriber gets `:connected`, and the wait is back to `:reconnect_sleep`.
@@ -338,7 +404,7 @@ defmodule Larder.Cache.Redis.Keeper do
   def handshake_step(%{sub: sub} = state, [], mod) do
     Process.cancel_timer(sub.timer)
     state = mod.subscribed(state)
-    send(state.subscriber, {:larder_cache_l2, :connected})
+    tell(state, :up)
     if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
     sub = %{state.sub | expect: [], timer: nil}
     %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
@@ -356,7 +422,7 @@ defmodule Larder.Cache.Redis.Keeper do
 
     cond do
       lost? ->
-        send(state.subscriber, {:larder_cache_l2, :disconnected})
+        tell(state, :down)
 
       not state.sub_failing ->
         Logger.warning(

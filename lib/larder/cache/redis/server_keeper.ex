@@ -33,7 +33,10 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   require Logger
 
-  alias Larder.Cache.Redis.{Auth, Keeper, Sentinel, Subscription, Tracking}
+  alias Larder.Cache.Redis.Keeper
+  alias Larder.Redis.{Subscription, Tracking}
+  alias Larder.Redis.Sentinel
+  alias Larder.Redis.Socket
 
   # Wait before connecting again to a sentinel whose subscription was lost.
   @sentinel_retry_ms 1_000
@@ -43,8 +46,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   @park_ms 5_000
 
   @doc false
-  # The keeper process (spawned linked by Larder.Cache.Redis.start_link/1).
-  def init(parent, ref, %{opts: opts} = l2) do
+  # The keeper process (a :proc_lib process started linked by
+  # Larder.Cache.Redis.start_link/1; see Keeper for its system messages).
+  def init(parent, %{opts: opts} = l2) do
     state = Keeper.init(parent, l2)
     Keeper.put(state.table, {:keeper, self()})
 
@@ -69,7 +73,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
     state = Enum.reduce(0..(opts[:pool_size] - 1), state, &start_client(&2, &1))
-    Keeper.run(__MODULE__, state, ref)
+    Keeper.run(__MODULE__, state)
   end
 
   @impl Keeper
@@ -122,7 +126,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   def sub_connect(state) do
     opts = state.opts
-    auth = Auth.commands(opts)
+    auth = Socket.handshake(Keyword.take(opts, [:username, :password]))
     {subscribe, expect} = Tracking.handshake(state.tracking, state.channel)
     expect = if auth != [], do: [:auth | expect], else: expect
 
@@ -163,13 +167,13 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
       when channel == state.channel and is_binary(payload) do
-    send(state.subscriber, {:larder_cache_l2, :message, payload})
+    Keeper.tell(state, {:message, payload})
     {:cont, state}
   end
 
   def sub_reply(["message", channel, payload], %{sub: %{expect: []}} = state)
       when state.tracking != nil and channel == "__redis__:invalidate" do
-    send(state.subscriber, Tracking.relay(payload))
+    Keeper.tell(state, {:invalidate, Tracking.keys(payload)})
     {:cont, state}
   end
 
@@ -197,7 +201,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
     {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
-    if gap?, do: send(state.subscriber, {:larder_cache_l2, :connected})
+    if gap?, do: Keeper.tell(state, :up)
     %{state | tracking: tracking}
   end
 
@@ -219,7 +223,11 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         do: Keyword.update!(state.sentinel, :sentinels, &[first | List.delete(&1, first)]),
         else: state.sentinel
 
-    case Sentinel.master(sentinel, Auth.commands(state.opts), state.opts[:timeout]) do
+    case Sentinel.master(
+           sentinel,
+           Socket.handshake(Keyword.take(state.opts, [:username, :password])),
+           state.opts[:timeout]
+         ) do
       {:ok, {host, port}} ->
         host = String.to_charlist(host)
 
@@ -260,12 +268,12 @@ defmodule Larder.Cache.Redis.ServerKeeper do
     # but had not replicated are missing there, and the keys hold the older
     # values it had. The cache moves to a new generation on it (through
     # the connections just started), so that it reads none of them.
-    send(state.subscriber, {:larder_cache_l2, :replaced})
+    Keeper.tell(state, :moved)
 
     # Whether or not it was subscribed, the cache must clear its L1 when the
     # subscription comes up on the new master: what it read from the old
     # one may be lost. :disconnected tells it so.
-    send(state.subscriber, {:larder_cache_l2, :disconnected})
+    Keeper.tell(state, :down)
 
     # The subscription moves at once, even when it is waiting out the
     # backoff of its failures on the old master (up to 2 s): until it is
@@ -347,9 +355,9 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         # Larder.Cache.Redis); counted as a bad message when the event
         # names no master.
         if {:failover, master} in events,
-          do: send(state.subscriber, {:larder_cache_l2, :invalidated, :all})
+          do: Keeper.tell(state, {:invalidate, :all})
 
-        for :bad <- events, do: send(state.subscriber, {:larder_cache_l2, :invalidated, :bad})
+        for :bad <- events, do: Keeper.tell(state, {:invalidate, :bad})
         # (a promotion away from a master this keeper already left is over
         # for it: it moved while these messages waited)
         state = if Enum.any?(events, &promoting?(&1, master, state)), do: park(state), else: state

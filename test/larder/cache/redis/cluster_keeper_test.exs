@@ -11,7 +11,8 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
   use ExUnit.Case, async: false
 
   alias Larder.Cache.Redis
-  alias Larder.Cache.Redis.{ClusterKeeper, Connection}
+  alias Larder.Cache.Redis.ClusterKeeper
+  alias Larder.Redis.Connection
   alias Larder.Support.RedisServer
   alias Larder.Test.GarbageServer
 
@@ -78,6 +79,65 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
     # each failure of the pub/sub connection (whose channel's master is dead
     # too), which backs off to 2 s: about 5 in 3 s
     assert slots >= 1 and slots <= 20, report
+  end
+
+  test "masters that accept and then close: connection attempts per master back off too" do
+    listeners = for _ <- 1..10, do: accept_and_close()
+    {seed, _slots_calls} = hostile_seed(Enum.map(listeners, &elem(&1, 0)))
+
+    {:ok, state} =
+      Larder.Test.L2Process.start(
+        Redis,
+        [timeout: 300, pool_size: 2, reconnect_sleep: 100, cluster: [{"127.0.0.1", seed.port}]],
+        self(),
+        "ch"
+      )
+
+    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    counter = trace_connects(keeper)
+    Process.sleep(3_000)
+    attempts = stop_trace(keeper, counter)
+
+    total = attempts |> Map.values() |> Enum.sum()
+    worst = attempts |> Map.values() |> Enum.max(fn -> 0 end)
+    report = "#{total} connection attempts in 3 s (at most #{worst} to one master)"
+
+    # every master is tried again...
+    assert map_size(attempts) == length(listeners), report
+    # ...after a wait that doubles from 100 ms (each success starts the
+    # pool's other connection: 2 attempts a round, 5 rounds in 3 s with
+    # every wait at its shortest), where a connection started again every
+    # 100 ms after each close would be about 60 a master
+    assert worst <= 16, report
+  end
+
+  # A listener on a free loopback port that accepts every connection and
+  # closes it at once; {port, pid}, stopped when the test exits.
+  defp accept_and_close do
+    {:ok, listen} =
+      :gen_tcp.listen(0, [:binary, ip: {127, 0, 0, 1}, active: false, reuseaddr: true])
+
+    {:ok, port} = :inet.port(listen)
+
+    pid =
+      spawn(fn ->
+        loop = fn loop ->
+          case :gen_tcp.accept(listen) do
+            {:ok, socket} ->
+              :gen_tcp.close(socket)
+              loop.(loop)
+
+            {:error, _} ->
+              :ok
+          end
+        end
+
+        loop.(loop)
+      end)
+
+    :ok = :gen_tcp.controlling_process(listen, pid)
+    on_exit(fn -> Process.exit(pid, :kill) end)
+    {port, pid}
   end
 
   # A fake node whose CLUSTER SLOTS gives 16,384 slots to one master per

@@ -1,5 +1,5 @@
-defmodule Larder.Cache.Redis.ConnectionTest do
-  # The command connections of Larder.Cache.Redis against fake servers: an
+defmodule Larder.Redis.ConnectionTest do
+  # The command connections (Larder.Redis.Connection) under a Cache L2 against fake servers: an
   # error reply that arrives in two TCP sends is an error; a reply that
   # declares more than :max_reply_bytes, or bytes that are not RESP, close
   # the connection and fail every waiting caller at once; the keeper then
@@ -9,7 +9,7 @@ defmodule Larder.Cache.Redis.ConnectionTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.Redis.Connection
+  alias Larder.Redis.Connection
   alias Larder.Test.GarbageServer
 
   @moduletag :capture_log

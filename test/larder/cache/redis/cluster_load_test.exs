@@ -8,7 +8,7 @@ defmodule Larder.Cache.RedisClusterLoadTest do
   use ExUnit.Case, async: false
 
   alias Larder.Cache.Redis
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Redis.Cluster
   alias Larder.Support.RedisCluster
 
   @moduletag :redis
@@ -174,8 +174,8 @@ defmodule Larder.Cache.RedisClusterLoadTest do
   end
 
   defp slot_map([{host, port} | _]) do
-    {:ok, conn} = Redis.Connection.start_link(String.to_charlist(host), port)
-    {:ok, reply} = Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    {:ok, conn} = Larder.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, reply} = Larder.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
     GenServer.stop(conn)
     {:ok, map} = Cluster.slot_map(reply, host)
     map

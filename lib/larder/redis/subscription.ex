@@ -1,11 +1,12 @@
-# The socket of a pub/sub connection, for the single-server and Sentinel
-# keeper (Larder.Cache.Redis) and the cluster keeper: opening it with its
+# The socket of a pub/sub connection of the Redis client, held in the
+# state of the process that owns it (a keeper of a single server, a
+# Sentinel-managed master or a Cluster's masters): opening it with its
 # handshake sent, reading what arrives, and closing it. What the replies
-# mean, and what a failure costs, is each keeper's own.
-defmodule Larder.Cache.Redis.Subscription do
+# mean, and what a failure costs, is the owner's own.
+defmodule Larder.Redis.Subscription do
   @moduledoc false
 
-  alias Larder.Redis.RESP
+  alias Larder.Redis.{RESP, Socket}
 
   @typedoc """
   An open subscription connection: its socket, its reply parser, the
@@ -31,16 +32,14 @@ defmodule Larder.Cache.Redis.Subscription do
   @spec open(charlist(), 1..65_535, [[binary()]], [atom()], pos_integer(), timeout(), atom()) ::
           {:ok, t()} | {:error, {:connection_error, term()}}
   def open(host, port, commands, expect, max_bytes, timeout, tag \\ :sub_timeout) do
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
-
-    with {:ok, socket} <- :gen_tcp.connect(host, port, tcp_opts, timeout) do
-      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+    with {:ok, socket} <- Socket.connect(host, port, timeout: timeout) do
+      with :ok <- Socket.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
         timer = Process.send_after(self(), {tag, socket}, timeout)
         {:ok, %{socket: socket, parser: RESP.new(max_bytes), expect: expect, timer: timer}}
       else
         {:error, reason} ->
-          :gen_tcp.close(socket)
+          Socket.close(socket)
           {:error, {:connection_error, reason}}
       end
     else
@@ -50,26 +49,23 @@ defmodule Larder.Cache.Redis.Subscription do
 
   @doc """
   Reads `data` that arrived on the socket, and arms it for the next
-  message: `{:ok, replies, subscription}`, or `{:error, :message_too_large}`
+  message: `{:ok, replies, subscription}`, or `{:error, :reply_too_large}`
   (a reply above the bound) or `{:error, :bad_reply}` (bytes that are not
   RESP).
   """
   @spec read(t(), binary()) ::
-          {:ok, [RESP.reply()], t()} | {:error, :message_too_large | :bad_reply}
+          {:ok, [RESP.reply()], t()} | {:error, :reply_too_large | :bad_reply}
   def read(%{socket: socket, parser: parser} = sub, data) do
     :inet.setopts(socket, active: :once)
 
-    case RESP.parse(parser, data) do
-      {:ok, replies, parser} -> {:ok, replies, %{sub | parser: parser}}
-      {:error, :too_large} -> {:error, :message_too_large}
-      {:error, :not_resp} -> {:error, :bad_reply}
-    end
+    with {:ok, replies, parser} <- Socket.parse(parser, data),
+         do: {:ok, replies, %{sub | parser: parser}}
   end
 
   @doc "Cancels the handshake timer and closes the socket."
   @spec close(t()) :: :ok
   def close(%{socket: socket, timer: timer}) do
     if timer, do: Process.cancel_timer(timer)
-    :gen_tcp.close(socket)
+    Socket.close(socket)
   end
 end

@@ -1,13 +1,14 @@
-# Larder.Cache.Redis on a Redis Cluster, the callers' side: a command goes
-# to the pool of the master that serves its key's slot (the keeper's table),
-# and follows MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the caller's
-# :timeout.
-defmodule Larder.Cache.Redis.ClusterRouter do
+# Cluster slot routing of the Redis client, the callers' side: a command
+# goes to the pool of the master that serves its key's slot (the keeper's
+# table), and follows MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the
+# caller's :timeout.
+defmodule Larder.Redis.ClusterRouter do
   @moduledoc false
 
   # Contract (internal).
   #
-  # The keeper's table (lib/larder/cache/redis/cluster_keeper.ex) holds
+  # query/2 takes a map with :table (the keeper's ETS table), :pool_size
+  # and :timeout (ms). The table (written by the cluster keeper alone) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
   # pool. A command costs one CRC16 of its key and two ETS lookups.
@@ -21,11 +22,18 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   # or ASK are followed. Every wait and every call is bounded by what is
   # left of the caller's :timeout, so no caller waits longer than :timeout.
   #
-  # Errors: an error reply that is not a redirect is :l2_failed (as on one
-  # server); a lost connection, a call past the deadline, a redirect loop
-  # or a cluster still down when the deadline comes is :l2_unavailable.
+  # Results, in the client's vocabulary (the user of the client turns them
+  # into its own errors): {:ok, reply}; {:error, {:error_reply, text}} for
+  # an error reply that is not a redirect (as Connection.q/3's
+  # {:error, text} on one server); {:error, {:unavailable, reason}} for a
+  # lost connection, a call past the deadline, a redirect loop
+  # ({:too_many_redirects, text}), no keeper (:no_client) or a cluster
+  # still down when the deadline comes (the last TRYAGAIN/CLUSTERDOWN
+  # text, :no_master or :unknown_node); {:error, {:bad_reply, reply}} for
+  # a reply to ASKING then the command that is not what Redis sends.
 
-  alias Larder.Cache.Redis.{Cluster, Connection}
+  alias Larder.Redis.Connection
+  alias Larder.Redis.Cluster
 
   @max_hops 5
   @first_wait_ms 5
@@ -33,10 +41,12 @@ defmodule Larder.Cache.Redis.ClusterRouter do
 
   @doc """
   Runs `command` (its second word is the key or channel that routes it) on
-  the cluster: `{:ok, reply}` or `{:error, %Larder.Error{}}`. `PUBLISH` is
-  sent as `SPUBLISH` (sharded pub/sub).
+  the cluster: `{:ok, reply}` or `{:error, reason}` (see the contract
+  above). `PUBLISH` is sent as `SPUBLISH` (sharded pub/sub).
   """
-  @spec query(map(), [binary()]) :: {:ok, term()} | {:error, Larder.Error.t()}
+  @spec query(map(), [binary()]) ::
+          {:ok, term()}
+          | {:error, {:error_reply, binary()} | {:unavailable, term()} | {:bad_reply, term()}}
   def query(%{timeout: timeout} = state, [name, key | args]) do
     command = if name == "PUBLISH", do: ["SPUBLISH", key | args], else: [name, key | args]
     deadline = System.monotonic_time(:millisecond) + timeout
@@ -51,7 +61,7 @@ defmodule Larder.Cache.Redis.ClusterRouter do
     end
   catch
     # the keeper (and its table) is gone
-    :error, _ -> {:error, unavailable(:no_client)}
+    :error, _ -> {:error, {:unavailable, :no_client}}
   end
 
   defp send_to(state, command, slot, {host, port} = node, asking?, deadline, hops, waits) do
@@ -65,12 +75,12 @@ defmodule Larder.Cache.Redis.ClusterRouter do
           reply = call(client, command, asking?, left)
           handle(reply, state, command, slot, node, deadline, hops, waits)
         else
-          {:error, unavailable(:timeout)}
+          {:error, {:unavailable, :timeout}}
         end
 
       [{_, :none}] ->
         # the keeper is replacing that client
-        {:error, unavailable(:no_connection)}
+        {:error, {:unavailable, :no_connection}}
 
       [] ->
         # a node the keeper does not know yet (a new master): it learns it
@@ -111,27 +121,22 @@ defmodule Larder.Cache.Redis.ClusterRouter do
         wait(state, command, slot, deadline, hops, waits, reason)
 
       :other ->
-        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
+        {:error, {:error_reply, reason}}
     end
   end
 
   defp handle({:error, reason}, state, _command, _slot, _node, _deadline, _hops, _waits) do
     # a lost connection: the master may have failed over
     hint(state)
-    {:error, unavailable(reason)}
+    {:error, {:unavailable, reason}}
   end
 
-  defp handle(other, _state, [name | _], _slot, _node, _deadline, _hops, _waits) do
-    {:error,
-     Larder.Error.new(:l2_bad_reply, "the server's reply is not what Redis sends",
-       command: name,
-       reply: inspect(other, limit: 10, printable_limit: 64)
-     )}
-  end
+  defp handle({:bad, other}, _state, _command, _slot, _node, _deadline, _hops, _waits),
+    do: {:error, {:bad_reply, other}}
 
   defp hop(_state, _command, _slot, _to, _asking?, _deadline, hops, _waits, reason)
        when hops >= @max_hops,
-       do: {:error, unavailable({:too_many_redirects, reason})}
+       do: {:error, {:unavailable, {:too_many_redirects, reason}}}
 
   defp hop(state, command, slot, to, asking?, deadline, hops, waits, _reason),
     do: send_to(state, command, slot, to, asking?, deadline, hops + 1, waits)
@@ -144,7 +149,7 @@ defmodule Larder.Cache.Redis.ClusterRouter do
       Process.sleep(pause)
       route(state, command, slot, deadline, hops, waits + 1)
     else
-      {:error, unavailable(reason)}
+      {:error, {:unavailable, reason}}
     end
   end
 
@@ -158,7 +163,4 @@ defmodule Larder.Cache.Redis.ClusterRouter do
   catch
     :error, _ -> :ok
   end
-
-  defp unavailable(reason),
-    do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
 end

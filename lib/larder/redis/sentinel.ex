@@ -1,13 +1,13 @@
-# Sentinel for Larder.Cache.Redis: the :sentinel option's check, finding the
-# master (SENTINEL get-master-addr-by-name, then the node's own ROLE), and
-# the subscriptions the keeper holds on every sentinel (+switch-master and
+# Sentinel discovery for Larder's Redis client: the :sentinel option's
+# check, finding the master (SENTINEL get-master-addr-by-name, then the
+# node's own ROLE), and the subscriptions a keeper holds on every sentinel (+switch-master and
 # the events that say a failover is under way).
 # Everything a sentinel or a node says is untrusted: checked, bounded, and
 # a bad answer is an answer from nobody.
-defmodule Larder.Cache.Redis.Sentinel do
+defmodule Larder.Redis.Sentinel do
   @moduledoc false
 
-  alias Larder.Redis.RESP
+  alias Larder.Redis.{RESP, Socket}
 
   # The most sentinels one cache asks, and the largest reply read from one.
   @max_sentinels 16
@@ -35,10 +35,13 @@ defmodule Larder.Cache.Redis.Sentinel do
   @abort_channels ~w(-failover-abort-not-elected -failover-abort-no-good-slave
                      -failover-abort-slave-timeout)
 
-  @doc "Checks the :sentinel option; raises ArgumentError naming what is wrong."
-  def validate!(nil), do: nil
+  @doc """
+  Checks the :sentinel option of `what` (the module whose option it is);
+  raises ArgumentError naming what is wrong.
+  """
+  def validate!(nil, _what), do: nil
 
-  def validate!(opts) when is_list(opts) do
+  def validate!(opts, what) when is_list(opts) do
     opts =
       Larder.Options.validate!(
         opts,
@@ -50,15 +53,15 @@ defmodule Larder.Cache.Redis.Sentinel do
           username: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil},
           password: {{:or_nil, {:custom, "a string", &is_binary/1}}, nil}
         ],
-        "Larder.Cache.Redis :sentinel"
+        "#{what} :sentinel"
       )
 
     opts
   end
 
-  def validate!(other) do
+  def validate!(other, what) do
     raise ArgumentError,
-          "expected Larder.Cache.Redis option :sentinel to be a keyword list, got: " <>
+          "expected #{what} option :sentinel to be a keyword list, got: " <>
             inspect(other, limit: 10)
   end
 
@@ -80,16 +83,9 @@ defmodule Larder.Cache.Redis.Sentinel do
   """
   def master(sentinel, auth, timeout) do
     Enum.reduce_while(sentinel[:sentinels], {:error, :no_sentinel}, fn {host, port}, acc ->
-      with {:ok, [reply]} <-
-             request(
-               host,
-               port,
-               auth(sentinel) ++
-                 [
-                   ["SENTINEL", "get-master-addr-by-name", sentinel[:master]]
-                 ],
-               timeout
-             ),
+      command = ["SENTINEL", "get-master-addr-by-name", sentinel[:master]]
+
+      with {:ok, reply} <- request(host, port, auth(sentinel), command, timeout),
            {:ok, addr} <- parse_addr(reply),
            :ok <- check_role(addr, auth, timeout) do
         {:halt, {:ok, addr}}
@@ -111,20 +107,19 @@ defmodule Larder.Cache.Redis.Sentinel do
   defp parse_addr(_), do: {:error, :bad_master_address}
 
   defp check_role({host, port}, auth, timeout) do
-    case request(host, port, auth ++ [["ROLE"]], timeout) do
-      {:ok, [["master" | _]]} -> :ok
-      {:ok, [[role | _]]} when is_binary(role) -> {:error, {:not_master, role}}
+    case request(host, port, auth, ["ROLE"], timeout) do
+      {:ok, ["master" | _]} -> :ok
+      {:ok, [role | _]} when is_binary(role) -> {:error, {:not_master, role}}
       {:ok, _} -> {:error, :bad_role_reply}
       {:error, _} = error -> error
     end
   end
 
+  # A sentinel's AUTH: only with a password.
   defp auth(sentinel) do
-    case {sentinel[:username], sentinel[:password]} do
-      {_, nil} -> []
-      {nil, password} -> [["AUTH", password]]
-      {username, password} -> [["AUTH", username, password]]
-    end
+    if sentinel[:password],
+      do: Socket.handshake(username: sentinel[:username], password: sentinel[:password]),
+      else: []
   end
 
   @doc """
@@ -134,18 +129,16 @@ defmodule Larder.Cache.Redis.Sentinel do
   socket.
   """
   def subscribe({host, port}, sentinel, timeout) do
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
-
-    with {:ok, socket} <- :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
+    with {:ok, socket} <- Socket.connect(host, port, timeout: timeout) do
       channels = ["+switch-master" | @failover_channels] ++ @abort_channels
       commands = auth(sentinel) ++ [["SUBSCRIBE" | channels]]
 
-      with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)),
+      with :ok <- Socket.send(socket, commands),
            :ok <- :inet.setopts(socket, active: :once) do
         {:ok, socket}
       else
         error ->
-          :gen_tcp.close(socket)
+          Socket.close(socket)
           error
       end
     end
@@ -226,61 +219,15 @@ defmodule Larder.Cache.Redis.Sentinel do
 
   defp address(_), do: nil
 
-  # One request on a fresh connection: the replies to `commands`, in
-  # order, or {:error, reason}. An error reply is an error.
-  defp request(host, port, commands, timeout) do
-    tcp_opts = [:binary, active: false, packet: :raw, send_timeout: timeout]
-    deadline = System.monotonic_time(:millisecond) + timeout
+  # One command on a fresh connection (its handshake `auth`): its value,
+  # or {:error, reason}. An error reply is an error.
+  defp request(host, port, auth, command, timeout) do
+    opts = [timeout: timeout, handshake: auth, max_reply_bytes: @max_reply_bytes]
 
-    case :gen_tcp.connect(String.to_charlist(host), port, tcp_opts, timeout) do
-      {:ok, socket} ->
-        try do
-          with :ok <- :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)) do
-            receive_replies(socket, parser(), length(commands), [], deadline)
-          end
-        after
-          :gen_tcp.close(socket)
-        end
-
-      {:error, reason} ->
-        {:error, reason}
-    end
-  end
-
-  defp receive_replies(_socket, _parser, 0, replies, _deadline) do
-    replies = Enum.reverse(replies)
-
-    case Enum.find(replies, &match?({:error, _}, &1)) do
-      nil -> {:ok, values(replies)}
-      {:error, message} -> {:error, {:error_reply, message}}
-    end
-  end
-
-  defp receive_replies(socket, parser, left, replies, deadline) do
-    wait = max(deadline - System.monotonic_time(:millisecond), 0)
-
-    # (the parser bounds each reply to @max_reply_bytes)
-    with {:ok, data} <- :gen_tcp.recv(socket, 0, wait),
-         {:ok, new, parser} <- RESP.parse(parser, data) do
-      taken = Enum.take(new, left)
-
-      receive_replies(
-        socket,
-        parser,
-        left - length(taken),
-        Enum.reverse(taken, replies),
-        deadline
-      )
-    else
+    case Socket.request(host, port, [command], opts) do
+      {:ok, [{:ok, value}]} -> {:ok, value}
+      {:ok, [{:error, message}]} -> {:error, {:error_reply, message}}
       {:error, _} = error -> error
-    end
-  end
-
-  # The replies after AUTH's "OK": the last one per command asked for.
-  defp values(replies) do
-    case replies do
-      [{:ok, "OK"}, _ | _] -> values(tl(replies))
-      _ -> Enum.map(replies, fn {:ok, value} -> value end)
     end
   end
 end

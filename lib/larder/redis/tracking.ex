@@ -1,13 +1,33 @@
-# Server-assisted invalidation for the Redis L2 (the cache's `invalidation:
-# :tracking`): the pub/sub connection's extra handshake, CLIENT TRACKING on
-# every data connection, redirected to the pub/sub connection, and the
-# check that finds a data connection that replaced one that failed.
-defmodule Larder.Cache.Redis.Tracking do
+# Server-assisted invalidation (CLIENT TRACKING in BCAST mode, RESP2
+# redirect) as a client feature: the pub/sub connection's extra handshake,
+# CLIENT TRACKING on every command connection, redirected to the pub/sub
+# connection, the keys of an invalidation message, and the check that
+# finds a command connection that replaced one that failed.
+defmodule Larder.Redis.Tracking do
   @moduledoc false
+
+  # Contract (internal).
+  #
+  # The owner of a pool of Larder.Redis.Connection processes and of one
+  # Larder.Redis.Subscription keeps the t() of new/1 in its state. Its
+  # subscription sends handshake/2's commands; parse_id/1 checks the
+  # CLIENT ID reply; enable_all/4 then turns tracking on for every command
+  # connection, redirected to that id, and check/3 (called on a timer)
+  # turns it on for the connections that replaced failed ones, telling the
+  # owner when none kept it (writes of that time may have gone unreported).
+  #
+  # Untrusted: anyone may PUBLISH on the tracking channel. keys/1 turns a
+  # message's payload into the invalidated keys, :all (Redis's nil after
+  # FLUSHDB or FLUSHALL) or :bad (anything else); what an invalidation
+  # means to the keys the owner holds is the owner's own.
+  #
+  # Bounds: every CLIENT TRACKING call is bounded by the `timeout` given,
+  # the calls run in parallel, one task per connection; a connection that
+  # refuses is logged once per run of refusals and retried by check/3.
 
   require Logger
 
-  alias Larder.Cache.Redis.Connection
+  alias Larder.Redis.Connection
 
   # Redis sends tracking invalidations to a RESP2 redirect target as
   # messages on this channel: an array of keys, or nil after FLUSHDB or
@@ -27,7 +47,7 @@ defmodule Larder.Cache.Redis.Tracking do
 
   def channel, do: @channel
 
-  @doc "The keeper's tracking state: nil when the cache does not track."
+  @doc "The owner's tracking state: nil when it does not track."
   @spec new(binary() | nil) :: t()
   def new(nil), do: nil
 
@@ -37,7 +57,7 @@ defmodule Larder.Cache.Redis.Tracking do
   @doc """
   What the pub/sub connection sends besides AUTH, and the replies it
   expects: `CLIENT ID` before the subscription, and a subscription to the
-  tracking channel along with the cache's.
+  tracking channel along with the owner's `channel`.
   """
   @spec handshake(t(), binary()) :: {[[binary()]], [atom()]}
   def handshake(nil, channel), do: {[["SUBSCRIBE", channel]], [:subscribe]}
@@ -58,20 +78,19 @@ defmodule Larder.Cache.Redis.Tracking do
   def parse_id(_other), do: :error
 
   @doc """
-  The message for the cache of a message on the tracking channel (untrusted:
+  The keys a message on the tracking channel invalidates: a list of
+  binaries, `:all` (nil, after FLUSHDB or FLUSHALL) or `:bad` (untrusted:
   anyone may PUBLISH there, and then the payload is a binary, never the
   array Redis sends).
   """
-  @spec relay(term()) :: {:larder_cache_l2, :invalidated, [binary()] | :all | :bad}
-  def relay(:undefined), do: {:larder_cache_l2, :invalidated, :all}
+  @spec keys(term()) :: [binary()] | :all | :bad
+  def keys(:undefined), do: :all
 
-  def relay(keys) when is_list(keys) do
-    if Enum.all?(keys, &is_binary/1),
-      do: {:larder_cache_l2, :invalidated, keys},
-      else: {:larder_cache_l2, :invalidated, :bad}
+  def keys(keys) when is_list(keys) do
+    if Enum.all?(keys, &is_binary/1), do: keys, else: :bad
   end
 
-  def relay(_other), do: {:larder_cache_l2, :invalidated, :bad}
+  def keys(_other), do: :bad
 
   @doc """
   Turns tracking on, redirected to the subscriber's new `id`, on every data
@@ -89,7 +108,7 @@ defmodule Larder.Cache.Redis.Tracking do
   on for them (a new connection), and turns it on for
   them. Returns `{tracking, gap?}`: `gap?` when no data connection kept its
   tracking meanwhile, so that writes of that time may have gone unreported
-  (the cache then clears L1, as on a resubscription).
+  (an owner that holds copies of keys drops them, as on a resubscription).
   """
   @spec check(t(), map(), pos_integer()) :: {t(), boolean()}
   def check(%{id: id} = tracking, clients, timeout) when id != nil do
@@ -152,7 +171,7 @@ defmodule Larder.Cache.Redis.Tracking do
 
       true ->
         Logger.warning(
-          "Larder.Cache.Redis: CLIENT TRACKING refused (#{inspect(hd(refused))}); " <>
+          "Larder.Redis: CLIENT TRACKING refused (#{inspect(hd(refused))}); " <>
             "trying again every 100 ms"
         )
 

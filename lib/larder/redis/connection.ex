@@ -1,35 +1,53 @@
-# One command connection of Larder.Cache.Redis: a process that owns a TCP
+# One command connection of the Redis client: a process that owns a TCP
 # socket to a data node, pipelines its callers' commands and answers them
-# in order; it exits when the connection fails, and its keeper replaces it.
-defmodule Larder.Cache.Redis.Connection do
+# in order; it exits when the connection fails, and its owner (the process
+# that started it, linked: a keeper of a pool) replaces it.
+defmodule Larder.Redis.Connection do
   @moduledoc false
 
   # Contract (internal).
   #
-  # start_link/3 connects, sends AUTH (:username, :password, as a RESP
-  # array: any bytes) and SELECT (a :database other than 0) and checks
-  # their replies, all within :timeout, then returns {:ok, pid}; or
-  # {:error, reason}. The process is linked to its caller (the keeper).
+  # start_link/3 connects through Larder.Redis.Socket (AUTH, SELECT of a
+  # :database other than 0, their replies checked, all within :timeout),
+  # then returns {:ok, pid}; or {:error, reason}. The process is linked to
+  # its caller (the owner of a pool).
   #
   # q/3 and qp/3 send a command (or several, pipelined on this connection,
   # as ASKING then a command) and wait at most `timeout` ms for the
   # replies: a reply is {:ok, value} or {:error, text} (an error reply,
-  # see Larder.Redis.RESP), and a failure {:error, reason} with an
-  # atom or tuple reason: :timeout, :no_connection (no such process, or it
-  # exited), :closed, {:tcp_error, _}, :bad_reply (bytes that are not
-  # RESP, or a reply nobody asked for), :reply_too_large (a reply whose
-  # declared size is above :max_reply_bytes; nothing of it is buffered).
+  # see Larder.Redis.RESP), and a failure {:error, reason} with a reason
+  # of Larder.Redis.Socket's vocabulary (:timeout, :closed, {:tcp_error, _},
+  # :bad_reply - also a reply nobody asked for -, :reply_too_large), or
+  # :no_connection (no such process, or it exited).
+  #
+  # The handshake's AUTH is a RESP array (:username and :password, any
+  # bytes sent as they are), and each handshake reply must be OK.
+  #
+  # Replies are read incrementally, whatever the TCP segments: an error
+  # reply is an error however its bytes arrive, and a value is never taken
+  # for an error. Nothing is buffered beyond :max_reply_bytes per reply: a
+  # bulk string's declared length is checked against it (with the rest of
+  # its reply) before any of its bytes is kept. A reply nests at most 16
+  # arrays of at most 2^24 elements each, and a line (a header, a status,
+  # an error) is at most 64 KB (Larder.Redis.RESP).
   #
   # A failure of the connection fails every caller waiting on it at once
   # with that reason, closes the socket and ends the process (exit reason
-  # {:shutdown, reason}): it never reconnects; its keeper starts another.
+  # {:shutdown, reason}): it never reconnects; its owner starts another.
   #
-  # Cost per command, in this process: one gen_tcp.send of the iodata the
-  # caller encoded, one queue entry, one parse of what arrives, one reply.
+  # A caller whose reply does not come within its timeout gets
+  # {:error, :timeout}; a reply that comes later is dropped (GenServer's
+  # call alias).
+  #
+  # Cost per command: one GenServer.call. The caller encodes the command;
+  # this process does one gen_tcp.send of it, one queue entry, one parse
+  # of what arrives (the socket delivers up to @active reads before it is
+  # re-armed), one reply. A bulk string read in one TCP read is a
+  # sub-binary of it, one spread over several reads is joined once.
 
   use GenServer
 
-  alias Larder.Redis.RESP
+  alias Larder.Redis.{RESP, Socket}
 
   # TCP messages delivered before the socket goes passive again.
   @active 100
@@ -37,7 +55,7 @@ defmodule Larder.Cache.Redis.Connection do
   @doc """
   Connects to `host` (a charlist) and `port`. Options: `:timeout` (default
   5,000 ms), `:database` (default 0), `:auth` (AUTH commands, see
-  Larder.Cache.Redis.Auth; default none) and `:max_reply_bytes` (default
+  Larder.Redis.Socket.handshake/1; default none) and `:max_reply_bytes` (default
   128 MB).
   """
   @spec start_link(charlist(), 1..65_535, keyword()) :: {:ok, pid()} | {:error, term()}
@@ -73,72 +91,28 @@ defmodule Larder.Cache.Redis.Connection do
   @impl true
   def init({host, port, opts}) do
     timeout = opts[:timeout]
-    deadline = System.monotonic_time(:millisecond) + timeout
 
     # (Nagle stays on: the commands of concurrent callers share segments;
     # one call's commands go out in one send, so none waits on an ACK)
-    tcp_opts = [
-      :binary,
-      active: false,
-      packet: :raw,
+    tcp = [
       keepalive: true,
       # reads of up to 64 KB (the default, 1,460 bytes, cuts a 1 MB value
       # into ~700 messages); each read is delivered at its own size
-      buffer: 65_536,
-      send_timeout: timeout
+      buffer: 65_536
     ]
 
-    select =
-      if opts[:database] == 0, do: [], else: [["SELECT", Integer.to_string(opts[:database])]]
+    socket_opts = [
+      timeout: timeout,
+      tcp: tcp,
+      handshake: opts[:auth] ++ Socket.handshake(database: opts[:database]),
+      max_reply_bytes: opts[:max_reply_bytes]
+    ]
 
-    handshake = opts[:auth] ++ select
-
-    with {:ok, socket} <- :gen_tcp.connect(host, port, tcp_opts, timeout),
-         parser = RESP.new(opts[:max_reply_bytes]),
-         {:ok, parser} <- handshake(socket, handshake, parser, deadline),
+    with {:ok, socket} <- Socket.connect(host, port, socket_opts),
          :ok <- :inet.setopts(socket, active: @active) do
-      {:ok, %{socket: socket, parser: parser, waiting: :queue.new()}}
+      {:ok, %{socket: socket, parser: RESP.new(opts[:max_reply_bytes]), waiting: :queue.new()}}
     else
       {:error, reason} -> {:stop, {:shutdown, reason}}
-    end
-  end
-
-  defp handshake(_socket, [], parser, _deadline), do: {:ok, parser}
-
-  defp handshake(socket, commands, parser, deadline) do
-    result =
-      case :gen_tcp.send(socket, Enum.map(commands, &RESP.command/1)) do
-        :ok -> handshake_replies(socket, length(commands), parser, deadline)
-        {:error, reason} -> {:error, {:tcp_error, reason}}
-      end
-
-    with {:error, _} <- result, do: :gen_tcp.close(socket)
-    result
-  end
-
-  # Every reply must be OK.
-  defp handshake_replies(socket, n, parser, deadline) do
-    left = deadline - System.monotonic_time(:millisecond)
-
-    with true <- left > 0 || {:error, :timeout},
-         {:ok, data} <- :gen_tcp.recv(socket, 0, left),
-         {:ok, replies, parser} <- parse(parser, data) do
-      case Enum.reject(replies, &(&1 == {:ok, "OK"})) do
-        [] when length(replies) < n ->
-          handshake_replies(socket, n - length(replies), parser, deadline)
-
-        [] when length(replies) == n ->
-          {:ok, parser}
-
-        [{:error, text} | _] ->
-          {:error, {:handshake, text}}
-
-        _ ->
-          {:error, :bad_reply}
-      end
-    else
-      {:error, reason} when reason in [:bad_reply, :reply_too_large, :timeout] -> {:error, reason}
-      {:error, reason} -> {:error, {:tcp_error, reason}}
     end
   end
 
@@ -157,7 +131,7 @@ defmodule Larder.Cache.Redis.Connection do
 
   @impl true
   def handle_info({:tcp, socket, data}, %{socket: socket, parser: parser} = state) do
-    case parse(parser, data) do
+    case Socket.parse(parser, data) do
       {:ok, [], parser} -> {:noreply, %{state | parser: parser}}
       {:ok, replies, parser} -> answer(replies, %{state | parser: parser})
       {:error, reason} -> fail(state, reason)
@@ -177,15 +151,6 @@ defmodule Larder.Cache.Redis.Connection do
     do: fail(state, {:tcp_error, reason})
 
   def handle_info(_other, state), do: {:noreply, state}
-
-  # (the reasons callers see)
-  defp parse(parser, data) do
-    case RESP.parse(parser, data) do
-      {:ok, _replies, _parser} = ok -> ok
-      {:error, :not_resp} -> {:error, :bad_reply}
-      {:error, :too_large} -> {:error, :reply_too_large}
-    end
-  end
 
   # Replies go to the waiting callers in order; a reply nobody waits for
   # is not Redis.

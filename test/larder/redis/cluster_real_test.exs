@@ -5,7 +5,7 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
   # the new owner that a refreshed map already knows.
   use ExUnit.Case, async: true
 
-  alias Larder.Cache.Redis.Cluster
+  alias Larder.Redis.Cluster
   alias Larder.Support.RedisCluster
 
   @moduletag :redis
@@ -38,7 +38,7 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
     conn = connect(hd(RedisCluster.seeds(ctx.cluster)))
 
     replies =
-      Larder.Cache.Redis.Connection.qp(conn, Enum.map(keys, &["CLUSTER", "KEYSLOT", &1]), 30_000)
+      Larder.Redis.Connection.qp(conn, Enum.map(keys, &["CLUSTER", "KEYSLOT", &1]), 30_000)
 
     for {key, {:ok, slot}} <- Enum.zip(keys, replies) do
       assert Cluster.slot(key) == String.to_integer(slot), inspect(key)
@@ -55,15 +55,15 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
       key = "route:#{i}:#{:rand.uniform(1_000_000)}"
       conn = Map.fetch!(conns, Cluster.master(map, Cluster.slot(key)))
       value = "v#{i}"
-      assert {:ok, "OK"} = Larder.Cache.Redis.Connection.q(conn, ["SET", key, value])
-      assert {:ok, ^value} = Larder.Cache.Redis.Connection.q(conn, ["GET", key])
+      assert {:ok, "OK"} = Larder.Redis.Connection.q(conn, ["SET", key, value])
+      assert {:ok, ^value} = Larder.Redis.Connection.q(conn, ["GET", key])
     end
 
     # and a wrong master answers MOVED naming the right one
     key = "route:moved"
     right = Cluster.master(map, Cluster.slot(key))
     {_, wrong} = Enum.find(conns, fn {address, _} -> address != right end)
-    assert {:error, error} = Larder.Cache.Redis.Connection.q(wrong, ["GET", key])
+    assert {:error, error} = Larder.Redis.Connection.q(wrong, ["GET", key])
     assert {:moved, slot, {_, port}} = Cluster.redirect(error, "127.0.0.1")
     assert slot == Cluster.slot(key)
     assert {_, ^port} = right
@@ -84,11 +84,11 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
 
     for key <- keys, slot = Cluster.slot(key) do
       stale = Map.fetch!(conns, Cluster.master(old, slot))
-      assert {:error, error} = Larder.Cache.Redis.Connection.q(stale, ["GET", key])
+      assert {:error, error} = Larder.Redis.Connection.q(stale, ["GET", key])
       assert Cluster.redirect(error, "127.0.0.1") == {:moved, slot, {"127.0.0.1", to.port}}
 
       assert {:ok, _} =
-               Larder.Cache.Redis.Connection.q(Map.fetch!(conns, Cluster.master(new, slot)), [
+               Larder.Redis.Connection.q(Map.fetch!(conns, Cluster.master(new, slot)), [
                  "GET",
                  key
                ])
@@ -106,26 +106,26 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
     [from, to] =
       Enum.map([from_port, to_port], fn p -> Enum.find(ctx.cluster.nodes, &(&1.port == p)) end)
 
-    assert {:ok, "OK"} = Larder.Cache.Redis.Connection.q(conns[source], ["SET", key, "v"])
+    assert {:ok, "OK"} = Larder.Redis.Connection.q(conns[source], ["SET", key, "v"])
 
     :ok = RedisCluster.begin_migration(ctx.cluster, slot, from, to)
     # the key is still on the source, which serves it
-    assert {:ok, "v"} = Larder.Cache.Redis.Connection.q(conns[source], ["GET", key])
+    assert {:ok, "v"} = Larder.Redis.Connection.q(conns[source], ["GET", key])
     # the slot may hold keys of the file's other tests too: all of them move
     {:ok, [count]} = RedisCluster.cli(from, ~w(CLUSTER COUNTKEYSINSLOT #{slot}))
     assert RedisCluster.migrate_keys(ctx.cluster, slot, from, to) == String.to_integer(count)
 
-    assert {:error, error} = Larder.Cache.Redis.Connection.q(conns[source], ["GET", key])
+    assert {:error, error} = Larder.Redis.Connection.q(conns[source], ["GET", key])
     assert Cluster.redirect(error, "127.0.0.1") == {:ask, slot, target}
     # without ASKING the target sends us back to the owner
-    assert {:error, back} = Larder.Cache.Redis.Connection.q(conns[target], ["GET", key])
+    assert {:error, back} = Larder.Redis.Connection.q(conns[target], ["GET", key])
     assert Cluster.redirect(back, "127.0.0.1") == {:moved, slot, source}
 
     assert [{:ok, "OK"}, {:ok, "v"}] =
-             Larder.Cache.Redis.Connection.qp(conns[target], [["ASKING"], ["GET", key]])
+             Larder.Redis.Connection.qp(conns[target], [["ASKING"], ["GET", key]])
 
     :ok = RedisCluster.finish_migration(ctx.cluster, slot, to)
-    assert {:error, moved} = Larder.Cache.Redis.Connection.q(conns[source], ["GET", key])
+    assert {:error, moved} = Larder.Redis.Connection.q(conns[source], ["GET", key])
     assert Cluster.redirect(moved, "127.0.0.1") == {:moved, slot, target}
     {map, _} = route(ctx.cluster)
     assert Cluster.master(map, slot) == target
@@ -134,14 +134,14 @@ defmodule Larder.Cache.Redis.ClusterRealTest do
   # The slot map from a node's CLUSTER SLOTS, and a connection per master.
   defp route(cluster) do
     conn = connect(hd(RedisCluster.seeds(cluster)))
-    {:ok, reply} = Larder.Cache.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
+    {:ok, reply} = Larder.Redis.Connection.q(conn, ["CLUSTER", "SLOTS"])
     {:ok, map} = Cluster.slot_map(reply, "127.0.0.1")
     conns = Map.new(Cluster.masters(map), &{&1, connect(&1)})
     {map, conns}
   end
 
   defp connect({host, port}) do
-    {:ok, conn} = Larder.Cache.Redis.Connection.start_link(String.to_charlist(host), port)
+    {:ok, conn} = Larder.Redis.Connection.start_link(String.to_charlist(host), port)
     conn
   end
 end

@@ -1,6 +1,6 @@
 # Redis Cluster key routing: CRC16 slots with hash tags, the slot map built
 # from an untrusted CLUSTER SLOTS reply, and untrusted redirect errors.
-defmodule Larder.Cache.Redis.Cluster do
+defmodule Larder.Redis.Cluster do
   @moduledoc false
 
   # Contract (internal).
@@ -18,7 +18,7 @@ defmodule Larder.Cache.Redis.Cluster do
   # `slot_map/2` never raises on a reply: entries that are not what
   # CLUSTER SLOTS sends are skipped and counted in `:bad`; a reply that is
   # not a list at all, or whose ranges name more than @max_masters masters,
-  # is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
+  # is `{:error, :not_a_list}` or `{:error, {:too_many_masters, n}}`.
   # `redirect/2` returns `:other` for anything that is not a well-formed
   # MOVED, ASK, TRYAGAIN or CLUSTERDOWN error.
   #
@@ -128,7 +128,8 @@ defmodule Larder.Cache.Redis.Cluster do
   command was sent to, `default_host`. Only masters are kept; a reply
   whose usable ranges name more than `max_masters/0` masters is refused.
   """
-  @spec slot_map(term(), binary()) :: {:ok, slot_map()} | {:error, Larder.Error.t()}
+  @spec slot_map(term(), binary()) ::
+          {:ok, slot_map()} | {:error, :not_a_list | {:too_many_masters, pos_integer()}}
   def slot_map(reply, default_host) when is_list(reply) and is_binary(default_host) do
     {ranges, bad} = ranges(reply, default_host, @max_entries, [], 0)
     {ranges, overlapping} = disjoint(Enum.sort(ranges))
@@ -136,11 +137,7 @@ defmodule Larder.Cache.Redis.Cluster do
 
     case length(masters) do
       n when n > @max_masters ->
-        {:error,
-         Larder.Error.new(:l2_bad_reply, "CLUSTER SLOTS names too many masters",
-           masters: n,
-           max_masters: @max_masters
-         )}
+        {:error, {:too_many_masters, n}}
 
       _ ->
         index = masters |> Enum.with_index() |> Map.new()
@@ -155,12 +152,7 @@ defmodule Larder.Cache.Redis.Cluster do
     end
   end
 
-  def slot_map(reply, default_host) when is_binary(default_host) do
-    {:error,
-     Larder.Error.new(:l2_bad_reply, "CLUSTER SLOTS did not reply with a list",
-       reply: inspect(reply, limit: 5, printable_limit: 100)
-     )}
-  end
+  def slot_map(_reply, default_host) when is_binary(default_host), do: {:error, :not_a_list}
 
   defp ranges([entry | rest], host, budget, acc, bad) when budget > 0 do
     case range(entry, host) do

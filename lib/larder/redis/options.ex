@@ -1,0 +1,103 @@
+# The connection options of Larder's Redis client: one schema for every
+# user of it (the cache's L2 adapter, the replica's stream source), so a
+# server, a Sentinel set or a Cluster is named, authenticated and bounded
+# the same way wherever Larder talks to Redis.
+defmodule Larder.Redis.Options do
+  @moduledoc false
+
+  # Contract (internal).
+  #
+  # validate!/4 checks the connection keys below plus the caller's own
+  # `extra` keys (Larder.Options' schema form), raising ArgumentError that
+  # names `what` and the option; unknown keys are refused with the valid
+  # ones listed. The connection keys:
+  #
+  #   :host            a string of 1 to 255 bytes, default "127.0.0.1"
+  #   :port            1..65_535, default 6379
+  #   :username        nil or a string of 1 to 255 bytes (Redis 6 ACL)
+  #   :password        nil or a string of 0 to 4,096 bytes
+  #   :database        0..1_000_000, default 0 (SELECT)
+  #   :timeout         ms, 1..600_000 (connect and handshake; each reply)
+  #   :max_reply_bytes 1,024..2^32, the largest reply accepted
+  #   :sentinel        nil or Larder.Redis.Sentinel's keyword list
+  #   :cluster         nil or 1 to 16 {host, port} seeds; excludes :host,
+  #                    :port and :sentinel given by the user, needs
+  #                    :database 0, and removes :host and :port
+  #
+  # `defaults` gives the caller's defaults of :timeout and :max_reply_bytes.
+
+  alias Larder.Redis.Sentinel
+
+  @max_database 1_000_000
+  @max_timeout 600_000
+  @max_max_reply_bytes 4_294_967_296
+  @max_seeds 16
+
+  @doc "The largest `:timeout`."
+  def max_timeout, do: @max_timeout
+
+  @doc "The largest `:max_reply_bytes`."
+  def max_max_reply_bytes, do: @max_max_reply_bytes
+
+  @doc "The largest `:database`."
+  def max_database, do: @max_database
+
+  @doc "Checks `opts` (see the contract above); returns them with defaults."
+  @spec validate!(keyword(), String.t(), keyword(), keyword()) :: keyword()
+  def validate!(opts, what, extra, defaults) do
+    schema =
+      [
+        host: {{:string, 1, 255}, "127.0.0.1"},
+        port: {{:integer, 1, 65_535}, 6379},
+        database: {{:integer, 0, @max_database}, 0},
+        password: {{:or_nil, {:string, 0, 4_096}}, nil},
+        timeout: {{:integer, 1, @max_timeout}, Keyword.fetch!(defaults, :timeout)},
+        max_reply_bytes:
+          {{:integer, 1024, @max_max_reply_bytes}, Keyword.fetch!(defaults, :max_reply_bytes)},
+        sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
+        cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
+        username: {{:or_nil, {:string, 1, 255}}, nil}
+      ] ++ extra
+
+    opts
+    |> Larder.Options.validate!(schema, what)
+    |> Keyword.update!(:sentinel, &Sentinel.validate!(&1, what))
+    |> cluster!(opts, what)
+  end
+
+  # :cluster against the options the user gave (`raw`).
+  defp cluster!(validated, raw, what) do
+    case validated[:cluster] do
+      nil ->
+        validated
+
+      seeds ->
+        unless is_list(seeds) and seeds != [] and length(seeds) <= @max_seeds and
+                 Enum.all?(seeds, &address?/1) do
+          raise ArgumentError,
+                "expected #{what} option :cluster to be a list of 1 to " <>
+                  "#{@max_seeds} {host, port} seed nodes (host a string of 1 to 255 bytes, " <>
+                  "port 1 to 65535), got: #{inspect(seeds, limit: 20)}"
+        end
+
+        for key <- [:host, :port, :sentinel], raw[key] != nil do
+          raise ArgumentError,
+                "#{what} option :cluster excludes #{inspect(key)}: " <>
+                  "the cluster's nodes come from its seeds"
+        end
+
+        if validated[:database] != 0 do
+          raise ArgumentError,
+                "expected #{what} option :database to be 0 with :cluster " <>
+                  "(a Redis Cluster has one database), got: #{inspect(validated[:database])}"
+        end
+
+        validated |> Keyword.delete(:host) |> Keyword.delete(:port)
+    end
+  end
+
+  defp address?({host, port}),
+    do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535
+
+  defp address?(_), do: false
+end
