@@ -21,7 +21,7 @@
 defmodule Larder.CacheBench do
   alias Larder.Bench
   alias Larder.Cache
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   # A map of ~1 KB (external size).
   def small_map(i) do

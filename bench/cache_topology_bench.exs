@@ -43,7 +43,7 @@ defmodule Larder.CacheTopologyBench do
   alias Larder.Bench
   alias Larder.Cache
   alias Larder.Cache.{Remote, Runtime}
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
 
   @title "Foreign write until every node's L1 drops the key (single server)"
   @cluster_title "Foreign write until every node's L1 drops the key (cluster)"

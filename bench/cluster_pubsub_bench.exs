@@ -14,7 +14,7 @@
 
 alias Larder.Bench
 alias Larder.Redis.Cluster
-alias Larder.Support.RedisCluster
+alias Larder.Test.RedisCluster
 
 defmodule Larder.ClusterPubsubBench do
   @moduledoc false

@@ -29,7 +29,7 @@ Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", _
 defmodule Larder.ReplicaBench do
   alias Larder.Bench
   alias Larder.Replica
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Table
   alias PriceSearch.{Catalogue, PriceStream}
 

@@ -6,7 +6,7 @@ defmodule Larder.RedisServersTest do
   # with the process that started them.
   use ExUnit.Case, async: true
 
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
 
   @moduletag :redis
 

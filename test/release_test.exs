@@ -9,7 +9,7 @@ defmodule Larder.ReleaseTest do
   # (`mix test --exclude release` skips it); `make test` runs it.
   use ExUnit.Case, async: true
 
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   @moduletag :release
   @moduletag timeout: 600_000

@@ -5,7 +5,7 @@
 defmodule Larder.Demo.Cache do
   alias Larder.Bench
   alias Larder.Cache
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   @title "Larder.Cache: a term of 60k small maps"
 

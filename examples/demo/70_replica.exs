@@ -8,7 +8,7 @@ Code.require_file("../price_search/lib/price_search/price_stream.ex", __DIR__)
 
 defmodule Demo.Replica do
   alias Larder.{Bench, Replica, Table}
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias PriceSearch.{Catalogue, PriceStream}
 
   @stream "prices"

@@ -6,7 +6,7 @@ defmodule Larder.CacheTelemetryTest do
   use ExUnit.Case, async: true
 
   alias Larder.Cache
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.MemoryL2
 
   @events [

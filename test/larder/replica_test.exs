@@ -6,7 +6,7 @@ defmodule Larder.ReplicaTest do
   use ExUnit.Case, async: true
 
   alias Larder.Replica
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Table
   alias Larder.Test.GarbageServer
   alias Larder.Test.ReplicaLog, as: Log

@@ -1,12 +1,12 @@
 # The contract every Larder.Cache.L2 implementation must meet. A test module
 # `use`s it and provides, in its setup, `l2_opts` (init options for a fresh,
 # empty backend) and `l2_module`.
-defmodule Larder.Cache.L2Conformance do
+defmodule Larder.Test.L2Conformance do
   @moduledoc false
 
   defmacro __using__(_opts) do
     quote do
-      alias Larder.Cache.L2Conformance, as: C
+      alias Larder.Test.L2Conformance, as: C
 
       describe "Larder.Cache.L2 conformance" do
         test "get of an absent key is a miss", ctx do

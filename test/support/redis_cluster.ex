@@ -2,10 +2,10 @@
 # three replicas) on free loopback ports, joined with `redis-cli --cluster
 # create`, and drives failovers, reshards, kills and pauses for the tests
 # and the benchmarks. Not part of the library.
-defmodule Larder.Support.RedisCluster do
+defmodule Larder.Test.RedisCluster do
   @moduledoc false
 
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   defstruct nodes: []
 
@@ -14,7 +14,7 @@ defmodule Larder.Support.RedisCluster do
   @doc """
   Starts six nodes and forms the cluster, then waits until every node says
   `cluster_state:ok` and agrees on the slots. Every node is killed when the
-  caller exits, even if the VM dies (see `Larder.Support.RedisServer`).
+  caller exits, even if the VM dies (see `Larder.Test.RedisServer`).
 
   `:node_timeout` is `cluster-node-timeout` in ms (default #{@node_timeout_ms}).
   """

@@ -2,11 +2,11 @@
 # (`redis-server --sentinel`) on free loopback ports, with a 1 s
 # down-after-milliseconds, and drives kills, pauses and failovers for the
 # tests and the benchmarks. Not part of the library.
-defmodule Larder.Support.RedisSentinel do
+defmodule Larder.Test.RedisSentinel do
   @moduledoc false
 
-  alias Larder.Support.RedisCluster
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisCluster
+  alias Larder.Test.RedisServer
 
   defstruct [:name, :data, :sentinels]
 

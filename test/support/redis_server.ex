@@ -2,7 +2,7 @@
 # temp dir), and kills or restarts it on demand. One home for the tests
 # (compiled with test/support), the benchmarks and the demo (compiled for
 # them too: see mix.exs); not part of the library.
-defmodule Larder.Support.RedisServer do
+defmodule Larder.Test.RedisServer do
   @moduledoc false
 
   defstruct [:port, :dir, :os_pid, :erl_port, config: nil, args: []]

@@ -6,14 +6,14 @@ defmodule Larder.Test.RedisSetup do
 
   import ExUnit.Callbacks, only: [on_exit: 1]
 
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
 
   # In a test module: `import Larder.Test.RedisSetup`, then `setup_all
   # :redis_server` (or `setup [:redis_server, :test_prefix]`), or
   # `RedisSetup.start(RedisSentinel, opts)` in a setup block.
 
   @doc """
-  Starts `mod` (`Larder.Support.RedisServer`, `RedisSentinel` or
+  Starts `mod` (`Larder.Test.RedisServer`, `RedisSentinel` or
   `RedisCluster`) with `opts`, and stops it on exit of the test (or, from
   `setup_all`, of the module). Returns its handle.
   """

@@ -7,7 +7,7 @@ defmodule PriceSearch.PriceStreamTest do
   Code.require_file("../../../test/support/redis_server.ex", __DIR__)
 
   alias Larder.Replica
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Table
   alias PriceSearch.{Catalogue, PriceStream, Store}
 

@@ -8,7 +8,7 @@ defmodule Larder.Cache.GenerationTest do
 
   alias Larder.Cache
   alias Larder.Cache.{Remote, Runtime}
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   import Larder.Test.Eventually
 

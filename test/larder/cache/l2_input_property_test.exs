@@ -7,7 +7,7 @@ defmodule Larder.Cache.L2InputPropertyTest do
 
   alias Larder.Cache
   alias Larder.Cache.{Codec, Runtime}
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.{GarbageServer, Hostile, MemoryL2, PropEr}
 
   import Larder.Test.Eventually

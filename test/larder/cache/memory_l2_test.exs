@@ -1,7 +1,7 @@
 defmodule Larder.Cache.MemoryL2Test do
   # The in-memory L2 the unit tests use passes the same contract as Redis.
   use ExUnit.Case, async: true
-  use Larder.Cache.L2Conformance
+  use Larder.Test.L2Conformance
 
   setup do
     server = start_supervised!(Larder.Test.MemoryL2)

@@ -1,9 +1,9 @@
 defmodule Larder.Cache.RedisTest do
   use ExUnit.Case, async: true
-  use Larder.Cache.L2Conformance
+  use Larder.Test.L2Conformance
 
   alias Larder.Cache
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   import Larder.Test.Eventually
 

@@ -72,7 +72,7 @@ defmodule Larder.Kafka.BrokerTest do
     assert_receive {:started, other}, 300_000
     assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
 
-    Larder.Support.RedisServer.wait_until(30_000, "the orphaned broker's JVM to exit", fn ->
+    Larder.Test.RedisServer.wait_until(30_000, "the orphaned broker's JVM to exit", fn ->
       KafkaBroker.os_pid(other) == nil
     end)
 

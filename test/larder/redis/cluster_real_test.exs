@@ -1,12 +1,12 @@
 defmodule Larder.Cache.Redis.ClusterRealTest do
   # Slot routing against a real six-node Redis Cluster
-  # (Larder.Support.RedisCluster): our slots are the server's, the map sends
+  # (Larder.Test.RedisCluster): our slots are the server's, the map sends
   # every key to its master, and after a reshard the server's MOVED names
   # the new owner that a refreshed map already knows.
   use ExUnit.Case, async: true
 
   alias Larder.Redis.Cluster
-  alias Larder.Support.RedisCluster
+  alias Larder.Test.RedisCluster
 
   @moduletag :redis
 

@@ -9,7 +9,7 @@ defmodule Larder.Redis.ProcessTreeTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
   alias Larder.Test.RedisSetup
 
   @moduletag :redis

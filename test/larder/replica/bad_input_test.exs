@@ -8,7 +8,7 @@ defmodule Larder.Replica.BadInputTest do
   use ExUnit.Case, async: true
 
   alias Larder.Replica
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.{BadCall, Hostile, PropEr}
   alias Larder.Test.ReplicaLog, as: Log
 

@@ -250,7 +250,7 @@ defmodule Larder.Replica.KafkaTest do
       )
 
     # Mid-read: some records applied, not all.
-    Larder.Support.RedisServer.wait_until(@await, "the replica to apply records", fn ->
+    Larder.Test.RedisServer.wait_until(@await, "the replica to apply records", fn ->
       Replica.offset(replica) |> Map.drop([:topic_id]) |> Map.values() |> Enum.sum() > 0
     end)
 
@@ -284,7 +284,7 @@ defmodule Larder.Replica.KafkaTest do
     # fewer records remain than the partitions' offsets.
     roll = for i <- 1..4, do: {"roll#{i}", "r"}
 
-    Larder.Support.RedisServer.wait_until(@await, "the log cleaner to compact the topic", fn ->
+    Larder.Test.RedisServer.wait_until(@await, "the log cleaner to compact the topic", fn ->
       Process.sleep(500)
       produce!(producer, ctx.topic, 2, roll)
       {held, offsets} = count_records(ctx.broker, ctx.topic, 2)
@@ -393,7 +393,7 @@ defmodule Larder.Replica.KafkaTest do
       :ok = Native.delete_topic(ctx.admin, ctx.topic, @timeout)
 
       # The deletion completes in the background: create until it is taken.
-      Larder.Support.RedisServer.wait_until(@await, "the topic to be created again", fn ->
+      Larder.Test.RedisServer.wait_until(@await, "the topic to be created again", fn ->
         Native.create_topic(ctx.admin, ctx.topic, 2, [], @timeout) == :ok
       end)
 

@@ -5,7 +5,7 @@ defmodule Larder.Replica.RedisStreamTest do
   use ExUnit.Case, async: true
 
   alias Larder.Replica.RedisStream
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.ReplicaLog, as: Log
 
   @moduletag :redis

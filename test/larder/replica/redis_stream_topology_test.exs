@@ -9,7 +9,7 @@ defmodule Larder.Replica.RedisStreamTopologyTest do
 
   alias Larder.Redis.Socket
   alias Larder.Replica
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
   alias Larder.Test.RedisSetup
   alias Larder.Test.ReplicaLog, as: Log
 

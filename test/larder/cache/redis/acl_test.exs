@@ -8,7 +8,7 @@ defmodule Larder.Cache.RedisAclTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   @moduletag :redis
   @moduletag :capture_log

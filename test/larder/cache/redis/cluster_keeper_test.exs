@@ -13,7 +13,7 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
   alias Larder.Cache.Redis
   alias Larder.Cache.Redis.ClusterKeeper
   alias Larder.Redis.Connection
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.GarbageServer
 
   @moduletag :capture_log

@@ -9,7 +9,7 @@ defmodule Larder.Cache.RedisClusterLoadTest do
 
   alias Larder.Cache.Redis
   alias Larder.Redis.Cluster
-  alias Larder.Support.RedisCluster
+  alias Larder.Test.RedisCluster
 
   @moduletag :redis
   @moduletag :capture_log

@@ -6,14 +6,14 @@ defmodule Larder.Cache.RedisClusterTest do
   # its L1), and garbage answers to CLUSTER SLOTS are ignored and counted.
   # Failover and resharding under load: cluster_load_test.exs.
   use ExUnit.Case, async: false
-  use Larder.Cache.L2Conformance
+  use Larder.Test.L2Conformance
 
   import Larder.Test.Eventually
 
   alias Larder.Cache
   alias Larder.Cache.Redis.ClusterKeeper
   alias Larder.Redis.Cluster
-  alias Larder.Support.{RedisCluster, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisServer}
   alias Larder.Test.GarbageServer
 
   @moduletag :redis

@@ -7,7 +7,7 @@ defmodule Larder.Cache.RedisFaultTest do
 
   alias Larder.Cache
   alias Larder.Cache.Runtime
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
   alias Larder.Test.GarbageServer
 
   import ExUnit.CaptureLog

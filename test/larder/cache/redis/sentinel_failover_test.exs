@@ -11,7 +11,7 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
 
   alias Larder.Cache
   alias Larder.Cache.{Remote, Runtime, Store}
-  alias Larder.Support.{RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisSentinel, RedisServer}
 
   @moduletag :redis
   @moduletag :capture_log

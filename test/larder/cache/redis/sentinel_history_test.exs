@@ -26,7 +26,7 @@ defmodule Larder.Cache.RedisSentinelHistoryTest do
 
   alias Larder.Cache
   alias Larder.Redis.RESP
-  alias Larder.Support.{RedisCluster, RedisSentinel, RedisServer}
+  alias Larder.Test.{RedisCluster, RedisSentinel, RedisServer}
 
   @moduletag :redis
   @moduletag :capture_log

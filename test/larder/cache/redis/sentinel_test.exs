@@ -6,13 +6,13 @@ defmodule Larder.Cache.RedisSentinelTest do
   # failover (the master SIGKILLed) with all its connections, its
   # subscription included, and clears its L1 when it moves.
   use ExUnit.Case, async: false
-  use Larder.Cache.L2Conformance
+  use Larder.Test.L2Conformance
 
   import Larder.Test.Eventually
 
   alias Larder.Cache
   alias Larder.Redis.RESP
-  alias Larder.Support.RedisSentinel
+  alias Larder.Test.RedisSentinel
 
   @moduletag :redis
   @moduletag :capture_log

@@ -5,11 +5,11 @@ defmodule Larder.Cache.RedisTrackingTest do
   # the tracking channel; codec: :raw fronting another program's keys; the
   # L2 conformance suite with tracking on.
   use ExUnit.Case, async: true
-  use Larder.Cache.L2Conformance
+  use Larder.Test.L2Conformance
 
   alias Larder.Cache
   alias Larder.Cache.{Remote, Runtime, Store}
-  alias Larder.Support.RedisServer
+  alias Larder.Test.RedisServer
 
   import Larder.Test.Eventually
 
