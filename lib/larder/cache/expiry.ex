@@ -18,6 +18,8 @@ defmodule Larder.Cache.Expiry do
 
   def sweep_ms, do: @sweep_ms
 
+  def tick_ms, do: @tick_ms
+
   def new_clock, do: :atomics.new(1, signed: true)
 
   def tick(rt), do: :atomics.put(rt.clock, 1, now())
@@ -44,21 +46,34 @@ defmodule Larder.Cache.Expiry do
   # starts another if it dies and stops it with the cache.
 
   # {:ok, pid}, linked to the caller (the cache's supervisor); the cache's
-  # process has published its handle.
+  # process has published its handle. A GenServer (Expiry.Clock), so that
+  # :sys.get_state/1 and crash reports work on it as on the cache's other
+  # processes.
   def start_clock(name) do
     %{clock: clock} = Runtime.get(name)
-    {:ok, spawn_link(fn -> clock_init(clock) end)}
+    GenServer.start_link(__MODULE__.Clock, clock)
   end
 
-  defp clock_init(clock) do
-    Process.flag(:priority, :high)
-    clock_loop(clock)
-  end
+  defmodule Clock do
+    @moduledoc false
+    # The clock's process: puts the time into the atomic, then again every
+    # tick. Its state is the atomic.
+    use GenServer
 
-  defp clock_loop(clock) do
-    :atomics.put(clock, 1, now())
-    Process.sleep(@tick_ms)
-    clock_loop(clock)
+    @impl true
+    def init(clock) do
+      Process.flag(:priority, :high)
+      {:ok, tick(clock)}
+    end
+
+    @impl true
+    def handle_info(:tick, clock), do: {:noreply, tick(clock)}
+
+    defp tick(clock) do
+      :atomics.put(clock, 1, Larder.Cache.Expiry.now())
+      Process.send_after(self(), :tick, Larder.Cache.Expiry.tick_ms())
+      clock
+    end
   end
 
   ## The sweep

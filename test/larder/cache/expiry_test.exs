@@ -149,6 +149,11 @@ defmodule Larder.Cache.ExpiryTest do
              :ets.foldl(fn {_, _, _, size, _}, acc -> acc + size end, 0, cfg.data)
   end
 
+  test "the clock is an OTP process: :sys.get_state/1 answers with its atomic", ctx do
+    cache = start_cache(ctx)
+    assert :sys.get_state(clock_process(cache)) == cfg(cache).clock
+  end
+
   test "the clock process ends with the cache and is replaced if killed", ctx do
     cache = start_cache(ctx)
     owner = Process.whereis(cache)
