@@ -159,6 +159,17 @@ defmodule Larder.ReplicaTest do
     assert Log.contents(name(ctx, "t")) == Map.new(1..6, &{&1, &1})
   end
 
+  test "its server and its reader are OTP processes: :sys.get_state/1 answers for each", ctx do
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..5, do: {:put, k, k}))
+    opts = Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream, block_ms: 200)
+    replica = start!(opts)
+    :ok = Replica.await(replica, :latest, 10_000)
+    reader = :sys.get_state(replica).reader
+    assert is_pid(reader) and Process.alive?(reader)
+    # between two blocking reads of up to :block_ms, at the latest
+    assert %{server: ^replica, source: Larder.Replica.RedisStream} = :sys.get_state(reader, 5_000)
+  end
+
   test "entries too large for the batch size within :max_reply_bytes are read in smaller batches",
        ctx do
     big = String.duplicate("x", 3_000)

@@ -4,8 +4,12 @@
 # pure apply function over it) while the server applies the previous one
 # (at most one more batch waits in the server's mailbox). A source error closes
 # the connection and waits (100 ms doubling to 2 s) before connecting again.
+# A GenServer (see init/1) for a source that does not notify; a notifying
+# source (Larder.Replica.Source.notify/2) is read by the server itself.
 defmodule Larder.Replica.Reader do
   @moduledoc false
+
+  use GenServer
 
   require Logger
 
@@ -31,75 +35,101 @@ defmodule Larder.Replica.Reader do
           (map() -> term()) | nil
         ) :: pid()
   def start_link(source, opts, position, batch_size, block_ms, prepare \\ nil) do
-    server = self()
+    state = %{
+      server: self(),
+      source: source,
+      opts: opts,
+      position: position,
+      count: batch_size,
+      block: block_ms,
+      prepare: prepare,
+      conn: nil,
+      wait: @min_wait_ms,
+      unacked: 0,
+      # what waits for acknowledgements before it is sent: nil,
+      # {:batch, entries, position_after} or {:trimmed, resume_position}
+      held: nil,
+      failing: false
+    }
 
-    spawn_link(fn ->
-      state = %{
-        server: server,
-        source: source,
-        opts: opts,
-        position: position,
-        count: batch_size,
-        block: block_ms,
-        prepare: prepare,
-        conn: nil,
-        wait: @min_wait_ms,
-        unacked: 0,
-        failing: false
-      }
-
-      loop(state)
-    end)
+    {:ok, pid} = GenServer.start_link(__MODULE__, state)
+    pid
   end
 
-  defp loop(%{conn: nil} = state) do
+  # A GenServer, so that :sys.get_state/1 and crash reports work on it: each
+  # step (a connect, or one read of up to :block_ms) is one :read message
+  # it sends itself, so calls and system messages are answered between two
+  # reads. Exactly one :read is pending (a message or a timer) unless a
+  # batch is held for acknowledgements, or a trim waits for :replica_resume.
+  @impl true
+  def init(state) do
+    send(self(), :read)
+    {:ok, state}
+  end
+
+  @impl true
+  def handle_info(:read, %{conn: nil} = state) do
     case state.source.connect(state.opts) do
-      {:ok, conn} -> loop(%{state | conn: conn})
-      {:error, error} -> failed(state, error)
+      {:ok, conn} -> {:noreply, next(%{state | conn: conn})}
+      {:error, error} -> {:noreply, failed(state, error)}
     end
   end
 
-  defp loop(state) do
+  def handle_info(:read, state) do
     position = state.position
 
     case state.source.read(state.conn, position, state.count, state.block) do
       {:ok, [], ^position, conn} ->
-        loop(recovered(%{state | conn: conn}))
+        {:noreply, next(recovered(%{state | conn: conn}))}
 
       {:ok, entries, position_after, conn} ->
         entries = prepare(entries, state.prepare)
-        state = state |> recovered() |> await_acks(1)
-        send(state.server, {:replica_batch, self(), entries, position_after})
-        loop(%{state | conn: conn, position: position_after, unacked: state.unacked + 1})
+        state = recovered(%{state | conn: conn, held: {:batch, entries, position_after}})
+        {:noreply, release(state)}
 
       {:trimmed, resume_position, conn} ->
-        state = await_acks(%{state | conn: conn}, 0)
-        send(state.server, {:replica_trimmed, self(), resume_position})
-
-        receive do
-          {:replica_resume, position} -> loop(%{state | position: position})
-        end
+        {:noreply, release(%{state | conn: conn, held: {:trimmed, resume_position}})}
 
       {:error, error, conn} ->
         state.source.close(conn)
-        failed(%{state | conn: nil}, error)
+        {:noreply, failed(%{state | conn: nil}, error)}
     end
   end
+
+  def handle_info(:replica_ack, state),
+    do: {:noreply, release(%{state | unacked: state.unacked - 1})}
+
+  def handle_info({:replica_resume, position}, state),
+    do: {:noreply, next(%{state | position: position})}
+
+  def handle_info(_other, state), do: {:noreply, state}
+
+  defp next(state) do
+    send(self(), :read)
+    state
+  end
+
+  # The server acknowledges each batch once applied; a batch is sent only
+  # while at most one other is unacknowledged, so at most one batch waits
+  # in the server's mailbox while it applies another (the server is never
+  # left waiting for the reader's copy of the next batch). A trim is sent
+  # once every batch before it is applied, and reading stops until the
+  # server answers it with :replica_resume.
+  defp release(%{held: {:batch, entries, position_after}, unacked: unacked} = state)
+       when unacked <= 1 do
+    send(state.server, {:replica_batch, self(), entries, position_after})
+    next(%{state | held: nil, position: position_after, unacked: unacked + 1})
+  end
+
+  defp release(%{held: {:trimmed, resume_position}, unacked: 0} = state) do
+    send(state.server, {:replica_trimmed, self(), resume_position})
+    %{state | held: nil}
+  end
+
+  defp release(state), do: state
 
   defp prepare(entries, nil), do: entries
   defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})
-
-  # The server acknowledges each batch once applied; a batch is sent only
-  # while at most `left` others are unacknowledged, so at most one batch
-  # waits in the server's mailbox while it applies another (the server is
-  # never left waiting for the reader's copy of the next batch).
-  defp await_acks(%{unacked: unacked} = state, left) when unacked <= left, do: state
-
-  defp await_acks(state, left) do
-    receive do
-      :replica_ack -> await_acks(%{state | unacked: state.unacked - 1}, left)
-    end
-  end
 
   defp failed(state, error) do
     send(state.server, {:replica_source_error, self(), error})
@@ -123,8 +153,8 @@ defmodule Larder.Replica.Reader do
       )
     end
 
-    Process.sleep(state.wait)
-    loop(%{state | wait: min(state.wait * 2, @max_wait_ms), failing: true})
+    Process.send_after(self(), :read, state.wait)
+    %{state | wait: min(state.wait * 2, @max_wait_ms), failing: true}
   end
 
   defp recovered(%{failing: true} = state) do
