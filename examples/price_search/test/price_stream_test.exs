@@ -4,6 +4,9 @@ defmodule PriceSearch.PriceStreamTest do
   # a real redis-server) answers with the stream's latest prices.
   use ExUnit.Case, async: true
 
+  # Larder's Redis starter (and the free-port helper it calls): the one
+  # place the example borrows Larder's test support, to start a real server.
+  Code.require_file("../../../test/support/free_port.ex", __DIR__)
   Code.require_file("../../../test/support/redis_server.ex", __DIR__)
 
   alias Larder.Replica
