@@ -18,9 +18,11 @@ defmodule Larder.MixProject do
       # The Rust NIF is built first, so Larder.Native can load it.
       compilers: [:larder_native | Mix.compilers()],
       deps: [],
-      # bench/support/kafka_load.ex encodes prices with the price search
-      # example's PriceSearch.PriceStream, which its callers load.
-      xref: [exclude: [PriceSearch.PriceStream]],
+      # The price catalogue fixture (test/support/catalogue.ex and
+      # price_stream.ex), which the benches and the demo use, reads the
+      # reference requests with jiffy and XADDs prices with eredis (Debian's
+      # erlang-jiffy and erlang-redis-client); the library calls neither.
+      xref: [exclude: [:eredis, :jiffy]],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
       docs: [main: "Larder"]
@@ -43,11 +45,12 @@ defmodule Larder.MixProject do
   # test/support is the one support folder, compiled here rather than loaded
   # from one tree by another. The tests get all of it, and the benchmark
   # harness and report they test. The benchmarks and the demo (`mix run`, in
-  # :dev) get the harness and, of test/support, the servers they start and
-  # the free port: not ExUnit's case templates, nor the :telemetry stand-in,
-  # which would turn telemetry events on in every benchmark. A dependency's
-  # build (:prod) is the library alone.
-  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel kafka_broker)
+  # :dev) get the harness and, of test/support, the servers they start, the
+  # free port and the price catalogue fixture: not ExUnit's case templates,
+  # nor the :telemetry stand-in, which would turn telemetry events on in
+  # every benchmark. A dependency's build (:prod) is the library alone.
+  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel kafka_broker
+                     catalogue price_stream)
 
   defp elixirc_paths(:test), do: ["lib", "test/support", "bench/support", "bench/report"]
 

@@ -4,17 +4,16 @@
 # expected price computed by a plain filter over the loaded catalogue.
 #
 #   mix run bench/index_bench.exs [--quick] [--json PATH]
-# The catalogue code belongs to the price search example; jiffy (Debian's
-# erlang-jiffy) is on the code path and loads its NIF on first use.
-Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
-
+# The catalogue fixture is Larder.Test.Catalogue (test/support, compiled
+# for :dev); jiffy (Debian's erlang-jiffy) is on the code path and loads its
+# NIF on first use.
 alias Larder.{Bench, Table}
-alias PriceSearch.Catalogue
+alias Larder.Test.Catalogue
 
 # The timed loops live in a compiled module: a closure written at the top
 # level of a script is interpreted, which would add microseconds per call.
 defmodule IndexBench.Loops do
-  alias PriceSearch.Catalogue
+  alias Larder.Test.Catalogue
 
   def table_searches(table, requests), do: Enum.each(requests, &Larder.Table.search(table, &1))
 
@@ -23,19 +22,7 @@ defmodule IndexBench.Loops do
   def map_searches(map_index, args),
     do: Enum.each(args, fn {o, g, s, chars} -> Catalogue.map_find(map_index, o, g, s, chars) end)
 
-  def map_args(requests) do
-    for conditions <- requests do
-      {o, g, s, chars} =
-        Enum.reduce(conditions, {nil, nil, nil, []}, fn
-          {:offering_id, v}, {_, g, s, c} -> {v, g, s, c}
-          {:group_id, v}, {o, _, s, c} -> {o, v, s, c}
-          {:spec, v}, {o, g, _, c} -> {o, g, v, c}
-          {:char, cv}, {o, g, s, c} -> {o, g, s, [cv | c]}
-        end)
-
-      {o, g, s, :lists.reverse(chars)}
-    end
-  end
+  def map_args(requests), do: Enum.map(requests, &Catalogue.map_args/1)
 
   def ets_searches(tab, requests), do: Enum.each(requests, &ets_search(tab, &1))
 

@@ -23,15 +23,13 @@
 # second, for the lag through snapshots). `snapshots`: that measurement
 # alone, after the fill (it needs no other). Starts its own
 # redis-server on a free loopback port (does nothing without one).
-Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
-Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
 
 defmodule Larder.ReplicaBench do
   alias Larder.Bench
   alias Larder.Replica
   alias Larder.Test.RedisServer
   alias Larder.Table
-  alias PriceSearch.{Catalogue, PriceStream}
+  alias Larder.Test.{Catalogue, PriceStream}
 
   @store [:idx, :spec, :value, :currency, :is_default]
   @stream "prices"

@@ -5,7 +5,7 @@
 # the Kafka NIF's producer (lz4 batches, acks=all), see
 # bench/support/kafka_load.ex for the record encodings:
 #   * a price: key = its idx as text, value = its CSV columns joined by tabs
-#     (PriceSearch.PriceStream's payload, as bench/replica_bench.exs sends it
+#     (Larder.Test.PriceStream's payload, as bench/replica_bench.exs sends it
 #     to Redis); the apply decodes it with PriceStream.apply_entry/1;
 #   * the story: key = <<key::32>>, value = <<n::64>> (the record's number),
 #     decoded to integers by the apply and by the anchors' loop alike.
@@ -52,14 +52,12 @@
 # are filled all the same); without any, all of them.
 # --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one run
 # each, a 2 s producer.
-Code.require_file("../examples/price_search/lib/price_search/catalogue.ex", __DIR__)
-Code.require_file("../examples/price_search/lib/price_search/price_stream.ex", __DIR__)
 
 defmodule Larder.ReplicaKafkaBench do
   alias Larder.{Bag, Bench, Replica, Table}
   alias Larder.Bench.KafkaLoad
   alias Larder.Test.KafkaBroker
-  alias PriceSearch.Catalogue
+  alias Larder.Test.Catalogue
 
   @store [:idx, :spec, :value, :currency, :is_default]
   @prices "prices"

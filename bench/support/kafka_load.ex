@@ -3,12 +3,11 @@
 # admin client (Larder.Kafka.Native), the story's records and its anchors
 # (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
 # catalogue's record encoding and the replica's apply, a steady producer
-# and the marker lags. Depends on Larder, and for prices on
-# examples/price_search/lib/price_search/price_stream.ex, which the caller
-# loads (so it is not known when this is compiled).
+# and the marker lags. Depends on Larder, and for prices on the catalogue
+# fixture's Larder.Test.PriceStream (test/support).
 #
 # Record encodings:
-#   * a price: key = its idx as decimal text, value = PriceSearch.PriceStream's
+#   * a price: key = its idx as decimal text, value = Larder.Test.PriceStream's
 #     payload (the price's CSV columns joined by tabs, as the Redis Stream
 #     replica's bench sends it); a nil value deletes the idx. The apply
 #     decodes it with PriceStream.apply_entry/1 and checks the key.
@@ -173,24 +172,24 @@ defmodule Larder.Bench.KafkaLoad do
 
   @doc """
   A price as a record: key = its idx as text, value = the payload of
-  PriceSearch.PriceStream (the CSV columns joined by tabs), the encoding
+  Larder.Test.PriceStream (the CSV columns joined by tabs), the encoding
   the Redis Stream replica's bench uses: 171 bytes a price on average
   against 418 for :erlang.term_to_binary/1, and no slower to decode.
   """
   def price_record(price) do
-    ["price", payload] = PriceSearch.PriceStream.fields(price)
+    ["price", payload] = Larder.Test.PriceStream.fields(price)
     {Integer.to_string(price.idx), payload}
   end
 
   @doc """
   The replica's apply for prices: a tombstone deletes the key's idx;
-  otherwise PriceSearch.PriceStream.apply_entry/1 decodes the payload
+  otherwise Larder.Test.PriceStream.apply_entry/1 decodes the payload
   (raising on a payload of another shape) and the key must be its idx.
   """
   def price_apply(%{"key" => key, "value" => nil}), do: {:delete, String.to_integer(key)}
 
   def price_apply(%{"key" => key, "value" => value}) do
-    {:insert, price} = op = PriceSearch.PriceStream.apply_entry(%{"price" => value})
+    {:insert, price} = op = Larder.Test.PriceStream.apply_entry(%{"price" => value})
 
     if Integer.to_string(price.idx) != key,
       do: raise(ArgumentError, "price: key #{inspect(key)} is not its idx #{price.idx}")
@@ -199,10 +198,7 @@ defmodule Larder.Bench.KafkaLoad do
   end
 
   @doc "A random price of `prices` (a tuple) with a new value."
-  def change(prices) do
-    price = elem(prices, :rand.uniform(tuple_size(prices)) - 1)
-    %{price | value: :rand.uniform(1_000_000)}
-  end
+  defdelegate change(prices), to: Larder.Test.PriceStream
 
   @doc """
   A steady producer: price changes of `prices` (a tuple) at `rate` records
@@ -269,7 +265,7 @@ defmodule Larder.Bench.KafkaLoad do
       :ok = Native.produce(producer, topic, -1, key, value, [])
       {{p, o}, acked} = await_ack(producer, started + 60_000_000)
       :ok = Larder.Replica.await(replica, %{p => o + 1}, 60_000)
-      visible(table, marker, started)
+      Larder.Test.PriceStream.visible(table, marker, started)
       done = System.monotonic_time(:microsecond)
       Process.sleep(5)
 
@@ -296,24 +292,6 @@ defmodule Larder.Bench.KafkaLoad do
       _not_yet ->
         if System.monotonic_time(:microsecond) > deadline_us, do: raise("no acknowledgement")
         await_ack(producer, deadline_us)
-    end
-  end
-
-  defp visible(table, marker, started) do
-    found =
-      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
-      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
-
-    cond do
-      found ->
-        :ok
-
-      System.monotonic_time(:microsecond) - started > 10_000_000 ->
-        raise "marker price #{marker.idx} applied but not found in a search after 10 s"
-
-      true ->
-        Process.sleep(1)
-        visible(table, marker, started)
     end
   end
 end

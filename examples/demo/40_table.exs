@@ -1,9 +1,8 @@
 # Larder.Table: price search on the 487,200-price catalogue (the shared file,
 # or the generated one), against the Go-style map index, measured now.
-# The catalogue code belongs to the price search example (examples/price_search).
-Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
+# The catalogue fixture: Larder.Test.Catalogue (test/support).
 alias Larder.{Bench, Table}
-alias PriceSearch.Catalogue
+alias Larder.Test.Catalogue
 
 # Compiled loops: closures at a script's top level are interpreted.
 defmodule Demo.TableLoops do

@@ -1,8 +1,8 @@
 # The price search service (examples/price_search) over HTTP: started as its
 # own OS process (as `make serve` does), sent the single request and a
 # 1,000-line bulk request with OTP's httpc, then stopped with SIGTERM.
-Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
-alias PriceSearch.Catalogue
+# The requests come from the catalogue fixture, Larder.Test.Catalogue.
+alias Larder.Test.Catalogue
 
 defmodule Demo.PriceSearch do
   def post(port, path, body, type) do

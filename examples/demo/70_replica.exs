@@ -2,14 +2,12 @@
 # 487,200-price file, read from ../shared/data, or the generated catalogue),
 # followed into a `store:` Table by a replica: a fresh node catching up from
 # zero, a restarted node catching up from its snapshot, and the lag under a
-# steady producer. Stream code: examples/price_search (PriceSearch.PriceStream).
-Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
-Code.require_file("../price_search/lib/price_search/price_stream.ex", __DIR__)
+# steady producer. Stream code: the catalogue fixture, Larder.Test.PriceStream
+# (test/support).
 
 defmodule Demo.Replica do
   alias Larder.{Bench, Replica, Table}
-  alias Larder.Test.RedisServer
-  alias PriceSearch.{Catalogue, PriceStream}
+  alias Larder.Test.{Catalogue, PriceStream, RedisServer}
 
   @stream "prices"
   @rate 5_000

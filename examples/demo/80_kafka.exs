@@ -10,14 +10,12 @@
 # comparison, with repeated runs and every target:
 # bench/replica_kafka_bench.exs. Topic filling and the anchors' consumer
 # loop: bench/support/kafka_load.ex.
-Code.require_file("../price_search/lib/price_search/catalogue.ex", __DIR__)
-Code.require_file("../price_search/lib/price_search/price_stream.ex", __DIR__)
 
 defmodule Demo.Kafka do
   alias Larder.{Bag, Bench, Replica, Table}
   alias Larder.Bench.KafkaLoad
   alias Larder.Test.KafkaBroker
-  alias PriceSearch.Catalogue
+  alias Larder.Test.Catalogue
 
   @records 1_000_000
   @keys 10_000

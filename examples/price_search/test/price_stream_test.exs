@@ -4,15 +4,9 @@ defmodule PriceSearch.PriceStreamTest do
   # a real redis-server) answers with the stream's latest prices.
   use ExUnit.Case, async: true
 
-  # Larder's Redis starter (and the free-port helper it calls): the one
-  # place the example borrows Larder's test support, to start a real server.
-  Code.require_file("../../../test/support/free_port.ex", __DIR__)
-  Code.require_file("../../../test/support/redis_server.ex", __DIR__)
-
   alias Larder.Replica
-  alias Larder.Test.RedisServer
   alias Larder.Table
-  alias PriceSearch.{Catalogue, PriceStream, Store}
+  alias PriceSearch.{Catalogue, PriceStream, Store, TestRedis}
 
   @moduletag :redis
 
@@ -34,8 +28,8 @@ defmodule PriceSearch.PriceStreamTest do
   end
 
   test "a store that follows a stream answers with its latest prices", ctx do
-    redis = RedisServer.start()
-    on_exit(fn -> RedisServer.stop(redis) end)
+    redis = TestRedis.start()
+    on_exit(fn -> TestRedis.stop(redis) end)
     prices = Enum.take(Catalogue.generate(), 500)
     client = PriceStream.connect(port: redis.port)
     PriceStream.fill(client, "prices", prices)
@@ -57,7 +51,7 @@ defmodule PriceSearch.PriceStreamTest do
     )
 
     loaded =
-      RedisServer.wait_until(30_000, "the store", fn ->
+      TestRedis.wait_until(30_000, "the store", fn ->
         match?({:ok, _}, Store.fetch(store)) and Store.fetch(store)
       end)
 

@@ -2,10 +2,6 @@ defmodule PriceSearch.Catalogue do
   @moduledoc """
   The price catalogue: the CSV loader, a deterministic generator of the same
   shape, the reference requests, and the Go service's map index.
-
-  Larder's `bench/index_bench.exs` and `examples/demo/40_table.exs` load
-  this file with `Code.require_file/1`, so it depends on nothing but Larder
-  and jiffy.
   """
 
   import Bitwise
@@ -428,7 +424,7 @@ defmodule PriceSearch.Catalogue do
         }
 
   @doc """
-  The Go service's map index, the baseline of the benchmark and the demo:
+  The Go service's map index, the baseline of the service's `map` search:
   offering -> its prices in row order, scanned by `map_find/5`.
 
   The strings are numbered (one map of the distinct group, spec, currency,
@@ -567,26 +563,6 @@ defmodule PriceSearch.Catalogue do
   end
 
   defp code(group, spec), do: group <<< 32 ||| spec
-
-  @doc """
-  The map index's live heap in bytes, comparable with the Go service's live
-  heap: a fresh process loads the catalogue (as `reference_or_generated/1`
-  does), builds the index, drops everything else and reports its memory.
-  """
-  @spec map_index_heap_bytes(Path.t()) :: non_neg_integer()
-  def map_index_heap_bytes(dir \\ default_dir()) do
-    Task.async(fn ->
-      {_, loaded, _} = reference_or_generated(dir)
-      index = map_index(loaded)
-      loaded = nil
-      :erlang.garbage_collect()
-      {:memory, bytes} = Process.info(self(), :memory)
-      # Returning the index keeps it alive until the memory is read.
-      {map_size(index), loaded, bytes}
-    end)
-    |> Task.await(:infinity)
-    |> elem(2)
-  end
 
   @doc """
   Searches a `map_index/1` as the Go map variant (`FindPriceBy`) does: fetch

@@ -15,9 +15,9 @@ defmodule PriceSearch.PriceStream do
   stream's reply then holds 5 RESP values per entry instead of 21, which
   is what a replica's catch-up spends most of its time reading (the
   replica itself takes any fields; the encoding is the producer's choice).
-  `make demo` (`examples/demo/70_replica.exs`) and `bench/replica_bench.exs`
-  load this file with `Code.require_file/1`, so it depends on nothing but
-  Larder and eredis.
+  The producer side (`connect/1`, `fill/4`, `produce/5`) serves
+  `producer.exs`; the service's replica reads the stream with Larder's own
+  client.
   """
 
   @columns 9
@@ -176,59 +176,6 @@ defmodule PriceSearch.PriceStream do
 
       Process.sleep(min(10, max(0, deadline - now)))
       produce(client, stream, prices, rate, started, deadline, sent)
-    end
-  end
-
-  @doc """
-  The lag of `replica` following `stream` into `table`, sampled until
-  `deadline` (monotonic ms): every 5 ms a price change with a value no price
-  has is XADDed, then waited for with `Larder.Replica.await/3` on its id
-  (a message from the replica, no polling) and searched for (by its
-  offering and spec, its value checked); a search that does not find it
-  yet (the replica has applied it, so it should) is retried every
-  millisecond. Returns the lags in microseconds, each from before the XADD
-  to the search that found it.
-
-  Run it in a process of its own with a small `prices` (a sample), as the
-  producer: a process that holds the whole catalogue takes a scheduler
-  for a fraction of a second at each of its garbage collections, which
-  the lag would then measure. `prices` must be prices that no producer
-  changes meanwhile (a later change would hide the marker's value).
-  """
-  @spec marker_lags(pid(), String.t(), GenServer.server(), atom(), tuple(), integer()) ::
-          [non_neg_integer()]
-  def marker_lags(client, stream, replica, table, prices, deadline, acc \\ []) do
-    if System.monotonic_time(:millisecond) >= deadline do
-      acc
-    else
-      price = change(prices)
-      marker = %{price | value: 2_000_000 + System.unique_integer([:positive])}
-      started = System.monotonic_time(:microsecond)
-      id = add(client, stream, [marker])
-      :ok = Larder.Replica.await(replica, id, 60_000)
-      visible(table, marker, started)
-      lag = System.monotonic_time(:microsecond) - started
-      Process.sleep(5)
-      marker_lags(client, stream, replica, table, prices, deadline, [lag | acc])
-    end
-  end
-
-  defp visible(table, marker, started) do
-    found =
-      Larder.Table.search(table, offering_id: marker.offering_id, spec: marker.spec)
-      |> Enum.any?(&(&1.idx == marker.idx and &1.value == marker.value))
-
-    cond do
-      found ->
-        :ok
-
-      System.monotonic_time(:microsecond) - started > 10_000_000 ->
-        raise "marker price #{marker.idx} applied but not found in a search after 10 s " <>
-                "(did a producer change the same price?)"
-
-      true ->
-        Process.sleep(1)
-        visible(table, marker, started)
     end
   end
 
