@@ -9,6 +9,8 @@ defmodule Larder.Test.PartitionedSource do
 
   @behaviour Larder.Replica.Source
 
+  alias Larder.Test.ReplicaLog
+
   # The log lives in a public ETS table owned by the test:
   #   {{:entry, partition, offset}, fields}
   #   {{:end, partition}, next_offset}      (at or past the last entry's + 1)
@@ -49,6 +51,45 @@ defmodule Larder.Test.PartitionedSource do
 
     :ets.insert(table, {{:start, partition}, offset})
     :ok
+  end
+
+  @doc """
+  Appends each op of Larder.Test.ReplicaLog's shapes (`{:put, k, v}`,
+  `{:del, k}`, `{:incr, k, n}`) to its key's partition (`k rem
+  partitions`, so a key lives in one partition, as in Kafka), through
+  `module.append/3`: this module's, or a wrapper's (NotifyingSource).
+  """
+  def produce(module, table, ops) do
+    partitions = :ets.lookup_element(table, :partitions, 2)
+
+    for op <- ops do
+      fields =
+        op |> ReplicaLog.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
+
+      module.append(table, rem(elem(op, 1), partitions), fields)
+    end
+  end
+
+  @doc """
+  The plain model of the log: every entry still in it folded in offset
+  order within each partition (a key's entries are all in one).
+  """
+  def model(table) do
+    Enum.reduce(entries(table), %{}, fn {_id, fields}, acc ->
+      case fields do
+        %{"op" => "put", "k" => k, "v" => v} -> Map.put(acc, int(k), int(v))
+        %{"op" => "del", "k" => k} -> Map.delete(acc, int(k))
+        %{"op" => "incr", "k" => k, "n" => n} -> Map.update(acc, int(k), int(n), &(&1 + int(n)))
+      end
+    end)
+  end
+
+  defp int(s), do: String.to_integer(s)
+
+  @doc "Every partition's end: the position latest/2 gives."
+  def ends(table) do
+    {:ok, latest} = latest([table: table], 0)
+    latest
   end
 
   @doc "Every entry, partition by partition, in offset order."

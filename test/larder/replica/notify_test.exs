@@ -9,6 +9,7 @@ defmodule Larder.Replica.NotifyTest do
 
   alias Larder.Replica
   alias Larder.Test.NotifyingSource, as: Log
+  alias Larder.Test.PartitionedSource
   alias Larder.Test.ReplicaLog
 
   @moduletag :capture_log
@@ -44,33 +45,9 @@ defmodule Larder.Replica.NotifyTest do
     pid
   end
 
-  defp produce(log, ops) do
-    for op <- ops do
-      key = elem(op, 1)
-
-      fields =
-        op |> ReplicaLog.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
-
-      Log.append(log, rem(key, @partitions), fields)
-    end
-  end
-
-  defp model(log) do
-    Enum.reduce(Log.entries(log), %{}, fn {_id, fields}, acc ->
-      case fields do
-        %{"op" => "put", "k" => k, "v" => v} -> Map.put(acc, int(k), int(v))
-        %{"op" => "del", "k" => k} -> Map.delete(acc, int(k))
-        %{"op" => "incr", "k" => k, "n" => n} -> Map.update(acc, int(k), int(n), &(&1 + int(n)))
-      end
-    end)
-  end
-
-  defp int(s), do: String.to_integer(s)
-
-  defp ends(log) do
-    {:ok, latest} = Log.latest([table: log], 0)
-    latest
-  end
+  defp produce(log, ops), do: PartitionedSource.produce(Log, log, ops)
+  defp model(log), do: PartitionedSource.model(log)
+  defp ends(log), do: PartitionedSource.ends(log)
 
   test "the replica reads in its own process with no wait, and a waiting replica " <>
          "reads again only on the source's notice",

@@ -15,9 +15,10 @@ defmodule Larder.Replica.PositionsTest do
   @partitions 4
 
   setup ctx do
-    # Random, not unique_integer/1: that is unique in this VM only, and other
-    # VMs on the machine run these tests too.
-    token = Base.encode16(:rand.bytes(8), case: :lower)
+    # Random, not unique_integer/1 (unique in this VM only, and other VMs on
+    # the machine run these tests too), nor :rand (ExUnit seeds it alike in
+    # every test).
+    token = Base.encode16(:crypto.strong_rand_bytes(8), case: :lower)
     dir = Path.join(System.tmp_dir!(), "larder-positions-#{token}")
     File.mkdir_p!(dir)
     on_exit(fn -> File.rm_rf(dir) end)
@@ -45,36 +46,9 @@ defmodule Larder.Replica.PositionsTest do
     pid
   end
 
-  # Appends `ops` to the log, each to its key's partition.
-  defp produce(log, ops) do
-    for op <- ops do
-      key = elem(op, 1)
-
-      fields =
-        op |> ReplicaLog.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
-
-      Log.append(log, rem(key, @partitions), fields)
-    end
-  end
-
-  # The plain model: every entry still in the log, in offset order within
-  # each partition (a key's entries are all in one).
-  defp model(log) do
-    Enum.reduce(Log.entries(log), %{}, fn {_id, fields}, acc ->
-      case fields do
-        %{"op" => "put", "k" => k, "v" => v} -> Map.put(acc, int(k), int(v))
-        %{"op" => "del", "k" => k} -> Map.delete(acc, int(k))
-        %{"op" => "incr", "k" => k, "n" => n} -> Map.update(acc, int(k), int(n), &(&1 + int(n)))
-      end
-    end)
-  end
-
-  defp int(s), do: String.to_integer(s)
-
-  defp ends(log) do
-    {:ok, latest} = Log.latest([table: log], 0)
-    latest
-  end
+  defp produce(log, ops), do: Log.produce(Log, log, ops)
+  defp model(log), do: Log.model(log)
+  defp ends(log), do: Log.ends(log)
 
   test "every partition is applied in offset order, past gaps, and await(:latest) " <>
          "reaches ends that no entry is at",
