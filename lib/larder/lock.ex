@@ -103,26 +103,36 @@ defmodule Larder.Lock do
   slot when `fun` returns or raises. When `on_takeover` raises, the slot
   goes back to the dead holder, so that the next acquirer takes it over and
   repairs again.
+
+  `overtaken`, when given, is called each time the slot is found held by a
+  live process: returning `{:overtaken, result}` stops waiting and returns
+  `result` without taking the slot or running `fun` (a caller whose work
+  another holder has made unneeded); `false` goes on waiting.
   """
-  @spec with_slot(t(), slot(), (() -> term()), (() -> result)) :: result when result: var
-  def with_slot(%__MODULE__{atomics: atomics, slots: n}, slot, on_takeover, fun)
+  @spec with_slot(
+          t(),
+          slot(),
+          (() -> term()),
+          (() -> result),
+          (() -> false | {:overtaken, result})
+        ) ::
+          result
+        when result: var
+  def with_slot(lock, slot, on_takeover, fun, overtaken \\ &never_overtaken/0)
+
+  def with_slot(%__MODULE__{atomics: atomics, slots: n}, slot, on_takeover, fun, overtaken)
       when is_integer(slot) and slot >= 1 and slot <= n and is_function(on_takeover, 0) and
-             is_function(fun, 0) do
+             is_function(fun, 0) and is_function(overtaken, 0) do
     me = Holders.id()
 
-    case take(atomics, slot, me, 0) do
-      :acquired -> :ok
-      {:taken_over, dead} -> repair(atomics, slot, me, dead, on_takeover)
-    end
-
-    try do
-      fun.()
-    after
-      :atomics.compare_exchange(atomics, slot, me, 0)
+    case take(atomics, slot, me, 0, overtaken) do
+      :acquired -> held(atomics, slot, me, fun)
+      {:taken_over, dead} -> repaired(atomics, slot, me, dead, on_takeover, fun)
+      {:overtaken, result} -> result
     end
   end
 
-  def with_slot(%__MODULE__{} = lock, slot, on_takeover, fun) do
+  def with_slot(%__MODULE__{} = lock, slot, on_takeover, fun, overtaken) do
     cond do
       not is_function(on_takeover, 0) ->
         raise ArgumentError,
@@ -131,12 +141,29 @@ defmodule Larder.Lock do
       not is_function(fun, 0) ->
         raise ArgumentError, "expected fun to be a 0-arity function, got: #{inspect(fun)}"
 
+      not is_function(overtaken, 0) ->
+        raise ArgumentError,
+              "expected overtaken to be a 0-arity function, got: #{inspect(overtaken)}"
+
       true ->
         bad_slot!(lock, slot)
     end
   end
 
-  def with_slot(lock, _slot, _on_takeover, _fun), do: bad_lock!(lock)
+  def with_slot(lock, _slot, _on_takeover, _fun, _overtaken), do: bad_lock!(lock)
+
+  defp never_overtaken, do: false
+
+  defp repaired(atomics, slot, me, dead, on_takeover, fun) do
+    repair(atomics, slot, me, dead, on_takeover)
+    held(atomics, slot, me, fun)
+  end
+
+  defp held(atomics, slot, me, fun) do
+    fun.()
+  after
+    :atomics.compare_exchange(atomics, slot, me, 0)
+  end
 
   @doc """
   Runs `fun.()` holding every slot of `slots` (a strictly increasing list)
@@ -222,7 +249,7 @@ defmodule Larder.Lock do
       :erlang.raise(kind, reason, __STACKTRACE__)
   end
 
-  defp take(atomics, slot, me, tries) do
+  defp take(atomics, slot, me, tries, overtaken \\ &never_overtaken/0) do
     case :atomics.compare_exchange(atomics, slot, 0, me) do
       :ok ->
         :acquired
@@ -231,21 +258,28 @@ defmodule Larder.Lock do
         raise ArgumentError,
               "Larder.Lock slot #{slot} is already held by this process (nested acquire)"
 
-      _holder when tries < @spins ->
-        take(atomics, slot, me, tries + 1)
-
       holder ->
-        cond do
-          Holders.alive?(holder) ->
-            :erlang.yield()
-            take(atomics, slot, me, tries + 1)
-
-          :atomics.compare_exchange(atomics, slot, holder, me) == :ok ->
-            {:taken_over, holder}
-
-          true ->
-            take(atomics, slot, me, tries + 1)
+        case overtaken.() do
+          false -> wait(atomics, slot, me, tries, overtaken, holder)
+          {:overtaken, _} = done -> done
         end
+    end
+  end
+
+  defp wait(atomics, slot, me, tries, overtaken, _holder) when tries < @spins,
+    do: take(atomics, slot, me, tries + 1, overtaken)
+
+  defp wait(atomics, slot, me, tries, overtaken, holder) do
+    cond do
+      Holders.alive?(holder) ->
+        :erlang.yield()
+        take(atomics, slot, me, tries + 1, overtaken)
+
+      :atomics.compare_exchange(atomics, slot, holder, me) == :ok ->
+        {:taken_over, holder}
+
+      true ->
+        take(atomics, slot, me, tries + 1, overtaken)
     end
   end
 

@@ -41,7 +41,12 @@ defmodule Larder.Register do
   holder's uncommitted record, and the new holder bumps the counter before
   anything else, which commits that record. A tombstone left by a killed
   `delete/2` is dropped by the next reader of its key. Writes to one slot are
-  serialised; writes to different slots run in parallel.
+  serialised; writes to different slots run in parallel. A `put/3` that
+  finds its slot held needs no turn once another process's write of the
+  same key has committed since the put began: last writer wins, so the put
+  is ordered just before that write and returns without writing (its value
+  could never have been read). Many writers of one hot key thus mostly wait
+  for one commit, not for a turn each.
 
   Every register death (`drop/1`, its owner's exit, its
   supervisor's shutdown) bumps one VM-wide counter, which a `Larder.Cache`
@@ -100,7 +105,8 @@ defmodule Larder.Register do
 
     * Reads are linearizable per key: once `put/3` (or `update/4`,
       `delete/2`) returns, every `get/3` in every process returns the new
-      value, and once any reader has returned a value, no reader returns an
+      value or a later one (a concurrent put of the same key that overtook
+      it), and once any reader has returned a value, no reader returns an
       older one. A local copy is only served while its slot counter is
       unchanged, and a write becomes visible to fresh readers only when the
       counter moves.
@@ -168,16 +174,17 @@ defmodule Larder.Register do
       whose scheduler thread the operating system deschedules while it
       holds the lock stalls the slot's other writers: on a machine shared
       with other CPU-heavy work the hot-key figures drop, and with 16
-      runners on 2 cores they are the noisiest of the bench.
+      runners on 2 cores they are the noisiest of the bench. Puts of one
+      hot key are the exception: a waiting put ends as soon as another
+      write of its key commits (see "How it works").
 
   `ANE_PATH=<a checkout of Ane> mix run bench/register_vs_ane_bench.exs`
   measures a register against [Ane](https://github.com/gyson/ane) on Ane's
   own workload in the same run (the README has the table of a run). Ane's
   writers never wait for each other (each inserts its own versioned record),
-  where a register's writers of one slot take turns on its lock: a register
-  is behind Ane on a single hot key written by many processes, and more so
-  on a loaded machine, where a lock holder's scheduler thread is often
-  descheduled. What the register keeps that Ane lacks: any term as a key,
+  where a register's writers of one slot take turns on its lock, except
+  puts overtaken by a write of their key. What the register keeps that Ane
+  lacks: any term as a key,
   no handle to thread through the caller, and writers killed mid-write
   leave nothing to clean up.
   """
@@ -428,7 +435,12 @@ defmodule Larder.Register do
   @spec put(register(), key(), value()) :: :ok
   def put(reg, key, value) do
     reg = resolve(reg)
-    Local.remember(reg, key, written(Store.write(reg, key, value), value))
+
+    case Store.write(reg, key, value) do
+      # replaced by another process's write before it was ever read
+      :overtaken -> :ok
+      written -> Local.remember(reg, key, written(written, value))
+    end
   end
 
   @doc """

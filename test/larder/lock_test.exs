@@ -73,6 +73,26 @@ defmodule Larder.LockTest do
       :ok = Lock.release(lock, 1)
     end
 
+    test "with_slot/5 stops waiting when overtaken, without running fun or taking the slot" do
+      lock = Lock.new(1)
+      :acquired = Lock.acquire(lock, 1)
+      go = :atomics.new(1, signed: false)
+      overtaken = fn -> if :atomics.get(go, 1) == 1, do: {:overtaken, :skipped}, else: false end
+
+      waiter =
+        Task.async(fn -> Lock.with_slot(lock, 1, fn -> :ok end, fn -> :ran end, overtaken) end)
+
+      refute Task.yield(waiter, 50)
+      :atomics.put(go, 1, 1)
+      assert Task.await(waiter) == :skipped
+      # still held by this process
+      assert Lock.holder(lock, 1) == :alive
+      :ok = Lock.release(lock, 1)
+      # a free slot is taken at once; overtaken is never asked
+      assert Lock.with_slot(lock, 1, fn -> :ok end, fn -> :ran end, fn -> raise "asked" end) ==
+               :ran
+    end
+
     test "with_slot/4 releases when fun raises or throws" do
       lock = Lock.new(1)
 
@@ -511,6 +531,7 @@ defmodule Larder.LockTest do
 
       assert_raise ArgumentError, ~r/on_takeover/, fn -> Lock.with_slot(lock, 1, :x, ok) end
       assert_raise ArgumentError, ~r/fun/, fn -> Lock.with_slot(lock, 1, ok, fn _ -> :ok end) end
+      assert_raise ArgumentError, ~r/overtaken/, fn -> Lock.with_slot(lock, 1, ok, ok, :x) end
       for slot <- 1..4, do: assert(:atomics.get(lock.atomics, slot) == 0)
     end
 

@@ -287,6 +287,48 @@ defmodule Larder.RegisterTest do
       assert :atomics.get(lock.atomics, 1) == 0
     end
 
+    test "a put waiting for its slot ends without writing once another write of its key commits" do
+      reg = Register.new(slots: 1)
+      :ok = Register.put(reg, :a, :old)
+      # White box: this process plays a writer of :a that holds the slot.
+      %{tab: tab, lock: lock, versions: versions} = reg
+      :acquired = Larder.Lock.acquire(lock, 1)
+      waiter = Task.async(fn -> Register.put(reg, :a, :waiter) end)
+      refute Task.yield(waiter, 100)
+
+      # The holder commits its write of :a: the waiting put is overtaken
+      # and returns while the slot is still held, without writing.
+      tag = :atomics.get(versions, 1)
+      :ets.insert(tab, {:a, tag + 1, :holder})
+      :ok = :atomics.compare_exchange(versions, 1, tag, tag + 1)
+      assert Task.await(waiter, 5_000) == :ok
+      assert :ets.lookup(tab, :a) == [{:a, tag + 1, :holder}]
+      assert Register.get(reg, :a) == :holder
+      :ok = Larder.Lock.release(lock, 1)
+    end
+
+    test "a put waiting for its slot while another key of the slot is written still writes" do
+      reg = Register.new(slots: 1)
+      :ok = Register.put(reg, :a, :old)
+      %{tab: tab, lock: lock, versions: versions} = reg
+      :acquired = Larder.Lock.acquire(lock, 1)
+      waiter = Task.async(fn -> Register.put(reg, :a, :waiter) end)
+
+      # The holder writes :b; an uncommitted write of :a proves nothing yet.
+      tag = :atomics.get(versions, 1)
+      :ets.insert(tab, {:b, tag + 1, :b})
+      :ok = :atomics.compare_exchange(versions, 1, tag, tag + 1)
+      :ets.insert(tab, {:a, tag + 2, :uncommitted})
+      refute Task.yield(waiter, 100)
+      # The holder drops its write of :a (as a conflicting update would not
+      # have made it) and leaves: the waiter takes the slot and writes.
+      :ets.insert(tab, {:a, tag, :old})
+      :ok = Larder.Lock.release(lock, 1)
+      assert Task.await(waiter, 5_000) == :ok
+      assert Register.get(reg, :a) == :waiter
+      assert Register.get(reg, :b) == :b
+    end
+
     test "keys sharing a slot never see each other's values" do
       reg = Register.new(slots: 1)
       for i <- 1..50, do: :ok = Register.put(reg, i, {:v, i})
@@ -818,6 +860,56 @@ defmodule Larder.RegisterTest do
       :ok = Register.put(reg, :k, :done)
       assert Enum.all?(Enum.map(readers, &Task.await(&1, 60_000)), &(&1 > 0))
       assert :atomics.get(seen, 1) in 1..5_000
+    end
+  end
+
+  describe "many writers of one key" do
+    # Writers put {writer, n} with n increasing; a put may end without
+    # writing (overtaken by another writer's), but never before a write at
+    # least as new as its own is visible: the writer's next read never
+    # returns one of its own older values, and no reader sees one writer's
+    # values go backwards.
+    test "a writer never reads its own older value after a put, and readers never go back" do
+      reg = Register.new(slots: 1)
+      writers = 8
+      per_writer = 2_000
+      :ok = Register.put(reg, :k, {0, 0})
+
+      readers =
+        for _ <- 1..2 do
+          Task.async(fn -> read_per_writer(reg, %{}, 0) end)
+        end
+
+      for w <- 1..writers do
+        Task.async(fn ->
+          for n <- 1..per_writer do
+            :ok = Register.put(reg, :k, {w, n})
+
+            case Register.get(reg, :k) do
+              {^w, m} when m < n -> raise "writer #{w} read its #{m} after putting #{n}"
+              {_, _} -> :ok
+            end
+          end
+        end)
+      end
+      |> Enum.each(&Task.await(&1, 60_000))
+
+      {last_w, last_n} = Register.get(reg, :k)
+      assert last_w in 1..writers and last_n > 0
+      :ok = Register.put(reg, :k, :done)
+      assert Enum.all?(Enum.map(readers, &Task.await(&1, 60_000)), &(&1 > 0))
+      assert [{:k, _, :done}] = :ets.lookup(reg.tab, :k)
+    end
+  end
+
+  defp read_per_writer(reg, last, reads) do
+    case Register.get(reg, :k) do
+      :done ->
+        reads
+
+      {w, n} ->
+        if n < Map.get(last, w, 0), do: raise("writer #{w} went back to #{n}")
+        read_per_writer(reg, Map.put(last, w, n), reads + 1)
     end
   end
 

@@ -60,17 +60,48 @@ defmodule Larder.Register.Store do
   # cached and fresh readers switch values at the same bump. If its writer is
   # alive, readers wait; if it died, they take the lock over, which bumps.
 
-  @doc "Writes `key`; returns its slot and new version."
-  @spec write(Register.t(), term(), term()) :: {pos_integer(), pos_integer()}
+  @doc """
+  Writes `key`; returns its slot and new version, or `:overtaken` when a
+  write of `key` by another process committed while this one waited for
+  the slot (see overtaken/4).
+  """
+  @spec write(Register.t(), term(), term()) :: {pos_integer(), pos_integer()} | :overtaken
   def write(reg, key, value) do
     slot = slot(reg, key)
+    since = since(reg, slot)
 
-    locked(reg, slot, fn tag ->
-      version = tag + 1
-      :ets.insert(reg.tab, {key, version, value})
-      commit(reg, slot, tag, version)
-      {slot, version}
-    end)
+    locked(
+      reg,
+      slot,
+      fn tag ->
+        version = tag + 1
+        :ets.insert(reg.tab, {key, version, value})
+        commit(reg, slot, tag, version)
+        {slot, version}
+      end,
+      fn -> overtaken(reg, key, slot, since) end
+    )
+  end
+
+  # Last writer wins: a put that finds its slot held may end without
+  # writing once a write of the same key (a put or a delete) has committed
+  # after the put began, that is at a version above the slot's counter
+  # `since` read before the put's first try. The put is linearized just
+  # before that commit, which falls between the put's start and its return,
+  # so its value is never read: no reader could tell it from a put that
+  # wrote and was replaced at once. An uncommitted record (its writer holds
+  # the slot) is waited for, and an absent key (deleted and gone) proves
+  # nothing, so the put goes on waiting for the slot. Reads the record's
+  # version only, so the value is not copied.
+  defp overtaken(%Register{tab: tab, versions: versions}, key, slot, since) do
+    version = :ets.lookup_element(tab, key, 2)
+
+    if version > since and version <= :atomics.get(versions, slot),
+      do: {:overtaken, :overtaken},
+      else: false
+  rescue
+    # Absent (or the register is gone, which taking the slot reports).
+    ArgumentError -> false
   end
 
   @doc """
@@ -130,8 +161,17 @@ defmodule Larder.Register.Store do
   # Taking over a dead holder's slot commits first: the dead holder may have
   # left a record above the counter, and fun may release the slot without
   # bumping (a conflicting swap, removing an absent key).
-  defp locked(%Register{lock: lock, telemetry: false} = reg, slot, fun) do
-    Lock.with_slot(lock, slot, fn -> commit_next(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
+  # `overtaken` is Lock.with_slot/5's: see overtaken/4.
+  defp locked(reg, slot, fun, overtaken \\ fn -> false end)
+
+  defp locked(%Register{lock: lock, telemetry: false} = reg, slot, fun, overtaken) do
+    Lock.with_slot(
+      lock,
+      slot,
+      fn -> commit_next(reg, slot) end,
+      fn -> fun.(tag!(reg, slot)) end,
+      overtaken
+    )
   rescue
     # The table or the counters went with the register (or the handle is forged).
     ArgumentError -> unknown!(reg)
@@ -139,9 +179,15 @@ defmodule Larder.Register.Store do
 
   # With telemetry, a takeover is noted under the lock and reported after
   # it is released, so no handler runs holding a slot.
-  defp locked(%Register{lock: lock} = reg, slot, fun) do
+  defp locked(%Register{lock: lock} = reg, slot, fun, overtaken) do
     try do
-      Lock.with_slot(lock, slot, fn -> take_over(reg, slot) end, fn -> fun.(tag!(reg, slot)) end)
+      Lock.with_slot(
+        lock,
+        slot,
+        fn -> take_over(reg, slot) end,
+        fn -> fun.(tag!(reg, slot)) end,
+        overtaken
+      )
     rescue
       ArgumentError -> unknown!(reg)
     after
@@ -161,6 +207,14 @@ defmodule Larder.Register.Store do
         slot: slot
       })
     end
+  end
+
+  # The slot's counter before a write's first try (a forged handle's
+  # counters are not atomics of its size).
+  defp since(reg, slot) do
+    tag!(reg, slot)
+  rescue
+    ArgumentError -> unknown!(reg)
   end
 
   defp tag!(%Register{versions: versions} = reg, slot) do
