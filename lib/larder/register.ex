@@ -195,6 +195,7 @@ defmodule Larder.Register do
   alias Larder.Register.{Local, Server, Store}
 
   require Larder.Instance
+  require Larder.LocalCopies
 
   @enforce_keys [
     :tab,
@@ -503,7 +504,7 @@ defmodule Larder.Register do
            lock: %Lock{},
            versions: versions,
            slots: slots,
-           local: {__MODULE__, id},
+           local: local,
            deaths: deaths,
            server: server,
            name: name,
@@ -512,7 +513,7 @@ defmodule Larder.Register do
          } = reg
        )
        when is_reference(tab) and is_reference(versions) and
-              slots in 1..@max_slots and is_integer(id) and is_reference(deaths) and
+              slots in 1..@max_slots and Larder.LocalCopies.key?(local) and is_reference(deaths) and
               is_pid(server) and is_atom(name) and max_cached in 1..@max_cached and
               is_boolean(telemetry),
        do: reg
@@ -532,8 +533,8 @@ defmodule Larder.Register do
   end
 
   defimpl Inspect do
-    def inspect(%{name: nil, local: {_, id}}, _opts),
-      do: "#Larder.Register<#{Kernel.inspect(id)}>"
+    def inspect(%{name: nil, local: local}, _opts) when is_integer(local),
+      do: "#Larder.Register<#{Kernel.inspect(Larder.LocalCopies.key_number(local))}>"
 
     def inspect(%{name: name}, _opts) when is_atom(name),
       do: "#Larder.Register<#{Kernel.inspect(name)}>"

@@ -5,21 +5,24 @@ defmodule Larder.RegisterTest do
   import Larder.Test.Scheduler, only: [yields: 1]
 
   alias Larder.Register
+  alias Larder.LocalCopies
   alias Larder.Test.Hostile
+
+  require Larder.LocalCopies
 
   doctest Register
 
   # The local copies this process holds, per register: %{key => entry} maps
-  # under {Larder.Register, id}.
+  # under each register's integer key (Larder.LocalCopies.key?/1).
   defp local_copies do
-    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- Process.get(),
+    for {id, copies} when LocalCopies.key?(id) and is_map(copies) <- Process.get(),
         into: %{},
         do: {id, copies}
   end
 
   defp local_copies_of(pid) do
     {:dictionary, dict} = Process.info(pid, :dictionary)
-    for {{Register, id}, copies} when is_integer(id) and is_map(copies) <- dict, do: copies
+    for {id, copies} when LocalCopies.key?(id) and is_map(copies) <- dict, do: copies
   end
 
   defp process_memory do

@@ -10,8 +10,8 @@ defmodule Larder.Register.Local do
   alias Larder.LocalCopies
   alias Larder.Register
 
-  # Under the register's `local` key ({Larder.Register, id}) the process
-  # dictionary holds %{key => entry}, where entry is
+  # Under the register's `local` key the process dictionary holds
+  # %{key => entry}, where entry is
   # {slot, tag, version, value} for a present key or {slot, tag} for an
   # absent one: valid while the slot's counter still equals tag.
   #

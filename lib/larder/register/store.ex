@@ -27,7 +27,7 @@ defmodule Larder.Register.Store do
       lock: Lock.new(slots),
       versions: :atomics.new(slots, signed: true),
       slots: slots,
-      local: {Register, :erlang.unique_integer([:positive])},
+      local: LocalCopies.new_key(),
       deaths: LocalCopies.deaths(),
       server: server,
       name: Keyword.fetch!(opts, :name),
