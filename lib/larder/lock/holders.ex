@@ -55,8 +55,10 @@ defmodule Larder.Lock.Holders do
   """
   @spec id() :: pos_integer()
   def id do
-    case Process.get(@id) do
-      nil -> register()
+    # :erlang.get/1, not Process.get/1 (two more calls): this is on every
+    # lock's path.
+    case :erlang.get(@id) do
+      :undefined -> register()
       id -> id
     end
   end

@@ -46,6 +46,9 @@ defmodule Larder.Register.Store do
     Larder.Instance.unknown!(Register, name || reg)
   end
 
+  # A miss is a handful of calls; these two need not be.
+  @compile {:inline, slot: 2, counter: 2}
+
   @spec slot(Register.t(), term()) :: pos_integer()
   def slot(%Register{slots: slots}, key), do: :erlang.phash2(key, slots) + 1
 
@@ -262,7 +265,8 @@ defmodule Larder.Register.Store do
   defp read(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
 
   defp read(%Register{tab: tab} = reg, key, slot, tag) do
-    case lookup(reg, tab, key) do
+    # inside read/2's rescue: a table gone with its register raises there
+    case :ets.lookup(tab, key) do
       [{_, version, value}] when version <= tag ->
         Local.remember(reg, key, {slot, tag, version, value})
         {:ok, version, value}
@@ -295,11 +299,5 @@ defmodule Larder.Register.Store do
       :alive -> :erlang.yield()
       :dead -> locked(reg, slot, fn _tag -> :ok end)
     end
-  end
-
-  defp lookup(reg, tab, key) do
-    :ets.lookup(tab, key)
-  rescue
-    ArgumentError -> unknown!(reg)
   end
 end
