@@ -208,39 +208,15 @@ defmodule Larder.Bench.KafkaLoad do
   to 100 ms, see `await_ack/2`, and it fell behind its rate.)
   """
   def produce_steadily(producer, topic, prices, rate, duration_ms) do
-    started = System.monotonic_time(:millisecond)
-    produce_steadily(producer, topic, prices, rate, started, started + duration_ms, 0)
+    Larder.Test.PriceStream.paced(rate, duration_ms, fn n ->
+      records = for _ <- 1..n, do: price_record(change(prices))
+
+      :ok =
+        Native.produce_batch(producer, topic, Enum.map(records, fn {k, v} -> {-1, k, v, []} end))
+    end)
+
     {:ok, acks} = Native.producer_flush(producer, @timeout)
     length(acks)
-  end
-
-  defp produce_steadily(producer, topic, prices, rate, started, deadline, sent) do
-    now = System.monotonic_time(:millisecond)
-
-    if now >= deadline do
-      sent
-    else
-      due = div((now - started) * rate, 1_000)
-
-      sent =
-        if due > sent do
-          batch = for _ <- 1..(due - sent), do: price_record(change(prices))
-
-          :ok =
-            Native.produce_batch(
-              producer,
-              topic,
-              Enum.map(batch, fn {k, v} -> {-1, k, v, []} end)
-            )
-
-          due
-        else
-          sent
-        end
-
-      Process.sleep(min(10, max(0, deadline - now)))
-      produce_steadily(producer, topic, prices, rate, started, deadline, sent)
-    end
   end
 
   @doc """

@@ -147,29 +147,31 @@ defmodule Larder.Test.PriceStream do
   """
   @spec produce(pid(), String.t(), tuple(), pos_integer(), pos_integer()) :: non_neg_integer()
   def produce(client, stream, prices, rate, duration_ms) do
-    started = System.monotonic_time(:millisecond)
-    produce(client, stream, prices, rate, started, started + duration_ms, 0)
+    paced(rate, duration_ms, fn n -> add(client, stream, for(_ <- 1..n, do: change(prices))) end)
   end
 
-  defp produce(client, stream, prices, rate, started, deadline, sent) do
+  @doc """
+  Calls `send.(n)` every 10 ms for `duration_ms` with the `n` items due
+  since the last call at `rate` per second (none: no call), so that `rate`
+  holds however long each call takes. Returns the number of items due in
+  all (the producers of this module and of the Kafka benchmarks).
+  """
+  @spec paced(pos_integer(), pos_integer(), (pos_integer() -> term())) :: non_neg_integer()
+  def paced(rate, duration_ms, send) do
+    started = System.monotonic_time(:millisecond)
+    paced(rate, send, started, started + duration_ms, 0)
+  end
+
+  defp paced(rate, send, started, deadline, sent) do
     now = System.monotonic_time(:millisecond)
 
     if now >= deadline do
       sent
     else
       due = div((now - started) * rate, 1_000)
-
-      sent =
-        if due > sent do
-          batch = for _ <- 1..(due - sent), do: change(prices)
-          add(client, stream, batch)
-          due
-        else
-          sent
-        end
-
+      if due > sent, do: send.(due - sent)
       Process.sleep(min(10, max(0, deadline - now)))
-      produce(client, stream, prices, rate, started, deadline, sent)
+      paced(rate, send, started, deadline, max(due, sent))
     end
   end
 
