@@ -501,11 +501,11 @@ defmodule Larder.Cache do
   when the loader fails.
   """
   @spec fetch(cache(), key(), loader()) :: {:ok, value()} | {:error, Larder.Error.t()}
-  def fetch(cache, key, loader) when is_function(loader, 0) do
-    Loader.read(config!(cache), key, loader)
-  rescue
-    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
-  end
+  # A hit is this call and Loader.read/3's first clause, nothing more: the
+  # read itself turns an ETS error from a cache that went away meanwhile
+  # into the unknown-cache error, so no try (and no frame) is kept here.
+  def fetch(cache, key, loader) when is_function(loader, 0),
+    do: Loader.read(config!(cache), key, loader)
 
   def fetch(_cache, _key, loader) do
     raise ArgumentError, "expected loader to be a function of arity 0, got: #{inspect(loader)}"
@@ -530,8 +530,6 @@ defmodule Larder.Cache do
       {:ok, value} -> value
       _none -> default
     end
-  rescue
-    e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
 
   @doc """
@@ -635,6 +633,7 @@ defmodule Larder.Cache do
 
   ## Internals
 
+  @compile {:inline, config!: 1}
   defp config!(cache) when Instance.name?(cache), do: Instance.resolve(__MODULE__, cache)
   defp config!(other), do: Instance.invalid!(__MODULE__, other)
 
