@@ -32,8 +32,9 @@ defmodule Larder.Cache.Loader do
   # but the result. Every other row (a large value, a loading marker, an
   # expired or absent row) goes the general way, fetch/3, which looks
   # again. The general way costs a hit four calls, two tuples and four
-  # reads of the handle's fields more (bench/cache_bench.exs compares both
-  # with a raw ETS lookup).
+  # reads of the handle's fields more (bench/cache_bench.exs compares the
+  # hit with a raw ETS lookup). Larder.Cache.fetch/3 and get/3 call this
+  # with no frame of their own around it.
   #
   # A read on a cache that went away meanwhile (its tables with it) raises
   # the unknown-cache ArgumentError, never ETS's bare badarg; any other
