@@ -8,6 +8,7 @@ defmodule Larder.Cache.Loader do
   @moduledoc false
 
   alias Larder.Cache.{Eviction, Expiry, LocalCopies, Remote, Stats, Store}
+  alias Larder.Instance
   alias Larder.Lock.Waits
   alias Larder.Telemetry
 
@@ -22,17 +23,23 @@ defmodule Larder.Cache.Loader do
   # and nothing was found), inside a [:larder, :cache, :fetch] span unless
   # the cache's telemetry is off.
   #
-  # Without telemetry, a small value's hit is this clause alone: the
-  # handle's three fields in one map match, one ETS lookup matched against
-  # the Store's small value row ({key, version, expires_at, size, value},
-  # see Larder.Cache.Store), the clock's atomic read only for a row with an
+  # Without telemetry, a small value's hit is this clause alone: one key
+  # of the handle matched (its hit tuple: the data table, the clock, the
+  # counters; see Larder.Cache.Runtime), one ETS lookup matched against the
+  # Store's small value row ({key, version, expires_at, size, value}, see
+  # Larder.Cache.Store), the clock's atomic read only for a row with an
   # expiry time (Expiry.live?/2, written out), one counter, and no tuple
   # but the result. Every other row (a large value, a loading marker, an
-  # expired or absent row) goes the general way, fetch/3, which looks again.
-  # The general way costs a hit four calls, two tuples and four reads of
-  # the handle's fields more (bench/cache_bench.exs compares both with a
-  # raw ETS lookup).
-  def read(%{telemetry: false, data: data, clock: clock, stats: stats} = rt, key, fun) do
+  # expired or absent row) goes the general way, fetch/3, which looks
+  # again. The general way costs a hit four calls, two tuples and four
+  # reads of the handle's fields more (bench/cache_bench.exs compares the
+  # hit with a raw ETS lookup). Larder.Cache.fetch/3 and get/3 call this
+  # with no frame of their own around it.
+  #
+  # A read on a cache that went away meanwhile (its tables with it) raises
+  # the unknown-cache ArgumentError, never ETS's bare badarg; any other
+  # ArgumentError (a key the L2 refuses) goes through as it is.
+  def read(%{hit: {data, clock, stats}} = rt, key, fun) do
     case :ets.lookup(data, key) do
       [{_, _, :infinity, size, value}] when is_integer(size) ->
         :counters.add(stats, @l1_hits, 1)
@@ -49,6 +56,8 @@ defmodule Larder.Cache.Loader do
       _other ->
         fetch(rt, key, fun)
     end
+  rescue
+    e in ArgumentError -> reraise_unknown(rt, e, __STACKTRACE__)
   end
 
   def read(rt, key, fun) do
@@ -58,6 +67,12 @@ defmodule Larder.Cache.Loader do
       {source, result} = traced(rt, key, fun)
       {result, outcome(meta, source, result)}
     end)
+  rescue
+    e in ArgumentError -> reraise_unknown(rt, e, __STACKTRACE__)
+  end
+
+  defp reraise_unknown(rt, e, stacktrace) do
+    if stopped?(rt), do: Instance.unknown!(Larder.Cache, rt.name), else: reraise(e, stacktrace)
   end
 
   defp outcome(meta, :error, {:error, error}),

@@ -25,7 +25,7 @@ defmodule Larder.Cache.Runtime do
   @enforce_keys @options ++
                   [:owner, :data, :index, :large, :waiters, :meta, :lock, :stats, :seq] ++
                   [:generation, :clock, :deaths, :node_id, :prefix, :telemetry]
-  defstruct [l2: nil, l2_child: nil] ++ @defaulted_options ++ @enforce_keys
+  defstruct [l2: nil, l2_child: nil, hit: nil] ++ @defaulted_options ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -57,7 +57,8 @@ defmodule Larder.Cache.Runtime do
           codec: :term | :raw,
           key_prefix: binary(),
           l2: {module(), term()} | nil,
-          l2_child: Supervisor.child_spec() | nil
+          l2_child: Supervisor.child_spec() | nil,
+          hit: {:ets.tid(), :atomics.atomics_ref(), :counters.counters_ref()} | nil
         }
 
   @doc """
@@ -68,6 +69,12 @@ defmodule Larder.Cache.Runtime do
   """
   @spec new(keyword(), map()) :: t()
   def new(opts, parts) do
+    opts
+    |> new_struct(parts)
+    |> with_hit()
+  end
+
+  defp new_struct(opts, parts) do
     struct!(
       __MODULE__,
       opts
@@ -85,6 +92,16 @@ defmodule Larder.Cache.Runtime do
       })
     )
   end
+
+  # `hit` is what an L1 hit reads (Larder.Cache.Loader.read/3), the data
+  # table, the clock and the counters, in one small tuple: matching one key
+  # of this 30-key map instead of four scans fewer of its keys and touches
+  # fewer cache lines. nil when the cache emits telemetry, whose hits take
+  # the traced way.
+  defp with_hit(%__MODULE__{telemetry: false} = rt),
+    do: %{rt | hit: {rt.data, rt.clock, rt.stats}}
+
+  defp with_hit(rt), do: rt
 
   @doc "Publishes the handle through `Larder.Instance` (the owner, once it is complete)."
   @spec publish(t()) :: :ok
