@@ -7,7 +7,8 @@ defmodule Larder.Test.GarbageServer do
   defstruct [:port, :pid]
 
   @doc """
-  Starts the server. `mode` is one of `:random`, `:wrong_types`, `:endless`,
+  Starts the server. `mode` is one of `:random` (random bytes that are not
+  RESP from the first byte on), `:wrong_types`, `:endless`,
   `:close_mid_reply`, `:silent`, or a function `(request_bytes -> iodata)`
   (or `{:chunks, [iodata]}`, sent 20 ms apart).
   """
@@ -102,7 +103,15 @@ defmodule Larder.Test.GarbageServer do
     end
   end
 
-  defp reply(:random, _request), do: :crypto.strong_rand_bytes(:rand.uniform(64))
+  # Random bytes that are not RESP from the first byte on: random bytes
+  # that began with a type byte ($ * + - :, 5 in 256) would be the start of
+  # a reply, and a client would wait out its timeout for the rest of it
+  # instead of refusing them (a timeout is :silent's case).
+  defp reply(:random, _request) do
+    <<first, rest::binary>> = :crypto.strong_rand_bytes(:rand.uniform(64))
+    if first in ~c"$*+-:", do: reply(:random, nil), else: <<first, rest::binary>>
+  end
+
   defp reply(:silent, _request), do: ""
 
   # Well-formed RESP, but never the type a command expects.

@@ -86,6 +86,13 @@ defmodule Larder.Test.RedisCluster do
   """
   def failover(%__MODULE__{} = cluster, %RedisServer{} = replica, timeout \\ 20_000) do
     old = master_of(cluster, replica)
+
+    # A replica still in its first sync (which its master starts only after
+    # repl-diskless-sync-delay, 5 s) cannot reach the master's offset within
+    # a manual failover's 5 s: each CLUSTER FAILOVER then aborts, and a
+    # cluster just formed on a loaded machine used up `timeout` that way.
+    # The timeout counts from the end of that sync.
+    await_link_up(replica, System.monotonic_time(:millisecond) + 60_000)
     deadline = System.monotonic_time(:millisecond) + timeout
 
     # Redis aborts a manual failover whose replica has not reached the
@@ -221,9 +228,7 @@ defmodule Larder.Test.RedisCluster do
     # A replica that has not finished its first sync is never promoted
     # ("Disconnected from master for longer than allowed"): on a loaded
     # machine that sync can take seconds after the cluster says ok.
-    poll(deadline, "#{replica.port} to be in sync with its master", fn ->
-      RedisServer.command(replica, ~w(INFO replication)) =~ "master_link_status:up"
-    end)
+    await_link_up(replica, deadline)
 
     killed_at = System.monotonic_time(:microsecond)
     :ok = RedisServer.kill(master)
@@ -242,6 +247,13 @@ defmodule Larder.Test.RedisCluster do
       end)
 
     %{replica: replica, killed_at: killed_at, promoted_at: promoted_at, ok_at: ok_at}
+  end
+
+  # Waits until the replica's link to its master is up (its first sync done).
+  defp await_link_up(replica, deadline) do
+    poll(deadline, "#{replica.port} to be in sync with its master", fn ->
+      RedisServer.command(replica, ~w(INFO replication)) =~ "master_link_status:up"
+    end)
   end
 
   # When `fun` first holds (monotonic us), polled every 10 ms.

@@ -45,9 +45,23 @@ defmodule Larder.Cache.Supervisor do
       # start_child/2 gives the child's own error with the child's record
       {:error, {reason, _child}} ->
         Process.unlink(sup)
-        :ok = :proc_lib.stop(sup, :shutdown, :infinity)
+        stop_tree(sup)
         {:error, reason}
     end
+  end
+
+  # Stops the half-built tree and returns once each of its processes is
+  # gone. A child whose init failed has answered the supervisor before it
+  # exits (OTP 25's gen_server and gen acknowledge, then exit): it may
+  # still run, linked to the supervisor, which does not count it as a
+  # child. So every process linked to the supervisor is watched, and its
+  # end awaited (and its :DOWN taken) after the supervisor's stop.
+  defp stop_tree(sup) do
+    {:links, links} = Process.info(sup, :links)
+    refs = for pid <- links, is_pid(pid), pid != self(), do: Process.monitor(pid)
+    :ok = :proc_lib.stop(sup, :shutdown, :infinity)
+    for ref <- refs, do: receive(do: ({:DOWN, ^ref, :process, _, _} -> :ok))
+    :ok
   end
 
   @impl true

@@ -165,7 +165,12 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
     await_tracking(new, 4)
 
     # loaded into both L1s after the move (which cleared them)
-    for node <- [a, b], do: eventually(fn -> Cache.put(node, :warm, 0) == :ok end)
+    for node <- [a, b], do: eventually(fn -> Cache.put(node, :warm, 0) == :ok end, 250)
+    # Each node moved to a new generation there (an INCR, left to a repair
+    # when the new master did not answer at once) and hears the other's:
+    # "k" is shared once both are on Redis's generation with nothing
+    # pending, so that no later INCR takes it out of their reach.
+    eventually(fn -> settled?(new, [a, b]) end, 250)
     share(a, b, "k", :old)
 
     "+OK\r\n" =
@@ -350,27 +355,44 @@ defmodule Larder.Cache.RedisSentinelFailoverTest do
   defp in_l1?(name, key), do: match?([_], :ets.lookup(config(name).data, key))
 
   # n data connections of the master track, each redirected to a pub/sub
-  # connection of that master (CLIENT LIST: flag t, redir=<its id>)
-  defp await_tracking(master, n) do
-    eventually(fn ->
-      subscribers =
-        master
-        |> RedisServer.command(["CLIENT", "LIST", "TYPE", "pubsub"])
-        |> then(&Regex.scan(~r/\bid=(\d+) /, &1))
-        |> MapSet.new(fn [_, id] -> id end)
+  # connection of that master (CLIENT LIST: flag t, redir=<its id>). After
+  # a failover that is each keeper's move (hearing +switch-master, new
+  # connections, a subscriber, CLIENT TRACKING on each): about 1 s with two
+  # busy loops beside the test, so it gets 10 s, not eventually/1's 2 s.
+  defp await_tracking(master, n), do: eventually(fn -> tracking?(master, n) end, 500)
 
-      redirects =
-        master
-        |> RedisServer.command(["CLIENT", "LIST", "TYPE", "normal"])
-        |> String.split("\n")
-        |> Enum.flat_map(fn line ->
-          case Regex.run(~r/ flags=\S*t\S* .* redir=(\d+)/, line) do
-            [_, id] -> [id]
-            nil -> []
-          end
-        end)
+  defp tracking?(master, n) do
+    subscribers =
+      master
+      |> RedisServer.command(["CLIENT", "LIST", "TYPE", "pubsub"])
+      |> then(&Regex.scan(~r/\bid=(\d+) /, &1))
+      |> MapSet.new(fn [_, id] -> id end)
 
-      length(redirects) == n and Enum.all?(redirects, &MapSet.member?(subscribers, &1))
+    redirects =
+      master
+      |> RedisServer.command(["CLIENT", "LIST", "TYPE", "normal"])
+      |> String.split("\n")
+      |> Enum.flat_map(fn line ->
+        case Regex.run(~r/ flags=\S*t\S* .* redir=(\d+)/, line) do
+          [_, id] -> [id]
+          nil -> []
+        end
+      end)
+
+    length(redirects) == n and Enum.all?(redirects, &MapSet.member?(subscribers, &1))
+  end
+
+  # Every node on the generation `master` holds, with no repair pending.
+  defp settled?(master, nodes) do
+    key = Remote.generation_key(config(hd(nodes)))
+    "$" <> reply = RedisServer.command(master, ["GET", key])
+    [_length, redis | _] = String.split(reply, "\r\n")
+
+    Enum.all?(nodes, fn node ->
+      owner = :sys.get_state(Process.whereis(node))
+
+      match?(%{keys: keys, all: nil} when keys == %{}, owner.pending) and
+        Integer.to_string(:atomics.get(config(node).generation, 1)) == redis
     end)
   end
 
