@@ -57,7 +57,13 @@ defmodule Larder.Cache.Supervisor do
   # child. So every process linked to the supervisor is watched, and its
   # end awaited (and its :DOWN taken) after the supervisor's stop.
   defp stop_tree(sup) do
-    {:links, links} = Process.info(sup, :links)
+    links =
+      case Process.info(sup, :links) do
+        {:links, links} -> links
+        # already gone (it took its children with it)
+        nil -> []
+      end
+
     refs = for pid <- links, is_pid(pid), pid != self(), do: Process.monitor(pid)
     :ok = :proc_lib.stop(sup, :shutdown, :infinity)
     for ref <- refs, do: receive(do: ({:DOWN, ^ref, :process, _, _} -> :ok))
