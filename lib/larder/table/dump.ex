@@ -245,8 +245,12 @@ defmodule Larder.Table.Dump do
     :ets.insert(walk.emitted, read)
 
     case write_some(objects, walk.write_chunk) do
-      :ok -> walk_chunks(:ets.select(cont), walk, count + length(objects), met)
-      error -> error
+      :ok ->
+        pause()
+        walk_chunks(:ets.select(cont), walk, count + length(objects), met)
+
+      error ->
+        error
     end
   end
 
@@ -275,6 +279,16 @@ defmodule Larder.Table.Dump do
   end
 
   defp at_cut([], _walk, acc, read, met), do: {:lists.reverse(acc), read, met}
+
+  # Between two chunks the dump's scheduler is left idle for a moment, so
+  # that it takes over runnable work from the other schedulers' queues
+  # (while it runs a low-priority dump it steals none).
+  defp pause do
+    receive do
+    after
+      1 -> :ok
+    end
+  end
 
   defp write_some([], _write_chunk), do: :ok
   defp write_some(objects, write_chunk), do: write_chunk.(objects)
