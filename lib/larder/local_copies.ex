@@ -39,10 +39,11 @@ defmodule Larder.LocalCopies do
 
   # A kind may keep a structure's copies under a key of new_key/0: an
   # integer below -2^58 (@key_base), one per structure. A process-dictionary
-  # lookup hashes it several times faster than a tuple such as
-  # {Larder.Register, id} (about 17 ns against 60 on the bench machine, a
-  # third of a Register hit), and it stays a small integer (from -2^59)
-  # that no other code is likely to use as a key.
+  # lookup hashes a small integer several times faster than a tuple such as
+  # {Larder.Register, id}, whose hashing was a large share of a Register
+  # hit (bench/register_vs_ane_bench.exs measures hits beside Ane's), and
+  # it stays a small integer (from -2^59) that no other code is likely to
+  # use as a key.
   @key_base -288_230_376_151_711_744
   @key_span 144_115_188_075_855_872
 
