@@ -75,7 +75,9 @@ defmodule Larder.Register do
       around the number of hot keys (default 1024; 8 bytes each).
     * Local copies are bounded by `:max_cached` entries per register per
       process (default 1024), kept in one process-dictionary entry per
-      register. When a process exceeds it, all of its copies of that register
+      register, under an integer key between -2^59 and -2^58 (a small
+      integer hashes fastest; keep your own process-dictionary keys out
+      of that range). When a process exceeds it, all of its copies of that register
       are dropped at once (amortised O(1) per miss). `forget/1` drops them on
       demand. Copies of a deleted register are dropped at the process's next
       miss or first copy of any register: each miss costs one more atomics
