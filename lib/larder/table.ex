@@ -309,8 +309,8 @@ defmodule Larder.Table do
   and none after it. Writes and reads go on during the dump: the writer
   takes the cut in constant time (the index's current immutable snapshot is
   kept, the id state copied) and a process of its own, at low priority,
-  writes the file, pausing 1 ms after each chunk of 4,096 objects so that
-  its scheduler takes over other runnable work (at least 244 ms more for
+  writes the file, pausing 1 ms after each chunk of 2,048 objects so that
+  its scheduler takes over other runnable work (at least 489 ms more for
   a million rows); a write made meanwhile first saves the rows it changes as they were (one
   ETS lookup and insert per row, the first time), and the dump writes those
   saved rows instead of the changed ones. It writes a temporary file

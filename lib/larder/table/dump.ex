@@ -46,7 +46,10 @@ defmodule Larder.Table.Dump do
   alias Larder.Table.Snapshot
 
   @direct_limit 0x80000000
-  @chunk 4_096
+  # Objects per chunk, and per pause (see pause/0): 4,096 left the replica
+  # lag bench's p99 at 29-35 ms, 1,024 made a dump of 487,200 rows too slow
+  # for a snapshot every 3 s (bench/replica_bench.exs snapshots).
+  @chunk 2_048
 
   @enforce_keys [:ref, :pid, :monitor, :notify, :rows, :keys, :top]
   defstruct @enforce_keys
