@@ -103,6 +103,15 @@ defmodule Larder.Replica.SnapshotTest do
     }
   end
 
+  # One more entry added and applied: what Dumps.suspend_dump/3 runs to
+  # move the replica on while it waits for the dump to be held.
+  defp one_more(ctx, replica) do
+    fn ->
+      [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, :rand.uniform(1_000)}])
+      :ok = Replica.await(replica, id, 10_000)
+    end
+  end
+
   test "a Table replica applies entries while its dump is written; the snapshot holds the cut",
        ctx do
     Log.add(ctx.redis, ctx.stream, for(k <- 1..30_000, do: {:put, k, k}))
@@ -110,10 +119,7 @@ defmodule Larder.Replica.SnapshotTest do
     replica = start!(opts)
     assert Replica.await(replica, :latest, 60_000) == :ok
 
-    again = fn ->
-      [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, :rand.uniform(1_000)}])
-      :ok = Replica.await(replica, id, 10_000)
-    end
+    again = one_more(ctx, replica)
 
     again.()
     {dumper, task} = Dumps.suspend_dump(owners(replica), fn -> Replica.dump(replica) end, again)
@@ -194,10 +200,7 @@ defmodule Larder.Replica.SnapshotTest do
     assert Replica.await(replica, :latest, 60_000) == :ok
     assert {:ok, first} = Replica.dump(replica)
 
-    again = fn ->
-      [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, :rand.uniform(1_000)}])
-      :ok = Replica.await(replica, id, 10_000)
-    end
+    again = one_more(ctx, replica)
 
     again.()
 
@@ -283,10 +286,7 @@ defmodule Larder.Replica.SnapshotTest do
       replica = start!(opts)
       assert Replica.await(replica, :latest, 60_000) == :ok
 
-      again = fn ->
-        [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, :rand.uniform(1_000)}])
-        :ok = Replica.await(replica, id, 10_000)
-      end
+      again = one_more(ctx, replica)
 
       again.()
       {dumper, task} = Dumps.suspend_dump(owners(replica), fn -> Replica.dump(replica) end, again)
@@ -342,10 +342,7 @@ defmodule Larder.Replica.SnapshotTest do
     replica = start!(opts)
     assert Replica.await(replica, :latest, 60_000) == :ok
 
-    again = fn ->
-      [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, :rand.uniform(1_000)}])
-      :ok = Replica.await(replica, id, 10_000)
-    end
+    again = one_more(ctx, replica)
 
     again.()
     {dumper, first} = Dumps.suspend_dump(owners(replica), fn -> Replica.dump(replica) end, again)
