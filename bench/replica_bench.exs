@@ -218,17 +218,7 @@ defmodule Larder.ReplicaBench do
     :eredis.stop(producer_client)
 
     IO.puts("\n#{sent} entries produced in #{duration} ms; #{length(samples)} markers timed")
-    result = Bench.summarize(samples, nil, 1)
-
-    bench =
-      bench
-      |> Bench.table(title, [col])
-      |> Bench.row("p50 / p99 over the markers", %{col => result})
-
-    IO.puts(
-      "lag: median #{Bench.fmt_us(result.median_us)}, p99 #{Bench.fmt_us(result.p99_us)}, " <>
-        "max #{Bench.fmt_us(Enum.max(samples))}"
-    )
+    {bench, result} = lag_table(bench, title, col, samples, "lag")
 
     Bench.target(bench, "lag p99 at #{rate} entries/s (ms)", result.p99_us / 1_000, :<=, 20)
   end
@@ -282,6 +272,18 @@ defmodule Larder.ReplicaBench do
         "#{Float.round(gap, 1)} ms"
     )
 
+    {bench, result} = lag_table(bench, title, col, samples, "lag through snapshots")
+
+    bench
+    |> Bench.target("snapshots during the lag run", dumps, :>=, 3)
+    |> Bench.target("lag p99 through snapshots (ms)", result.p99_us / 1_000, :<=, 20)
+    |> Bench.target("longest time the offset did not move (ms)", gap, :<=, 50)
+    |> Bench.target("longest lag through snapshots (ms)", Enum.max(samples) / 1_000, :<=, 50)
+  end
+
+  # The markers' lags (us) as a table of one row, and a line with their
+  # median, p99 and max; returns the bench and their summary.
+  defp lag_table(bench, title, col, samples, label) do
     result = Bench.summarize(samples, nil, 1)
 
     bench =
@@ -290,15 +292,11 @@ defmodule Larder.ReplicaBench do
       |> Bench.row("p50 / p99 over the markers", %{col => result})
 
     IO.puts(
-      "lag through snapshots: median #{Bench.fmt_us(result.median_us)}, " <>
+      "#{label}: median #{Bench.fmt_us(result.median_us)}, " <>
         "p99 #{Bench.fmt_us(result.p99_us)}, max #{Bench.fmt_us(Enum.max(samples))}"
     )
 
-    bench
-    |> Bench.target("snapshots during the lag run", dumps, :>=, 3)
-    |> Bench.target("lag p99 through snapshots (ms)", result.p99_us / 1_000, :<=, 20)
-    |> Bench.target("longest time the offset did not move (ms)", gap, :<=, 50)
-    |> Bench.target("longest lag through snapshots (ms)", Enum.max(samples) / 1_000, :<=, 50)
+    {bench, result}
   end
 
   # Until `deadline`: the longest time (us) between two moves of the
