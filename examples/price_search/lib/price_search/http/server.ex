@@ -19,6 +19,14 @@ defmodule PriceSearch.HTTP.Server do
   @active 64
   # A request or header line longer than this is a 400.
   @max_line 16_384
+  # A body with more than @large_body bytes still to come is read in
+  # @large_reads-byte reads (gen_tcp's `buffer`), then the socket goes back
+  # to its default (1,460): at the default, a 330 KB bulk body came as about
+  # 230 messages, each appended to the last, and took 4 ms of a 17 ms answer
+  # to read; small requests keep small reads, and no buffer is held by an
+  # idle connection.
+  @large_body 16_384
+  @large_reads 65_536
 
   # Counter indexes.
   @open 1
@@ -450,8 +458,8 @@ defmodule PriceSearch.HTTP.Server do
       :none -> {:ok, ""}
       0 -> {:ok, ""}
       n when is_integer(n) and n > limit -> too_large()
-      n when is_integer(n) -> continue(req, fn -> exactly(req, n) end)
-      :chunked -> continue(req, fn -> chunked(req, take_buffer(), [], 0, 0, limit) end)
+      n when is_integer(n) -> continue(req, n, fn -> exactly(req, n) end)
+      :chunked -> continue(req, limit, fn -> chunked(req, take_buffer(), [], 0, 0, limit) end)
     end
   end
 
@@ -470,16 +478,29 @@ defmodule PriceSearch.HTTP.Server do
     {:error, :truncated, IO.iodata_to_binary(partial)}
   end
 
-  defp continue(req, read) do
-    case header(req, "expect") do
-      nil ->
-        read.()
+  # `read` reads a body of at most `most` bytes.
+  defp continue(req, most, read) do
+    with expect when expect != nil <- header(req, "expect"),
+         true <- String.downcase(expect) == "100-continue" and req.version == {1, 1} do
+      :gen_tcp.send(req.socket, "HTTP/1.1 100 Continue\r\n\r\n")
+    end
 
-      expect ->
-        if String.downcase(expect) == "100-continue" and req.version == {1, 1},
-          do: :gen_tcp.send(req.socket, "HTTP/1.1 100 Continue\r\n\r\n")
+    large(req, most, read)
+  end
 
+  # Runs `read` with large reads when more than @large_body bytes may be
+  # still to come.
+  defp large(%{socket: socket}, most, read) do
+    with true <- most - byte_size(Process.get(:price_search_buffer, "")) > @large_body,
+         {:ok, [buffer: default]} <- :inet.getopts(socket, [:buffer]),
+         :ok <- :inet.setopts(socket, buffer: @large_reads) do
+      try do
         read.()
+      after
+        :inet.setopts(socket, buffer: default)
+      end
+    else
+      _ -> read.()
     end
   end
 
