@@ -324,10 +324,11 @@ defmodule PriceSearch.HostileTest do
            )
 
     # what the connection's process holds (its garbage included: it goes
-    # with the process)
+    # with the process): the answer, less what the socket buffers took (the
+    # body was searched in processes of its own, which have ended)
     held = live_binary_bytes(pid) - before
     {:memory, process} = Process.info(pid, :memory)
-    assert held + process > 8 * 1024 * 1024
+    assert held + process > 4 * 1024 * 1024
 
     # Closed once a send has waited :send_timeout, though the client is
     # still there: the process ends and what it held is freed.
