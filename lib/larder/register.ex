@@ -32,18 +32,14 @@ defmodule Larder.Register do
   A writer (the calling process itself) takes its slot's lock, inserts the
   record with the slot's next counter value, which readers treat as not yet
   committed, then bumps the counter, which commits it for cached and fresh
-  readers at the same instant, and releases the lock. A reader that meets
-  an uncommitted record does not wait for its writer: it makes that bump
-  itself (the same compare-and-swap of the counter from the value before
-  to the record's version, which succeeds once, whoever makes it) and
-  returns the record as committed. The slot locks are
+  readers at the same instant, and releases the lock. The slot locks are
   Larder's one internal lock: a compare-and-swap of the writer's holder id (a
   small integer handed to each process once, on its first write, by a
   registry of the `:larder` application that deletes it when the process
-  exits) into an atomics array. A slot whose holder has died is taken over
-  by the next writer of the slot, which bumps the counter before anything
-  else; the dead holder's uncommitted record is thus committed by that
-  writer or by the first reader that meets it. A tombstone left by a killed
+  exits) into an atomics array. A slot whose holder has died is taken over,
+  by the next writer of the slot or by the first reader that meets the dead
+  holder's uncommitted record, and the new holder bumps the counter before
+  anything else, which commits that record. A tombstone left by a killed
   `delete/2` is dropped by the next reader of its key. Writes to one slot are
   serialised; writes to different slots run in parallel. A `put/3` that
   finds its slot held needs no turn once another process's write of the

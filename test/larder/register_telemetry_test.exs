@@ -36,20 +36,13 @@ defmodule Larder.RegisterTelemetryTest do
     :ok = Register.drop(reg)
   end
 
-  # A reader commits the dead writer's record without taking its slot, so
-  # no event; the next writer takes the slot over and emits it.
-  test "a reader commits a dead writer's record, the next writer's takeover emits; unnamed: the handle" do
+  test "a reader that commits a dead writer's record emits it too; unnamed: the handle" do
     reg = Register.new(slots: 1)
     :ok = Register.put(reg, :a, :old)
     leave_dead_holder(reg)
 
     assert Task.await(Task.async(fn -> Register.get(reg, :a) end)) == :new
-    refute_received {:event, @takeover, _, _}
-
-    :ok = Register.put(reg, :b, 1)
     assert_receive {:event, @takeover, %{count: 1}, %{register: ^reg, slot: 1}}
-    assert Register.get(reg, :a) == :new
-    assert Register.get(reg, :b) == 1
     :ok = Register.drop(reg)
   end
 

@@ -290,51 +290,6 @@ defmodule Larder.RegisterTest do
       assert :atomics.get(lock.atomics, 1) == 0
     end
 
-    test "a reader that meets a live writer's uncommitted record commits it instead of waiting" do
-      reg = Register.new(slots: 1)
-      :ok = Register.put(reg, :a, :old)
-      # White box: this process plays a writer of :a between its insert and
-      # its bump - the slot held by a live process, a record above the
-      # counter.
-      %{tab: tab, lock: lock, versions: versions} = reg
-      :acquired = Larder.Lock.acquire(lock, 1)
-      tag = :atomics.get(versions, 1)
-      :ets.insert(tab, {:a, tag + 1, :new})
-
-      # A fresh reader returns the new value at once (before, it waited for
-      # the writer's bump), having made the bump itself...
-      task = Task.async(fn -> Register.get(reg, :a) end)
-      assert Task.yield(task, 2_000) == {:ok, :new}
-      assert :atomics.get(versions, 1) == tag + 1
-      # ...so a process holding a copy of the old value reads the new one too.
-      assert Register.get(reg, :a) == :new
-
-      # The writer's own bump finds it made (the compare-and-swap answers
-      # the record's version), and the next writes go on from there.
-      assert :atomics.compare_exchange(versions, 1, tag, tag + 1) == tag + 1
-      :ok = Larder.Lock.release(lock, 1)
-      :ok = Register.put(reg, :a, :newer)
-      assert Register.get(reg, :a) == :newer
-      assert Register.version(reg, :a) == tag + 2
-    end
-
-    test "a reader of a key being deleted commits the tombstone and reads the key as absent" do
-      reg = Register.new(slots: 1)
-      :ok = Register.put(reg, :a, :old)
-      %{tab: tab, lock: lock, versions: versions} = reg
-      :acquired = Larder.Lock.acquire(lock, 1)
-      tag = :atomics.get(versions, 1)
-      # White box: a live delete/2 between its tombstone and its bump.
-      :ets.insert(tab, {:a, tag + 1})
-
-      task = Task.async(fn -> Register.get(reg, :a, :none) end)
-      assert Task.yield(task, 2_000) == {:ok, :none}
-      assert Register.get(reg, :a, :none) == :none
-      # the reader dropped exactly the committed tombstone
-      assert :ets.lookup(tab, :a) == []
-      :ok = Larder.Lock.release(lock, 1)
-    end
-
     test "a put waiting for its slot ends without writing once another write of its key commits" do
       reg = Register.new(slots: 1)
       :ok = Register.put(reg, :a, :old)

@@ -59,10 +59,9 @@ defmodule Larder.Register.Store do
   #
   # Under its slot's lock, a writer inserts a record with the slot's next
   # counter value, then bumps the slot to it. A record whose version is above
-  # its slot's counter is not committed yet: readers never return it before
-  # the bump, so cached and fresh readers switch values at the same bump. A
-  # reader that meets it makes the bump itself (help/4), whether its writer
-  # is alive or dead.
+  # its slot's counter is not committed yet: readers never return it, so
+  # cached and fresh readers switch values at the same bump. If its writer is
+  # alive, readers wait; if it died, they take the lock over, which bumps.
 
   @doc """
   Writes `key`; returns its slot and new version, or `:overtaken` when a
@@ -233,12 +232,10 @@ defmodule Larder.Register.Store do
     commit(reg, slot, tag, tag + 1)
   end
 
-  # Under the lock only the register's death, or a reader committing this
-  # very version (help/4), can move the counter.
+  # Under the lock only the register's death can move the counter.
   defp commit(reg, slot, tag, version) do
     case :atomics.compare_exchange(reg.versions, slot, tag, version) do
       :ok -> :ok
-      ^version -> :ok
       _dead -> unknown!(reg)
     end
   end
@@ -270,53 +267,37 @@ defmodule Larder.Register.Store do
   defp read(%Register{tab: tab} = reg, key, slot, tag) do
     # inside read/2's rescue: a table gone with its register raises there
     case :ets.lookup(tab, key) do
-      [record] when elem(record, 1) > tag ->
-        case help(reg, slot, tag, elem(record, 1)) do
-          {:committed, tag} -> found(reg, key, slot, tag, [record])
-          {:moved, tag} -> read(reg, key, slot, tag)
-        end
+      [{_, version, value}] when version <= tag ->
+        Local.remember(reg, key, {slot, tag, version, value})
+        {:ok, version, value}
 
-      found ->
-        found(reg, key, slot, tag, found)
+      [{_, version}] when version <= tag ->
+        # A committed tombstone means absent; its remover was killed before
+        # dropping it. Drop exactly this one (a newer record stays).
+        :ets.delete_object(tab, {key, version})
+        Local.remember(reg, key, {slot, tag})
+        :error
+
+      [] ->
+        Local.remember(reg, key, {slot, tag})
+        :error
+
+      _uncommitted ->
+        settle(reg, slot)
+        read(reg, key, slot, counter(reg, slot))
     end
   end
-
-  defp found(reg, key, slot, tag, [{_, version, value}]) when version <= tag do
-    Local.remember(reg, key, {slot, tag, version, value})
-    {:ok, version, value}
-  end
-
-  defp found(%Register{tab: tab} = reg, key, slot, tag, [{_, version}]) when version <= tag do
-    # A committed tombstone means absent; its remover was killed before
-    # dropping it, or has not dropped it yet. Drop exactly this one (a
-    # newer record stays).
-    :ets.delete_object(tab, {key, version})
-    Local.remember(reg, key, {slot, tag})
-    :error
-  end
-
-  defp found(reg, key, slot, tag, []) do
-    Local.remember(reg, key, {slot, tag})
-    :error
-  end
-
-  # A record above the counter read: its writer holds the slot, alive or
-  # dead. When it is the slot's next version, the reader commits it with
-  # the very compare-and-swap its writer makes (commit/4), and reads it as
-  # committed; a writer that finds its commit made goes on as if it had
-  # made it. Otherwise the counter has moved since it was read (the record
-  # is a later write's): the reader reads again. Readers never wait for a
-  # writer, and a dead writer's record is committed by the first reader
-  # that meets it.
-  defp help(%Register{versions: versions}, slot, tag, version) when version == tag + 1 do
-    case :atomics.compare_exchange(versions, slot, tag, version) do
-      :ok -> {:committed, version}
-      ^version -> {:committed, version}
-      now -> {:moved, now}
-    end
-  end
-
-  defp help(reg, slot, _tag, _version), do: {:moved, counter(reg, slot)}
 
   defp counter(%Register{versions: versions}, slot), do: :atomics.get(versions, slot)
+
+  # A record above its slot's counter: its writer holds the lock. Wait for a
+  # live writer; for a dead one, take the lock over, which commits its write
+  # (under the lock, any record above the counter is a dead writer's).
+  defp settle(%Register{lock: lock} = reg, slot) do
+    case Lock.holder(lock, slot) do
+      :free -> :ok
+      :alive -> :erlang.yield()
+      :dead -> locked(reg, slot, fn _tag -> :ok end)
+    end
+  end
 end
