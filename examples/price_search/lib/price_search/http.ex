@@ -335,17 +335,17 @@ defmodule PriceSearch.HTTP do
   # slice ends before the others, another takes its scheduler. With one
   # slice per scheduler, the schedulers slept a third of the time under a
   # stream of 1,000-request bodies (msacc); with four, a sixth, for about
-  # 1.3x the bodies answered. That is the same answer as reading the whole body
-  # when every slice but the last holds whole values
+  # 1.3x the bodies answered. That is the same answer as reading the whole
+  # body when every slice but the last holds whole values
   # (`Request.bulk_slice/2`) and the body holds fewer than the most requests
   # allowed; otherwise, a body Go would read across a cut, the body is read
   # again as a whole.
   defp bulk_answer(store, body) do
     schedulers = :erlang.system_info(:schedulers_online)
-    parts = min(schedulers * @slices_per_scheduler, div(byte_size(body), @slice_bytes))
 
     if schedulers > 1 and byte_size(body) >= @parallel_bytes do
       name = store.name
+      parts = min(schedulers * @slices_per_scheduler, div(byte_size(body), @slice_bytes))
       slices = slices(body, parts)
       last = length(slices) - 1
 
