@@ -396,7 +396,7 @@ defmodule Larder.Cache do
       median and p99 on loopback.
   """
 
-  alias Larder.Cache.{Config, Loader, Stats, Writes}
+  alias Larder.Cache.{Config, Loader, Runtime, Stats, Writes}
   alias Larder.Cache.Supervisor, as: CacheSupervisor
   alias Larder.Instance
 
@@ -651,5 +651,5 @@ defmodule Larder.Cache do
   end
 
   defp gone?(nil), do: true
-  defp gone?(rt), do: :ets.info(rt.data, :id) == :undefined
+  defp gone?(rt), do: Runtime.stopped?(rt)
 end

@@ -7,7 +7,7 @@
 defmodule Larder.Cache.Loader do
   @moduledoc false
 
-  alias Larder.Cache.{Eviction, Expiry, LocalCopies, Remote, Stats, Store}
+  alias Larder.Cache.{Eviction, Expiry, LocalCopies, Remote, Runtime, Stats, Store}
   alias Larder.Instance
   alias Larder.Lock.Waits
   alias Larder.Telemetry
@@ -72,7 +72,9 @@ defmodule Larder.Cache.Loader do
   end
 
   defp reraise_unknown(rt, e, stacktrace) do
-    if stopped?(rt), do: Instance.unknown!(Larder.Cache, rt.name), else: reraise(e, stacktrace)
+    if Runtime.stopped?(rt),
+      do: Instance.unknown!(Larder.Cache, rt.name),
+      else: reraise(e, stacktrace)
   end
 
   defp outcome(meta, :error, {:error, error}),
@@ -171,13 +173,11 @@ defmodule Larder.Cache.Loader do
       miss(rt, key, fun, lookup)
     rescue
       e in ArgumentError ->
-        if stopped?(rt), do: {:error, stopped(rt, key)}, else: reraise(e, __STACKTRACE__)
+        if Runtime.stopped?(rt), do: {:error, stopped(rt, key)}, else: reraise(e, __STACKTRACE__)
     end
   end
 
   # The owner took the tables with it: ETS calls on them raise badarg.
-  defp stopped?(rt), do: :ets.info(rt.data, :id) == :undefined
-
   defp stopped(rt, key) do
     {:error,
      Larder.Error.new(:cache_stopped, "the cache stopped during the call",
@@ -220,7 +220,7 @@ defmodule Larder.Cache.Loader do
         load(rt, key, ref, fun)
       catch
         kind, reason ->
-          if stopped?(rt) do
+          if Runtime.stopped?(rt) do
             {:error, stopped(rt, key)}
           else
             Store.unlock(rt, key, self(), ref)

@@ -103,6 +103,13 @@ defmodule Larder.Cache.Runtime do
 
   defp with_hit(rt), do: rt
 
+  @doc """
+  Whether the cache of handle `rt` has stopped: its tables went with its
+  owner. A read that ETS refused on them is then the unknown-cache error.
+  """
+  @spec stopped?(t()) :: boolean()
+  def stopped?(%__MODULE__{data: data}), do: :ets.info(data, :id) == :undefined
+
   @doc "Publishes the handle through `Larder.Instance` (the owner, once it is complete)."
   @spec publish(t()) :: :ok
   def publish(%__MODULE__{name: name} = rt), do: Instance.publish(Larder.Cache, name, rt)
