@@ -78,8 +78,8 @@ defmodule Larder.Register do
       register, under an integer key between -2^59 and -2^58 (a small
       integer hashes fastest; keep your own process-dictionary keys out
       of that range). When a process exceeds it, all of its copies of that
-      register are dropped at once (amortised O(1) per miss). `forget/1` drops them on
-      demand. Copies of a deleted register are dropped at the process's next
+      register are dropped at once (amortised O(1) per miss). `forget/1`
+      drops them on demand. Copies of a deleted register are dropped at the process's next
       miss or first copy of any register: each miss costs one more atomics
       read and one more process-dictionary read, and after a register death
       one sweep of the registers the process holds copies of (O(number held)).

@@ -311,12 +311,13 @@ defmodule Larder.Table do
   kept, the id state copied) and a process of its own, at low priority,
   writes the file, pausing 1 ms after each chunk of 2,048 objects so that
   its scheduler takes over other runnable work (at least 489 ms more for
-  a million rows); a write made meanwhile first saves the rows it changes as they were (one
-  ETS lookup and insert per row, the first time), and the dump writes those
-  saved rows instead of the changed ones. It writes a temporary file
-  `<path>.<os pid>.<token>-<n>.tmp`, fsyncs it, renames it over `path` and
-  fsyncs the directory; a dump killed mid-write leaves that file, which the
-  next dump of `path` deletes (as `Larder.Bag.dump/2` does).
+  a million rows); a write made meanwhile first saves the rows it changes
+  as they were (one ETS lookup and insert per row, the first time), and
+  the dump writes those saved rows instead of the changed ones. It writes
+  a temporary file `<path>.<os pid>.<token>-<n>.tmp`, fsyncs it, renames
+  it over `path` and fsyncs the directory; a dump killed mid-write leaves
+  that file, which the next dump of `path` deletes (as
+  `Larder.Bag.dump/2` does).
 
   Raises `ArgumentError` for a table that is gone or a `path` that is not a
   string without null bytes.
