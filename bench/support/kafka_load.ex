@@ -225,7 +225,7 @@ defmodule Larder.Bench.KafkaLoad do
   with a value no price has is produced and flushed (`producer`, no
   linger), its acknowledgement waited for (`await_ack/2`), then the record
   waited for with `Larder.Replica.await/3` on its partition's offset and
-  searched for (offering and spec, the value checked; retried every
+  searched for (`Larder.Test.PriceStream.visible/3`; retried every
   millisecond if not found yet). Returns `[{from_produce_us,
   from_ack_us}]`: from before the produce call, and from the broker's
   acknowledgement, to the search that found it.
