@@ -148,6 +148,7 @@ defmodule Larder.Index do
           | {:remove, term(), ids()}
           | {:add_terms, [term()], ids()}
           | {:remove_terms, [term()], ids()}
+          | {:set_terms, [term()], ids()}
 
   @doc """
   Creates an empty index. An unknown option raises.
@@ -189,6 +190,18 @@ defmodule Larder.Index do
   Applies `ops` in order, atomically: a concurrent reader sees all of them or
   none. `{:add_terms, terms, ids}` and `{:remove_terms, terms, ids}` do the
   same to each of `terms` (one operation per record instead of one per term).
+
+  `{:set_terms, terms, ids}` gives each of `ids` exactly `terms`: the terms
+  it had and `terms` lacks are removed, the others added. It needs an index
+  made with `reverse: true` (which knows each id's terms), costs O(terms of
+  each id), and its ids may appear in no other operation of the same batch;
+  otherwise `batch/2` raises `ArgumentError` and changes nothing.
+
+      iex> index = Larder.Index.new(reverse: true)
+      iex> :ok = Larder.Index.batch(index, [{:add_terms, [:a, :b], 1}])
+      iex> :ok = Larder.Index.batch(index, [{:set_terms, [:b, :c], 1}])
+      iex> Larder.Index.terms_of(index, 1) |> Enum.sort()
+      [:b, :c]
 
       iex> index = Larder.Index.new()
       iex> Larder.Index.batch(index, [{:add, :a, [1, 2]}, {:remove, :a, 1}, {:add, :b, 7}])
@@ -360,7 +373,16 @@ defmodule Larder.Index do
   defp fail!(:bad_op, ops) do
     bad!(
       "ops must be a list of {:add | :remove, term, ids} or " <>
-        "{:add_terms | :remove_terms, [term], ids}, got: ",
+        "{:add_terms | :remove_terms | :set_terms, [term], ids}, the ids of " <>
+        ":set_terms in no other op of the batch, got: ",
+      ops,
+      10
+    )
+  end
+
+  defp fail!(:no_reverse, ops) do
+    bad!(
+      "ops has {:set_terms, terms, ids}, which needs an index made with reverse: true, got: ",
       ops,
       10
     )

@@ -80,6 +80,97 @@ defmodule Larder.IndexReverseTest do
     PropEr.check(property, numtests: 200)
   end
 
+  # {:set_terms, terms, ids}: a batch of ordinary ops and set_terms ops whose
+  # ids appear in no other op of the batch (ids the ordinary ops name are
+  # taken out of them, and an id named by an earlier set_terms out of the
+  # later ones). The index without the map gets the same change as the
+  # diff against the model, so its bitmaps are checked too.
+  defp set_gen, do: {:set_terms, :proper_types.list(term_gen()), ids_gen()}
+
+  defp disjoint(ops, sets) do
+    {sets, named} =
+      Enum.map_reduce(sets, MapSet.new(), fn {:set_terms, terms, ids}, named ->
+        ids = ids |> List.wrap() |> Enum.uniq() |> Enum.reject(&MapSet.member?(named, &1))
+        {{:set_terms, terms, ids}, MapSet.union(named, MapSet.new(ids))}
+      end)
+
+    ops =
+      for {kind, terms, ids} <- ops,
+          ids = Enum.reject(List.wrap(ids), &MapSet.member?(named, &1)),
+          do: {kind, terms, ids}
+
+    {ops, sets}
+  end
+
+  defp as_diff({:set_terms, terms, ids}, model) do
+    Enum.flat_map(ids, fn id ->
+      old = model |> Map.get(id, MapSet.new()) |> MapSet.to_list()
+      [{:remove_terms, old, id}, {:add_terms, terms, id}]
+    end)
+  end
+
+  defp apply_set(model, {:set_terms, terms, ids}) do
+    Enum.reduce(ids, model, fn id, model ->
+      if terms == [], do: Map.delete(model, id), else: Map.put(model, id, MapSet.new(terms))
+    end)
+  end
+
+  test "{:set_terms, terms, ids} gives each id exactly its terms, under random batches" do
+    batch_gen =
+      {:proper_types.list(op_gen()), :proper_types.list(set_gen()), :proper_types.boolean()}
+
+    property =
+      :proper.forall(:proper_types.list(batch_gen), fn batches ->
+        reverse = Index.new(reverse: true)
+        plain = Index.new()
+
+        ok =
+          Enum.reduce_while(batches, %{}, fn {ops, sets, sets_first}, model ->
+            {ops, sets} = disjoint(ops, sets)
+            :ok = Index.batch(reverse, if(sets_first, do: sets ++ ops, else: ops ++ sets))
+            :ok = Index.batch(plain, ops ++ Enum.flat_map(sets, &as_diff(&1, model)))
+            model = Enum.reduce(ops, model, &apply_model(&2, &1))
+            model = Enum.reduce(sets, model, &apply_set(&2, &1))
+            if agree?(reverse, plain, model), do: {:cont, model}, else: {:halt, false}
+          end)
+
+        ok != false and Enum.sort(Index.terms(reverse)) == Enum.sort(Index.terms(plain)) and
+          Enum.all?(Index.terms(reverse), &(Index.query(reverse, &1) == Index.query(plain, &1)))
+      end)
+
+    PropEr.check(property, numtests: 200)
+  end
+
+  test "{:set_terms, ...} needs the map, and ids in no other op of its batch" do
+    plain = Index.new()
+    :ok = Index.add(plain, :a, 1)
+
+    assert_raise ArgumentError, ~r/needs an index made with reverse: true/, fn ->
+      Index.batch(plain, [{:set_terms, [:b], 1}])
+    end
+
+    assert Index.query(plain, :a) == [1]
+    index = Index.new(reverse: true)
+    :ok = Index.add(index, :a, [1, 2])
+
+    for ops <- [
+          [{:set_terms, [:b], [1, 2]}, {:add, :c, 2}],
+          [{:remove, :a, 1}, {:set_terms, [:b], 1}],
+          [{:set_terms, [:b], 1}, {:set_terms, [:c], [3, 1]}]
+        ] do
+      assert_raise ArgumentError, ~r/the ids of :set_terms in no other op/, fn ->
+        Index.batch(index, ops)
+      end
+    end
+
+    assert {Index.query(index, :a), Index.terms(index)} == {[1, 2], [:a]}
+    # The same id twice in one op is that id once.
+    :ok = Index.batch(index, [{:set_terms, [:b, :b], [1, 1]}, {:set_terms, [], 2}])
+
+    assert {Index.terms_of(index, 1), Index.terms_of(index, 2), Index.terms(index)} ==
+             {[:b], [], [:b]}
+  end
+
   test "a term removed and re-added in one batch keeps the right rows" do
     index = Index.new(reverse: true)
     :ok = Index.batch(index, [{:add, :a, [1, 2]}, {:add, :b, 2}])

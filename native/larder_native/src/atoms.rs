@@ -6,6 +6,8 @@ rustler::atoms! {
     remove,
     add_terms,
     remove_terms,
+    set_terms,
+    no_reverse,
     and,
     or,
     not,

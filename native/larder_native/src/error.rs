@@ -11,6 +11,8 @@ pub enum NativeError {
     BadExpr,
     #[error("an operation is not {{:add | :remove, term, ids}}")]
     BadOp,
+    #[error("{{:set_terms, terms, ids}} needs an index with an id-to-terms map")]
+    NoReverse,
     #[error("ids must be a u32 or a proper list of u32")]
     BadIds,
     #[error("the handle is not a Larder.Index resource")]
@@ -32,6 +34,7 @@ impl NativeError {
         match self {
             NativeError::BadExpr => atoms::bad_expr(),
             NativeError::BadOp => atoms::bad_op(),
+            NativeError::NoReverse => atoms::no_reverse(),
             NativeError::BadIds => atoms::bad_ids(),
             NativeError::BadIndex => atoms::bad_index(),
             NativeError::Dropped => atoms::dropped(),

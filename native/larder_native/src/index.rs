@@ -22,7 +22,7 @@ use arc_swap::{ArcSwapOption, Guard};
 use rustler::types::tuple::get_tuple;
 use rustler::{Binary, Decoder, Encoder, Env, NifResult, ResourceArc, Term};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
@@ -290,10 +290,38 @@ scheduled_nifs!(index_query_many, index_query_many_dirty, query_many);
 // writers' mutex is taken: consecutive operations of the same kind commute,
 // so each run of them is grouped by key. The work counted is terms x ids,
 // plus the containers of every posting the write copies.
+//
+// `{:set_terms, terms, ids}` (an index with an id-to-terms map only) gives
+// each of `ids` exactly `terms`: once the mutex is taken it becomes a run of
+// removes and a run of adds, the difference between those terms and the
+// ones the map holds for each id. Its ids may appear in no other operation
+// of the batch, so where those runs go in it does not matter.
+
+type IdsByKey = HashMap<Vec<u8>, Vec<u32>, BuildHasherDefault<KeyHasher>>;
 
 struct Run {
     add: bool,
-    ids_by_key: HashMap<Vec<u8>, Vec<u32>, BuildHasherDefault<KeyHasher>>,
+    ids_by_key: IdsByKey,
+}
+
+/// A `{:set_terms, terms, ids}`: its ids, and its terms' keys, sorted and
+/// without duplicates, as ranges of one buffer (one allocation per op, not
+/// per term).
+struct SetTerms {
+    ids: Vec<u32>,
+    bytes: Vec<u8>,
+    keys: Vec<std::ops::Range<usize>>,
+}
+
+impl SetTerms {
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.keys.iter().map(|range| &self.bytes[range.clone()])
+    }
+}
+
+struct Decoded {
+    runs: Vec<Run>,
+    sets: Vec<SetTerms>,
 }
 
 /// Decodes an id, a proper list of ids or a binary of little-endian u32s
@@ -326,14 +354,16 @@ fn decode_ids(term: Term, into: &mut Vec<u32>, budget: &mut Budget) -> Result<()
     Ok(())
 }
 
-fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
+fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Decoded, NativeError> {
     let env = ops.get_env();
     let (add_atom, remove_atom) = (atoms::add().to_term(env), atoms::remove().to_term(env));
     let (add_terms, remove_terms) = (
         atoms::add_terms().to_term(env),
         atoms::remove_terms().to_term(env),
     );
+    let set_terms = atoms::set_terms().to_term(env);
     let mut runs: Vec<Run> = Vec::new();
+    let mut sets: Vec<SetTerms> = Vec::new();
     let mut ids = Vec::new();
     let mut key = Vec::with_capacity(64);
     let mut rest = ops;
@@ -344,6 +374,10 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
         let &[kind, terms, id_term] = elems.as_slice() else {
             return Err(NativeError::BadOp);
         };
+        if kind == set_terms {
+            sets.push(decode_set(terms, id_term, budget)?);
+            continue;
+        }
         // `{:add_terms, [term], ids}` is `{:add, term, ids}` for each term.
         let (add, many) = if kind == add_atom {
             (true, false)
@@ -392,12 +426,111 @@ fn decode_ops(ops: Term, budget: &mut Budget) -> Result<Vec<Run>, NativeError> {
     }
     // Sorted ids let a posting apply them chunk by chunk.
     for run in &mut runs {
-        for ids in run.ids_by_key.values_mut() {
-            ids.sort_unstable();
-            ids.dedup();
+        sort_ids(&mut run.ids_by_key);
+    }
+    Ok(Decoded { runs, sets })
+}
+
+fn sort_ids(ids_by_key: &mut IdsByKey) {
+    for ids in ids_by_key.values_mut() {
+        ids.sort_unstable();
+        ids.dedup();
+    }
+}
+
+fn decode_set(terms: Term, id_term: Term, budget: &mut Budget) -> Result<SetTerms, NativeError> {
+    let mut ids = Vec::new();
+    decode_ids(id_term, &mut ids, budget)?;
+    ids.sort_unstable();
+    ids.dedup();
+    let mut bytes = Vec::with_capacity(512);
+    let mut keys = Vec::new();
+    let mut rest = terms;
+    while let Some(term) = next_cell(&mut rest) {
+        let term = term.map_err(|()| NativeError::BadOp)?;
+        budget.spend(1 + ids.len() as u64)?;
+        let start = bytes.len();
+        encode(term, &mut bytes, budget)?;
+        keys.push(start..bytes.len());
+    }
+    if !rest.is_empty_list() {
+        return Err(NativeError::BadOp);
+    }
+    keys.sort_unstable_by(|a, b| bytes[a.clone()].cmp(&bytes[b.clone()]));
+    keys.dedup_by(|a, b| bytes[a.clone()] == bytes[b.clone()]);
+    Ok(SetTerms { ids, bytes, keys })
+}
+
+/// Turns the batch's `:set_terms` into a run of removes and a run of adds
+/// against `current`'s id-to-terms map, appended to `runs`. `NoReverse`
+/// when the index keeps no such map; `BadOp` when an id of theirs appears
+/// in two of them or in another operation of the batch.
+fn expand_sets(
+    current: &State,
+    runs: &mut Vec<Run>,
+    sets: Vec<SetTerms>,
+    budget: &mut Budget,
+) -> Result<(), NativeError> {
+    if sets.is_empty() {
+        return Ok(());
+    }
+    let reverse = current.reverse.as_ref().ok_or(NativeError::NoReverse)?;
+    let mut named: HashSet<u32> = HashSet::new();
+    for set in &sets {
+        for &id in &set.ids {
+            if !named.insert(id) {
+                return Err(NativeError::BadOp);
+            }
         }
     }
-    Ok(runs)
+    for run in runs.iter() {
+        for ids in run.ids_by_key.values() {
+            budget.spend(ids.len() as u64 / 8)?;
+            if ids.iter().any(|id| named.contains(id)) {
+                return Err(NativeError::BadOp);
+            }
+        }
+    }
+    let mut removes = IdsByKey::default();
+    let mut adds = IdsByKey::default();
+    let mut old: Vec<&[u8]> = Vec::new();
+    for set in &sets {
+        for &id in &set.ids {
+            old.clear();
+            old.extend(reverse.terms(id).map(|key| &key[..]));
+            old.sort_unstable();
+            budget.spend(1 + (old.len() + set.keys.len()) as u64 / 4)?;
+            let (mut o, mut n) = (old.iter().peekable(), set.keys().peekable());
+            loop {
+                match (o.peek(), n.peek()) {
+                    (Some(&&was), Some(&now)) if was == now => {
+                        o.next();
+                        n.next();
+                    }
+                    (Some(&&was), Some(&now)) if was < now => {
+                        removes.entry(was.to_vec()).or_default().push(id);
+                        o.next();
+                    }
+                    (Some(&&was), None) => {
+                        removes.entry(was.to_vec()).or_default().push(id);
+                        o.next();
+                    }
+                    (_, Some(&now)) => {
+                        adds.entry(now.to_vec()).or_default().push(id);
+                        n.next();
+                    }
+                    (None, None) => break,
+                }
+            }
+        }
+    }
+    for (add, mut ids_by_key) in [(false, removes), (true, adds)] {
+        if !ids_by_key.is_empty() {
+            sort_ids(&mut ids_by_key);
+            runs.push(Run { add, ids_by_key });
+        }
+    }
+    Ok(())
 }
 
 /// Applies `runs` to `state` (a writer's private copy), and the same
@@ -466,11 +599,12 @@ fn apply_runs(state: &mut State, runs: Vec<Run>, budget: &mut Budget) -> Result<
 fn apply<'a>(env: Env<'a>, index_term: Term<'a>, ops: Term<'a>, dirty: bool) -> Answer<'a> {
     let index = index(index_term)?;
     let mut budget = Budget::new(dirty);
-    let runs = decode_ops(ops, &mut budget)?;
-    if runs
-        .iter()
-        .all(|run| run.ids_by_key.values().all(Vec::is_empty))
-    {
+    let Decoded { mut runs, sets } = decode_ops(ops, &mut budget)?;
+    let unchanged = |runs: &[Run]| {
+        runs.iter()
+            .all(|run| run.ids_by_key.values().all(Vec::is_empty))
+    };
+    if sets.is_empty() && unchanged(&runs) {
         // Nothing to change (a re-insert with the same terms): no new snapshot.
         return match index.state.load().as_deref() {
             Some(_) => Ok(atoms::ok().encode(env)),
@@ -479,6 +613,11 @@ fn apply<'a>(env: Env<'a>, index_term: Term<'a>, ops: Term<'a>, dirty: bool) -> 
     }
     let _writer = index.writer(dirty)?;
     let current = index.state.load_full().ok_or(NativeError::Dropped)?;
+    expand_sets(&current, &mut runs, sets, &mut budget)?;
+    if unchanged(&runs) {
+        // Every id already had exactly its terms.
+        return Ok(atoms::ok().encode(env));
+    }
     // A write copies the chunk list of each posting it touches and each
     // chunk it changes: count those.
     for run in &runs {
