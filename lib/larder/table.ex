@@ -71,11 +71,12 @@ defmodule Larder.Table do
   chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
   "Concurrency"). Replacing or deleting a record
   needs its old terms: they are computed from the record in ETS, or, with
-  `:store` (whose stored record no longer holds them), read from the
-  index's id-to-terms map (`Larder.Index.new(reverse: true)`): O(terms of
-  that record). `size/1` is
-  O(1); `count/2` is a bitmap count. `dump/2` is O(records + index bytes),
-  `load/2` O(records log records + index bytes), plus, with `:store`, the
+  `:store` (whose stored record no longer holds them), kept by the index
+  in its id-to-terms map (`Larder.Index.new(reverse: true)`), which diffs
+  the new terms against them itself (`{:set_terms, terms, id}`): O(terms
+  of that record). `size/1` is O(1); `count/2` is a bitmap count.
+  `dump/2` is O(records + index bytes), `load/2` O(records log records +
+  index bytes), plus, with `:store`, the
   (record, term) pairs of its id-to-terms map, which it bounds (see
   "Failures"); `load/2` decodes the records' chunks in as many processes
   as there are schedulers, and checks and builds the index (and its

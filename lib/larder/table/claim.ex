@@ -42,10 +42,14 @@ defmodule Larder.Table.Claim do
   @doc """
   The claim request for a chunk (`Larder.Table.Records.write/2`'s
   `{rows, ops, keyed, span}`), or `nil` when the chunk is written as an
-  ordinary insert: it has keys that are not row ids, or fewer than 256 rows.
+  ordinary insert: it has keys that are not row ids, fewer than 256 rows,
+  or rows it replaces (`{:set_terms, ...}` ops come first), which the
+  writer would refuse to claim.
   """
   @spec request({list(), list(), list(), {non_neg_integer(), non_neg_integer()} | nil}) ::
           tuple() | nil
+  def request({_rows, [{:set_terms, _, _} | _], _keyed, _span}), do: nil
+
   def request({rows, ops, [], {_low, _high} = span}) when length(rows) >= @min_rows,
     do: {:claim, span, ops, Enum.map(rows, &elem(&1, 0))}
 

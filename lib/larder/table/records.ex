@@ -16,43 +16,74 @@ defmodule Larder.Table.Records do
 
   @doc """
   A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
-  One record whose key is its row id gives `{:add_terms, terms, id}`.
+  One record whose key is its row id gives `{:add_terms, terms, id}`
+  (`{:set_terms, terms, id}` with `:store`, see set_terms?/1).
   A record whose key is its row id gives its ETS row `{id, stored}`, and
   its terms go into `ops`, one `{:add, term, ids}` per distinct term (a
   term shared by many records is copied and indexed once; `ids` packed in
   a binary, which is sent to the writer without a copy), which index
-  these rows as fresh ones; `span` is `{lowest, highest}` of those ids
-  (`nil` when there are none). Any other record gives `{key, stored,
-  terms}`, to which the writer gives a row id.
+  these rows as fresh ones; with `:store`, a record whose row is in ETS
+  when this runs gives `{:set_terms, terms, id}` instead. `span` is
+  `{lowest, highest}` of those ids (`nil` when there are none). Any other
+  record gives `{key, stored, terms}`, to which the writer gives a row id.
   """
   def write(%{key: field} = table, [record]) do
-    # One record (insert/2, update/4): `{:add_terms, terms, id}` needs no
-    # gathering.
+    # One record (insert/2, update/4): its terms need no gathering.
     key = :erlang.map_get(field, record)
     stored = stored(table, record)
+    kind = if set_terms?(table), do: :set_terms, else: :add_terms
 
     if is_integer(key) and key >= 0 and key < @direct_limit,
-      do: {[{key, stored}], [{:add_terms, terms(table, record), key}], [], {key, key}},
+      do: {[{key, stored}], [{kind, terms(table, record), key}], [], {key, key}},
       else: {[], [], [{key, stored, terms(table, record)}], nil}
   end
 
   def write(%{key: field} = table, records) do
-    # Each record's terms follow its row id in one flat list, which the
-    # NIF groups by term (see group/1).
-    {rows, flat, keyed, span} =
-      Enum.reduce(records, {[], [], [], nil}, fn record, {rows, flat, keyed, span} ->
+    # Each new record's terms follow its row id in one flat list, which the
+    # NIF groups by term (see group/1). With :store, a record that replaces
+    # one gets its own {:set_terms, terms, id}: the index diffs it against
+    # the id's terms itself, so the writer neither ungroups its terms nor
+    # reads the old ones back (see Larder.Table.Writes).
+    sets? = set_terms?(table)
+
+    {rows, flat, fresh, sets, keyed, span} =
+      Enum.reduce(records, {[], [], 0, [], [], nil}, fn record,
+                                                        {rows, flat, fresh, sets, keyed, span} ->
         key = :erlang.map_get(field, record)
         stored = stored(table, record)
 
-        if is_integer(key) and key >= 0 and key < @direct_limit do
-          flat = [key | push_entries(table.entries, record, flat)]
-          {[{key, stored} | rows], flat, keyed, widen(span, key)}
-        else
-          {rows, flat, [{key, stored, terms(table, record)} | keyed], span}
+        cond do
+          not (is_integer(key) and key >= 0 and key < @direct_limit) ->
+            {rows, flat, fresh, sets, [{key, stored, terms(table, record)} | keyed], span}
+
+          sets? and held?(table, key) ->
+            sets = [{:set_terms, terms(table, record), key} | sets]
+            {[{key, stored} | rows], flat, fresh, sets, keyed, widen(span, key)}
+
+          true ->
+            flat = [key | push_entries(table.entries, record, flat)]
+            {[{key, stored} | rows], flat, fresh + 1, sets, keyed, widen(span, key)}
         end
       end)
 
-    {rows, group(flat, length(rows)), keyed, span}
+    {rows, sets ++ group(flat, fresh), keyed, span}
+  end
+
+  @doc """
+  Whether the table's writes give a replaced record's terms as
+  `{:set_terms, terms, id}`: with `:store`, whose index keeps each id's
+  terms (`reverse: true`), as the stored record no longer does.
+  """
+  def set_terms?(%{store: store}), do: store != nil
+
+  # Whether a row holds `id` now. Only a hint, which a write racing this one
+  # can make stale: {:set_terms, ...} is right whatever the id holds, and
+  # the writer checks the fresh ones again (Writes). A table dropped
+  # meanwhile answers false; the write then meets its writer gone.
+  defp held?(table, id) do
+    :ets.member(table.rows, id)
+  rescue
+    ArgumentError -> false
   end
 
   # `[id, term, ..., id, term, ...]` to one `{:add, term, ids}` per distinct

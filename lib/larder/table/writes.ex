@@ -53,7 +53,7 @@ defmodule Larder.Table.Writes do
       Enum.reduce(keyed, {rows, [], ops, state.next, state.free}, fn
         {key, stored, terms}, {rows, keys, ops, next, free} ->
           {id, keys, next, free} = id_for(state, key, keys, next, free)
-          {[{id, stored} | rows], keys, diff(old_terms(t, id), terms, id, ops), next, free}
+          {[{id, stored} | rows], keys, set_terms(t, id, terms, ops), next, free}
       end)
 
     Index.batch(t.index, ops)
@@ -71,7 +71,7 @@ defmodule Larder.Table.Writes do
         {:ok, state}
 
       id ->
-        Index.batch(t.index, [{:remove_terms, old_terms(t, id), id}])
+        Index.batch(t.index, set_terms(t, id, [], []))
         Dump.save_rows(state.dumps, t.rows, [id])
         :ets.delete(t.rows, id)
 
@@ -155,18 +155,28 @@ defmodule Larder.Table.Writes do
   end
 
   # The ops of Records.write/2, with each id that holds a row taken out of
-  # them and given a diff from its old terms instead.
+  # them and given a diff from its old terms instead. A {:set_terms, ...}
+  # is right whatever its id holds: its ids are left as they are.
+  defp replace_ops(_t, _rows, [{:set_terms, _terms, _id}] = ops), do: ops
+
   defp replace_ops(t, _rows, [{:add_terms, terms, id}] = ops),
     do: if(:ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, []), else: ops)
 
   defp replace_ops(t, rows, ops) do
-    case for {id, _} <- rows, :ets.member(t.rows, id), into: %{}, do: {id, []} do
+    {sets, grouped} = Enum.split_with(ops, &(elem(&1, 0) == :set_terms))
+    set = Map.new(sets, fn {:set_terms, _terms, id} -> {id, []} end)
+
+    case for {id, _} <- rows,
+             not is_map_key(set, id),
+             :ets.member(t.rows, id),
+             into: %{},
+             do: {id, []} do
       replaced when replaced == %{} ->
         ops
 
       replaced ->
-        {ops, now} =
-          Enum.reduce(ops, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
+        {grouped, now} =
+          Enum.reduce(grouped, {[], replaced}, fn {:add, term, ids}, {ops, now} ->
             {fresh, now} =
               Enum.reduce(id_list(ids), {[], now}, fn id, {fresh, now} ->
                 case now do
@@ -178,8 +188,17 @@ defmodule Larder.Table.Writes do
             {[{:add, term, fresh} | ops], now}
           end)
 
-        Enum.reduce(now, ops, fn {id, terms}, ops -> diff(old_terms(t, id), terms, id, ops) end)
+        sets ++ Enum.reduce(now, grouped, fn {id, terms}, ops -> set_terms(t, id, terms, ops) end)
     end
+  end
+
+  # Ops that give `id` exactly `terms`, prepended to `ops`: with :store the
+  # index diffs them against the id's terms itself (its id-to-terms map);
+  # else against the terms of the record in ETS.
+  defp set_terms(t, id, terms, ops) do
+    if Records.set_terms?(t),
+      do: [{:set_terms, terms, id} | ops],
+      else: diff(old_terms(t, id), terms, id, ops)
   end
 
   # The ids of an op from Records.write/2: a binary of little-endian u32s.
