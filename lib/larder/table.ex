@@ -219,7 +219,9 @@ defmodule Larder.Table do
 
   require Larder.Instance
 
-  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name]
+  # `top`: an :atomics the writer publishes its `top` in (Larder.Table.Writes),
+  # a hint for callers that build writes.
+  @enforce_keys [:rows, :keys, :index, :key, :entries, :names, :store, :writer, :name, :top]
   defstruct [telemetry: false] ++ @enforce_keys
 
   @opaque t :: %__MODULE__{}

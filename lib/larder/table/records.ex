@@ -44,7 +44,9 @@ defmodule Larder.Table.Records do
     # one gets its own {:set_terms, terms, id}: the index diffs it against
     # the id's terms itself, so the writer neither ungroups its terms nor
     # reads the old ones back (see Larder.Table.Writes).
-    sets? = set_terms?(table)
+    # Only an id below the writer's top can hold a row: a build's ids (at
+    # or above it) are not looked up.
+    top = if set_terms?(table), do: :atomics.get(table.top, 1), else: 0
 
     {rows, flat, fresh, sets, keyed, span} =
       Enum.reduce(records, {[], [], 0, [], [], nil}, fn record,
@@ -56,7 +58,7 @@ defmodule Larder.Table.Records do
           not (is_integer(key) and key >= 0 and key < @direct_limit) ->
             {rows, flat, fresh, sets, [{key, stored, terms(table, record)} | keyed], span}
 
-          sets? and held?(table, key) ->
+          key < top and held?(table, key) ->
             sets = [{:set_terms, terms(table, record), key} | sets]
             {[{key, stored} | rows], flat, fresh, sets, keyed, widen(span, key)}
 

@@ -75,6 +75,7 @@ defmodule Larder.Table.Writer do
       names: Map.new(config.entries, fn {name, _} -> {name, true} end),
       store: config.store,
       writer: self(),
+      top: :atomics.new(1, signed: false),
       name: config.name,
       telemetry: Instance.telemetry?(config.telemetry)
     }
@@ -96,7 +97,7 @@ defmodule Larder.Table.Writer do
       {:ok, {next, free, top}} ->
         # The file's bytes and the decoded chunks are garbage now.
         :erlang.garbage_collect()
-        {:ok, %{state | next: next, free: free, top: top}}
+        {:ok, Writes.top(%{state | next: next, free: free}, top)}
 
       # A shutdown: a bad file is not a crash to report.
       {:error, error} ->
@@ -188,7 +189,7 @@ defmodule Larder.Table.Writer do
 
   defp settle(state) do
     {reply, top} = Claim.settle(state.claim, state.table, state.top)
-    {reply, %{state | claim: nil, top: top}}
+    {reply, Writes.top(%{state | claim: nil}, top)}
   end
 
   # Runs the requests held back during a claim, in order, until one of them

@@ -60,7 +60,7 @@ defmodule Larder.Table.Writes do
     save(state, rows, keys)
     :ets.insert(t.keys, keys)
     :ets.insert(t.rows, rows)
-    {:ok, %{state | next: next, free: free, top: top}}
+    {:ok, top(%{state | next: next, free: free}, top)}
   end
 
   def run({:delete, key}, state) do
@@ -142,6 +142,19 @@ defmodule Larder.Table.Writes do
   defp put(t, record, state) do
     {rows, ops, keyed, span} = Records.write(t, [record])
     {:ok, _state} = run({:insert, rows, ops, keyed, span}, state)
+  end
+
+  @doc """
+  Sets the writer's `top`, and publishes it in the table's `top` atomics:
+  callers read it (Larder.Table.Records.write/2) to tell a record that may
+  replace a row from one that cannot. `top` only grows, so a caller that
+  read it before a write sees a lower one, and takes a replaced record for
+  a new one at worst: the writer then finds it (replace_ops/3).
+  """
+  @spec top(state, non_neg_integer()) :: state when state: state()
+  def top(state, top) do
+    if top != state.top, do: :atomics.put(state.table.top, 1, top)
+    %{state | top: top}
   end
 
   # While a dump runs, the rows and keys about to change as they are (see
