@@ -270,7 +270,7 @@ defmodule Larder.Replica do
   the lag from `XADD` to a search under a producer of 10,000 entries/s,
   without snapshots and through snapshots of the whole table every 3 s
   (with the longest gap between two applied batches); the README has the
-  table of a full run. Catch-up costs about 1.7-2.1x
+  table of a full run. Catch-up costs about 1.7-2.3x
   `insert_many/2` of the same records: the stream's replies are read and
   parsed, and `apply` runs once per entry, besides the same Table writes.
   A restart costs `load/2` of the snapshot plus the entries after it; the
