@@ -23,7 +23,9 @@ defmodule Larder.Table.Records do
   term shared by many records is copied and indexed once; `ids` packed in
   a binary, which is sent to the writer without a copy), which index
   these rows as fresh ones; with `:store`, a record whose row is in ETS
-  when this runs gives `{:set_terms, terms, id}` instead. `span` is
+  when this runs gives `{:set_terms, terms, id}` instead (rows are looked
+  up only below the writer's top, and only in a chunk whose first records
+  replace some: see replacing_below/2). `span` is
   `{lowest, highest}` of those ids (`nil` when there are none). Any other
   record gives `{key, stored, terms}`, to which the writer gives a row id.
   """
