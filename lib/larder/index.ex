@@ -65,7 +65,8 @@ defmodule Larder.Index do
   numbers sorted in a flat array shared by 64 row ids) and `terms_of/2`
   costs O(terms of that id). Every write then also merges its changes into
   that map: O(changes log changes) plus a copy of each 64-id leaf it
-  changes.
+  changes. A `{:set_terms, terms, ids}` (see `batch/2`), which only such
+  an index takes, costs O(terms of each id) to diff before it writes.
 
   ## Concurrency
 
@@ -156,7 +157,8 @@ defmodule Larder.Index do
   Options:
 
     * `:reverse` (boolean, default `false`) - also keep an id-to-terms map,
-      so `terms_of/2` costs O(terms of that id) instead of O(terms). It
+      so `terms_of/2` costs O(terms of that id) instead of O(terms), and
+      `batch/2` takes `{:set_terms, terms, ids}`. It
       costs about 4 bytes per (id, term) pair plus about 300 bytes per 64
       ids in use, and every write updates it.
 
@@ -191,6 +193,12 @@ defmodule Larder.Index do
   none. `{:add_terms, terms, ids}` and `{:remove_terms, terms, ids}` do the
   same to each of `terms` (one operation per record instead of one per term).
 
+      iex> index = Larder.Index.new()
+      iex> Larder.Index.batch(index, [{:add, :a, [1, 2]}, {:remove, :a, 1}, {:add, :b, 7}])
+      :ok
+      iex> {Larder.Index.query(index, :a), Larder.Index.query(index, :b)}
+      {[2], [7]}
+
   `{:set_terms, terms, ids}` gives each of `ids` exactly `terms`: the terms
   it had and `terms` lacks are removed, the others added. It needs an index
   made with `reverse: true` (which knows each id's terms), costs O(terms of
@@ -202,12 +210,6 @@ defmodule Larder.Index do
       iex> :ok = Larder.Index.batch(index, [{:set_terms, [:b, :c], 1}])
       iex> Larder.Index.terms_of(index, 1) |> Enum.sort()
       [:b, :c]
-
-      iex> index = Larder.Index.new()
-      iex> Larder.Index.batch(index, [{:add, :a, [1, 2]}, {:remove, :a, 1}, {:add, :b, 7}])
-      :ok
-      iex> {Larder.Index.query(index, :a), Larder.Index.query(index, :b)}
-      {[2], [7]}
   """
   @spec batch(t(), [op()]) :: :ok
   def batch(index, ops) when is_list(ops) do

@@ -179,10 +179,9 @@ defmodule Larder.Test.PriceStream do
   The lag of `replica` following `stream` into `table`, sampled until
   `deadline` (monotonic ms): every 5 ms a price change with a value no price
   has is XADDed, then waited for with `Larder.Replica.await/3` on its id
-  (a message from the replica, no polling) and searched for (by its
-  offering, spec and characteristics, its value checked); a search that does not find it
-  yet (the replica has applied it, so it should) is retried every
-  millisecond. Returns the lags in microseconds, each from before the XADD
+  (a message from the replica, no polling) and searched for (see
+  `visible/3`); a search that does not find it yet (the replica has
+  applied it, so it should) is retried every millisecond. Returns the lags in microseconds, each from before the XADD
   to the search that found it.
 
   Run it in a process of its own with a small `prices` (a sample), as the
