@@ -39,7 +39,7 @@ const DIRTY_EXPRS: usize = 64;
 /// copy of up to 8 KB, its allocation, and the free of the chunk it
 /// replaces once no snapshot holds it. At 32, writes of 100-200 catalogue
 /// records ran 1.4-2.7 ms on a normal scheduler (memmove, malloc and `Arc`
-/// drops were three quarters of their time); at 128 the slowest that stays
+/// drops were about 60% of their time); at 128 the slowest that stays
 /// there takes about 1 ms.
 const COPY_UNITS: u64 = 128;
 
