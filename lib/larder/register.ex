@@ -79,10 +79,11 @@ defmodule Larder.Register do
       integer hashes fastest; keep your own process-dictionary keys out
       of that range). When a process exceeds it, all of its copies of that
       register are dropped at once (amortised O(1) per miss). `forget/1`
-      drops them on demand. Copies of a deleted register are dropped at the process's next
-      miss or first copy of any register: each miss costs one more atomics
-      read and one more process-dictionary read, and after a register death
-      one sweep of the registers the process holds copies of (O(number held)).
+      drops them on demand. Copies of a deleted register are dropped at
+      the process's next miss or first copy of any register: each miss
+      costs one more atomics read and one more process-dictionary read, and
+      after a register death one sweep of the registers the process holds
+      copies of (O(number held)).
       A process also keeps a map of the registers it holds copies of, its
       counter as of its last sweep and, once it has written, its holder id.
     * Idle readers keep what they read. A process keeps its copy of a value

@@ -69,16 +69,15 @@ defmodule Larder.Table do
   per result. `insert/2`, `merge/3` and `delete/2` update one bitmap per index
   term of the record, plus one round trip to the writer process per call (per
   chunk of 5,000 records for `insert_many/2`; two for a claimed chunk, see
-  "Concurrency"). Replacing or deleting a record
-  needs its old terms: they are computed from the record in ETS, or, with
-  `:store` (whose stored record no longer holds them), kept by the index
-  in its id-to-terms map (`Larder.Index.new(reverse: true)`), which diffs
-  the new terms against them itself (`{:set_terms, terms, id}`): O(terms
-  of that record). `size/1` is O(1); `count/2` is a bitmap count.
-  `dump/2` is O(records + index bytes), `load/2` O(records log records +
-  index bytes), plus, with `:store`, the
-  (record, term) pairs of its id-to-terms map, which it bounds (see
-  "Failures"); `load/2` decodes the records' chunks in as many processes
+  "Concurrency"). Replacing or deleting a record needs its old terms:
+  they are computed from the record in ETS, or, with `:store` (whose
+  stored record no longer holds them), kept by the index in its
+  id-to-terms map (`Larder.Index.new(reverse: true)`), which diffs the new
+  terms against them itself (`{:set_terms, terms, id}`): O(terms of that
+  record). `size/1` is O(1); `count/2` is a bitmap count. `dump/2` is
+  O(records + index bytes), `load/2` O(records log records + index bytes),
+  plus, with `:store`, the (record, term) pairs of its id-to-terms map,
+  which it bounds (see "Failures"); `load/2` decodes the records' chunks in as many processes
   as there are schedulers, and checks and builds the index (and its
   id-to-terms map, with `:store`) in one NIF call on a dirty scheduler.
 

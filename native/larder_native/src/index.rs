@@ -37,10 +37,9 @@ const DIRTY_TERMS: usize = 5_000;
 const DIRTY_EXPRS: usize = 64;
 /// Budget units a write spends per chunk (one container) it copies: the
 /// copy of up to 8 KB, its allocation, and the free of the chunk it
-/// replaces once no snapshot holds it. At 32, writes of 100-200 catalogue
-/// records ran 1.4-2.7 ms on a normal scheduler (memmove, malloc and `Arc`
-/// drops were about 60% of their time); at 128 the slowest that stays
-/// there takes about 1 ms.
+/// replaces once no snapshot holds it, which cost several microseconds on
+/// a 2-core VM. Set so that the slowest write of 10-200 catalogue records
+/// that stays on a normal scheduler takes about 1 ms there.
 const COPY_UNITS: u64 = 128;
 
 pub struct IndexResource {
