@@ -173,7 +173,7 @@ defmodule Larder.Table.Writes do
   defp replace_ops(_t, _rows, [{:set_terms, _terms, _id}] = ops), do: ops
 
   defp replace_ops(t, _rows, [{:add_terms, terms, id}] = ops),
-    do: if(:ets.member(t.rows, id), do: diff(old_terms(t, id), terms, id, []), else: ops)
+    do: if(:ets.member(t.rows, id), do: set_terms(t, id, terms, []), else: ops)
 
   defp replace_ops(t, rows, ops) do
     {sets, grouped} = Enum.split_with(ops, &(elem(&1, 0) == :set_terms))
