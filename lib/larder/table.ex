@@ -77,9 +77,10 @@ defmodule Larder.Table do
   record). `size/1` is O(1); `count/2` is a bitmap count. `dump/2` is
   O(records + index bytes), `load/2` O(records log records + index bytes),
   plus, with `:store`, the (record, term) pairs of its id-to-terms map,
-  which it bounds (see "Failures"); `load/2` decodes the records' chunks in as many processes
-  as there are schedulers, and checks and builds the index (and its
-  id-to-terms map, with `:store`) in one NIF call on a dirty scheduler.
+  which it bounds (see "Failures"); `load/2` decodes the records' chunks
+  in as many processes as there are schedulers, and checks and builds the
+  index (and its id-to-terms map, with `:store`) in one NIF call on a
+  dirty scheduler.
 
   ## Concurrency
 

@@ -181,8 +181,9 @@ defmodule Larder.Test.PriceStream do
   has is XADDed, then waited for with `Larder.Replica.await/3` on its id
   (a message from the replica, no polling) and searched for (see
   `visible/3`); a search that does not find it yet (the replica has
-  applied it, so it should) is retried every millisecond. Returns the lags in microseconds, each from before the XADD
-  to the search that found it.
+  applied it, so it should) is retried every millisecond. Returns the
+  lags in microseconds, each from before the XADD to the search that
+  found it.
 
   Run it in a process of its own with a small `prices` (a sample), as the
   producer: a process that holds the whole catalogue takes a scheduler
