@@ -1,8 +1,12 @@
 # Larder: `make demo` and `make test` are the two set-up commands.
 # Both install what a fresh machine lacks first (scripts/setup, idempotent).
+# Two Mix projects: the core (this folder) and the Kafka adapter
+# (larder_kafka/, which depends on the core by path).
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
+KAFKA := larder_kafka
 BENCHES := $(sort $(wildcard bench/*_bench.exs)) examples/session_registry/sessions_bench.exs
+KAFKA_BENCHES := $(sort $(wildcard $(KAFKA)/bench/*_bench.exs))
 BENCH_ARGS ?=
 
 .PHONY: setup demo test bench bench-quick bench-http bench-startup serve check format release-check report
@@ -16,9 +20,11 @@ demo: setup
 	mix compile
 	cd $(PRICE_SEARCH) && mix compile
 	mix run examples/demo.exs
+	cd $(KAFKA) && mix run ../examples/kafka_demo.exs
 
 test: setup
 	mix test
+	cd $(KAFKA) && mix test
 	cd $(PRICE_SEARCH) && mix test
 
 # The price search service on port 8091, or PORT. It is compiled by mix
@@ -34,7 +40,7 @@ test: setup
 # load about 1.5 s slower (every heap growth a fresh mapping to fault in).
 PS_ENV := $(or $(MIX_ENV),dev)
 PS_BUILD := $(PRICE_SEARCH)/_build/$(PS_ENV)
-PS_SOURCES := $(shell find $(PRICE_SEARCH)/lib $(PRICE_SEARCH)/config lib mix config native/larder_native/src -type f 2>/dev/null) \
+PS_SOURCES := $(shell find $(PRICE_SEARCH)/lib $(PRICE_SEARCH)/config lib config native/larder_native/src -type f 2>/dev/null) \
   $(wildcard $(PRICE_SEARCH)/mix.exs $(PRICE_SEARCH)/mix.lock mix.exs mix.lock native/larder_native/Cargo.toml native/larder_native/Cargo.lock)
 
 $(PS_BUILD)/.compiled: $(PS_SOURCES)
@@ -76,6 +82,11 @@ bench: setup
 	  name=$$(basename $$f .exs); \
 	  echo "### $$f"; \
 	  mix run $$f --json bench/results/$$name.json $(BENCH_ARGS); \
+	done; \
+	for f in $(KAFKA_BENCHES); do \
+	  name=$$(basename $$f .exs); \
+	  echo "### $$f"; \
+	  (cd $(KAFKA) && mix run $${f#$(KAFKA)/} --json ../bench/results/$$name.json $(BENCH_ARGS)); \
 	done
 
 bench-quick:
@@ -90,6 +101,7 @@ report: setup
 check: setup
 	mix format --check-formatted
 	mix compile --warnings-as-errors --force
+	cd $(KAFKA) && mix format --check-formatted && mix compile --warnings-as-errors --force
 	cd $(PRICE_SEARCH) && mix compile --warnings-as-errors --force
 	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings
-	cd native/larder_kafka && cargo fmt --check && cargo clippy --release -- -D warnings
+	cd $(KAFKA)/native/larder_kafka && cargo fmt --check && cargo clippy --release -- -D warnings

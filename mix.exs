@@ -1,5 +1,3 @@
-Code.require_file("mix/compile.larder_native.exs", __DIR__)
-
 defmodule Larder.MixProject do
   use Mix.Project
 
@@ -15,8 +13,6 @@ defmodule Larder.MixProject do
       # The session registry example's test lives beside it (it has no Mix
       # project of its own); `mix test` runs it with the library's.
       test_paths: ["test", "examples/session_registry"],
-      # The Rust NIF is built first, so Larder.Native can load it.
-      compilers: [:larder_native | Mix.compilers()],
       deps: [],
       # The price catalogue fixture (test/support/catalogue.ex and
       # price_stream.ex), which the benches and the demo use, reads the
@@ -49,8 +45,7 @@ defmodule Larder.MixProject do
   # free port and the price catalogue fixture: not ExUnit's case templates,
   # nor the :telemetry stand-in, which would turn telemetry events on in
   # every benchmark. A dependency's build (:prod) is the library alone.
-  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel kafka_broker
-                     catalogue price_stream)
+  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel catalogue price_stream)
 
   defp elixirc_paths(:test), do: ["lib", "test/support", "bench/support", "bench/report"]
 

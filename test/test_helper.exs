@@ -3,11 +3,7 @@
 # and for the benchmarks and the demo too: see mix.exs); `make test` installs
 # redis-server and runs every test.
 #
-# Kafka tests (tagged :kafka) start a real single-node Kafka 4 broker (KRaft)
-# on free loopback ports from the jars that scripts/setup fetches into
-# $LARDER_KAFKA_HOME (test/support/kafka_broker.ex); they run by default, as
-# `make test` does, and `mix test --exclude kafka` skips them (a broker takes
-# 10-40 s to start on a loaded 2-core machine).
+# The Kafka source's tests are larder_kafka's (larder_kafka/test).
 #
 # The suite must also pass on a loaded 2-core machine (CI, or two busy loops
 # beside it): a message may take longer than ExUnit's default 100 ms to

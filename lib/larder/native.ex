@@ -2,6 +2,9 @@ defmodule Larder.Native do
   # NIF stubs for native/larder_native (Roaring-bitmap indexes, Bag fingerprints), loaded on load.
   @moduledoc false
 
+  # cargo builds native/larder_native when this module is compiled.
+  use Larder.Native.Cargo, crate: "native/larder_native", lib: "larder_native"
+
   @on_load :load_nif
   @lib "native/liblarder_native"
 
@@ -38,7 +41,7 @@ defmodule Larder.Native do
       {:error, {reason, text}} ->
         {:error,
          "Larder.Native: could not load the NIF library #{path}.so (#{reason}: #{text}). " <>
-           "Build it with `mix compile` (it runs cargo; install Rust with scripts/setup if cargo is missing)."}
+           "It is built when Larder is compiled (by cargo): run `mix compile` (`mix deps.compile larder` in a project that depends on Larder)."}
     end
   end
 

@@ -5,6 +5,10 @@
 defmodule Larder.Kafka.Native do
   @moduledoc false
 
+  # cargo builds native/larder_kafka (librdkafka included) when this module
+  # is compiled; the library is loaded only by load!/0.
+  use Larder.Native.Cargo, crate: "native/larder_kafka", lib: "larder_kafka"
+
   @max_poll 100_000
   @max_timeout 600_000
   @max_partitions 100_000
@@ -19,7 +23,7 @@ defmodule Larder.Kafka.Native do
     if loaded?() do
       :ok
     else
-      path = :filename.join(:code.priv_dir(:larder), ~c"native/liblarder_kafka")
+      path = :filename.join(:code.priv_dir(:larder_kafka), ~c"native/liblarder_kafka")
 
       case :erlang.load_nif(path, 0) do
         :ok ->
