@@ -29,14 +29,15 @@ defmodule LarderKafka.MixProject do
     [extra_applications: [:logger] ++ extra_applications(Mix.env())]
   end
 
-  # In this repository, the core is the folder above. Fetched alone (a git
-  # dependency with `sparse: "larder_kafka"`), that folder is not there:
-  # the dependent names :larder itself (see the README's installation), and
-  # this declaration only has to agree with it, so it takes no source.
+  # In this repository, the core is the folder above. Fetched alone, as a
+  # git dependency with `sparse: "larder_kafka"` (deps/larder_kafka holds
+  # the repository with only this folder), the dependent declares :larder
+  # itself with `override: true` (see the README's installation), and this
+  # declaration, which it overrides, points where Mix puts that one.
   defp larder do
     if File.regular?(Path.expand("../mix.exs", __DIR__)),
       do: {:larder, path: ".."},
-      else: {:larder, ">= 0.0.0", optional: false}
+      else: {:larder, path: "../../larder"}
   end
 
   defp extra_applications(:test), do: [:proper]
