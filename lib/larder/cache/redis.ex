@@ -71,10 +71,15 @@ defmodule Larder.Cache.Redis do
 
   ## Options
 
-  The connection options (`:host` to `:max_reply_bytes`, `:sentinel` and
-  `:cluster`) are the ones `Larder.Replica.RedisStream` takes under
-  `:redis`, checked by one schema.
+  The connection options (`:url`, `:host` to `:max_reply_bytes`,
+  `:sentinel` and `:cluster`) are the ones `Larder.Replica.RedisStream`
+  takes under `:redis`, checked by one schema.
 
+    * `:url` - the server as `"redis://[[username]:password@]host[:port][/database]"`
+      (user and password percent-encoded), instead of `:host`, `:port`,
+      `:username`, `:password` and `:database`, which it excludes, as it
+      excludes `:sentinel` and `:cluster` (default `nil`). `rediss://` (TLS)
+      is refused: this client speaks plain TCP.
     * `:host` - the server's host name or address, 1 to 255 bytes (default
       `"127.0.0.1"`).
     * `:port` - its TCP port, 1 to 65535 (default `6379`).

@@ -12,6 +12,9 @@ defmodule Larder.Redis.Options do
   # names `what` and the option; unknown keys are refused with the valid
   # ones listed. The connection keys:
   #
+  #   :url             nil or "redis://[[user]:password@]host[:port][/database]":
+  #                    the same as :host, :port, :username, :password and
+  #                    :database (percent-decoded), which it excludes
   #   :host            a string of 1 to 255 bytes, default "127.0.0.1"
   #   :port            1..65_535, default 6379
   #   :username        nil or a string of 1 to 255 bytes (Redis 6 ACL)
@@ -45,6 +48,8 @@ defmodule Larder.Redis.Options do
   @doc "Checks `opts` (see the contract above); returns them with defaults."
   @spec validate!(keyword(), String.t(), keyword(), keyword()) :: keyword()
   def validate!(opts, what, extra, defaults) do
+    opts = url!(opts, what)
+
     schema =
       [
         host: {{:string, 1, 255}, "127.0.0.1"},
@@ -56,11 +61,14 @@ defmodule Larder.Redis.Options do
           {{:integer, 1024, @max_max_reply_bytes}, Keyword.fetch!(defaults, :max_reply_bytes)},
         sentinel: {{:custom, "a keyword list", &(is_nil(&1) or is_list(&1))}, nil},
         cluster: {{:custom, "a list of {host, port} seeds", &(is_nil(&1) or is_list(&1))}, nil},
-        username: {{:or_nil, {:string, 1, 255}}, nil}
+        username: {{:or_nil, {:string, 1, 255}}, nil},
+        # (taken apart by url!/2 above: listed among the valid options)
+        url: {{:or_nil, {:string, 1, 4_096}}, nil}
       ] ++ extra
 
     opts
     |> Larder.Options.validate!(schema, what)
+    |> Keyword.delete(:url)
     |> Keyword.update!(:sentinel, &Sentinel.validate!(&1, what))
     |> cluster!(opts, what)
   end
@@ -95,6 +103,81 @@ defmodule Larder.Redis.Options do
         validated |> Keyword.delete(:host) |> Keyword.delete(:port)
     end
   end
+
+  @url_keys [:host, :port, :username, :password, :database]
+
+  # :url, taken apart into the keys it stands for.
+  defp url!(opts, what) when is_list(opts) do
+    case List.keytake(opts, :url, 0) do
+      nil ->
+        opts
+
+      {{:url, url}, rest} ->
+        for key <- @url_keys ++ [:sentinel, :cluster], Keyword.has_key?(rest, key) do
+          raise ArgumentError,
+                "#{what} option :url excludes #{inspect(key)}: the url names the server " <>
+                  "(give one or the other)"
+        end
+
+        parse_url(url, what) ++ rest
+    end
+  end
+
+  defp url!(opts, _what), do: opts
+
+  defp parse_url(url, what) do
+    uri = if is_binary(url), do: URI.parse(url), else: %URI{}
+
+    fields =
+      with %URI{scheme: scheme, host: host, port: port, path: path, userinfo: info} = uri
+           when scheme in ["redis", "rediss"] and is_binary(host) and host != "" and
+                  is_nil(uri.query) and is_nil(uri.fragment) <- uri,
+           {:ok, database} <- url_database(path),
+           {:ok, auth} <- url_auth(info) do
+        if scheme == "rediss" do
+          raise ArgumentError,
+                "expected #{what} option :url to be a redis:// url: rediss:// (TLS) " <>
+                  "is not supported; got: #{inspect(redact(url))}"
+        end
+
+        [host: host, port: port || 6379, database: database] ++ auth
+      else
+        _ -> nil
+      end
+
+    fields ||
+      raise ArgumentError,
+            "expected #{what} option :url to be a string " <>
+              ~s("redis://[[username]:password@]host[:port][/database]", got: ) <>
+              inspect(redact(url), limit: 10)
+  end
+
+  defp url_database(path) when path in [nil, "", "/"], do: {:ok, 0}
+
+  defp url_database("/" <> n) do
+    case Integer.parse(n) do
+      {database, ""} -> {:ok, database}
+      _ -> :error
+    end
+  end
+
+  defp url_database(_), do: :error
+
+  defp url_auth(nil), do: {:ok, []}
+
+  defp url_auth(info) do
+    case String.split(info, ":", parts: 2) do
+      [user] -> {:ok, [username: URI.decode(user)]}
+      ["", password] -> {:ok, [password: URI.decode(password)]}
+      [user, password] -> {:ok, [username: URI.decode(user), password: URI.decode(password)]}
+    end
+  rescue
+    ArgumentError -> :error
+  end
+
+  # A url in an error message, without its password.
+  defp redact(url) when is_binary(url), do: String.replace(url, ~r/:[^:@\/]*@/, ":***@")
+  defp redact(other), do: other
 
   defp address?({host, port}),
     do: is_binary(host) and byte_size(host) in 1..255 and is_integer(port) and port in 1..65_535

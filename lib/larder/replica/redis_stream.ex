@@ -11,6 +11,8 @@ defmodule Larder.Replica.RedisStream do
     * `:stream` (required) - the stream's key, 1 to 1,024 bytes.
     * `:redis` - the server: a keyword list of the connection options
       `Larder.Cache.Redis` takes too (one schema):
+      * `:url` - `"redis://[[username]:password@]host[:port][/database]"`,
+        instead of the five keys it names (see `Larder.Cache.Redis`);
       * `:host` - a string of 1 to 255 bytes (or a charlist), default
         `"127.0.0.1"`;
       * `:port` - `1..65_535`, default `6379`;
