@@ -10,7 +10,7 @@ defmodule Larder.DependencyTest do
   # Kafka adapter.
   use ExUnit.Case, async: true
 
-  alias Larder.Test.RedisServer
+  alias Larder.Test.{DependentApp, RedisServer}
 
   @moduletag :dependency
   @moduletag :redis
@@ -27,23 +27,15 @@ defmodule Larder.DependencyTest do
   end
 
   test "a new Mix project depends on the core by path, builds no Kafka, and runs", %{dir: dir} do
-    app = Path.join(dir, "dependent")
-    mix!(["new", app], dir)
-
-    mix_exs = Path.join(app, "mix.exs")
-    source = File.read!(mix_exs)
-    deps = ~s(defp deps do\n    [{:larder, path: #{inspect(@core)}}]\n  end)
-    File.write!(mix_exs, Regex.replace(~r/defp deps do.*?\n  end/s, source, deps))
-    File.cp!(@program, Path.join(app, "lib/dependent.ex"))
+    app = DependentApp.new!(dir, "dependent", "[{:larder, path: #{inspect(@core)}}]", @program)
 
     # A machine without OpenSSL's headers: an openssl-sys build would fail.
-    out =
-      mix!(["compile"], app, [{"OPENSSL_DIR", "/nonexistent"}, {"OPENSSL_NO_PKG_CONFIG", "1"}])
-
+    env = [{"OPENSSL_DIR", "/nonexistent"}, {"OPENSSL_NO_PKG_CONFIG", "1"}]
+    out = DependentApp.mix!(["compile"], app, env)
     refute out =~ "warning", out
 
     # The core and the app, nothing of Kafka.
-    assert File.ls!(Path.join(app, "_build/dev/lib")) |> Enum.sort() == ["dependent", "larder"]
+    assert DependentApp.built(app) == ["dependent", "larder"]
 
     assert File.ls!(Path.join(app, "_build/dev/lib/larder/priv/native")) == [
              "liblarder_native.so"
@@ -58,19 +50,7 @@ defmodule Larder.DependencyTest do
     "$" <> _ = RedisServer.command(server, ["XADD", "orders", "*", "id", "2", "status", "paid"])
 
     url = "redis://127.0.0.1:#{server.port}"
-    out = mix!(["run", "-e", "Dependent.run(#{inspect(url)}, \"orders\")"], app)
+    out = DependentApp.mix!(["run", "-e", "Dependent.run(#{inspect(url)}, \"orders\")"], app)
     assert out =~ "dependent: ok"
-  end
-
-  defp mix!(args, dir, env \\ []) do
-    {out, status} =
-      System.cmd(System.find_executable("mix"), args,
-        cd: dir,
-        env: [{"MIX_ENV", "dev"} | env],
-        stderr_to_stdout: true
-      )
-
-    assert status == 0, "mix #{Enum.join(args, " ")} failed (exit status #{status}):\n#{out}"
-    out
   end
 end
