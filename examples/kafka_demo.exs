@@ -8,8 +8,9 @@
 # under a steady producer. One run each, at the story's full size: the ETS
 # :bag sync alone takes tens of seconds, which is the story. The full
 # comparison, with repeated runs and every target:
-# bench/replica_kafka_bench.exs. Topic filling and the anchors' consumer
-# loop: bench/support/kafka_load.ex.
+# larder_kafka/bench/replica_kafka_bench.exs. Topic filling and the anchors' consumer
+# loop: larder_kafka/bench/support/kafka_load.ex. Run by `make demo` in larder_kafka/
+# (`cd larder_kafka && mix run ../examples/kafka_demo.exs`).
 
 defmodule Demo.Kafka do
   alias Larder.{Bag, Bench, Replica, Table}
@@ -231,7 +232,7 @@ defmodule Demo.Kafka do
     )
 
     :ok = GenServer.stop(pid)
-    IO.puts("`mix run bench/replica_kafka_bench.exs` measures these against their targets.")
+    IO.puts("`mix run bench/replica_kafka_bench.exs` (in larder_kafka/) measures these against their targets.")
   end
 end
 

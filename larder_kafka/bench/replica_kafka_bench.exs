@@ -5,7 +5,7 @@
 # the Kafka NIF's producer (lz4 batches, acks=all), see
 # bench/support/kafka_load.ex for the record encodings:
 #   * a price: key = its idx as text, value = its CSV columns joined by tabs
-#     (Larder.Test.PriceStream's payload, as bench/replica_bench.exs sends it
+#     (Larder.Test.PriceStream's payload, as the core's bench/replica_bench.exs sends it
 #     to Redis); the apply decodes it with PriceStream.apply_entry/1;
 #   * the story: key = <<key::32>>, value = <<n::64>> (the record's number),
 #     decoded to integers by the apply and by the anchors' loop alike.

@@ -1,10 +1,10 @@
-# What bench/replica_kafka_bench.exs and `make demo` (examples/demo/80_kafka.exs)
+# What bench/replica_kafka_bench.exs and `make demo` (examples/kafka_demo.exs)
 # share: filling Kafka topics through the Kafka NIF's internal producer and
 # admin client (Larder.Kafka.Native), the story's records and its anchors
 # (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
 # catalogue's record encoding and the replica's apply, a steady producer
 # and the marker lags. Depends on Larder, and for prices on the catalogue
-# fixture's Larder.Test.PriceStream (test/support).
+# fixture's Larder.Test.PriceStream (the core's test/support).
 #
 # Record encodings:
 #   * a price: key = its idx as decimal text, value = Larder.Test.PriceStream's
