@@ -89,7 +89,10 @@ defmodule Larder.Bag do
 
     * A handle that is not a bag, a name that no bag was created under, or a
       bag that was dropped (by `drop/1`, or because its owner
-      exited) raises `ArgumentError` saying so.
+      exited) raises `ArgumentError` saying so, in one line that names the
+      bag (its name, or its handle as `inspect/1` shows it:
+      `#Larder.Bag<dedup: true>`): "unknown Larder.Bag :roles: it was never
+      created, it was dropped, or the process that owned it exited".
     * Bad arguments (a batch that is not a proper list of pairs, a path that
       is not a string or holds a null byte, unknown options or option
       values) raise `ArgumentError` naming the argument. Keys and values may
@@ -737,5 +740,15 @@ defmodule Larder.Bag do
 
   defp schema(:load) do
     schema(:new) |> Keyword.delete(:dedup) |> Keyword.put(:create_atoms, {:boolean, false})
+  end
+
+  defimpl Inspect do
+    # Compact, as a handle is opaque: its name, else its mode.
+    def inspect(bag, _opts) do
+      case Map.get(bag, :name) do
+        nil -> "#Larder.Bag<dedup: #{Kernel.inspect(Map.get(bag, :dedup), limit: 5)}>"
+        name -> "#Larder.Bag<name: #{Kernel.inspect(name, limit: 5)}>"
+      end
+    end
   end
 end

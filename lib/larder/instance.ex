@@ -40,10 +40,16 @@ defmodule Larder.Instance do
   #
   #   * unknown!/2: a name that holds nothing, or a handle whose structure is
   #     gone: "unknown Larder.X <what>: it was never created, it was dropped,
-  #     or the process that owned it exited";
+  #     or the process that owned it exited" (a handle was created: its
+  #     message leaves that case out);
   #   * invalid!/2: a term that is not a handle nor a name, or a forged handle
   #     (its fields do not fit together): "expected a Larder.X (a handle or
-  #     the name of one), got: <term>".
+  #     the name of one), got: <term>" ("got a forged Larder.X handle: ..."
+  #     for the latter).
+  #
+  # A handle is shown by its Inspect implementation, which every structure
+  # has (`#Larder.Table<name: :prices, key: :id>`), so these messages, and
+  # describe/3's name for a structure in others, are one short line.
   #
   # Death. drop/1 is idempotent by handle and by name. A structure with an
   # owner process is dropped by that process (drop/1 here sends it the one
@@ -228,18 +234,37 @@ defmodule Larder.Instance do
   @doc "Raises the one error for a structure that does not exist (any more)."
   @spec unknown!(kind(), term()) :: no_return()
   def unknown!(kind, what) do
-    raise ArgumentError,
-          "unknown #{inspect(kind)} #{inspect(what, limit: 10)}: it was never created, " <>
-            "it was dropped, or the process that owned it exited"
+    # A name may never have been created; a handle was.
+    why =
+      if is_atom(what),
+        do: "it was never created, it was dropped, or the process that owned it exited",
+        else: "it was dropped, or the process that owned it exited"
+
+    raise ArgumentError, "unknown #{inspect(kind)} #{inspect(what, limit: 10)}: #{why}"
   end
 
   @doc "Raises the one error for a term that is not a handle or a name (or a forged handle)."
   @spec invalid!(kind(), term()) :: no_return()
   def invalid!(kind, term) do
+    # A handle's Inspect shows it as a real one would show: say it is not.
+    got =
+      if is_struct(term, kind),
+        do: "got a forged #{inspect(kind)} handle: ",
+        else: "got: "
+
     raise ArgumentError,
-          "expected a #{inspect(kind)} (a handle or the name of one), got: " <>
-            inspect(term, limit: 10)
+          "expected a #{inspect(kind)} (a handle or the name of one), " <>
+            got <> inspect(term, limit: 10)
   end
+
+  @doc """
+  A structure in a message: `Larder.X :name` when it has a name, else its
+  handle as its Inspect implementation shows it (`#Larder.X<...>`, which
+  names the kind).
+  """
+  @spec describe(kind(), name() | nil, term()) :: String.t()
+  def describe(_kind, nil, handle), do: inspect(handle, limit: 10)
+  def describe(kind, name, _handle), do: "#{inspect(kind)} #{inspect(name)}"
 
   @doc "Raises the one error for a name in use."
   @spec taken!(kind(), name()) :: no_return()

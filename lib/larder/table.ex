@@ -145,7 +145,12 @@ defmodule Larder.Table do
   ones), a record that is not a map or lacks the key field, improper lists,
   bad or duplicate options, an index function that returns an improper list,
   and a table that was dropped, whose owner exited or whose handle is not a
-  table's ("unknown Larder.Table"). An index function that raises makes the
+  table's, in one line that names the table (its name, or its handle as
+  `inspect/1` shows it: `#Larder.Table<key: :id, writer: #PID<0.210.0>>`):
+
+      unknown Larder.Table :prices: it was never created, it was dropped, or the process that owned it exited
+
+  An index function that raises makes the
   write raise in the caller: the chunk it was in is not written (earlier
   chunks of an `insert_many/2` are). Index functions also run in the writer
   (on records it replaces, and in `merge/3` and `update/4`); they should be
@@ -979,5 +984,21 @@ defmodule Larder.Table do
   rescue
     error ->
       if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
+  end
+
+  defimpl Inspect do
+    # Compact, as a handle is opaque: its name or, for a table without
+    # one, its writer process; and its key field.
+    def inspect(table, _opts) do
+      key = "key: " <> Kernel.inspect(Map.get(table, :key), limit: 5)
+
+      case Map.get(table, :name) do
+        nil ->
+          "#Larder.Table<#{key}, writer: #{Kernel.inspect(Map.get(table, :writer), limit: 5)}>"
+
+        name ->
+          "#Larder.Table<name: #{Kernel.inspect(name, limit: 5)}, #{key}>"
+      end
+    end
   end
 end

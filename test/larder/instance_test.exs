@@ -85,6 +85,26 @@ defmodule Larder.InstanceTest do
     end
   end
 
+  describe "one line for a dropped handle" do
+    test "Bag, Register and Table show a handle without a name compactly" do
+      for kind <- [Bag, Register, Table] do
+        handle = kind.new(if kind == Table, do: [key: :id], else: [])
+        :ok = kind.drop(handle)
+
+        message =
+          try do
+            kind.size(handle)
+            flunk("#{inspect(kind)}.size/1 of a dropped handle returned")
+          rescue
+            error in ArgumentError -> error.message
+          end
+
+        assert message =~
+                 ~r/^unknown #{inspect(kind)} ##{inspect(kind)}<[^%\n]+>: it was dropped, or the process that owned it exited$/
+      end
+    end
+  end
+
   describe "a name is held by one structure" do
     # Each racer waits for :go, tries to create `name`, reports, and stays
     # alive (holding what it created) until :done.

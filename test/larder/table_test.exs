@@ -312,6 +312,29 @@ defmodule Larder.TableTest do
     end
   end
 
+  describe "handles" do
+    test "inspect shows a handle in one short line, and so do the errors about a dropped one",
+         ctx do
+      anonymous = Table.new(key: :id, index: [:a])
+      named = Table.new(key: :sku, name: ctx.test)
+
+      assert inspect(anonymous) =~ ~r/^#Larder.Table<key: :id, writer: #PID<[\d.]+>>$/
+      assert inspect(named) == "#Larder.Table<name: #{inspect(ctx.test)}, key: :sku>"
+
+      :ok = Table.drop(anonymous)
+      :ok = Table.drop(named)
+
+      assert_raise ArgumentError,
+                   ~r/^unknown Larder.Table #Larder.Table<key: :id, writer: #PID<[\d.]+>>: it was dropped, or the process that owned it exited$/,
+                   fn -> Table.insert(anonymous, %{id: 1}) end
+
+      assert_raise ArgumentError,
+                   "unknown Larder.Table #{inspect(ctx.test)}: it was never created, it was " <>
+                     "dropped, or the process that owned it exited",
+                   fn -> Table.size(named) end
+    end
+  end
+
   describe "model (PropEr)" do
     # About 0.2 s each on a quiet machine; when both cores are saturated, each
     # write's hop to a dirty scheduler can wait for an OS time slice, and the
