@@ -93,6 +93,11 @@ defmodule Larder.Bag do
       bag (its name, or its handle as `inspect/1` shows it:
       `#Larder.Bag<dedup: true>`): "unknown Larder.Bag :roles: it was never
       created, it was dropped, or the process that owned it exited".
+    * `new/1`, `start_link/1`, `load/2` and `dump/2` raise `RuntimeError`
+      when the `:larder` application is not started ("Larder.Bag: the
+      :larder application is not started: add :larder to your project's
+      deps ..."); so does a write, which takes a lock whose registry the
+      application runs.
     * Bad arguments (a batch that is not a proper list of pairs, a path that
       is not a string or holds a null byte, unknown options or option
       values) raise `ArgumentError` naming the argument. Keys and values may
@@ -223,7 +228,8 @@ defmodule Larder.Bag do
       created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a bag
-  with the given name already exists.
+  with the given name already exists; `RuntimeError` when the `:larder`
+  application is not started.
 
       iex> bag = Larder.Bag.new(dedup: false)
       iex> Larder.Bag.insert(bag, :k, 1)
@@ -234,6 +240,7 @@ defmodule Larder.Bag do
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
     opts = validate_opts!(opts, :new)
+    Instance.started!("Larder.Bag")
     Store.create(opts, nil)
   end
 
@@ -658,6 +665,7 @@ defmodule Larder.Bag do
   def load(path, opts) do
     check_path!(path)
     opts = validate_opts!(opts, :load)
+    Instance.started!("Larder.Bag")
     telemetry = Instance.telemetry?(opts[:telemetry])
     meta = %{bag: opts[:name], path: path}
 

@@ -151,6 +151,10 @@ defmodule Larder.Table do
 
       unknown Larder.Table :prices: it was never created, it was dropped, or the process that owned it exited
 
+  `new/1`, `start_link/1` and `load/2` raise `RuntimeError` when the
+  `:larder` application is not started ("Larder.Table: the :larder
+  application is not started: add :larder to your project's deps ...").
+
   An index function that raises, throws or exits on a record makes the
   write (`insert/2`, `insert_many/2`, `merge/3`, `update/4`) raise an
   `ArgumentError` in the caller, with the stacktrace of the index function,
@@ -276,7 +280,8 @@ defmodule Larder.Table do
       created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a table
-  with that name exists.
+  with that name exists; `RuntimeError` when the `:larder` application is
+  not started.
   """
   @spec new(keyword()) :: t()
   def new(opts) do
