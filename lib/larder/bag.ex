@@ -123,6 +123,22 @@ defmodule Larder.Bag do
       leaves any resize of a large table to a dirty scheduler, and counts
       its memory in `memory/1`.
 
+  ## Logging
+
+  `load/2` logs one line at `:info` once a bag is loaded: the bag (its
+  name, or its handle), the path, the pairs, the file's bytes and the time
+  the load took:
+
+      [info] Larder.Bag :roles loaded from "/var/lib/app/roles.bag": 1000000 pairs, 21474836 bytes, in 274.0 ms
+
+  A load that fails logs nothing (it returns the error). Larder's log calls
+  carry the `application: :larder` metadata, so Logger's own settings turn
+  these lines off: `Logger.put_application_level(:larder, :warning)` at
+  run time, or, at compile time, in your `config/config.exs`:
+
+      config :logger,
+        compile_time_purge_matching: [[application: :larder, level_lower_than: :warning]]
+
   ## Performance
 
   Each figure is a ratio of medians to an ETS anchor measured in the same
@@ -646,7 +662,8 @@ defmodule Larder.Bag do
   created once the framing checks out and filled chunk by chunk; on an error
   it is deleted, so none is left behind (a `:name` is taken meanwhile).
   Raises `ArgumentError` for a bad `path` or bad options, or if
-  a bag with the given `:name` exists.
+  a bag with the given `:name` exists. A bag loaded logs one line at
+  `:info` (see "Logging").
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)

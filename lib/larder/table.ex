@@ -201,6 +201,22 @@ defmodule Larder.Table do
   load of a forged file thus takes time and memory bounded by its records
   and bytes.
 
+  ## Logging
+
+  `load/2` logs one line at `:info` once a table is loaded: the table (its
+  name, or its handle), the path, the records, the file's bytes and the
+  time the load took:
+
+      [info] Larder.Table :prices loaded from "/var/lib/app/prices.table": 487200 records, 31245678 bytes, in 843.1 ms
+
+  A load that fails logs nothing (it returns the error). Larder's log calls
+  carry the `application: :larder` metadata, so Logger's own settings turn
+  these lines off: `Logger.put_application_level(:larder, :warning)` at
+  run time, or, at compile time, in your `config/config.exs`:
+
+      config :logger,
+        compile_time_purge_matching: [[application: :larder, level_lower_than: :warning]]
+
   ## Performance
 
   `mix run bench/index_bench.exs` searches the 487,200-price catalogue
@@ -395,7 +411,8 @@ defmodule Larder.Table do
       loaded index, and one warning is logged with their count.
 
   On an error no table is left behind. Raises `ArgumentError` for bad
-  options or `path`, or when a table with that `:name` exists.
+  options or `path`, or when a table with that `:name` exists. A table
+  loaded logs one line at `:info` (see "Logging").
 
       iex> table = Larder.Table.new(key: :id, index: [:color])
       iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :blue}])

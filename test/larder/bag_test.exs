@@ -1,6 +1,9 @@
 defmodule Larder.BagTest do
   use ExUnit.Case, async: true
 
+  # Each load logs a line at info (checked in Larder.Bag.SnapshotTest).
+  @moduletag :capture_log
+
   import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
