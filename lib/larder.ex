@@ -33,6 +33,16 @@ defmodule Larder do
   (a corrupt file, a server that is down) are returned as
   `{:error, %Larder.Error{}}`, whose reasons `Larder.Error` lists.
 
+  Larder is an OTP application: it starts with yours once `:larder` is in
+  your project's deps (in a script, call
+  `Application.ensure_all_started(:larder)`). Creating a structure while it
+  is not started (`new/1`, `start_link/1`, `load/2`, a snapshot's
+  `dump/2`) raises a `RuntimeError` that says so and what to do. Loading a
+  `Larder.Table` or `Larder.Bag` snapshot logs one line at `:info` (its
+  name, path, size and time); `Logger.put_application_level(:larder,
+  :warning)` turns Larder's info lines off (see "Logging" in those
+  modules).
+
   Every capability has the same shape. Options come last as a keyword
   list, checked the same way everywhere: an unknown option raises
   "unknown Larder.Bag options [:x]; valid options are: [...]", a bad value

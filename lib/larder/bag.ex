@@ -89,7 +89,15 @@ defmodule Larder.Bag do
 
     * A handle that is not a bag, a name that no bag was created under, or a
       bag that was dropped (by `drop/1`, or because its owner
-      exited) raises `ArgumentError` saying so.
+      exited) raises `ArgumentError` saying so, in one line that names the
+      bag (its name, or its handle as `inspect/1` shows it:
+      `#Larder.Bag<dedup: true>`): "unknown Larder.Bag :roles: it was never
+      created, it was dropped, or the process that owned it exited".
+    * `new/1`, `start_link/1`, `load/2` and `dump/2` raise `RuntimeError`
+      when the `:larder` application is not started ("Larder.Bag: the
+      :larder application is not started: add :larder to your project's
+      deps ..."); so does a write, which takes a lock whose registry the
+      application runs.
     * Bad arguments (a batch that is not a proper list of pairs, a path that
       is not a string or holds a null byte, unknown options or option
       values) raise `ArgumentError` naming the argument. Keys and values may
@@ -114,6 +122,22 @@ defmodule Larder.Bag do
       yield on large terms), takes at most 4,096 fingerprints per call,
       leaves any resize of a large table to a dirty scheduler, and counts
       its memory in `memory/1`.
+
+  ## Logging
+
+  `load/2` logs one line at `:info` once a bag is loaded: the bag (its
+  name, or its handle), the path, the pairs, the file's bytes and the time
+  the load took:
+
+      [info] Larder.Bag :roles loaded from "/var/lib/app/roles.bag": 1000000 pairs, 21474836 bytes, in 274.0 ms
+
+  A load that fails logs nothing (it returns the error). Larder's log calls
+  carry the `application: :larder` metadata, so Logger's own settings turn
+  these lines off: `Logger.put_application_level(:larder, :warning)` at
+  run time, or, at compile time, in your `config/config.exs`:
+
+      config :logger,
+        compile_time_purge_matching: [[application: :larder, level_lower_than: :warning]]
 
   ## Performance
 
@@ -220,7 +244,8 @@ defmodule Larder.Bag do
       created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a bag
-  with the given name already exists.
+  with the given name already exists; `RuntimeError` when the `:larder`
+  application is not started.
 
       iex> bag = Larder.Bag.new(dedup: false)
       iex> Larder.Bag.insert(bag, :k, 1)
@@ -231,6 +256,7 @@ defmodule Larder.Bag do
   @spec new(keyword()) :: t()
   def new(opts \\ []) do
     opts = validate_opts!(opts, :new)
+    Instance.started!("Larder.Bag")
     Store.create(opts, nil)
   end
 
@@ -636,7 +662,8 @@ defmodule Larder.Bag do
   created once the framing checks out and filled chunk by chunk; on an error
   it is deleted, so none is left behind (a `:name` is taken meanwhile).
   Raises `ArgumentError` for a bad `path` or bad options, or if
-  a bag with the given `:name` exists.
+  a bag with the given `:name` exists. A bag loaded logs one line at
+  `:info` (see "Logging").
 
       iex> bag = Larder.Bag.new()
       iex> Larder.Bag.insert(bag, :a, 1)
@@ -655,6 +682,7 @@ defmodule Larder.Bag do
   def load(path, opts) do
     check_path!(path)
     opts = validate_opts!(opts, :load)
+    Instance.started!("Larder.Bag")
     telemetry = Instance.telemetry?(opts[:telemetry])
     meta = %{bag: opts[:name], path: path}
 
@@ -737,5 +765,15 @@ defmodule Larder.Bag do
 
   defp schema(:load) do
     schema(:new) |> Keyword.delete(:dedup) |> Keyword.put(:create_atoms, {:boolean, false})
+  end
+
+  defimpl Inspect do
+    # Compact, as a handle is opaque: its name, else its mode.
+    def inspect(bag, _opts) do
+      case Map.get(bag, :name) do
+        nil -> "#Larder.Bag<dedup: #{Kernel.inspect(Map.get(bag, :dedup), limit: 5)}>"
+        name -> "#Larder.Bag<name: #{Kernel.inspect(name, limit: 5)}>"
+      end
+    end
   end
 end

@@ -479,7 +479,11 @@ defmodule Larder.Cache do
   """
   @spec start_link(keyword()) ::
           {:ok, pid()} | {:error, Larder.Error.t() | {:already_started, pid()} | term()}
-  def start_link(opts), do: CacheSupervisor.start_link(Config.validate!(opts))
+  def start_link(opts) do
+    opts = Config.validate!(opts)
+    Instance.started!("Larder.Cache")
+    CacheSupervisor.start_link(opts)
+  end
 
   @doc """
   A child specification for a supervisor; takes `start_link/1`'s options.

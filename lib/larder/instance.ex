@@ -40,10 +40,22 @@ defmodule Larder.Instance do
   #
   #   * unknown!/2: a name that holds nothing, or a handle whose structure is
   #     gone: "unknown Larder.X <what>: it was never created, it was dropped,
-  #     or the process that owned it exited";
+  #     or the process that owned it exited" (a handle was created: its
+  #     message leaves that case out);
   #   * invalid!/2: a term that is not a handle nor a name, or a forged handle
   #     (its fields do not fit together): "expected a Larder.X (a handle or
-  #     the name of one), got: <term>".
+  #     the name of one), got: <term>" ("got a forged Larder.X handle: ..."
+  #     for the latter).
+  #
+  # A handle is shown by its Inspect implementation, which every structure
+  # has (`#Larder.Table<name: :prices, key: :id>`), so these messages, and
+  # describe/3's name for a structure in others, are one short line.
+  #
+  # The application. The claims table above, and what Larder.Application
+  # creates beside it, exist only while the :larder application runs. Every
+  # way to create a structure (new/1, start_link/1, load/2 of each kind, a
+  # snapshot write) first calls started!/1, which raises the one error for
+  # a :larder application that is not started, saying what to do.
   #
   # Death. drop/1 is idempotent by handle and by name. A structure with an
   # owner process is dropped by that process (drop/1 here sends it the one
@@ -68,6 +80,10 @@ defmodule Larder.Instance do
 
   @type kind :: module()
   @type name :: atom()
+
+  @not_started "the :larder application is not started: add :larder to your project's " <>
+                 "deps (it starts with your application), or call " <>
+                 "Application.ensure_all_started(:larder) in a script"
 
   @doc "Creates the claims table; called once by Larder.Application.start/2."
   @spec create_table() :: :ok
@@ -228,18 +244,55 @@ defmodule Larder.Instance do
   @doc "Raises the one error for a structure that does not exist (any more)."
   @spec unknown!(kind(), term()) :: no_return()
   def unknown!(kind, what) do
-    raise ArgumentError,
-          "unknown #{inspect(kind)} #{inspect(what, limit: 10)}: it was never created, " <>
-            "it was dropped, or the process that owned it exited"
+    # A name may never have been created; a handle was.
+    why =
+      if is_atom(what),
+        do: "it was never created, it was dropped, or the process that owned it exited",
+        else: "it was dropped, or the process that owned it exited"
+
+    raise ArgumentError, "unknown #{inspect(kind)} #{inspect(what, limit: 10)}: #{why}"
   end
 
   @doc "Raises the one error for a term that is not a handle or a name (or a forged handle)."
   @spec invalid!(kind(), term()) :: no_return()
   def invalid!(kind, term) do
+    # A handle's Inspect shows it as a real one would show: say it is not.
+    got =
+      if is_struct(term, kind),
+        do: "got a forged #{inspect(kind)} handle: ",
+        else: "got: "
+
     raise ArgumentError,
-          "expected a #{inspect(kind)} (a handle or the name of one), got: " <>
-            inspect(term, limit: 10)
+          "expected a #{inspect(kind)} (a handle or the name of one), " <>
+            got <> inspect(term, limit: 10)
   end
+
+  @doc """
+  `:ok` when the `:larder` application runs (its tables exist), else
+  not_started!/1. One `:ets.whereis/1`: called by everything that creates
+  a structure, before it creates anything.
+  """
+  @spec started!(String.t()) :: :ok
+  def started!(what) do
+    if :ets.whereis(@table) == :undefined, do: not_started!(what), else: :ok
+  end
+
+  @doc """
+  Raises the one error for Larder used while the `:larder` application is
+  not started: a `RuntimeError` that names `what` (a structure or a
+  function) and says what to do.
+  """
+  @spec not_started!(String.t()) :: no_return()
+  def not_started!(what), do: raise(RuntimeError, "#{what}: #{@not_started}")
+
+  @doc """
+  A structure in a message: `Larder.X :name` when it has a name, else its
+  handle as its Inspect implementation shows it (`#Larder.X<...>`, which
+  names the kind).
+  """
+  @spec describe(kind(), name() | nil, term()) :: String.t()
+  def describe(_kind, nil, handle), do: inspect(handle, limit: 10)
+  def describe(kind, name, _handle), do: "#{inspect(kind)} #{inspect(name)}"
 
   @doc "Raises the one error for a name in use."
   @spec taken!(kind(), name()) :: no_return()
@@ -257,12 +310,17 @@ defmodule Larder.Instance do
   `caller` through watch/1 instead), claiming `name` if there is one.
   """
   @spec start(module(), term(), kind(), name() | nil) :: GenServer.on_start()
-  def start(module, arg, kind, name), do: GenServer.start(module, arg, gen_opts(kind, name))
+  def start(module, arg, kind, name) do
+    started!(inspect(kind))
+    GenServer.start(module, arg, gen_opts(kind, name))
+  end
 
   @doc "Starts `module`'s owner process under the caller's supervisor."
   @spec start_link(module(), term(), kind(), name()) :: GenServer.on_start()
-  def start_link(module, arg, kind, name),
-    do: GenServer.start_link(module, arg, gen_opts(kind, name))
+  def start_link(module, arg, kind, name) do
+    started!(inspect(kind))
+    GenServer.start_link(module, arg, gen_opts(kind, name))
+  end
 
   defp gen_opts(_kind, nil), do: []
   defp gen_opts(kind, name), do: [name: via(kind, name)]

@@ -142,8 +142,10 @@ defmodule Larder.Register do
       a register, a forged handle, options that are not a keyword list (an
       improper list included), an unknown option or one out of its bounds, a
       `fun` that is not 1-arity. Keys and values may be any term.
-    * Writes need the `:larder` application started (it runs the lock
-      holders' registry); without it they raise `RuntimeError`.
+    * `new/1` and `start_link/1` raise `RuntimeError` when the `:larder`
+      application is not started ("Larder.Register: the :larder
+      application is not started: add :larder to your project's deps
+      ..."); writes need it too (it runs the lock holders' registry).
     * A register made with `new/1` belongs to the calling process and is
       deleted when it exits, like an ETS table. Registers started with
       `start_link/1` live under their supervisor.
@@ -244,7 +246,8 @@ defmodule Larder.Register do
       (default `true`: emitted when `:telemetry` is loaded when the register
       is created; see `Larder.Telemetry`).
 
-  Raises `ArgumentError` on an unknown or invalid option, or a name in use.
+  Raises `ArgumentError` on an unknown or invalid option, or a name in use;
+  `RuntimeError` when the `:larder` application is not started.
 
       iex> reg = Larder.Register.new(name: :doc_new_example)
       iex> Larder.Register.put(:doc_new_example, :k, 1)

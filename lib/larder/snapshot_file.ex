@@ -128,8 +128,7 @@ defmodule Larder.SnapshotFile do
     [{:token, token}] = :ets.lookup(@registry, :token)
     token
   rescue
-    ArgumentError ->
-      raise RuntimeError, "#{caller} needs the :larder application to be started"
+    ArgumentError -> Larder.Instance.not_started!(caller)
   end
 
   # Deletes the temporary files of `path` whose writer is gone (see the

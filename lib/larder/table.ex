@@ -91,9 +91,10 @@ defmodule Larder.Table do
   chunk, for `insert_many/2`). Once the writer has a write it completes it
   even if the caller is killed, so a killed caller leaves its write done or
   not begun, never half done. The caller computes the new records' index
-  terms (so an index function that raises, raises in the caller and nothing
-  is written) and sends the stored rows and the index ops, grouped by term (a
-  term shared by many records of a chunk is sent and indexed once); the
+  terms (so an index function that fails makes the write raise in the
+  caller, and nothing of that chunk is written; see "Failures") and sends
+  the stored rows and the index ops, grouped by term (a term shared by
+  many records of a chunk is sent and indexed once); the
   writer gives row ids to non-integer keys and computes the old terms of the
   records it replaces (none when every integer key of a chunk is above the
   highest one it has written, as in a build). `merge/3` and `update/4` read,
@@ -145,9 +146,26 @@ defmodule Larder.Table do
   ones), a record that is not a map or lacks the key field, improper lists,
   bad or duplicate options, an index function that returns an improper list,
   and a table that was dropped, whose owner exited or whose handle is not a
-  table's ("unknown Larder.Table"). An index function that raises makes the
-  write raise in the caller: the chunk it was in is not written (earlier
-  chunks of an `insert_many/2` are). Index functions also run in the writer
+  table's, in one line that names the table (its name, or its handle as
+  `inspect/1` shows it: `#Larder.Table<key: :id, writer: #PID<0.210.0>>`):
+
+      unknown Larder.Table :prices: it was never created, it was dropped, or the process that owned it exited
+
+  `new/1`, `start_link/1` and `load/2` raise `RuntimeError` when the
+  `:larder` application is not started ("Larder.Table: the :larder
+  application is not started: add :larder to your project's deps ...").
+
+  An index function that raises, throws or exits on a record makes the
+  write (`insert/2`, `insert_many/2`, `merge/3`, `update/4`) raise an
+  `ArgumentError` in the caller, with the stacktrace of the index function,
+  whose message names the table, the index, the operation and the record's
+  key, says what was written, and ends with the original error:
+
+      Larder.Table :prices: the index function of :by_nope raised on the record with key 2 in insert_many/2, and the write was not applied (none of its records was written): ** (KeyError) key :nope not found in: %{id: 2}
+
+  The chunk the record was in is not written, nor any after it; earlier
+  chunks of an `insert_many/2` are, and the message then says how many
+  records were. Index functions also run in the writer
   (on records it replaces, and in `merge/3` and `update/4`); they should be
   pure and quick, and must not write to a table (that raises, see
   "Concurrency"). If one raises there on a record it accepted before, the
@@ -183,6 +201,22 @@ defmodule Larder.Table do
   load of a forged file thus takes time and memory bounded by its records
   and bytes.
 
+  ## Logging
+
+  `load/2` logs one line at `:info` once a table is loaded: the table (its
+  name, or its handle), the path, the records, the file's bytes and the
+  time the load took:
+
+      [info] Larder.Table :prices loaded from "/var/lib/app/prices.table": 487200 records, 31245678 bytes, in 843.1 ms
+
+  A load that fails logs nothing (it returns the error). Larder's log calls
+  carry the `application: :larder` metadata, so Logger's own settings turn
+  these lines off: `Logger.put_application_level(:larder, :warning)` at
+  run time, or, at compile time, in your `config/config.exs`:
+
+      config :logger,
+        compile_time_purge_matching: [[application: :larder, level_lower_than: :warning]]
+
   ## Performance
 
   `mix run bench/index_bench.exs` searches the 487,200-price catalogue
@@ -212,6 +246,7 @@ defmodule Larder.Table do
   alias Larder.Instance
   alias Larder.Table.Claim
   alias Larder.Table.Conditions
+  alias Larder.Table.IndexFailure
   alias Larder.Table.Records
   alias Larder.Table.Writer
 
@@ -261,7 +296,8 @@ defmodule Larder.Table do
       created; see `Larder.Telemetry`).
 
   Raises `ArgumentError` for an unknown or invalid option, or when a table
-  with that name exists.
+  with that name exists; `RuntimeError` when the `:larder` application is
+  not started.
   """
   @spec new(keyword()) :: t()
   def new(opts) do
@@ -375,7 +411,8 @@ defmodule Larder.Table do
       loaded index, and one warning is logged with their count.
 
   On an error no table is left behind. Raises `ArgumentError` for bad
-  options or `path`, or when a table with that `:name` exists.
+  options or `path`, or when a table with that `:name` exists. A table
+  loaded logs one line at `:info` (see "Logging").
 
       iex> table = Larder.Table.new(key: :id, index: [:color])
       iex> :ok = Larder.Table.insert_many(table, [%{id: 1, color: :red}, %{id: 2, color: :blue}])
@@ -420,35 +457,42 @@ defmodule Larder.Table do
 
   @doc """
   Inserts `record`, replacing the record with the same key (and re-indexing
-  it). Whole even if the caller is killed, see "Concurrency".
+  it). Whole even if the caller is killed, see "Concurrency". An index
+  function that fails on `record` raises `ArgumentError` and nothing is
+  written (see "Failures").
   """
   @spec insert(table(), record()) :: :ok
   def insert(table, record) do
-    write_span(handle!(table), :insert, %{}, &write_many!(&1, [record]))
+    write_span(handle!(table), :insert, %{}, &write_many!(&1, [record], "insert/2"))
   end
 
   @doc """
   Inserts `records` in chunks of 5,000; each chunk is one write (one index
   batch and one ETS insert, applied by the writer process). Every record is
-  checked for the key field before anything is written.
+  checked for the key field before anything is written. An index function
+  that fails on a record raises `ArgumentError`: that record's chunk and
+  every later one are not written, the earlier ones are, and the message
+  says how many records were (see "Failures").
   """
   @spec insert_many(table(), [record()]) :: :ok
   def insert_many(table, records) do
-    write_span(handle!(table), :insert_many, %{}, &write_many!(&1, records))
+    write_span(handle!(table), :insert_many, %{}, &write_many!(&1, records, "insert_many/2"))
   end
 
-  defp write_many!(table, records) do
+  defp write_many!(table, records, op) do
     live!(table)
     records!(table, records, records)
-    await!(table, write_chunks!(table, records, nil))
+    await!(table, write_chunks!(table, records, nil, {op, 0}))
     :ok
   end
 
   # Takes the chunks of @chunk records one by one (Stream.chunk_every/2
-  # cost about 5% of a build). Returns the last chunk's request.
-  defp write_chunks!(_table, [], pending), do: pending
+  # cost about 5% of a build). Returns the last chunk's request. `done`
+  # counts the records of the chunks before this one, for the error of an
+  # index function that fails (index_failed!/4).
+  defp write_chunks!(_table, [], pending, _progress), do: pending
 
-  defp write_chunks!(table, records, pending) do
+  defp write_chunks!(table, records, pending, {op, done}) do
     {chunk, rest} = take_chunk(records, @chunk, [])
 
     # The index functions run here, in the caller, which builds the rows
@@ -457,13 +501,28 @@ defmodule Larder.Table do
     {rows, ops, keyed, span} =
       try do
         Records.write(table, last_per_key(chunk, table))
+      rescue
+        failure in IndexFailure ->
+          await!(table, pending)
+          index_failed!(table, op, failure, unwritten(op, done))
       catch
         kind, reason ->
           await!(table, pending)
           :erlang.raise(kind, reason, __STACKTRACE__)
       end
 
-    write_chunks!(table, rest, write_chunk!(table, {rows, ops, keyed, span}, pending))
+    pending = write_chunk!(table, {rows, ops, keyed, span}, pending)
+    write_chunks!(table, rest, pending, {op, done + length(chunk)})
+  end
+
+  # What became of an insert whose index function failed, `done` records
+  # of it written before.
+  defp unwritten("insert/2", _done), do: "the write was not applied"
+  defp unwritten(_op, 0), do: "the write was not applied (none of its records was written)"
+
+  defp unwritten(_op, done) do
+    "the write stopped there (its first #{done} records were written, in whole chunks " <>
+      "of #{@chunk}; none from record #{done + 1} on)"
   end
 
   defp take_chunk([record | rest], n, chunk) when n > 0,
@@ -532,8 +591,8 @@ defmodule Larder.Table do
   re-indexes it. Returns `{:ok, record}` (the stored record after the merge)
   or `:error` when there is no such record. The writer process reads, merges
   and writes in one step, so concurrent merges into one key all apply. Index
-  functions run in the writer process here; one that raises makes `merge/3`
-  raise and leaves the record as it was.
+  functions run in the writer process here; one that fails makes `merge/3`
+  raise `ArgumentError` (see "Failures") and leaves the record as it was.
 
   With `:store`, the fields an index function reads may not be stored, so
   `merge/3` re-indexes field indexes only and leaves `{name, fun}` indexes
@@ -562,7 +621,17 @@ defmodule Larder.Table do
       raise ArgumentError, "changes must not change the key field #{inspect(table.key)}"
     end
 
-    write!(table, {:merge, key, changes})
+    try do
+      write!(table, {:merge, key, changes})
+    rescue
+      failure in IndexFailure ->
+        index_failed!(
+          table,
+          "merge/3",
+          failure,
+          "the write was not applied (the record is as it was)"
+        )
+    end
   end
 
   @doc """
@@ -577,9 +646,11 @@ defmodule Larder.Table do
   another (that raises `ArgumentError`, see "Concurrency": two updates
   whose functions wrote each other's tables would wait on each other for
   ever). When `fun` raises, `update/4` raises the same in the caller and
-  nothing is written. Raises `ArgumentError` when `fun` is not a
-  one-argument function, or when `default` or what `fun` returns is not a
-  map whose key field is `key` (`===`).
+  nothing is written; when an index function fails on the new record, it
+  raises `ArgumentError` (see "Failures") and nothing is written. Raises
+  `ArgumentError` when `fun` is not a one-argument function, or when
+  `default` or what `fun` returns is not a map whose key field is `key`
+  (`===`).
 
       iex> table = Larder.Table.new(key: :id, index: [:n])
       iex> Larder.Table.update(table, 1, %{id: 1, n: 1}, &%{&1 | n: &1.n + 1})
@@ -604,8 +675,34 @@ defmodule Larder.Table do
                 "#{inspect(key, limit: 10)}, got: #{inspect(default, limit: 10)}"
       end
 
-      write!(table, {:update, key, default, fun})
+      try do
+        write!(table, {:update, key, default, fun})
+      rescue
+        failure in IndexFailure ->
+          index_failed!(table, "update/4", failure, "the write was not applied")
+      end
     end)
+  end
+
+  # The error of a write whose index function failed (raised, threw or
+  # exited): an ArgumentError that names the table, the index, the
+  # operation, the record's key and what became of the write (`outcome`),
+  # with the original's message; its stacktrace is the index function's.
+  defp index_failed!(table, op, %IndexFailure{} = failure, outcome) do
+    verb =
+      case failure.kind do
+        :error -> "raised"
+        :throw -> "threw"
+        :exit -> "exited"
+      end
+
+    message =
+      "#{Instance.describe(__MODULE__, table.name, table)}: the index function of " <>
+        "#{inspect(failure.index, limit: 10)} #{verb} on the record with key " <>
+        "#{inspect(failure.key, limit: 10)} in #{op}, and #{outcome}: " <>
+        IndexFailure.banner(failure)
+
+    reraise ArgumentError, message, failure.stacktrace
   end
 
   @doc """
@@ -979,5 +1076,21 @@ defmodule Larder.Table do
   rescue
     error ->
       if valid?(table), do: reraise(error, __STACKTRACE__), else: gone!(table)
+  end
+
+  defimpl Inspect do
+    # Compact, as a handle is opaque: its name or, for a table without
+    # one, its writer process; and its key field.
+    def inspect(table, _opts) do
+      key = "key: " <> Kernel.inspect(Map.get(table, :key), limit: 5)
+
+      case Map.get(table, :name) do
+        nil ->
+          "#Larder.Table<#{key}, writer: #{Kernel.inspect(Map.get(table, :writer), limit: 5)}>"
+
+        name ->
+          "#Larder.Table<name: #{Kernel.inspect(name, limit: 5)}, #{key}>"
+      end
+    end
   end
 end

@@ -6,6 +6,9 @@ defmodule Larder.BagTelemetryTest do
 
   alias Larder.Bag
 
+  # Each load logs a line at info (checked in Larder.Bag.SnapshotTest).
+  @moduletag :capture_log
+
   @events for op <- [:dump, :load],
               kind <- [:start, :stop, :exception],
               do: [:larder, :bag, op, kind]

@@ -1,6 +1,9 @@
 defmodule Larder.BagTest do
   use ExUnit.Case, async: true
 
+  # Each load logs a line at info (checked in Larder.Bag.SnapshotTest).
+  @moduletag :capture_log
+
   import Bitwise, only: [<<<: 2]
   import Larder.Test.Eventually
 
@@ -485,6 +488,28 @@ defmodule Larder.BagTest do
       end
     end
 
+    test "a handle shows in one short line, in inspect and in the error about a dropped one",
+         ctx do
+      anonymous = Bag.new(dedup: false)
+      named = Bag.new(name: ctx.test)
+
+      assert inspect(anonymous) == "#Larder.Bag<dedup: false>"
+      assert inspect(named) == "#Larder.Bag<name: #{inspect(ctx.test)}>"
+
+      :ok = Bag.drop(anonymous)
+      :ok = Bag.drop(named)
+
+      assert_raise ArgumentError,
+                   "unknown Larder.Bag #Larder.Bag<dedup: false>: it was dropped, or the " <>
+                     "process that owned it exited",
+                   fn -> Bag.insert(anonymous, 1, 1) end
+
+      assert_raise ArgumentError,
+                   "unknown Larder.Bag #{inspect(ctx.test)}: it was never created, it was " <>
+                     "dropped, or the process that owned it exited",
+                   fn -> Bag.lookup(named, 1) end
+    end
+
     test "something that is not a bag raises ArgumentError" do
       for handle <- ["bag", 42, make_ref(), %{tab: :x}] do
         assert_raise ArgumentError,
@@ -592,7 +617,7 @@ defmodule Larder.BagTest do
               fn -> Bag.drop(forged) end
             ] do
           assert_raise ArgumentError,
-                       ~r/expected a Larder.Bag \(a handle or the name of one\), got: %Larder.Bag/,
+                       ~r/expected a Larder.Bag \(a handle or the name of one\), got a forged Larder.Bag handle: #Larder.Bag<dedup: (true|false)>$/,
                        call
         end
       end

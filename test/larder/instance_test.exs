@@ -85,6 +85,118 @@ defmodule Larder.InstanceTest do
     end
   end
 
+  describe "one line for a dropped handle" do
+    test "Bag, Register and Table show a handle without a name compactly" do
+      for kind <- [Bag, Register, Table] do
+        handle = kind.new(if kind == Table, do: [key: :id], else: [])
+        :ok = kind.drop(handle)
+
+        message =
+          try do
+            kind.size(handle)
+            flunk("#{inspect(kind)}.size/1 of a dropped handle returned")
+          rescue
+            error in ArgumentError -> error.message
+          end
+
+        assert message =~
+                 ~r/^unknown #{inspect(kind)} ##{inspect(kind)}<[^%\n]+>: it was dropped, or the process that owned it exited$/
+      end
+    end
+  end
+
+  describe "the :larder application not started" do
+    # In a peer VM (another OS process): the application is stopped there,
+    # never in the VM that runs the other tests.
+    test "every way to create a structure, and a snapshot write, says so and what to do" do
+      {:ok, {results, supervised, restarted}} =
+        Larder.Test.Isolated.run(
+          quote do
+            alias Larder.{Bag, Cache, Register, Replica, Table}
+
+            bag = Bag.new()
+            table = Table.new(key: :id)
+
+            path =
+              Path.join(
+                System.tmp_dir!(),
+                "larder_not_started_#{System.unique_integer([:positive])}"
+              )
+
+            :ok = Bag.dump(bag, path <> ".bag")
+            :ok = Table.dump(table, path <> ".table")
+
+            # (Quiet: the application's exit is logged at notice.)
+            Logger.configure(level: :warning)
+            :ok = Application.stop(:larder)
+
+            replica = [
+              name: :replica,
+              into: {Table, name: :replica_table, key: :id},
+              source: {Larder.Test.EmptySource, []},
+              apply: fn _ -> :skip end
+            ]
+
+            calls = [
+              {"Larder.Bag", fn -> Bag.new() end},
+              {"Larder.Bag", fn -> Bag.new(name: :roles) end},
+              {"Larder.Bag", fn -> Bag.start_link(name: :roles) end},
+              {"Larder.Bag", fn -> Bag.load(path <> ".bag") end},
+              {"Larder.Bag.dump/2", fn -> Bag.dump(bag, path <> ".again") end},
+              {"Larder.Register", fn -> Register.new() end},
+              {"Larder.Register", fn -> Register.start_link(name: :reg) end},
+              {"Larder.Table", fn -> Table.new(key: :id) end},
+              {"Larder.Table", fn -> Table.start_link(key: :id, name: :prices) end},
+              {"Larder.Table", fn -> Table.load(path <> ".table", key: :id) end},
+              {"Larder.Table.dump/2", fn -> Table.dump(table, path <> ".again") end},
+              {"Larder.Cache", fn -> Cache.start_link(name: :cache) end},
+              {"Larder.Replica", fn -> Replica.start_link(replica) end}
+            ]
+
+            results =
+              for {what, call} <- calls do
+                try do
+                  {what, {:returned, call.()}}
+                rescue
+                  error -> {what, {error.__struct__, Exception.message(error)}}
+                end
+              end
+
+            # As a supervisor's child: its start fails with the same error.
+            Process.flag(:trap_exit, true)
+
+            supervised =
+              case Supervisor.start_link([{Bag, name: :roles}], strategy: :one_for_one) do
+                {:error, {:shutdown, {:failed_to_start_child, _, {:EXIT, {error, _stack}}}}}
+                when is_exception(error) ->
+                  {error.__struct__, Exception.message(error)}
+
+                other ->
+                  other
+              end
+
+            {:ok, _} = Application.ensure_all_started(:larder)
+            restarted = Bag.size(Bag.new(name: :roles))
+            for file <- Path.wildcard(path <> "*"), do: File.rm!(file)
+            {results, supervised, restarted}
+          end
+        )
+
+      for {what, result} <- results do
+        assert result == {RuntimeError, not_started(what)}
+      end
+
+      assert supervised == {RuntimeError, not_started("Larder.Bag")}
+      assert restarted == 0
+    end
+  end
+
+  defp not_started(what) do
+    "#{what}: the :larder application is not started: add :larder to your project's deps " <>
+      "(it starts with your application), or call Application.ensure_all_started(:larder) " <>
+      "in a script"
+  end
+
   describe "a name is held by one structure" do
     # Each racer waits for :go, tries to create `name`, reports, and stays
     # alive (holding what it created) until :done.

@@ -684,7 +684,7 @@ defmodule Larder.RegisterTest do
       reg = Register.new()
 
       assert_raise ArgumentError,
-                   ~r/expected a Larder.Register \(a handle or the name of one\), got: #Larder.Register<\d+>/,
+                   ~r/expected a Larder.Register \(a handle or the name of one\), got a forged Larder.Register handle: #Larder.Register<\d+>/,
                    fn ->
                      Register.put(%{reg | slots: :x}, :k, 1)
                    end

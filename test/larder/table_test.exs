@@ -217,7 +217,7 @@ defmodule Larder.TableTest do
     test "an index function that raises leaves its chunk unwritten" do
       table = Table.new(key: :id, index: [{:n, fn %{n: n} when n > 0 -> n end}])
 
-      assert_raise FunctionClauseError, fn ->
+      assert_raise ArgumentError, ~r/\(FunctionClauseError\) no function clause matching/, fn ->
         Table.insert_many(table, [%{id: 1, n: 1}, %{id: 2, n: 0}])
       end
 
@@ -309,6 +309,114 @@ defmodule Larder.TableTest do
       assert_raise ArgumentError,
                    ~r/expected a Larder.Table \(a handle or the name of one\), got: "nope"/,
                    fn -> Table.get("nope", 1) end
+    end
+  end
+
+  describe "an index function that fails" do
+    # The ArgumentError the caller gets, and its stacktrace.
+    defp index_error(fun) do
+      fun.()
+      flunk("expected the write to raise")
+    rescue
+      error in ArgumentError -> {error.message, __STACKTRACE__}
+    end
+
+    test "insert/2: names the table, the index, the operation and the key; the original's message",
+         ctx do
+      by_nope = fn record -> record.nope end
+      table = Table.new(key: :id, name: ctx.test, index: [:a, {:by_nope, by_nope}])
+      :ok = Table.insert(table, %{id: 1, a: 1, nope: :x})
+
+      {message, stack} = index_error(fn -> Table.insert(ctx.test, %{id: 2, a: 1}) end)
+
+      assert message ==
+               "Larder.Table #{inspect(ctx.test)}: the index function of :by_nope raised on " <>
+                 "the record with key 2 in insert/2, and the write was not applied: " <>
+                 "** (KeyError) key :nope not found in: %{a: 1, id: 2}"
+
+      # The stacktrace is the index function's own.
+      assert [{__MODULE__, _by_nope, 1, _location}, {Larder.Table.Records, _, _, _} | _] = stack
+      assert Table.get(table, 2) == nil
+      assert Table.search_keys(table, a: 1) == [1]
+    end
+
+    test "insert_many/2: the chunk it was in and every later one are not written; the message says what was" do
+      table = Table.new(key: :id, index: [{:n, &Map.fetch!(&1, :n)}])
+      records = for id <- 1..12_000, do: if(id == 7_001, do: %{id: id}, else: %{id: id, n: 1})
+
+      {message, _stack} = index_error(fn -> Table.insert_many(table, records) end)
+
+      assert message =~
+               ~r/^#Larder.Table<key: :id, writer: #PID<[\d.]+>>: the index function of :n raised on the record with key 7001 in insert_many\/2, and the write stopped there \(its first 5000 records were written, in whole chunks of 5000; none from record 5001 on\): \*\* \(KeyError\) key :n not found in: %\{id: 7001\}$/
+
+      assert Table.size(table) == 5_000
+      assert Table.count(table, n: 1) == 5_000
+
+      {message, _stack} = index_error(fn -> Table.insert_many(table, [%{id: 20_000}]) end)
+      assert message =~ "in insert_many/2, and the write was not applied (none of its records"
+      assert Table.size(table) == 5_000
+    end
+
+    test "merge/3 and update/4 (run by the writer): the record is left as it was; throws and exits too" do
+      index = fn
+        %{bad: :raise} -> raise "bad record"
+        %{bad: :throw} -> throw(:bad)
+        %{bad: :exit} -> exit(:bad)
+        _ -> :ok
+      end
+
+      table = Table.new(key: :id, index: [{:check, index}])
+      :ok = Table.insert(table, %{id: 1})
+
+      for {bad, banner} <- [
+            raise: "** (RuntimeError) bad record",
+            throw: "** (throw) :bad",
+            exit: "** (exit) :bad"
+          ] do
+        verb = %{raise: "raised", throw: "threw", exit: "exited"}[bad]
+
+        {message, _} = index_error(fn -> Table.merge(table, 1, %{bad: bad}) end)
+
+        assert message =~
+                 "the index function of :check #{verb} on the record with key 1 in merge/3, " <>
+                   "and the write was not applied (the record is as it was): #{banner}"
+
+        {message, _} =
+          index_error(fn -> Table.update(table, 1, %{id: 1}, &Map.put(&1, :bad, bad)) end)
+
+        assert message =~
+                 "the index function of :check #{verb} on the record with key 1 in update/4, " <>
+                   "and the write was not applied: #{banner}"
+
+        {message, _} = index_error(fn -> Table.update(table, 2, %{id: 2, bad: bad}, & &1) end)
+        assert message =~ "on the record with key 2 in update/4"
+      end
+
+      assert Table.search(table, check: :ok) == [%{id: 1}]
+      assert Table.size(table) == 1
+    end
+  end
+
+  describe "handles" do
+    test "inspect shows a handle in one short line, and so do the errors about a dropped one",
+         ctx do
+      anonymous = Table.new(key: :id, index: [:a])
+      named = Table.new(key: :sku, name: ctx.test)
+
+      assert inspect(anonymous) =~ ~r/^#Larder.Table<key: :id, writer: #PID<[\d.]+>>$/
+      assert inspect(named) == "#Larder.Table<name: #{inspect(ctx.test)}, key: :sku>"
+
+      :ok = Table.drop(anonymous)
+      :ok = Table.drop(named)
+
+      assert_raise ArgumentError,
+                   ~r/^unknown Larder.Table #Larder.Table<key: :id, writer: #PID<[\d.]+>>: it was dropped, or the process that owned it exited$/,
+                   fn -> Table.insert(anonymous, %{id: 1}) end
+
+      assert_raise ArgumentError,
+                   "unknown Larder.Table #{inspect(ctx.test)}: it was never created, it was " <>
+                     "dropped, or the process that owned it exited",
+                   fn -> Table.size(named) end
     end
   end
 

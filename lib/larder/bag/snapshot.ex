@@ -33,6 +33,8 @@ defmodule Larder.Bag.Snapshot do
   # Writing (temporary file, fsync, rename, sweep of killed dumps' files) is
   # Larder.SnapshotFile's.
 
+  require Logger
+
   @magic "LARDERBAG"
   @version 2
 
@@ -74,14 +76,31 @@ defmodule Larder.Bag.Snapshot do
   """
   @spec load(Path.t(), keyword()) :: {:ok, Larder.Bag.t()} | {:error, Larder.Error.t()}
   def load(path, opts) do
+    started = System.monotonic_time()
     {create_atoms, opts} = Keyword.pop(opts, :create_atoms, false)
     decode_opts = if create_atoms, do: [:used], else: [:safe, :used]
 
     with {:ok, data} <- Larder.SnapshotFile.read(path),
-         {:ok, dedup, chunks} <- parse(data, path) do
-      bag = Larder.Bag.Store.create(Keyword.put(opts, :dedup, dedup))
-      fill(bag, chunks, decode_opts, path)
+         {:ok, dedup, chunks} <- parse(data, path),
+         bag = Larder.Bag.Store.create(Keyword.put(opts, :dedup, dedup)),
+         {:ok, bag} <- fill(bag, chunks, decode_opts, path) do
+      log_loaded(bag, path, byte_size(data), started)
+      {:ok, bag}
     end
+  end
+
+  # The one info line of a load: the bag's name (or handle), the path, its
+  # pairs, the file's bytes and the time since `started`.
+  defp log_loaded(bag, path, bytes, started) do
+    ms = System.convert_time_unit(System.monotonic_time() - started, :native, :microsecond) / 1000
+
+    Logger.info(fn ->
+      pairs = :ets.info(bag.tab, :size)
+
+      "#{Larder.Instance.describe(Larder.Bag, bag.name, bag)} loaded from #{inspect(path)}: " <>
+        "#{pairs} #{if pairs == 1, do: "pair", else: "pairs"}, #{bytes} bytes, " <>
+        "in #{:erlang.float_to_binary(ms, decimals: 1)} ms"
+    end)
   end
 
   defp parse(<<@magic, @version, dedup, rest::binary>>, path) when dedup in [0, 1] do

@@ -5,17 +5,24 @@ defmodule Larder.Table.Records do
   @moduledoc false
 
   alias Larder.Native
+  alias Larder.Table.IndexFailure
 
   @direct_limit 0x80000000
   # Records whose terms a normal-scheduler call groups within its budget
   # (about 20 terms each); a larger chunk is grouped on a dirty scheduler.
   @normal_records 256
 
-  @doc "The index terms of `record`, one `{name, value}` per term, in index order."
-  def terms(%{entries: entries}, record), do: Enum.flat_map(entries, &entry_terms(&1, record))
+  @doc """
+  The index terms of `record`, one `{name, value}` per term, in index order.
+  An index function that fails raises `Larder.Table.IndexFailure`.
+  """
+  def terms(%{entries: entries, key: field}, record),
+    do: Enum.flat_map(entries, &entry_terms(&1, record, field))
 
   @doc """
   A chunk of records (distinct keys) as a write: `{rows, ops, keyed, span}`.
+  An index function that fails raises `Larder.Table.IndexFailure` (nothing
+  is sent to the writer then).
   One record whose key is its row id gives `{:add_terms, terms, id}`
   (`{:set_terms, terms, id}` with `:store`, see set_terms?/1).
   A record whose key is its row id gives its ETS row `{id, stored}`, and
@@ -63,7 +70,7 @@ defmodule Larder.Table.Records do
             {[{key, stored} | rows], flat, fresh, sets, keyed, widen(span, key)}
 
           true ->
-            flat = [key | push_entries(table.entries, record, flat)]
+            flat = [key | push_entries(table.entries, record, flat, field)]
             {[{key, stored} | rows], flat, fresh + 1, sets, keyed, widen(span, key)}
         end
       end)
@@ -131,25 +138,25 @@ defmodule Larder.Table.Records do
     end
   end
 
-  # Prepends the terms of `record` to `flat`.
-  defp push_entries([{name, {:field, field}} | rest], record, flat) do
+  # Prepends the terms of `record` (whose key is its field `key`) to `flat`.
+  defp push_entries([{name, {:field, field}} | rest], record, flat, key) do
     case record do
-      %{^field => value} -> push_entries(rest, record, [{name, value} | flat])
-      _ -> push_entries(rest, record, flat)
+      %{^field => value} -> push_entries(rest, record, [{name, value} | flat], key)
+      _ -> push_entries(rest, record, flat, key)
     end
   end
 
-  defp push_entries([{name, fun} | rest], record, flat) do
+  defp push_entries([{name, fun} | rest], record, flat, key) do
     flat =
-      case fun.(record) do
+      case run(name, fun, record, key) do
         values when is_list(values) -> push_values(name, values, values, flat)
         value -> [{name, value} | flat]
       end
 
-    push_entries(rest, record, flat)
+    push_entries(rest, record, flat, key)
   end
 
-  defp push_entries([], _record, flat), do: flat
+  defp push_entries([], _record, flat, _key), do: flat
 
   defp push_values(name, [value | rest], all, flat),
     do: push_values(name, rest, all, [{name, value} | flat])
@@ -162,16 +169,19 @@ defmodule Larder.Table.Records do
   defp widen({low, high}, id) when id > high, do: {low, id}
   defp widen(span, _id), do: span
 
-  @doc "The terms of one index entry for `record`."
-  def entry_terms({name, {:field, field}}, record) do
+  @doc """
+  The terms of one index entry for `record`, whose key is its field `key`
+  (which an `IndexFailure` names).
+  """
+  def entry_terms({name, {:field, field}}, record, _key) do
     case record do
       %{^field => value} -> [{name, value}]
       _ -> []
     end
   end
 
-  def entry_terms({name, fun}, record) do
-    case fun.(record) do
+  def entry_terms({name, fun}, record, key) do
+    case run(name, fun, record, key) do
       # Duplicates are harmless to an add; diffs (replace, update) dedupe first.
       values when is_list(values) -> tag(name, values, values)
       value -> [{name, value}]
@@ -182,6 +192,21 @@ defmodule Larder.Table.Records do
   defp tag(_name, [], _all), do: []
 
   defp tag(name, _improper, all), do: improper!(name, all)
+
+  # Runs the index function of `name` on `record`; whatever it raises,
+  # throws or exits with becomes an IndexFailure naming the index and the
+  # record's key (its field `key`), which Larder.Table reports.
+  defp run(name, fun, record, key) do
+    fun.(record)
+  catch
+    kind, reason ->
+      raise IndexFailure,
+        index: name,
+        key: Map.get(record, key),
+        kind: kind,
+        reason: reason,
+        stacktrace: __STACKTRACE__
+  end
 
   defp improper!(name, all) do
     raise ArgumentError,

@@ -119,14 +119,15 @@ defmodule Larder.Table.Snapshot do
   @doc """
   Reads and checks the framing of the snapshot at `path` and its
   definition against `config` (the validated options of `load/2`).
-  Returns what `fill/3` needs; nothing is created.
+  Returns what `fill/3` needs, and the file's size in `:bytes`; nothing is
+  created.
   """
   @spec read(Path.t(), map()) :: {:ok, map()} | {:error, Larder.Error.t()}
   def read(path, config) do
     with {:ok, data} <- Larder.SnapshotFile.read(path),
          {:ok, chunks} <- parse(data, path),
          {:ok, definition} <- definition(chunks, config, path) do
-      {:ok, Map.put(definition, :chunks, chunks)}
+      {:ok, Map.merge(definition, %{chunks: chunks, bytes: byte_size(data)})}
     end
   end
 
@@ -403,6 +404,24 @@ defmodule Larder.Table.Snapshot do
       {:error, :bad_snapshot} ->
         corrupt("the index data is malformed", path)
     end
+  end
+
+  @doc """
+  Logs, at info, the one line of a load that filled `table` from `path`:
+  its name (or handle), the path, its records, the file's `bytes` and the
+  load's time, `native` time units since `started` (a monotonic time).
+  """
+  @spec log_loaded(Table.t(), Path.t(), non_neg_integer(), integer()) :: :ok
+  def log_loaded(table, path, bytes, started) do
+    ms = System.convert_time_unit(System.monotonic_time() - started, :native, :microsecond) / 1000
+
+    Logger.info(fn ->
+      records = :ets.info(table.rows, :size)
+
+      "#{Larder.Instance.describe(Table, table.name, table)} loaded from #{inspect(path)}: " <>
+        "#{records} #{if records == 1, do: "record", else: "records"}, #{bytes} bytes, " <>
+        "in #{:erlang.float_to_binary(ms, decimals: 1)} ms"
+    end)
   end
 
   defp corrupt(message, path) do

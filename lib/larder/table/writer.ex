@@ -53,10 +53,12 @@ defmodule Larder.Table.Writer do
 
   @impl true
   def init({config, owner, path}) do
+    started = System.monotonic_time()
+
     # A snapshot is checked whole before any table is created.
     case path && Snapshot.read(path, config) do
       {:error, error} -> {:stop, {:shutdown, error}}
-      {:ok, read} -> init(config, owner, {read, path})
+      {:ok, read} -> init(config, owner, {read, path, started})
       nil -> init(config, owner, nil)
     end
   end
@@ -92,11 +94,12 @@ defmodule Larder.Table.Writer do
 
   defp fill(state, nil), do: {:ok, state}
 
-  defp fill(state, {read, path}) do
+  defp fill(state, {read, path, started}) do
     case Snapshot.fill(state.table, read, path) do
       {:ok, {next, free, top}} ->
         # The file's bytes and the decoded chunks are garbage now.
         :erlang.garbage_collect()
+        Snapshot.log_loaded(state.table, path, read.bytes, started)
         {:ok, Writes.top(%{state | next: next, free: free}, top)}
 
       # A shutdown: a bad file is not a crash to report.

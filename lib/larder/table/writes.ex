@@ -99,7 +99,7 @@ defmodule Larder.Table.Writes do
           # field indexes whose field changed get new terms.
           Enum.flat_map(t.entries, fn
             {_name, {:field, field}} = entry when is_map_key(changes, field) ->
-              Records.entry_terms(entry, new)
+              Records.entry_terms(entry, new, t.key)
 
             {name, _} ->
               for {^name, _} = term <- before, do: term

@@ -9,7 +9,9 @@ defmodule Larder.Table.SnapshotTest do
   alias Larder.Table
   alias Larder.Test.Isolated
 
+  # Each load logs a line at info (see "a load's log line").
   @moduletag :tmp_dir
+  @moduletag :capture_log
 
   defp opts(store), do: [key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}], store: store]
 
@@ -598,10 +600,58 @@ defmodule Larder.Table.SnapshotTest do
       :ok = Table.dump(copy, path)
       Table.drop(copy)
 
-      assert ExUnit.CaptureLog.capture_log(fn ->
+      assert ExUnit.CaptureLog.capture_log([level: :warning], fn ->
                assert {:ok, again} = Table.load(path, opts)
                assert Table.count(again, gen: 0) == 3
              end) == ""
+    end
+  end
+
+  describe "a load's log line" do
+    test "one line at info: the table, the path, its records, the file's bytes and the time",
+         %{tmp_dir: dir} = ctx do
+      table = Table.new(opts(nil))
+      :ok = Table.insert_many(table, records(7, 1_000))
+      path = Path.join(dir, "logged")
+      :ok = Table.dump(table, path)
+      bytes = File.stat!(path).size
+
+      log =
+        ExUnit.CaptureLog.capture_log(fn ->
+          {:ok, _} = Table.load(path, Keyword.put(opts(nil), :name, ctx.test))
+        end)
+
+      assert [line] = String.split(log, "\n", trim: true)
+
+      assert line =~
+               ~r/\[info\] +Larder.Table #{Regex.escape(inspect(ctx.test))} loaded from #{Regex.escape(inspect(path))}: 1000 records, #{bytes} bytes, in \d+\.\d ms$/
+
+      # Without a name, the handle.
+      log = ExUnit.CaptureLog.capture_log(fn -> {:ok, _} = Table.load(path, opts(nil)) end)
+      assert log =~ ~r/#Larder.Table<key: :id, writer: #PID<[\d.]+>> loaded from/
+
+      # A failed load logs nothing at info.
+      File.write!(path, "junk")
+      log = ExUnit.CaptureLog.capture_log(fn -> {:error, _} = Table.load(path, opts(nil)) end)
+      assert log == ""
+    end
+
+    test "Logger.put_application_level(:larder, :warning) turns it off", %{tmp_dir: dir} do
+      table = Table.new(opts(nil))
+      :ok = Table.insert(table, %{id: 1, a: :x})
+      path = Path.join(dir, "quiet")
+      :ok = Table.dump(table, path)
+
+      # This module is not async: no other test logs meanwhile.
+      Logger.put_application_level(:larder, :warning)
+      on_exit(fn -> Logger.delete_application_level(:larder) end)
+
+      log = ExUnit.CaptureLog.capture_log(fn -> {:ok, _} = Table.load(path, opts(nil)) end)
+      assert log == ""
+
+      Logger.delete_application_level(:larder)
+      log = ExUnit.CaptureLog.capture_log(fn -> {:ok, _} = Table.load(path, opts(nil)) end)
+      assert log =~ "loaded from"
     end
   end
 
