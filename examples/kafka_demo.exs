@@ -232,7 +232,10 @@ defmodule Demo.Kafka do
     )
 
     :ok = GenServer.stop(pid)
-    IO.puts("`mix run bench/replica_kafka_bench.exs` (in larder_kafka/) measures these against their targets.")
+
+    IO.puts(
+      "`mix run bench/replica_kafka_bench.exs` (in larder_kafka/) measures these against their targets."
+    )
   end
 end
 
