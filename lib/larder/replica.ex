@@ -78,7 +78,9 @@ defmodule Larder.Replica do
       and its options (checked by its `validate!/1`).
     * `:apply` (required) - a function of arity 1 or 2 (see above).
     * `:snapshot` - the snapshot's path, or `nil` (default: no snapshots;
-      a restart reads the log from its beginning).
+      a restart reads the log from its beginning). Its directory must
+      exist and be writable; its file name is at most 174 bytes and is not
+      a name a replica derives from another path (see "Snapshots").
     * `:snapshot_every` - ms between snapshots, `100..86_400_000`,
       default `60_000`. A snapshot is written only when the offset moved.
     * `:batch_size` - entries per read, `1..100_000`, default `1_000`.
@@ -131,8 +133,43 @@ defmodule Larder.Replica do
   time: a timer that fires meanwhile is skipped, and `dump/1` called
   meanwhile waits for the one after it.
 
-  One replica per snapshot path: its sweep deletes every dump of the path
-  but its own. A replica claims its path at start, before it reads the
+  A replica writes these files, all in the directory of its `:snapshot`
+  path, and no other:
+
+    * `<snapshot>` itself, the manifest;
+    * `<snapshot>.<stamp>.dump`, the dumps, where `<stamp>` is
+      `<ms>-<8 hex digits>` (the OS time in ms and 4 random bytes): the one
+      the manifest names, and, while a snapshot is written, the next;
+    * `<snapshot>.lock`, its lock (see below);
+    * temporary files, renamed over their target once whole:
+      `<snapshot>.<os pid>.<token>-<n>.tmp` for the manifest and
+      `<snapshot>.<stamp>.dump.<os pid>.<token>-<n>.tmp` for a dump
+      (`<token>` is 16 hex digits).
+
+  After each commit the replica deletes the dumps of its path but the one
+  the manifest names, and the temporary files of its dumps that a kill
+  left: only files whose names match these patterns exactly. So replicas
+  whose paths are prefixes of one another (`x`, `x.b`, `x.x.dump`,
+  `x.1700000000000-abcd1234`) share a directory without touching each
+  other's files. A `:snapshot` path that is itself one of these names of
+  another path (its file name ends in `.lock`, in `.<ms>-<8 hex>.dump`, or
+  in `.<digits>.<16 hex>-<digits>.tmp`) is refused, as is one whose longest
+  derived name (a dump's temporary file, 81 bytes more than the path's file
+  name) would be over NAME_MAX (255 bytes: a file name of at most 174
+  bytes) or whose expanded path would be over PATH_MAX (4,096 bytes):
+  `start_link/1` and `child_spec/1` raise `ArgumentError` naming
+  `:snapshot`.
+
+  At start, before it reads anything, the replica checks that the
+  directory of its `:snapshot` path exists and is writable (as `access(2)`
+  says), and opens its lock file; otherwise `start_link/1` returns
+  `{:error, %Larder.Error{reason: :file_error}}`, whose details name the
+  option (`option: :snapshot`), the path, the directory or lock file and
+  the POSIX reason: a replica whose snapshots cannot be written does not
+  start.
+
+  One replica per snapshot path (its sweep deletes every dump of the path
+  but its own). A replica claims its path at start, before it reads the
   snapshot, in two ways: in the VM (so a second replica there is refused
   and named), and on the host with a kernel lock (`flock(2)`) on the file
   `<snapshot>.lock`, which it holds open until it stops. A second replica
@@ -150,10 +187,13 @@ defmodule Larder.Replica do
   its holder's OS pid; a clean stop deletes it, and a killed holder
   leaves it for the next one to lock (a lock counts only on the file that
   is at the path, so a starter that opened a file being deleted tries
-  again). Where the lock file cannot be opened at all (a read-only
-  directory that has none), the path is claimed in the VM only, with a
-  warning. Paths are compared expanded: two paths to one file through a
-  link are one file to the kernel's lock, two to the VM's claim.
+  again). The lock file is opened without following a symbolic link, and
+  written only once it is shown to be a lock file (a regular file, empty
+  or holding a holder's note: an OS pid, a space, ...; at most 4 KB): a
+  link there, or any other file (a manifest, another program's file), is
+  left as it is and the start refused with `:file_error` (`posix:
+  :eloop` for a link). Paths are compared expanded: two paths to one file
+  through a link are one file to the kernel's lock, two to the VM's claim.
 
   At start, a snapshot of another log or another structure is refused:
   `start_link/1` returns `{:error, %Larder.Error{reason:
@@ -316,9 +356,14 @@ defmodule Larder.Replica do
   @doc """
   Starts a replica linked to the caller (see "Options"). Returns `{:error,
   %Larder.Error{}}` when its snapshot path is in use by another replica
-  (`:snapshot_in_use`) or its snapshot is refused (`:snapshot_mismatch`,
+  (`:snapshot_in_use`), cannot hold snapshots (`:file_error` naming
+  `option: :snapshot`: a directory that does not exist or is not writable,
+  a lock file that cannot be opened, is a symbolic link or is not a lock
+  file), or its snapshot is refused (`:snapshot_mismatch`,
   `:definition_mismatch`, `:corrupt_snapshot`, or `:file_error` when the
-  dump the manifest names cannot be read); see "Snapshots".
+  dump the manifest names cannot be read); see "Snapshots". Raises
+  `ArgumentError` for bad options, a `:snapshot` path too long for its
+  derived names or that is another path's derived name included.
   """
   @spec start_link(keyword()) :: GenServer.on_start() | {:error, Larder.Error.t()}
   def start_link(opts) do
@@ -530,8 +575,17 @@ defmodule Larder.Replica do
       )
 
     Target.validate!(opts[:into])
+    check_snapshot!(opts[:snapshot])
     {source, source_opts} = opts[:source]
     Keyword.put(opts, :source, {source, source.validate!(source_opts)})
+  end
+
+  defp check_snapshot!(nil), do: :ok
+
+  defp check_snapshot!(path) do
+    with {:error, expected} <- Larder.Replica.Snapshot.check_path(path) do
+      raise ArgumentError, "expected #{@what} option :snapshot to be #{expected}"
+    end
   end
 
   defp into?({module, opts}) when module in [Larder.Table, Larder.Bag] and is_list(opts), do: true
