@@ -212,8 +212,9 @@ defmodule Larder.Replica do
   O(records) (the structure's dump) plus a manifest of a few hundred
   bytes. `offset/1` and `target/1` are one ETS lookup (a row the replica
   writes after each batch), no call to its process; `await/3` is that
-  lookup, plus one call to the replica when the position is not reached yet, plus
-  one connection to the source for `:latest`.
+  lookup, plus one call to the replica when the position is not reached
+  yet, plus, for `:latest`, one process and one connection to the source
+  per ask of its end (one when the source answers).
 
   ## Concurrency
 
@@ -260,7 +261,11 @@ defmodule Larder.Replica do
       reports `[:larder, :replica, :source, :error]`, logs one warning per
       outage, and connects again after 100 ms, doubling to 2 s; it reads on
       from the last position it handed over. The structure keeps serving reads
-      meanwhile. A reply that fails the source's checks (see
+      meanwhile. `await/3` waits through the outage up to its timeout
+      (`:latest` asks the log's end again until it answers), and its
+      `:timeout` error carries the source's last error
+      (`details.source_error`): a refusal such as a missing ACL permission
+      is the caller's to see, not only the log's. A reply that fails the source's checks (see
       `Larder.Replica.RedisStream`) is counted the same way and closes the
       connection; nothing from the source can crash the replica.
     * **A trimmed log**: when the log lost entries after the replica's
@@ -343,6 +348,7 @@ defmodule Larder.Replica do
   """
 
   alias Larder.Instance
+  alias Larder.Replica.Latest
   alias Larder.Replica.Server
   alias Larder.Replica.Target
 
@@ -465,11 +471,25 @@ defmodule Larder.Replica do
   `:offset_trimmed`. Never `:ok` on the strength of entries the log no
   longer holds.
 
-  Returns `:ok`, or `{:error, %Larder.Error{}}`: `:timeout`; for `:latest`,
-  the source's error when it cannot be asked (`:source_unavailable`, ...);
-  the replica's own error when it stops meanwhile (`:offset_trimmed`,
-  `:apply_failed`), or `:replica_stopped`. Raises `ArgumentError` for an
-  unknown replica, a position the source does not take, or a bad timeout.
+  With `:latest`, the source's end is asked (its `latest/2`, in a process
+  of its own) and, while the source fails (a server down, restarting, not
+  answering, or refusing), asked again after 50 ms, doubling up to 1 s,
+  until it answers or the timeout is spent: the same for every source. So
+  a replica started before its log's server is up is awaited as one
+  started after. The whole call, asking and waiting, returns by `timeout`
+  (an ask that has not answered then is abandoned, and its process
+  killed); with `:infinity` each ask has 60 s, and the wait goes on.
+
+  Returns `:ok`, or `{:error, %Larder.Error{}}`: `:timeout` when the
+  position was not reached (or, for `:latest`, the log's end not read) in
+  time. While the source fails, that error's `details.source_error` is the
+  source's last error (`:source_unavailable`, or `:source_failed` for a
+  refusal such as an ACL's `NOPERM` on a command the source needs), and its
+  message ends with that error's: from asking the log's end, or from the
+  replica's own reads. The replica's own error when it stops meanwhile
+  (`:offset_trimmed`, `:apply_failed`), or `:replica_stopped`. Raises
+  `ArgumentError` for an unknown replica, a position the source does not
+  take, or a bad timeout.
   """
   @spec await(replica(), Larder.Replica.Source.position() | :latest, timeout()) ::
           :ok | {:error, Larder.Error.t()}
@@ -480,24 +500,30 @@ defmodule Larder.Replica do
               inspect(timeout, limit: 10)
     end
 
-    started = System.monotonic_time(:millisecond)
+    deadline =
+      if timeout == :infinity,
+        do: :infinity,
+        else: System.monotonic_time(:millisecond) + timeout
+
     handle = handle!(replica)
     source = handle.source
-    {offset, epoch, _target} = position!(replica, handle)
 
     target =
       case position do
         :latest ->
-          with {:ok, latest} <-
-                 source.latest(
-                   handle.source_opts,
-                   if(timeout == :infinity, do: 60_000, else: timeout)
-                 ) do
-            # An end that has not reached what the replica applied: the log
-            # went backwards, and only a rebuild (the next epoch) can reach it.
-            if source.reached?(latest, offset),
-              do: {:ok, latest, epoch},
-              else: {:ok, latest, epoch + 1}
+          with {:ok, latest} <- Latest.fetch(handle, deadline) do
+            case Server.position(handle) do
+              # An end that has not reached what the replica applied: the
+              # log went backwards, and only a rebuild (the next epoch) can
+              # reach it.
+              {offset, epoch, _target} ->
+                if source.reached?(latest, offset),
+                  do: {:ok, latest, epoch},
+                  else: {:ok, latest, epoch + 1}
+
+              nil ->
+                {:ok, latest, 0}
+            end
           end
 
         position ->
@@ -514,9 +540,9 @@ defmodule Larder.Replica do
 
     with {:ok, target, epoch} <- target do
       left =
-        if timeout == :infinity,
+        if deadline == :infinity,
           do: :infinity,
-          else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
+          else: max(0, deadline - System.monotonic_time(:millisecond))
 
       Server.await(handle, target, epoch, left)
     end

@@ -589,6 +589,129 @@ defmodule Larder.ReplicaTest do
     assert Log.contents(name(ctx, "t")) == Map.new(1..20, &{&1, &1})
   end
 
+  describe "await(:latest) on a source that is down" do
+    # A boot that waits for its replica (`:ok = Replica.await(r, :latest,
+    # 30_000)`) must not crash because Redis comes up a second late: every
+    # source is asked for its end again until the caller's timeout.
+
+    # `fun`'s result and the ms it took.
+    defp timed(fun) do
+      started = System.monotonic_time(:millisecond)
+      result = fun.()
+      {result, System.monotonic_time(:millisecond) - started}
+    end
+
+    test "waits for a Redis that comes up late, from a plain process", ctx do
+      port = RedisServer.free_port()
+      opts = Log.opts(name(ctx, "r"), name(ctx, "t"), port, ctx.stream)
+      replica = start!(opts)
+
+      waiter = Task.async(fn -> timed(fn -> Replica.await(replica, :latest, 30_000) end) end)
+      Process.sleep(1_500)
+      refute Task.yield(waiter, 0)
+
+      late = RedisServer.start(port: port)
+      on_exit(fn -> RedisServer.stop(late) end)
+      Log.add(Log.connect(port), ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+
+      assert {:ok, {:ok, elapsed}} = Task.yield(waiter, 30_000)
+      assert elapsed >= 1_500
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, &1})
+    end
+
+    test "that stays down: :timeout once the caller's timeout is spent, naming the source's error",
+         ctx do
+      port = RedisServer.free_port()
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), port, ctx.stream))
+
+      for timeout <- [0, 300, 1_000] do
+        {result, elapsed} = timed(fn -> Replica.await(replica, :latest, timeout) end)
+
+        assert {:error, %Larder.Error{reason: :timeout, details: details} = error} = result
+        assert elapsed >= timeout
+        # bounded by the caller's timeout, with room for a loaded machine
+        assert elapsed < timeout + 2_000
+
+        if timeout > 0 do
+          assert %Larder.Error{reason: :source_unavailable} = details.source_error
+          assert Exception.message(error) =~ "source's last error"
+          assert Exception.message(error) =~ Exception.message(details.source_error)
+        end
+      end
+
+      # an id: the reader's last error says why it is not reached
+      assert {:error, %Larder.Error{reason: :timeout, details: details}} =
+               Replica.await(replica, "1-0", 500)
+
+      assert %Larder.Error{reason: :source_unavailable} = details.source_error
+    end
+
+    test "a Redis that does not answer (SIGSTOP): :timeout by the caller's timeout", ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+      assert Replica.await(replica, :latest, 10_000) == :ok
+
+      RedisServer.pause(ctx.server)
+      on_exit(fn -> RedisServer.resume(ctx.server) end)
+
+      {result, elapsed} = timed(fn -> Replica.await(replica, :latest, 1_000) end)
+      assert {:error, %Larder.Error{reason: :timeout}} = result
+      assert elapsed >= 1_000 and elapsed < 3_000
+
+      # resumed within the caller's timeout: answered
+      waiter = Task.async(fn -> Replica.await(replica, :latest, 30_000) end)
+      Process.sleep(500)
+      RedisServer.resume(ctx.server)
+      assert Task.await(waiter, 30_000) == :ok
+    end
+  end
+
+  describe "a Redis user without a permission the replica needs" do
+    # The source's refusal (an ACL's NOPERM) is in await/3's error, not
+    # only in the log: reason :timeout, the source's last error in the
+    # details and the message.
+    setup ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      :ok
+    end
+
+    defp as_user(ctx, user, denied) do
+      {:ok, "OK"} =
+        Log.command(
+          ctx.redis,
+          ["ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "+@all"] ++
+            Enum.map(denied, &"-#{&1}")
+        )
+
+      Log.opts(name(ctx, "r-#{user}"), name(ctx, "t-#{user}"), ctx.server.port, ctx.stream,
+        source:
+          {Larder.Replica.RedisStream,
+           redis: [port: ctx.server.port, timeout: 1_000, username: user, password: "pw"],
+           stream: ctx.stream}
+      )
+    end
+
+    for denied <- [["xread"], ["multi"], ["xinfo"]] do
+      test "(#{Enum.join(denied, ", ")} denied): await/3's error names the refusal", ctx do
+        replica = start!(as_user(ctx, "u#{ctx.id}", unquote(denied)))
+
+        for position <- [:latest, "99999999999999-0"] do
+          assert {:error, %Larder.Error{reason: :timeout, details: details} = error} =
+                   Replica.await(replica, position, 1_500)
+
+          assert %Larder.Error{reason: :source_failed} = details.source_error
+          assert Exception.message(details.source_error) =~ "NOPERM"
+          assert Exception.message(error) =~ "NOPERM"
+        end
+
+        # granted again: the replica reads, and the wait ends
+        {:ok, "OK"} = Log.command(ctx.redis, ["ACL", "SETUSER", "u#{ctx.id}", "+@all"])
+        assert Replica.await(replica, :latest, 30_000) == :ok
+        assert Log.contents(Replica.target(replica)) == Map.new(1..10, &{&1, &1})
+      end
+    end
+  end
+
   describe "a snapshot" do
     setup ctx do
       path = Path.join(ctx.dir, "r.snap")

@@ -15,6 +15,8 @@ defmodule Larder.Replica.Server do
   # `row` is this process's protected ETS table, holding
   #
   #   {:position, offset, epoch, target}  after each batch and rebuild;
+  #   {:source_error, error}              while the source fails (its last
+  #                                       error; gone once it answers);
   #   {:stopping}                         once it took a drop/1 request.
   #
   # `epoch` counts the rebuilds (on_trimmed: :rebuild): await/3 on a log
@@ -78,6 +80,9 @@ defmodule Larder.Replica.Server do
     waiters: [],
     wait: 100,
     failing: false,
+    # whether the row holds a source error (from the reader, or from reads
+    # in this process)
+    source_failing: false,
     next_callers: []
   ]
 
@@ -265,7 +270,7 @@ defmodule Larder.Replica.Server do
 
   @impl true
   def handle_info({:replica_batch, reader, entries, position_after}, %{reader: reader} = state) do
-    applied(state, entries, position_after, is_function(state.apply, 1))
+    applied(source_answers(state), entries, position_after, is_function(state.apply, 1))
   end
 
   def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state),
@@ -273,8 +278,11 @@ defmodule Larder.Replica.Server do
 
   def handle_info({:replica_source_error, reader, error}, %{reader: reader} = state) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
-    {:noreply, state}
+    {:noreply, source_failed(state, error)}
   end
+
+  def handle_info({:replica_source_ok, reader}, %{reader: reader} = state),
+    do: {:noreply, source_answers(state)}
 
   # Reading in this process: the next batch (after one applied), the
   # source's notice that there is something to read, the fallback read
@@ -293,14 +301,7 @@ defmodule Larder.Replica.Server do
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
       {{^ref, {target, _epoch}, from, _timer}, waiters} ->
-        GenServer.reply(
-          from,
-          {:error,
-           Larder.Error.new(:timeout, "the replica did not reach the position in time",
-             id: target,
-             offset: state.offset
-           )}
-        )
+        GenServer.reply(from, {:error, timed_out(state.handle, target)})
 
         {:noreply, %{state | waiters: waiters}}
 
@@ -470,6 +471,7 @@ defmodule Larder.Replica.Server do
   # is read in halves.
   defp read_failed(state, error) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
+    state = source_failed(state, error)
 
     state =
       case error do
@@ -496,10 +498,25 @@ defmodule Larder.Replica.Server do
 
   defp recovered(%{failing: true} = state) do
     Logger.info("Larder.Replica #{inspect(state.name)}: the source answers again")
-    %{state | failing: false, wait: @min_wait_ms}
+    source_answers(%{state | failing: false, wait: @min_wait_ms})
   end
 
   defp recovered(state), do: state
+
+  # The source's last error, kept in the row while it fails, for await/3's
+  # timeout (a refusal such as an ACL's NOPERM is then the caller's to see,
+  # not only the log's).
+  defp source_failed(state, error) do
+    :ets.insert(state.handle.row, {:source_error, error})
+    %{state | source_failing: true}
+  end
+
+  defp source_answers(%{source_failing: true} = state) do
+    :ets.delete(state.handle.row, :source_error)
+    %{state | source_failing: false}
+  end
+
+  defp source_answers(state), do: state
 
   ## Batches
 
@@ -899,20 +916,45 @@ defmodule Larder.Replica.Server do
     :exit, {reason, _} -> {:error, stopped(reason)}
   end
 
+  # The error of an await that timed out: the replica's offset, and the
+  # source's last error while it fails (in the details and the message).
   defp timed_out(handle, target) do
-    offset =
-      case position(handle) do
-        {offset, _epoch, _structure} -> offset
-        nil -> nil
+    {offset, source_error} =
+      try do
+        offset =
+          case :ets.lookup(handle.row, :position) do
+            [{:position, offset, _epoch, _structure}] -> offset
+            [] -> nil
+          end
+
+        case :ets.lookup(handle.row, :source_error) do
+          [{:source_error, error}] -> {offset, error}
+          [] -> {offset, nil}
+        end
+      rescue
+        ArgumentError -> {nil, nil}
       end
 
-    Larder.Error.new(:timeout, "the replica did not reach the position in time",
-      id: target,
-      offset: offset
-    )
+    if source_error do
+      Larder.Error.new(
+        :timeout,
+        "the replica did not reach the position in time; the source's last error: " <>
+          Exception.message(source_error),
+        id: target,
+        offset: offset,
+        source_error: source_error
+      )
+    else
+      Larder.Error.new(:timeout, "the replica did not reach the position in time",
+        id: target,
+        offset: offset
+      )
+    end
   end
 
-  defp stopped(reason),
+  @doc "The error of an await whose replica stopped (`reason`, its exit reason)."
+  @spec stopped(term()) :: Larder.Error.t()
+  def stopped(reason),
     do: Larder.Error.new(:replica_stopped, "the replica stopped", reason: reason)
 
   @doc """
