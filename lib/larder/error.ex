@@ -60,6 +60,8 @@ defmodule Larder.Error do
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
     * `:no_snapshot_path` - `Larder.Replica.dump/1` on a replica
       without `:snapshot`.
+    * `:in_apply` - `Larder.Replica.dump/1` called from the replica's own
+      `:apply` function (the snapshot would wait for that apply).
     * `:unknown_call` - a `Larder.Replica` process was sent a
       `GenServer.call/3` that is not one of `Larder.Replica`'s.
     * `:internal` - `Larder.Index`: the NIF could not rebuild a stored
@@ -89,6 +91,7 @@ defmodule Larder.Error do
           | :timeout
           | :replica_stopped
           | :no_snapshot_path
+          | :in_apply
           | :unknown_call
           | :internal
           | atom()

@@ -46,19 +46,28 @@ defmodule Larder.Replica do
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the
-      replica writes the previous one), or, for a source read in the
-      replica's own process (see Concurrency), there: returns what to do,
+      replica writes the previous one), or, for a source read by steps
+      (see Concurrency), in the step that read the batch: returns what to do,
       one op or a list of them, which the replica writes in runs (the
       inserts between two deletes as one `Larder.Table.insert_many/2` or
       `Larder.Bag.insert_many/2`). For a Table: `{:insert, record}` (the
       record holds the key field) and `{:delete, key}`; for a Bag:
       `{:insert, key, value}`, `{:delete, key}` and `{:delete, key, value}`.
       `:ok` or `[]` does nothing.
-    * `(fields, into -> :ok | ops)`, arity 2, called in the replica's
-      process: may write `into` itself
-      (the handle) and return `:ok`, or return ops as above; what earlier
-      entries queued is written before each call, so this path writes every
-      entry on its own.
+    * `(fields, into -> :ok | ops)`, arity 2, called in a *step* of the
+      replica (a short-lived process, linked to the replica's, that applies
+      one batch; one step at a time, so entries are applied in order, each
+      batch's after the one before): may write `into` itself (the handle)
+      and return `:ok`, or return ops as above; what earlier entries queued
+      is written before each call, so this path writes every entry on its
+      own.
+
+  The function never runs in the replica's own process, the one linked to
+  the caller of `start_link/1` (or its supervisor): one that does not
+  return holds a reader or a step, which `drop/1` and a clean stop can end
+  without ending that caller (see "Failures"). From inside it, `drop/1`
+  of its own replica does nothing, and `dump/1` returns `{:error,
+  %Larder.Error{reason: :in_apply}}` (a snapshot begins after the batch).
 
   An entry is *rejected* when the function raises, throws, exits, returns
   `nil` or anything else, or an op of the wrong shape, or when writing its
@@ -220,22 +229,25 @@ defmodule Larder.Replica do
 
   The reader (a process linked to the replica's) reads the next batch, and
   runs an arity-1 `:apply` over it, while the replica writes the previous
-  one; at most one more batch waits in the replica's mailbox. A source
-  that reads ahead in threads of its own and implements
-  `c:Larder.Replica.Source.notify/2` (`Larder.Replica.Kafka`) has no
-  reader process: the replica reads each batch itself with no wait (no
-  copy of the batch between processes), answers the calls that came in
-  between two batches, and once caught up waits for the source's notice
-  (and reads at least every `:block_ms`). The
+  one; at most one more batch waits in the replica's mailbox (with an
+  arity-2 `:apply`, batches wait in the replica's state while a step
+  applies the one before). A source that reads ahead in threads of its own
+  and implements `c:Larder.Replica.Source.notify/2`
+  (`Larder.Replica.Kafka`) has no reader process: each batch is read with
+  no wait by a step, which applies it too (no copy of the batch between
+  processes); the replica answers calls meanwhile, and once caught up
+  waits for the source's notice (and reads at least every `:block_ms`).
+  The
   offset moves only after a whole batch is applied (or, on a stop, to the
   position after the last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table
   write is whole, see `Larder.Table`); a batch is not atomic as a whole.
   `offset/1` and `target/1` read what the replica wrote after its last
   batch, at once, whatever its process is doing; `await/3` is answered
-  when a batch reaches the position, or by its own timeout even while the
-  replica is busy (an arity-2 `:apply` runs in the replica's process, and
-  one that does not return keeps it busy). During a snapshot the replica
+  when a batch reaches the position, or by its own timeout (an `:apply`
+  that does not return holds no more than its batch). A snapshot begins
+  between two batches: one requested while a step applies a batch begins
+  once it is applied. During a snapshot the replica
   goes on applying (for a Table and a deduplicating Bag fed by an arity-1
   `:apply`; see "Snapshots" for the other Bags), and reads of the
   structure go on. While a Table's dump is written, each row a batch
@@ -293,18 +305,22 @@ defmodule Larder.Replica do
       with `{:shutdown, %Larder.Error{}}`; as a `:transient` child it is not
       restarted, and its structure goes with it. `await/3` callers get that
       error. No snapshot is written on such a stop or on a crash.
-    * **An arity-2 `:apply` that does not return** holds the replica's
-      process: no more batches are applied and `dump/1` waits, but
-      `offset/1`, `target/1` and `await/3` (by its timeout) still answer.
-      `drop/1` waits up to 5 s for the replica to take its request, then
-      kills it: the stuck apply ends with the process, mid-entry, no
-      snapshot is written (a restart starts from the last one), the reader
-      and the structure go with it, and a process linked to it gets the
-      exit `:killed`. A supervisor that started it kills it (its
-      `terminate_child`), so it stays stopped and the kill is not counted
-      against the supervisor's restart intensity. A
-      supervisor's own shutdown of such a replica is its `shutdown: 30_000`
-      and then a kill, as for any child.
+    * **An `:apply` that does not return** holds the reader or the step
+      it runs in, not the replica's process: no more batches are applied
+      and `dump/1` waits, but `offset/1`, `target/1`, `await/3` (by its
+      timeout) and `drop/1` answer. In a step, `drop/1` lets the batch
+      being applied end for up to 5 s, then kills the step: the apply ends
+      mid-entry, no snapshot is written (a restart starts from the last
+      one), and the structure goes with the replica. In the reader (an
+      arity-1 function of a source with a reader), nothing of the
+      structure is mid-batch: the replica stops at once, with its last
+      snapshot, and kills the reader. Either way the replica's process
+      stops with reason `:normal`, so a process
+      linked to it that does not trap exits (the one that called
+      `start_link/1`) is not touched, and a supervisor does not restart it
+      (`:transient`). A clean stop (the supervisor's shutdown,
+      `GenServer.stop/1`) gives the batch the same 5 s, then ends it the
+      same way, with the stop's reason.
 
   ## Performance
 
@@ -398,9 +414,15 @@ defmodule Larder.Replica do
   Stops the replica as a clean stop does (it writes its last snapshot, if it
   has a `:snapshot` path, given up to 30 s) and frees its structure with it;
   under a supervisor it stays stopped (its child is `:transient`). Returns
-  once the replica's process is gone. The replica takes the request between
-  batches: one that has not within 5 s (an arity-2 `:apply` that does not
-  return) is killed, without a snapshot (see "Failures"). Idempotent: a
+  once the replica's process is gone, which exits with reason `:normal`:
+  a linked process that does not trap exits (the caller of
+  `start_link/1`) lives on. The replica takes the request at once and
+  stops once the batch being applied is: an `:apply` that has not
+  returned within 5 s is ended, its step killed mid-entry, and the
+  replica stops without a snapshot (an arity-1 `:apply` stuck in the
+  reader is ended with the reader at once, and the snapshot written; see
+  "Failures"). Called from the
+  replica's own `:apply`, it does nothing. Idempotent: a
   name or pid that runs no replica (any more) is taken as one already
   dropped. Raises `ArgumentError` for a term that is neither a name nor a
   pid.
@@ -445,8 +467,9 @@ defmodule Larder.Replica do
   commits it in the manifest. The replica's `dump/2`, as Bag and Table
   have, with the path fixed by the replica. Returns `{:ok, offset}` (the
   offset the snapshot holds: the replica's when the snapshot began), or
-  `{:error, %Larder.Error{}}` (`:file_error`, or `:no_snapshot_path` for a
-  replica without `:snapshot`). A call to the replica's process: the
+  `{:error, %Larder.Error{}}` (`:file_error`, `:no_snapshot_path` for a
+  replica without `:snapshot`, or `:in_apply` when called from the
+  replica's own `:apply`). A call to the replica's process: the
   snapshot begins between batches, and the call returns once it is
   committed, while the replica goes on applying (see "Snapshots"); a call
   made while a snapshot is being written gets the next one.
@@ -461,8 +484,7 @@ defmodule Larder.Replica do
   to that offset), or with `:latest` the log's end when called (for Kafka
   every partition's high watermark then), or until
   `timeout` ms (`0..3_600_000` or `:infinity`) have passed, whatever the
-  replica's process is doing (an arity-2 `:apply` that does not return
-  included).
+  replica is doing (an `:apply` that does not return included).
 
   With `:latest`, a log whose end is below the replica's offset went
   backwards (see "Failures"): the wait is for the replica to have rebuilt

@@ -390,10 +390,11 @@ defmodule Larder.ReplicaTest do
   end
 
   describe "an arity-2 apply stuck on an entry" do
-    # The apply blocks for good on the entry of key 2, inside the replica's
-    # process: calls that only read or wait must still answer.
+    # The apply blocks for good on the entry of key 2 (in a process of the
+    # replica's, a step, which it reports): calls that only read or wait
+    # must still answer, and drop/1 must end it without killing a process
+    # linked to the replica. The test process does not trap exits.
     setup ctx do
-      Process.flag(:trap_exit, true)
       me = self()
       [first, _] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}, {:put, 2, 2}])
 
@@ -431,7 +432,7 @@ defmodule Larder.ReplicaTest do
 
     test "await/3 answers by its timeout, offset/1 and target/1 at once", ctx do
       replica = start!(ctx.opts)
-      assert_receive {:stuck, ^replica}, 10_000
+      assert_receive {:stuck, _step}, 10_000
 
       assert answer(fn -> Replica.offset(replica) end) == ctx.first
       assert %Table{} = answer(fn -> Replica.target(replica) end)
@@ -447,31 +448,112 @@ defmodule Larder.ReplicaTest do
       refute_receive {_ref, :ok}, 500
     end
 
-    test "drop/1 kills it: no snapshot, and the name is free again", ctx do
-      replica = start!(ctx.opts)
-      assert_receive {:stuck, ^replica}, 10_000
-      assert answer(fn -> Replica.drop(replica) end) == :ok
-      assert_received {:EXIT, ^replica, :killed}
+    test "drop/1 from the plain process that started it ends the apply, not that process",
+         ctx do
+      owner = self()
+
+      # a plain process, not trapping exits, linked to the replica
+      starter =
+        spawn(fn ->
+          {:ok, replica} = Replica.start_link(ctx.opts)
+          send(owner, {:started, replica})
+
+          receive do
+            :drop -> send(owner, {:dropped, Replica.drop(replica)})
+          end
+
+          receive do
+            :exit -> :ok
+          end
+        end)
+
+      watch = Process.monitor(starter)
+      assert_receive {:started, replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
+      send(starter, :drop)
+      assert_receive {:dropped, :ok}, 20_000
+
+      refute_received {:DOWN, ^watch, _, _, _}
+      assert Process.alive?(starter)
       refute Process.alive?(replica)
+      refute Process.alive?(step)
+      # no snapshot: the structure was mid-batch
       refute File.exists?(ctx.path)
       assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn -> Replica.offset(replica) end
 
-      # a new replica of the same name and structure starts (and gets stuck)
-      again = start!(ctx.opts)
-      assert_receive {:stuck, ^again}, 10_000
-      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      send(starter, :exit)
+      assert_receive {:DOWN, ^watch, :process, _, :normal}, 10_000
     end
 
-    test "drop/1 of a supervised one kills it and it stays dropped", ctx do
+    test "drop/1 from another process: the linked caller lives on, the name is free again",
+         ctx do
+      refute Process.flag(:trap_exit, false)
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, step}, 10_000
+      assert answer(fn -> Replica.drop(replica) end) == :ok
+      # this process, linked to the replica and not trapping, is alive
+      refute Process.alive?(replica)
+      refute Process.alive?(step)
+      refute File.exists?(ctx.path)
+
+      # a new replica of the same name and structure starts (and gets stuck)
+      again = start!(ctx.opts)
+      assert_receive {:stuck, _}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      refute Process.alive?(again)
+    end
+
+    test "drop/1 of a supervised one ends it and it stays dropped", ctx do
       {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
       on_exit(fn -> Process.exit(sup, :kill) end)
-      assert_receive {:stuck, replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
+      [{_, replica, _, _}] = Supervisor.which_children(sup)
       assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
       refute Process.alive?(replica)
+      refute Process.alive?(step)
       assert [{{Replica, _}, :undefined, :worker, _}] = Supervisor.which_children(sup)
       refute_receive {:stuck, _}, 500
       assert Replica.drop(name(ctx, "r")) == :ok
     end
+
+    test "a supervisor's shutdown ends it too, without a snapshot", ctx do
+      {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
+      Process.unlink(sup)
+      assert_receive {:stuck, step}, 10_000
+      assert answer(fn -> Supervisor.stop(sup) end) == :ok
+      refute Process.alive?(step)
+      refute File.exists?(ctx.path)
+    end
+  end
+
+  test "an apply that calls drop/1 or dump/1 on its own replica gets an answer, not a deadlock",
+       ctx do
+    me = self()
+    replica_name = name(ctx, "r")
+
+    apply = fn fields, into ->
+      if fields["k"] == "1" do
+        send(me, {:inside, Replica.dump(replica_name), Replica.drop(replica_name)})
+      end
+
+      Log.apply_entry(fields, into)
+    end
+
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..3, do: {:put, k, k}))
+
+    opts =
+      Log.opts(replica_name, name(ctx, "t"), ctx.server.port, ctx.stream,
+        apply: apply,
+        snapshot: Path.join(ctx.dir, "own.snap")
+      )
+
+    replica = start!(opts)
+    assert_receive {:inside, {:error, %Larder.Error{reason: :in_apply}}, :ok}, 10_000
+    # nothing was done: the replica goes on
+    assert Replica.await(replica, :latest, 10_000) == :ok
+    assert Process.alive?(replica)
+    assert Log.contents(name(ctx, "t")) == Map.new(1..3, &{&1, &1})
+    assert {:ok, _} = Replica.dump(replica)
   end
 
   describe "a poisoned entry" do
@@ -737,7 +819,11 @@ defmodule Larder.ReplicaTest do
     end
 
     test "leaves one dump, and sweeps the files of dumps killed mid-write", ctx do
-      stale = [ctx.path <> ".1-aa.dump", ctx.path <> ".2-bb.dump.123.0123456789abcdef-7.tmp"]
+      stale = [
+        ctx.path <> ".1700000000000-0000aaaa.dump",
+        ctx.path <> ".1700000000001-0000bbbb.dump.123.0123456789abcdef-7.tmp"
+      ]
+
       for file <- stale, do: File.write!(file, "x")
       Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
       replica = start!(ctx.opts)

@@ -15,8 +15,10 @@ defmodule Larder.Replica.Source do
   its own, which blocks in `read/4` up to `:block_ms` and hands each batch
   to the replica's process; or, for a source that implements the optional
   `notify/2` (a client that reads ahead in threads of its own, such as
-  librdkafka), in the replica's process itself, with `block_ms` 0 and no
-  copy of the batch between processes. `latest/2` runs for
+  librdkafka), with `block_ms` 0 in a short-lived process of the
+  replica's per batch, which applies what it read (no copy of the batch
+  between processes): one such process at a time, each handed the
+  connection the one before returned. `latest/2` runs for
   `Larder.Replica.await/3`, in a process of its own that the caller stops
   waiting for (and kills) once its timeout is spent.
 
