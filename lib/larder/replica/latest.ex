@@ -26,8 +26,8 @@ defmodule Larder.Replica.Latest do
   The log's end: `{:ok, position}`, or `{:error, %Larder.Error{reason:
   :timeout}}` once `deadline` (monotonic ms, or `:infinity`) has passed
   without an answer, whose `details.source_error` is the source's last
-  error (and the message says it), or the replica's own error when it
-  stopped meanwhile.
+  error (and the message says it), or `:replica_stopped` when the
+  replica is gone by the time an ask fails.
   """
   @spec fetch(Server.Handle.t(), integer() | :infinity) ::
           {:ok, term()} | {:error, Larder.Error.t()}
@@ -119,6 +119,8 @@ defmodule Larder.Replica.Latest do
         # An answer sent before the alias went.
         receive do
           {^reply_to, {:ok, latest}} -> {:ok, latest}
+          {^reply_to, {:error, %Larder.Error{} = error}} -> {:error, error}
+          {^reply_to, _other} -> :no_answer
         after
           0 -> :no_answer
         end
