@@ -65,9 +65,10 @@ defmodule Larder.Replica do
   The function never runs in the replica's own process, the one linked to
   the caller of `start_link/1` (or its supervisor): one that does not
   return holds a reader or a step, which `drop/1` and a clean stop can end
-  without ending that caller (see "Failures"). From inside it, `drop/1`
-  of its own replica does nothing, and `dump/1` returns `{:error,
-  %Larder.Error{reason: :in_apply}}` (a snapshot begins after the batch).
+  without ending that caller (see "Failures"). Called from a step,
+  `drop/1` of its own replica does nothing, and `dump/1` returns
+  `{:error, %Larder.Error{reason: :in_apply}}` (a snapshot begins after
+  the batch).
 
   An entry is *rejected* when the function raises, throws, exits, returns
   `nil` or anything else, or an op of the wrong shape, or when writing its
@@ -421,8 +422,8 @@ defmodule Larder.Replica do
   returned within 5 s is ended, its step killed mid-entry, and the
   replica stops without a snapshot (an arity-1 `:apply` stuck in the
   reader is ended with the reader at once, and the snapshot written; see
-  "Failures"). Called from the
-  replica's own `:apply`, it does nothing. Idempotent: a
+  "Failures"). Called from the replica's own `:apply` in a step (see
+  "Applying entries"), it does nothing. Idempotent: a
   name or pid that runs no replica (any more) is taken as one already
   dropped. Raises `ArgumentError` for a term that is neither a name nor a
   pid.
