@@ -101,8 +101,8 @@ defmodule Larder.Replica.Server do
     waiters: [],
     wait: 100,
     failing: false,
-    # whether the row holds a source error (from the reader, or from reads
-    # in this process)
+    # whether the row holds a source error (from the reader, or from the
+    # steps' reads)
     source_failing: false,
     next_callers: []
   ]
@@ -115,7 +115,7 @@ defmodule Larder.Replica.Server do
   @drop_wait_ms 5_000
   @stop_wait_ms 30_000
 
-  # Reading in this process: the waits between two connections after a
+  # Reading through steps: the waits between two connections after a
   # source error, as the reader's.
   @min_wait_ms 100
   @max_wait_ms 2_000
@@ -339,7 +339,7 @@ defmodule Larder.Replica.Server do
   def handle_info({:replica_source_ok, reader}, %{reader: reader} = state),
     do: {:noreply, source_answers(state)}
 
-  # Reading in this process: the next batch (after one applied), the
+  # Reading through steps: the next batch (after one applied), the
   # source's notice that there is something to read, the fallback read
   # while waiting, the connection again after an error.
   def handle_info(:replica_read, %{reader: nil} = state), do: read(state)
@@ -466,8 +466,8 @@ defmodule Larder.Replica.Server do
 
   ## Reading
 
-  # A source that notifies is read here; any other by a reader process
-  # (which blocks in read/4 up to :block_ms).
+  # A source that notifies is read by steps; any other by a reader
+  # process (which blocks in read/4 up to :block_ms).
   defp start_reading(state) do
     if Code.ensure_loaded?(state.source) and function_exported?(state.source, :notify, 2) do
       send(self(), :replica_read)
@@ -767,8 +767,9 @@ defmodule Larder.Replica.Server do
   #
   # An arity-1 function is called by the reader, on the batch it has just
   # read (in parallel with the batch this process applies): the entries
-  # come `prepared`, as {id, result of run_apply/2}. Otherwise (an
-  # arity-2 function, or a source read in this process) it is called here.
+  # come `prepared`, as {id, result of run_apply/2}, and are written in
+  # the replica's process. Otherwise (an arity-2 function, or a source
+  # read by steps) it is called here, in a step.
   defp apply_batch(state, entries, position_after, prepared) do
     ctx = %{
       state: state,
