@@ -21,6 +21,11 @@ defmodule Larder.Error do
       object of the wrong shape). No table is left behind.
     * `:file_error` - `Larder.Bag.dump/2` and `load/2`: the operating
       system refused a read, write, fsync or rename; `details.posix` says why.
+      `Larder.Replica.start_link/1` also returns it, with `details.option`
+      `:snapshot`, for a snapshot path that cannot hold snapshots: a
+      directory that does not exist or is not writable (`details.dir`), a
+      lock file that cannot be opened, is a symbolic link (`:eloop`) or is
+      not a lock file (`details.lock_file`).
     * `:loader_failed` - `Larder.Cache.fetch/3`: the loader returned an
       error or something other than `{:ok, value}`, raised, threw or exited.
     * `:cache_stopped` - `Larder.Cache`: the cache stopped (or was killed)
@@ -55,6 +60,8 @@ defmodule Larder.Error do
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
     * `:no_snapshot_path` - `Larder.Replica.dump/1` on a replica
       without `:snapshot`.
+    * `:in_apply` - `Larder.Replica.dump/1` called from the replica's own
+      `:apply` function (the snapshot would wait for that apply).
     * `:unknown_call` - a `Larder.Replica` process was sent a
       `GenServer.call/3` that is not one of `Larder.Replica`'s.
     * `:internal` - `Larder.Index`: the NIF could not rebuild a stored
@@ -84,6 +91,7 @@ defmodule Larder.Error do
           | :timeout
           | :replica_stopped
           | :no_snapshot_path
+          | :in_apply
           | :unknown_call
           | :internal
           | atom()

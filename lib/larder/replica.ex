@@ -46,19 +46,29 @@ defmodule Larder.Replica do
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the
-      replica writes the previous one), or, for a source read in the
-      replica's own process (see Concurrency), there: returns what to do,
+      replica writes the previous one), or, for a source read by steps
+      (see Concurrency), in the step that read the batch: returns what to do,
       one op or a list of them, which the replica writes in runs (the
       inserts between two deletes as one `Larder.Table.insert_many/2` or
       `Larder.Bag.insert_many/2`). For a Table: `{:insert, record}` (the
       record holds the key field) and `{:delete, key}`; for a Bag:
       `{:insert, key, value}`, `{:delete, key}` and `{:delete, key, value}`.
       `:ok` or `[]` does nothing.
-    * `(fields, into -> :ok | ops)`, arity 2, called in the replica's
-      process: may write `into` itself
-      (the handle) and return `:ok`, or return ops as above; what earlier
-      entries queued is written before each call, so this path writes every
-      entry on its own.
+    * `(fields, into -> :ok | ops)`, arity 2, called in a *step* of the
+      replica (a short-lived process, linked to the replica's, that applies
+      one batch; one step at a time, so entries are applied in order, each
+      batch's after the one before): may write `into` itself (the handle)
+      and return `:ok`, or return ops as above; what earlier entries queued
+      is written before each call, so this path writes every entry on its
+      own.
+
+  The function never runs in the replica's own process, the one linked to
+  the caller of `start_link/1` (or its supervisor): one that does not
+  return holds a reader or a step, which `drop/1` and a clean stop can end
+  without ending that caller (see "Failures"). Called from a step,
+  `drop/1` of its own replica does nothing, and `dump/1` returns
+  `{:error, %Larder.Error{reason: :in_apply}}` (a snapshot begins after
+  the batch).
 
   An entry is *rejected* when the function raises, throws, exits, returns
   `nil` or anything else, or an op of the wrong shape, or when writing its
@@ -78,7 +88,9 @@ defmodule Larder.Replica do
       and its options (checked by its `validate!/1`).
     * `:apply` (required) - a function of arity 1 or 2 (see above).
     * `:snapshot` - the snapshot's path, or `nil` (default: no snapshots;
-      a restart reads the log from its beginning).
+      a restart reads the log from its beginning). Its directory must
+      exist and be writable; its file name is at most 174 bytes and is not
+      a name a replica derives from another path (see "Snapshots").
     * `:snapshot_every` - ms between snapshots, `100..86_400_000`,
       default `60_000`. A snapshot is written only when the offset moved.
     * `:batch_size` - entries per read, `1..100_000`, default `1_000`.
@@ -131,8 +143,43 @@ defmodule Larder.Replica do
   time: a timer that fires meanwhile is skipped, and `dump/1` called
   meanwhile waits for the one after it.
 
-  One replica per snapshot path: its sweep deletes every dump of the path
-  but its own. A replica claims its path at start, before it reads the
+  A replica writes these files, all in the directory of its `:snapshot`
+  path, and no other:
+
+    * `<snapshot>` itself, the manifest;
+    * `<snapshot>.<stamp>.dump`, the dumps, where `<stamp>` is
+      `<ms>-<8 hex digits>` (the OS time in ms and 4 random bytes): the one
+      the manifest names, and, while a snapshot is written, the next;
+    * `<snapshot>.lock`, its lock (see below);
+    * temporary files, renamed over their target once whole:
+      `<snapshot>.<os pid>.<token>-<n>.tmp` for the manifest and
+      `<snapshot>.<stamp>.dump.<os pid>.<token>-<n>.tmp` for a dump
+      (`<token>` is 16 hex digits).
+
+  After each commit the replica deletes the dumps of its path but the one
+  the manifest names, and the temporary files of its dumps that a kill
+  left: only files whose names match these patterns exactly. So replicas
+  whose paths are prefixes of one another (`x`, `x.b`, `x.x.dump`,
+  `x.1700000000000-abcd1234`) share a directory without touching each
+  other's files. A `:snapshot` path that is itself one of these names of
+  another path (its file name ends in `.lock`, in `.<ms>-<8 hex>.dump`, or
+  in `.<digits>.<16 hex>-<digits>.tmp`) is refused, as is one whose longest
+  derived name (a dump's temporary file, 81 bytes more than the path's file
+  name) would be over NAME_MAX (255 bytes: a file name of at most 174
+  bytes) or whose expanded path would be over PATH_MAX (4,096 bytes):
+  `start_link/1` and `child_spec/1` raise `ArgumentError` naming
+  `:snapshot`.
+
+  At start, before it reads anything, the replica checks that the
+  directory of its `:snapshot` path exists and is writable (as `access(2)`
+  says), and opens its lock file; otherwise `start_link/1` returns
+  `{:error, %Larder.Error{reason: :file_error}}`, whose details name the
+  option (`option: :snapshot`), the path, the directory or lock file and
+  the POSIX reason: a replica whose snapshots cannot be written does not
+  start.
+
+  One replica per snapshot path (its sweep deletes every dump of the path
+  but its own). A replica claims its path at start, before it reads the
   snapshot, in two ways: in the VM (so a second replica there is refused
   and named), and on the host with a kernel lock (`flock(2)`) on the file
   `<snapshot>.lock`, which it holds open until it stops. A second replica
@@ -150,10 +197,13 @@ defmodule Larder.Replica do
   its holder's OS pid; a clean stop deletes it, and a killed holder
   leaves it for the next one to lock (a lock counts only on the file that
   is at the path, so a starter that opened a file being deleted tries
-  again). Where the lock file cannot be opened at all (a read-only
-  directory that has none), the path is claimed in the VM only, with a
-  warning. Paths are compared expanded: two paths to one file through a
-  link are one file to the kernel's lock, two to the VM's claim.
+  again). The lock file is opened without following a symbolic link, and
+  written only once it is shown to be a lock file (a regular file, empty
+  or holding a holder's note: an OS pid, a space, ...; at most 4 KB): a
+  link there, or any other file (a manifest, another program's file), is
+  left as it is and the start refused with `:file_error` (`posix:
+  :eloop` for a link). Paths are compared expanded: two paths to one file
+  through a link are one file to the kernel's lock, two to the VM's claim.
 
   At start, a snapshot of another log or another structure is refused:
   `start_link/1` returns `{:error, %Larder.Error{reason:
@@ -172,29 +222,33 @@ defmodule Larder.Replica do
   O(records) (the structure's dump) plus a manifest of a few hundred
   bytes. `offset/1` and `target/1` are one ETS lookup (a row the replica
   writes after each batch), no call to its process; `await/3` is that
-  lookup, plus one call to the replica when the position is not reached yet, plus
-  one connection to the source for `:latest`.
+  lookup, plus one call to the replica when the position is not reached
+  yet, plus, for `:latest`, one process and one connection to the source
+  per ask of its end (one when the source answers).
 
   ## Concurrency
 
   The reader (a process linked to the replica's) reads the next batch, and
   runs an arity-1 `:apply` over it, while the replica writes the previous
-  one; at most one more batch waits in the replica's mailbox. A source
-  that reads ahead in threads of its own and implements
-  `c:Larder.Replica.Source.notify/2` (`Larder.Replica.Kafka`) has no
-  reader process: the replica reads each batch itself with no wait (no
-  copy of the batch between processes), answers the calls that came in
-  between two batches, and once caught up waits for the source's notice
-  (and reads at least every `:block_ms`). The
+  one; at most one more batch waits in the replica's mailbox (with an
+  arity-2 `:apply`, batches wait in the replica's state while a step
+  applies the one before). A source that reads ahead in threads of its own
+  and implements `c:Larder.Replica.Source.notify/2`
+  (`Larder.Replica.Kafka`) has no reader process: each batch is read with
+  no wait by a step, which applies it too (no copy of the batch between
+  processes); the replica answers calls meanwhile, and once caught up
+  waits for the source's notice (and reads at least every `:block_ms`).
+  The
   offset moves only after a whole batch is applied (or, on a stop, to the
   position after the last entry applied before the rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table
   write is whole, see `Larder.Table`); a batch is not atomic as a whole.
   `offset/1` and `target/1` read what the replica wrote after its last
   batch, at once, whatever its process is doing; `await/3` is answered
-  when a batch reaches the position, or by its own timeout even while the
-  replica is busy (an arity-2 `:apply` runs in the replica's process, and
-  one that does not return keeps it busy). During a snapshot the replica
+  when a batch reaches the position, or by its own timeout (an `:apply`
+  that does not return holds no more than its batch). A snapshot begins
+  between two batches: one requested while a step applies a batch begins
+  once it is applied. During a snapshot the replica
   goes on applying (for a Table and a deduplicating Bag fed by an arity-1
   `:apply`; see "Snapshots" for the other Bags), and reads of the
   structure go on. While a Table's dump is written, each row a batch
@@ -220,7 +274,11 @@ defmodule Larder.Replica do
       reports `[:larder, :replica, :source, :error]`, logs one warning per
       outage, and connects again after 100 ms, doubling to 2 s; it reads on
       from the last position it handed over. The structure keeps serving reads
-      meanwhile. A reply that fails the source's checks (see
+      meanwhile. `await/3` waits through the outage up to its timeout
+      (`:latest` asks the log's end again until it answers), and its
+      `:timeout` error carries the source's last error
+      (`details.source_error`): a refusal such as a missing ACL permission
+      is the caller's to see, not only the log's. A reply that fails the source's checks (see
       `Larder.Replica.RedisStream`) is counted the same way and closes the
       connection; nothing from the source can crash the replica.
     * **A trimmed log**: when the log lost entries after the replica's
@@ -248,18 +306,22 @@ defmodule Larder.Replica do
       with `{:shutdown, %Larder.Error{}}`; as a `:transient` child it is not
       restarted, and its structure goes with it. `await/3` callers get that
       error. No snapshot is written on such a stop or on a crash.
-    * **An arity-2 `:apply` that does not return** holds the replica's
-      process: no more batches are applied and `dump/1` waits, but
-      `offset/1`, `target/1` and `await/3` (by its timeout) still answer.
-      `drop/1` waits up to 5 s for the replica to take its request, then
-      kills it: the stuck apply ends with the process, mid-entry, no
-      snapshot is written (a restart starts from the last one), the reader
-      and the structure go with it, and a process linked to it gets the
-      exit `:killed`. A supervisor that started it kills it (its
-      `terminate_child`), so it stays stopped and the kill is not counted
-      against the supervisor's restart intensity. A
-      supervisor's own shutdown of such a replica is its `shutdown: 30_000`
-      and then a kill, as for any child.
+    * **An `:apply` that does not return** holds the reader or the step
+      it runs in, not the replica's process: no more batches are applied
+      and `dump/1` waits, but `offset/1`, `target/1`, `await/3` (by its
+      timeout) and `drop/1` answer. In a step, `drop/1` lets the batch
+      being applied end for up to 5 s, then kills the step: the apply ends
+      mid-entry, no snapshot is written (a restart starts from the last
+      one), and the structure goes with the replica. In the reader (an
+      arity-1 function of a source with a reader), nothing of the
+      structure is mid-batch: the replica stops at once, with its last
+      snapshot, and kills the reader. Either way the replica's process
+      stops with reason `:normal`, so a process
+      linked to it that does not trap exits (the one that called
+      `start_link/1`) is not touched, and a supervisor does not restart it
+      (`:transient`). A clean stop (the supervisor's shutdown,
+      `GenServer.stop/1`) gives the batch the same 5 s, then ends it the
+      same way, with the stop's reason.
 
   ## Performance
 
@@ -303,6 +365,7 @@ defmodule Larder.Replica do
   """
 
   alias Larder.Instance
+  alias Larder.Replica.Latest
   alias Larder.Replica.Server
   alias Larder.Replica.Target
 
@@ -316,9 +379,14 @@ defmodule Larder.Replica do
   @doc """
   Starts a replica linked to the caller (see "Options"). Returns `{:error,
   %Larder.Error{}}` when its snapshot path is in use by another replica
-  (`:snapshot_in_use`) or its snapshot is refused (`:snapshot_mismatch`,
+  (`:snapshot_in_use`), cannot hold snapshots (`:file_error` naming
+  `option: :snapshot`: a directory that does not exist or is not writable,
+  a lock file that cannot be opened, is a symbolic link or is not a lock
+  file), or its snapshot is refused (`:snapshot_mismatch`,
   `:definition_mismatch`, `:corrupt_snapshot`, or `:file_error` when the
-  dump the manifest names cannot be read); see "Snapshots".
+  dump the manifest names cannot be read); see "Snapshots". Raises
+  `ArgumentError` for bad options, a `:snapshot` path too long for its
+  derived names or that is another path's derived name included.
   """
   @spec start_link(keyword()) :: GenServer.on_start() | {:error, Larder.Error.t()}
   def start_link(opts) do
@@ -347,9 +415,15 @@ defmodule Larder.Replica do
   Stops the replica as a clean stop does (it writes its last snapshot, if it
   has a `:snapshot` path, given up to 30 s) and frees its structure with it;
   under a supervisor it stays stopped (its child is `:transient`). Returns
-  once the replica's process is gone. The replica takes the request between
-  batches: one that has not within 5 s (an arity-2 `:apply` that does not
-  return) is killed, without a snapshot (see "Failures"). Idempotent: a
+  once the replica's process is gone, which exits with reason `:normal`:
+  a linked process that does not trap exits (the caller of
+  `start_link/1`) lives on. The replica takes the request at once and
+  stops once the batch being applied is: an `:apply` that has not
+  returned within 5 s is ended, its step killed mid-entry, and the
+  replica stops without a snapshot (an arity-1 `:apply` stuck in the
+  reader is ended with the reader at once, and the snapshot written; see
+  "Failures"). Called from the replica's own `:apply` in a step (see
+  "Applying entries"), it does nothing. Idempotent: a
   name or pid that runs no replica (any more) is taken as one already
   dropped. Raises `ArgumentError` for a term that is neither a name nor a
   pid.
@@ -394,8 +468,9 @@ defmodule Larder.Replica do
   commits it in the manifest. The replica's `dump/2`, as Bag and Table
   have, with the path fixed by the replica. Returns `{:ok, offset}` (the
   offset the snapshot holds: the replica's when the snapshot began), or
-  `{:error, %Larder.Error{}}` (`:file_error`, or `:no_snapshot_path` for a
-  replica without `:snapshot`). A call to the replica's process: the
+  `{:error, %Larder.Error{}}` (`:file_error`, `:no_snapshot_path` for a
+  replica without `:snapshot`, or `:in_apply` when called from the
+  replica's own `:apply`). A call to the replica's process: the
   snapshot begins between batches, and the call returns once it is
   committed, while the replica goes on applying (see "Snapshots"); a call
   made while a snapshot is being written gets the next one.
@@ -410,8 +485,7 @@ defmodule Larder.Replica do
   to that offset), or with `:latest` the log's end when called (for Kafka
   every partition's high watermark then), or until
   `timeout` ms (`0..3_600_000` or `:infinity`) have passed, whatever the
-  replica's process is doing (an arity-2 `:apply` that does not return
-  included).
+  replica is doing (an `:apply` that does not return included).
 
   With `:latest`, a log whose end is below the replica's offset went
   backwards (see "Failures"): the wait is for the replica to have rebuilt
@@ -420,11 +494,25 @@ defmodule Larder.Replica do
   `:offset_trimmed`. Never `:ok` on the strength of entries the log no
   longer holds.
 
-  Returns `:ok`, or `{:error, %Larder.Error{}}`: `:timeout`; for `:latest`,
-  the source's error when it cannot be asked (`:source_unavailable`, ...);
-  the replica's own error when it stops meanwhile (`:offset_trimmed`,
-  `:apply_failed`), or `:replica_stopped`. Raises `ArgumentError` for an
-  unknown replica, a position the source does not take, or a bad timeout.
+  With `:latest`, the source's end is asked (its `latest/2`, in a process
+  of its own) and, while the source fails (a server down, restarting, not
+  answering, or refusing), asked again after 50 ms, doubling up to 1 s,
+  until it answers or the timeout is spent: the same for every source. So
+  a replica started before its log's server is up is awaited as one
+  started after. The whole call, asking and waiting, returns by `timeout`
+  (an ask that has not answered then is abandoned, and its process
+  killed); with `:infinity` each ask has 60 s, and the wait goes on.
+
+  Returns `:ok`, or `{:error, %Larder.Error{}}`: `:timeout` when the
+  position was not reached (or, for `:latest`, the log's end not read) in
+  time. While the source fails, that error's `details.source_error` is the
+  source's last error (`:source_unavailable`, or `:source_failed` for a
+  refusal such as an ACL's `NOPERM` on a command the source needs), and its
+  message ends with that error's: from asking the log's end, or from the
+  replica's own reads. The replica's own error when it stops meanwhile
+  (`:offset_trimmed`, `:apply_failed`), or `:replica_stopped`. Raises
+  `ArgumentError` for an unknown replica, a position the source does not
+  take, or a bad timeout.
   """
   @spec await(replica(), Larder.Replica.Source.position() | :latest, timeout()) ::
           :ok | {:error, Larder.Error.t()}
@@ -435,24 +523,30 @@ defmodule Larder.Replica do
               inspect(timeout, limit: 10)
     end
 
-    started = System.monotonic_time(:millisecond)
+    deadline =
+      if timeout == :infinity,
+        do: :infinity,
+        else: System.monotonic_time(:millisecond) + timeout
+
     handle = handle!(replica)
     source = handle.source
-    {offset, epoch, _target} = position!(replica, handle)
 
     target =
       case position do
         :latest ->
-          with {:ok, latest} <-
-                 source.latest(
-                   handle.source_opts,
-                   if(timeout == :infinity, do: 60_000, else: timeout)
-                 ) do
-            # An end that has not reached what the replica applied: the log
-            # went backwards, and only a rebuild (the next epoch) can reach it.
-            if source.reached?(latest, offset),
-              do: {:ok, latest, epoch},
-              else: {:ok, latest, epoch + 1}
+          with {:ok, latest} <- Latest.fetch(handle, deadline) do
+            case Server.position(handle) do
+              # An end that has not reached what the replica applied: the
+              # log went backwards, and only a rebuild (the next epoch) can
+              # reach it.
+              {offset, epoch, _target} ->
+                if source.reached?(latest, offset),
+                  do: {:ok, latest, epoch},
+                  else: {:ok, latest, epoch + 1}
+
+              nil ->
+                {:ok, latest, 0}
+            end
           end
 
         position ->
@@ -469,9 +563,9 @@ defmodule Larder.Replica do
 
     with {:ok, target, epoch} <- target do
       left =
-        if timeout == :infinity,
+        if deadline == :infinity,
           do: :infinity,
-          else: max(0, timeout - (System.monotonic_time(:millisecond) - started))
+          else: max(0, deadline - System.monotonic_time(:millisecond))
 
       Server.await(handle, target, epoch, left)
     end
@@ -530,8 +624,17 @@ defmodule Larder.Replica do
       )
 
     Target.validate!(opts[:into])
+    check_snapshot!(opts[:snapshot])
     {source, source_opts} = opts[:source]
     Keyword.put(opts, :source, {source, source.validate!(source_opts)})
+  end
+
+  defp check_snapshot!(nil), do: :ok
+
+  defp check_snapshot!(path) do
+    with {:error, expected} <- Larder.Replica.Snapshot.check_path(path) do
+      raise ArgumentError, "expected #{@what} option :snapshot to be #{expected}"
+    end
   end
 
   defp into?({module, opts}) when module in [Larder.Table, Larder.Bag] and is_list(opts), do: true

@@ -87,10 +87,10 @@ defmodule Larder.DropTest do
   end
 
   describe "a replica stuck in an arity-2 apply" do
-    # A replica that cannot take the drop request is killed; under a
-    # supervisor the kill goes through it (terminate_child), so it is
-    # neither restarted nor counted as a crash: with max_restarts: 0 a
-    # crash would take the supervisor and its other children down.
+    # A replica whose apply is stuck (in a step of its own) ends it and
+    # exits :normal; under a supervisor it is neither restarted nor
+    # counted as a crash: with max_restarts: 0 a crash would take the
+    # supervisor and its other children down.
     setup ctx do
       log = PartitionedSource.new(1)
       PartitionedSource.append(log, 0, %{"k" => "1"})
@@ -146,9 +146,10 @@ defmodule Larder.DropTest do
       on_exit(fn -> if Process.alive?(sup), do: Process.exit(sup, :kill) end)
       {:ok, other} = DynamicSupervisor.start_child(sup, ctx.other)
       {:ok, replica} = DynamicSupervisor.start_child(sup, {Replica, ctx.opts})
-      assert_receive {:stuck, ^replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
 
       assert Replica.drop(replica) == :ok
+      refute Process.alive?(step)
       refute Process.alive?(replica)
       assert Process.alive?(sup)
       assert [{:undefined, ^other, _, _}] = DynamicSupervisor.which_children(sup)

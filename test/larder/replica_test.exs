@@ -390,10 +390,11 @@ defmodule Larder.ReplicaTest do
   end
 
   describe "an arity-2 apply stuck on an entry" do
-    # The apply blocks for good on the entry of key 2, inside the replica's
-    # process: calls that only read or wait must still answer.
+    # The apply blocks for good on the entry of key 2 (in a process of the
+    # replica's, a step, which it reports): calls that only read or wait
+    # must still answer, and drop/1 must end it without killing a process
+    # linked to the replica. The test process does not trap exits.
     setup ctx do
-      Process.flag(:trap_exit, true)
       me = self()
       [first, _] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 1}, {:put, 2, 2}])
 
@@ -431,7 +432,7 @@ defmodule Larder.ReplicaTest do
 
     test "await/3 answers by its timeout, offset/1 and target/1 at once", ctx do
       replica = start!(ctx.opts)
-      assert_receive {:stuck, ^replica}, 10_000
+      assert_receive {:stuck, _step}, 10_000
 
       assert answer(fn -> Replica.offset(replica) end) == ctx.first
       assert %Table{} = answer(fn -> Replica.target(replica) end)
@@ -447,31 +448,112 @@ defmodule Larder.ReplicaTest do
       refute_receive {_ref, :ok}, 500
     end
 
-    test "drop/1 kills it: no snapshot, and the name is free again", ctx do
-      replica = start!(ctx.opts)
-      assert_receive {:stuck, ^replica}, 10_000
-      assert answer(fn -> Replica.drop(replica) end) == :ok
-      assert_received {:EXIT, ^replica, :killed}
+    test "drop/1 from the plain process that started it ends the apply, not that process",
+         ctx do
+      owner = self()
+
+      # a plain process, not trapping exits, linked to the replica
+      starter =
+        spawn(fn ->
+          {:ok, replica} = Replica.start_link(ctx.opts)
+          send(owner, {:started, replica})
+
+          receive do
+            :drop -> send(owner, {:dropped, Replica.drop(replica)})
+          end
+
+          receive do
+            :exit -> :ok
+          end
+        end)
+
+      watch = Process.monitor(starter)
+      assert_receive {:started, replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
+      send(starter, :drop)
+      assert_receive {:dropped, :ok}, 20_000
+
+      refute_received {:DOWN, ^watch, _, _, _}
+      assert Process.alive?(starter)
       refute Process.alive?(replica)
+      refute Process.alive?(step)
+      # no snapshot: the structure was mid-batch
       refute File.exists?(ctx.path)
       assert_raise ArgumentError, ~r/unknown Larder.Replica/, fn -> Replica.offset(replica) end
 
-      # a new replica of the same name and structure starts (and gets stuck)
-      again = start!(ctx.opts)
-      assert_receive {:stuck, ^again}, 10_000
-      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      send(starter, :exit)
+      assert_receive {:DOWN, ^watch, :process, _, :normal}, 10_000
     end
 
-    test "drop/1 of a supervised one kills it and it stays dropped", ctx do
+    test "drop/1 from another process: the linked caller lives on, the name is free again",
+         ctx do
+      refute Process.flag(:trap_exit, false)
+      replica = start!(ctx.opts)
+      assert_receive {:stuck, step}, 10_000
+      assert answer(fn -> Replica.drop(replica) end) == :ok
+      # this process, linked to the replica and not trapping, is alive
+      refute Process.alive?(replica)
+      refute Process.alive?(step)
+      refute File.exists?(ctx.path)
+
+      # a new replica of the same name and structure starts (and gets stuck)
+      again = start!(ctx.opts)
+      assert_receive {:stuck, _}, 10_000
+      assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
+      refute Process.alive?(again)
+    end
+
+    test "drop/1 of a supervised one ends it and it stays dropped", ctx do
       {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
       on_exit(fn -> Process.exit(sup, :kill) end)
-      assert_receive {:stuck, replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
+      [{_, replica, _, _}] = Supervisor.which_children(sup)
       assert answer(fn -> Replica.drop(name(ctx, "r")) end) == :ok
       refute Process.alive?(replica)
+      refute Process.alive?(step)
       assert [{{Replica, _}, :undefined, :worker, _}] = Supervisor.which_children(sup)
       refute_receive {:stuck, _}, 500
       assert Replica.drop(name(ctx, "r")) == :ok
     end
+
+    test "a supervisor's shutdown ends it too, without a snapshot", ctx do
+      {:ok, sup} = Supervisor.start_link([{Replica, ctx.opts}], strategy: :one_for_one)
+      Process.unlink(sup)
+      assert_receive {:stuck, step}, 10_000
+      assert answer(fn -> Supervisor.stop(sup) end) == :ok
+      refute Process.alive?(step)
+      refute File.exists?(ctx.path)
+    end
+  end
+
+  test "an apply that calls drop/1 or dump/1 on its own replica gets an answer, not a deadlock",
+       ctx do
+    me = self()
+    replica_name = name(ctx, "r")
+
+    apply = fn fields, into ->
+      if fields["k"] == "1" do
+        send(me, {:inside, Replica.dump(replica_name), Replica.drop(replica_name)})
+      end
+
+      Log.apply_entry(fields, into)
+    end
+
+    Log.add(ctx.redis, ctx.stream, for(k <- 1..3, do: {:put, k, k}))
+
+    opts =
+      Log.opts(replica_name, name(ctx, "t"), ctx.server.port, ctx.stream,
+        apply: apply,
+        snapshot: Path.join(ctx.dir, "own.snap")
+      )
+
+    replica = start!(opts)
+    assert_receive {:inside, {:error, %Larder.Error{reason: :in_apply}}, :ok}, 10_000
+    # nothing was done: the replica goes on
+    assert Replica.await(replica, :latest, 10_000) == :ok
+    assert Process.alive?(replica)
+    assert Log.contents(name(ctx, "t")) == Map.new(1..3, &{&1, &1})
+    assert {:ok, _} = Replica.dump(replica)
   end
 
   describe "a poisoned entry" do
@@ -589,6 +671,129 @@ defmodule Larder.ReplicaTest do
     assert Log.contents(name(ctx, "t")) == Map.new(1..20, &{&1, &1})
   end
 
+  describe "await(:latest) on a source that is down" do
+    # A boot that waits for its replica (`:ok = Replica.await(r, :latest,
+    # 30_000)`) must not crash because Redis comes up a second late: every
+    # source is asked for its end again until the caller's timeout.
+
+    # `fun`'s result and the ms it took.
+    defp timed(fun) do
+      started = System.monotonic_time(:millisecond)
+      result = fun.()
+      {result, System.monotonic_time(:millisecond) - started}
+    end
+
+    test "waits for a Redis that comes up late, from a plain process", ctx do
+      port = RedisServer.free_port()
+      opts = Log.opts(name(ctx, "r"), name(ctx, "t"), port, ctx.stream)
+      replica = start!(opts)
+
+      waiter = Task.async(fn -> timed(fn -> Replica.await(replica, :latest, 30_000) end) end)
+      Process.sleep(1_500)
+      refute Task.yield(waiter, 0)
+
+      late = RedisServer.start(port: port)
+      on_exit(fn -> RedisServer.stop(late) end)
+      Log.add(Log.connect(port), ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+
+      assert {:ok, {:ok, elapsed}} = Task.yield(waiter, 30_000)
+      assert elapsed >= 1_500
+      assert Log.contents(name(ctx, "t")) == Map.new(1..10, &{&1, &1})
+    end
+
+    test "that stays down: :timeout once the caller's timeout is spent, naming the source's error",
+         ctx do
+      port = RedisServer.free_port()
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), port, ctx.stream))
+
+      for timeout <- [0, 300, 1_000] do
+        {result, elapsed} = timed(fn -> Replica.await(replica, :latest, timeout) end)
+
+        assert {:error, %Larder.Error{reason: :timeout, details: details} = error} = result
+        assert elapsed >= timeout
+        # bounded by the caller's timeout, with room for a loaded machine
+        assert elapsed < timeout + 2_000
+
+        if timeout > 0 do
+          assert %Larder.Error{reason: :source_unavailable} = details.source_error
+          assert Exception.message(error) =~ "source's last error"
+          assert Exception.message(error) =~ Exception.message(details.source_error)
+        end
+      end
+
+      # an id: the reader's last error says why it is not reached
+      assert {:error, %Larder.Error{reason: :timeout, details: details}} =
+               Replica.await(replica, "1-0", 500)
+
+      assert %Larder.Error{reason: :source_unavailable} = details.source_error
+    end
+
+    test "a Redis that does not answer (SIGSTOP): :timeout by the caller's timeout", ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      replica = start!(Log.opts(name(ctx, "r"), name(ctx, "t"), ctx.server.port, ctx.stream))
+      assert Replica.await(replica, :latest, 10_000) == :ok
+
+      RedisServer.pause(ctx.server)
+      on_exit(fn -> RedisServer.resume(ctx.server) end)
+
+      {result, elapsed} = timed(fn -> Replica.await(replica, :latest, 1_000) end)
+      assert {:error, %Larder.Error{reason: :timeout}} = result
+      assert elapsed >= 1_000 and elapsed < 3_000
+
+      # resumed within the caller's timeout: answered
+      waiter = Task.async(fn -> Replica.await(replica, :latest, 30_000) end)
+      Process.sleep(500)
+      RedisServer.resume(ctx.server)
+      assert Task.await(waiter, 30_000) == :ok
+    end
+  end
+
+  describe "a Redis user without a permission the replica needs" do
+    # The source's refusal (an ACL's NOPERM) is in await/3's error, not
+    # only in the log: reason :timeout, the source's last error in the
+    # details and the message.
+    setup ctx do
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      :ok
+    end
+
+    defp as_user(ctx, user, denied) do
+      {:ok, "OK"} =
+        Log.command(
+          ctx.redis,
+          ["ACL", "SETUSER", user, "reset", "on", ">pw", "~*", "+@all"] ++
+            Enum.map(denied, &"-#{&1}")
+        )
+
+      Log.opts(name(ctx, "r-#{user}"), name(ctx, "t-#{user}"), ctx.server.port, ctx.stream,
+        source:
+          {Larder.Replica.RedisStream,
+           redis: [port: ctx.server.port, timeout: 1_000, username: user, password: "pw"],
+           stream: ctx.stream}
+      )
+    end
+
+    for denied <- [["xread"], ["multi"], ["xinfo"]] do
+      test "(#{Enum.join(denied, ", ")} denied): await/3's error names the refusal", ctx do
+        replica = start!(as_user(ctx, "u#{ctx.id}", unquote(denied)))
+
+        for position <- [:latest, "99999999999999-0"] do
+          assert {:error, %Larder.Error{reason: :timeout, details: details} = error} =
+                   Replica.await(replica, position, 1_500)
+
+          assert %Larder.Error{reason: :source_failed} = details.source_error
+          assert Exception.message(details.source_error) =~ "NOPERM"
+          assert Exception.message(error) =~ "NOPERM"
+        end
+
+        # granted again: the replica reads, and the wait ends
+        {:ok, "OK"} = Log.command(ctx.redis, ["ACL", "SETUSER", "u#{ctx.id}", "+@all"])
+        assert Replica.await(replica, :latest, 30_000) == :ok
+        assert Log.contents(Replica.target(replica)) == Map.new(1..10, &{&1, &1})
+      end
+    end
+  end
+
   describe "a snapshot" do
     setup ctx do
       path = Path.join(ctx.dir, "r.snap")
@@ -614,7 +819,11 @@ defmodule Larder.ReplicaTest do
     end
 
     test "leaves one dump, and sweeps the files of dumps killed mid-write", ctx do
-      stale = [ctx.path <> ".1-aa.dump", ctx.path <> ".2-bb.dump.123.0123456789abcdef-7.tmp"]
+      stale = [
+        ctx.path <> ".1700000000000-0000aaaa.dump",
+        ctx.path <> ".1700000000001-0000bbbb.dump.123.0123456789abcdef-7.tmp"
+      ]
+
       for file <- stale, do: File.write!(file, "x")
       Log.add(ctx.redis, ctx.stream, [{:put, 11, 11}])
       replica = start!(ctx.opts)

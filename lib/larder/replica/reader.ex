@@ -23,8 +23,9 @@ defmodule Larder.Replica.Reader do
   `prepare` function, called here while the server applies the previous
   batch; a batch may have no entries when only the position moved, past a
   gap of the log), `{:replica_trimmed, reader, resume_position}` (and then
-  waits for `{:replica_resume, position}`) and `{:replica_source_error,
-  reader, error}`.
+  waits for `{:replica_resume, position}`), `{:replica_source_error,
+  reader, error}` on each failed connect or read, and `{:replica_source_ok,
+  reader}` once the source answers again after one.
   """
   @spec start_link(
           module(),
@@ -159,6 +160,7 @@ defmodule Larder.Replica.Reader do
 
   defp recovered(%{failing: true} = state) do
     Logger.info("Larder.Replica: the source answers again")
+    send(state.server, {:replica_source_ok, self()})
     %{state | failing: false, wait: @min_wait_ms}
   end
 

@@ -1,12 +1,24 @@
-# The process of a replica: it owns the Table or Bag, applies the batches its
-# reader hands over (the only writer of the structure), moves the offset
-# after each, answers await calls, and writes the snapshots. A source that
-# can notify (a client that prefetches in threads of its own: Kafka) is
-# read by this process itself, with no wait and no reader process, so a
-# batch is never copied between processes; it tells this process when
-# there is something to read once a read comes back empty. Its offset,
-# epoch and structure are also kept in a row that callers read without a
-# call (an arity-2 apply runs in this process and can keep it busy).
+# The process of a replica: it owns the Table or Bag, has the batches its
+# reader hands over applied (the only writer of the structure, itself or
+# through a step), moves the offset after each, answers await calls, and
+# writes the snapshots. A source that can notify (a client that prefetches
+# in threads of its own: Kafka) has no reader process: each batch is read
+# with no wait by a step, which applies it too, so a batch is never copied
+# between processes; the source tells this process when there is
+# something to read once a read comes back empty. Its offset, epoch and
+# structure are also kept in a row that callers read without a call.
+#
+# A step is a short-lived process, linked, that runs one batch's user
+# code, so that the user's code never runs in this process, the one
+# linked to whoever started the replica: an apply that does not return
+# holds its step, and drop/1 ends it by killing the step, while this
+# process, free, stops with reason :normal (an exit :killed would kill a
+# linked caller that does not trap exits). Steps: an arity-2 apply's
+# batches (the reader's, copied to the step), and every read of a
+# notifying source (read, and applied with either arity, in the step).
+# An arity-1 apply of a reader's batches runs in the reader. One step at
+# a time; batches that come meanwhile queue, and a snapshot (which begins
+# between two batches) waits for the step.
 defmodule Larder.Replica.Server do
   @moduledoc false
 
@@ -15,6 +27,8 @@ defmodule Larder.Replica.Server do
   # `row` is this process's protected ETS table, holding
   #
   #   {:position, offset, epoch, target}  after each batch and rebuild;
+  #   {:source_error, error}              while the source fails (its last
+  #                                       error; gone once it answers);
   #   {:stopping}                         once it took a drop/1 request.
   #
   # `epoch` counts the rebuilds (on_trimmed: :rebuild): await/3 on a log
@@ -60,12 +74,18 @@ defmodule Larder.Replica.Server do
     :on_error,
     :telemetry,
     :reader,
-    # Reading in this process (a source with notify/2): the connection,
-    # the pending fallback read timer, the retry (nil, a timer, or
-    # {:connecting, pid} while a process connects), the retry wait.
+    # Reading through steps (a source with notify/2): the connection (nil
+    # while a step holds it), the pending fallback read timer, the retry
+    # timer, the retry wait.
     :conn,
     :read_timer,
     :retry,
+    # the step running: %{pid, started}, or nil; the callers of a
+    # snapshot that waits for it (nil: none due, [] for the timer's); the
+    # timer of a drop/1 that waits for it
+    :step,
+    :deferred,
+    :dropping,
     :offset,
     :snapshot_offset,
     :timer,
@@ -75,20 +95,27 @@ defmodule Larder.Replica.Server do
     # %{pid, offset, started, callers}; `next_callers` wait for the one after
     :snapshotting,
     epoch: 0,
+    # the reader's messages that wait for the step ({:batch, entries,
+    # position_after}, {:trimmed, resume})
+    queue: :queue.new(),
     waiters: [],
     wait: 100,
     failing: false,
+    # whether the row holds a source error (from the reader, or from the
+    # steps' reads)
+    source_failing: false,
     next_callers: []
   ]
 
-  # How long drop/1 waits for the replica to take its request (it does
-  # between batches, and between the entries of an arity-2 apply's batch
-  # only once the batch is done) before it kills it; and how long it then
-  # lets a replica that took it write its last snapshot.
+  # How long a drop (or a clean stop) waits for the step running to end
+  # before it kills it; how long drop/1 waits for the replica to take its
+  # request (at once, but for a process busy in a write) before it kills
+  # it, and how long it then lets a replica that took it write its last
+  # snapshot.
   @drop_wait_ms 5_000
   @stop_wait_ms 30_000
 
-  # Reading in this process: the waits between two connections after a
+  # Reading through steps: the waits between two connections after a
   # source error, as the reader's.
   @min_wait_ms 100
   @max_wait_ms 2_000
@@ -212,10 +239,23 @@ defmodule Larder.Replica.Server do
   ## Calls
 
   @impl true
-  def handle_call({Larder.Instance, :drop}, _from, state) do
+  def handle_call({Larder.Instance, :drop}, {caller, _}, %{step: %{pid: caller}} = state),
+    do: {:reply, :own_step, state}
+
+  def handle_call({Larder.Instance, :drop}, _from, %{step: nil} = state) do
     :ets.insert(state.handle.row, {:stopping})
     {:stop, :normal, :ok, state}
   end
+
+  # A batch in a step: the replica stops once it is applied, or kills the
+  # step after @drop_wait_ms (see between_batches/1 and :replica_drop).
+  def handle_call({Larder.Instance, :drop}, _from, %{dropping: nil} = state) do
+    :ets.insert(state.handle.row, {:stopping})
+    timer = Process.send_after(self(), :replica_drop, @drop_wait_ms)
+    {:reply, :ok, %{state | dropping: timer}}
+  end
+
+  def handle_call({Larder.Instance, :drop}, _from, state), do: {:reply, :ok, state}
 
   def handle_call({:await, target, epoch, timeout}, from, state) do
     if reached?(state.source, {state.offset, state.epoch}, target, epoch) do
@@ -233,6 +273,19 @@ defmodule Larder.Replica.Server do
   def handle_call(:snapshot, _from, %{snapshot: nil} = state) do
     {:reply, {:error, Larder.Error.new(:no_snapshot_path, "the replica has no :snapshot path")},
      state}
+  end
+
+  # From the replica's own apply: the snapshot would wait for the batch
+  # being applied, which waits for the call.
+  def handle_call(:snapshot, {caller, _}, %{step: %{pid: caller}} = state) do
+    error =
+      Larder.Error.new(
+        :in_apply,
+        "dump/1 called by the replica's own apply function: a snapshot begins between " <>
+          "two batches, after the one that is being applied"
+      )
+
+    {:reply, {:error, error}, state}
   end
 
   def handle_call(:snapshot, from, state), do: {:noreply, snapshot(state, [from])}
@@ -264,19 +317,29 @@ defmodule Larder.Replica.Server do
   ## The reader's batches
 
   @impl true
+  # An arity-1 apply ran in the reader: its ops are written here. An
+  # arity-2 apply's batch goes to a step, in turn.
   def handle_info({:replica_batch, reader, entries, position_after}, %{reader: reader} = state) do
-    applied(state, entries, position_after, is_function(state.apply, 1))
+    state = source_answers(state)
+
+    if is_function(state.apply, 1),
+      do: applied(state, entries, position_after),
+      else:
+        next_queued(%{state | queue: :queue.in({:batch, entries, position_after}, state.queue)})
   end
 
   def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state),
-    do: trimmed(state, resume)
+    do: next_queued(%{state | queue: :queue.in({:trimmed, resume}, state.queue)})
 
   def handle_info({:replica_source_error, reader, error}, %{reader: reader} = state) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
-    {:noreply, state}
+    {:noreply, source_failed(state, error)}
   end
 
-  # Reading in this process: the next batch (after one applied), the
+  def handle_info({:replica_source_ok, reader}, %{reader: reader} = state),
+    do: {:noreply, source_answers(state)}
+
+  # Reading through steps: the next batch (after one applied), the
   # source's notice that there is something to read, the fallback read
   # while waiting, the connection again after an error.
   def handle_info(:replica_read, %{reader: nil} = state), do: read(state)
@@ -287,20 +350,20 @@ defmodule Larder.Replica.Server do
 
   def handle_info(:replica_retry, %{reader: nil} = state), do: read(%{state | retry: nil})
 
-  def handle_info({:replica_connected, pid, result}, %{retry: {:connecting, pid}} = state),
-    do: read_result(%{state | retry: nil}, result)
+  def handle_info({:replica_step, pid, result}, %{step: %{pid: pid}} = state),
+    do: stepped(state, result)
+
+  # A drop that waited @drop_wait_ms for the step: it ends mid-batch, and
+  # the replica stops with no snapshot (its structure may be mid-entry).
+  def handle_info(:replica_drop, %{step: %{pid: pid}} = state) do
+    kill(pid)
+    {:stop, :normal, %{state | step: nil, dropping: nil, snapshot: nil}}
+  end
 
   def handle_info({:await_timeout, ref}, state) do
     case List.keytake(state.waiters, ref, 0) do
       {{^ref, {target, _epoch}, from, _timer}, waiters} ->
-        GenServer.reply(
-          from,
-          {:error,
-           Larder.Error.new(:timeout, "the replica did not reach the position in time",
-             id: target,
-             offset: state.offset
-           )}
-        )
+        GenServer.reply(from, {:error, timed_out(state.handle, target)})
 
         {:noreply, %{state | waiters: waiters}}
 
@@ -336,20 +399,21 @@ defmodule Larder.Replica.Server do
 
   @impl true
   def terminate(reason, state) do
-    if state.reader do
-      Process.unlink(state.reader)
-      Process.exit(state.reader, :kill)
-    end
+    if state.reader, do: kill(state.reader)
 
-    # (its connection, if any, goes with it)
-    with {:connecting, pid} <- state.retry, do: Process.exit(pid, :kill)
+    # A clean stop lets the step running end (up to @drop_wait_ms: after
+    # that, or on a crash, it is killed mid-batch, with the connection it
+    # holds, and no snapshot is written).
+    state = end_step(state, clean?(reason))
 
-    # A clean stop (the supervisor's shutdown, GenServer.stop/1) lets the
-    # snapshot being written commit and writes a last one; a crash does not
-    # (the structure may be mid-entry), and its snapshot's process goes
-    # with it (linked).
-    if state.snapshot && clean?(reason) do
-      state |> await_snapshot() |> write_snapshot()
+    # A clean stop (the supervisor's shutdown, GenServer.stop/1, drop/1)
+    # lets the snapshot being written commit and writes a last one; a
+    # crash does not (the structure may be mid-entry), and its snapshot's
+    # process is killed (it would commit after the replica let its path go).
+    cond do
+      state.snapshot && clean?(reason) -> state |> await_snapshot() |> write_snapshot()
+      state.snapshotting -> kill(state.snapshotting.pid)
+      true -> :ok
     end
 
     release_path(state)
@@ -359,6 +423,42 @@ defmodule Larder.Replica.Server do
     :ok
   end
 
+  defp kill(pid) do
+    Process.unlink(pid)
+    Process.exit(pid, :kill)
+  end
+
+  defp end_step(%{step: nil} = state, _clean), do: state
+
+  defp end_step(%{step: %{pid: pid}} = state, true) do
+    receive do
+      {:replica_step, ^pid, result} -> last_step(%{state | step: nil}, result)
+    after
+      @drop_wait_ms ->
+        kill(pid)
+        %{state | step: nil, snapshot: nil}
+    end
+  end
+
+  defp end_step(%{step: %{pid: pid}} = state, false) do
+    kill(pid)
+    %{state | step: nil}
+  end
+
+  # The position and connection a step ended with, for the last snapshot.
+  defp last_step(state, {:applied, {:ok, offset, _applied, _rejected}}),
+    do: %{state | offset: offset}
+
+  defp last_step(state, {:applied, {:stop, _error, offset}}), do: %{state | offset: offset}
+
+  defp last_step(state, {:read_applied, outcome, conn}),
+    do: %{last_step(state, {:applied, outcome}) | conn: conn}
+
+  defp last_step(state, {:read, {:ok, [], position_after, conn}}),
+    do: %{state | offset: position_after, conn: conn}
+
+  defp last_step(state, {:read, {_trimmed_or_error, _, conn}}), do: %{state | conn: conn}
+
   defp clean?(:normal), do: true
   defp clean?(:shutdown), do: true
   defp clean?({:shutdown, reason}), do: not is_exception(reason)
@@ -366,8 +466,8 @@ defmodule Larder.Replica.Server do
 
   ## Reading
 
-  # A source that notifies is read here; any other by a reader process
-  # (which blocks in read/4 up to :block_ms).
+  # A source that notifies is read by steps; any other by a reader
+  # process (which blocks in read/4 up to :block_ms).
   defp start_reading(state) do
     if Code.ensure_loaded?(state.source) and function_exported?(state.source, :notify, 2) do
       send(self(), :replica_read)
@@ -387,40 +487,17 @@ defmodule Larder.Replica.Server do
     end
   end
 
-  # One read with no wait, then: the batch applied and the next read
-  # queued behind whatever calls came meanwhile; or, when nothing came,
-  # the source asked for a notice (and a read after :block_ms at the
-  # latest, which keeps a source's periodic checks going when idle).
-  # While a retry or a connection is pending, notices wait for it.
-  defp read(%{retry: nil, conn: nil} = state), do: {:noreply, connect(state)}
-
-  defp read(%{retry: nil} = state),
-    do: read_result(state, state.source.read(state.conn, state.offset, state.batch_size, 0))
+  # One read with no wait, in a step (which connects first when there is
+  # no connection, and applies what it read), then: the next read queued
+  # behind whatever calls came meanwhile; or, when nothing came, the
+  # source asked for a notice (and a read after :block_ms at the latest,
+  # which keeps a source's periodic checks going when idle). While a step
+  # or a retry is pending, notices wait for it; a replica being dropped
+  # reads no more.
+  defp read(%{step: nil, retry: nil, dropping: nil} = state),
+    do: {:noreply, start_step(%{state | conn: nil}, {:read, state.conn})}
 
   defp read(state), do: {:noreply, state}
-
-  # The connection and its first read (where a source looks the log up:
-  # Kafka's metadata, watermarks and assignment, the calls that wait on a
-  # broker that does not answer, up to its :timeout) run in a process of
-  # their own, linked, so the replica answers calls meanwhile. It hands
-  # over the connection and that first batch.
-  defp connect(state) do
-    %{source: source, source_opts: opts, offset: offset, batch_size: count} = state
-    server = self()
-
-    pid =
-      spawn_link(fn ->
-        result =
-          case source.connect(opts) do
-            {:ok, conn} -> source.read(conn, offset, count, 0)
-            {:error, error} -> {:error, error, nil}
-          end
-
-        send(server, {:replica_connected, self(), result})
-      end)
-
-    %{state | retry: {:connecting, pid}}
-  end
 
   defp read_result(state, result) do
     offset = state.offset
@@ -431,10 +508,6 @@ defmodule Larder.Replica.Server do
 
       {:ok, [], position_after, conn} ->
         await_entries(advance(recovered(%{state | conn: conn}), position_after))
-
-      {:ok, entries, position_after, conn} ->
-        send(self(), :replica_read)
-        applied(recovered(%{state | conn: conn}), entries, position_after, false)
 
       {:trimmed, resume, conn} ->
         send(self(), :replica_read)
@@ -470,6 +543,7 @@ defmodule Larder.Replica.Server do
   # is read in halves.
   defp read_failed(state, error) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
+    state = source_failed(state, error)
 
     state =
       case error do
@@ -496,19 +570,39 @@ defmodule Larder.Replica.Server do
 
   defp recovered(%{failing: true} = state) do
     Logger.info("Larder.Replica #{inspect(state.name)}: the source answers again")
-    %{state | failing: false, wait: @min_wait_ms}
+    source_answers(%{state | failing: false, wait: @min_wait_ms})
   end
 
   defp recovered(state), do: state
 
+  # The source's last error, kept in the row while it fails, for await/3's
+  # timeout (a refusal such as an ACL's NOPERM is then the caller's to see,
+  # not only the log's).
+  defp source_failed(state, error) do
+    :ets.insert(state.handle.row, {:source_error, error})
+    %{state | source_failing: true}
+  end
+
+  defp source_answers(%{source_failing: true} = state) do
+    :ets.delete(state.handle.row, :source_error)
+    %{state | source_failing: false}
+  end
+
+  defp source_answers(state), do: state
+
   ## Batches
 
-  # `prepared`: an arity-1 apply already ran over the entries (in the
-  # reader process). A reader gets an ack for each batch it sent.
-  defp applied(state, entries, position_after, prepared) do
+  # A reader's batch whose arity-1 apply already ran (in the reader): its
+  # ops written here.
+  defp applied(state, entries, position_after) do
     started = System.monotonic_time()
+    batch_done(state, apply_batch(state, entries, position_after, true), started)
+  end
 
-    case apply_batch(state, entries, position_after, prepared) do
+  # A batch applied (here or in a step): the reader (if any) gets its ack,
+  # the offset moves; or the replica stops on a rejected entry.
+  defp batch_done(state, outcome, started) do
+    case outcome do
       {:ok, offset, applied, rejected} ->
         if state.reader, do: send(state.reader, :replica_ack)
 
@@ -531,6 +625,98 @@ defmodule Larder.Replica.Server do
         {:stop, {:shutdown, error}, %{state | snapshot: nil}}
     end
   end
+
+  ## Steps
+
+  # Runs `work` in a step (see the top of this file): {:read, conn} (a
+  # notifying source's next batch, read and applied) or {:apply, entries,
+  # position_after} (a reader's batch, for an arity-2 apply). The step
+  # gets a copy of the state as it is now: the offset, the structure, the
+  # function; it sends back {:replica_step, pid, result}.
+  defp start_step(state, work) do
+    server = self()
+    copy = %{state | waiters: [], queue: :queue.new(), next_callers: [], deferred: nil}
+
+    pid =
+      :proc_lib.spawn_link(fn ->
+        Process.put(:"$callers", [server])
+        send(server, {:replica_step, self(), step(copy, work)})
+      end)
+
+    %{state | step: %{pid: pid, started: System.monotonic_time()}}
+  end
+
+  # In the step's process.
+  defp step(state, {:apply, entries, position_after}),
+    do: {:applied, apply_batch(state, entries, position_after, false)}
+
+  defp step(state, {:read, conn}) do
+    connected = if conn, do: {:ok, conn}, else: state.source.connect(state.source_opts)
+
+    with {:ok, conn} <- connected,
+         {:ok, [_ | _] = entries, position_after, conn} <-
+           state.source.read(conn, state.offset, state.batch_size, 0) do
+      {:read_applied, apply_batch(state, entries, position_after, false), conn}
+    else
+      {:error, %Larder.Error{} = error} -> {:read, {:error, error, nil}}
+      other -> {:read, other}
+    end
+  end
+
+  # A step's result, back here: what it read and applied is taken in,
+  # and then, between two batches, a drop that waited stops the replica
+  # and a snapshot that waited begins, before the next batch.
+  defp stepped(state, result) do
+    %{started: started} = state.step
+    state = %{state | step: nil}
+
+    reply =
+      case result do
+        {:applied, outcome} ->
+          batch_done(state, outcome, started)
+
+        {:read_applied, outcome, conn} ->
+          send(self(), :replica_read)
+          batch_done(recovered(%{state | conn: conn}), outcome, started)
+
+        {:read, result} ->
+          read_result(state, result)
+      end
+
+    case reply do
+      {:noreply, state} -> between_batches(state)
+      stop -> stop
+    end
+  end
+
+  defp between_batches(%{dropping: timer} = state) when timer != nil do
+    Process.cancel_timer(timer)
+    {:stop, :normal, %{state | dropping: nil}}
+  end
+
+  defp between_batches(%{deferred: nil} = state), do: next_queued(state)
+
+  defp between_batches(%{deferred: callers} = state),
+    do: next_queued(snapshot(%{state | deferred: nil}, callers))
+
+  # The reader's next message that waited for a step, if no step runs.
+  defp next_queued(%{step: nil, dropping: nil} = state) do
+    case :queue.out(state.queue) do
+      {{:value, {:batch, entries, position_after}}, queue} ->
+        {:noreply, start_step(%{state | queue: queue}, {:apply, entries, position_after})}
+
+      {{:value, {:trimmed, resume}}, queue} ->
+        case trimmed(%{state | queue: queue}, resume) do
+          {:noreply, state} -> next_queued(state)
+          stop -> stop
+        end
+
+      {:empty, _queue} ->
+        {:noreply, state}
+    end
+  end
+
+  defp next_queued(state), do: {:noreply, state}
 
   defp trimmed(state, resume) do
     execute(state, [:trimmed], %{count: 1}, %{
@@ -581,8 +767,9 @@ defmodule Larder.Replica.Server do
   #
   # An arity-1 function is called by the reader, on the batch it has just
   # read (in parallel with the batch this process applies): the entries
-  # come `prepared`, as {id, result of run_apply/2}. Otherwise (an
-  # arity-2 function, or a source read in this process) it is called here.
+  # come `prepared`, as {id, result of run_apply/2}, and are written in
+  # the replica's process. Otherwise (an arity-2 function, or a source
+  # read by steps) it is called here, in a step.
   defp apply_batch(state, entries, position_after, prepared) do
     ctx = %{
       state: state,
@@ -899,53 +1086,98 @@ defmodule Larder.Replica.Server do
     :exit, {reason, _} -> {:error, stopped(reason)}
   end
 
+  # The error of an await that timed out: the replica's offset, and the
+  # source's last error while it fails (in the details and the message).
   defp timed_out(handle, target) do
-    offset =
-      case position(handle) do
-        {offset, _epoch, _structure} -> offset
-        nil -> nil
+    {offset, source_error} =
+      try do
+        offset =
+          case :ets.lookup(handle.row, :position) do
+            [{:position, offset, _epoch, _structure}] -> offset
+            [] -> nil
+          end
+
+        case :ets.lookup(handle.row, :source_error) do
+          [{:source_error, error}] -> {offset, error}
+          [] -> {offset, nil}
+        end
+      rescue
+        ArgumentError -> {nil, nil}
       end
 
-    Larder.Error.new(:timeout, "the replica did not reach the position in time",
-      id: target,
-      offset: offset
-    )
+    if source_error do
+      Larder.Error.new(
+        :timeout,
+        "the replica did not reach the position in time; the source's last error: " <>
+          Exception.message(source_error),
+        id: target,
+        offset: offset,
+        source_error: source_error
+      )
+    else
+      Larder.Error.new(:timeout, "the replica did not reach the position in time",
+        id: target,
+        offset: offset
+      )
+    end
   end
 
-  defp stopped(reason),
+  @doc "The error of an await whose replica stopped (`reason`, its exit reason)."
+  @spec stopped(term()) :: Larder.Error.t()
+  def stopped(reason),
     do: Larder.Error.new(:replica_stopped, "the replica stopped", reason: reason)
 
   @doc """
-  Drops the replica whose process is `pid`: it takes the request between
-  batches and stops as a clean stop does (its last snapshot written, given
-  up to #{@stop_wait_ms} ms). One that has not taken it within
-  #{@drop_wait_ms} ms (an arity-2 apply that does not return) is killed:
-  no snapshot, its structure and reader go with it (through its
-  supervisor, if one started it: `Larder.Instance.terminate/2`). Returns
-  once the process is gone.
+  Drops the replica whose process is `pid`: it takes the request at once
+  and stops as a clean stop does (its last snapshot written, given up to
+  #{@stop_wait_ms} ms), with reason `:normal`, once the batch being
+  applied is; a step that has not ended within #{@drop_wait_ms} ms (an apply
+  that does not return) is killed, and the replica stops with no snapshot
+  (its structure and reader go with it). A replica that has not taken the
+  request within #{@drop_wait_ms} ms (busy in a write of its own) is
+  killed (through its supervisor, if one started it:
+  `Larder.Instance.terminate/2`). Returns once the process is gone.
   """
   @spec drop(pid()) :: :ok
-  # An apply that drops its own replica: a call to itself, which cannot be
-  # answered; nothing is done, as for any call of a process to itself.
+  # A call of the replica to itself cannot be answered; nothing is done,
+  # as for any call of a process to itself.
   def drop(pid) when pid == self(), do: :ok
 
   def drop(pid) do
     monitor = Process.monitor(pid)
     handle = handle(pid)
 
-    try do
-      GenServer.call(pid, {Larder.Instance, :drop}, @drop_wait_ms)
-    catch
-      :exit, {:timeout, _} ->
-        unless stopping?(handle) and gone?(monitor, @stop_wait_ms),
-          do: Larder.Instance.terminate(pid, :kill)
+    case request_drop(pid, handle, monitor) do
+      # An apply that drops its own replica: the replica would wait for
+      # the apply, and the apply for the replica; nothing is done.
+      :own_step ->
+        Process.demonitor(monitor, [:flush])
+        :ok
 
-      :exit, _gone ->
+      :ok ->
+        gone?(monitor, :infinity)
+        :ok
+
+      :gone ->
         :ok
     end
+  end
 
-    gone?(monitor, :infinity)
-    :ok
+  # :ok once the replica took the request (or was killed), :gone once its
+  # exit is seen, or :own_step.
+  defp request_drop(pid, handle, monitor) do
+    GenServer.call(pid, {Larder.Instance, :drop}, @drop_wait_ms)
+  catch
+    :exit, {:timeout, _} ->
+      if stopping?(handle) and gone?(monitor, @stop_wait_ms) do
+        :gone
+      else
+        Larder.Instance.terminate(pid, :kill)
+        :ok
+      end
+
+    :exit, _gone ->
+      :ok
   end
 
   # No handle: the replica is still starting or already stopping (it lets
@@ -1008,6 +1240,10 @@ defmodule Larder.Replica.Server do
     for from <- callers, do: GenServer.reply(from, {:ok, offset})
     state
   end
+
+  # A batch in a step: the snapshot begins once it is applied.
+  defp snapshot(%{step: %{}} = state, callers),
+    do: %{state | deferred: (state.deferred || []) ++ callers}
 
   defp snapshot(state, callers) do
     if concurrent?(state) do

@@ -14,6 +14,18 @@ defmodule Larder.Replica.Snapshot do
   #                        Larder.SnapshotFile.write/3 (temporary file, fsync,
   #                        rename, directory fsync).
   #
+  # `<stamp>` is `<ms>-<8 hex digits>` (the OS time and 4 random bytes).
+  # Beside them the replica writes `<path>.lock` (Larder.Replica.SnapshotLock)
+  # and temporary files `<path>.<os pid>.<token>-<n>.tmp` (the manifest's)
+  # and `<path>.<stamp>.dump.<os pid>.<token>-<n>.tmp` (a dump's), see
+  # Larder.SnapshotFile. These names are exact patterns: the sweep deletes
+  # only files that match them, so a replica at `<path>.b` or
+  # `<path>.x.dump` in the same directory is never touched. A :snapshot
+  # path that is itself one of these names of another path (ending in
+  # `.lock`, `.<stamp>.dump` or `.<os pid>.<token>-<n>.tmp`) is refused by
+  # check_path/1, as one whose longest derived name could not be created
+  # (over NAME_MAX or PATH_MAX).
+  #
   # Manifest layout (integers big-endian):
   #
   #   "LARDERREP" <<version::8, size::32, crc32::32, payload::binary-size(size)>>
@@ -38,12 +50,31 @@ defmodule Larder.Replica.Snapshot do
   #
   # A manifest is not trusted: magic, version, length and checksum are
   # checked, the payload is decoded with binary_to_term/2's :safe option and
-  # must have the shape above, the dump name must be a plain file name that
-  # starts with the manifest's own, and its size must match. A manifest of
+  # must have the shape above, the dump name must be exactly
+  # `<the manifest's name>.<stamp>.dump`, and its size must match. A manifest of
   # another source, log or structure is refused as :snapshot_mismatch.
 
   @magic "LARDERREP"
   @version 1
+
+  # What follows `<basename of path>.` in a dump's name, and in a dump's
+  # temporary file's (Larder.SnapshotFile's `<os pid>.<token>-<n>.tmp`).
+  @dump ~S"\d+-[0-9a-f]{8}\.dump"
+  @tmp ~S"\d+\.[0-9a-f]{16}-\d+\.tmp"
+  @dump_re Regex.compile!("\\A" <> @dump <> "\\z")
+  @dump_tmp_re Regex.compile!("\\A" <> @dump <> "\\." <> @tmp <> "\\z")
+  # A path whose basename is a derived name of another path.
+  @reserved_re Regex.compile!("\\.(lock|" <> @dump <> "|" <> @tmp <> ")\\z")
+
+  # The longest name derived from a path (a dump's temporary file), after
+  # the path's basename: a stamp of 13 digits of ms (until the year 2286),
+  # an OS pid of at most 10 digits, a counter of at most 20.
+  @longest_suffix byte_size(
+                    ".1700000000000-0123abcd.dump.4294967295.0123456789abcdef-" <>
+                      "18446744073709551615.tmp"
+                  )
+  @name_max 255
+  @path_max 4_096
 
   @type manifest :: %{offset: term(), dump: Path.t()}
 
@@ -168,20 +199,64 @@ defmodule Larder.Replica.Snapshot do
     end
   end
 
-  # Deletes `<path>.*.dump` files other than `keep`, and the temporary
-  # files of dumps killed mid-write (`<path>.*.dump.*.tmp`: each dump has a
-  # path of its own, so the structure's own sweep, which deletes the
-  # temporary files of the path it writes, never meets them). Run after a
-  # commit, when no dump of this replica is being written. One replica per
-  # snapshot path: Larder.Replica.SnapshotLock, claimed at start, refuses a
-  # second one, in this VM or another.
+  # Deletes the dumps of `path` (`<path>.<stamp>.dump`) other than `keep`,
+  # and the temporary files of dumps killed mid-write
+  # (`<path>.<stamp>.dump.<os pid>.<token>-<n>.tmp`: each dump has a path of
+  # its own, so the structure's own sweep, which deletes the temporary
+  # files of the path it writes, never meets them): exactly these names,
+  # so no file of a replica at another path is touched. Run after a commit,
+  # when no dump of this replica is being written. One replica per snapshot
+  # path: Larder.Replica.SnapshotLock, claimed at start, refuses a second
+  # one, in this VM or another.
   defp sweep(path, keep) do
     prefix = Path.basename(path) <> "."
 
     Larder.SnapshotFile.delete_siblings(path, fn suffix ->
-      prefix <> suffix != keep and
-        (String.ends_with?(suffix, ".dump") or suffix =~ ~r/\.dump\..*\.tmp\z/)
+      (Regex.match?(@dump_re, suffix) and prefix <> suffix != keep) or
+        Regex.match?(@dump_tmp_re, suffix)
     end)
+  end
+
+  @doc """
+  Checks that `path` can be a replica's snapshot path: `:ok`, or `{:error,
+  message}` when its basename is a name a replica derives from another
+  path (`.lock`, `.<stamp>.dump`, a temporary file's), or when its longest
+  derived name would be over NAME_MAX (#{@name_max} bytes) or its path over
+  PATH_MAX (#{@path_max} bytes, with the terminating NUL), relative paths
+  expanded.
+  """
+  @spec check_path(Path.t()) :: :ok | {:error, String.t()}
+  def check_path(path) do
+    base = Path.basename(path)
+    expanded = Path.expand(path)
+
+    cond do
+      base in ["", ".", ".."] or String.ends_with?(path, "/") ->
+        {:error, "a path to a file, got a directory: #{inspect(path)}"}
+
+      Regex.match?(@reserved_re, base) ->
+        {:error,
+         "a path whose file name is not one a replica derives from another path " <>
+           "(ending in .lock, .<ms>-<8 hex>.dump or .<os pid>.<16 hex>-<n>.tmp: " <>
+           "the lock, dump and temporary files of the replica at the path before it), " <>
+           "got: #{inspect(path)}"}
+
+      byte_size(base) + @longest_suffix > @name_max ->
+        {:error,
+         "a file name of at most #{@name_max - @longest_suffix} bytes (the names " <>
+           "derived from it, such as <path>.<stamp>.dump.<os pid>.<token>-<n>.tmp, " <>
+           "add up to #{@longest_suffix} bytes and must fit NAME_MAX, #{@name_max}), " <>
+           "got #{byte_size(base)} bytes: #{inspect(path, limit: 10, printable_limit: 80)}"}
+
+      byte_size(expanded) + @longest_suffix + 1 > @path_max ->
+        {:error,
+         "a path of at most #{@path_max - @longest_suffix - 1} bytes once expanded " <>
+           "(the names derived from it add up to #{@longest_suffix} bytes and must fit " <>
+           "PATH_MAX, #{@path_max}), got #{byte_size(expanded)} bytes"}
+
+      true ->
+        :ok
+    end
   end
 
   @doc """
@@ -239,8 +314,11 @@ defmodule Larder.Replica.Snapshot do
       identity.source.cast_position(offset) != {:ok, offset} ->
         corrupt("a bad offset", path)
 
-      Path.basename(dump) != dump or not String.starts_with?(dump, prefix) or
-          not String.ends_with?(dump, ".dump") ->
+      not String.starts_with?(dump, prefix) or
+          not Regex.match?(
+            @dump_re,
+            binary_part(dump, byte_size(prefix), byte_size(dump) - byte_size(prefix))
+          ) ->
         corrupt("a bad dump name", path)
 
       true ->

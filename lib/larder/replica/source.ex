@@ -15,9 +15,12 @@ defmodule Larder.Replica.Source do
   its own, which blocks in `read/4` up to `:block_ms` and hands each batch
   to the replica's process; or, for a source that implements the optional
   `notify/2` (a client that reads ahead in threads of its own, such as
-  librdkafka), in the replica's process itself, with `block_ms` 0 and no
-  copy of the batch between processes. `latest/2` runs in the caller of
-  `Larder.Replica.await/3`.
+  librdkafka), with `block_ms` 0 in a short-lived process of the
+  replica's per batch, which applies what it read (no copy of the batch
+  between processes): one such process at a time, each handed the
+  connection the one before returned. `latest/2` runs for
+  `Larder.Replica.await/3`, in a process of its own that the caller stops
+  waiting for (and kills) once its timeout is spent.
 
   ## The contract
 
@@ -55,7 +58,10 @@ defmodule Larder.Replica.Source do
       replica whose position has reached it has applied every entry the
       log held when `latest/2` was called. A position that this one has
       not reached (`reached?(latest, position)` is false) means the log
-      went backwards, below what the replica applied.
+      went backwards, below what the replica applied. An error is
+      returned at once: the caller asks again (after 50 ms, doubling up to
+      1 s) until the source answers or its own timeout is spent, so a
+      source needs no retry loop of its own.
     * `notify(conn, pid)` (optional) is called when a read returned no
       entries: `{:armed, conn}` means the source sends `pid` the message
       `:larder_source_ready` once, when something may be read (a later

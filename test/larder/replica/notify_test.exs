@@ -49,16 +49,18 @@ defmodule Larder.Replica.NotifyTest do
   defp model(log), do: PartitionedSource.model(log)
   defp ends(log), do: PartitionedSource.ends(log)
 
-  test "the replica reads in its own process with no wait, and a waiting replica " <>
+  test "the replica reads with no wait and no reader process, and a waiting replica " <>
          "reads again only on the source's notice",
        ctx do
     produce(ctx.log, for(k <- 1..50, do: {:put, k, k}))
     replica = start!(opts(ctx, []))
     assert Replica.await(replica, :latest, 30_000) == :ok
 
+    # read with no wait, by a step of the replica (no reader process)
     {_reads, reader, block_ms} = Log.reads(ctx.log)
-    assert reader == replica
+    assert is_pid(reader) and reader != replica
     assert block_ms == 0
+    assert :sys.get_state(replica).reader == nil
 
     # Caught up and waiting: no reads without a notice (no polling loop;
     # the fallback read comes after block_ms, 60 s here).
@@ -133,5 +135,70 @@ defmodule Larder.Replica.NotifyTest do
     assert Replica.await(replica, :latest, 30_000) == :ok
     assert ReplicaLog.contents(name(ctx, "t")) == model(ctx.log)
     assert Replica.offset(replica) == ends(ctx.log)
+  end
+
+  # An apply that does not return holds the step that read its batch, not
+  # the replica's process: drop/1 ends it, and a process that started the
+  # replica (linked, not trapping exits) lives on.
+  for arity <- [1, 2] do
+    test "an arity-#{arity} apply stuck on an entry: drop/1 ends it, not the process that " <>
+           "started the replica",
+         ctx do
+      owner = self()
+      path = Path.join(ctx.dir, "stuck.snap")
+      produce(ctx.log, for(k <- 1..5, do: {:put, k, k}))
+
+      stuck = fn fields ->
+        if fields["k"] == "3" do
+          send(owner, {:stuck, self()})
+          Process.sleep(:infinity)
+        end
+
+        ReplicaLog.apply_entry(fields)
+      end
+
+      apply =
+        case unquote(arity) do
+          1 -> stuck
+          2 -> fn fields, _into -> stuck.(fields) end
+        end
+
+      opts = opts(ctx, apply: apply, snapshot: path, batch_size: 1)
+
+      starter =
+        spawn(fn ->
+          {:ok, replica} = Replica.start_link(opts)
+          send(owner, {:started, replica})
+
+          receive do
+            :drop -> send(owner, {:dropped, Replica.drop(replica)})
+          end
+
+          receive do
+            :exit -> :ok
+          end
+        end)
+
+      watch = Process.monitor(starter)
+      assert_receive {:started, replica}, 10_000
+      assert_receive {:stuck, step}, 10_000
+
+      # the replica answers meanwhile
+      assert %{} = Replica.offset(replica)
+
+      assert {:error, %Larder.Error{reason: :timeout}} =
+               Replica.await(replica, ends(ctx.log), 200)
+
+      send(starter, :drop)
+      assert_receive {:dropped, :ok}, 20_000
+      refute_received {:DOWN, ^watch, _, _, _}
+      assert Process.alive?(starter)
+      refute Process.alive?(replica)
+      refute Process.alive?(step)
+      refute File.exists?(path)
+
+      send(starter, :exit)
+      assert_receive {:DOWN, ^watch, :process, _, :normal}, 10_000
+    end
   end
 end

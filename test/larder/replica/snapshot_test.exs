@@ -228,6 +228,129 @@ defmodule Larder.Replica.SnapshotTest do
     :ok = GenServer.stop(replica)
   end
 
+  describe "replicas side by side in one directory" do
+    # Paths that are prefixes of each other's names: each replica's sweep
+    # and lock touch only its own files, so each restarts from its own
+    # last snapshot.
+    @siblings ["x", "x.b", "x.x.dump", "x.1700000000000-abcd1234", "x.b.c"]
+
+    test "each snapshotting repeatedly, each restarts from its own snapshot", ctx do
+      dir = Path.dirname(ctx.path)
+
+      replicas =
+        for {base, i} <- Enum.with_index(@siblings) do
+          stream = "#{ctx.stream}-#{i}"
+          table = :"#{ctx.table}_#{i}"
+
+          opts =
+            Log.opts(:"#{ctx.name}_#{i}", table, ctx.server.port, stream,
+              snapshot: Path.join(dir, base),
+              snapshot_every: 100
+            )
+
+          %{base: base, stream: stream, table: table, opts: opts, pid: start!(opts)}
+        end
+
+      # Rounds of new entries for every replica, each dumped in turn, one
+      # way and then the other, so that the last to dump is "x", a prefix
+      # of every other name (the :snapshot_every timer writes more in
+      # between).
+      offsets =
+        Enum.reduce(1..4, %{}, fn round, _ ->
+          order = if rem(round, 2) == 1, do: replicas, else: Enum.reverse(replicas)
+
+          for r <- order, into: %{} do
+            Log.add(ctx.redis, r.stream, for(k <- 1..5, do: {:put, k + round, round}))
+            assert Replica.await(r.pid, :latest, 10_000) == :ok
+            assert {:ok, offset} = Replica.dump(r.pid)
+            {r.base, offset}
+          end
+        end)
+
+      # Killed (no last snapshot on the way out): each restarts from its
+      # last dump, and reads nothing it held (no entry came since).
+      for r <- replicas, do: kill(r.pid)
+
+      for r <- replicas do
+        assert File.exists?(Path.join(dir, r.base))
+        replica = start!(r.opts)
+        assert Replica.offset(replica) == offsets[r.base], "the replica at #{r.base}"
+        assert Log.contents(r.table) == Log.model(ctx.redis, r.stream)
+        :ok = Replica.drop(replica)
+      end
+
+      # One dump each, no temporary file, no lock file after clean stops.
+      files = File.ls!(dir)
+
+      for r <- replicas do
+        dumps =
+          Enum.filter(
+            files,
+            &Regex.match?(~r/\A#{Regex.escape(r.base)}\.\d+-[0-9a-f]{8}\.dump\z/, &1)
+          )
+
+        assert length(dumps) == 1, "the dumps of #{r.base}: #{inspect(files)}"
+      end
+
+      refute Enum.any?(files, &String.ends_with?(&1, [".tmp", ".lock"])), inspect(files)
+    end
+
+    test "a path that is a name derived from another path is refused, naming :snapshot", ctx do
+      dir = Path.dirname(ctx.path)
+
+      for base <- [
+            "x.lock",
+            "x.1700000000000-abcd1234.dump",
+            "x.123.0123456789abcdef-7.tmp",
+            "x.1700000000000-abcd1234.dump.123.0123456789abcdef-7.tmp"
+          ] do
+        assert_raise ArgumentError, ~r/option :snapshot.*#{Regex.escape(base)}/, fn ->
+          Replica.start_link(Keyword.put(table_opts(ctx), :snapshot, Path.join(dir, base)))
+        end
+      end
+
+      for path <- [dir <> "/", Path.join(dir, "..")] do
+        assert_raise ArgumentError, ~r/option :snapshot/, fn ->
+          Replica.child_spec(Keyword.put(table_opts(ctx), :snapshot, path))
+        end
+      end
+    end
+  end
+
+  describe "a long path" do
+    # The longest name a replica derives, a dump's temporary file, adds 81
+    # bytes to the path's file name; NAME_MAX is 255.
+    @longest 255 - 81
+
+    test "whose derived names fit is used; one byte more is refused at start", ctx do
+      dir = Path.dirname(ctx.path)
+      Log.add(ctx.redis, ctx.stream, for(k <- 1..10, do: {:put, k, k}))
+      path = Path.join(dir, String.duplicate("a", @longest))
+      replica = start!(Keyword.put(table_opts(ctx), :snapshot, path))
+      assert Replica.await(replica, :latest, 10_000) == :ok
+      assert {:ok, _} = Replica.dump(replica)
+      [id] = Log.add(ctx.redis, ctx.stream, [{:put, 1, 2}])
+      assert Replica.await(replica, id, 10_000) == :ok
+      assert {:ok, ^id} = Replica.dump(replica)
+      kill(replica)
+      assert Replica.offset(start!(Keyword.put(table_opts(ctx), :snapshot, path))) == id
+
+      for n <- [@longest + 1, 250, 255, 256] do
+        assert_raise ArgumentError, ~r/option :snapshot.*at most #{@longest} bytes/, fn ->
+          Replica.start_link(
+            Keyword.put(table_opts(ctx), :snapshot, Path.join(dir, String.duplicate("a", n)))
+          )
+        end
+      end
+
+      deep = Path.join([dir | List.duplicate(String.duplicate("d", 200), 20)]) <> "/r.snap"
+
+      assert_raise ArgumentError, ~r/option :snapshot.*PATH_MAX/, fn ->
+        Replica.child_spec(Keyword.put(table_opts(ctx), :snapshot, deep))
+      end
+    end
+  end
+
   describe "a Bag replica" do
     defp bag_apply(%{"op" => "put", "k" => k, "v" => v}), do: {:insert, k, v}
     defp bag_apply(%{"op" => "del", "k" => k}), do: {:delete, k}

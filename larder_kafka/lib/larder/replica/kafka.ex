@@ -142,8 +142,9 @@ defmodule Larder.Replica.Kafka do
 
   ## Performance
 
-  The replica reads this source in its own process (the source
-  implements `c:Larder.Replica.Source.notify/2`): a read is one call into
+  The replica reads this source with no reader process (the source
+  implements `c:Larder.Replica.Source.notify/2`), in a short-lived process
+  of its own per batch that applies what it read: a read is one call into
   the NIF on a dirty I/O scheduler that takes, with no wait, up to
   `batch_size` records from librdkafka's prefetch queue and builds the
   entries there, so no batch is copied between processes; librdkafka
@@ -155,7 +156,7 @@ defmodule Larder.Replica.Kafka do
   idle. In a catch-up the replica's apply and writes are most of the time
   (the NIF and librdkafka's threads took under a tenth of the CPU of a
   catch-up into an indexed Table), and they run one after the other in
-  the replica's process. `mix run bench/replica_kafka_bench.exs` measures the
+  that process. `mix run bench/replica_kafka_bench.exs` measures the
   catch-up from zero of the 487,200-price catalogue from 8 partitions
   against `Larder.Table.insert_many/2` of the same records.
   """
@@ -455,8 +456,8 @@ defmodule Larder.Replica.Kafka do
     :ok
   end
 
-  # librdkafka prefetches in its own threads: the replica reads in its own
-  # process, with no wait, and is told when the consumer queue gets
+  # librdkafka prefetches in its own threads: the replica reads with no
+  # wait (no reader process), and is told when the consumer queue gets
   # something (a record, an end of partition, an error) after a read found
   # it empty.
   @impl true
