@@ -72,7 +72,11 @@ bench-startup: setup $(PS_BUILD)/.compiled
 release-check: setup
 	mix test test/release_test.exs
 
-# Each benchmark prints its side-by-side table and accepts --quick and --json PATH.
+# Each benchmark prints its side-by-side table and accepts --quick and --json PATH;
+# it writes bench/results/<name>.json, which records the run's date (UTC), the
+# machine (CPU, cores online, memory, OS), the VM and the command that ran it
+# (read from the VM's command line, with `cd larder_kafka &&` for the Kafka
+# benches, which run from there), for `make report`.
 # ANE_PATH=<a checkout of github.com/gyson/ane> adds Ane to
 # bench/register_vs_ane_bench.exs (compiled into that bench's VM only);
 # without it that bench runs the Register alone and says Ane was not measured.
@@ -92,10 +96,13 @@ bench: setup
 bench-quick:
 	@$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
 
-# bench/results/*.json -> bench/report/index.html (one SVG chart per table, by
-# gnuplot) and the README's charts in docs/charts/.
+# bench/results/*.json -> docs/benchmarks.md (per results file: command,
+# machine, date, quick or not, targets, and each table's medians and ratios
+# to the anchor; generated, not edited), the charts it links in docs/charts/,
+# and bench/report/index.html (one SVG chart per table, by gnuplot).
 report: setup
-	elixir bench/report/report.exs --results bench/results --out bench/report --charts docs/charts
+	elixir bench/report/report.exs --results bench/results --out bench/report \
+	  --charts docs/charts --markdown docs/benchmarks.md
 
 # What CI checks besides the tests.
 check: setup

@@ -1,20 +1,24 @@
 # `make report`: turns bench/results/*.json into bench/report/index.html with
-# one SVG chart per benchmark table (drawn by gnuplot), and writes the charts
-# the README shows to docs/charts/.
+# one SVG chart per benchmark table (drawn by gnuplot), writes the charts the
+# docs show to docs/charts/, and writes docs/benchmarks.md: per results file
+# its command, machine, date and targets, and each table's medians and
+# ratios to the anchor, with a link to its chart in docs/charts/.
 #
 #     elixir bench/report/report.exs [--results DIR] [--out DIR] [--charts DIR]
+#                                    [--markdown PATH]
 #
 # Any file with the tables/rows/results shape of bench/support/bench.ex's
-# --json output is charted (the HTTP load results too); others are listed as
-# skipped. Runs without Mix: it needs Elixir and gnuplot only.
-for file <- ~w(json.ex results.ex chart.ex html.ex), do: Code.require_file(file, __DIR__)
+# --json output is charted and tabled (the HTTP load results too); others are
+# listed as skipped. Runs without Mix: it needs Elixir and gnuplot only.
+for file <- ~w(json.ex results.ex chart.ex html.ex markdown.ex),
+    do: Code.require_file(file, __DIR__)
 
 defmodule Larder.Report do
   @moduledoc false
 
-  alias Larder.Report.{Chart, HTML, Results}
+  alias Larder.Report.{Chart, HTML, Markdown, Results}
 
-  # The charts the README shows: {name, results file, table title, row label
+  # The charts the docs show: {name, results file, table title, row label
   # (nil: every row)}. Titles and labels are matched by regex, so a bench
   # that renames a table only loses its chart (with a warning).
   @story [
@@ -26,13 +30,16 @@ defmodule Larder.Report do
 
   def main(argv) do
     {opts, _rest, invalid} =
-      OptionParser.parse(argv, strict: [results: :string, out: :string, charts: :string])
+      OptionParser.parse(argv,
+        strict: [results: :string, out: :string, charts: :string, markdown: :string]
+      )
 
     if invalid != [], do: fail("unknown arguments: #{inspect(invalid)}")
 
     results = Keyword.get(opts, :results, "bench/results")
     out = Keyword.get(opts, :out, "bench/report")
     charts = Keyword.get(opts, :charts, "docs/charts")
+    markdown = Keyword.get(opts, :markdown, "docs/benchmarks.md")
 
     paths = results |> Path.join("*.json") |> Path.wildcard() |> Enum.sort()
     if paths == [], do: fail("no results in #{results}: run make bench (or bench-quick) first")
@@ -73,24 +80,62 @@ defmodule Larder.Report do
     n = sections |> Enum.map(fn {_, t} -> length(t) end) |> Enum.sum()
     IO.puts("report: #{n} charts from #{length(loaded)} files in #{index}")
 
-    story(loaded, charts)
+    written = story(loaded, charts)
+
+    # Each table's charts in docs/charts/, drawn in this run, as links
+    # relative to the page.
+    links =
+      Enum.group_by(
+        written,
+        fn {file, table, _path} -> {file.path, table.title} end,
+        fn {_file, _table, path} -> relative(path, Path.dirname(markdown)) end
+      )
+
+    write_atomically(markdown, Markdown.page(loaded, Enum.reverse(skipped), links))
+    IO.puts("report: wrote #{markdown} from #{length(loaded)} files")
   end
 
+  # Draws the charts the docs show; returns those written as
+  # {file, table, path}.
   defp story(loaded, dir) do
     File.mkdir_p!(dir)
 
-    for {name, file_name, table_re, row_re} <- @story do
-      with %{} = file <- Enum.find(loaded, &(Path.basename(&1.path) == file_name)),
-           %{} = table <- Enum.find(file.tables, &Regex.match?(table_re, &1.title)),
-           rows = Enum.filter(table.rows, &(row_re == nil or Regex.match?(row_re, &1.label))),
-           [_ | _] <- rows do
-        path = Path.join(dir, name <> ".svg")
-        if render(titled(%{table | rows: rows}, file), path), do: IO.puts("report: wrote #{path}")
-      else
-        _ ->
-          IO.puts("report: no table for the README chart #{name} (#{file_name}); left as it was")
-      end
+    for {name, file_name, table_re, row_re} <- @story,
+        written = story_chart(loaded, dir, name, file_name, table_re, row_re),
+        do: written
+  end
+
+  defp story_chart(loaded, dir, name, file_name, table_re, row_re) do
+    with %{} = file <- Enum.find(loaded, &(Path.basename(&1.path) == file_name)),
+         %{} = table <- Enum.find(file.tables, &Regex.match?(table_re, &1.title)),
+         rows = Enum.filter(table.rows, &(row_re == nil or Regex.match?(row_re, &1.label))),
+         [_ | _] <- rows,
+         path = Path.join(dir, name <> ".svg"),
+         ^path <- render(titled(%{table | rows: rows}, file), path) do
+      IO.puts("report: wrote #{path}")
+      {file, table, path}
+    else
+      _ ->
+        IO.puts("report: no chart #{name} from #{file_name} in this run; left as it was")
+        nil
     end
+  end
+
+  # `path` relative to the folder `from`, with `..` where needed.
+  defp relative(path, from) do
+    to = path |> Path.expand() |> Path.split()
+    base = from |> Path.expand() |> Path.split()
+    common = Enum.zip(to, base) |> Enum.take_while(fn {a, b} -> a == b end) |> length()
+    ups = List.duplicate("..", length(base) - common)
+    Path.join(ups ++ Enum.drop(to, common))
+  end
+
+  # A reader (or git) never sees half a page.
+  defp write_atomically(path, iodata) do
+    File.mkdir_p!(Path.dirname(path))
+    tmp = "#{path}.#{System.unique_integer([:positive])}.tmp"
+    File.write!(tmp, iodata)
+    File.rename!(tmp, path)
   end
 
   defp titled(table, %{quick?: true}), do: %{table | title: table.title <> " (quick run)"}

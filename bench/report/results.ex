@@ -31,15 +31,41 @@ defmodule Larder.Report.Results do
   @type table :: %{
           title: String.t(),
           anchor: String.t() | nil,
+          per_op?: boolean(),
           columns: [String.t()],
           rows: [row()]
         }
+  @typedoc """
+  Where a run took place: each field as the file gives it, or nil when it
+  does not (older files have none of them). `machine` is either the
+  harness's object (`cpu`, `cores_online`, `memory_bytes`, `os`) or a
+  description another writer gives as a string.
+  """
+  @type machine :: %{
+          cpu: String.t() | nil,
+          cores_online: pos_integer() | nil,
+          memory_bytes: pos_integer() | nil,
+          os: String.t() | nil
+        }
+
+  @type target :: %{
+          what: String.t(),
+          measured: number() | nil,
+          op: String.t(),
+          limit: number(),
+          status: String.t()
+        }
+
   @type file :: %{
           path: String.t(),
           title: String.t(),
           quick?: boolean(),
           system: String.t() | nil,
-          tables: [table()]
+          date: DateTime.t() | nil,
+          command: String.t() | nil,
+          machine: machine() | String.t() | nil,
+          tables: [table()],
+          targets: [target()]
         }
 
   # Below this many samples the spread shown is min-max, above it p25-p75.
@@ -57,6 +83,9 @@ defmodule Larder.Report.Results do
          title: str(json["title"]) || Path.basename(path, ".json"),
          quick?: json["quick"] == true,
          system: str(json["system"]),
+         date: date(json["date"]),
+         command: str(json["command"]),
+         machine: machine(json["machine"]),
          tables: tables,
          targets: targets(json["targets"])
        }}
@@ -77,6 +106,33 @@ defmodule Larder.Report.Results do
       {:error, reason} -> {:skip, "not JSON (#{reason})"}
     end
   end
+
+  # An ISO 8601 date and time with an offset (the harness writes UTC);
+  # anything else is not a date.
+  defp date(s) when is_binary(s) do
+    case DateTime.from_iso8601(s) do
+      {:ok, dt, _offset} -> dt
+      {:error, _} -> nil
+    end
+  end
+
+  defp date(_), do: nil
+
+  defp machine(%{} = m) do
+    machine = %{
+      cpu: str(m["cpu"]),
+      cores_online: pos_int(m["cores_online"]),
+      memory_bytes: pos_int(m["memory_bytes"]),
+      os: str(m["os"])
+    }
+
+    if Enum.all?(Map.values(machine), &is_nil/1), do: nil, else: machine
+  end
+
+  defp machine(s), do: str(s)
+
+  defp pos_int(n) when is_integer(n) and n > 0, do: n
+  defp pos_int(_), do: nil
 
   defp tables(%{"tables" => tables}) when is_list(tables) do
     case tables |> Enum.map(&table/1) |> Enum.reject(&is_nil/1) do
@@ -121,7 +177,9 @@ defmodule Larder.Report.Results do
           cells != [],
           do: %{label: row["label"], cells: cells}
 
-    if rows == [], do: nil, else: %{title: title, anchor: anchor, columns: columns, rows: rows}
+    if rows == [],
+      do: nil,
+      else: %{title: title, anchor: anchor, per_op?: per_op?, columns: columns, rows: rows}
   end
 
   defp table(_), do: nil
@@ -221,6 +279,6 @@ defmodule Larder.Report.Results do
   defp first_num(list), do: Enum.find(list, &num?/1)
 
   defp num?(v), do: is_number(v) and v >= 0
-  defp str(s) when is_binary(s), do: s
+  defp str(s) when is_binary(s) and s != "", do: s
   defp str(_), do: nil
 end

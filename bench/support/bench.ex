@@ -3,11 +3,19 @@
 # (interleaved across columns if asked), median and spread, per-operation
 # percentiles where single operations are timed, N parallel runners, a
 # side-by-side table with ratios against an anchor measured in the same run,
-# JSON output and a quick mode.
+# JSON output (with the run's date, machine and command) and a quick mode.
 defmodule Larder.Bench do
   @moduledoc false
 
-  defstruct title: nil, quick?: false, json: nil, argv: [], tables: [], targets: []
+  defstruct title: nil,
+            quick?: false,
+            json: nil,
+            argv: [],
+            tables: [],
+            targets: [],
+            date: nil,
+            command: nil,
+            machine: nil
 
   @type t :: %__MODULE__{}
 
@@ -46,9 +54,21 @@ defmodule Larder.Bench do
 
   Understands `--quick` (short runs) and `--json PATH` (write results there);
   other arguments are kept in `bench.argv` for the script.
+
+  The run records, for its JSON: the date it started (UTC, ISO 8601), the
+  machine (see `machine/1`) and the command that started it. The command is
+  read from the VM's own command line (`mix run bench/bag_bench.exs --quick`),
+  prefixed with `cd DIR &&` when run from a folder of the repository other
+  than its root (the Kafka benches run from `larder_kafka/`) and with the
+  environment variables in `@command_env` that are set.
+
+  Options: `:command` (a string, default read as above) for a caller that
+  knows better, such as a script started by another program.
   """
-  @spec start(String.t(), [String.t()]) :: t()
-  def start(title, argv \\ System.argv()) do
+  @spec start(String.t(), [String.t()], keyword()) :: t()
+  def start(title, argv \\ System.argv(), opts \\ []) do
+    command = start_opts!(opts)
+
     {opts, rest, _invalid} =
       OptionParser.parse(argv,
         strict: [quick: :boolean, json: :string],
@@ -59,12 +79,33 @@ defmodule Larder.Bench do
       title: title,
       quick?: Keyword.get(opts, :quick, false),
       json: Keyword.get(opts, :json),
-      argv: rest
+      argv: rest,
+      date: DateTime.utc_now() |> DateTime.truncate(:second) |> DateTime.to_iso8601(),
+      command: command || command(),
+      machine: machine()
     }
 
     IO.puts("\n# #{title}#{if bench.quick?, do: " (quick)", else: ""}")
     IO.puts("# #{system_line()}")
+    IO.puts("# #{machine_line(bench.machine)}; #{bench.date}")
     bench
+  end
+
+  defp start_opts!(opts) do
+    unless Keyword.keyword?(opts) do
+      raise ArgumentError, "expected options to be a keyword list, got: #{inspect(opts)}"
+    end
+
+    case Keyword.keys(opts) -- [:command] do
+      [] -> :ok
+      bad -> raise ArgumentError, "unknown options #{inspect(bad)}, valid options: [:command]"
+    end
+
+    case Keyword.get(opts, :command) do
+      nil -> nil
+      command when is_binary(command) -> command
+      other -> raise ArgumentError, "expected :command to be a string, got: #{inspect(other)}"
+    end
   end
 
   @doc "Picks `quick` when the run is `--quick`, else `full`."
@@ -552,6 +593,9 @@ defmodule Larder.Bench do
     %{
       title: bench.title,
       quick: bench.quick?,
+      date: bench.date,
+      command: bench.command,
+      machine: bench.machine,
       system: system_line(),
       targets: bench.targets,
       tables:
@@ -579,6 +623,208 @@ defmodule Larder.Bench do
   defp system_line do
     "OTP #{System.otp_release()}, Elixir #{System.version()}, " <>
       "#{System.schedulers_online()} schedulers, #{:erlang.system_info(:system_architecture)}"
+  end
+
+  ## The machine and the command, for the results file
+
+  @typedoc """
+  The machine a run took place on, as written to the JSON: `cpu` (the first
+  model name in /proc/cpuinfo), `cores_online` (logical processors online),
+  `memory_bytes` (MemTotal in /proc/meminfo) and `os` (PRETTY_NAME from
+  /etc/os-release, the kernel and its release). A figure that cannot be read
+  is `nil`.
+  """
+  @type machine :: %{
+          cpu: String.t() | nil,
+          cores_online: pos_integer() | nil,
+          memory_bytes: pos_integer() | nil,
+          os: String.t() | nil
+        }
+
+  # The files are read up to this many bytes: the fields wanted come first.
+  @max_read 65_536
+  # Longer text from those files is cut to this many characters.
+  @max_text 200
+
+  @doc """
+  Describes the machine from the files under `root` (`/`; another root for
+  tests). Missing, unreadable or odd files give `nil` fields, never an
+  exception.
+  """
+  @spec machine(Path.t()) :: machine()
+  def machine(root \\ "/") do
+    cores =
+      case :erlang.system_info(:logical_processors_online) do
+        n when is_integer(n) and n > 0 -> n
+        _ -> nil
+      end
+
+    %{
+      cpu: root |> Path.join("proc/cpuinfo") |> read_head() |> cpu_model(),
+      cores_online: cores,
+      memory_bytes: root |> Path.join("proc/meminfo") |> read_head() |> mem_total(),
+      os: os(root)
+    }
+  end
+
+  defp read_head(path) do
+    case File.open(path, [:read, :binary]) do
+      {:ok, io} ->
+        try do
+          case IO.binread(io, @max_read) do
+            data when is_binary(data) -> data
+            _ -> ""
+          end
+        after
+          File.close(io)
+        end
+
+      {:error, _} ->
+        ""
+    end
+  end
+
+  # x86 says "model name"; some ARM kernels "Hardware" or "Model", MIPS
+  # "cpu model".
+  @cpu_keys ["model name", "hardware", "model", "cpu model"]
+
+  defp cpu_model(cpuinfo) do
+    # The first value of each key: a machine with cores of two kinds lists
+    # both, and the first is as good a name as any.
+    found =
+      cpuinfo
+      |> String.split("\n")
+      |> Enum.reduce(%{}, fn line, found ->
+        with [key, value] <- String.split(line, ":", parts: 2),
+             key = key |> String.trim() |> String.downcase(),
+             true <- key in @cpu_keys,
+             text when is_binary(text) <- text(value) do
+          Map.put_new(found, key, text)
+        else
+          _ -> found
+        end
+      end)
+
+    Enum.find_value(@cpu_keys, &found[&1])
+  end
+
+  defp mem_total(meminfo) do
+    case Regex.run(~r/^MemTotal:\s+(\d{1,15})\s*kB/m, meminfo) do
+      [_, kb] -> if (n = String.to_integer(kb)) > 0, do: n * 1024
+      _ -> nil
+    end
+  end
+
+  defp os(root) do
+    pretty =
+      case Regex.run(~r/^PRETTY_NAME=(.*)$/m, read_head(Path.join(root, "etc/os-release"))) do
+        [_, value] -> value |> String.trim() |> String.trim("\"") |> text()
+        _ -> nil
+      end
+
+    {_family, name} = :os.type()
+
+    release =
+      text(read_head(Path.join(root, "proc/sys/kernel/osrelease"))) ||
+        case :os.version() do
+          {a, b, c} -> "#{a}.#{b}.#{c}"
+          other -> to_string(other)
+        end
+
+    kernel = "#{name |> Atom.to_string() |> kernel_name()} #{release}"
+    if pretty, do: "#{pretty}, #{kernel}", else: kernel
+  end
+
+  defp kernel_name("linux"), do: "Linux"
+  defp kernel_name("darwin"), do: "Darwin"
+  defp kernel_name(other), do: other
+
+  # Printable text of at most @max_text characters, or nil when none is left.
+  defp text(bin) do
+    bin = if String.valid?(bin), do: bin, else: for(<<c <- bin>>, c < 128, into: "", do: <<c>>)
+
+    bin
+    |> String.replace(~r/[[:cntrl:][:space:]]+/u, " ")
+    |> String.trim()
+    |> String.slice(0, @max_text)
+    |> case do
+      "" -> nil
+      text -> text
+    end
+  end
+
+  defp machine_line(machine) do
+    memory =
+      if machine.memory_bytes,
+        do: "#{:erlang.float_to_binary(machine.memory_bytes / 1_073_741_824, decimals: 1)} GiB"
+
+    [
+      machine.cpu,
+      machine.cores_online && "#{machine.cores_online} cores online",
+      memory,
+      machine.os
+    ]
+    |> Enum.map_join(", ", &(&1 || "unknown"))
+  end
+
+  # Environment variables that change what a bench measures; the command
+  # recorded names those that are set.
+  @command_env ~w(MIX_ENV ANE_PATH CATALOGUE_DIR)
+  # The repository's root: bench.ex is bench/support/bench.ex in it.
+  @root Path.expand("../..", __DIR__)
+
+  @doc """
+  The command line that started this VM, as a shell would take it, or `nil`
+  when the VM's arguments do not say (a bare `elixir -e`).
+
+  `plain` are the VM's plain arguments (`/usr/bin/mix run bench/x.exs
+  --quick` under Mix, `bench/x.exs --quick` under `elixir`), `cwd` the
+  working folder and `env` the environment, all for tests.
+  """
+  @spec command([charlist() | String.t()], Path.t(), %{optional(String.t()) => String.t()}) ::
+          String.t() | nil
+  def command(
+        plain \\ :init.get_plain_arguments(),
+        cwd \\ File.cwd!(),
+        env \\ System.get_env()
+      ) do
+    args = Enum.map(plain, &arg_string/1)
+
+    words =
+      case args do
+        [] ->
+          nil
+
+        [first | rest] ->
+          if Path.basename(first) == "mix", do: ["mix" | rest], else: ["elixir" | args]
+      end
+
+    if words do
+      cd =
+        if String.starts_with?(cwd, @root <> "/"),
+          do: "cd #{shell_quote(Path.relative_to(cwd, @root))} && ",
+          else: ""
+
+      vars = for var <- @command_env, value = env[var], do: "#{var}=#{shell_quote(value)} "
+      cd <> Enum.join(vars) <> Enum.map_join(words, " ", &shell_quote/1)
+    end
+  end
+
+  defp arg_string(arg) when is_binary(arg), do: arg
+
+  defp arg_string(arg) when is_list(arg) do
+    case :unicode.characters_to_binary(arg) do
+      bin when is_binary(bin) -> bin
+      _ -> :erlang.list_to_binary(for c <- arg, is_integer(c), c in 0..255, do: c)
+    end
+  end
+
+  defp shell_quote(""), do: "''"
+
+  defp shell_quote(word) do
+    if word =~ ~r/\A[A-Za-z0-9_@%+=:,.\/-]+\z/,
+      do: word,
+      else: "'" <> String.replace(word, "'", ~S('\'')) <> "'"
   end
 end
 
