@@ -163,6 +163,30 @@ defmodule Larder.Kafka.Native do
     with_handle(producer, :producer, fn -> nif_producer_flush(producer, timeout_ms) end)
   end
 
+  @doc """
+  One step of a transaction on a producer opened with a
+  `"transactional.id"`: `:init` (once, first), `:begin`, `:commit` or
+  `:abort`, waiting up to `timeout_ms`. A producer closed inside a
+  transaction sends neither a commit nor an abort, as one that died: the
+  broker aborts the transaction after its `transaction.timeout.ms`.
+  """
+  def producer_transaction(producer, step, timeout_ms) do
+    check_handle!(producer, :producer)
+
+    unless step in [:init, :begin, :commit, :abort],
+      do:
+        raise(
+          ArgumentError,
+          "step must be :init, :begin, :commit or :abort, got: #{inspect(step, limit: 5)}"
+        )
+
+    check_int!(timeout_ms, :timeout_ms, 0, @max_timeout)
+
+    with_handle(producer, :producer, fn ->
+      nif_producer_transaction(producer, step, timeout_ms)
+    end)
+  end
+
   ## admin
 
   def admin_open(config) do
@@ -315,6 +339,7 @@ defmodule Larder.Kafka.Native do
   defp nif_produce(_p, _topic, _part, _key, _value, _headers), do: :erlang.nif_error(:not_loaded)
   defp nif_produce_batch(_p, _topic, _records), do: :erlang.nif_error(:not_loaded)
   defp nif_producer_flush(_p, _timeout), do: :erlang.nif_error(:not_loaded)
+  defp nif_producer_transaction(_p, _step, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_admin_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_admin_close(_a), do: :erlang.nif_error(:not_loaded)
   defp nif_create_topic(_a, _topic, _n, _configs, _timeout), do: :erlang.nif_error(:not_loaded)

@@ -41,9 +41,11 @@ defmodule Larder.Replica.Kafka do
     * `:isolation_level` - `:read_committed` (default) or
       `:read_uncommitted`. Read committed hands over the records of
       committed transactions only, and records of non-transactional
-      producers as they come; a partition's readable end is then its last
-      stable offset, so `await(r, :latest, t)` waits for a transaction that
-      is open when it is called to end.
+      producers as they come; a partition is then read up to its last
+      stable offset, the first offset of its oldest open transaction, and
+      no further (not even the non-transactional records after it) until
+      that transaction ends. So `await(r, :latest, t)` waits for every
+      transaction open when it is called to end (see "Positions").
     * `:fetch_max_bytes` - the most bytes one fetch asks a broker for,
       `1_048_576..268_435_456`, default `52_428_800` (librdkafka wants it
       at least its `message.max.bytes`, 1,000,000).
@@ -93,9 +95,19 @@ defmodule Larder.Replica.Kafka do
   away, transaction markers, aborted records): gaps in offsets are not a
   trim.
 
-  `await(r, :latest, t)` reads each partition's end (its high watermark,
-  or last stable offset under `:read_committed`) when it is called, and
-  returns when every partition has reached it.
+  `await(r, :latest, t)` is for every record acknowledged before the call:
+  it reads each partition's high watermark when it is called (the offset
+  after its last acknowledged record, committed or not, under either
+  isolation level), and returns `:ok` once every partition's position is
+  at or past it, with the records before it applied. Under
+  `:read_committed` the position cannot pass a partition's last stable
+  offset, so a transaction open at the call holds the wait until it ends:
+  committed, its records are applied and the position moves past its
+  commit marker; aborted (by its producer, or by the broker
+  `transaction.timeout.ms` after it began when its producer died), its
+  records are skipped and the position moves past them. A caller whose
+  `t` runs out first gets `{:error, %Larder.Error{reason: :timeout}}`, as
+  for a transaction that never ends within `t`.
 
   ## Trims and changes of the topic
 
@@ -671,11 +683,28 @@ defmodule Larder.Replica.Kafka do
     )
   end
 
+  # Each partition's high watermark: the offset after the last record
+  # acknowledged, committed or not. The watermark request carries the
+  # client's isolation level, and under read_committed the broker answers
+  # with the last stable offset instead (the first offset of the oldest
+  # open transaction), which a replica reaches without the records
+  # acknowledged after it: so this connection asks as read_uncommitted,
+  # whatever the replica reads with. The replica's position, held at the
+  # last stable offset while a transaction is open, reaches the watermark
+  # once every transaction open now has ended.
   @impl true
   def latest(opts, timeout) do
     deadline = now() + timeout
 
-    case Native.consumer_open(librdkafka_config(opts)) do
+    config =
+      List.keystore(
+        librdkafka_config(opts),
+        "isolation.level",
+        0,
+        {"isolation.level", "read_uncommitted"}
+      )
+
+    case Native.consumer_open(config) do
       {:ok, consumer} ->
         try do
           conn = %{consumer: consumer, topic: opts[:topic], timeout: max(timeout, 1)}

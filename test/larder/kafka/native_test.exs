@@ -332,6 +332,8 @@ defmodule Larder.Kafka.NativeTest do
           {fn -> Native.produce(producer, "t", 0, nil, "v", [{"h", 1}]) end, "record"},
           {fn -> Native.produce_batch(producer, "t", [:x]) end, "record"},
           {fn -> Native.producer_flush(consumer, 10) end, "producer"},
+          {fn -> Native.producer_transaction(producer, :prepare, 10) end, "step"},
+          {fn -> Native.producer_transaction(consumer, :begin, 10) end, "producer"},
           {fn -> Native.create_topic(ctx.admin, "t", 0, [], 10) end, "partitions"},
           {fn -> Native.delete_records(ctx.admin, "t", [{0, -1}], 10) end, "offsets"}
         ] do

@@ -238,6 +238,51 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     Kafka.close(conn)
   end
 
+  test "latest/2 is the high watermark past an open transaction, which read/4 waits out",
+       ctx do
+    create!(ctx, 2)
+    produce!(ctx, [{0, nil, "before", []}, {1, nil, "before", []}])
+
+    {:ok, txn} =
+      Native.producer_open([
+        {"bootstrap.servers", ctx.bootstrap},
+        {"transactional.id", "src-#{ctx.topic}"},
+        {"transaction.timeout.ms", "600000"}
+      ])
+
+    :ok = Native.producer_transaction(txn, :init, 60_000)
+    :ok = Native.producer_transaction(txn, :begin, 60_000)
+    :ok = Native.produce_batch(txn, ctx.topic, [{0, nil, "txn", []}, {1, nil, "txn", []}])
+    {:ok, _} = Native.producer_flush(txn, 60_000)
+    # Acknowledged after the transaction's first offset (1 in each partition).
+    acks = produce!(ctx, for(p <- [0, 1], _ <- 1..3, do: {p, nil, "after", []}))
+    assert Enum.sort(acks) == for(p <- [0, 1], o <- 2..4, do: {p, o})
+
+    # The default, read_committed: the end is still every acknowledged record's.
+    opts = opts(ctx)
+    assert Kafka.latest(opts, 30_000) == {:ok, %{0 => 5, 1 => 5}}
+
+    # The reader stops at the last stable offset, the transaction's first.
+    {:ok, conn} = Kafka.connect(opts)
+    {entries, position, conn} = read_to(conn, %{}, %{0 => 1, 1 => 1})
+    assert Enum.map(entries, fn {_, f} -> f["value"] end) == ["before", "before"]
+    assert {:ok, [], ^position, conn} = Kafka.read(conn, position, 10, 500)
+    refute Kafka.reached?(position, %{0 => 5, 1 => 5})
+
+    # Committed, it reads on, past the commit markers to the end.
+    :ok = Native.producer_transaction(txn, :commit, 60_000)
+    {rest, position, conn} = read_to(conn, position, %{0 => 6, 1 => 6})
+
+    assert Enum.frequencies(Enum.map(rest, fn {_, f} -> f["value"] end)) == %{
+             "txn" => 2,
+             "after" => 6
+           }
+
+    assert Map.take(position, [0, 1]) == %{0 => 6, 1 => 6}
+    Kafka.close(conn)
+    Native.producer_close(txn)
+  end
+
   test "records deleted past the position are a trim that resumes from the start", ctx do
     create!(ctx, 2)
     produce!(ctx, for(i <- 1..10, do: {0, nil, "#{i}", []}))

@@ -25,7 +25,14 @@ defmodule Larder.Replica.KafkaTest do
   @await 120_000
 
   setup_all do
-    broker = KafkaSetup.start()
+    # The broker looks for transactions past their timeout every 500 ms
+    # (10 s by default), so that one a test leaves open is aborted soon
+    # after its transaction.timeout.ms.
+    broker =
+      KafkaSetup.start(
+        config: [{"transaction.abort.timed.out.transaction.cleanup.interval.ms", "500"}]
+      )
+
     admin = admin!(broker)
     %{broker: broker, admin: admin}
   end
@@ -61,6 +68,14 @@ defmodule Larder.Replica.KafkaTest do
         ] ++ config
       )
 
+    producer
+  end
+
+  # A transactional producer, its transactions initialized.
+  defp txn_producer!(broker, config) do
+    id = "larder-test-#{Base.encode16(:crypto.strong_rand_bytes(6))}"
+    producer = producer!(broker, [{"transactional.id", id} | config])
+    :ok = Native.producer_transaction(producer, :init, @timeout)
     producer
   end
 
@@ -342,6 +357,99 @@ defmodule Larder.Replica.KafkaTest do
       replica = start!(opts(ctx, ctx.broker, []))
       assert Replica.await(replica, :latest, @await) == :ok
       assert contents(name(ctx, "t")) == model(records)
+    end
+  end
+
+  describe "await(:latest) and a transaction open when it is called" do
+    # A transaction in each partition, open, and records of a plain producer
+    # acknowledged after its first offset: under read_committed the replica
+    # cannot read past that offset (the partition's last stable offset)
+    # until the transaction ends, and await(:latest) is for every record
+    # acknowledged before the call.
+    setup ctx do
+      create!(ctx.admin, ctx.topic, 2)
+      plain = producer!(ctx.broker)
+      before = for i <- 1..20, do: {"b#{i}", "v#{i}"}
+      in_txn = for i <- 1..10, do: {"t#{i}", "v#{i}"}
+      later = for i <- 1..10, do: {"a#{i}", "v#{i}"}
+      produce!(plain, ctx.topic, 2, before)
+      %{plain: plain, before: before, in_txn: in_txn, later: later}
+    end
+
+    # Opens a transaction, writes `in_txn` in it (both partitions) and then
+    # `later` outside it; returns the transactional producer and the time
+    # before the transaction began.
+    defp open_transaction(ctx, config) do
+      txn = txn_producer!(ctx.broker, config)
+      began = System.monotonic_time(:millisecond)
+      :ok = Native.producer_transaction(txn, :begin, @timeout)
+      produce!(txn, ctx.topic, 2, ctx.in_txn)
+      assert Enum.sort(Enum.uniq(for {k, _} <- ctx.in_txn, do: partition(k, 2))) == [0, 1]
+      produce!(ctx.plain, ctx.topic, 2, ctx.later)
+      {txn, began}
+    end
+
+    test "waits for the commit, then holds every record acknowledged before the call", ctx do
+      {txn, _began} = open_transaction(ctx, [{"transaction.timeout.ms", "600000"}])
+      replica = start!(opts(ctx, ctx.broker, []))
+
+      # What precedes the transaction is read...
+      Larder.Test.RedisServer.wait_until(@await, "the records before the transaction", fn ->
+        contents(name(ctx, "t")) == model(ctx.before)
+      end)
+
+      # ... and the transaction holds the rest back: :latest is not reached
+      # while it is open (for 10 minutes at most, its timeout).
+      assert {:error, %Larder.Error{reason: :timeout}} = Replica.await(replica, :latest, 2_000)
+
+      assert contents(name(ctx, "t")) == model(ctx.before)
+
+      table = name(ctx, "t")
+
+      waiter =
+        Task.async(fn ->
+          result = Replica.await(replica, :latest, @await)
+          {result, contents(table)}
+        end)
+
+      :ok = Native.producer_transaction(txn, :commit, @timeout)
+
+      assert Task.await(waiter, @await + 5_000) ==
+               {:ok, model(ctx.before ++ ctx.in_txn ++ ctx.later)}
+    end
+
+    test "a producer that died inside it: :ok only once the broker aborted it, " <>
+           "with the records acknowledged after it",
+         ctx do
+      txn_timeout = 10_000
+      {txn, began} = open_transaction(ctx, [{"transaction.timeout.ms", "#{txn_timeout}"}])
+      # Closed with the transaction open: neither a commit nor an abort is
+      # sent, as when the producer's process dies.
+      :ok = Native.producer_close(txn)
+      replica = start!(opts(ctx, ctx.broker, []))
+      expected = model(ctx.before ++ ctx.later)
+      deadline = System.monotonic_time(:millisecond) + @await
+
+      # Each call waits 1 s. The broker aborts the transaction no sooner
+      # than transaction.timeout.ms after it began: an :ok before that would
+      # be an :ok without the records acknowledged after the transaction.
+      Stream.repeatedly(fn ->
+        result = Replica.await(replica, :latest, 1_000)
+        {result, System.monotonic_time(:millisecond), contents(name(ctx, "t"))}
+      end)
+      |> Enum.find(fn
+        {:ok, at, contents} ->
+          assert at - began >= txn_timeout
+          assert contents == expected
+          true
+
+        {{:error, %Larder.Error{reason: :timeout}}, at, _contents} ->
+          assert at < deadline, "the aborted transaction never let the replica through"
+          false
+
+        {other, _at, _contents} ->
+          flunk("await(:latest) returned #{inspect(other)}")
+      end)
     end
   end
 
