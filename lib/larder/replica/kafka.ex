@@ -119,12 +119,26 @@ defmodule Larder.Replica.Kafka do
       (retention, `kafka-delete-records`), found when the source assigns
       the partitions, or librdkafka's `OFFSET_OUT_OF_RANGE` while reading;
     * a partition's end below the replica's offset, or a topic id other
-      than the one in the position: the topic was deleted and created again;
-    * a number of partitions other than the position's: partitions were
-      added (or the topic recreated with another count). Kafka maps a key
-      to a partition by the partition count, so after a change the records
-      of one key are spread over two partitions whose relative order the
-      log does not keep; the replica does not follow that silently.
+      than the one in the position: the topic was deleted and created again.
+
+  A number of partitions other than the position's (partitions were added,
+  or, on a broker without topic ids, the topic was created again with
+  another count) is not a trim: the replica stops with `{:shutdown,
+  %Larder.Error{reason: :partitions_changed}}` whatever its `:on_trimmed`,
+  and its `await/3` callers get that error. It reads no record of the new
+  partitions; records written after the change to the partitions it
+  already reads are applied until it finds the change, at its next look at
+  the topic's metadata (below). Kafka maps a key to a partition by the partition
+  count, so after the change a key's new records may go to another
+  partition than its earlier ones, and the log keeps no order between two
+  partitions: no read, and no rebuild from the topic's start, can apply a
+  key's records in the order they were written. The snapshot is left as
+  it was, so a replica started from it stops again. To go on, write the
+  records into a new topic (with the partitions wanted from its start), or
+  start the replica without its snapshot: it then reads the topic as it
+  is, each partition in offset order and a key's records in two
+  partitions in the order they happen to be read, which no check here can
+  tell from a topic that always had its partitions.
 
   The topic's metadata is read on every assignment (each connection, each
   trim) and again every 30 s while reading, so a change during a run is
@@ -548,10 +562,11 @@ defmodule Larder.Replica.Kafka do
       {:ok, conn, position}
     else
       with {:ok, meta} <- metadata(conn),
-           :ok <- same_topic(meta, position) do
+           :ok <- same_topic(conn, meta, position) do
         {:ok, %{conn | checked_at: now()}, position}
       else
         {:trimmed, _why} -> trimmed(conn)
+        {:stop, error} -> {:stop, error, %{conn | expected: nil}}
         {:error, error} -> {:error, error, conn}
       end
     end
@@ -559,7 +574,7 @@ defmodule Larder.Replica.Kafka do
 
   defp prepare(conn, position) do
     with {:ok, meta} <- metadata(conn),
-         :ok <- same_topic(meta, position),
+         :ok <- same_topic(conn, meta, position),
          {:ok, position} <- fill(conn, meta, position) do
       offsets = Enum.map(meta.partitions, &{&1, Map.fetch!(position, &1)})
 
@@ -573,6 +588,7 @@ defmodule Larder.Replica.Kafka do
       end
     else
       {:trimmed, _why} -> trimmed(conn)
+      {:stop, error} -> {:stop, error, conn}
       {:error, error} -> {:error, error, conn}
     end
   end
@@ -598,22 +614,44 @@ defmodule Larder.Replica.Kafka do
     end
   end
 
-  # A position of another incarnation of the topic, or of another number
-  # of partitions, is a trim.
-  defp same_topic(meta, position) do
-    stored = for {p, _} <- position, is_integer(p), do: p
+  # A position of another incarnation of the topic is a trim: the replica
+  # may rebuild from what the new topic holds. A position of the same topic
+  # with other partitions is not: Kafka maps a key to a partition by the
+  # partition count, so once partitions are added the records a key gets
+  # go to another partition than its earlier ones, and the log keeps no
+  # order between the two; no read from any position gives the order they
+  # were written in. The replica stops (whatever its :on_trimmed).
+  defp same_topic(conn, meta, position) do
+    stored = Enum.sort(for {p, _} <- position, is_integer(p), do: p)
 
     cond do
       is_binary(position[:topic_id]) and is_binary(meta.topic_id) and
           position[:topic_id] != meta.topic_id ->
         {:trimmed, :topic_id}
 
-      stored != [] and Enum.sort(stored) != meta.partitions ->
-        {:trimmed, :partitions}
+      stored != [] and stored != meta.partitions ->
+        {:stop, partitions_changed(conn, stored, meta)}
 
       true ->
         :ok
     end
+  end
+
+  defp partitions_changed(conn, stored, meta) do
+    Larder.Error.new(
+      :partitions_changed,
+      "the topic #{inspect(conn.topic)} has #{length(meta.partitions)} partitions, " <>
+        "the replica's position #{length(stored)}: partitions were added (or the topic " <>
+        "created again with another count). Kafka puts a key in a partition by the count, " <>
+        "so a key's records written since may be in another partition than its earlier " <>
+        "ones, in an order the topic does not keep: the replica stops rather than apply " <>
+        "them out of order, whatever :on_trimmed. To go on, write the records into a new " <>
+        "topic, or remove the snapshot to read the topic as it is (a key's records in two " <>
+        "partitions are then applied in the order they are read)",
+      topic: conn.topic,
+      partitions: length(meta.partitions),
+      position_partitions: length(stored)
+    )
   end
 
   # Checks each stored offset against its partition's watermarks and puts

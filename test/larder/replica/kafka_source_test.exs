@@ -304,7 +304,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     Kafka.close(conn)
   end
 
-  test "a topic created again, or with other partitions, is a trim", ctx do
+  test "a topic created again is a trim; partitions added are a stop", ctx do
     create!(ctx, 2)
     produce!(ctx, for(i <- 1..4, do: {0, nil, "#{i}", []}))
     opts = opts(ctx)
@@ -321,18 +321,22 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
 
     # An offset above the partition's end (without an id to compare).
     assert {:trimmed, %{}, conn} = Kafka.read(conn, %{0 => 100, 1 => 0}, 10, 1_000)
-    # A third partition added.
+    # A third partition added: no read nor rebuild can order a key's
+    # records across two partitions.
     :ok = Native.create_partitions(ctx.admin, ctx.topic, 3, 60_000)
     Kafka.close(conn)
     {:ok, conn} = Kafka.connect(opts)
 
     assert wait_for(fn ->
              match?(
-               {:trimmed, %{}, _},
+               {:stop, %Larder.Error{reason: :partitions_changed}, _},
                Kafka.read(conn, %{0 => 0, 1 => 0, topic_id: id}, 10, 100)
              )
            end)
 
+    # (a position of the new topic's start reads on)
+    assert {:ok, _, position, conn} = Kafka.read(conn, %{}, 10, 100)
+    assert Map.take(position, [0, 1, 2]) |> map_size() == 3
     Kafka.close(conn)
   end
 

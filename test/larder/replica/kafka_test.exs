@@ -525,6 +525,95 @@ defmodule Larder.Replica.KafkaTest do
     end
   end
 
+  describe "partitions added to the topic" do
+    # Keys are spread by the partition count (as Kafka's partitioners do):
+    # after the change a key's new records may be in another partition than
+    # its earlier ones, and no read or rebuild can order the two.
+    setup ctx do
+      create!(ctx.admin, ctx.topic, 2)
+      producer = producer!(ctx.broker)
+      first = for i <- 1..200, do: {"k#{i}", "a#{i}"}
+      produce!(producer, ctx.topic, 2, first)
+      %{producer: producer, first: first}
+    end
+
+    defp add_partition_and_write(ctx) do
+      :ok = Native.create_partitions(ctx.admin, ctx.topic, 3, @timeout)
+      later = for i <- 1..200, do: {"k#{i}", "b#{i}"}
+
+      # A producer that knows the third partition (a new one, once the
+      # broker's metadata lists it).
+      Larder.Test.RedisServer.wait_until(@await, "a producer to write to partition 2", fn ->
+        producer = producer!(ctx.broker)
+
+        written =
+          Native.produce(producer, ctx.topic, 2, "probe", "p", []) == :ok and
+            match?({:ok, _}, Native.producer_flush(producer, 5_000))
+
+        Native.producer_close(producer)
+        written
+      end)
+
+      produce!(producer!(ctx.broker), ctx.topic, 3, later)
+      # (the scenario: some keys moved)
+      assert Enum.any?(later, fn {k, _} -> partition(k, 3) != partition(k, 2) end)
+    end
+
+    test "while replicas read: they stop with :partitions_changed, :rebuild too, " <>
+           "and a caller waiting for :latest gets that error",
+         ctx do
+      replicas =
+        for on_trimmed <- [:stop, :rebuild] do
+          opts =
+            opts(ctx, ctx.broker,
+              name: name(ctx, "r #{on_trimmed}"),
+              into: {Larder.Table, name: name(ctx, "t #{on_trimmed}"), key: :id},
+              on_trimmed: on_trimmed
+            )
+
+          pid = start_supervised!({Replica, opts}, id: on_trimmed)
+          assert Replica.await(pid, :latest, @await) == :ok
+          {pid, Process.monitor(pid)}
+        end
+
+      add_partition_and_write(ctx)
+
+      # From this (plain) process: the end now has a third partition, which
+      # the replicas never read; the metadata check every 30 s finds it.
+      for {pid, ref} <- replicas do
+        assert {:error, %Larder.Error{reason: :partitions_changed} = error} =
+                 Replica.await(pid, :latest, @await)
+
+        assert error.details.partitions == 3
+        assert error.details.position_partitions == 2
+        assert Exception.message(error) =~ "on_trimmed"
+
+        assert_receive {:DOWN, ^ref, :process, ^pid,
+                        {:shutdown, %Larder.Error{reason: :partitions_changed}}},
+                       @await
+      end
+    end
+
+    test "after a restart from an earlier snapshot: a stop, :rebuild too", ctx do
+      path = Path.join(ctx.dir, "partitions.snap")
+      opts = opts(ctx, ctx.broker, snapshot: path, on_trimmed: :rebuild)
+      replica = start!(opts)
+      assert Replica.await(replica, :latest, @await) == :ok
+      :ok = Replica.drop(replica)
+
+      add_partition_and_write(ctx)
+
+      for _ <- 1..2 do
+        pid = start_supervised!({Replica, opts}, restart: :temporary)
+        ref = Process.monitor(pid)
+
+        assert_receive {:DOWN, ^ref, :process, ^pid,
+                        {:shutdown, %Larder.Error{reason: :partitions_changed}}},
+                       @await
+      end
+    end
+  end
+
   describe "a poisoned record" do
     setup ctx do
       create!(ctx.admin, ctx.topic, 1)
