@@ -69,6 +69,17 @@ defmodule Larder.Kafka.Native do
     with_handle(consumer, :consumer, fn -> nif_consumer_logs(consumer) end)
   end
 
+  @doc """
+  `{:ok, text | nil}`: librdkafka's last broker connection failure (its
+  log line, such as "ssl://h:9092/bootstrap: SSL handshake failed: ...")
+  since the last metadata or watermark request that succeeded: the cause
+  behind a request's "Broker transport failure".
+  """
+  def consumer_failure(consumer) do
+    check_handle!(consumer, :consumer)
+    with_handle(consumer, :consumer, fn -> nif_consumer_failure(consumer) end)
+  end
+
   def consumer_metadata(consumer, topic, timeout_ms) do
     check_handle!(consumer, :consumer)
     check_binary!(topic, :topic)
@@ -329,6 +340,7 @@ defmodule Larder.Kafka.Native do
   defp nif_consumer_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_close(_c), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_logs(_c), do: :erlang.nif_error(:not_loaded)
+  defp nif_consumer_failure(_c), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_metadata(_c, _topic, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_watermarks(_c, _topic, _p, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_assign(_c, _topic, _offsets), do: :erlang.nif_error(:not_loaded)

@@ -152,19 +152,42 @@ defmodule Larder.Replica.Kafka do
   replica's offsets. A topic that does not exist, a broker that does not
   answer a metadata or watermark request within `:timeout` are
   `{:error, %Larder.Error{reason: :source_unavailable}}`; a failed
-  authentication, a refused TLS handshake or a configuration librdkafka
-  rejects are `:source_failed`. After an error the replica closes the
-  connection, waits and connects again. Everything a broker sends is
-  untrusted: librdkafka checks the protocol (CRCs, sizes), the NIF bounds
-  what it copies (at most `batch_size` records per read, each at most
-  `:max_record_bytes`), and no reply can raise in the replica or crash
-  the VM.
+  authentication, a refused TLS or SASL handshake or a configuration
+  librdkafka rejects are `:source_failed`. After an error the replica
+  closes the connection, waits and connects again.
+
+  A request that fails on the connection gets from librdkafka only
+  "Broker transport failure", for a dead host as for a listener that
+  speaks another protocol. Its error leads with the cause librdkafka
+  logged for the connection since the last request that succeeded, and the
+  option to check, and keeps librdkafka's texts (the message, and
+  `details.librdkafka`). `details.cause` is one of:
+
+    * `:connection_refused`, `:unresolved` (`:source_unavailable`): check
+      `:brokers`, and that the broker is up;
+    * `:tls_to_plaintext`: TLS (`:tls` set) to a listener without it, which
+      closed the connection during the TLS handshake;
+      `:tls_certificate`: the broker's certificate was not verified;
+      `:tls_handshake`: another TLS failure (`:source_failed`, check `:tls`);
+    * `:sasl_to_plaintext`: SASL (`:sasl` set) to a listener without it,
+      which offers no mechanism; `:sasl_mechanism`: a listener that takes
+      other mechanisms (`:source_failed`, check `:sasl`);
+    * `:plaintext_to_secured`: neither TLS nor SASL, to a listener that
+      closed the connection at the first request, as a TLS listener does
+      (`:source_failed`, check `:tls` and `:sasl`);
+    * `:connection`: another failure, in librdkafka's words.
+
+  Everything a broker sends is untrusted: librdkafka checks the protocol
+  (CRCs, sizes), the NIF bounds what it copies (at most `batch_size`
+  records per read, each at most `:max_record_bytes`), and no reply can
+  raise in the replica or crash the VM.
 
   librdkafka's own log (a refused connection, "brokers are down") never
-  reaches the VM's stderr: the NIF keeps up to 100 lines between two reads
-  and counts the rest, and the source hands them to `Logger` (librdkafka's
-  levels mapped to Logger's), at most 5 lines and a count of the others
-  every 10 s.
+  reaches the VM's stderr: the NIF takes it at each read, metadata and
+  watermark request, keeps up to 100 lines between two reads and counts
+  the rest, and the source hands them to `Logger` (librdkafka's levels
+  mapped to Logger's), at most 5 lines and a count of the others every
+  10 s.
 
   ## Performance
 
@@ -610,7 +633,7 @@ defmodule Larder.Replica.Kafka do
          Larder.Error.new(:source_unavailable, "the topic has no partitions", topic: conn.topic)}
 
       {:error, reason} ->
-        {:error, error(reason, "reading the topic's metadata")}
+        {:error, request_error(conn, reason, "reading the topic's metadata")}
     end
   end
 
@@ -677,7 +700,7 @@ defmodule Larder.Replica.Kafka do
             )}}
 
         {:error, reason} ->
-          {:halt, {:error, error(reason, "reading partition #{p}'s watermarks")}}
+          {:halt, {:error, request_error(conn, reason, "reading partition #{p}'s watermarks")}}
       end
     end)
     |> case do
@@ -763,7 +786,7 @@ defmodule Larder.Replica.Kafka do
                     )}}
 
                 {:error, reason} ->
-                  {:halt, {:error, error(reason, "reading partition #{p}'s end")}}
+                  {:halt, {:error, request_error(conn, reason, "reading partition #{p}'s end")}}
               end
             end)
           end
@@ -802,6 +825,115 @@ defmodule Larder.Replica.Kafka do
       Larder.Error.new(:source_bad_reply, "#{doing}: an unexpected reply",
         reply: inspect(other, limit: 10)
       )
+
+  # librdkafka's codes for a request that got no answer: its connection
+  # failed, or nothing came in time (not a broker's answer, such as an
+  # unknown topic).
+  @connection_codes [
+    :broker_transport_failure,
+    :all_brokers_down,
+    :operation_timed_out,
+    :request_timed_out,
+    :authentication,
+    :ssl,
+    :resolve,
+    :fail
+  ]
+
+  # The causes of a failed connection that are a configuration the
+  # listener does not take.
+  @misconfigured [
+    :tls_to_plaintext,
+    :tls_certificate,
+    :tls_handshake,
+    :sasl_to_plaintext,
+    :sasl_mechanism,
+    :plaintext_to_secured
+  ]
+
+  # A metadata or watermark request that failed on the connection says
+  # only "Broker transport failure", for a dead host as for a protocol the
+  # listener does not speak. librdkafka's last connection failure (from its
+  # log, since the last request that succeeded) says why: the error leads
+  # with that cause and the option to check, and keeps both texts. A
+  # handshake the listener refuses is a configuration that will not work
+  # (:source_failed); a refused connection may be a broker down for a while.
+  defp request_error(conn, reason, doing) do
+    error = error(reason, doing)
+
+    with true <- error.details[:code] in @connection_codes,
+         {:ok, text} when is_binary(text) and text != "" <- Native.consumer_failure(conn.consumer) do
+      explain(error, doing, text)
+    else
+      _ -> error
+    end
+  end
+
+  defp explain(error, doing, text) do
+    {cause, hint} = cause(text)
+    broker = broker_of(text)
+    hint = if broker, do: "#{broker}: #{hint}", else: hint
+    reason = if cause in @misconfigured, do: :source_failed, else: error.reason
+    said = String.replace_prefix(error.message, "#{doing}: ", "")
+
+    %{
+      error
+      | reason: reason,
+        message: "#{doing}: #{hint} (librdkafka: #{said}; #{text})",
+        details: Map.merge(error.details, %{cause: cause, librdkafka: text})
+    }
+  end
+
+  # librdkafka's wording (rdkafka_ssl.c, rdkafka_broker.c, its transport).
+  defp cause(text) do
+    cond do
+      text =~ "SSL handshake failed" and text =~ "certificate" ->
+        {:tls_certificate,
+         "the broker's TLS certificate could not be verified: check :tls (:cacertfile, :verify)"}
+
+      text =~ "connecting to a PLAINTEXT broker listener" or
+          (text =~ "in state SSL_HANDSHAKE" and text =~ "Disconnected") ->
+        {:tls_to_plaintext,
+         "the broker closed the connection during the TLS handshake: is it a PLAINTEXT " <>
+           "listener, without TLS? check :tls"}
+
+      text =~ "SSL handshake failed" ->
+        {:tls_handshake, "the TLS handshake failed: check :tls"}
+
+      text =~ ~r/SASL .*handshake failed.*supported mechanisms:\s*(\(|$)/ ->
+        {:sasl_to_plaintext,
+         "the broker refused the SASL handshake and offers no SASL mechanism: is it a " <>
+           "listener without SASL (PLAINTEXT or SSL)? check :sasl"}
+
+      text =~ ~r/SASL .*handshake failed/ ->
+        {:sasl_mechanism,
+         "the broker does not take the SASL mechanism of :sasl (librdkafka's text names " <>
+           "those it takes): check :sasl"}
+
+      text =~ "connecting to a SSL listener" ->
+        {:plaintext_to_secured,
+         "the broker closed the connection at the first request: is it a TLS or SASL " <>
+           "listener? check :tls and :sasl"}
+
+      text =~ "Connection refused" ->
+        {:connection_refused,
+         "nothing listens there (connection refused): is the broker up, and :brokers right?"}
+
+      text =~ "Failed to resolve" ->
+        {:unresolved, "the host name does not resolve: check :brokers"}
+
+      true ->
+        {:connection, "the connection to the broker failed"}
+    end
+  end
+
+  # "ssl://127.0.0.1:9092/bootstrap: ..." -> "127.0.0.1:9092"
+  defp broker_of(text) do
+    case Regex.run(~r{^(?:[a-z_]+://)?([^\s/]+)/[^\s:]*:}, text) do
+      [_, broker] -> broker
+      _ -> nil
+    end
+  end
 
   defp put_detail(%Larder.Error{details: details} = error, key, value),
     do: %{error | details: Map.put(details, key, value)}

@@ -316,6 +316,7 @@ defmodule Larder.Kafka.NativeTest do
           {fn -> Native.consumer_open([{"a", 1}]) end, "config"},
           {fn -> Native.consumer_open(Enum.map(1..300, &{"k#{&1}", "v"})) end, "config"},
           {fn -> Native.consumer_poll(:nope, 10, 0, 1024) end, "consumer"},
+          {fn -> Native.consumer_failure(producer) end, "consumer"},
           {fn -> Native.consumer_poll(make_ref(), 10, 0, 1024) end, "consumer"},
           {fn -> Native.consumer_poll(producer, 10, 0, 1024) end, "consumer"},
           {fn -> Native.consumer_poll(consumer, 0, 0, 1024) end, "max"},

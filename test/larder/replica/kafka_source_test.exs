@@ -372,6 +372,48 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     assert {:error, %Larder.Error{reason: :source_unavailable}} = Kafka.latest(opts, 500)
   end
 
+  test "TLS or SASL to the PLAINTEXT broker, and a dead port: errors that name their cause",
+       ctx do
+    create!(ctx, 1)
+    dead = "127.0.0.1:#{Larder.Test.FreePort.get()}"
+
+    cases = [
+      {[tls: true], ctx.bootstrap, :tls_to_plaintext, :source_failed, ~r/PLAINTEXT.*check :tls/},
+      {[tls: true, sasl: {:plain, "u", "p"}], ctx.bootstrap, :tls_to_plaintext, :source_failed,
+       ~r/PLAINTEXT.*check :tls/},
+      {[sasl: {:scram_sha_256, "u", "p"}], ctx.bootstrap, :sasl_to_plaintext, :source_failed,
+       ~r/without SASL.*check :sasl/},
+      {[], dead, :connection_refused, :source_unavailable, ~r/connection refused.*:brokers/}
+    ]
+
+    hints =
+      for {extra, broker, cause, reason, hint} <- cases do
+        opts = Kafka.validate!([brokers: [broker], topic: ctx.topic, timeout: 3_000] ++ extra)
+        {:ok, conn} = Kafka.connect(opts)
+
+        assert {:error, %Larder.Error{} = read_error, conn} =
+                 ExUnit.CaptureLog.with_log(fn -> Kafka.read(conn, %{}, 10, 100) end) |> elem(0)
+
+        Kafka.close(conn)
+        assert {:error, %Larder.Error{} = latest_error} = Kafka.latest(opts, 3_000)
+
+        for error <- [read_error, latest_error] do
+          message = Exception.message(error)
+          assert %{reason: ^reason, details: %{cause: ^cause}} = error, message
+          assert message =~ hint
+          # (librdkafka's own words stay in the message and the details)
+          assert message =~ "Broker transport failure"
+          assert message =~ error.details.librdkafka
+          refute error.details.librdkafka =~ "[thrd:"
+        end
+
+        read_error.message |> String.split(" (librdkafka: ") |> hd()
+      end
+
+    # What is left of each message without librdkafka's words differs.
+    assert length(Enum.uniq(hints)) == 3
+  end
+
   test "a topic that does not exist is :source_unavailable", ctx do
     opts = opts(ctx)
     {:ok, conn} = Kafka.connect(opts)

@@ -274,6 +274,7 @@ defmodule Larder.Replica.Kafka.BadInputTest do
       tuple([:admin_open, tuple([config])]),
       tuple([:consumer_close, tuple([handle()])]),
       tuple([:consumer_logs, tuple([handle()])]),
+      tuple([:consumer_failure, tuple([handle()])]),
       tuple([:producer_close, tuple([handle()])]),
       tuple([:admin_close, tuple([handle()])]),
       tuple([:consumer_metadata, tuple([handle(), arg, oneof([0, 10, arg])])]),
