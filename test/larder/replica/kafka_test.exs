@@ -560,7 +560,7 @@ defmodule Larder.Replica.KafkaTest do
     end
 
     test "while replicas read: they stop with :partitions_changed, :rebuild too, " <>
-           "and a caller waiting for :latest gets that error",
+           "and a caller waiting gets that error",
          ctx do
       replicas =
         for on_trimmed <- [:stop, :rebuild] do
@@ -573,16 +573,18 @@ defmodule Larder.Replica.KafkaTest do
 
           pid = start_supervised!({Replica, opts}, id: on_trimmed)
           assert Replica.await(pid, :latest, @await) == :ok
-          {pid, Process.monitor(pid)}
+          ref = Process.monitor(pid)
+          # Plain processes wait for an offset no replica reaches.
+          waiter = Task.async(fn -> Replica.await(pid, %{0 => 1_000_000_000}, @await) end)
+          {pid, ref, waiter}
         end
 
+      # The metadata check every 30 s finds the third partition.
       add_partition_and_write(ctx)
 
-      # From this (plain) process: the end now has a third partition, which
-      # the replicas never read; the metadata check every 30 s finds it.
-      for {pid, ref} <- replicas do
+      for {pid, ref, waiter} <- replicas do
         assert {:error, %Larder.Error{reason: :partitions_changed} = error} =
-                 Replica.await(pid, :latest, @await)
+                 Task.await(waiter, @await + 5_000)
 
         assert error.details.partitions == 3
         assert error.details.position_partitions == 2
