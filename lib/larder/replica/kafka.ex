@@ -125,20 +125,21 @@ defmodule Larder.Replica.Kafka do
   or, on a broker without topic ids, the topic was created again with
   another count) is not a trim: the replica stops with `{:shutdown,
   %Larder.Error{reason: :partitions_changed}}` whatever its `:on_trimmed`,
-  and its `await/3` callers get that error. It reads no record of the new
-  partitions; records written after the change to the partitions it
-  already reads are applied until it finds the change, at its next look at
-  the topic's metadata (below). Kafka maps a key to a partition by the partition
-  count, so after the change a key's new records may go to another
-  partition than its earlier ones, and the log keeps no order between two
-  partitions: no read, and no rebuild from the topic's start, can apply a
-  key's records in the order they were written. The snapshot is left as
-  it was, so a replica started from it stops again. To go on, write the
-  records into a new topic (with the partitions wanted from its start), or
-  start the replica without its snapshot: it then reads the topic as it
-  is, each partition in offset order and a key's records in two
-  partitions in the order they happen to be read, which no check here can
-  tell from a topic that always had its partitions.
+  and its `await/3` callers get that error. Kafka maps a key to a
+  partition by the partition count, so after the change a key's new
+  records may go to another partition than its earlier ones, and the log
+  keeps no order between two partitions: no read, and no rebuild from the
+  topic's start, can apply a key's records in the order they were written.
+  The replica reads no record of the new partitions; records written after
+  the change to the partitions it already reads are applied until it finds
+  the change, at its next look at the topic's metadata (below). No
+  snapshot is written on the stop, and the last one holds the old
+  partitions, so a replica started from it stops again. To go on, write
+  the records into a new topic (with the partitions wanted from its
+  start), or start the replica without its snapshot: it then reads the
+  topic as it is, each partition in offset order and a key's records in
+  two partitions in the order they happen to be read, which no check here
+  can tell from a topic that always had its partitions.
 
   The topic's metadata is read on every assignment (each connection, each
   trim) and again every 30 s while reading, so a change during a run is
