@@ -135,8 +135,8 @@ defmodule Larder.Replica.NotifyTest do
     assert Replica.offset(replica) == ends(ctx.log)
   end
 
-  test "a read that says stop ends the replica with its error whatever :on_trimmed, " <>
-         "and a caller waiting gets it",
+  test "a read in the replica's own process that says stop ends it with its error " <>
+         "whatever :on_trimmed, and a caller waiting gets it",
        ctx do
     for on_trimmed <- [:stop, :rebuild] do
       log = Log.new(@partitions)

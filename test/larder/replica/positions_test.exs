@@ -139,8 +139,8 @@ defmodule Larder.Replica.PositionsTest do
     end
   end
 
-  test "a read that says stop ends the replica with its error whatever :on_trimmed, " <>
-         "and a caller waiting gets it",
+  test "a reader process's read that says stop ends the replica with its error " <>
+         "whatever :on_trimmed, and a caller waiting gets it",
        ctx do
     for on_trimmed <- [:stop, :rebuild] do
       log = Log.new(@partitions)
