@@ -302,7 +302,15 @@ defmodule Larder.Replica do
       old entries. A log that lost entries the replica applied and then
       got new ones past its id is detected too, on Redis 7 (see
       `Larder.Replica.RedisStream`).
-    * **A stop** (`on_trimmed: :stop`, `on_error: :stop`) ends the process
+    * **A log the replica cannot follow**: when the log changed in a way
+      that neither reading on nor a rebuild from what it holds can follow
+      (the source's `read/4` says so: for Kafka, partitions added to the
+      topic, see `Larder.Replica.Kafka`), the replica reports
+      `[:larder, :replica, :source, :error]`, logs an error and stops with
+      `{:shutdown, %Larder.Error{}}` (`:partitions_changed`), whatever its
+      `:on_trimmed`.
+    * **A stop** (`on_trimmed: :stop`, `on_error: :stop`, a log the replica
+      cannot follow) ends the process
       with `{:shutdown, %Larder.Error{}}`; as a `:transient` child it is not
       restarted, and its structure goes with it. `await/3` callers get that
       error. No snapshot is written on such a stop or on a crash.
@@ -361,7 +369,8 @@ defmodule Larder.Replica do
       offset. Measurements: `:count` (1). Metadata: `:offset`,
       `:resume_after` (the position reading resumes from), `:action`.
     * `[:larder, :replica, :source, :error]`: a connection, a read or a
-      reply failed. Measurements: `:count` (1). Metadata: `:error`.
+      reply failed, or the log cannot be followed (and the replica stops).
+      Measurements: `:count` (1). Metadata: `:error`.
   """
 
   alias Larder.Instance

@@ -44,6 +44,7 @@ defmodule Larder.Test.NotifyingSource do
   end
 
   defdelegate entries(table), to: Log
+  defdelegate stop(table, error), to: Log
 
   @impl true
   defdelegate validate!(opts), to: Log

@@ -38,6 +38,16 @@ defmodule Larder.Test.PartitionedSource do
     :ok
   end
 
+  @doc """
+  Makes every read from now on `{:stop, error, conn}`: the log changed in a
+  way no read nor rebuild can follow (as a Kafka topic whose partitions
+  were added).
+  """
+  def stop(table, %Larder.Error{} = error) do
+    :ets.insert(table, {:stop, error})
+    :ok
+  end
+
   @doc "Removes an entry (compaction: its offset becomes a gap)."
   def compact(table, partition, offset) do
     :ets.delete(table, {:entry, partition, offset})
@@ -145,17 +155,26 @@ defmodule Larder.Test.PartitionedSource do
         Map.get(position, p, 0) < :ets.lookup_element(table, {:start, p}, 2)
       end)
 
-    if trimmed do
-      {:trimmed, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:start, &1}, 2)}), table}
-    else
-      {entries, position_after} = take(table, n, position, count)
+    cond do
+      match?([_], :ets.lookup(table, :stop)) ->
+        {:stop, :ets.lookup_element(table, :stop, 2), table}
 
-      if entries == [] and position_after == position do
-        Process.sleep(min(block_ms, 20))
-        {:ok, [], position, table}
-      else
-        {:ok, entries, position_after, table}
-      end
+      trimmed ->
+        {:trimmed, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:start, &1}, 2)}), table}
+
+      true ->
+        read_entries(table, n, position, count, block_ms)
+    end
+  end
+
+  defp read_entries(table, n, position, count, block_ms) do
+    {entries, position_after} = take(table, n, position, count)
+
+    if entries == [] and position_after == position do
+      Process.sleep(min(block_ms, 20))
+      {:ok, [], position, table}
+    else
+      {:ok, entries, position_after, table}
     end
   end
 

@@ -24,8 +24,10 @@ defmodule Larder.Replica.Reader do
   batch; a batch may have no entries when only the position moved, past a
   gap of the log), `{:replica_trimmed, reader, resume_position}` (and then
   waits for `{:replica_resume, position}`), `{:replica_source_error,
-  reader, error}` on each failed connect or read, and `{:replica_source_ok,
-  reader}` once the source answers again after one.
+  reader, error}` on each failed connect or read, `{:replica_source_ok,
+  reader}` once the source answers again after one, and
+  `{:replica_source_stop, reader, error}` when the source says the log
+  cannot be followed (then it reads no more).
   """
   @spec start_link(
           module(),
@@ -48,7 +50,8 @@ defmodule Larder.Replica.Reader do
       wait: @min_wait_ms,
       unacked: 0,
       # what waits for acknowledgements before it is sent: nil,
-      # {:batch, entries, position_after} or {:trimmed, resume_position}
+      # {:batch, entries, position_after}, {:trimmed, resume_position} or
+      # {:stop, error}
       held: nil,
       failing: false
     }
@@ -91,6 +94,9 @@ defmodule Larder.Replica.Reader do
       {:trimmed, resume_position, conn} ->
         {:noreply, release(%{state | conn: conn, held: {:trimmed, resume_position}})}
 
+      {:stop, error, conn} ->
+        {:noreply, release(%{state | conn: conn, held: {:stop, error}})}
+
       {:error, error, conn} ->
         state.source.close(conn)
         {:noreply, failed(%{state | conn: nil}, error)}
@@ -115,7 +121,8 @@ defmodule Larder.Replica.Reader do
   # in the server's mailbox while it applies another (the server is never
   # left waiting for the reader's copy of the next batch). A trim is sent
   # once every batch before it is applied, and reading stops until the
-  # server answers it with :replica_resume.
+  # server answers it with :replica_resume; a stop likewise, and reading
+  # stops for good (the server stops, and this process with it).
   defp release(%{held: {:batch, entries, position_after}, unacked: unacked} = state)
        when unacked <= 1 do
     send(state.server, {:replica_batch, self(), entries, position_after})
@@ -124,6 +131,11 @@ defmodule Larder.Replica.Reader do
 
   defp release(%{held: {:trimmed, resume_position}, unacked: 0} = state) do
     send(state.server, {:replica_trimmed, self(), resume_position})
+    %{state | held: nil}
+  end
+
+  defp release(%{held: {:stop, error}, unacked: 0} = state) do
+    send(state.server, {:replica_source_stop, self(), error})
     %{state | held: nil}
   end
 

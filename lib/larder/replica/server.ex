@@ -331,6 +331,9 @@ defmodule Larder.Replica.Server do
   def handle_info({:replica_trimmed, reader, resume}, %{reader: reader} = state),
     do: next_queued(%{state | queue: :queue.in({:trimmed, resume}, state.queue)})
 
+  def handle_info({:replica_source_stop, reader, error}, %{reader: reader} = state),
+    do: source_stop(state, error)
+
   def handle_info({:replica_source_error, reader, error}, %{reader: reader} = state) do
     execute(state, [:source, :error], %{count: 1}, %{error: error})
     {:noreply, source_failed(state, error)}
@@ -512,6 +515,9 @@ defmodule Larder.Replica.Server do
       {:trimmed, resume, conn} ->
         send(self(), :replica_read)
         trimmed(%{state | conn: conn}, resume)
+
+      {:stop, error, conn} ->
+        source_stop(%{state | conn: conn}, error)
 
       {:error, error, conn} ->
         if conn, do: state.source.close(conn)
@@ -751,6 +757,14 @@ defmodule Larder.Replica.Server do
         if state.reader, do: send(state.reader, {:replica_resume, resume})
         {:noreply, advance(%{state | target: target, epoch: state.epoch + 1}, resume)}
     end
+  end
+
+  # The log changed in a way no read or rebuild can follow (the source's
+  # read/4 said so): reported, and a stop whatever :on_trimmed says.
+  defp source_stop(state, error) do
+    execute(state, [:source, :error], %{count: 1}, %{error: error})
+    Logger.error("Larder.Replica #{inspect(state.name)} stops: #{Exception.message(error)}")
+    {:stop, {:shutdown, error}, %{state | snapshot: nil}}
   end
 
   ## Applying

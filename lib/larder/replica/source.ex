@@ -48,6 +48,12 @@ defmodule Larder.Replica.Source do
       reads what the log still holds, and skips nothing that is still
       there. A gap that is the log's normal shape (compaction) is not a
       trim. A source must never skip entries silently.
+    * When the log changed in a way that neither reading on nor a rebuild
+      from what it holds can follow (a Kafka topic whose partitions were
+      added: a key's records are then in two partitions whose relative
+      order the log does not keep), `read/4` returns `{:stop,
+      %Larder.Error{}, conn}`: the replica applies nothing more and stops
+      with `{:shutdown, error}`, whatever its `:on_trimmed`.
     * Everything read from the outside is untrusted: a reply of the wrong
       shape or size is `{:error, %Larder.Error{reason: :source_bad_reply}}`,
       a server that cannot be reached or does not answer in time
@@ -119,6 +125,7 @@ defmodule Larder.Replica.Source do
   @callback read(conn(), position(), count :: pos_integer(), block_ms :: non_neg_integer()) ::
               {:ok, [entry()], position_after :: position(), conn()}
               | {:trimmed, resume_position :: position(), conn()}
+              | {:stop, Larder.Error.t(), conn()}
               | {:error, Larder.Error.t(), conn()}
 
   @doc """

@@ -138,4 +138,34 @@ defmodule Larder.Replica.PositionsTest do
       assert Replica.offset(replica) == ends(ctx.log)
     end
   end
+
+  test "a reader process's read that says stop ends the replica with its error " <>
+         "whatever :on_trimmed, and a caller waiting gets it",
+       ctx do
+    for on_trimmed <- [:stop, :rebuild] do
+      log = Log.new(@partitions)
+      produce(log, for(k <- 1..40, do: {:put, k, k}))
+
+      opts =
+        opts(ctx,
+          name: name(ctx, "r #{on_trimmed}"),
+          into: {Larder.Table, name: name(ctx, "t #{on_trimmed}"), key: :id},
+          source: {Log, table: log},
+          on_trimmed: on_trimmed
+        )
+
+      replica = start_supervised!({Replica, opts}, id: on_trimmed)
+      ref = Process.monitor(replica)
+      assert Replica.await(replica, :latest, 30_000) == :ok
+
+      # A plain process waits for a position the replica will never reach.
+      waiter = Task.async(fn -> Replica.await(replica, %{0 => 1_000_000}, 30_000) end)
+      error = Larder.Error.new(:partitions_changed, "the log changed under the replica")
+      Log.stop(log, error)
+      produce(log, [{:put, 1, 2}])
+
+      assert Task.await(waiter, 35_000) == {:error, error}
+      assert_receive {:DOWN, ^ref, :process, ^replica, {:shutdown, ^error}}, 30_000
+    end
+  end
 end

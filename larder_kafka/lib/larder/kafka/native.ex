@@ -73,6 +73,17 @@ defmodule Larder.Kafka.Native do
     with_handle(consumer, :consumer, fn -> nif_consumer_logs(consumer) end)
   end
 
+  @doc """
+  `{:ok, text | nil}`: librdkafka's last broker connection failure (its
+  log line, such as "ssl://h:9092/bootstrap: SSL handshake failed: ...")
+  since the last metadata or watermark request that succeeded: the cause
+  behind a request's "Broker transport failure".
+  """
+  def consumer_failure(consumer) do
+    check_handle!(consumer, :consumer)
+    with_handle(consumer, :consumer, fn -> nif_consumer_failure(consumer) end)
+  end
+
   def consumer_metadata(consumer, topic, timeout_ms) do
     check_handle!(consumer, :consumer)
     check_binary!(topic, :topic)
@@ -165,6 +176,30 @@ defmodule Larder.Kafka.Native do
     check_handle!(producer, :producer)
     check_int!(timeout_ms, :timeout_ms, 0, @max_timeout)
     with_handle(producer, :producer, fn -> nif_producer_flush(producer, timeout_ms) end)
+  end
+
+  @doc """
+  One step of a transaction on a producer opened with a
+  `"transactional.id"`: `:init` (once, first), `:begin`, `:commit` or
+  `:abort`, waiting up to `timeout_ms`. A producer closed inside a
+  transaction sends neither a commit nor an abort, as one that died: the
+  broker aborts the transaction after its `transaction.timeout.ms`.
+  """
+  def producer_transaction(producer, step, timeout_ms) do
+    check_handle!(producer, :producer)
+
+    unless step in [:init, :begin, :commit, :abort],
+      do:
+        raise(
+          ArgumentError,
+          "step must be :init, :begin, :commit or :abort, got: #{inspect(step, limit: 5)}"
+        )
+
+    check_int!(timeout_ms, :timeout_ms, 0, @max_timeout)
+
+    with_handle(producer, :producer, fn ->
+      nif_producer_transaction(producer, step, timeout_ms)
+    end)
   end
 
   ## admin
@@ -309,6 +344,7 @@ defmodule Larder.Kafka.Native do
   defp nif_consumer_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_close(_c), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_logs(_c), do: :erlang.nif_error(:not_loaded)
+  defp nif_consumer_failure(_c), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_metadata(_c, _topic, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_watermarks(_c, _topic, _p, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_consumer_assign(_c, _topic, _offsets), do: :erlang.nif_error(:not_loaded)
@@ -319,6 +355,7 @@ defmodule Larder.Kafka.Native do
   defp nif_produce(_p, _topic, _part, _key, _value, _headers), do: :erlang.nif_error(:not_loaded)
   defp nif_produce_batch(_p, _topic, _records), do: :erlang.nif_error(:not_loaded)
   defp nif_producer_flush(_p, _timeout), do: :erlang.nif_error(:not_loaded)
+  defp nif_producer_transaction(_p, _step, _timeout), do: :erlang.nif_error(:not_loaded)
   defp nif_admin_open(_config), do: :erlang.nif_error(:not_loaded)
   defp nif_admin_close(_a), do: :erlang.nif_error(:not_loaded)
   defp nif_create_topic(_a, _topic, _n, _configs, _timeout), do: :erlang.nif_error(:not_loaded)

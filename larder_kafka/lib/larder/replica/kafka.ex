@@ -41,9 +41,11 @@ defmodule Larder.Replica.Kafka do
     * `:isolation_level` - `:read_committed` (default) or
       `:read_uncommitted`. Read committed hands over the records of
       committed transactions only, and records of non-transactional
-      producers as they come; a partition's readable end is then its last
-      stable offset, so `await(r, :latest, t)` waits for a transaction that
-      is open when it is called to end.
+      producers as they come; a partition is then read up to its last
+      stable offset, the first offset of its oldest open transaction, and
+      no further (not even the non-transactional records after it) until
+      that transaction ends. So `await(r, :latest, t)` waits for every
+      transaction open when it is called to end (see "Positions").
     * `:fetch_max_bytes` - the most bytes one fetch asks a broker for,
       `1_048_576..268_435_456`, default `52_428_800` (librdkafka wants it
       at least its `message.max.bytes`, 1,000,000).
@@ -93,9 +95,19 @@ defmodule Larder.Replica.Kafka do
   away, transaction markers, aborted records): gaps in offsets are not a
   trim.
 
-  `await(r, :latest, t)` reads each partition's end (its high watermark,
-  or last stable offset under `:read_committed`) when it is called, and
-  returns when every partition has reached it.
+  `await(r, :latest, t)` is for every record acknowledged before the call:
+  it reads each partition's high watermark when it is called (the offset
+  after its last acknowledged record, committed or not, under either
+  isolation level), and returns `:ok` once every partition's position is
+  at or past it, with the records before it applied. Under
+  `:read_committed` the position cannot pass a partition's last stable
+  offset, so a transaction open at the call holds the wait until it ends:
+  committed, its records are applied and the position moves past its
+  commit marker; aborted (by its producer, or by the broker
+  `transaction.timeout.ms` after it began when its producer died), its
+  records are skipped and the position moves past them. A caller whose
+  `t` runs out first gets `{:error, %Larder.Error{reason: :timeout}}`, as
+  for a transaction that never ends within `t`.
 
   ## Trims and changes of the topic
 
@@ -107,12 +119,27 @@ defmodule Larder.Replica.Kafka do
       (retention, `kafka-delete-records`), found when the source assigns
       the partitions, or librdkafka's `OFFSET_OUT_OF_RANGE` while reading;
     * a partition's end below the replica's offset, or a topic id other
-      than the one in the position: the topic was deleted and created again;
-    * a number of partitions other than the position's: partitions were
-      added (or the topic recreated with another count). Kafka maps a key
-      to a partition by the partition count, so after a change the records
-      of one key are spread over two partitions whose relative order the
-      log does not keep; the replica does not follow that silently.
+      than the one in the position: the topic was deleted and created again.
+
+  A number of partitions other than the position's (partitions were added,
+  or, on a broker without topic ids, the topic was created again with
+  another count) is not a trim: the replica stops with `{:shutdown,
+  %Larder.Error{reason: :partitions_changed}}` whatever its `:on_trimmed`,
+  and its `await/3` callers get that error. Kafka maps a key to a
+  partition by the partition count, so after the change a key's new
+  records may go to another partition than its earlier ones, and the log
+  keeps no order between two partitions: no read, and no rebuild from the
+  topic's start, can apply a key's records in the order they were written.
+  The replica reads no record of the new partitions; records written after
+  the change to the partitions it already reads are applied until it finds
+  the change, at its next look at the topic's metadata (below). No
+  snapshot is written on the stop, and the last one holds the old
+  partitions, so a replica started from it stops again. To go on, write
+  the records into a new topic (with the partitions wanted from its
+  start), or start the replica without its snapshot: it then reads the
+  topic as it is, each partition in offset order and a key's records in
+  two partitions in the order they happen to be read, which no check here
+  can tell from a topic that always had its partitions.
 
   The topic's metadata is read on every assignment (each connection, each
   trim) and again every 30 s while reading, so a change during a run is
@@ -126,19 +153,42 @@ defmodule Larder.Replica.Kafka do
   replica's offsets. A topic that does not exist, a broker that does not
   answer a metadata or watermark request within `:timeout` are
   `{:error, %Larder.Error{reason: :source_unavailable}}`; a failed
-  authentication, a refused TLS handshake or a configuration librdkafka
-  rejects are `:source_failed`. After an error the replica closes the
-  connection, waits and connects again. Everything a broker sends is
-  untrusted: librdkafka checks the protocol (CRCs, sizes), the NIF bounds
-  what it copies (at most `batch_size` records per read, each at most
-  `:max_record_bytes`), and no reply can raise in the replica or crash
-  the VM.
+  authentication, a refused TLS or SASL handshake or a configuration
+  librdkafka rejects are `:source_failed`. After an error the replica
+  closes the connection, waits and connects again.
+
+  A request that fails on the connection gets from librdkafka only
+  "Broker transport failure", for a dead host as for a listener that
+  speaks another protocol. Its error leads with the cause librdkafka
+  logged for the connection since the last request that succeeded, and the
+  option to check, and keeps librdkafka's texts (the message, and
+  `details.librdkafka`). `details.cause` is one of:
+
+    * `:connection_refused`, `:unresolved` (`:source_unavailable`): check
+      `:brokers`, and that the broker is up;
+    * `:tls_to_plaintext`: TLS (`:tls` set) to a listener without it, which
+      closed the connection during the TLS handshake;
+      `:tls_certificate`: the broker's certificate was not verified;
+      `:tls_handshake`: another TLS failure (`:source_failed`, check `:tls`);
+    * `:sasl_to_plaintext`: SASL (`:sasl` set) to a listener without it,
+      which offers no mechanism; `:sasl_mechanism`: a listener that takes
+      other mechanisms (`:source_failed`, check `:sasl`);
+    * `:plaintext_to_secured`: neither TLS nor SASL, to a listener that
+      closed the connection at the first request, as a TLS listener does
+      (`:source_failed`, check `:tls` and `:sasl`);
+    * `:connection`: another failure, in librdkafka's words.
+
+  Everything a broker sends is untrusted: librdkafka checks the protocol
+  (CRCs, sizes), the NIF bounds what it copies (at most `batch_size`
+  records per read, each at most `:max_record_bytes`), and no reply can
+  raise in the replica or crash the VM.
 
   librdkafka's own log (a refused connection, "brokers are down") never
-  reaches the VM's stderr: the NIF keeps up to 100 lines between two reads
-  and counts the rest, and the source hands them to `Logger` (librdkafka's
-  levels mapped to Logger's), at most 5 lines and a count of the others
-  every 10 s.
+  reaches the VM's stderr: the NIF takes it at each read, metadata and
+  watermark request, keeps up to 100 lines between two reads and counts
+  the rest, and the source hands them to `Logger` (librdkafka's levels
+  mapped to Logger's), at most 5 lines and a count of the others every
+  10 s.
 
   ## Performance
 
@@ -537,10 +587,11 @@ defmodule Larder.Replica.Kafka do
       {:ok, conn, position}
     else
       with {:ok, meta} <- metadata(conn),
-           :ok <- same_topic(meta, position) do
+           :ok <- same_topic(conn, meta, position) do
         {:ok, %{conn | checked_at: now()}, position}
       else
         {:trimmed, _why} -> trimmed(conn)
+        {:stop, error} -> {:stop, error, %{conn | expected: nil}}
         {:error, error} -> {:error, error, conn}
       end
     end
@@ -548,7 +599,7 @@ defmodule Larder.Replica.Kafka do
 
   defp prepare(conn, position) do
     with {:ok, meta} <- metadata(conn),
-         :ok <- same_topic(meta, position),
+         :ok <- same_topic(conn, meta, position),
          {:ok, position} <- fill(conn, meta, position) do
       offsets = Enum.map(meta.partitions, &{&1, Map.fetch!(position, &1)})
 
@@ -562,6 +613,7 @@ defmodule Larder.Replica.Kafka do
       end
     else
       {:trimmed, _why} -> trimmed(conn)
+      {:stop, error} -> {:stop, error, conn}
       {:error, error} -> {:error, error, conn}
     end
   end
@@ -583,26 +635,48 @@ defmodule Larder.Replica.Kafka do
          Larder.Error.new(:source_unavailable, "the topic has no partitions", topic: conn.topic)}
 
       {:error, reason} ->
-        {:error, error(reason, "reading the topic's metadata")}
+        {:error, request_error(conn, reason, "reading the topic's metadata")}
     end
   end
 
-  # A position of another incarnation of the topic, or of another number
-  # of partitions, is a trim.
-  defp same_topic(meta, position) do
-    stored = for {p, _} <- position, is_integer(p), do: p
+  # A position of another incarnation of the topic is a trim: the replica
+  # may rebuild from what the new topic holds. A position of the same topic
+  # with other partitions is not: Kafka maps a key to a partition by the
+  # partition count, so once partitions are added the records a key gets
+  # go to another partition than its earlier ones, and the log keeps no
+  # order between the two; no read from any position gives the order they
+  # were written in. The replica stops (whatever its :on_trimmed).
+  defp same_topic(conn, meta, position) do
+    stored = Enum.sort(for {p, _} <- position, is_integer(p), do: p)
 
     cond do
       is_binary(position[:topic_id]) and is_binary(meta.topic_id) and
           position[:topic_id] != meta.topic_id ->
         {:trimmed, :topic_id}
 
-      stored != [] and Enum.sort(stored) != meta.partitions ->
-        {:trimmed, :partitions}
+      stored != [] and stored != meta.partitions ->
+        {:stop, partitions_changed(conn, stored, meta)}
 
       true ->
         :ok
     end
+  end
+
+  defp partitions_changed(conn, stored, meta) do
+    Larder.Error.new(
+      :partitions_changed,
+      "the topic #{inspect(conn.topic)} has #{length(meta.partitions)} partitions, " <>
+        "the replica's position #{length(stored)}: partitions were added (or the topic " <>
+        "created again with another count). Kafka puts a key in a partition by the count, " <>
+        "so a key's records written since may be in another partition than its earlier " <>
+        "ones, in an order the topic does not keep: the replica stops rather than apply " <>
+        "them out of order, whatever :on_trimmed. To go on, write the records into a new " <>
+        "topic, or remove the snapshot to read the topic as it is (a key's records in two " <>
+        "partitions are then applied in the order they are read)",
+      topic: conn.topic,
+      partitions: length(meta.partitions),
+      position_partitions: length(stored)
+    )
   end
 
   # Checks each stored offset against its partition's watermarks and puts
@@ -628,7 +702,7 @@ defmodule Larder.Replica.Kafka do
             )}}
 
         {:error, reason} ->
-          {:halt, {:error, error(reason, "reading partition #{p}'s watermarks")}}
+          {:halt, {:error, request_error(conn, reason, "reading partition #{p}'s watermarks")}}
       end
     end)
     |> case do
@@ -672,11 +746,28 @@ defmodule Larder.Replica.Kafka do
     )
   end
 
+  # Each partition's high watermark: the offset after the last record
+  # acknowledged, committed or not. The watermark request carries the
+  # client's isolation level, and under read_committed the broker answers
+  # with the last stable offset instead (the first offset of the oldest
+  # open transaction), which a replica reaches without the records
+  # acknowledged after it: so this connection asks as read_uncommitted,
+  # whatever the replica reads with. The replica's position, held at the
+  # last stable offset while a transaction is open, reaches the watermark
+  # once every transaction open now has ended.
   @impl true
   def latest(opts, timeout) do
     deadline = now() + timeout
 
-    case Native.consumer_open(librdkafka_config(opts)) do
+    config =
+      List.keystore(
+        librdkafka_config(opts),
+        "isolation.level",
+        0,
+        {"isolation.level", "read_uncommitted"}
+      )
+
+    case Native.consumer_open(config) do
       {:ok, consumer} ->
         try do
           conn = %{consumer: consumer, topic: opts[:topic], timeout: max(timeout, 1)}
@@ -697,7 +788,7 @@ defmodule Larder.Replica.Kafka do
                     )}}
 
                 {:error, reason} ->
-                  {:halt, {:error, error(reason, "reading partition #{p}'s end")}}
+                  {:halt, {:error, request_error(conn, reason, "reading partition #{p}'s end")}}
               end
             end)
           end
@@ -736,6 +827,115 @@ defmodule Larder.Replica.Kafka do
       Larder.Error.new(:source_bad_reply, "#{doing}: an unexpected reply",
         reply: inspect(other, limit: 10)
       )
+
+  # librdkafka's codes for a request that got no answer: its connection
+  # failed, or nothing came in time (not a broker's answer, such as an
+  # unknown topic).
+  @connection_codes [
+    :broker_transport_failure,
+    :all_brokers_down,
+    :operation_timed_out,
+    :request_timed_out,
+    :authentication,
+    :ssl,
+    :resolve,
+    :fail
+  ]
+
+  # The causes of a failed connection that are a configuration the
+  # listener does not take.
+  @misconfigured [
+    :tls_to_plaintext,
+    :tls_certificate,
+    :tls_handshake,
+    :sasl_to_plaintext,
+    :sasl_mechanism,
+    :plaintext_to_secured
+  ]
+
+  # A metadata or watermark request that failed on the connection says
+  # only "Broker transport failure", for a dead host as for a protocol the
+  # listener does not speak. librdkafka's last connection failure (from its
+  # log, since the last request that succeeded) says why: the error leads
+  # with that cause and the option to check, and keeps both texts. A
+  # handshake the listener refuses is a configuration that will not work
+  # (:source_failed); a refused connection may be a broker down for a while.
+  defp request_error(conn, reason, doing) do
+    error = error(reason, doing)
+
+    with true <- error.details[:code] in @connection_codes,
+         {:ok, text} when is_binary(text) and text != "" <- Native.consumer_failure(conn.consumer) do
+      explain(error, doing, text)
+    else
+      _ -> error
+    end
+  end
+
+  defp explain(error, doing, text) do
+    {cause, hint} = cause(text)
+    broker = broker_of(text)
+    hint = if broker, do: "#{broker}: #{hint}", else: hint
+    reason = if cause in @misconfigured, do: :source_failed, else: error.reason
+    said = String.replace_prefix(error.message, "#{doing}: ", "")
+
+    %{
+      error
+      | reason: reason,
+        message: "#{doing}: #{hint} (librdkafka: #{said}; #{text})",
+        details: Map.merge(error.details, %{cause: cause, librdkafka: text})
+    }
+  end
+
+  # librdkafka's wording (rdkafka_ssl.c, rdkafka_broker.c, its transport).
+  defp cause(text) do
+    cond do
+      text =~ "SSL handshake failed" and text =~ "certificate" ->
+        {:tls_certificate,
+         "the broker's TLS certificate could not be verified: check :tls (:cacertfile, :verify)"}
+
+      text =~ "connecting to a PLAINTEXT broker listener" or
+          (text =~ "in state SSL_HANDSHAKE" and text =~ "Disconnected") ->
+        {:tls_to_plaintext,
+         "the broker closed the connection during the TLS handshake: is it a PLAINTEXT " <>
+           "listener, without TLS? check :tls"}
+
+      text =~ "SSL handshake failed" ->
+        {:tls_handshake, "the TLS handshake failed: check :tls"}
+
+      text =~ ~r/SASL .*handshake failed.*supported mechanisms:\s*(\(|$)/ ->
+        {:sasl_to_plaintext,
+         "the broker refused the SASL handshake and offers no SASL mechanism: is it a " <>
+           "listener without SASL (PLAINTEXT or SSL)? check :sasl"}
+
+      text =~ ~r/SASL .*handshake failed/ ->
+        {:sasl_mechanism,
+         "the broker does not take the SASL mechanism of :sasl (librdkafka's text names " <>
+           "those it takes): check :sasl"}
+
+      text =~ "connecting to a SSL listener" ->
+        {:plaintext_to_secured,
+         "the broker closed the connection at the first request: is it a TLS or SASL " <>
+           "listener? check :tls and :sasl"}
+
+      text =~ "Connection refused" ->
+        {:connection_refused,
+         "nothing listens there (connection refused): is the broker up, and :brokers right?"}
+
+      text =~ "Failed to resolve" ->
+        {:unresolved, "the host name does not resolve: check :brokers"}
+
+      true ->
+        {:connection, "the connection to the broker failed"}
+    end
+  end
+
+  # "ssl://127.0.0.1:9092/bootstrap: ..." -> "127.0.0.1:9092"
+  defp broker_of(text) do
+    case Regex.run(~r{^(?:[a-z_]+://)?([^\s/]+)/[^\s:]*:}, text) do
+      [_, broker] -> broker
+      _ -> nil
+    end
+  end
 
   defp put_detail(%Larder.Error{details: details} = error, key, value),
     do: %{error | details: Map.put(details, key, value)}

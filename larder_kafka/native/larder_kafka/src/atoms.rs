@@ -15,4 +15,8 @@ rustler::atoms! {
     topic_id,
     ready,
     armed,
+    init,
+    begin,
+    commit,
+    abort,
 }

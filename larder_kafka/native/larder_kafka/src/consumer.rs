@@ -52,6 +52,12 @@ const MAX_LOG_TEXT: usize = 1_024;
 struct LogBuf {
     lines: Vec<(i32, String, String)>,
     dropped: u64,
+    /// librdkafka's last broker connection failure (a `FAIL` line: "SSL
+    /// handshake failed ...", "Connect to ... failed: Connection refused")
+    /// since the last metadata or watermark request that succeeded, for
+    /// `consumer_failure/1`: the cause behind a request's "Broker transport
+    /// failure". Kept whatever `lines` holds.
+    failure: Option<String>,
 }
 
 #[rustler::resource_impl]
@@ -201,7 +207,10 @@ fn nif_consumer_metadata<'a>(
         let state = guard.as_ref().ok_or_else(NifError::closed)?;
         let timeout = config::timeout(timeout_ms);
         let started = Instant::now();
-        let metadata = state.consumer.fetch_metadata(Some(topic), timeout)?;
+        let metadata = state.consumer.fetch_metadata(Some(topic), timeout);
+        drain_logs(&state.log_queue, &consumer.logs);
+        let metadata = metadata?;
+        lock(&consumer.logs).failure = None;
         let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
             return Err(NifError::ours(atoms::unknown_topic, "no such topic"));
         };
@@ -307,10 +316,13 @@ fn nif_consumer_watermarks<'a>(
         let topic = config::topic(topic.as_slice())?;
         let guard = lock(&consumer.state);
         let state = guard.as_ref().ok_or_else(NifError::closed)?;
-        let (low, high) =
+        let watermarks =
             state
                 .consumer
-                .fetch_watermarks(topic, partition, config::timeout(timeout_ms))?;
+                .fetch_watermarks(topic, partition, config::timeout(timeout_ms));
+        drain_logs(&state.log_queue, &consumer.logs);
+        let (low, high) = watermarks?;
+        lock(&consumer.logs).failure = None;
         guard::ok(env, (low, high))
     })
 }
@@ -459,11 +471,14 @@ fn drain_logs(queue: &Queue, buf: &Mutex<LogBuf>) {
                 && rdsys::rd_kafka_event_log(event, &mut fac, &mut text, &mut level) == 0
         };
         if is_log {
+            // SAFETY: as above, the strings live until the event is
+            // destroyed; a null one is read as empty.
+            let (fac, text) = unsafe { (c_text(fac), c_text(text)) };
             let mut buf = lock(buf);
+            if fac == "FAIL" {
+                buf.failure = Some(without_thread(&text).to_string());
+            }
             if buf.lines.len() < MAX_LOG_LINES {
-                // SAFETY: as above, the strings live until the event is
-                // destroyed; a null one is read as empty.
-                let (fac, text) = unsafe { (c_text(fac), c_text(text)) };
                 buf.lines.push((level, fac, text));
             } else {
                 buf.dropped += 1;
@@ -473,6 +488,33 @@ fn drain_logs(queue: &Queue, buf: &Mutex<LogBuf>) {
         // once, here.
         unsafe { rdsys::rd_kafka_event_destroy(event) }
     }
+}
+
+/// A log line without librdkafka's thread prefix: "[thrd:ssl://h:9092/
+/// bootstrap]: ssl://h:9092/bootstrap: SSL handshake failed: ..." ->
+/// "ssl://h:9092/bootstrap: SSL handshake failed: ...".
+fn without_thread(text: &str) -> &str {
+    match text
+        .strip_prefix("[thrd:")
+        .and_then(|rest| rest.split_once("]: "))
+    {
+        Some((_thread, rest)) => rest,
+        None => text,
+    }
+}
+
+/// `{:ok, text | nil}`: librdkafka's last broker connection failure since
+/// the last metadata or watermark request that succeeded (taken from its
+/// log by the calls), which names the cause that a request's error leaves
+/// out ("SSL handshake failed: ... connecting to a PLAINTEXT broker
+/// listener?", "Connection refused"). Takes only the log buffer's lock: a
+/// normal scheduler.
+#[rustler::nif]
+fn nif_consumer_failure<'a>(env: Env<'a>, consumer: ResourceArc<Consumer>) -> Term<'a> {
+    guard::run(env, || {
+        let failure = lock(&consumer.logs).failure.clone();
+        Ok((atoms::ok(), failure).encode(env))
+    })
 }
 
 /// A C string as UTF-8 text (lossy), cut to MAX_LOG_TEXT bytes.

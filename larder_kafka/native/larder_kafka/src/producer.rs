@@ -1,7 +1,9 @@
 //! The producer resource, for tests, benchmarks and the demo: records go
 //! out with `nif_produce/6` or `nif_produce_batch/3` and
 //! `nif_producer_flush/2` waits for them and returns the `{partition,
-//! offset}` of each acknowledged since the last flush.
+//! offset}` of each acknowledged since the last flush. A producer opened
+//! with a `transactional.id` writes in transactions, driven step by step
+//! by `nif_producer_transaction/3`.
 
 use crate::atoms;
 use crate::config;
@@ -12,7 +14,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext};
 use rdkafka::ClientContext;
-use rustler::{Binary, Encoder, Env, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, ResourceArc, Term};
 use std::os::raw::c_void;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Condvar, Mutex};
@@ -299,6 +301,42 @@ fn nif_producer_flush<'a>(
         }
         let acks = std::mem::take(&mut *lock(&context.acked));
         guard::ok(env, acks)
+    })
+}
+
+/// One step of a transaction, on a producer opened with a
+/// `transactional.id`, waiting up to `timeout_ms`: `:init` (once, before
+/// the first transaction: fences an older producer of the same id and ends
+/// its open transaction), `:begin`, `:commit` (flushes first) or `:abort`.
+/// `:ok` or librdkafka's error. A producer closed inside a transaction
+/// sends neither a commit nor an abort: to the broker it is a producer that
+/// died, and the transaction stays open until its `transaction.timeout.ms`.
+#[rustler::nif(schedule = "DirtyIo")]
+fn nif_producer_transaction<'a>(
+    env: Env<'a>,
+    producer: ResourceArc<Producer>,
+    step: Atom,
+    timeout_ms: u64,
+) -> Term<'a> {
+    guard::run(env, || {
+        let guard = lock(&producer.producer);
+        let open = guard.as_ref().ok_or_else(NifError::closed)?;
+        let timeout = config::timeout(timeout_ms);
+        let p = &open.producer;
+        if step == atoms::init() {
+            p.init_transactions(timeout)?;
+        } else if step == atoms::begin() {
+            p.begin_transaction()?;
+        } else if step == atoms::commit() {
+            p.commit_transaction(timeout)?;
+        } else if step == atoms::abort() {
+            p.abort_transaction(timeout)?;
+        } else {
+            return Err(NifError::bad_arg(
+                "a transaction step is :init, :begin, :commit or :abort",
+            ));
+        }
+        Ok(atoms::ok().encode(env))
     })
 }
 

@@ -316,6 +316,7 @@ defmodule Larder.Kafka.NativeTest do
           {fn -> Native.consumer_open([{"a", 1}]) end, "config"},
           {fn -> Native.consumer_open(Enum.map(1..300, &{"k#{&1}", "v"})) end, "config"},
           {fn -> Native.consumer_poll(:nope, 10, 0, 1024) end, "consumer"},
+          {fn -> Native.consumer_failure(producer) end, "consumer"},
           {fn -> Native.consumer_poll(make_ref(), 10, 0, 1024) end, "consumer"},
           {fn -> Native.consumer_poll(producer, 10, 0, 1024) end, "consumer"},
           {fn -> Native.consumer_poll(consumer, 0, 0, 1024) end, "max"},
@@ -332,6 +333,8 @@ defmodule Larder.Kafka.NativeTest do
           {fn -> Native.produce(producer, "t", 0, nil, "v", [{"h", 1}]) end, "record"},
           {fn -> Native.produce_batch(producer, "t", [:x]) end, "record"},
           {fn -> Native.producer_flush(consumer, 10) end, "producer"},
+          {fn -> Native.producer_transaction(producer, :prepare, 10) end, "step"},
+          {fn -> Native.producer_transaction(consumer, :begin, 10) end, "producer"},
           {fn -> Native.create_topic(ctx.admin, "t", 0, [], 10) end, "partitions"},
           {fn -> Native.delete_records(ctx.admin, "t", [{0, -1}], 10) end, "offsets"}
         ] do

@@ -238,6 +238,51 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     Kafka.close(conn)
   end
 
+  test "latest/2 is the high watermark past an open transaction, which read/4 waits out",
+       ctx do
+    create!(ctx, 2)
+    produce!(ctx, [{0, nil, "before", []}, {1, nil, "before", []}])
+
+    {:ok, txn} =
+      Native.producer_open([
+        {"bootstrap.servers", ctx.bootstrap},
+        {"transactional.id", "src-#{ctx.topic}"},
+        {"transaction.timeout.ms", "600000"}
+      ])
+
+    :ok = Native.producer_transaction(txn, :init, 60_000)
+    :ok = Native.producer_transaction(txn, :begin, 60_000)
+    :ok = Native.produce_batch(txn, ctx.topic, [{0, nil, "txn", []}, {1, nil, "txn", []}])
+    {:ok, _} = Native.producer_flush(txn, 60_000)
+    # Acknowledged after the transaction's first offset (1 in each partition).
+    acks = produce!(ctx, for(p <- [0, 1], _ <- 1..3, do: {p, nil, "after", []}))
+    assert Enum.sort(acks) == for(p <- [0, 1], o <- 2..4, do: {p, o})
+
+    # The default, read_committed: the end is still every acknowledged record's.
+    opts = opts(ctx)
+    assert Kafka.latest(opts, 30_000) == {:ok, %{0 => 5, 1 => 5}}
+
+    # The reader stops at the last stable offset, the transaction's first.
+    {:ok, conn} = Kafka.connect(opts)
+    {entries, position, conn} = read_to(conn, %{}, %{0 => 1, 1 => 1})
+    assert Enum.map(entries, fn {_, f} -> f["value"] end) == ["before", "before"]
+    assert {:ok, [], ^position, conn} = Kafka.read(conn, position, 10, 500)
+    refute Kafka.reached?(position, %{0 => 5, 1 => 5})
+
+    # Committed, it reads on, past the commit markers to the end.
+    :ok = Native.producer_transaction(txn, :commit, 60_000)
+    {rest, position, conn} = read_to(conn, position, %{0 => 6, 1 => 6})
+
+    assert Enum.frequencies(Enum.map(rest, fn {_, f} -> f["value"] end)) == %{
+             "txn" => 2,
+             "after" => 6
+           }
+
+    assert Map.take(position, [0, 1]) == %{0 => 6, 1 => 6}
+    Kafka.close(conn)
+    Native.producer_close(txn)
+  end
+
   test "records deleted past the position are a trim that resumes from the start", ctx do
     create!(ctx, 2)
     produce!(ctx, for(i <- 1..10, do: {0, nil, "#{i}", []}))
@@ -259,7 +304,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     Kafka.close(conn)
   end
 
-  test "a topic created again, or with other partitions, is a trim", ctx do
+  test "a topic created again is a trim; partitions added are a stop", ctx do
     create!(ctx, 2)
     produce!(ctx, for(i <- 1..4, do: {0, nil, "#{i}", []}))
     opts = opts(ctx)
@@ -276,18 +321,22 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
 
     # An offset above the partition's end (without an id to compare).
     assert {:trimmed, %{}, conn} = Kafka.read(conn, %{0 => 100, 1 => 0}, 10, 1_000)
-    # A third partition added.
+    # A third partition added: no read nor rebuild can order a key's
+    # records across two partitions.
     :ok = Native.create_partitions(ctx.admin, ctx.topic, 3, 60_000)
     Kafka.close(conn)
     {:ok, conn} = Kafka.connect(opts)
 
     assert wait_for(fn ->
              match?(
-               {:trimmed, %{}, _},
+               {:stop, %Larder.Error{reason: :partitions_changed}, _},
                Kafka.read(conn, %{0 => 0, 1 => 0, topic_id: id}, 10, 100)
              )
            end)
 
+    # (a position of the new topic's start reads on)
+    assert {:ok, _, position, conn} = Kafka.read(conn, %{}, 10, 100)
+    assert Map.take(position, [0, 1, 2]) |> map_size() == 3
     Kafka.close(conn)
   end
 
@@ -321,6 +370,48 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
 
     assert Kafka.close(conn) == :ok
     assert {:error, %Larder.Error{reason: :source_unavailable}} = Kafka.latest(opts, 500)
+  end
+
+  test "TLS or SASL to the PLAINTEXT broker, and a dead port: errors that name their cause",
+       ctx do
+    create!(ctx, 1)
+    dead = "127.0.0.1:#{Larder.Test.FreePort.get()}"
+
+    cases = [
+      {[tls: true], ctx.bootstrap, :tls_to_plaintext, :source_failed, ~r/PLAINTEXT.*check :tls/},
+      {[tls: true, sasl: {:plain, "u", "p"}], ctx.bootstrap, :tls_to_plaintext, :source_failed,
+       ~r/PLAINTEXT.*check :tls/},
+      {[sasl: {:scram_sha_256, "u", "p"}], ctx.bootstrap, :sasl_to_plaintext, :source_failed,
+       ~r/without SASL.*check :sasl/},
+      {[], dead, :connection_refused, :source_unavailable, ~r/connection refused.*:brokers/}
+    ]
+
+    hints =
+      for {extra, broker, cause, reason, hint} <- cases do
+        opts = Kafka.validate!([brokers: [broker], topic: ctx.topic, timeout: 3_000] ++ extra)
+        {:ok, conn} = Kafka.connect(opts)
+
+        assert {:error, %Larder.Error{} = read_error, conn} =
+                 ExUnit.CaptureLog.with_log(fn -> Kafka.read(conn, %{}, 10, 100) end) |> elem(0)
+
+        Kafka.close(conn)
+        assert {:error, %Larder.Error{} = latest_error} = Kafka.latest(opts, 3_000)
+
+        for error <- [read_error, latest_error] do
+          message = Exception.message(error)
+          assert %{reason: ^reason, details: %{cause: ^cause}} = error, message
+          assert message =~ hint
+          # (librdkafka's own words stay in the message and the details)
+          assert message =~ "Broker transport failure"
+          assert message =~ error.details.librdkafka
+          refute error.details.librdkafka =~ "[thrd:"
+        end
+
+        read_error.message |> String.split(" (librdkafka: ") |> hd()
+      end
+
+    # What is left of each message without librdkafka's words differs.
+    assert length(Enum.uniq(hints)) == 3
   end
 
   test "a topic that does not exist is :source_unavailable", ctx do

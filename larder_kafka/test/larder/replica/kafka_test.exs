@@ -25,7 +25,14 @@ defmodule Larder.Replica.KafkaTest do
   @await 120_000
 
   setup_all do
-    broker = KafkaSetup.start()
+    # The broker looks for transactions past their timeout every 500 ms
+    # (10 s by default), so that one a test leaves open is aborted soon
+    # after its transaction.timeout.ms.
+    broker =
+      KafkaSetup.start(
+        config: [{"transaction.abort.timed.out.transaction.cleanup.interval.ms", "500"}]
+      )
+
     admin = admin!(broker)
     %{broker: broker, admin: admin}
   end
@@ -61,6 +68,14 @@ defmodule Larder.Replica.KafkaTest do
         ] ++ config
       )
 
+    producer
+  end
+
+  # A transactional producer, its transactions initialized.
+  defp txn_producer!(broker, config) do
+    id = "larder-test-#{Base.encode16(:crypto.strong_rand_bytes(6))}"
+    producer = producer!(broker, [{"transactional.id", id} | config])
+    :ok = Native.producer_transaction(producer, :init, @timeout)
     producer
   end
 
@@ -345,6 +360,99 @@ defmodule Larder.Replica.KafkaTest do
     end
   end
 
+  describe "await(:latest) and a transaction open when it is called" do
+    # A transaction in each partition, open, and records of a plain producer
+    # acknowledged after its first offset: under read_committed the replica
+    # cannot read past that offset (the partition's last stable offset)
+    # until the transaction ends, and await(:latest) is for every record
+    # acknowledged before the call.
+    setup ctx do
+      create!(ctx.admin, ctx.topic, 2)
+      plain = producer!(ctx.broker)
+      before = for i <- 1..20, do: {"b#{i}", "v#{i}"}
+      in_txn = for i <- 1..10, do: {"t#{i}", "v#{i}"}
+      later = for i <- 1..10, do: {"a#{i}", "v#{i}"}
+      produce!(plain, ctx.topic, 2, before)
+      %{plain: plain, before: before, in_txn: in_txn, later: later}
+    end
+
+    # Opens a transaction, writes `in_txn` in it (both partitions) and then
+    # `later` outside it; returns the transactional producer and the time
+    # before the transaction began.
+    defp open_transaction(ctx, config) do
+      txn = txn_producer!(ctx.broker, config)
+      began = System.monotonic_time(:millisecond)
+      :ok = Native.producer_transaction(txn, :begin, @timeout)
+      produce!(txn, ctx.topic, 2, ctx.in_txn)
+      assert Enum.sort(Enum.uniq(for {k, _} <- ctx.in_txn, do: partition(k, 2))) == [0, 1]
+      produce!(ctx.plain, ctx.topic, 2, ctx.later)
+      {txn, began}
+    end
+
+    test "waits for the commit, then holds every record acknowledged before the call", ctx do
+      {txn, _began} = open_transaction(ctx, [{"transaction.timeout.ms", "600000"}])
+      replica = start!(opts(ctx, ctx.broker, []))
+
+      # What precedes the transaction is read...
+      Larder.Test.RedisServer.wait_until(@await, "the records before the transaction", fn ->
+        contents(name(ctx, "t")) == model(ctx.before)
+      end)
+
+      # ... and the transaction holds the rest back: :latest is not reached
+      # while it is open (for 10 minutes at most, its timeout).
+      assert {:error, %Larder.Error{reason: :timeout}} = Replica.await(replica, :latest, 2_000)
+
+      assert contents(name(ctx, "t")) == model(ctx.before)
+
+      table = name(ctx, "t")
+
+      waiter =
+        Task.async(fn ->
+          result = Replica.await(replica, :latest, @await)
+          {result, contents(table)}
+        end)
+
+      :ok = Native.producer_transaction(txn, :commit, @timeout)
+
+      assert Task.await(waiter, @await + 5_000) ==
+               {:ok, model(ctx.before ++ ctx.in_txn ++ ctx.later)}
+    end
+
+    test "a producer that died inside it: :ok only once the broker aborted it, " <>
+           "with the records acknowledged after it",
+         ctx do
+      txn_timeout = 10_000
+      {txn, began} = open_transaction(ctx, [{"transaction.timeout.ms", "#{txn_timeout}"}])
+      # Closed with the transaction open: neither a commit nor an abort is
+      # sent, as when the producer's process dies.
+      :ok = Native.producer_close(txn)
+      replica = start!(opts(ctx, ctx.broker, []))
+      expected = model(ctx.before ++ ctx.later)
+      deadline = System.monotonic_time(:millisecond) + @await
+
+      # Each call waits 1 s. The broker aborts the transaction no sooner
+      # than transaction.timeout.ms after it began: an :ok before that would
+      # be an :ok without the records acknowledged after the transaction.
+      Stream.repeatedly(fn ->
+        result = Replica.await(replica, :latest, 1_000)
+        {result, System.monotonic_time(:millisecond), contents(name(ctx, "t"))}
+      end)
+      |> Enum.find(fn
+        {:ok, at, contents} ->
+          assert at - began >= txn_timeout
+          assert contents == expected
+          true
+
+        {{:error, %Larder.Error{reason: :timeout}}, at, _contents} ->
+          assert at < deadline, "the aborted transaction never let the replica through"
+          false
+
+        {other, _at, _contents} ->
+          flunk("await(:latest) returned #{inspect(other)}")
+      end)
+    end
+  end
+
   describe "a partition trimmed past the snapshot with delete-records" do
     setup ctx do
       create!(ctx.admin, ctx.topic, 2)
@@ -414,6 +522,97 @@ defmodule Larder.Replica.KafkaTest do
       replica = start!(opts(ctx, ctx.broker, snapshot: ctx.path, on_trimmed: :rebuild))
       assert Replica.await(replica, :latest, @await) == :ok
       assert contents(name(ctx, "t")) == model(ctx.fresh)
+    end
+  end
+
+  describe "partitions added to the topic" do
+    # Keys are spread by the partition count (as Kafka's partitioners do):
+    # after the change a key's new records may be in another partition than
+    # its earlier ones, and no read or rebuild can order the two.
+    setup ctx do
+      create!(ctx.admin, ctx.topic, 2)
+      producer = producer!(ctx.broker)
+      first = for i <- 1..200, do: {"k#{i}", "a#{i}"}
+      produce!(producer, ctx.topic, 2, first)
+      %{producer: producer, first: first}
+    end
+
+    defp add_partition_and_write(ctx) do
+      :ok = Native.create_partitions(ctx.admin, ctx.topic, 3, @timeout)
+      later = for i <- 1..200, do: {"k#{i}", "b#{i}"}
+
+      # A producer that knows the third partition (a new one, once the
+      # broker's metadata lists it).
+      Larder.Test.RedisServer.wait_until(@await, "a producer to write to partition 2", fn ->
+        producer = producer!(ctx.broker)
+
+        written =
+          Native.produce(producer, ctx.topic, 2, "probe", "p", []) == :ok and
+            match?({:ok, _}, Native.producer_flush(producer, 5_000))
+
+        Native.producer_close(producer)
+        written
+      end)
+
+      produce!(producer!(ctx.broker), ctx.topic, 3, later)
+      # (the scenario: some keys moved)
+      assert Enum.any?(later, fn {k, _} -> partition(k, 3) != partition(k, 2) end)
+    end
+
+    test "while replicas read: they stop with :partitions_changed, :rebuild too, " <>
+           "and a caller waiting gets that error",
+         ctx do
+      replicas =
+        for on_trimmed <- [:stop, :rebuild] do
+          opts =
+            opts(ctx, ctx.broker,
+              name: name(ctx, "r #{on_trimmed}"),
+              into: {Larder.Table, name: name(ctx, "t #{on_trimmed}"), key: :id},
+              on_trimmed: on_trimmed
+            )
+
+          pid = start_supervised!({Replica, opts}, id: on_trimmed)
+          assert Replica.await(pid, :latest, @await) == :ok
+          ref = Process.monitor(pid)
+          # Plain processes wait for an offset no replica reaches.
+          waiter = Task.async(fn -> Replica.await(pid, %{0 => 1_000_000_000}, @await) end)
+          {pid, ref, waiter}
+        end
+
+      # The metadata check every 30 s finds the third partition.
+      add_partition_and_write(ctx)
+
+      for {pid, ref, waiter} <- replicas do
+        assert {:error, %Larder.Error{reason: :partitions_changed} = error} =
+                 Task.await(waiter, @await + 5_000)
+
+        assert error.details.partitions == 3
+        assert error.details.position_partitions == 2
+        assert Exception.message(error) =~ "on_trimmed"
+
+        assert_receive {:DOWN, ^ref, :process, ^pid,
+                        {:shutdown, %Larder.Error{reason: :partitions_changed}}},
+                       @await
+      end
+    end
+
+    test "after a restart from an earlier snapshot: a stop, :rebuild too", ctx do
+      path = Path.join(ctx.dir, "partitions.snap")
+      opts = opts(ctx, ctx.broker, snapshot: path, on_trimmed: :rebuild)
+      replica = start!(opts)
+      assert Replica.await(replica, :latest, @await) == :ok
+      :ok = Replica.drop(replica)
+
+      add_partition_and_write(ctx)
+
+      for _ <- 1..2 do
+        pid = start_supervised!({Replica, opts}, restart: :temporary)
+        ref = Process.monitor(pid)
+
+        assert_receive {:DOWN, ^ref, :process, ^pid,
+                        {:shutdown, %Larder.Error{reason: :partitions_changed}}},
+                       @await
+      end
     end
   end
 

@@ -274,6 +274,7 @@ defmodule Larder.Replica.Kafka.BadInputTest do
       tuple([:admin_open, tuple([config])]),
       tuple([:consumer_close, tuple([handle()])]),
       tuple([:consumer_logs, tuple([handle()])]),
+      tuple([:consumer_failure, tuple([handle()])]),
       tuple([:producer_close, tuple([handle()])]),
       tuple([:admin_close, tuple([handle()])]),
       tuple([:consumer_metadata, tuple([handle(), arg, oneof([0, 10, arg])])]),
@@ -283,6 +284,10 @@ defmodule Larder.Replica.Kafka.BadInputTest do
       tuple([:produce, tuple([handle(), arg, arg, arg, arg, arg])]),
       tuple([:produce_batch, tuple([handle(), arg, arg])]),
       tuple([:producer_flush, tuple([handle(), oneof([0, arg])])]),
+      tuple([
+        :producer_transaction,
+        tuple([handle(), oneof([:init, :begin, :commit, :abort, arg]), oneof([0, 10, arg])])
+      ]),
       tuple([:create_topic, tuple([handle(), arg, arg, arg, oneof([0, 10, arg])])]),
       tuple([:delete_topic, tuple([handle(), arg, oneof([0, 10, arg])])]),
       tuple([:create_partitions, tuple([handle(), arg, arg, oneof([0, 10, arg])])]),
@@ -297,6 +302,7 @@ defmodule Larder.Replica.Kafka.BadInputTest do
 
   defp short_timeouts(fun, args)
        when fun in [:consumer_metadata, :consumer_watermarks, :producer_flush] or
+              fun in [:producer_transaction] or
               fun in [:create_topic, :delete_topic, :create_partitions, :delete_records] do
     List.update_at(args, -1, &if(is_integer(&1) and &1 > 100, do: 0, else: &1))
   end
