@@ -562,6 +562,11 @@ defmodule Larder.Postgres.Connection do
     end
   end
 
+  def copy_read(_conn, max_rows, _timeout) do
+    raise ArgumentError,
+          "expected max_rows to be a positive integer, got: #{inspect(max_rows, limit: 10)}"
+  end
+
   # `acc` holds `n` rows, in reverse.
   defp copy_collect(%{copy: copy} = conn, max_rows, deadline, {acc, n}) do
     {taken, pending} = Enum.split(copy.pending, max_rows - n)
@@ -734,14 +739,10 @@ defmodule Larder.Postgres.Connection do
 
   ## Receiving
 
-  @doc """
-  The next message that is not asynchronous (ParameterStatus, which is
-  recorded; NoticeResponse and NotificationResponse, which are dropped),
-  waiting until `deadline`.
-  """
-  @spec next(t(), integer()) ::
-          {:ok, Protocol.message(), t()} | {:timeout, t()} | {:error, Larder.Error.t(), t()}
-  def next(conn, deadline) do
+  # The next message that is not asynchronous (ParameterStatus, which is
+  # recorded; NoticeResponse and NotificationResponse, which are dropped),
+  # waiting until `deadline`.
+  defp next(conn, deadline) do
     case recv(conn, deadline) do
       {:ok, {:parameter_status, name, value}, conn} ->
         params = conn.parameters
@@ -867,11 +868,10 @@ defmodule Larder.Postgres.Connection do
     {:error, error(:source_unavailable, conn.server, :closed, "the connection is closed"), conn}
   end
 
-  @doc "Closes the socket of a connection whose protocol state is lost."
-  @spec broken(t()) :: t()
-  def broken(%__MODULE__{state: :closed} = conn), do: conn
+  # Closes the socket of a connection whose protocol state is lost.
+  defp broken(%__MODULE__{state: :closed} = conn), do: conn
 
-  def broken(conn) do
+  defp broken(conn) do
     _ =
       try do
         conn.transport.close(conn.socket)
@@ -965,11 +965,13 @@ defmodule Larder.Postgres.Connection do
 
   ## Deadlines
 
-  @doc "The monotonic ms time `timeout` ms from now."
-  @spec deadline(non_neg_integer()) :: integer()
-  def deadline(timeout), do: System.monotonic_time(:millisecond) + timeout
+  defp deadline(timeout) when is_integer(timeout) and timeout >= 0,
+    do: System.monotonic_time(:millisecond) + timeout
 
-  @doc "The ms left until `deadline`, at least 0."
-  @spec remaining(integer()) :: non_neg_integer()
-  def remaining(deadline), do: max(deadline - System.monotonic_time(:millisecond), 0)
+  defp deadline(timeout) do
+    raise ArgumentError,
+          "expected timeout to be a non-negative integer (ms), got: #{inspect(timeout, limit: 10)}"
+  end
+
+  defp remaining(deadline), do: max(deadline - System.monotonic_time(:millisecond), 0)
 end

@@ -227,6 +227,27 @@ defmodule Larder.Postgres.ConnectionTest do
                Connection.query(conn, "SELECT 1", 1_000)
     end
 
+    test "a connection dies with the process that holds it: the server's session ends",
+         %{server: server} do
+      parent = self()
+
+      holder =
+        spawn(fn ->
+          conn = connect!(server)
+          send(parent, {:backend, conn.backend_pid})
+          Process.sleep(:infinity)
+        end)
+
+      assert_receive {:backend, pid}, 30_000
+      sessions = "SELECT count(*) FROM pg_stat_activity WHERE pid = #{pid}"
+      assert PostgresServer.sql!(server, sessions) == "1"
+      Process.exit(holder, :kill)
+
+      PostgresServer.wait_until(30_000, "the session of a killed holder to end", fn ->
+        PostgresServer.sql!(server, sessions) == "0"
+      end)
+    end
+
     test "a call in the wrong state raises ArgumentError naming the state", %{server: server} do
       conn = connect!(server)
       {:ok, copying} = Connection.copy_out(conn, "COPY (SELECT 1) TO STDOUT", 10_000)
@@ -235,6 +256,12 @@ defmodule Larder.Postgres.ConnectionTest do
       assert error.message =~ ":copy_out"
 
       assert_raise ArgumentError, fn -> Connection.query(conn, "SELECT 1\0", 1_000) end
+
+      assert_raise ArgumentError, ~r/timeout/, fn ->
+        Connection.query(conn, "SELECT 1", :infinity)
+      end
+
+      assert_raise ArgumentError, ~r/max_rows/, fn -> Connection.copy_read(copying, 0, 1_000) end
     end
   end
 
