@@ -28,7 +28,9 @@ defmodule Larder.Postgres.Catalog do
   #                                        columns in the table's order without
   #                                        generated ones (pgoutput does not
   #                                        send those), as the publication's
-  #                                        column list and row filter say
+  #                                        column list and row filter say (a
+  #                                        table with no such column is left
+  #                                        out: there is nothing to copy)
   #   current_wal_lsn(conn, timeout)     the server's WAL end now: a replica
   #                                      whose position reaches it has every
   #                                      transaction committed before the call

@@ -57,7 +57,16 @@ defmodule Larder.Postgres.Replication do
   # of a position is its `lsn` (flush_lsn/1): telling the server that
   # never loses the rest of a transaction applied in part; the server
   # sends that transaction again from its start, and the entries already
-  # applied are dropped.
+  # applied are dropped. The server starts from its slot's
+  # confirmed_flush_lsn when that is above `lsn`, skipping what lies
+  # between: a caller checks the slot (Larder.Postgres.Catalog.slot/3)
+  # before it starts from a position below it, and treats that as entries
+  # lost.
+  #
+  # The exported snapshot ends with the next command on this connection,
+  # and start/5 runs two (SHOW wal_sender_timeout, START_REPLICATION): the
+  # copy's transaction imports it (Larder.Postgres.SnapshotCopy.begin/3)
+  # before start/5 is called, and keeps it to its end.
   #
   # Whole transactions. read/3 returns entries only from transactions
   # whose Commit arrived, buffering a transaction's entries meanwhile;
@@ -167,14 +176,14 @@ defmodule Larder.Postgres.Replication do
   """
   @spec identify_system(t(), timeout()) :: {:ok, map(), t()} | {:error, Larder.Error.t(), t()}
   def identify_system(repl, timeout) do
-    with {:ok, row, repl} <- one_row(repl, "IDENTIFY_SYSTEM", 4, timeout),
-         [system_id, timeline, xlogpos, dbname] = row,
-         {:ok, timeline} <- integer(timeline),
-         {:ok, xlogpos} <- Protocol.parse_lsn(xlogpos || "") do
-      {:ok, %{system_id: system_id, timeline: timeline, xlogpos: xlogpos, dbname: dbname}, repl}
-    else
-      :error -> bad_reply(repl, {:bad_row, "IDENTIFY_SYSTEM"})
-      {:error, _, _} = error -> error
+    with {:ok, [system_id, timeline, xlogpos, dbname], repl} <-
+           one_row(repl, "IDENTIFY_SYSTEM", 4, timeout) do
+      with {:ok, timeline} <- integer(timeline),
+           {:ok, xlogpos} <- Protocol.parse_lsn(xlogpos || "") do
+        {:ok, %{system_id: system_id, timeline: timeline, xlogpos: xlogpos, dbname: dbname}, repl}
+      else
+        :error -> bad_reply(repl, {:bad_row, "IDENTIFY_SYSTEM"})
+      end
     end
   end
 
@@ -189,13 +198,16 @@ defmodule Larder.Postgres.Replication do
     slot!(slot)
     sql = ~s[CREATE_REPLICATION_SLOT "#{slot}" LOGICAL pgoutput (SNAPSHOT 'export')]
 
-    with {:ok, [name, point, snapshot, plugin], repl} <- one_row(repl, sql, 4, timeout),
-         {:ok, point} <- Protocol.parse_lsn(point || ""),
-         true <- name == slot and is_binary(snapshot) and snapshot != "" and plugin == "pgoutput" do
-      {:ok, %{slot: name, consistent_point: point, snapshot_name: snapshot, plugin: plugin}, repl}
-    else
-      {:error, _, _} = error -> error
-      _ -> bad_reply(repl, {:bad_row, "CREATE_REPLICATION_SLOT"})
+    with {:ok, [name, point, snapshot, plugin], repl} <- one_row(repl, sql, 4, timeout) do
+      case Protocol.parse_lsn(point || "") do
+        {:ok, point}
+        when name == slot and is_binary(snapshot) and snapshot != "" and plugin == "pgoutput" ->
+          {:ok, %{slot: name, consistent_point: point, snapshot_name: snapshot, plugin: plugin},
+           repl}
+
+        _ ->
+          bad_reply(repl, {:bad_row, "CREATE_REPLICATION_SLOT"})
+      end
     end
   end
 
