@@ -458,6 +458,25 @@ defmodule Larder.Postgres.ReplicationTest do
     end
   end
 
+  test "a role without REPLICATION is refused a replication connection, by name",
+       %{server: server, opts: opts} do
+    sql!(opts, "CREATE ROLE no_replication LOGIN PASSWORD 'pw'")
+
+    opts =
+      Options.validate!(
+        PostgresServer.options(server, username: "no_replication", password: "pw"),
+        "test"
+      )
+
+    assert {:error, %Larder.Error{reason: :source_failed} = error} = Replication.connect(opts)
+    assert error.details.code == "42501"
+    assert error.message =~ ~s(user "no_replication")
+
+    # a normal connection is allowed
+    assert {:ok, conn} = Connection.connect(opts)
+    Connection.close(conn)
+  end
+
   test "IDENTIFY_SYSTEM, and bad arguments raise ArgumentError", %{opts: opts} do
     {:ok, repl} = Replication.connect(opts)
     {:ok, system, repl} = Replication.identify_system(repl, 10_000)
