@@ -16,7 +16,7 @@ defmodule Larder.Postgres.ReplicationTest do
 
     PostgresServer.sql!(server, """
     CREATE ROLE slow_reader LOGIN REPLICATION PASSWORD 'slow';
-    ALTER ROLE slow_reader SET wal_sender_timeout = '1s';
+    ALTER ROLE slow_reader SET wal_sender_timeout = '5s';
     """)
 
     on_exit(fn -> PostgresServer.stop(server) end)
@@ -359,8 +359,11 @@ defmodule Larder.Postgres.ReplicationTest do
 
   test "a slow reader is not dropped: keepalives are answered while it reads and while it waits",
        %{server: server, name: name} do
-    # wal_sender_timeout is 1 s for this role: the server drops a client
-    # that says nothing for 1 s
+    # wal_sender_timeout is 5 s for this role: the server drops a client
+    # that says nothing for 5 s. The reader below takes 6 s over what it
+    # reads, then waits 7 s in read/3: without its status updates (every
+    # third of the timeout, as read/3 runs) it would be dropped; with them
+    # it is silent for at most about 2 s.
     admin = Options.validate!(PostgresServer.options(server), "test")
 
     sql!(admin, """
@@ -380,19 +383,19 @@ defmodule Larder.Postgres.ReplicationTest do
     [%{rows: [[pid]]}] =
       sql!(admin, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '#{name}'")
 
-    sql!(admin, "INSERT INTO #{name} SELECT g FROM generate_series(1, 12) g")
+    sql!(admin, "INSERT INTO #{name} SELECT g FROM generate_series(1, 6) g")
 
-    # one entry at a time, 400 ms apart: about 5 s, five timeouts
+    # one entry at a time, 1 s apart
     repl =
-      Enum.reduce(1..12, repl, fn _, repl ->
-        Process.sleep(400)
+      Enum.reduce(1..6, repl, fn _, repl ->
+        Process.sleep(1_000)
         {entries, repl} = read_until(repl, fn acc, _ -> acc != [] end, 1)
         assert length(entries) == 1
         repl
       end)
 
-    # waiting inside read/3 for 3 s with nothing to read
-    {:ok, [], repl} = Replication.read(repl, 10, 3_000)
+    # waiting inside read/3 with nothing to read
+    {:ok, [], repl} = Replication.read(repl, 10, 7_000)
     {:ok, [], repl} = Replication.read(repl, 10, 0)
 
     [%{rows: [[^pid]]}] =
@@ -574,16 +577,14 @@ defmodule Larder.Postgres.ReplicationHostileTest do
       end)
 
     assert_receive {:fake, fake}
-    {:ok, [], repl} = Replication.read(repl, 10, 200)
-    assert_receive {:status, 1_000, 0, 0}
+    repl = read_until_status(repl, {:status, 1_000, 0, 0})
 
     # the caller says 700 is durable: an update says so at once
     {:ok, repl} = Replication.flush(repl, 700, 1_000)
     assert_receive {:status, 1_000, 700, 700}
 
     send(fake, :second)
-    {:ok, [], repl} = Replication.read(repl, 10, 300)
-    assert_receive {:status, 5_000, 700, 700}
+    repl = read_until_status(repl, {:status, 5_000, 700, 700})
 
     # a lower LSN later does not take it back
     {:ok, _repl} = Replication.flush(repl, 100, 1_000)
@@ -591,19 +592,29 @@ defmodule Larder.Postgres.ReplicationHostileTest do
     refute_received {:unexpected, _}
   end
 
+  # Reads (answering what arrives) until `status` reached the fake.
+  defp read_until_status(repl, status, tries \\ 300) do
+    {:ok, [], repl} = Replication.read(repl, 10, 100)
+
+    receive do
+      ^status -> repl
+    after
+      0 ->
+        if tries == 0, do: flunk("no #{inspect(status)}")
+        read_until_status(repl, status, tries - 1)
+    end
+  end
+
   test "status updates go every :status_interval while read/3 waits" do
     parent = self()
+    repl = walsender(fn socket -> forward_status(socket, parent) end, status_interval: 100)
 
-    repl =
-      walsender(
-        fn socket ->
-          forward_status(socket, parent)
-        end,
-        status_interval: 100
-      )
-
-    {:ok, [], _repl} = Replication.read(repl, 10, 700)
-    for _ <- 1..4, do: assert_received({:status, 0, 0, 0})
+    # a read that lasts longer than the interval sends at least one
+    Enum.reduce(1..3, repl, fn _, repl ->
+      {:ok, [], repl} = Replication.read(repl, 10, 300)
+      assert_receive {:status, 0, 0, 0}
+      repl
+    end)
   end
 
   test "garbage in the stream is :source_bad_reply, never a raise" do
