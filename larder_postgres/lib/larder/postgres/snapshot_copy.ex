@@ -27,7 +27,11 @@ defmodule Larder.Postgres.SnapshotCopy do
   # (the snapshot no longer exists: :source_failed, code 22023) means the
   # copy cannot be made in it. The COPY reads the columns and rows the
   # publication sends (its column list, its row filter), so the copy and
-  # the stream describe the same rows. An entry is
+  # the stream describe the same rows. TRUNCATE is not MVCC-safe: one
+  # committed after the snapshot makes its table look empty to the copy;
+  # the stream then holds that TRUNCATE and every row written after it, so
+  # a replica that applies the copy, then the stream, still ends equal to
+  # the table. An entry is
   #
   #   %{"op" => "insert", "table" => "schema.table", "new" => %{column => text | nil}}
 
