@@ -85,6 +85,39 @@ defmodule Larder.Postgres.SnapshotCopyTest do
     end
   end
 
+  test "a TRUNCATE after the snapshot: the copy then the stream still end equal to the table",
+       %{opts: opts} do
+    {_, conn} =
+      query!(connect!(opts), """
+      CREATE TABLE trunc (id int PRIMARY KEY, v text);
+      INSERT INTO trunc VALUES (1, 'a'), (2, 'b');
+      CREATE PUBLICATION trunc FOR TABLE trunc;
+      """)
+
+    {:ok, repl} = Replication.connect(opts)
+    {:ok, created, repl} = Replication.create_slot(repl, "trunc", 10_000)
+    {_, conn} = query!(conn, "TRUNCATE trunc; INSERT INTO trunc VALUES (3, 'c')")
+
+    copy = connect!(opts)
+    {:ok, [table], copy} = Catalog.publication_tables(copy, "trunc", 10_000)
+    {:ok, copy} = SnapshotCopy.begin(copy, created.snapshot_name, 10_000)
+    {:ok, copy} = SnapshotCopy.start_table(copy, table, 10_000)
+    {copied, copy} = copy_all(copy, table, 10)
+    {:ok, _} = SnapshotCopy.finish(copy, 10_000)
+
+    {:ok, repl} = Replication.start(repl, "trunc", ["trunc"], created.consistent_point)
+    {streamed, _} = read(repl, 2)
+
+    replica =
+      Enum.reduce(copied ++ Enum.map(streamed, &elem(&1, 1)), %{}, fn
+        %{"op" => "insert", "new" => new}, acc -> Map.put(acc, new["id"], new)
+        %{"op" => "truncate"}, _acc -> %{}
+      end)
+
+    {[%{rows: rows}], _} = query!(conn, "SELECT id::text, v FROM trunc")
+    assert Enum.sort(Enum.map(replica, fn {_, r} -> [r["id"], r["v"]] end)) == Enum.sort(rows)
+  end
+
   test "a snapshot that is gone: a clean error, the connection usable", %{opts: opts} do
     {:ok, repl} = Replication.connect(opts)
     {:ok, created, repl} = Replication.create_slot(repl, "gone", 10_000)
