@@ -1,7 +1,8 @@
 # Larder: `make demo` and `make test` are the two set-up commands.
 # Both install what a fresh machine lacks first (scripts/setup, idempotent).
-# Two Mix projects: the core (this folder) and the Kafka adapter
-# (larder_kafka/, which depends on the core by path).
+# Three Mix projects: the core (this folder), the Kafka adapter
+# (larder_kafka/) and the Postgres client (larder_postgres/), which depend
+# on the core by path.
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 KAFKA := larder_kafka
@@ -25,6 +26,7 @@ demo: setup
 test: setup
 	mix test
 	cd $(KAFKA) && mix test
+	cd larder_postgres && mix test
 	cd $(PRICE_SEARCH) && mix test
 
 # The price search service on port 8091, or PORT. It is compiled by mix
@@ -109,6 +111,7 @@ check: setup
 	mix format --check-formatted
 	mix compile --warnings-as-errors --force
 	cd $(KAFKA) && mix format --check-formatted && mix compile --warnings-as-errors --force
+	cd larder_postgres && mix format --check-formatted && mix compile --warnings-as-errors --force
 	cd $(PRICE_SEARCH) && mix compile --warnings-as-errors --force
 	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings
 	cd $(KAFKA)/native/larder_kafka && cargo fmt --check && cargo clippy --release -- -D warnings
