@@ -298,18 +298,26 @@ defmodule Larder.Cache do
       `delete/2` or `invalidate_all/1` fails (a timeout, a dropped
       connection, a reply that is not Redis), it may still land, or the old
       value may still be there, and the other nodes have not been told. The
-      cache's process records the key (or "all") as pending and repairs it
-      from a separate process, after 100 ms, backing off to every 400 ms
-      while the L2 stays away, and at once when the subscription comes
-      back: for a key it deletes the L2 key and then publishes the key; for
-      "all" it increments the generation and publishes it. Once Redis
-      answers again, every node drops the old value within one retry (0.4 s
-      plus a round trip at most). The repair deletes the key from the L2
-      even when a later write of it succeeded, since the earlier one may
-      land after it: the price is a miss, never an old value. More than
-      1,000 pending keys become one pending invalidate-all, so the record
-      stays small. Pending work lives in the cache's process and is lost if
-      that process stops.
+      caller records the key (or "all") as pending, and the cache's process
+      repairs it from a separate process: at once, then, while the L2 stays
+      away, after 100 ms, backing off to every 400 ms, and at once when the
+      subscription comes back. For a key it deletes the L2 key and then
+      publishes the key; for "all" it increments the generation and
+      publishes it. Once Redis answers again, every node drops the old value
+      within one retry (0.4 s plus a round trip at most). The repair deletes
+      the key from the L2 even when a later write of it succeeded, since the
+      earlier one may land after it: the price is a miss, never an old
+      value.
+    * Failed writes cost bounded work, at any rate: a record is an insert
+      into a table of the cache (one row per key, however often the key
+      fails) and, only when none is on its way, one message to the cache's
+      process, which takes every row at once. More than 1,000 pending keys
+      become one pending invalidate-all. So any number of writers failing
+      in a loop (Redis down, refusing connections) leave the cache's
+      mailbox with at most a message or two for them, and the cache's
+      memory flat. The same holds for the hints callers give the Redis
+      L2's keeper (`Larder.Cache.Redis`): one on its way at a time. Pending
+      work lives in the cache's process and is lost if that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the
       decoded term would take (walked from its encoding, without

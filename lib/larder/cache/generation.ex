@@ -4,7 +4,7 @@
 defmodule Larder.Cache.Generation do
   @moduledoc false
 
-  alias Larder.Cache.{Codec, Remote, Store}
+  alias Larder.Cache.{Codec, Remote, Repairs, Store}
 
   # The L2's generation key is the truth, and the owner is the only writer
   # of the local copy (the atomic every L2 key is built from), so checks
@@ -104,7 +104,7 @@ defmodule Larder.Cache.Generation do
 
       # the other nodes check too; if they cannot hear it now, the pending
       # invalidate-all makes them (an INCR and a publish, once the L2 answers)
-      if Remote.publish(rt, {:all, g}) != :ok, do: send(self(), {:larder_cache_pending, :all})
+      if Remote.publish(rt, {:all, g}) != :ok, do: Repairs.record(rt, :all)
       {:ok, g, true}
     else
       # another node wrote a lower value, or removed it again, meanwhile

@@ -66,7 +66,9 @@ defmodule Larder.Cache.Owner do
     rt =
       Runtime.new(
         opts,
-        Map.merge(Store.new(opts[:compressed]), %{
+        Store.new(opts[:compressed])
+        |> Map.merge(Repairs.new_inbox())
+        |> Map.merge(%{
           stats: Stats.new(),
           clock: Expiry.new_clock(),
           prefix: Remote.prefix(opts[:namespace], opts[:version])
@@ -177,11 +179,12 @@ defmodule Larder.Cache.Owner do
     # Redis may also have lost the generation (restarted empty) meanwhile
     Generation.sync(rt)
     state = %{state | subscribed_before: true}
-    {:noreply, %{state | pending: Repairs.run(state.pending, rt)}}
+    {:noreply, %{state | pending: Repairs.now(state.pending, rt)}}
   end
 
-  def handle_info({:larder_cache_pending, item}, state) when item == :all or is_tuple(item) do
-    {:noreply, %{state | pending: Repairs.add(state.pending, state.rt, item)}}
+  # Writers recorded failures in the inbox (one wake-up for any number).
+  def handle_info(:larder_cache_pending, state) do
+    {:noreply, %{state | pending: Repairs.drain(state.pending, state.rt)}}
   end
 
   def handle_info(:repair, state) do

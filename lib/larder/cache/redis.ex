@@ -591,13 +591,18 @@ defmodule Larder.Cache.Redis do
 
   # A READONLY reply or a lost connection: with Sentinel, the master may
   # have moved; the keeper asks the sentinels (at most once per
-  # :reconnect_sleep, whatever the number of callers that hint it).
+  # :reconnect_sleep, whatever the number of callers that hint it). One
+  # hint on its way at a time (a row the keeper deletes as it takes it), so
+  # callers failing in a loop add nothing to the keeper's mailbox.
   defp master_moved?(%{sentinel?: false}), do: :ok
 
   defp master_moved?(%{table: table}) do
     case :ets.lookup(table, :sentinel) do
-      [{:sentinel, keeper}] -> send(keeper, :check_master)
-      [] -> :ok
+      [{:sentinel, keeper}] ->
+        if :ets.insert_new(table, {:check_hinted, true}), do: send(keeper, :check_master)
+
+      [] ->
+        :ok
     end
   end
 

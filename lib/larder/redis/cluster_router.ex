@@ -8,10 +8,13 @@ defmodule Larder.Redis.ClusterRouter do
   # Contract (internal).
   #
   # query/2 takes a map with :table (the keeper's ETS table), :pool_size
-  # and :timeout (ms). The table (written by the cluster keeper alone) holds
+  # and :timeout (ms). The table (written by the cluster keeper, but for the hint row) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
-  # pool. A command costs one CRC16 of its key and two ETS lookups.
+  # pool, and `{:refresh_hinted, true}` while a caller's hint to refresh
+  # the map is on its way (a caller sends one only when it inserts that
+  # row; the keeper deletes it as it takes the hint). A command costs one
+  # CRC16 of its key and two ETS lookups.
   #
   # Redirects: MOVED hints the keeper to refresh its map (it does so at most
   # once per :reconnect_sleep) and sends the command to the named node; ASK
@@ -154,11 +157,16 @@ defmodule Larder.Redis.ClusterRouter do
   end
 
   # The keeper refreshes its slot map, at most once per :reconnect_sleep
-  # however many callers hint it.
+  # however many callers hint it; one hint is on its way at a time (a row
+  # the keeper deletes as it takes it), so callers failing in a loop add
+  # nothing to its mailbox.
   defp hint(%{table: table}) do
     case :ets.lookup(table, :keeper) do
-      [{:keeper, keeper}] -> send(keeper, :refresh)
-      [] -> :ok
+      [{:keeper, keeper}] ->
+        if :ets.insert_new(table, {:refresh_hinted, true}), do: send(keeper, :refresh)
+
+      [] ->
+        :ok
     end
   catch
     :error, _ -> :ok

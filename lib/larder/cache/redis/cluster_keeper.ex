@@ -122,6 +122,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         tsub_connect(state, node)
 
       :refresh ->
+        # (taken before the refresh: a hint after this one sends again)
+        Keeper.delete(state.table, :refresh_hinted)
         request_refresh(state)
 
       :refresh_now ->

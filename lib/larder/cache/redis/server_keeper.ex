@@ -12,7 +12,10 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # The table: `{slot, pid | :none}` per pool slot (0 to :pool_size - 1,
   # filled with :none by Larder.Cache.Redis.init/3), `{:keeper, pid}`, and
   # with Sentinel `{:sentinel, pid}` (the keeper, which callers hint with
-  # :check_master when a command gets READONLY or loses its connection).
+  # :check_master when a command gets READONLY or loses its connection)
+  # and `{:check_hinted, true}` while such a hint is on its way (callers
+  # send one only when they insert that row; the keeper deletes it as it
+  # takes the hint).
   #
   # Sentinel: the keeper finds the master at start, holds a subscription to
   # +switch-master and the failover events on every sentinel (connected
@@ -51,6 +54,8 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   def init(parent, %{opts: opts} = l2) do
     state = Keeper.init(parent, l2)
     Keeper.put(state.table, {:keeper, self()})
+    # (a hint the keeper before this one did not take)
+    Keeper.delete(state.table, :check_hinted)
 
     state =
       Map.merge(state, %{
@@ -83,7 +88,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
       {:tcp_closed, w} when is_map_key(watchers, w) -> sentinel_lost(state, w)
       {:tcp_error, w, _reason} when is_map_key(watchers, w) -> sentinel_lost(state, w)
       {:watch_sentinel, addr} -> watch_sentinel(state, addr)
-      :check_master -> request_check(state)
+      :check_master -> hinted(state, :check_hinted, &request_check/1)
       :find_master -> find_master(%{state | check: nil})
       {:unpark, ref} -> if match?({^ref, _}, state.parked), do: unpark(state), else: state
       _other -> state
@@ -206,6 +211,13 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   end
 
   defp check_tracking(state), do: state
+
+  # A caller's hint (one on its way at a time: see Larder.Cache.Redis), taken
+  # before it is acted on, so that a hint sent after this one is sent again.
+  defp hinted(state, row, fun) do
+    Keeper.delete(state.table, row)
+    fun.(state)
+  end
 
   ## Sentinel
 
