@@ -161,9 +161,14 @@ defmodule Larder.Cache do
       clear is done, however many calls race.
     * **One writer of the generation.** The generation in every L2 key is
       this node's copy of the L2's generation key, and only the cache's
-      process changes it, after reading the key (see "Generations" under
-      Failures): concurrent `invalidate_all/1` calls and messages from
-      other nodes cannot leave a node on an older generation than the L2's.
+      process changes it, to what the key held when it was read (by the
+      caller of `invalidate_all/1`, or by a small process of the cache's
+      own), and only ever forward (see "Generations" under Failures):
+      concurrent `invalidate_all/1` calls, messages from other nodes and
+      reads answered out of order cannot leave a node on an older
+      generation than the L2's. The cache's process itself never waits
+      for the L2, so a slow or stopped Redis does not hold up the clears
+      and invalidations it runs.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
@@ -268,7 +273,8 @@ defmodule Larder.Cache do
     * An L2 that is down at start or goes down mid-run is not fatal: `fetch/3`
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
-      than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
+      than its `:timeout` in all (see "Timeouts" below). `put/4`,
+      `delete/2` and `invalidate_all/1` still
       update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
       (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
       unknown and is being repaired" (see below). The same holds for a
@@ -276,6 +282,21 @@ defmodule Larder.Cache do
       its commands fail with `:l2_failed`, and the Redis L2 retries its
       subscription with a backoff (up to 2 s) and one log line, no process
       crashing, until the password matches again.
+    * **Timeouts.** The L2's `:timeout` (`Larder.Cache.Redis`'s option)
+      bounds a whole call, not each of its round trips: the L2 calls of
+      one `fetch/3` or `get/3` (the read, and a load's write), `put/4`
+      (the write, then the publish), `delete/2` (the same) or
+      `invalidate_all/1` (the `INCR`, the reads and writes of a lost
+      generation key's renewal, the publish) share one deadline,
+      `:timeout` from the call's start, however many round trips,
+      redirects and retries they take. The loader's own time is not
+      counted: a `fetch/3` takes at most the loader's time plus `:timeout`
+      (plus the L1 work and scheduling). A step the deadline leaves no time
+      for is not sent and fails as `:l2_unavailable`: a load's write is
+      then skipped (the value is in L1, the next node loads it), and a
+      write's publish is repaired like any failed write. (With an L2 that
+      does not export `c:Larder.Cache.L2.deadline/2`, each L2 call is
+      bounded on its own.)
     * Everything that comes from the L2 is untrusted. A reply that is not
       what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
       An invalidation message that is not a 16-byte node id with a
@@ -329,10 +350,10 @@ defmodule Larder.Cache do
       replaces it. A generation key that does not hold an integer from 0 to
       2^62 - 1 counts a `:decode_errors` and is replaced (see below).
     * **Generations.** The L2's generation key is the truth. A node reads
-      it (GET) at start, on every (re)subscription, after its own
-      `invalidate_all/1` and on every other node's `{:all, generation}`
-      that differs from its own, and moves to what the key holds when that
-      is at least its own generation. A key that is missing, that holds no
+      it (GET) at start, on every (re)subscription and on every other
+      node's `{:all, generation}` that differs from its own, takes what its
+      own `invalidate_all/1`'s `INCR` answers, and moves to what the key
+      holds when that is above its own generation. A key that is missing, that holds no
       generation, or that holds a lower one than the node's means Redis
       lost it (`FLUSHALL`, a restart without its data, another program
       writing it): the node writes a fresh generation above every one it
@@ -349,7 +370,8 @@ defmodule Larder.Cache do
       in `:l2_errors`) and the node reads again after 100 ms, doubling up to
       5 s while the L2 keeps failing, or at the next hint; an
       `invalidate_all/1` whose read failed returns the error and is repaired
-      like a failed INCR. Until a hint comes, nodes that missed a loss keep using their
+      like a failed INCR. Until a hint comes, nodes that missed a loss keep
+      using their
       generation: they still agree with each other, since they never
       changed it.
     * On a cache with an L2, a key whose invalidation the other nodes

@@ -88,6 +88,16 @@ defmodule Larder.Cache.L2 do
   return value outside a callback's spec is counted as an L2 error, and
   values, generations and messages are bounded and shape-checked before
   use.
+
+  ## Deadlines
+
+  One call of the cache can make several L2 calls (a `fetch/3` of a new key
+  reads then writes; a `put/4` writes then publishes). An implementation
+  that exports `c:deadline/2` bounds them all together: the cache asks it
+  for the state of one call, and every callback given that state returns
+  by the call's deadline, so the call waits for the L2 at most the
+  implementation's timeout in all. Without it, each L2 call is bounded by
+  that timeout on its own.
   """
 
   @typedoc "Whatever `c:init/3` returns; passed back to every other callback."
@@ -139,5 +149,15 @@ defmodule Larder.Cache.L2 do
   """
   @callback validate_opts!(opts :: keyword()) :: keyword()
 
-  @optional_callbacks validate_opts!: 1
+  @doc """
+  The state for one call of the cache, whose callbacks must all return by
+  one deadline (a `System.monotonic_time(:millisecond)`), and that deadline:
+  with `nil`, the implementation's timeout from now; with an integer, that
+  one (the cache moves a call's deadline past the time its loader took).
+  A callback given that state when the deadline has passed returns an
+  error without waiting. Pure: it starts and sends nothing.
+  """
+  @callback deadline(state(), deadline :: integer() | nil) :: {state(), integer()}
+
+  @optional_callbacks validate_opts!: 1, deadline: 2
 end

@@ -19,35 +19,40 @@ defmodule Larder.Cache.Owner do
   @generation_retry_min_ms 100
 
   # The state: %{rt: %Runtime{} (also published, for callers),
-  # subscribed_before, pending (Repairs), sweeping (a sweep's slices are
-  # under way), verify (true while a :verify_generation message is on its
-  # way to us), retry_timer and retry_wait (a failed generation read, read
-  # again)}.
+  # subscribed_before, pending (Repairs), reader (Generation's reader of
+  # the L2's generation), sweeping (a sweep's slices are under way), verify
+  # (true while a :verify_generation message is on its way to us),
+  # retry_timer and retry_wait (a failed generation read, read again)}.
+  #
+  # The owner makes no L2 call of its own (but once at start, for an L2
+  # without processes): what needs one runs in another process (the
+  # generation's reader, the repairs' worker, the caller of
+  # invalidate_all/1) and reports to it. So a slow or stopped Redis never
+  # holds up the clears, invalidations and repairs it runs.
 
   # The name is claimed through Larder.Instance as the process starts; the
   # bare name is then registered too, as the cache's documented address.
   def start_link(opts), do: Instance.start_link(__MODULE__, opts, Larder.Cache, opts[:name])
 
   @doc """
-  The owner's part of `Larder.Cache.invalidate_all/1`, once the caller's
-  INCR of the generation key returned (`:incremented`) or failed
-  (`{:failed, reason}`, the reason of its `Larder.Error`), or for a
-  local-only cache (`:local`). Returns once L1 is clear: `{:ok, generation,
-  published?}` (published? when the owner found the L2's generation lost,
-  wrote a fresh one and published it) or, when it could not read the L2's
-  generation, `{:error, %Larder.Error{}}`.
+  The owner's part of `Larder.Cache.invalidate_all/1`, once the caller has
+  done the L2's: moves to `generation` (the L2's, as the caller's INCR or
+  read gave it) if that is newer, and clears L1 either way; `nil` when
+  the caller could not get it; `:local` for a cache without an L2 (the
+  next generation). Returns `:ok` once L1 is clear. No L2 call.
   """
-  def invalidate_all(rt, how) do
-    GenServer.call(rt.owner, {:invalidate_all, how}, :infinity)
+  def invalidate_all(rt, generation) do
+    GenServer.call(rt.owner, {:invalidate_all, generation}, :infinity)
   catch
     :exit, _ -> Instance.unknown!(Larder.Cache, rt.name)
   end
 
   @doc """
   Called by the L2 runner once the L2's processes run (at the cache's start,
-  before start_link/1 returns, and after each restart): the owner reads the
-  generation then. `restart?` is true after a restart, when invalidations
-  may have been missed.
+  before start_link/1 returns, and after each restart): returns once the
+  generation was read (by the owner's reader) and adopted, or the read
+  failed (the owner reads again later). `restart?` is true after a
+  restart, when invalidations may have been missed.
   """
   def l2_started(rt, restart?), do: GenServer.call(rt.owner, {:l2_started, restart?}, :infinity)
 
@@ -79,8 +84,9 @@ defmodule Larder.Cache.Owner do
       {:ok, rt} ->
         Expiry.tick(rt)
         Runtime.publish(rt)
-        # an L2 with processes is read once they run (l2_started/2)
-        if rt.l2_child == nil, do: Generation.sync(rt)
+        # an L2 with processes is read once they run (l2_started/2); one
+        # without, now, before start_link/1 returns
+        if rt.l2_child == nil, do: read_now(rt)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
 
         state = %{
@@ -88,6 +94,7 @@ defmodule Larder.Cache.Owner do
           subscribed_before: false,
           sweeping: false,
           pending: Repairs.new(),
+          reader: Generation.new_reader(),
           verify: false,
           retry_timer: nil,
           retry_wait: @generation_retry_min_ms
@@ -101,13 +108,24 @@ defmodule Larder.Cache.Owner do
   end
 
   @impl true
-  def handle_call({:l2_started, restart?}, _from, %{rt: rt} = state) do
-    Generation.sync(rt)
-    {:reply, :ok, %{state | subscribed_before: state.subscribed_before or restart?}}
+  def handle_call({:l2_started, restart?}, from, %{rt: rt} = state) do
+    # answered once the read is done (Generation.reported/4)
+    reader = Generation.sync(state.reader, rt, from)
+    {:noreply, %{state | reader: reader, subscribed_before: state.subscribed_before or restart?}}
   end
 
-  def handle_call({:invalidate_all, how}, _from, %{rt: rt} = state),
-    do: {:reply, Generation.invalidate_all(rt, how), state}
+  def handle_call({:invalidate_all, :local}, _from, %{rt: rt} = state) do
+    if Generation.next_local(rt) == :same, do: Store.clear(rt)
+    {:reply, :ok, state}
+  end
+
+  def handle_call({:invalidate_all, generation}, _from, %{rt: rt} = state) do
+    # a move clears L1; a generation we had moved to already still clears it
+    unless is_integer(generation) and Generation.adopt(rt, generation) == :moved,
+      do: Store.clear(rt)
+
+    {:reply, :ok, state}
+  end
 
   @impl true
   def handle_info({:larder_cache_l2, :message, payload}, %{rt: rt} = state) do
@@ -123,15 +141,23 @@ defmodule Larder.Cache.Owner do
     {:noreply, state}
   end
 
-  def handle_info(:verify_generation, %{rt: rt} = state) do
-    Generation.sync(rt)
-    {:noreply, %{state | verify: false}}
-  end
+  def handle_info(:verify_generation, state),
+    do: {:noreply, %{sync(state) | verify: false}}
 
-  # A generation read or renewal failed (Generation.sync/1 said so): read
-  # again after 100 ms, doubling up to 5 s while the L2 keeps failing, since
-  # no other hint may come (a peer's message heard while our commands could
-  # not reach Redis yet, after a restart).
+  # The reader read (or advanced) the generation, or died doing so.
+  def handle_info(
+        {:larder_cache_generation, pid, how, result},
+        %{reader: %{worker: {pid, _}}} = state
+      ),
+      do: {:noreply, generation_read(state, how, result)}
+
+  def handle_info({:DOWN, ref, :process, pid, _reason}, %{reader: %{worker: {pid, ref}}} = state),
+    do: {:noreply, generation_read(state, :read, :died)}
+
+  # A generation read or renewal failed: read again after 100 ms, doubling
+  # up to 5 s while the L2 keeps failing, since no other hint may come (a
+  # peer's message heard while our commands could not reach Redis yet,
+  # after a restart).
   def handle_info(:generation_failed, %{retry_timer: nil} = state) do
     timer = Process.send_after(self(), :retry_generation, state.retry_wait)
     wait = min(state.retry_wait * 2, @generation_retry_max_ms)
@@ -140,22 +166,15 @@ defmodule Larder.Cache.Owner do
 
   def handle_info(:generation_failed, state), do: {:noreply, state}
 
-  def handle_info(:retry_generation, %{rt: rt} = state) do
-    state = %{state | retry_timer: nil}
-
-    case Generation.sync(rt) do
-      {:ok, _g, _published?} -> {:noreply, %{state | retry_wait: @generation_retry_min_ms}}
-      _failed_and_rescheduled -> {:noreply, state}
-    end
-  end
+  def handle_info(:retry_generation, state),
+    do: {:noreply, sync(%{state | retry_timer: nil})}
 
   # The L2 moved to another server that may hold values older than the
-  # ones acknowledged (a Sentinel failover): a new generation there.
+  # ones acknowledged (a Sentinel failover): L1 goes now, and a new
+  # generation there (Generation.advance/1, run by the reader).
   def handle_info({:larder_cache_l2, :replaced}, %{rt: rt} = state) do
-    case Generation.advance(rt) do
-      :ok -> {:noreply, state}
-      :pending -> {:noreply, %{state | pending: Repairs.add(state.pending, rt, :all)}}
-    end
+    Store.clear(rt)
+    {:noreply, %{state | reader: Generation.sync(state.reader, rt, nil, :advance)}}
   end
 
   def handle_info({:larder_cache_l2, :disconnected}, %{rt: rt} = state) do
@@ -177,8 +196,7 @@ defmodule Larder.Cache.Owner do
 
     if missed?, do: Store.clear(rt)
     # Redis may also have lost the generation (restarted empty) meanwhile
-    Generation.sync(rt)
-    state = %{state | subscribed_before: true}
+    state = %{sync(state) | subscribed_before: true}
     {:noreply, %{state | pending: Repairs.now(state.pending, rt)}}
   end
 
@@ -223,6 +241,34 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  # A hint that the L2's generation may have moved: the reader reads it.
+  defp sync(state), do: %{state | reader: Generation.sync(state.reader, state.rt)}
+
+  defp generation_read(%{rt: rt} = state, how, result) do
+    {reader, outcome} = Generation.reported(state.reader, rt, how, result)
+    state = %{state | reader: reader}
+
+    case outcome do
+      :ok ->
+        %{state | retry_wait: @generation_retry_min_ms}
+
+      :failed ->
+        send(self(), :generation_failed)
+        state
+
+      :pending ->
+        %{state | pending: Repairs.add(state.pending, rt, :all)}
+    end
+  end
+
+  # At start, for an L2 without processes: the read in the owner itself.
+  defp read_now(rt) do
+    case Generation.read(rt) do
+      {:ok, g, _published?} -> Generation.adopt(rt, g)
+      _error -> send(self(), :generation_failed)
+    end
+  end
 
   defp swept(state, {:more, continuation}) do
     send(self(), {:larder_cache_sweep, continuation})

@@ -87,8 +87,12 @@ defmodule Larder.Cache.Redis do
       pub/sub connection, on every reconnect too (default none: `AUTH
       <password>`).
     * `:timeout` - the L2 timeout in milliseconds, 1 to 600,000 (default
-      `1000`): no caller waits longer than this for Redis, whatever state
-      Redis is in.
+      `1000`): one call of the cache (a `fetch/3`, `put/4`, `delete/2`,
+      `invalidate_all/1`) waits at most this for Redis in all, across every
+      command, redirect and retry it makes (`deadline/2`), whatever state
+      Redis is in. The keeper's own steps (a connection's connect and
+      handshake, a question to a sentinel, a `CLUSTER SLOTS`) are each
+      bounded by it too; callers never wait for them.
     * `:reconnect_sleep` - milliseconds between reconnection attempts and
       before a dead client is replaced, 1 to 60,000 (default `100`).
     * `:pool_size` - connections for commands, 1 to 64 (default `2`);
@@ -350,11 +354,14 @@ defmodule Larder.Cache.Redis do
       `:timeout` ms, so that callers already on it get their reply (a
       `MOVED`, most likely).
 
-  Every wait and every call is bounded by what is left of the caller's
-  `:timeout`: whatever the cluster does, a call returns within
-  `:timeout` ms, with `:l2_unavailable` when it could not be served by
-  then (a timeout, a lost connection, a redirect loop, a cluster still
-  down). Other error replies are `:l2_failed`.
+  Every wait and every command is bounded by what is left of the call's
+  deadline (`deadline/2`): whatever the cluster does, a call of the cache
+  returns within `:timeout` ms, all its commands (a write and its
+  `SPUBLISH`, on two masters), redirects and retries together, with
+  `:l2_unavailable` when it could not be served by then (a timeout, a lost
+  connection, a redirect loop, a cluster still down). Other error replies
+  are `:l2_failed`. Tested with the master of the invalidation channel
+  SIGSTOPped and the key's master stopped for 300 ms as each call starts.
 
   The pub/sub connection `SSUBSCRIBE`s on the master of the channel's slot
   (sharded pub/sub: a message crosses no other master). When that slot
@@ -381,7 +388,9 @@ defmodule Larder.Cache.Redis do
 
   ## Failures
 
-  Every call returns within `:timeout` ms; an unreachable, slow or failing
+  Every call of the cache returns within `:timeout` ms of Redis time in
+  all (see `deadline/2`: tested with a server that answers every command
+  480 ms late, under `timeout: 500`); an unreachable, slow or failing
   server gives `{:error, %Larder.Error{reason: :l2_unavailable}}`, an error
   reply gives `:l2_failed`, and a reply that is not what Redis sends for
   that command gives `:l2_bad_reply`: `GET` must return a binary or nil,
@@ -536,6 +545,34 @@ defmodule Larder.Cache.Redis do
   end
 
   @doc """
+  The state for one call of the cache: every command made with it returns
+  by `deadline` (a `System.monotonic_time(:millisecond)`; `nil`: `:timeout`
+  ms from now), however many round trips, redirects and retries the call
+  takes, and a command made once it has passed returns `:l2_unavailable`
+  (error `:timeout`) without being sent. See "Deadlines" in
+  `Larder.Cache.L2`.
+  """
+  @impl true
+  @spec deadline(map(), integer() | nil) :: {map(), integer()}
+  def deadline(state, deadline) do
+    check_args!(state, [])
+
+    deadline =
+      case deadline do
+        nil ->
+          System.monotonic_time(:millisecond) + state.timeout
+
+        d when is_integer(d) ->
+          d
+
+        other ->
+          raise ArgumentError, "expected deadline to be an integer or nil, got: #{inspect(other)}"
+      end
+
+    {Map.put(state, :deadline, deadline), deadline}
+  end
+
+  @doc """
   Nothing to release: the keeper is stopped by its supervisor, and the
   table goes with the process that called `init/3`.
   """
@@ -568,11 +605,27 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
-    slot = rem(:erlang.system_info(:scheduler_id), size)
-    [{_, client}] = :ets.lookup(table, slot)
+  defp query(%{table: table, pool_size: size} = state, command) do
+    case time_left(state) do
+      left when left > 0 ->
+        slot = rem(:erlang.system_info(:scheduler_id), size)
+        [{_, client}] = :ets.lookup(table, slot)
+        command_reply(state, Connection.q(client, command, left))
 
-    case Connection.q(client, command, timeout) do
+      _passed ->
+        {:error, unavailable(:timeout)}
+    end
+  catch
+    # the keeper (and its table) is gone
+    :error, _ -> {:error, unavailable(:no_client)}
+  end
+
+  # What is left of the call's deadline (deadline/2), or the whole timeout.
+  defp time_left(%{deadline: deadline}), do: deadline - System.monotonic_time(:millisecond)
+  defp time_left(%{timeout: timeout}), do: timeout
+
+  defp command_reply(state, reply) do
+    case reply do
       {:ok, value} ->
         {:ok, value}
 
@@ -584,9 +637,6 @@ defmodule Larder.Cache.Redis do
         master_moved?(state)
         {:error, unavailable(reason)}
     end
-  catch
-    # the keeper (and its table) is gone
-    :error, _ -> {:error, unavailable(:no_client)}
   end
 
   # A READONLY reply or a lost connection: with Sentinel, the master may

@@ -159,10 +159,10 @@ defmodule Larder.Cache.Repairs do
           :none
 
         seq ->
-          case Remote.repair_all(rt) do
+          case repair_all(rt) do
             {:done, g} -> {:done, seq, g}
+            {:generation, g} -> {:generation, g}
             {:failed, reason} -> {:failed, seq, reason}
-            other -> other
           end
       end
 
@@ -180,30 +180,49 @@ defmodule Larder.Cache.Repairs do
     {:larder_cache_repaired, self(), %{all: all_result, keys: done}}
   end
 
+  # INCR and PUBLISH of the generation ({:done, g}; {:generation, g} when
+  # only the INCR went through), unless the L2 lost the generation key (an
+  # INCR that Redis refused, a key that holds no generation, or one below
+  # this node's generation): then a renewed generation, published, does
+  # what the repair was for (Generation.read/1).
+  defp repair_all(rt) do
+    case Remote.repair_all(rt) do
+      {tag, g} when tag in [:done, :generation] ->
+        if g >= Generation.local(rt), do: {tag, g}, else: renewed(rt)
+
+      {:failed, :l2_unavailable} = failed ->
+        failed
+
+      {:failed, _refused} ->
+        renewed(rt)
+    end
+  end
+
+  defp renewed(rt) do
+    case Generation.read(rt) do
+      {:ok, g, true} -> {:done, g}
+      {:ok, g, false} -> {:generation, g}
+      {:error, %Larder.Error{reason: reason}} -> {:failed, reason}
+    end
+  end
+
   # The worker reported what it repaired.
   def reported(p, rt, %{all: all_result, keys: done}) do
     {_pid, ref} = p.worker
     Process.demonitor(ref, [:flush])
 
+    # the node moves to the generation the worker wrote (or read)
     all =
       case all_result do
-        {:done, seq, _g} ->
-          Generation.sync(rt)
+        {:done, seq, g} ->
+          Generation.adopt(rt, g)
           if p.all == seq, do: nil, else: p.all
 
-        {:generation, _g} ->
-          Generation.sync(rt)
+        {:generation, g} ->
+          Generation.adopt(rt, g)
           p.all
 
-        {:failed, seq, reason} when reason != :l2_unavailable ->
-          # Redis refused the INCR (a key that holds no generation): a
-          # renewed generation, published, does what the repair was for
-          case Generation.sync(rt) do
-            {:ok, _g, true} when p.all == seq -> nil
-            _other -> p.all
-          end
-
-        _ ->
+        _none_or_failed ->
           p.all
       end
 

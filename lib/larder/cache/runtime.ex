@@ -26,7 +26,8 @@ defmodule Larder.Cache.Runtime do
                   [:owner, :data, :index, :large, :waiters, :meta, :lock, :stats, :seq] ++
                   [:generation, :clock, :deaths, :node_id, :prefix, :telemetry] ++
                   [:inbox, :wake]
-  defstruct [l2: nil, l2_child: nil, hit: nil] ++ @defaulted_options ++ @enforce_keys
+  defstruct [l2: nil, l2_child: nil, hit: nil, deadline: nil] ++
+              @defaulted_options ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -61,6 +62,7 @@ defmodule Larder.Cache.Runtime do
           key_prefix: binary(),
           l2: {module(), term()} | nil,
           l2_child: Supervisor.child_spec() | nil,
+          deadline: integer() | nil,
           hit: {:ets.tid(), :atomics.atomics_ref(), :counters.counters_ref()} | nil
         }
 

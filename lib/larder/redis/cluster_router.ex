@@ -8,7 +8,9 @@ defmodule Larder.Redis.ClusterRouter do
   # Contract (internal).
   #
   # query/2 takes a map with :table (the keeper's ETS table), :pool_size
-  # and :timeout (ms). The table (written by the cluster keeper, but for the hint row) holds
+  # and :timeout (ms), and optionally :deadline (a monotonic time in ms,
+  # shared by every query of one call of the cache: each query then ends
+  # by it instead of :timeout from its start). The table (written by the cluster keeper, but for the hint row) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
   # pool, and `{:refresh_hinted, true}` while a caller's hint to refresh
@@ -23,7 +25,8 @@ defmodule Larder.Redis.ClusterRouter do
   # the keeper has no pool for yet are retried after a wait (5 ms, doubling
   # to 100 ms) while the caller's deadline allows. At most @max_hops MOVED
   # or ASK are followed. Every wait and every call is bounded by what is
-  # left of the caller's :timeout, so no caller waits longer than :timeout.
+  # left of the caller's :timeout (or :deadline), so no caller waits longer
+  # than :timeout (or past :deadline).
   #
   # Results, in the client's vocabulary (the user of the client turns them
   # into its own errors): {:ok, reply}; {:error, {:error_reply, text}} for
@@ -52,7 +55,13 @@ defmodule Larder.Redis.ClusterRouter do
           | {:error, {:error_reply, binary()} | {:unavailable, term()} | {:bad_reply, term()}}
   def query(%{timeout: timeout} = state, [name, key | args]) do
     command = if name == "PUBLISH", do: ["SPUBLISH", key | args], else: [name, key | args]
-    deadline = System.monotonic_time(:millisecond) + timeout
+
+    deadline =
+      case state do
+        %{deadline: deadline} -> deadline
+        _ -> System.monotonic_time(:millisecond) + timeout
+      end
+
     route(state, command, Cluster.slot(key), deadline, 0, 0)
   end
 
