@@ -63,7 +63,8 @@ defmodule Larder.Cache do
   `start_link/1` returns once the tree is up and the generation read (when
   the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
   whose `init/3` raises or whose processes cannot start gives `{:error,
-  %Larder.Error{reason: :l2_failed}}`; a name in use gives `{:error,
+  %Larder.Error{reason: :l2_failed}}` (the L2's own error when it gives
+  one: Redis refusing `invalidation: :tracking`, say); a name in use gives `{:error,
   {:already_started, pid}}` with the owner's pid (or that of the process
   that holds the name). None of these errors harms the caller, trapping
   exits or not: what was started of the tree is stopped before
@@ -195,6 +196,18 @@ defmodule Larder.Cache do
       While the subscription is down, or once no data connection kept its
       tracking through a reconnection, reports are lost, so the node
       clears its L1 when both are back, as on a resubscribe.
+    * **Redis refusing tracking** (`invalidation: :tracking`). A Redis
+      that answers but will not report changes (an ACL user without
+      `CLIENT TRACKING`, `CLIENT ID` or the channel `__redis__:invalidate`)
+      makes `start_link/1` return `{:error, %Larder.Error{reason:
+      :l2_failed}}` naming the server, the user and what to grant (see
+      "Tracking" in `Larder.Cache.Redis`). Refused later (the ACL
+      changed, a failover to a server with another ACL, a cluster master),
+      the node logs that error, counts it in `:l2_errors`, clears its L1
+      and writes nothing to it until tracking is on again: every read goes
+      to the L2 (or the loader) meanwhile, so no old value is kept, and a
+      `put/4` leaves no copy in L1. Once tracking is back the L1 is used
+      again, from empty.
     * **`invalidate_all/1` with `codec: :raw`** clears every node's L1 and
       leaves the data in Redis alone: the keys under `:key_prefix` belong
       to whichever program writes them. It still increments the cache's
@@ -487,8 +500,10 @@ defmodule Larder.Cache do
       does; the cache passes it the prefix to track as its
       `:tracking_prefix` option). It is an option of the cache, not of the
       L2, because the cache alone knows which L2 keys are its own and how
-      they map back to its keys. See "Cross-node invalidation" under
-      Concurrency.
+      they map back to its keys. A Redis that refuses tracking stops the
+      start with an error naming what to grant (or, refused later, turns
+      the L1 off until tracking is back). See "Cross-node invalidation"
+      and "Redis refusing tracking" under Concurrency.
     * `:codec` - how keys and values are stored in the L2: `:term`
       (default), any term, its key built from `:namespace`, `:version`, the
       generation and the key, and the value encoded with
@@ -576,8 +591,9 @@ defmodule Larder.Cache do
   again (see "Writes whose L2 outcome is unknown" under Failures).
 
   Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
-  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
-  failed (L1 holds the value either way).
+  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error,
+  %Larder.Error{}}` if the L2 write failed (L1 holds the value either way,
+  unless its L1 is off: see "Redis refusing tracking" under Concurrency).
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do

@@ -317,10 +317,12 @@ defmodule Larder.Cache.Loader do
   end
 
   # Writes the value in place of our loading marker, if it is still there,
-  # and evicts if it did: true then.
+  # and evicts if it did: true then; :off when the marker was still there
+  # but the L1 is off (nothing written to L1; the L2 write goes ahead);
+  # false when a put, delete or invalidation removed it.
   defp fill(rt, key, ref, value) do
     filled? = Store.fill(rt, key, ref, value, Expiry.expires_at(rt.ttl))
-    if filled?, do: Eviction.evict(rt)
+    if filled? == true, do: Eviction.evict(rt)
     filled?
   end
 

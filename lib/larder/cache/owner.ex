@@ -17,12 +17,18 @@ defmodule Larder.Cache.Owner do
   # Longest wait between two reads of a generation that keep failing.
   @generation_retry_max_ms 5_000
   @generation_retry_min_ms 100
+  # While the L2 refuses tracking (no L1), the generation is read this often:
+  # the subscription may be refused too, so other nodes' invalidate_all/1
+  # may not reach this one.
+  @untracked_read_ms 1_000
 
   # The state: %{rt: %Runtime{} (also published, for callers),
   # subscribed_before, pending (Repairs), reader (Generation's reader of
   # the L2's generation), sweeping (a sweep's slices are under way), verify
   # (true while a :verify_generation message is on its way to us),
-  # retry_timer and retry_wait (a failed generation read, read again)}.
+  # retry_timer and retry_wait (a failed generation read, read again),
+  # untracked (the %Larder.Error{} of an L2 that refuses to report
+  # changes, with invalidation: :tracking, while the L1 is off; nil)}.
   #
   # The owner makes no L2 call of its own (but once at start, for an L2
   # without processes): what needs one runs in another process (the
@@ -96,6 +102,7 @@ defmodule Larder.Cache.Owner do
           pending: Repairs.new(),
           reader: Generation.new_reader(),
           verify: false,
+          untracked: nil,
           retry_timer: nil,
           retry_wait: @generation_retry_min_ms
         }
@@ -177,6 +184,39 @@ defmodule Larder.Cache.Owner do
     {:noreply, %{state | reader: Generation.sync(state.reader, rt, nil, :advance)}}
   end
 
+  # With invalidation: :tracking, the L2 says that Redis refuses to report
+  # changes (an ACL without CLIENT TRACKING, a server that lacks it): what
+  # L1 holds would never be invalidated, so it holds nothing until the L2
+  # says tracking is on (:connected).
+  def handle_info(
+        {:larder_cache_l2, :tracking_refused, error},
+        %{rt: %{invalidation: :tracking} = rt} = state
+      ) do
+    if state.untracked == nil do
+      Store.off(rt)
+      Remote.tracking_refused(rt, error)
+
+      Logger.error(
+        "Larder.Cache #{inspect(rt.name)}: " <>
+          message(error) <>
+          ". Until tracking is on, the cache keeps nothing in its L1: every read goes " <>
+          "to Redis or the loader"
+      )
+
+      Process.send_after(self(), :untracked_read, @untracked_read_ms)
+      {:noreply, %{state | untracked: error}}
+    else
+      {:noreply, state}
+    end
+  end
+
+  def handle_info(:untracked_read, %{untracked: nil} = state), do: {:noreply, state}
+
+  def handle_info(:untracked_read, state) do
+    Process.send_after(self(), :untracked_read, @untracked_read_ms)
+    {:noreply, sync(state)}
+  end
+
   def handle_info({:larder_cache_l2, :disconnected}, %{rt: rt} = state) do
     Invalidations.connection(rt, :disconnected, %{reason: :connection_lost})
     # messages may be missed from now on (or were, before a first
@@ -195,6 +235,7 @@ defmodule Larder.Cache.Owner do
     missed? = state.subscribed_before or Stats.get(rt, :l2_errors) > 0
 
     if missed?, do: Store.clear(rt)
+    state = tracking_on(state)
     # Redis may also have lost the generation (restarted empty) meanwhile
     state = %{sync(state) | subscribed_before: true}
     {:noreply, %{state | pending: Repairs.now(state.pending, rt)}}
@@ -241,6 +282,19 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  # The L2 reports changes again (:connected after a refusal): L1 is used
+  # again, from empty.
+  defp tracking_on(%{untracked: nil} = state), do: state
+
+  defp tracking_on(%{rt: rt} = state) do
+    Store.on(rt)
+    Logger.info("Larder.Cache #{inspect(rt.name)}: Redis reports changes again; L1 in use")
+    %{state | untracked: nil}
+  end
+
+  defp message(%Larder.Error{} = error), do: Exception.message(error)
+  defp message(other), do: inspect(other, limit: 10, printable_limit: 500)
 
   # A hint that the L2's generation may have moved: the reader reads it.
   defp sync(state), do: %{state | reader: Generation.sync(state.reader, state.rt)}

@@ -279,16 +279,47 @@ defmodule Larder.Cache.Redis do
   flush (`FLUSHDB`/`FLUSHALL`). The cache gets `{:larder_cache_l2,
   :invalidated, keys | :all}`, or `:bad` in place of the keys when the
   message is not what Redis sends (anyone may `PUBLISH` on that channel).
-  The cache gets `{:larder_cache_l2, :connected}` only once every command
-  connection reports to the current subscription (a resubscription has a
-  new client id, so tracking is set again on every connection first). A
-  command connection that replaces one that ended is redirected within
-  100 ms; when no connection kept its tracking meanwhile, the cache gets
-  `:connected` again (and clears L1). A connection whose `CLIENT
-  TRACKING` fails (a Redis before 6.0, an ACL without it) is tried again
-  every 100 ms, and the first failure of a run is logged. With BCAST every
-  tracking connection reports every write, so each node receives
-  `:pool_size` reports of each write.
+  The cache gets `{:larder_cache_l2, :connected}` only once tracking was
+  set, redirected to the current subscription, on every command
+  connection, and at least one has it (a resubscription has a new client
+  id, so tracking is set again on every connection first): with BCAST
+  every tracking connection reports every write, so one is enough, and
+  each node receives up to `:pool_size` reports of each write. A command
+  connection that replaces one that ended is redirected within 100 ms;
+  when no connection kept its tracking meanwhile, the cache gets
+  `:connected` again (and clears L1). A connection whose `CLIENT TRACKING`
+  fails is tried again every 100 ms.
+
+  Redis may refuse tracking: a user whose ACL lacks `CLIENT ID`, `CLIENT
+  TRACKING` or the channel `__redis__:invalidate` (`-client`,
+  `-client|tracking`, `resetchannels`), a Redis before 6.0, or `AUTH`
+  itself refused. Nothing would then invalidate what the cache's L1
+  holds, so:
+
+    * At the cache's start, the keeper first tries those commands on a
+      connection of its own (on every master of a cluster): if Redis
+      answers with a refusal, `Larder.Cache.start_link/1` returns `{:error,
+      %Larder.Error{reason: :l2_failed}}` whose message names the server,
+      the user (`"default"` without `:username`), the command refused and
+      Redis's reply, the grant that fixes it (`ACL SETUSER <user>
+      +client|id +client|tracking &__redis__:invalidate`) and the other
+      way out (`invalidation: :pubsub`); its `:details` hold `:server`,
+      `:user`, `:command`, `:reply` and `:needs`. A server that does not
+      answer does not stop the start.
+    * Later (the ACL changed and the connections were renewed, a Sentinel
+      failover to a server with another ACL, a cluster master with its own
+      ACL), when the pub/sub handshake gets an error reply, or no command
+      connection of a server (of any master) tracks and Redis refused
+      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2,
+      :tracking_refused, error}`, the same error: it logs it (once),
+      counts it in `:l2_errors`, clears its L1 and keeps nothing in it,
+      every read going to Redis or the loader, and reads the generation
+      every second (its subscription may be refused too). The keeper
+      keeps trying (the subscription with its backoff, `CLIENT TRACKING`
+      every 100 ms); once tracking is on on every master, the cache gets
+      `:connected` and uses its L1 again, from empty. Tested with an ACL
+      user that loses `client|tracking`, or all of `client`, mid-run, and
+      with one cluster master whose default user loses it.
 
   ## Cluster
 
@@ -467,9 +498,12 @@ defmodule Larder.Cache.Redis do
   def start_link(state) do
     check_args!(state, [])
     keeper = if state.cluster?, do: ClusterKeeper, else: ServerKeeper
-    timeout = @init_timeout + state.pool_size * state.timeout
+    # (with tracking, the first keeper also probes the servers)
+    timeout = @init_timeout + (state.pool_size + 1) * state.timeout
 
     # (a keeper that does not report ready in time is killed by proc_lib)
+    # (a keeper that refuses to start answers {:error, %Larder.Error{}}:
+    # Redis refuses tracking)
     :proc_lib.start_link(keeper, :init, [self(), state], timeout)
   end
 
@@ -721,7 +755,8 @@ defmodule Larder.Cache.Redis do
   # cache's messages (Larder.Cache.L2, "Messages"): a published payload;
   # the subscription up (again), or tracking back after a gap; the
   # subscription lost; keys Redis reports changed, or :all (a flush, a
-  # Sentinel failover under way), or :bad; a move to another master.
+  # Sentinel failover under way), or :bad; a move to another master;
+  # tracking refused by Redis.
   @doc false
   @spec message(term()) :: tuple()
   def message({:message, payload}), do: {:larder_cache_l2, :message, payload}
@@ -729,6 +764,7 @@ defmodule Larder.Cache.Redis do
   def message(:down), do: {:larder_cache_l2, :disconnected}
   def message({:invalidate, keys}), do: {:larder_cache_l2, :invalidated, keys}
   def message(:moved), do: {:larder_cache_l2, :replaced}
+  def message({:tracking_refused, error}), do: {:larder_cache_l2, :tracking_refused, error}
 
   @doc "Checks the options above; raises `ArgumentError` naming a bad one."
   @impl true

@@ -341,6 +341,11 @@ defmodule Larder.Cache.Remote do
     ok(rt, mod.put(state, generation_key(rt), Integer.to_string(generation), :infinity, mode))
   end
 
+  # The L2 refuses to report changes (invalidation: :tracking): an L2
+  # error, counted and reported.
+  def tracking_refused(rt, %Larder.Error{} = error), do: failed(rt, {:error, error})
+  def tracking_refused(rt, _other), do: failed(rt, :tracking_refused)
+
   # A process the L2 linked to the cache's process died.
   def process_died(rt) do
     failed(rt, :process_died)
@@ -403,7 +408,7 @@ defmodule Larder.Cache.Remote do
         {:error, %Larder.Error{reason: reason}} = error ->
           {reason, error}
 
-        why when why in [:bad_value, :process_died] ->
+        why when why in [:bad_value, :process_died, :tracking_refused] ->
           {why, nil}
 
         other ->

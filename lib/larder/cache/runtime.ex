@@ -25,7 +25,7 @@ defmodule Larder.Cache.Runtime do
   @enforce_keys @options ++
                   [:owner, :data, :index, :large, :waiters, :meta, :lock, :stats, :seq] ++
                   [:generation, :clock, :deaths, :node_id, :prefix, :telemetry] ++
-                  [:inbox, :wake]
+                  [:inbox, :wake, :l1_off]
   defstruct [l2: nil, l2_child: nil, hit: nil, deadline: nil] ++
               @defaulted_options ++ @enforce_keys
 
@@ -57,6 +57,7 @@ defmodule Larder.Cache.Runtime do
           telemetry: boolean(),
           inbox: :ets.tid(),
           wake: :atomics.atomics_ref(),
+          l1_off: :atomics.atomics_ref(),
           invalidation: :pubsub | :tracking,
           codec: :term | :raw,
           key_prefix: binary(),

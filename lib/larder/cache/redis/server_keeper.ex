@@ -69,11 +69,14 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         # {ref, timer} while parked: a replica is being promoted, the old
         # master gets nothing (see park/1)
         parked: nil,
-        tracking: Tracking.new(opts[:tracking_prefix])
+        tracking: Tracking.new(opts[:tracking_prefix]),
+        # true once the cache was told tracking is refused, until it is on
+        untracked: false
       })
 
     # with Sentinel, the master first (the clients are started below)
     state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
+    probe(state)
 
     # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
@@ -186,13 +189,87 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   # Subscribed: with tracking, every data connection is redirected to this
   # connection's (new) id first, so that the cache, which clears L1 on
-  # :connected, keeps nothing a write could have changed unreported.
+  # :connected, keeps nothing a write could have changed unreported; and
+  # the cache gets :connected only once one of them tracks (with BCAST one
+  # reports every write): if none does, because Redis refuses, it is told
+  # so, and keeps no L1 until check_tracking/1 finds one that tracks.
   @impl Keeper
-  def subscribed(%{tracking: nil} = state), do: state
+  def subscribed(%{tracking: nil} = state), do: {state, :up}
 
   def subscribed(%{tracking: tracking} = state) do
-    tracking = Tracking.enable_all(tracking, tracking.id, state.clients, state.opts[:timeout])
-    %{state | tracking: tracking}
+    {tracking, status} =
+      Tracking.enable_all(tracking, tracking.id, state.clients, state.opts[:timeout])
+
+    state = %{state | tracking: tracking}
+
+    case status do
+      :on -> {%{state | untracked: false}, :up}
+      {:refused, reply} -> {refused(state, "CLIENT TRACKING", reply), :hold}
+      :off -> {state, :hold}
+    end
+  end
+
+  # An error reply to the pub/sub handshake: with tracking, Redis refuses
+  # what it needs (CLIENT ID, the tracking channel, or AUTH itself).
+  @impl Keeper
+  def handshake_refused(%{tracking: nil} = state, _step, _reply), do: state
+
+  def handshake_refused(state, step, reply) do
+    command =
+      case step do
+        :auth -> "AUTH"
+        :client_id -> "CLIENT ID"
+        _subscribe -> "SUBSCRIBE"
+      end
+
+    refused(state, command, reply)
+  end
+
+  # The cache is told once (until tracking is on again) that Redis refuses
+  # tracking: it keeps no L1 meanwhile.
+  defp refused(%{untracked: true} = state, _command, _reply), do: state
+
+  defp refused(state, command, reply) do
+    Keeper.tell(state, {:tracking_refused, refusal(state, command, reply)})
+    %{state | untracked: true}
+  end
+
+  defp refusal(state, command, reply),
+    do:
+      Keeper.tracking_refused(
+        "#{state.host}:#{state.port}",
+        state.opts[:username],
+        command,
+        reply
+      )
+
+  # The first keeper of a cache with tracking tries the commands tracking
+  # needs before it starts anything: a server that refuses them (and
+  # answers) makes the cache's start_link/1 return that error. Later
+  # keepers report it to the running cache instead.
+  defp probe(%{tracking: nil}), do: :ok
+  defp probe(%{host: nil}), do: :ok
+
+  defp probe(state) do
+    if Keeper.first?(state) do
+      auth = Socket.handshake(Keyword.take(state.opts, [:username, :password]))
+
+      case Tracking.probe(
+             state.host,
+             state.port,
+             auth,
+             state.tracking.prefix,
+             state.opts[:timeout]
+           ) do
+        {:refused, command, reply} ->
+          Keeper.refuse_start(__MODULE__, state, refusal(state, command, reply))
+
+        _ok_or_unknown ->
+          :ok
+      end
+    end
+
+    :ok
   end
 
   # (the master may have moved: Sentinel is asked)
@@ -203,11 +280,24 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   end
 
   # A data connection that replaced one that failed gets its tracking
-  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
+  # back; if none kept it meanwhile (or Redis refused it), the cache
+  # re-reads as on a resubscribe once one has it. If none has it because
+  # Redis refuses it, the cache is told so.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
-    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
-    if gap?, do: Keeper.tell(state, :up)
-    %{state | tracking: tracking}
+    {tracking, event} = Tracking.check(tracking, state.clients, state.opts[:timeout])
+    state = %{state | tracking: tracking}
+
+    case event do
+      :up ->
+        Keeper.tell(state, :up)
+        %{state | untracked: false}
+
+      {:refused, reply} ->
+        refused(state, "CLIENT TRACKING", reply)
+
+      nil ->
+        state
+    end
   end
 
   defp check_tracking(state), do: state
