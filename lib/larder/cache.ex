@@ -46,7 +46,7 @@ defmodule Larder.Cache do
        100 ms, doubling up to 5 s while they keep exiting within 5 s of a
        start. A restart costs no L1 entry and no generation: L1 keeps
        serving, L2 calls fail with `:l2_unavailable` for the gap, and once
-       the new processes are up the cache's process reads the generation
+       the new processes are up the cache's process has the generation read
        and, when the subscription is back, clears L1 (invalidations may
        have been missed meanwhile), as after any resubscription. The L2's
        state does not change across a restart (it holds stable names only),

@@ -293,6 +293,7 @@ defmodule Larder.Cache.Owner do
     %{state | untracked: nil}
   end
 
+  defp message(%Larder.Error{message: message}) when is_binary(message), do: message
   defp message(%Larder.Error{} = error), do: Exception.message(error)
   defp message(other), do: inspect(other, limit: 10, printable_limit: 500)
 
