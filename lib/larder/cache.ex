@@ -63,20 +63,19 @@ defmodule Larder.Cache do
   `start_link/1` returns once the tree is up and the generation read (when
   the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
   whose `init/3` raises or whose processes cannot start gives `{:error,
-  %Larder.Error{reason: :l2_failed}}` (the L2's own error when it gives
-  one: Redis refusing `invalidation: :tracking`, say); a name in use gives `{:error,
-  {:already_started, pid}}` with the owner's pid (or that of the process
-  that holds the name). None of these errors harms the caller, trapping
-  exits or not: what was started of the tree is stopped before
+  %Larder.Error{reason: :l2_failed}}` (the L2's own error when it gives one:
+  Redis refusing `invalidation: :tracking`, say); a name in use gives
+  `{:error, {:already_started, pid}}` with the owner's pid (or that of the
+  process that holds the name). None of these errors harms the caller,
+  trapping exits or not: what was started of the tree is stopped before
   `start_link/1` returns, and no exit signal or message reaches the caller.
   Of any number of processes starting one name at once, exactly one gets
-  `{:ok, pid}`. Stopping the supervisor
-  (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
-  then the L2's processes, then the owner, which erases the cache's
-  handle. Killing the supervisor makes the owner stop the same way a
-  moment later (a linked exit): calls made in between still work. Killing
-  the owner ends the cache at once (its tables go with it), and its
-  supervisor exits.
+  `{:ok, pid}`. Stopping the supervisor (`Supervisor.stop/1`, or the
+  application's supervisor) stops the clock, then the L2's processes, then
+  the owner, which erases the cache's handle. Killing the supervisor makes
+  the owner stop the same way a moment later (a linked exit): calls made in
+  between still work. Killing the owner ends the cache at once (its tables
+  go with it), and its supervisor exits.
 
   ## Complexity
 
@@ -286,15 +285,15 @@ defmodule Larder.Cache do
     * An L2 that is down at start or goes down mid-run is not fatal: `fetch/3`
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
-      than its `:timeout` in all (see "Timeouts" below). `put/4`,
-      `delete/2` and `invalidate_all/1` still
-      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
-      (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
-      unknown and is being repaired" (see below). The same holds for a
-      Redis that refuses the cache (a password it now requires, `NOAUTH`):
-      its commands fail with `:l2_failed`, and the Redis L2 retries its
-      subscription with a backoff (up to 2 s) and one log line, no process
-      crashing, until the password matches again.
+      than its `:timeout` in all (see "Timeouts" below). `put/4`, `delete/2`
+      and `invalidate_all/1` still update L1 and return `{:error,
+      %Larder.Error{reason: :l2_unavailable}}` (or `:l2_failed`,
+      `:l2_bad_reply`), which means "the L2 outcome is unknown and is being
+      repaired" (see below). The same holds for a Redis that refuses the cache
+      (a password it now requires, `NOAUTH`): its commands fail with
+      `:l2_failed`, and the Redis L2 retries its subscription with a backoff
+      (up to 2 s) and one log line, no process crashing, until the password
+      matches again.
     * **Timeouts.** The L2's `:timeout` (`Larder.Cache.Redis`'s option)
       bounds a whole call, not each of its round trips: the L2 calls of
       one `fetch/3` or `get/3` (the read, and a load's write), `put/4`
@@ -362,31 +361,29 @@ defmodule Larder.Cache do
       `:decode_errors` and `:l2_errors` count, never a crash, and the load
       replaces it. A generation key that does not hold an integer from 0 to
       2^62 - 1 counts a `:decode_errors` and is replaced (see below).
-    * **Generations.** The L2's generation key is the truth. A node reads
-      it (GET) at start, on every (re)subscription and on every other
-      node's `{:all, generation}` that differs from its own, takes what its
-      own `invalidate_all/1`'s `INCR` answers, and moves to what the key
-      holds when that is above its own generation. A key that is missing, that holds no
-      generation, or that holds a lower one than the node's means Redis
-      lost it (`FLUSHALL`, a restart without its data, another program
-      writing it): the node writes a fresh generation above every one it
-      used, the larger of its own plus 1 and the system time in
-      milliseconds (`SET NX` when the key is missing, so that nodes finding
-      it missing together agree), reads the key back, moves to what it
-      holds and publishes it, so that every other node reads it too. A
-      node never goes back to a lower generation, whose L2 keys may hold
-      values written before the loss. Every move clears L1. So after a
-      `FLUSHALL` the next `invalidate_all/1` (or a node's start) moves
-      every node to one fresh generation, and after Redis restarts empty
-      the old nodes (on resubscribing) and any new node agree on one. An
-      L2 error while reading leaves the node's generation as it is (counted
-      in `:l2_errors`) and the node reads again after 100 ms, doubling up to
-      5 s while the L2 keeps failing, or at the next hint; an
+    * **Generations.** The L2's generation key is the truth. A node reads it
+      (GET) at start, on every (re)subscription and on every other node's
+      `{:all, generation}` that differs from its own, takes what its own
+      `invalidate_all/1`'s `INCR` answers, and moves to what the key holds
+      when that is above its own generation. A key that is missing, that holds
+      no generation, or that holds a lower one than the node's means Redis
+      lost it (`FLUSHALL`, a restart without its data, another program writing
+      it): the node writes a fresh generation above every one it used, the
+      larger of its own plus 1 and the system time in milliseconds (`SET NX`
+      when the key is missing, so that nodes finding it missing together
+      agree), reads the key back, moves to what it holds and publishes it, so
+      that every other node reads it too. A node never goes back to a lower
+      generation, whose L2 keys may hold values written before the loss. Every
+      move clears L1. So after a `FLUSHALL` the next `invalidate_all/1` (or a
+      node's start) moves every node to one fresh generation, and after Redis
+      restarts empty the old nodes (on resubscribing) and any new node agree
+      on one. An L2 error while reading leaves the node's generation as it is
+      (counted in `:l2_errors`) and the node reads again after 100 ms,
+      doubling up to 5 s while the L2 keeps failing, or at the next hint; an
       `invalidate_all/1` whose read failed returns the error and is repaired
       like a failed INCR. Until a hint comes, nodes that missed a loss keep
-      using their
-      generation: they still agree with each other, since they never
-      changed it.
+      using their generation: they still agree with each other, since they
+      never changed it.
     * On a cache with an L2, a key whose invalidation the other nodes
       would refuse (one that holds a fun, or whose external encoding is
       larger than `:max_value_bytes`) raises `ArgumentError` from `put/4`,

@@ -9,8 +9,9 @@ defmodule Larder.Redis.ClusterRouter do
   #
   # query/2 takes a map with :table (the keeper's ETS table), :pool_size
   # and :timeout (ms), and optionally :deadline (a monotonic time in ms,
-  # shared by every query of one call of the cache: each query then ends
-  # by it instead of :timeout from its start). The table (written by the cluster keeper, but for the hint row) holds
+  # shared by every query of one call of its user: each query then ends
+  # by it instead of :timeout from its start). The table (written by the
+  # cluster keeper, but for the hint row) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
   # pool, and `{:refresh_hinted, true}` while a caller's hint to refresh
