@@ -46,7 +46,7 @@ defmodule Larder.Cache do
        100 ms, doubling up to 5 s while they keep exiting within 5 s of a
        start. A restart costs no L1 entry and no generation: L1 keeps
        serving, L2 calls fail with `:l2_unavailable` for the gap, and once
-       the new processes are up the cache's process reads the generation
+       the new processes are up the cache's process has the generation read
        and, when the subscription is back, clears L1 (invalidations may
        have been missed meanwhile), as after any resubscription. The L2's
        state does not change across a restart (it holds stable names only),
@@ -63,19 +63,19 @@ defmodule Larder.Cache do
   `start_link/1` returns once the tree is up and the generation read (when
   the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
   whose `init/3` raises or whose processes cannot start gives `{:error,
-  %Larder.Error{reason: :l2_failed}}`; a name in use gives `{:error,
-  {:already_started, pid}}` with the owner's pid (or that of the process
-  that holds the name). None of these errors harms the caller, trapping
-  exits or not: what was started of the tree is stopped before
+  %Larder.Error{reason: :l2_failed}}` (the L2's own error when it gives one:
+  Redis refusing `invalidation: :tracking`, say); a name in use gives
+  `{:error, {:already_started, pid}}` with the owner's pid (or that of the
+  process that holds the name). None of these errors harms the caller,
+  trapping exits or not: what was started of the tree is stopped before
   `start_link/1` returns, and no exit signal or message reaches the caller.
   Of any number of processes starting one name at once, exactly one gets
-  `{:ok, pid}`. Stopping the supervisor
-  (`Supervisor.stop/1`, or the application's supervisor) stops the clock,
-  then the L2's processes, then the owner, which erases the cache's
-  handle. Killing the supervisor makes the owner stop the same way a
-  moment later (a linked exit): calls made in between still work. Killing
-  the owner ends the cache at once (its tables go with it), and its
-  supervisor exits.
+  `{:ok, pid}`. Stopping the supervisor (`Supervisor.stop/1`, or the
+  application's supervisor) stops the clock, then the L2's processes, then
+  the owner, which erases the cache's handle. Killing the supervisor makes
+  the owner stop the same way a moment later (a linked exit): calls made in
+  between still work. Killing the owner ends the cache at once (its tables
+  go with it), and its supervisor exits.
 
   ## Complexity
 
@@ -161,9 +161,14 @@ defmodule Larder.Cache do
       clear is done, however many calls race.
     * **One writer of the generation.** The generation in every L2 key is
       this node's copy of the L2's generation key, and only the cache's
-      process changes it, after reading the key (see "Generations" under
-      Failures): concurrent `invalidate_all/1` calls and messages from
-      other nodes cannot leave a node on an older generation than the L2's.
+      process changes it, to what the key held when it was read (by the
+      caller of `invalidate_all/1`, or by a small process of the cache's
+      own), and only ever forward (see "Generations" under Failures):
+      concurrent `invalidate_all/1` calls, messages from other nodes and
+      reads answered out of order cannot leave a node on an older
+      generation than the L2's. The cache's process itself never waits
+      for the L2, so a slow or stopped Redis does not hold up the clears
+      and invalidations it runs.
     * **Cross-node invalidation.** `put/4` and `delete/2` publish the key on
       an L2 channel; every other instance sharing the L2, namespace and
       version deletes it from its L1 when the message arrives.
@@ -190,6 +195,18 @@ defmodule Larder.Cache do
       While the subscription is down, or once no data connection kept its
       tracking through a reconnection, reports are lost, so the node
       clears its L1 when both are back, as on a resubscribe.
+    * **Redis refusing tracking** (`invalidation: :tracking`). A Redis
+      that answers but will not report changes (an ACL user without
+      `CLIENT TRACKING`, `CLIENT ID` or the channel `__redis__:invalidate`)
+      makes `start_link/1` return `{:error, %Larder.Error{reason:
+      :l2_failed}}` naming the server, the user and what to grant (see
+      "Tracking" in `Larder.Cache.Redis`). Refused later (the ACL
+      changed, a failover to a server with another ACL, a cluster master),
+      the node logs that error, counts it in `:l2_errors`, clears its L1
+      and writes nothing to it until tracking is on again: every read goes
+      to the L2 (or the loader) meanwhile, so no old value is kept, and a
+      `put/4` leaves no copy in L1. Once tracking is back the L1 is used
+      again, from empty.
     * **`invalidate_all/1` with `codec: :raw`** clears every node's L1 and
       leaves the data in Redis alone: the keys under `:key_prefix` belong
       to whichever program writes them. It still increments the cache's
@@ -268,14 +285,30 @@ defmodule Larder.Cache do
     * An L2 that is down at start or goes down mid-run is not fatal: `fetch/3`
       serves L1, calls the loader on a miss, counts `:l2_errors`, and the L2
       reconnects when the server comes back. No call waits for the L2 longer
-      than its `:timeout`. `put/4`, `delete/2` and `invalidate_all/1` still
-      update L1 and return `{:error, %Larder.Error{reason: :l2_unavailable}}`
-      (or `:l2_failed`, `:l2_bad_reply`), which means "the L2 outcome is
-      unknown and is being repaired" (see below). The same holds for a
-      Redis that refuses the cache (a password it now requires, `NOAUTH`):
-      its commands fail with `:l2_failed`, and the Redis L2 retries its
-      subscription with a backoff (up to 2 s) and one log line, no process
-      crashing, until the password matches again.
+      than its `:timeout` in all (see "Timeouts" below). `put/4`, `delete/2`
+      and `invalidate_all/1` still update L1 and return `{:error,
+      %Larder.Error{reason: :l2_unavailable}}` (or `:l2_failed`,
+      `:l2_bad_reply`), which means "the L2 outcome is unknown and is being
+      repaired" (see below). The same holds for a Redis that refuses the cache
+      (a password it now requires, `NOAUTH`): its commands fail with
+      `:l2_failed`, and the Redis L2 retries its subscription with a backoff
+      (up to 2 s) and one log line, no process crashing, until the password
+      matches again.
+    * **Timeouts.** The L2's `:timeout` (`Larder.Cache.Redis`'s option)
+      bounds a whole call, not each of its round trips: the L2 calls of
+      one `fetch/3` or `get/3` (the read, and a load's write), `put/4`
+      (the write, then the publish), `delete/2` (the same) or
+      `invalidate_all/1` (the `INCR`, the reads and writes of a lost
+      generation key's renewal, the publish) share one deadline,
+      `:timeout` from the call's start, however many round trips,
+      redirects and retries they take. The loader's own time is not
+      counted: a `fetch/3` takes at most the loader's time plus `:timeout`
+      (plus the L1 work and scheduling). A step the deadline leaves no time
+      for is not sent and fails as `:l2_unavailable`: a load's write is
+      then skipped (the value is in L1, the next node loads it), and a
+      write's publish is repaired like any failed write. (With an L2 that
+      does not export `c:Larder.Cache.L2.deadline/2`, each L2 call is
+      bounded on its own.)
     * Everything that comes from the L2 is untrusted. A reply that is not
       what Redis sends is `{:error, %Larder.Error{reason: :l2_bad_reply}}`.
       An invalidation message that is not a 16-byte node id with a
@@ -298,18 +331,26 @@ defmodule Larder.Cache do
       `delete/2` or `invalidate_all/1` fails (a timeout, a dropped
       connection, a reply that is not Redis), it may still land, or the old
       value may still be there, and the other nodes have not been told. The
-      cache's process records the key (or "all") as pending and repairs it
-      from a separate process, after 100 ms, backing off to every 400 ms
-      while the L2 stays away, and at once when the subscription comes
-      back: for a key it deletes the L2 key and then publishes the key; for
-      "all" it increments the generation and publishes it. Once Redis
-      answers again, every node drops the old value within one retry (0.4 s
-      plus a round trip at most). The repair deletes the key from the L2
-      even when a later write of it succeeded, since the earlier one may
-      land after it: the price is a miss, never an old value. More than
-      1,000 pending keys become one pending invalidate-all, so the record
-      stays small. Pending work lives in the cache's process and is lost if
-      that process stops.
+      caller records the key (or "all") as pending, and the cache's process
+      repairs it from a separate process: at once, then, while the L2 stays
+      away, after 100 ms, backing off to every 400 ms, and at once when the
+      subscription comes back. For a key it deletes the L2 key and then
+      publishes the key; for "all" it increments the generation and
+      publishes it. Once Redis answers again, every node drops the old value
+      within one retry (0.4 s plus a round trip at most). The repair deletes
+      the key from the L2 even when a later write of it succeeded, since the
+      earlier one may land after it: the price is a miss, never an old
+      value.
+    * Failed writes cost bounded work, at any rate: a record is an insert
+      into a table of the cache (one row per key, however often the key
+      fails) and, only when none is on its way, one message to the cache's
+      process, which takes every row at once. More than 1,000 pending keys
+      become one pending invalidate-all. So any number of writers failing
+      in a loop (Redis down, refusing connections) leave the cache's
+      mailbox with at most a message or two for them, and the cache's
+      memory flat. The same holds for the hints callers give the Redis
+      L2's keeper (`Larder.Cache.Redis`): one on its way at a time. Pending
+      work lives in the cache's process and is lost if that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the
       decoded term would take (walked from its encoding, without
@@ -320,30 +361,29 @@ defmodule Larder.Cache do
       `:decode_errors` and `:l2_errors` count, never a crash, and the load
       replaces it. A generation key that does not hold an integer from 0 to
       2^62 - 1 counts a `:decode_errors` and is replaced (see below).
-    * **Generations.** The L2's generation key is the truth. A node reads
-      it (GET) at start, on every (re)subscription, after its own
-      `invalidate_all/1` and on every other node's `{:all, generation}`
-      that differs from its own, and moves to what the key holds when that
-      is at least its own generation. A key that is missing, that holds no
-      generation, or that holds a lower one than the node's means Redis
-      lost it (`FLUSHALL`, a restart without its data, another program
-      writing it): the node writes a fresh generation above every one it
-      used, the larger of its own plus 1 and the system time in
-      milliseconds (`SET NX` when the key is missing, so that nodes finding
-      it missing together agree), reads the key back, moves to what it
-      holds and publishes it, so that every other node reads it too. A
-      node never goes back to a lower generation, whose L2 keys may hold
-      values written before the loss. Every move clears L1. So after a
-      `FLUSHALL` the next `invalidate_all/1` (or a node's start) moves
-      every node to one fresh generation, and after Redis restarts empty
-      the old nodes (on resubscribing) and any new node agree on one. An
-      L2 error while reading leaves the node's generation as it is (counted
-      in `:l2_errors`) and the node reads again after 100 ms, doubling up to
-      5 s while the L2 keeps failing, or at the next hint; an
+    * **Generations.** The L2's generation key is the truth. A node reads it
+      (GET) at start, on every (re)subscription and on every other node's
+      `{:all, generation}` that differs from its own, takes what its own
+      `invalidate_all/1`'s `INCR` answers, and moves to what the key holds
+      when that is above its own generation. A key that is missing, that holds
+      no generation, or that holds a lower one than the node's means Redis
+      lost it (`FLUSHALL`, a restart without its data, another program writing
+      it): the node writes a fresh generation above every one it used, the
+      larger of its own plus 1 and the system time in milliseconds (`SET NX`
+      when the key is missing, so that nodes finding it missing together
+      agree), reads the key back, moves to what it holds and publishes it, so
+      that every other node reads it too. A node never goes back to a lower
+      generation, whose L2 keys may hold values written before the loss. Every
+      move clears L1. So after a `FLUSHALL` the next `invalidate_all/1` (or a
+      node's start) moves every node to one fresh generation, and after Redis
+      restarts empty the old nodes (on resubscribing) and any new node agree
+      on one. An L2 error while reading leaves the node's generation as it is
+      (counted in `:l2_errors`) and the node reads again after 100 ms,
+      doubling up to 5 s while the L2 keeps failing, or at the next hint; an
       `invalidate_all/1` whose read failed returns the error and is repaired
-      like a failed INCR. Until a hint comes, nodes that missed a loss keep using their
-      generation: they still agree with each other, since they never
-      changed it.
+      like a failed INCR. Until a hint comes, nodes that missed a loss keep
+      using their generation: they still agree with each other, since they
+      never changed it.
     * On a cache with an L2, a key whose invalidation the other nodes
       would refuse (one that holds a fun, or whose external encoding is
       larger than `:max_value_bytes`) raises `ArgumentError` from `put/4`,
@@ -457,8 +497,10 @@ defmodule Larder.Cache do
       does; the cache passes it the prefix to track as its
       `:tracking_prefix` option). It is an option of the cache, not of the
       L2, because the cache alone knows which L2 keys are its own and how
-      they map back to its keys. See "Cross-node invalidation" under
-      Concurrency.
+      they map back to its keys. A Redis that refuses tracking stops the
+      start with an error naming what to grant (or, refused later, turns
+      the L1 off until tracking is back). See "Cross-node invalidation"
+      and "Redis refusing tracking" under Concurrency.
     * `:codec` - how keys and values are stored in the L2: `:term`
       (default), any term, its key built from `:namespace`, `:version`, the
       generation and the key, and the value encoded with
@@ -550,8 +592,9 @@ defmodule Larder.Cache do
   again (see "Writes whose L2 outcome is unknown" under Failures).
 
   Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
-  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error, %Larder.Error{}}` if the L2 write
-  failed (L1 holds the value either way).
+  `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error,
+  %Larder.Error{}}` if the L2 write failed (L1 holds the value either way,
+  unless its L1 is off: see "Redis refusing tracking" under Concurrency).
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do

@@ -59,8 +59,10 @@ defmodule Larder.Cache.L2 do
       `invalidation: :tracking`, which passes the L2 a `:tracking_prefix`
       option): `keys` is the list of L2 keys under that prefix that any
       client changed, or `:all` after the backend was flushed. `:connected`
-      is then also sent when the backend may have changed keys unreported
-      (the tracking was lost and is back). With any invalidation, `:all`
+      is then sent only once the backend reports changes (the subscription
+      is up and tracking is on), and also when the backend may have
+      changed keys unreported (the tracking was lost and is back). With any
+      invalidation, `:all`
       also means that the backend is being replaced and what was read
       from it may be lost (a Sentinel failover has begun): the cache
       clears its L1. `:bad` in place of the keys is counted in
@@ -73,6 +75,16 @@ defmodule Larder.Cache.L2 do
       generation there (an `c:incr/2` of its generation key, retried
       until it succeeds), so that no node reads what the keys of the old
       generation hold.
+    * `{:larder_cache_l2, :tracking_refused, error}` (with tracking) when
+      the backend answers but refuses to report changes (an ACL without
+      the commands, a server without the feature), `error` a
+      `Larder.Error` that says what to grant: the cache clears its L1 and
+      keeps nothing in it (every read goes to the L2 or the loader) until
+      the next `:connected`, which the implementation sends once the
+      backend reports changes again. An implementation that can tell at
+      start (its child's start) that the backend refuses returns that
+      error from the start instead, which `Larder.Cache.start_link/1`
+      returns.
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
       subscription's connection is lost, or the L2 moves to another server
       (a Sentinel failover) whether or not it was subscribed: the cache
@@ -88,6 +100,16 @@ defmodule Larder.Cache.L2 do
   return value outside a callback's spec is counted as an L2 error, and
   values, generations and messages are bounded and shape-checked before
   use.
+
+  ## Deadlines
+
+  One call of the cache can make several L2 calls (a `fetch/3` of a new key
+  reads then writes; a `put/4` writes then publishes). An implementation
+  that exports `c:deadline/2` bounds them all together: the cache asks it
+  for the state of one call, and every callback given that state returns
+  by the call's deadline, so the call waits for the L2 at most the
+  implementation's timeout in all. Without it, each L2 call is bounded by
+  that timeout on its own.
   """
 
   @typedoc "Whatever `c:init/3` returns; passed back to every other callback."
@@ -139,5 +161,15 @@ defmodule Larder.Cache.L2 do
   """
   @callback validate_opts!(opts :: keyword()) :: keyword()
 
-  @optional_callbacks validate_opts!: 1
+  @doc """
+  The state for one call of the cache, whose callbacks must all return by
+  one deadline (a `System.monotonic_time(:millisecond)`), and that deadline:
+  with `nil`, the implementation's timeout from now; with an integer, that
+  one (the cache moves a call's deadline past the time its loader took).
+  A callback given that state when the deadline has passed returns an
+  error without waiting. Pure: it starts and sends nothing.
+  """
+  @callback deadline(state(), deadline :: integer() | nil) :: {state(), integer()}
+
+  @optional_callbacks validate_opts!: 1, deadline: 2
 end

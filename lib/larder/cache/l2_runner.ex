@@ -35,6 +35,10 @@ defmodule Larder.Cache.L2Runner do
             :ok = Owner.l2_started(rt, false)
             {:ok, %{name: name, spec: spec, sup: sup, wait: @min_ms, started: now()}}
 
+          # the L2's own error, as it is (Redis refusing tracking, say)
+          {:error, {:shutdown, {:failed_to_start_child, _id, %Larder.Error{} = error}}} ->
+            {:stop, error}
+
           {:error, reason} ->
             {:stop, Larder.Error.new(:l2_failed, "the L2 did not start", reason: reason)}
         end

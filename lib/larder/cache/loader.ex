@@ -240,7 +240,11 @@ defmodule Larder.Cache.Loader do
     tagged
   end
 
+  # The L2 read and the load's L2 write share one deadline (the loader's
+  # own time is not counted: Remote.pause/1 and resume/2).
   defp load(rt, key, ref, fun) do
+    rt = Remote.begin(rt)
+
     case Remote.get(rt, key) do
       {:ok, value} ->
         fill(rt, key, ref, value)
@@ -259,8 +263,11 @@ defmodule Larder.Cache.Loader do
 
   defp run_loader(rt, key, ref, fun, l2_state) do
     Stats.count(rt, :loads)
+    left = Remote.pause(rt)
+    result = call_loader(fun)
+    rt = Remote.resume(rt, left)
 
-    case call_loader(fun) do
+    case result do
       {:ok, value} when rt.codec == :raw and not is_binary(value) ->
         Store.unlock(rt, key, self(), ref)
         Stats.count(rt, :load_errors)
@@ -310,10 +317,12 @@ defmodule Larder.Cache.Loader do
   end
 
   # Writes the value in place of our loading marker, if it is still there,
-  # and evicts if it did: true then.
+  # and evicts if it did: true then; :off when the marker was still there
+  # but the L1 is off (nothing written to L1; the L2 write goes ahead);
+  # false when a put, delete or invalidation removed it.
   defp fill(rt, key, ref, value) do
     filled? = Store.fill(rt, key, ref, value, Expiry.expires_at(rt.ttl))
-    if filled?, do: Eviction.evict(rt)
+    if filled? == true, do: Eviction.evict(rt)
     filled?
   end
 

@@ -17,37 +17,48 @@ defmodule Larder.Cache.Owner do
   # Longest wait between two reads of a generation that keep failing.
   @generation_retry_max_ms 5_000
   @generation_retry_min_ms 100
+  # While the L2 refuses tracking (no L1), the generation is read this often:
+  # the subscription may be refused too, so other nodes' invalidate_all/1
+  # may not reach this one.
+  @untracked_read_ms 1_000
 
   # The state: %{rt: %Runtime{} (also published, for callers),
-  # subscribed_before, pending (Repairs), sweeping (a sweep's slices are
-  # under way), verify (true while a :verify_generation message is on its
-  # way to us), retry_timer and retry_wait (a failed generation read, read
-  # again)}.
+  # subscribed_before, pending (Repairs), reader (Generation's reader of
+  # the L2's generation), sweeping (a sweep's slices are under way), verify
+  # (true while a :verify_generation message is on its way to us),
+  # retry_timer and retry_wait (a failed generation read, read again),
+  # untracked (the %Larder.Error{} of an L2 that refuses to report
+  # changes, with invalidation: :tracking, while the L1 is off; nil)}.
+  #
+  # The owner makes no L2 call of its own (but once at start, for an L2
+  # without processes): what needs one runs in another process (the
+  # generation's reader, the repairs' worker, the caller of
+  # invalidate_all/1) and reports to it. So a slow or stopped Redis never
+  # holds up the clears, invalidations and repairs it runs.
 
   # The name is claimed through Larder.Instance as the process starts; the
   # bare name is then registered too, as the cache's documented address.
   def start_link(opts), do: Instance.start_link(__MODULE__, opts, Larder.Cache, opts[:name])
 
   @doc """
-  The owner's part of `Larder.Cache.invalidate_all/1`, once the caller's
-  INCR of the generation key returned (`:incremented`) or failed
-  (`{:failed, reason}`, the reason of its `Larder.Error`), or for a
-  local-only cache (`:local`). Returns once L1 is clear: `{:ok, generation,
-  published?}` (published? when the owner found the L2's generation lost,
-  wrote a fresh one and published it) or, when it could not read the L2's
-  generation, `{:error, %Larder.Error{}}`.
+  The owner's part of `Larder.Cache.invalidate_all/1`, once the caller has
+  done the L2's: moves to `generation` (the L2's, as the caller's INCR or
+  read gave it) if that is newer, and clears L1 either way; `nil` when
+  the caller could not get it; `:local` for a cache without an L2 (the
+  next generation). Returns `:ok` once L1 is clear. No L2 call.
   """
-  def invalidate_all(rt, how) do
-    GenServer.call(rt.owner, {:invalidate_all, how}, :infinity)
+  def invalidate_all(rt, generation) do
+    GenServer.call(rt.owner, {:invalidate_all, generation}, :infinity)
   catch
     :exit, _ -> Instance.unknown!(Larder.Cache, rt.name)
   end
 
   @doc """
   Called by the L2 runner once the L2's processes run (at the cache's start,
-  before start_link/1 returns, and after each restart): the owner reads the
-  generation then. `restart?` is true after a restart, when invalidations
-  may have been missed.
+  before start_link/1 returns, and after each restart): returns once the
+  generation was read (by the owner's reader) and adopted, or the read
+  failed (the owner reads again later). `restart?` is true after a
+  restart, when invalidations may have been missed.
   """
   def l2_started(rt, restart?), do: GenServer.call(rt.owner, {:l2_started, restart?}, :infinity)
 
@@ -66,7 +77,9 @@ defmodule Larder.Cache.Owner do
     rt =
       Runtime.new(
         opts,
-        Map.merge(Store.new(opts[:compressed]), %{
+        Store.new(opts[:compressed])
+        |> Map.merge(Repairs.new_inbox())
+        |> Map.merge(%{
           stats: Stats.new(),
           clock: Expiry.new_clock(),
           prefix: Remote.prefix(opts[:namespace], opts[:version])
@@ -77,8 +90,9 @@ defmodule Larder.Cache.Owner do
       {:ok, rt} ->
         Expiry.tick(rt)
         Runtime.publish(rt)
-        # an L2 with processes is read once they run (l2_started/2)
-        if rt.l2_child == nil, do: Generation.sync(rt)
+        # an L2 with processes is read once they run (l2_started/2); one
+        # without, now, before start_link/1 returns
+        if rt.l2_child == nil, do: read_now(rt)
         Process.send_after(self(), :sweep, Expiry.sweep_ms())
 
         state = %{
@@ -86,7 +100,9 @@ defmodule Larder.Cache.Owner do
           subscribed_before: false,
           sweeping: false,
           pending: Repairs.new(),
+          reader: Generation.new_reader(),
           verify: false,
+          untracked: nil,
           retry_timer: nil,
           retry_wait: @generation_retry_min_ms
         }
@@ -99,13 +115,24 @@ defmodule Larder.Cache.Owner do
   end
 
   @impl true
-  def handle_call({:l2_started, restart?}, _from, %{rt: rt} = state) do
-    Generation.sync(rt)
-    {:reply, :ok, %{state | subscribed_before: state.subscribed_before or restart?}}
+  def handle_call({:l2_started, restart?}, from, %{rt: rt} = state) do
+    # answered once the read is done (Generation.reported/4)
+    reader = Generation.sync(state.reader, rt, from)
+    {:noreply, %{state | reader: reader, subscribed_before: state.subscribed_before or restart?}}
   end
 
-  def handle_call({:invalidate_all, how}, _from, %{rt: rt} = state),
-    do: {:reply, Generation.invalidate_all(rt, how), state}
+  def handle_call({:invalidate_all, :local}, _from, %{rt: rt} = state) do
+    if Generation.next_local(rt) == :same, do: Store.clear(rt)
+    {:reply, :ok, state}
+  end
+
+  def handle_call({:invalidate_all, generation}, _from, %{rt: rt} = state) do
+    # a move clears L1; a generation we had moved to already still clears it
+    unless is_integer(generation) and Generation.adopt(rt, generation) == :moved,
+      do: Store.clear(rt)
+
+    {:reply, :ok, state}
+  end
 
   @impl true
   def handle_info({:larder_cache_l2, :message, payload}, %{rt: rt} = state) do
@@ -121,15 +148,23 @@ defmodule Larder.Cache.Owner do
     {:noreply, state}
   end
 
-  def handle_info(:verify_generation, %{rt: rt} = state) do
-    Generation.sync(rt)
-    {:noreply, %{state | verify: false}}
-  end
+  def handle_info(:verify_generation, state),
+    do: {:noreply, %{sync(state) | verify: false}}
 
-  # A generation read or renewal failed (Generation.sync/1 said so): read
-  # again after 100 ms, doubling up to 5 s while the L2 keeps failing, since
-  # no other hint may come (a peer's message heard while our commands could
-  # not reach Redis yet, after a restart).
+  # The reader read (or advanced) the generation, or died doing so.
+  def handle_info(
+        {:larder_cache_generation, pid, how, result},
+        %{reader: %{worker: {pid, _}}} = state
+      ),
+      do: {:noreply, generation_read(state, how, result)}
+
+  def handle_info({:DOWN, ref, :process, pid, _reason}, %{reader: %{worker: {pid, ref}}} = state),
+    do: {:noreply, generation_read(state, :read, :died)}
+
+  # A generation read or renewal failed: read again after 100 ms, doubling
+  # up to 5 s while the L2 keeps failing, since no other hint may come (a
+  # peer's message heard while our commands could not reach Redis yet,
+  # after a restart).
   def handle_info(:generation_failed, %{retry_timer: nil} = state) do
     timer = Process.send_after(self(), :retry_generation, state.retry_wait)
     wait = min(state.retry_wait * 2, @generation_retry_max_ms)
@@ -138,22 +173,48 @@ defmodule Larder.Cache.Owner do
 
   def handle_info(:generation_failed, state), do: {:noreply, state}
 
-  def handle_info(:retry_generation, %{rt: rt} = state) do
-    state = %{state | retry_timer: nil}
+  def handle_info(:retry_generation, state),
+    do: {:noreply, sync(%{state | retry_timer: nil})}
 
-    case Generation.sync(rt) do
-      {:ok, _g, _published?} -> {:noreply, %{state | retry_wait: @generation_retry_min_ms}}
-      _failed_and_rescheduled -> {:noreply, state}
+  # The L2 moved to another server that may hold values older than the
+  # ones acknowledged (a Sentinel failover): L1 goes now, and a new
+  # generation there (Generation.advance/1, run by the reader).
+  def handle_info({:larder_cache_l2, :replaced}, %{rt: rt} = state) do
+    Store.clear(rt)
+    {:noreply, %{state | reader: Generation.sync(state.reader, rt, nil, :advance)}}
+  end
+
+  # With invalidation: :tracking, the L2 says that Redis refuses to report
+  # changes (an ACL without CLIENT TRACKING, a server that lacks it): what
+  # L1 holds would never be invalidated, so it holds nothing until the L2
+  # says tracking is on (:connected).
+  def handle_info(
+        {:larder_cache_l2, :tracking_refused, error},
+        %{rt: %{invalidation: :tracking} = rt} = state
+      ) do
+    if state.untracked == nil do
+      Store.off(rt)
+      Remote.tracking_refused(rt, error)
+
+      Logger.error(
+        "Larder.Cache #{inspect(rt.name)}: " <>
+          message(error) <>
+          ". Until tracking is on, the cache keeps nothing in its L1: every read goes " <>
+          "to Redis or the loader"
+      )
+
+      Process.send_after(self(), :untracked_read, @untracked_read_ms)
+      {:noreply, %{state | untracked: error}}
+    else
+      {:noreply, state}
     end
   end
 
-  # The L2 moved to another server that may hold values older than the
-  # ones acknowledged (a Sentinel failover): a new generation there.
-  def handle_info({:larder_cache_l2, :replaced}, %{rt: rt} = state) do
-    case Generation.advance(rt) do
-      :ok -> {:noreply, state}
-      :pending -> {:noreply, %{state | pending: Repairs.add(state.pending, rt, :all)}}
-    end
+  def handle_info(:untracked_read, %{untracked: nil} = state), do: {:noreply, state}
+
+  def handle_info(:untracked_read, state) do
+    Process.send_after(self(), :untracked_read, @untracked_read_ms)
+    {:noreply, sync(state)}
   end
 
   def handle_info({:larder_cache_l2, :disconnected}, %{rt: rt} = state) do
@@ -174,14 +235,15 @@ defmodule Larder.Cache.Owner do
     missed? = state.subscribed_before or Stats.get(rt, :l2_errors) > 0
 
     if missed?, do: Store.clear(rt)
+    state = tracking_on(state)
     # Redis may also have lost the generation (restarted empty) meanwhile
-    Generation.sync(rt)
-    state = %{state | subscribed_before: true}
-    {:noreply, %{state | pending: Repairs.run(state.pending, rt)}}
+    state = %{sync(state) | subscribed_before: true}
+    {:noreply, %{state | pending: Repairs.now(state.pending, rt)}}
   end
 
-  def handle_info({:larder_cache_pending, item}, state) when item == :all or is_tuple(item) do
-    {:noreply, %{state | pending: Repairs.add(state.pending, state.rt, item)}}
+  # Writers recorded failures in the inbox (one wake-up for any number).
+  def handle_info(:larder_cache_pending, state) do
+    {:noreply, %{state | pending: Repairs.drain(state.pending, state.rt)}}
   end
 
   def handle_info(:repair, state) do
@@ -220,6 +282,48 @@ defmodule Larder.Cache.Owner do
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  # The L2 reports changes again (:connected after a refusal): L1 is used
+  # again, from empty.
+  defp tracking_on(%{untracked: nil} = state), do: state
+
+  defp tracking_on(%{rt: rt} = state) do
+    Store.on(rt)
+    Logger.info("Larder.Cache #{inspect(rt.name)}: Redis reports changes again; L1 in use")
+    %{state | untracked: nil}
+  end
+
+  defp message(%Larder.Error{message: message}) when is_binary(message), do: message
+  defp message(%Larder.Error{} = error), do: Exception.message(error)
+  defp message(other), do: inspect(other, limit: 10, printable_limit: 500)
+
+  # A hint that the L2's generation may have moved: the reader reads it.
+  defp sync(state), do: %{state | reader: Generation.sync(state.reader, state.rt)}
+
+  defp generation_read(%{rt: rt} = state, how, result) do
+    {reader, outcome} = Generation.reported(state.reader, rt, how, result)
+    state = %{state | reader: reader}
+
+    case outcome do
+      :ok ->
+        %{state | retry_wait: @generation_retry_min_ms}
+
+      :failed ->
+        send(self(), :generation_failed)
+        state
+
+      :pending ->
+        %{state | pending: Repairs.add(state.pending, rt, :all)}
+    end
+  end
+
+  # At start, for an L2 without processes: the read in the owner itself.
+  defp read_now(rt) do
+    case Generation.read(rt) do
+      {:ok, g, _published?} -> Generation.adopt(rt, g)
+      _error -> send(self(), :generation_failed)
+    end
+  end
 
   defp swept(state, {:more, continuation}) do
     send(self(), {:larder_cache_sweep, continuation})

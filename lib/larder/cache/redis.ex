@@ -92,8 +92,12 @@ defmodule Larder.Cache.Redis do
       pub/sub connection, on every reconnect too (default none: `AUTH
       <password>`).
     * `:timeout` - the L2 timeout in milliseconds, 1 to 600,000 (default
-      `1000`): no caller waits longer than this for Redis, whatever state
-      Redis is in.
+      `1000`): one call of the cache (a `fetch/3`, `put/4`, `delete/2`,
+      `invalidate_all/1`) waits at most this for Redis in all, across every
+      command, redirect and retry it makes (`deadline/2`), whatever state
+      Redis is in. The keeper's own steps (a connection's connect and
+      handshake, a question to a sentinel, a `CLUSTER SLOTS`) are each
+      bounded by it too; callers never wait for them.
     * `:reconnect_sleep` - milliseconds between reconnection attempts and
       before a dead client is replaced, 1 to 60,000 (default `100`).
     * `:pool_size` - connections for commands, 1 to 64 (default `2`);
@@ -280,16 +284,47 @@ defmodule Larder.Cache.Redis do
   flush (`FLUSHDB`/`FLUSHALL`). The cache gets `{:larder_cache_l2,
   :invalidated, keys | :all}`, or `:bad` in place of the keys when the
   message is not what Redis sends (anyone may `PUBLISH` on that channel).
-  The cache gets `{:larder_cache_l2, :connected}` only once every command
-  connection reports to the current subscription (a resubscription has a
-  new client id, so tracking is set again on every connection first). A
-  command connection that replaces one that ended is redirected within
-  100 ms; when no connection kept its tracking meanwhile, the cache gets
-  `:connected` again (and clears L1). A connection whose `CLIENT
-  TRACKING` fails (a Redis before 6.0, an ACL without it) is tried again
-  every 100 ms, and the first failure of a run is logged. With BCAST every
-  tracking connection reports every write, so each node receives
-  `:pool_size` reports of each write.
+  The cache gets `{:larder_cache_l2, :connected}` only once tracking was
+  set, redirected to the current subscription, on every command
+  connection, and at least one has it (a resubscription has a new client
+  id, so tracking is set again on every connection first): with BCAST
+  every tracking connection reports every write, so one is enough, and
+  each node receives up to `:pool_size` reports of each write. A command
+  connection that replaces one that ended is redirected within 100 ms;
+  when no connection kept its tracking meanwhile, the cache gets
+  `:connected` again (and clears L1). A connection whose `CLIENT TRACKING`
+  fails is tried again every 100 ms.
+
+  Redis may refuse tracking: a user whose ACL lacks `CLIENT ID`, `CLIENT
+  TRACKING` or the channel `__redis__:invalidate` (`-client`,
+  `-client|tracking`, `resetchannels`), a Redis before 6.0, or `AUTH`
+  itself refused. Nothing would then invalidate what the cache's L1
+  holds, so:
+
+    * At the cache's start, the keeper first tries those commands on a
+      connection of its own (on every master of a cluster): if Redis
+      answers with a refusal, `Larder.Cache.start_link/1` returns `{:error,
+      %Larder.Error{reason: :l2_failed}}` whose message names the server,
+      the user (`"default"` without `:username`), the command refused and
+      Redis's reply, the grant that fixes it (`ACL SETUSER <user>
+      +client|id +client|tracking &__redis__:invalidate`) and the other
+      way out (`invalidation: :pubsub`); its `:details` hold `:server`,
+      `:user`, `:command`, `:reply` and `:needs`. A server that does not
+      answer does not stop the start.
+    * Later (the ACL changed and the connections were renewed, a Sentinel
+      failover to a server with another ACL, a cluster master with its own
+      ACL), when the pub/sub handshake gets an error reply, or no command
+      connection of a server (of any master) tracks and Redis refused
+      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2,
+      :tracking_refused, error}`, the same error: it logs it (once),
+      counts it in `:l2_errors`, clears its L1 and keeps nothing in it,
+      every read going to Redis or the loader, and reads the generation
+      every second (its subscription may be refused too). The keeper
+      keeps trying (the subscription with its backoff, `CLIENT TRACKING`
+      every 100 ms); once tracking is on on every master, the cache gets
+      `:connected` and uses its L1 again, from empty. Tested with an ACL
+      user that loses `client|tracking`, or all of `client`, mid-run, and
+      with one cluster master whose default user loses it.
 
   ## Cluster
 
@@ -355,11 +390,14 @@ defmodule Larder.Cache.Redis do
       `:timeout` ms, so that callers already on it get their reply (a
       `MOVED`, most likely).
 
-  Every wait and every call is bounded by what is left of the caller's
-  `:timeout`: whatever the cluster does, a call returns within
-  `:timeout` ms, with `:l2_unavailable` when it could not be served by
-  then (a timeout, a lost connection, a redirect loop, a cluster still
-  down). Other error replies are `:l2_failed`.
+  Every wait and every command is bounded by what is left of the call's
+  deadline (`deadline/2`): whatever the cluster does, a call of the cache
+  returns within `:timeout` ms, all its commands (a write and its
+  `SPUBLISH`, on two masters), redirects and retries together, with
+  `:l2_unavailable` when it could not be served by then (a timeout, a lost
+  connection, a redirect loop, a cluster still down). Other error replies
+  are `:l2_failed`. Tested with the master of the invalidation channel
+  SIGSTOPped and the key's master stopped for 300 ms as each call starts.
 
   The pub/sub connection `SSUBSCRIBE`s on the master of the channel's slot
   (sharded pub/sub: a message crosses no other master). When that slot
@@ -386,7 +424,9 @@ defmodule Larder.Cache.Redis do
 
   ## Failures
 
-  Every call returns within `:timeout` ms; an unreachable, slow or failing
+  Every call of the cache returns within `:timeout` ms of Redis time in
+  all (see `deadline/2`: tested with a server that answers every command
+  480 ms late, under `timeout: 500`); an unreachable, slow or failing
   server gives `{:error, %Larder.Error{reason: :l2_unavailable}}`, an error
   reply gives `:l2_failed`, and a reply that is not what Redis sends for
   that command gives `:l2_bad_reply`: `GET` must return a binary or nil,
@@ -463,9 +503,12 @@ defmodule Larder.Cache.Redis do
   def start_link(state) do
     check_args!(state, [])
     keeper = if state.cluster?, do: ClusterKeeper, else: ServerKeeper
-    timeout = @init_timeout + state.pool_size * state.timeout
+    # (with tracking, the first keeper also probes the servers)
+    timeout = @init_timeout + (state.pool_size + 1) * state.timeout
 
     # (a keeper that does not report ready in time is killed by proc_lib)
+    # (a keeper that refuses to start answers {:error, %Larder.Error{}}:
+    # Redis refuses tracking)
     :proc_lib.start_link(keeper, :init, [self(), state], timeout)
   end
 
@@ -541,6 +584,34 @@ defmodule Larder.Cache.Redis do
   end
 
   @doc """
+  The state for one call of the cache: every command made with it returns
+  by `deadline` (a `System.monotonic_time(:millisecond)`; `nil`: `:timeout`
+  ms from now), however many round trips, redirects and retries the call
+  takes, and a command made once it has passed returns `:l2_unavailable`
+  (error `:timeout`) without being sent. See "Deadlines" in
+  `Larder.Cache.L2`.
+  """
+  @impl true
+  @spec deadline(map(), integer() | nil) :: {map(), integer()}
+  def deadline(state, deadline) do
+    check_args!(state, [])
+
+    deadline =
+      case deadline do
+        nil ->
+          System.monotonic_time(:millisecond) + state.timeout
+
+        d when is_integer(d) ->
+          d
+
+        other ->
+          raise ArgumentError, "expected deadline to be an integer or nil, got: #{inspect(other)}"
+      end
+
+    {Map.put(state, :deadline, deadline), deadline}
+  end
+
+  @doc """
   Nothing to release: the keeper is stopped by its supervisor, and the
   table goes with the process that called `init/3`.
   """
@@ -573,11 +644,27 @@ defmodule Larder.Cache.Redis do
     end
   end
 
-  defp query(%{table: table, pool_size: size, timeout: timeout} = state, command) do
-    slot = rem(:erlang.system_info(:scheduler_id), size)
-    [{_, client}] = :ets.lookup(table, slot)
+  defp query(%{table: table, pool_size: size} = state, command) do
+    case time_left(state) do
+      left when left > 0 ->
+        slot = rem(:erlang.system_info(:scheduler_id), size)
+        [{_, client}] = :ets.lookup(table, slot)
+        command_reply(state, Connection.q(client, command, left))
 
-    case Connection.q(client, command, timeout) do
+      _passed ->
+        {:error, unavailable(:timeout)}
+    end
+  catch
+    # the keeper (and its table) is gone
+    :error, _ -> {:error, unavailable(:no_client)}
+  end
+
+  # What is left of the call's deadline (deadline/2), or the whole timeout.
+  defp time_left(%{deadline: deadline}), do: deadline - System.monotonic_time(:millisecond)
+  defp time_left(%{timeout: timeout}), do: timeout
+
+  defp command_reply(state, reply) do
+    case reply do
       {:ok, value} ->
         {:ok, value}
 
@@ -589,20 +676,22 @@ defmodule Larder.Cache.Redis do
         master_moved?(state)
         {:error, unavailable(reason)}
     end
-  catch
-    # the keeper (and its table) is gone
-    :error, _ -> {:error, unavailable(:no_client)}
   end
 
   # A READONLY reply or a lost connection: with Sentinel, the master may
   # have moved; the keeper asks the sentinels (at most once per
-  # :reconnect_sleep, whatever the number of callers that hint it).
+  # :reconnect_sleep, whatever the number of callers that hint it). One
+  # hint on its way at a time (a row the keeper deletes as it takes it), so
+  # callers failing in a loop add nothing to the keeper's mailbox.
   defp master_moved?(%{sentinel?: false}), do: :ok
 
   defp master_moved?(%{table: table}) do
     case :ets.lookup(table, :sentinel) do
-      [{:sentinel, keeper}] -> send(keeper, :check_master)
-      [] -> :ok
+      [{:sentinel, keeper}] ->
+        if :ets.insert_new(table, {:check_hinted, true}), do: send(keeper, :check_master)
+
+      [] ->
+        :ok
     end
   end
 
@@ -671,7 +760,8 @@ defmodule Larder.Cache.Redis do
   # cache's messages (Larder.Cache.L2, "Messages"): a published payload;
   # the subscription up (again), or tracking back after a gap; the
   # subscription lost; keys Redis reports changed, or :all (a flush, a
-  # Sentinel failover under way), or :bad; a move to another master.
+  # Sentinel failover under way), or :bad; a move to another master;
+  # tracking refused by Redis.
   @doc false
   @spec message(term()) :: tuple()
   def message({:message, payload}), do: {:larder_cache_l2, :message, payload}
@@ -679,6 +769,7 @@ defmodule Larder.Cache.Redis do
   def message(:down), do: {:larder_cache_l2, :disconnected}
   def message({:invalidate, keys}), do: {:larder_cache_l2, :invalidated, keys}
   def message(:moved), do: {:larder_cache_l2, :replaced}
+  def message({:tracking_refused, error}), do: {:larder_cache_l2, :tracking_refused, error}
 
   @doc "Checks the options above; raises `ArgumentError` naming a bad one."
   @impl true

@@ -170,6 +170,37 @@ defmodule Larder.Cache.Remote do
 
   def stop(_cfg), do: :ok
 
+  ## A call's deadline
+  #
+  # One call of the cache (a fetch/3, put/4, delete/2, invalidate_all/1)
+  # makes its L2 calls with the rt begin/1 returns: with an L2 that exports
+  # deadline/2 (Larder.Cache.L2, "Deadlines"), its state carries the call's
+  # deadline, which every L2 call of it meets; rt.deadline holds it. A
+  # loader's time is not the L2's: pause/1 before it, resume/2 after.
+
+  def begin(%{l2: {mod, state}} = rt) do
+    if function_exported?(mod, :deadline, 2) do
+      {state, deadline} = mod.deadline(state, nil)
+      %{rt | l2: {mod, state}, deadline: deadline}
+    else
+      rt
+    end
+  end
+
+  def begin(rt), do: rt
+
+  # What is left of the call's deadline (ms), or nil without one.
+  def pause(%{deadline: nil}), do: nil
+  def pause(%{deadline: deadline}), do: deadline - System.monotonic_time(:millisecond)
+
+  # The call's deadline, `left` ms from now (what pause/1 said was left).
+  def resume(rt, nil), do: rt
+
+  def resume(%{l2: {mod, state}} = rt, left) do
+    {state, deadline} = mod.deadline(state, System.monotonic_time(:millisecond) + left)
+    %{rt | l2: {mod, state}, deadline: deadline}
+  end
+
   ## Calls
 
   # {:ok, value} | :miss | :corrupt | :error | :none (no L2). Whatever the
@@ -310,6 +341,11 @@ defmodule Larder.Cache.Remote do
     ok(rt, mod.put(state, generation_key(rt), Integer.to_string(generation), :infinity, mode))
   end
 
+  # The L2 refuses to report changes (invalidation: :tracking): an L2
+  # error, counted and reported.
+  def tracking_refused(rt, %Larder.Error{} = error), do: failed(rt, {:error, error})
+  def tracking_refused(rt, _other), do: failed(rt, :tracking_refused)
+
   # A process the L2 linked to the cache's process died.
   def process_died(rt) do
     failed(rt, :process_died)
@@ -372,7 +408,7 @@ defmodule Larder.Cache.Remote do
         {:error, %Larder.Error{reason: reason}} = error ->
           {reason, error}
 
-        why when why in [:bad_value, :process_died] ->
+        why when why in [:bad_value, :process_died, :tracking_refused] ->
           {why, nil}
 
         other ->

@@ -24,8 +24,10 @@ defmodule Larder.Cache.Runtime do
 
   @enforce_keys @options ++
                   [:owner, :data, :index, :large, :waiters, :meta, :lock, :stats, :seq] ++
-                  [:generation, :clock, :deaths, :node_id, :prefix, :telemetry]
-  defstruct [l2: nil, l2_child: nil, hit: nil] ++ @defaulted_options ++ @enforce_keys
+                  [:generation, :clock, :deaths, :node_id, :prefix, :telemetry] ++
+                  [:inbox, :wake, :l1_off]
+  defstruct [l2: nil, l2_child: nil, hit: nil, deadline: nil] ++
+              @defaulted_options ++ @enforce_keys
 
   @type ttl :: pos_integer() | :infinity
 
@@ -53,18 +55,23 @@ defmodule Larder.Cache.Runtime do
           local_copy_max_bytes: non_neg_integer(),
           max_value_bytes: pos_integer(),
           telemetry: boolean(),
+          inbox: :ets.tid(),
+          wake: :atomics.atomics_ref(),
+          l1_off: :atomics.atomics_ref(),
           invalidation: :pubsub | :tracking,
           codec: :term | :raw,
           key_prefix: binary(),
           l2: {module(), term()} | nil,
           l2_child: Supervisor.child_spec() | nil,
+          deadline: integer() | nil,
           hit: {:ets.tid(), :atomics.atomics_ref(), :counters.counters_ref()} | nil
         }
 
   @doc """
   The handle, in the cache's process, from `Larder.Cache.Config.validate!/1`'s
   options and the parts that process built (the Store's tables and lock,
-  the counters, the clock, the L2 key prefix). The L2's state is added by
+  the counters, the clock, the L2 key prefix, the repairs' inbox). The
+  L2's state is added by
   `Larder.Cache.Remote.start/2`.
   """
   @spec new(keyword(), map()) :: t()

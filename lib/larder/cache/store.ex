@@ -46,6 +46,12 @@ defmodule Larder.Cache.Store do
   # Loading markers are taken lock-free (insert_new, only where no row
   # exists) and removed or replaced under the slot lock.
   # clear/1 runs in the owner, holding every slot.
+  #
+  # The L1 can be turned off (off/1, by the owner: nothing would invalidate
+  # what it holds, as when Redis refuses tracking): the flag is set, then
+  # the L1 cleared; every write checks the flag under its slot, so once
+  # off/1 returns no value is written until on/1. Reads need no check: the
+  # table is empty.
 
   @slots 64
 
@@ -69,7 +75,8 @@ defmodule Larder.Cache.Store do
         :ets.new(:larder_cache_waiters, [:duplicate_bag, :public, write_concurrency: true]),
       meta: meta,
       lock: Lock.new(@slots),
-      seq: :atomics.new(1, signed: true)
+      seq: :atomics.new(1, signed: true),
+      l1_off: :atomics.new(1, signed: false)
     }
   end
 
@@ -153,13 +160,18 @@ defmodule Larder.Cache.Store do
 
   ## Writes (under the key's slot)
 
-  # Writes a value unconditionally (put); the caller evicts.
+  # Writes a value unconditionally (put); the caller evicts. With the L1
+  # off, removes key's row instead (a value or a loading marker).
   def write(rt, key, value, expires_at) do
     new = new_value(rt, value, expires_at)
 
     with_key(rt, key, fn slot ->
-      old = :ets.lookup(rt.data, key)
-      step(rt, slot, key, old, new)
+      if off?(rt) do
+        delete_row(rt, slot, key)
+      else
+        old = :ets.lookup(rt.data, key)
+        step(rt, slot, key, old, new)
+      end
     end)
   end
 
@@ -168,16 +180,22 @@ defmodule Larder.Cache.Store do
 
   # Replaces our loading marker by the value, only if the marker is still
   # ours: a put, delete or invalidation in between removed it, and wins.
-  # True when it wrote (the caller evicts then).
+  # True when it wrote (the caller evicts then); :off when the marker was
+  # ours but the L1 is off (the marker is removed, nothing written).
   def fill(rt, key, ref, value, expires_at) do
     new = new_value(rt, value, expires_at)
     me = self()
 
     with_key(rt, key, fn slot ->
       case :ets.lookup(rt.data, key) do
-        [{_, :loading, ^me, ^ref, _}] = old ->
-          step(rt, slot, key, old, new)
-          true
+        [{_, :loading, ^me, ^ref, _} = marker] = old ->
+          if off?(rt) do
+            :ets.delete_object(rt.data, marker)
+            :off
+          else
+            step(rt, slot, key, old, new)
+            true
+          end
 
         _ ->
           false
@@ -199,15 +217,17 @@ defmodule Larder.Cache.Store do
 
   # Deletes key whatever its row: a value or a loading marker.
   def delete(rt, key) do
-    with_key(rt, key, fn slot ->
-      case :ets.lookup(rt.data, key) do
-        [{_, :loading, _, _, _} = row] -> :ets.delete_object(rt.data, row)
-        [] -> :ok
-        old -> step(rt, slot, key, old, nil)
-      end
-    end)
-
+    with_key(rt, key, fn slot -> delete_row(rt, slot, key) end)
     :ok
+  end
+
+  # Under key's slot.
+  defp delete_row(rt, slot, key) do
+    case :ets.lookup(rt.data, key) do
+      [{_, :loading, _, _, _} = row] -> :ets.delete_object(rt.data, row)
+      [] -> :ok
+      old -> step(rt, slot, key, old, nil)
+    end
   end
 
   # Deletes key's value if it is still the given version (an expired row,
@@ -258,6 +278,22 @@ defmodule Larder.Cache.Store do
 
     :ok
   end
+
+  # The owner turns the L1 off (then it is empty, and stays so) or on again.
+  def off(%{owner: owner} = rt) when owner == self() do
+    :atomics.put(rt.l1_off, 1, 1)
+    clear(rt)
+  end
+
+  def on(%{owner: owner} = rt) when owner == self() do
+    # (a load that read the L2 before now has its marker cleared: it
+    # writes nothing)
+    clear(rt)
+    :atomics.put(rt.l1_off, 1, 0)
+    :ok
+  end
+
+  def off?(rt), do: :atomics.get(rt.l1_off, 1) == 1
 
   def entries(rt), do: :ets.info(rt.index, :size)
   def bytes(rt), do: :ets.lookup_element(rt.meta, :bytes, 2)

@@ -2,11 +2,11 @@
 # action (Loader): L1 first (Store, then Eviction), then the L2 and the
 # other nodes (Remote); an L2 write whose outcome is unknown is handed to
 # the owner's repairs (Repairs), and invalidate_all/1's clear and
-# generation move to the owner.
+# generation move to the owner (after its L2 calls, made here).
 defmodule Larder.Cache.Writes do
   @moduledoc false
 
-  alias Larder.Cache.{Config, Eviction, Expiry, Owner, Remote, Repairs, Store}
+  alias Larder.Cache.{Config, Eviction, Expiry, Generation, Owner, Remote, Repairs, Store}
   alias Larder.Telemetry
 
   def put(rt, key, value, opts) do
@@ -20,6 +20,8 @@ defmodule Larder.Cache.Writes do
     end
 
     span(rt, :put, key, fn ->
+      # one deadline for the call's L2 write and its publish
+      rt = Remote.begin(rt)
       Store.write(rt, key, value, Expiry.expires_at(ttl))
       Eviction.evict(rt)
       tell_others(rt, key, Remote.put(rt, key, value, ttl, :always))
@@ -30,6 +32,7 @@ defmodule Larder.Cache.Writes do
     Remote.check_key!(rt, key)
 
     span(rt, :delete, key, fn ->
+      rt = Remote.begin(rt)
       Store.delete(rt, key)
       tell_others(rt, key, Remote.delete(rt, key))
     end)
@@ -45,30 +48,53 @@ defmodule Larder.Cache.Writes do
     end
   end
 
-  def invalidate_all(%{l2: nil} = rt) do
-    {:ok, _generation, _published?} = Owner.invalidate_all(rt, :local)
-    :ok
+  def invalidate_all(%{l2: nil} = rt), do: Owner.invalidate_all(rt, :local)
+
+  # INCR, then the owner moves to that generation and clears L1 (no L2
+  # call in the owner), then PUBLISH: every L2 call of it within one
+  # deadline.
+  def invalidate_all(rt) do
+    rt = Remote.begin(rt)
+
+    case Remote.incr_generation(rt) do
+      {:ok, g} ->
+        if g >= Generation.local(rt) do
+          :ok = Owner.invalidate_all(rt, g)
+          publish_all(rt, g)
+        else
+          # the key was lost and INCR made it anew, below the generations
+          # this node used: a fresh one, above them
+          renew_all(rt, nil)
+        end
+
+      {:error, %Larder.Error{reason: :l2_unavailable}} = error ->
+        # L1 is cleared either way; nothing to read: the pending repair
+        # bumps and publishes the generation once the L2 answers
+        :ok = Owner.invalidate_all(rt, nil)
+        unknown_outcome(rt, :all, error)
+
+      {:error, %Larder.Error{}} = error ->
+        # Redis answered, but not with a generation (a key that holds
+        # none): a fresh one, published, moves every node as a successful
+        # call would
+        renew_all(rt, error)
+    end
   end
 
-  def invalidate_all(rt) do
-    case Remote.incr_generation(rt) do
-      {:ok, _incremented} ->
-        # the owner moves to the L2's generation (checked, as every
-        # hint is) and clears L1 before it answers
-        case Owner.invalidate_all(rt, :incremented) do
-          {:ok, _generation, true} -> :ok
-          {:ok, generation, false} -> publish_all(rt, generation)
-          error -> unknown_outcome(rt, :all, error)
-        end
+  # Generation.read/1 renews a lost generation key (and publishes it).
+  defp renew_all(rt, incr_error) do
+    case Generation.read(rt) do
+      {:ok, g, true} ->
+        :ok = Owner.invalidate_all(rt, g)
+        :ok
 
-      {:error, %Larder.Error{reason: reason}} = error ->
-        # L1 is cleared either way; an INCR that Redis refused (a key
-        # that holds no generation) makes the owner write a fresh one,
-        # which moves every node like a successful call would
-        case Owner.invalidate_all(rt, {:failed, reason}) do
-          {:ok, _generation, true} -> :ok
-          _not_renewed -> unknown_outcome(rt, :all, error)
-        end
+      {:ok, g, false} ->
+        :ok = Owner.invalidate_all(rt, g)
+        if incr_error, do: unknown_outcome(rt, :all, incr_error), else: publish_all(rt, g)
+
+      {:error, %Larder.Error{}} = read_error ->
+        :ok = Owner.invalidate_all(rt, nil)
+        unknown_outcome(rt, :all, incr_error || read_error)
     end
   end
 

@@ -8,10 +8,16 @@ defmodule Larder.Redis.ClusterRouter do
   # Contract (internal).
   #
   # query/2 takes a map with :table (the keeper's ETS table), :pool_size
-  # and :timeout (ms). The table (written by the cluster keeper alone) holds
+  # and :timeout (ms), and optionally :deadline (a monotonic time in ms,
+  # shared by every query of one call of its user: each query then ends
+  # by it instead of :timeout from its start). The table (written by the
+  # cluster keeper, but for the hint row) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
-  # pool. A command costs one CRC16 of its key and two ETS lookups.
+  # pool, and `{:refresh_hinted, true}` while a caller's hint to refresh
+  # the map is on its way (a caller sends one only when it inserts that
+  # row; the keeper deletes it as it takes the hint). A command costs one
+  # CRC16 of its key and two ETS lookups.
   #
   # Redirects: MOVED hints the keeper to refresh its map (it does so at most
   # once per :reconnect_sleep) and sends the command to the named node; ASK
@@ -20,7 +26,8 @@ defmodule Larder.Redis.ClusterRouter do
   # the keeper has no pool for yet are retried after a wait (5 ms, doubling
   # to 100 ms) while the caller's deadline allows. At most @max_hops MOVED
   # or ASK are followed. Every wait and every call is bounded by what is
-  # left of the caller's :timeout, so no caller waits longer than :timeout.
+  # left of the caller's :timeout (or :deadline), so no caller waits longer
+  # than :timeout (or past :deadline).
   #
   # Results, in the client's vocabulary (the user of the client turns them
   # into its own errors): {:ok, reply}; {:error, {:error_reply, text}} for
@@ -49,7 +56,13 @@ defmodule Larder.Redis.ClusterRouter do
           | {:error, {:error_reply, binary()} | {:unavailable, term()} | {:bad_reply, term()}}
   def query(%{timeout: timeout} = state, [name, key | args]) do
     command = if name == "PUBLISH", do: ["SPUBLISH", key | args], else: [name, key | args]
-    deadline = System.monotonic_time(:millisecond) + timeout
+
+    deadline =
+      case state do
+        %{deadline: deadline} -> deadline
+        _ -> System.monotonic_time(:millisecond) + timeout
+      end
+
     route(state, command, Cluster.slot(key), deadline, 0, 0)
   end
 
@@ -154,11 +167,16 @@ defmodule Larder.Redis.ClusterRouter do
   end
 
   # The keeper refreshes its slot map, at most once per :reconnect_sleep
-  # however many callers hint it.
+  # however many callers hint it; one hint is on its way at a time (a row
+  # the keeper deletes as it takes it), so callers failing in a loop add
+  # nothing to its mailbox.
   defp hint(%{table: table}) do
     case :ets.lookup(table, :keeper) do
-      [{:keeper, keeper}] -> send(keeper, :refresh)
-      [] -> :ok
+      [{:keeper, keeper}] ->
+        if :ets.insert_new(table, {:refresh_hinted, true}), do: send(keeper, :refresh)
+
+      [] ->
+        :ok
     end
   catch
     :error, _ -> :ok

@@ -1,8 +1,9 @@
 # Server-assisted invalidation (CLIENT TRACKING in BCAST mode, RESP2
 # redirect) as a client feature: the pub/sub connection's extra handshake,
 # CLIENT TRACKING on every command connection, redirected to the pub/sub
-# connection, the keys of an invalidation message, and the check that
-# finds a command connection that replaced one that failed.
+# connection, the keys of an invalidation message, the check that finds a
+# command connection that replaced one that failed, whether tracking is on
+# at all, and a probe of a server that may refuse it.
 defmodule Larder.Redis.Tracking do
   @moduledoc false
 
@@ -15,6 +16,13 @@ defmodule Larder.Redis.Tracking do
   # connection, redirected to that id, and check/3 (called on a timer)
   # turns it on for the connections that replaced failed ones, telling the
   # owner when none kept it (writes of that time may have gone unreported).
+  # Tracking is on (on?/1) while at least one command connection tracks,
+  # redirected to the subscription's id: with BCAST each one reports every
+  # write under the prefix. It is refused when no connection tracks and
+  # Redis answered CLIENT TRACKING with an error (an ACL without it, a
+  # Redis before 6): enable_all/4 and check/3 say so, so that the owner
+  # keeps nothing nobody invalidates. probe/5 tries the commands tracking
+  # needs on a connection of its own (at the owner's first start).
   #
   # Untrusted: anyone may PUBLISH on the tracking channel. keys/1 turns a
   # message's payload into the invalidated keys, :all (Redis's nil after
@@ -23,11 +31,9 @@ defmodule Larder.Redis.Tracking do
   #
   # Bounds: every CLIENT TRACKING call is bounded by the `timeout` given,
   # the calls run in parallel, one task per connection; a connection that
-  # refuses is logged once per run of refusals and retried by check/3.
+  # refuses is retried by check/3 (every 100 ms).
 
-  require Logger
-
-  alias Larder.Redis.Connection
+  alias Larder.Redis.{Connection, Socket}
 
   # Redis sends tracking invalidations to a RESP2 redirect target as
   # messages on this channel: an array of keys, or nil after FLUSHDB or
@@ -42,7 +48,7 @@ defmodule Larder.Redis.Tracking do
               prefix: binary(),
               id: binary() | nil,
               ports: %{pid() => port() | nil},
-              failing: boolean()
+              refused: binary() | nil
             }
 
   def channel, do: @channel
@@ -52,7 +58,7 @@ defmodule Larder.Redis.Tracking do
   def new(nil), do: nil
 
   def new(prefix) when is_binary(prefix),
-    do: %{prefix: prefix, id: nil, ports: %{}, failing: false}
+    do: %{prefix: prefix, id: nil, ports: %{}, refused: nil}
 
   @doc """
   What the pub/sub connection sends besides AUTH, and the replies it
@@ -95,39 +101,106 @@ defmodule Larder.Redis.Tracking do
   @doc """
   Turns tracking on, redirected to the subscriber's new `id`, on every data
   connection (a map of client pids), in parallel and within `timeout` ms.
-  A connection that did not answer OK is retried by `check/3`.
+  A connection that did not answer OK is retried by `check/3`. Returns
+  `{tracking, status}`: `:on` (at least one connection tracks), `{:refused,
+  reply}` (none does, and Redis refused with `reply`) or `:off` (none does
+  yet: no connection, or none answered in time).
   """
-  @spec enable_all(t(), binary(), map(), pos_integer()) :: t()
+  @spec enable_all(t(), binary(), map(), pos_integer()) ::
+          {t(), :on | :off | {:refused, binary()}}
   def enable_all(tracking, id, clients, timeout) do
-    tracking = %{tracking | id: id, ports: %{}}
-    enable(tracking, Map.keys(clients), timeout)
+    tracking = enable(%{tracking | id: id, ports: %{}}, Map.keys(clients), timeout)
+    {tracking, status(tracking, clients)}
   end
 
   @doc """
   Finds the data connections whose socket changed since tracking was turned
-  on for them (a new connection), and turns it on for
-  them. Returns `{tracking, gap?}`: `gap?` when no data connection kept its
-  tracking meanwhile, so that writes of that time may have gone unreported
-  (an owner that holds copies of keys drops them, as on a resubscription).
+  on for them (a new connection), and turns it on for them. Returns
+  `{tracking, event}`: `:up` when tracking is on again after a time when no
+  data connection had it (writes of that time may have gone unreported: an
+  owner that holds copies of keys drops them, as on a resubscription),
+  `{:refused, reply}` when no connection has it and Redis refused it, or
+  nil.
   """
-  @spec check(t(), map(), pos_integer()) :: {t(), boolean()}
+  @spec check(t(), map(), pos_integer()) :: {t(), nil | :up | {:refused, binary()}}
   def check(%{id: id} = tracking, clients, timeout) when id != nil do
     current = Map.new(Map.keys(clients), &{&1, socket(&1)})
     stale = for {pid, port} <- current, port != nil, tracking.ports[pid] != port, do: pid
 
     if stale == [] do
-      {tracking, false}
+      {tracking, nil}
     else
       kept? =
         Enum.any?(current, fn {pid, port} -> port != nil and tracking.ports[pid] == port end)
 
       ports = Map.take(tracking.ports, Map.keys(clients))
       tracking = enable(%{tracking | ports: ports}, stale, timeout)
-      {tracking, not kept?}
+
+      case status(tracking, clients) do
+        :on when not kept? -> {tracking, :up}
+        {:refused, _reply} = refused -> {tracking, refused}
+        _on_kept_or_off -> {tracking, nil}
+      end
     end
   end
 
-  def check(tracking, _clients, _timeout), do: {tracking, false}
+  def check(tracking, _clients, _timeout), do: {tracking, nil}
+
+  @doc """
+  `:on` while at least one of `clients` tracks (on the socket tracking was
+  turned on for); else `{:refused, reply}` if Redis refused the last
+  attempt, or `:off`.
+  """
+  @spec status(t(), map()) :: :on | :off | {:refused, binary()}
+  def status(tracking, clients) do
+    on? =
+      Enum.any?(Map.keys(clients), fn pid ->
+        port = tracking.ports[pid]
+        port != nil and port == socket(pid)
+      end)
+
+    cond do
+      on? -> :on
+      tracking.refused -> {:refused, tracking.refused}
+      true -> :off
+    end
+  end
+
+  @doc """
+  Tries, on a connection of its own to `host` and `port` (with the
+  handshake `auth`), the commands tracking needs: `CLIENT ID`, `CLIENT
+  TRACKING on BCAST` with the prefix (then off again) and `SUBSCRIBE` to
+  the tracking channel, all within `timeout` ms. `:ok`, `{:refused,
+  command, reply}` for the first that Redis refused, or `{:error, reason}`
+  when it could not tell (no connection, a refused AUTH, no answer).
+  """
+  @spec probe(charlist() | binary(), 1..65_535, [[binary()]], binary(), pos_integer()) ::
+          :ok | {:refused, binary(), binary()} | {:error, term()}
+  def probe(host, port, auth, prefix, timeout) do
+    prefix = if prefix == "", do: [], else: ["PREFIX", prefix]
+
+    commands = [
+      ["CLIENT", "ID"],
+      ["CLIENT", "TRACKING", "on", "BCAST" | prefix],
+      ["CLIENT", "TRACKING", "off"],
+      ["SUBSCRIBE", @channel]
+    ]
+
+    case Socket.request(host, port, commands, timeout: timeout, handshake: auth) do
+      {:ok, replies} ->
+        refused =
+          Enum.zip(commands, replies)
+          |> Enum.find(&match?({_command, {:error, text}} when is_binary(text), &1))
+
+        case refused do
+          nil -> :ok
+          {command, {:error, text}} -> {:refused, Enum.join(Enum.take(command, 2), " "), text}
+        end
+
+      {:error, reason} ->
+        {:error, reason}
+    end
+  end
 
   defp enable(tracking, pids, timeout) do
     # (an empty prefix: every key)
@@ -160,23 +233,10 @@ defmodule Larder.Redis.Tracking do
       end)
 
     ports = Enum.into(results, tracking.ports, fn {pid, port, _error} -> {pid, port} end)
-    refused = for {_pid, _port, error} <- results, error != nil, do: error
 
-    cond do
-      refused == [] ->
-        %{tracking | ports: ports, failing: false}
-
-      tracking.failing ->
-        %{tracking | ports: ports}
-
-      true ->
-        Logger.warning(
-          "Larder.Redis: CLIENT TRACKING refused (#{inspect(hd(refused))}); " <>
-            "trying again every 100 ms"
-        )
-
-        %{tracking | ports: ports, failing: true}
-    end
+    # the refusal of this attempt, if Redis refused (nil: none, or not an answer)
+    refused = Enum.find_value(results, fn {_pid, _port, error} -> error end)
+    %{tracking | ports: ports, refused: refused}
   catch
     :exit, _ -> tracking
   end

@@ -3,7 +3,7 @@ defmodule Larder.Cache.RedisTest do
   use Larder.Test.L2Conformance
 
   alias Larder.Cache
-  alias Larder.Test.RedisServer
+  alias Larder.Test.{RedisCluster, RedisServer, TcpProxy}
 
   import Larder.Test.Eventually
 
@@ -187,6 +187,140 @@ defmodule Larder.Cache.RedisTest do
       assert Cache.stats(a).l2_errors == 1
       RedisServer.resume(server)
     end
+  end
+
+  describe ":timeout bounds a whole call, every round trip of it" do
+    @describetag :capture_log
+
+    # timeout + a scheduling allowance, far below two round trips' worth
+    @timeout 500
+    @allowance 150
+
+    setup ctx do
+      %{cache_opts: [namespace: "#{ctx.module}.#{ctx.test}"]}
+    end
+
+    test "a server answering 480 ms late: no call takes longer than the timeout", ctx do
+      proxy = TcpProxy.start(ctx.server.port)
+      on_exit(fn -> TcpProxy.stop(proxy) end)
+      # two nodes through the proxy: each also hears the other's messages
+      # (and reads the generation after the other's invalidate_all/1)
+      a = start_cache(ctx, :a, proxy.port, timeout: @timeout)
+      b = start_cache(ctx, :b, proxy.port, timeout: @timeout)
+      await_subscribed([a, b])
+      :ok = Cache.put(a, :old, 1)
+      TcpProxy.delay(proxy, 480)
+
+      calls = [
+        fetch_new: fn node, i ->
+          assert {:ok, {:loaded, ^i}} =
+                   Cache.fetch(node, {:new, i}, fn -> {:ok, {:loaded, i}} end)
+        end,
+        get_new: fn node, i -> Cache.get(node, {:absent, i}) end,
+        put: fn node, i -> assert_ok_or_l2_error(Cache.put(node, {:put, i}, i)) end,
+        delete: fn node, i -> assert_ok_or_l2_error(Cache.delete(node, {:put, i})) end,
+        invalidate_all: fn node, _i -> assert_ok_or_l2_error(Cache.invalidate_all(node)) end
+      ]
+
+      for i <- 1..4, node <- [a, b], {name, call} <- calls do
+        elapsed = timed(fn -> call.(node, i) end)
+
+        assert elapsed <= @timeout + @allowance,
+               "#{name} (round #{i}, #{node}) took #{elapsed} ms with timeout: #{@timeout}"
+      end
+    end
+
+    @tag timeout: 180_000
+    test "a cluster with a SIGSTOPped master: no call takes longer than the timeout", ctx do
+      # (no failover while the master is stopped: the calls meet it every time)
+      cluster = Larder.Test.RedisSetup.start(RedisCluster, node_timeout: 60_000)
+      name = :"#{ctx.module}.#{ctx.test}.a"
+      l2 = {Cache.Redis, cluster: RedisCluster.seeds(cluster), timeout: @timeout}
+      start_supervised!({Cache, [name: name, l2: l2] ++ ctx.cache_opts}, id: name)
+      eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end, 250)
+      rt = Larder.Cache.Runtime.get(name)
+
+      # The master of the invalidation channel, stopped: every put's and
+      # delete's publish goes there. The key's own master is held for
+      # 300 ms as each call starts, so that its SET or DEL succeeds late:
+      # the publish gets what is left of the timeout, not a timeout of
+      # its own.
+      stopped = master_of(cluster, rt, Cache.Remote.channel(rt))
+      RedisServer.pause(stopped)
+      on_exit(fn -> RedisServer.resume(stopped) end)
+      master = &master_of(cluster, rt, Cache.Remote.l2_key(rt, &1))
+      live = 1..100 |> Enum.map(&{:key, &1}) |> Enum.reject(&(master.(&1) == stopped))
+      on_stopped = 1..100 |> Enum.map(&{:key, &1}) |> Enum.filter(&(master.(&1) == stopped))
+
+      for key <- Enum.take(live, 4),
+          call <- [
+            fn -> assert_ok_or_l2_error(Cache.put(name, key, 2)) end,
+            fn -> assert_ok_or_l2_error(Cache.delete(name, key)) end,
+            fn -> assert {:ok, 1} = Cache.fetch(name, key, fn -> {:ok, 1} end) end
+          ] do
+        elapsed = held(master.(key), 300, fn -> timed(call) end)
+        assert elapsed <= @timeout + @allowance, "#{inspect(key)}: #{elapsed} ms"
+      end
+
+      for key <- Enum.take(on_stopped, 2),
+          call <- [
+            fn -> assert {:ok, 1} = Cache.fetch(name, key, fn -> {:ok, 1} end) end,
+            fn -> assert_ok_or_l2_error(Cache.put(name, key, 2)) end
+          ] do
+        elapsed = timed(call)
+        assert elapsed <= @timeout + @allowance, "#{inspect(key)}: #{elapsed} ms"
+      end
+
+      generation_master = master_of(cluster, rt, Cache.Remote.generation_key(rt))
+
+      for _ <- 1..3 do
+        invalidate = fn -> timed(fn -> assert_ok_or_l2_error(Cache.invalidate_all(name)) end) end
+
+        elapsed =
+          if generation_master == stopped,
+            do: invalidate.(),
+            else: held(generation_master, 300, invalidate)
+
+        assert elapsed <= @timeout + @allowance, "invalidate_all/1: #{elapsed} ms"
+      end
+    end
+  end
+
+  # Runs fun while `node` is stopped (SIGSTOP) for its first `ms` ms.
+  defp held(node, ms, fun) do
+    RedisServer.pause(node)
+
+    resumer =
+      Task.async(fn ->
+        Process.sleep(ms)
+        RedisServer.resume(node)
+      end)
+
+    try do
+      fun.()
+    after
+      Task.await(resumer)
+      RedisServer.resume(node)
+    end
+  end
+
+  defp timed(fun) do
+    started = System.monotonic_time(:millisecond)
+    fun.()
+    System.monotonic_time(:millisecond) - started
+  end
+
+  defp assert_ok_or_l2_error(:ok), do: :ok
+
+  defp assert_ok_or_l2_error({:error, %Larder.Error{reason: reason}})
+       when reason in [:l2_unavailable, :l2_failed],
+       do: :ok
+
+  # The node of `cluster` that the cache's slot map names for `key`'s slot.
+  defp master_of(cluster, rt, key) do
+    {Cache.Redis, %{table: table}} = rt.l2
+    [{_slot, {_host, port}}] = :ets.lookup(table, Larder.Redis.Cluster.slot(key))
+    Enum.find(cluster.nodes, &(&1.port == port))
   end
 
   defp start_cache(ctx, suffix, port, redis_opts \\ []) do

@@ -92,6 +92,9 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         tracking: opts[:tracking_prefix],
         tsubs: %{},
         tsockets: %{},
+        # masters whose tracking Redis refuses (the cache keeps no L1 and
+        # gets no :connected while any does)
+        untracked: MapSet.new(),
         # masters whose connections ended young: node => {the wait the
         # next young end starts from, when the last one was}
         young: %{}
@@ -99,8 +102,44 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
     state = refresh(state, System.monotonic_time(:millisecond) + max(budget, 1))
+    probe(state)
     Keeper.run(__MODULE__, state)
   end
+
+  # The first keeper of a cache with tracking tries, on every master of
+  # the map, the commands tracking needs: one that refuses them (and
+  # answers) makes the cache's start_link/1 return that error. Later
+  # keepers report it to the running cache instead.
+  defp probe(%{tracking: nil}), do: :ok
+  defp probe(%{map: nil}), do: :ok
+
+  defp probe(state) do
+    if Keeper.first?(state) do
+      state.map
+      |> Cluster.masters()
+      |> Task.async_stream(
+        fn {host, port} = node ->
+          {node, Tracking.probe(host, port, state.auth, state.tracking, state.timeout)}
+        end,
+        timeout: state.timeout + 1_000,
+        on_timeout: :kill_task,
+        max_concurrency: 16
+      )
+      |> Enum.find_value(fn
+        {:ok, {node, {:refused, command, reply}}} -> refusal(state, node, command, reply)
+        _ok_or_unknown -> nil
+      end)
+      |> case do
+        nil -> :ok
+        error -> Keeper.refuse_start(__MODULE__, state, error)
+      end
+    end
+
+    :ok
+  end
+
+  defp refusal(state, {host, port}, command, reply),
+    do: Keeper.tracking_refused("#{host}:#{port}", state.opts[:username], command, reply)
 
   @impl Keeper
   def handle_info(msg, %{tsockets: tsockets} = state) do
@@ -122,6 +161,8 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         tsub_connect(state, node)
 
       :refresh ->
+        # (taken before the refresh: a hint after this one sends again)
+        Keeper.delete(state.table, :refresh_hinted)
         request_refresh(state)
 
       :refresh_now ->
@@ -510,8 +551,16 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
 
   def sub_reply(_reply, _state), do: :unexpected
 
+  # (:connected waits while a master refuses tracking: the cache keeps no
+  # L1 until all track)
   @impl Keeper
-  def subscribed(state), do: state
+  def subscribed(state),
+    do: {state, if(MapSet.size(state.untracked) == 0, do: :up, else: :hold)}
+
+  # The channel's subscription carries no tracking here (each master's
+  # tracking connection does: tsub_reply/3).
+  @impl Keeper
+  def handshake_refused(state, _step, _reply), do: state
 
   # The slot may have moved (an error reply is likely MOVED: the map is
   # stale): the map first (at most once per :reconnect_sleep), then a new
@@ -608,6 +657,17 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
             {:halt, tsub_failed(state, node, {:bad_reply, Keeper.text(id)})}
         end
 
+      {{:error, reply}, %{expect: [step | _]}} when is_binary(reply) ->
+        command =
+          case step do
+            :auth -> "AUTH"
+            :client_id -> "CLIENT ID"
+            _subscribe -> "SUBSCRIBE"
+          end
+
+        state = node_refused(state, node, command, Keeper.text(reply))
+        {:halt, tsub_failed(state, node, {:error_reply, Keeper.text(reply)})}
+
       {{:ok, ["subscribe", channel, _]}, %{expect: [:subscribe]} = tsub} ->
         if channel == Tracking.channel(),
           do: {:cont, tsub_subscribed(state, node, tsub)},
@@ -627,11 +687,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     end
   end
 
+  # Subscribed: the master's clients are redirected to it, and the cache
+  # gets :connected once one of them tracks (and no master refuses).
   defp tsub_subscribed(state, node, tsub) do
     Process.cancel_timer(tsub.timer)
     clients = node_clients(state, node)
-    tracking = Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
-    Keeper.tell(state, :up)
+
+    {tracking, status} =
+      Tracking.enable_all(tsub.tracking, tsub.tracking.id, clients, state.timeout)
 
     tsub = %{
       tsub
@@ -641,7 +704,33 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
         wait: state.opts[:reconnect_sleep]
     }
 
-    put_in(state.tsubs[node], tsub)
+    state = put_in(state.tsubs[node], tsub)
+
+    case status do
+      :on -> node_tracks(state, node)
+      {:refused, reply} -> node_refused(state, node, "CLIENT TRACKING", reply)
+      :off -> state
+    end
+  end
+
+  # A master's tracking is on (again): :connected, unless another master
+  # still refuses it.
+  defp node_tracks(state, node) do
+    untracked = MapSet.delete(state.untracked, node)
+    state = %{state | untracked: untracked}
+    if MapSet.size(untracked) == 0, do: Keeper.tell(state, :up)
+    state
+  end
+
+  # A master refuses tracking: the cache is told (once per master, until
+  # its tracking is on again) and keeps no L1 meanwhile.
+  defp node_refused(state, node, command, reply) do
+    if MapSet.member?(state.untracked, node) do
+      state
+    else
+      Keeper.tell(state, {:tracking_refused, refusal(state, node, command, reply)})
+      %{state | untracked: MapSet.put(state.untracked, node)}
+    end
   end
 
   defp tsub_failed(state, node, reason) do
@@ -668,6 +757,9 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
   end
 
   defp tsub_close(state, node) do
+    # a master gone from the map no longer holds the cache's L1 back
+    state = if MapSet.member?(state.untracked, node), do: node_tracks(state, node), else: state
+
     case Map.pop(state.tsubs, node) do
       {%{socket: socket} = tsub, tsubs} ->
         Subscription.close(tsub)
@@ -687,9 +779,14 @@ defmodule Larder.Cache.Redis.ClusterKeeper do
     Enum.reduce(state.tsubs, state, fn
       {node, %{expect: [], tracking: tracking} = tsub}, state ->
         clients = node_clients(state, node)
-        {tracking, gap?} = Tracking.check(tracking, clients, state.timeout)
-        if gap?, do: Keeper.tell(state, :up)
-        put_in(state.tsubs[node], %{tsub | tracking: tracking})
+        {tracking, event} = Tracking.check(tracking, clients, state.timeout)
+        state = put_in(state.tsubs[node], %{tsub | tracking: tracking})
+
+        case event do
+          :up -> node_tracks(state, node)
+          {:refused, reply} -> node_refused(state, node, "CLIENT TRACKING", reply)
+          nil -> state
+        end
 
       _, state ->
         state

@@ -11,7 +11,8 @@ defmodule Larder.Cache.Redis.Keeper do
   # State: the map init/2 returns, plus the topology's own keys. `clients`
   # maps each command connection's pid to its key in the table (a pool slot
   # on one server, `{host, port, i}` on a cluster). The table holds `{key,
-  # pid | :none}` per connection, `{:keeper, pid}`, and the counters
+  # pid | :none}` per connection, `{:keeper, pid}`, `{:first_keeper, pid}`
+  # (the first keeper of the state: see first?/1), and the counters
   # `{:ended_connections, n}` and (cluster) `{:bad_replies, n}`; every
   # watch (each @watch_ms) writes those rows again, so a keeper that was
   # replaced and is still shutting down beside this one cannot leave its
@@ -28,9 +29,12 @@ defmodule Larder.Cache.Redis.Keeper do
   #
   # The pub/sub connection: the topology opens it (c:sub_connect/1, with
   # Subscription.open/7) and handles the replies of its own handshake and
-  # its messages (c:sub_reply/2); this module handles error replies, AUTH's
-  # OK, anything unexpected during the handshake (a failure) or after it
-  # (ignored), the handshake's end (c:subscribed/1, then :connected), and
+  # its messages (c:sub_reply/2); this module handles error replies (an
+  # error reply to the handshake goes to c:handshake_refused/3 first: with
+  # tracking, Redis refused what it needs), AUTH's OK, anything unexpected
+  # during the handshake (a failure) or after it (ignored), the
+  # handshake's end (c:subscribed/1, then :connected unless it holds it
+  # back: tracking is not on), and
   # every failure: the subscriber gets :disconnected if it was subscribed,
   # the first failure of a run is logged (one line), and a new connection
   # is made after a wait that doubles from :reconnect_sleep up to
@@ -39,7 +43,7 @@ defmodule Larder.Cache.Redis.Keeper do
 
   require Logger
 
-  alias Larder.Redis.{Connection, Subscription}
+  alias Larder.Redis.{Connection, Subscription, Tracking}
   alias Larder.Redis.Socket
 
   @watch_ms 100
@@ -65,8 +69,18 @@ defmodule Larder.Cache.Redis.Keeper do
   @callback sub_reply(reply :: term(), state()) ::
               {:cont, state()} | {:halt, state()} | :unexpected
 
-  @doc "The topology's part of a handshake that is done, before `:connected` is sent."
-  @callback subscribed(state()) :: state()
+  @doc """
+  The topology's part of a handshake that is done: `:up` to send
+  `:connected`, `:hold` to hold it back (with tracking, until tracking is on:
+  the topology sends it then).
+  """
+  @callback subscribed(state()) :: {state(), :up | :hold}
+
+  @doc """
+  Redis answered a step of the pub/sub handshake (`step`, the first of the
+  replies still expected) with the error reply `reply`; the failure follows.
+  """
+  @callback handshake_refused(state(), step :: atom(), reply :: binary()) :: state()
 
   @doc """
   The topology's follow-up of a pub/sub failure (the state has no
@@ -99,6 +113,8 @@ defmodule Larder.Cache.Redis.Keeper do
   @spec init(pid(), map()) :: state()
   def init(parent, %{opts: opts} = l2) do
     Process.flag(:trap_exit, true)
+    # the first keeper of this state says so (see first?/1)
+    unless_gone(fn -> :ets.insert_new(l2.table, {:first_keeper, self()}) end, false)
 
     %{
       parent: parent,
@@ -115,6 +131,28 @@ defmodule Larder.Cache.Redis.Keeper do
       end_log: %{at: nil, quiet: 0}
     }
   end
+
+  @doc """
+  Refuses to start: closes what the keeper opened (`mod`'s sockets, the
+  command connections, the subscription), answers the parent `{:error,
+  error}` and ends the keeper (`:normal`). Does not return.
+  """
+  @spec refuse_start(module(), state(), Larder.Error.t()) :: no_return()
+  def refuse_start(mod, state, error) do
+    mod.shutdown(state)
+    for pid <- Map.keys(state.clients), do: stop_client(pid)
+    if state.sub, do: Subscription.close(state.sub)
+    :proc_lib.init_ack({:error, error})
+    exit(:normal)
+  end
+
+  @doc """
+  Whether this keeper is the first of its L2 state (not one the cache
+  restarted): only the first refuses to start (`refuse_start/3`); the
+  others report what they find to the running cache.
+  """
+  @spec first?(state()) :: boolean()
+  def first?(%{table: table}), do: :ets.lookup(table, :first_keeper) == [{:first_keeper, self()}]
 
   @doc """
   Tells the parent the keeper is ready (`:proc_lib.init_ack/1`), opens the
@@ -322,10 +360,12 @@ defmodule Larder.Cache.Redis.Keeper do
   @spec delete(:ets.tid(), term()) :: true
   def delete(table, key), do: unless_gone(fn -> :ets.delete(table, key) end, true)
 
-  @doc "Deletes every row of the table but the counters."
+  @doc "Deletes every row of the table but the counters (and which keeper was the first)."
   @spec delete_all_but_counters(:ets.tid()) :: non_neg_integer()
   def delete_all_but_counters(table) do
-    counter? = {:orelse, {:==, :"$1", :bad_replies}, {:==, :"$1", :ended_connections}}
+    counter? =
+      {:orelse, {:orelse, {:==, :"$1", :bad_replies}, {:==, :"$1", :ended_connections}},
+       {:==, :"$1", :first_keeper}}
 
     unless_gone(
       fn -> :ets.select_delete(table, [{{:"$1", :_}, [{:not, counter?}], [true]}]) end,
@@ -363,6 +403,11 @@ defmodule Larder.Cache.Redis.Keeper do
       {:error, reason} ->
         sub_failed(state, reason, mod)
     end
+  end
+
+  defp sub_reply({:error, message}, %{sub: %{expect: [step | _]}} = state, mod) do
+    state = mod.handshake_refused(state, step, text(message))
+    {:halt, sub_failed(state, {:error_reply, text(message)}, mod)}
   end
 
   defp sub_reply({:error, message}, state, mod),
@@ -403,8 +448,8 @@ defmodule Larder.Cache.Redis.Keeper do
 
   def handshake_step(%{sub: sub} = state, [], mod) do
     Process.cancel_timer(sub.timer)
-    state = mod.subscribed(state)
-    tell(state, :up)
+    {state, up} = mod.subscribed(state)
+    if up == :up, do: tell(state, :up)
     if state.sub_failing, do: Logger.info("Larder.Cache.Redis: pub/sub subscribed again")
     sub = %{state.sub | expect: [], timer: nil}
     %{state | sub: sub, sub_wait: state.opts[:reconnect_sleep], sub_failing: false}
@@ -444,6 +489,40 @@ defmodule Larder.Cache.Redis.Keeper do
   @doc "The longest wait between two pub/sub connection attempts."
   @spec max_wait(state()) :: pos_integer()
   def max_wait(state), do: max(@sub_max_wait_ms, state.opts[:reconnect_sleep])
+
+  @doc """
+  The error of a server that refused tracking (`invalidation: :tracking`):
+  it names the server, the user (`"default"` without `:username`), the
+  command and Redis's reply, what to grant, and the other way out.
+  """
+  @spec tracking_refused(binary(), binary() | nil, binary(), binary()) :: Larder.Error.t()
+  def tracking_refused(server, username, command, reply) do
+    user = username || "default"
+    reply = text(reply)
+    channel = Tracking.channel()
+    details = [server: server, user: user, command: command, reply: reply]
+
+    if command == "AUTH" do
+      Larder.Error.new(
+        :l2_failed,
+        "Redis at #{server} refused AUTH to user #{inspect(user)} (#{reply}): " <>
+          "invalidation: :tracking cannot learn of other programs' writes; " <>
+          "check :username and :password",
+        details
+      )
+    else
+      needs = "+client|id +client|tracking &#{channel}"
+
+      Larder.Error.new(
+        :l2_failed,
+        "Redis at #{server} refused #{command} to user #{inspect(user)} (#{reply}). " <>
+          "invalidation: :tracking needs the commands CLIENT ID and CLIENT TRACKING and " <>
+          "the channel #{channel}: grant them with `ACL SETUSER #{user} #{needs}`, " <>
+          "or use invalidation: :pubsub",
+        details ++ [needs: needs]
+      )
+    end
+  end
 
   @doc "A reply or reason, bounded for a log line or an error's details."
   @spec text(term()) :: binary()

@@ -12,7 +12,10 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   # The table: `{slot, pid | :none}` per pool slot (0 to :pool_size - 1,
   # filled with :none by Larder.Cache.Redis.init/3), `{:keeper, pid}`, and
   # with Sentinel `{:sentinel, pid}` (the keeper, which callers hint with
-  # :check_master when a command gets READONLY or loses its connection).
+  # :check_master when a command gets READONLY or loses its connection)
+  # and `{:check_hinted, true}` while such a hint is on its way (callers
+  # send one only when they insert that row; the keeper deletes it as it
+  # takes the hint).
   #
   # Sentinel: the keeper finds the master at start, holds a subscription to
   # +switch-master and the failover events on every sentinel (connected
@@ -51,6 +54,8 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   def init(parent, %{opts: opts} = l2) do
     state = Keeper.init(parent, l2)
     Keeper.put(state.table, {:keeper, self()})
+    # (a hint the keeper before this one did not take)
+    Keeper.delete(state.table, :check_hinted)
 
     state =
       Map.merge(state, %{
@@ -64,11 +69,14 @@ defmodule Larder.Cache.Redis.ServerKeeper do
         # {ref, timer} while parked: a replica is being promoted, the old
         # master gets nothing (see park/1)
         parked: nil,
-        tracking: Tracking.new(opts[:tracking_prefix])
+        tracking: Tracking.new(opts[:tracking_prefix]),
+        # true once the cache was told tracking is refused, until it is on
+        untracked: false
       })
 
     # with Sentinel, the master first (the clients are started below)
     state = if state.sentinel, do: watch_sentinels(find_master(state)), else: state
+    probe(state)
 
     # a client connects in start_link (bounded by :timeout each), so the
     # first calls find a connected client when Redis is up.
@@ -83,7 +91,7 @@ defmodule Larder.Cache.Redis.ServerKeeper do
       {:tcp_closed, w} when is_map_key(watchers, w) -> sentinel_lost(state, w)
       {:tcp_error, w, _reason} when is_map_key(watchers, w) -> sentinel_lost(state, w)
       {:watch_sentinel, addr} -> watch_sentinel(state, addr)
-      :check_master -> request_check(state)
+      :check_master -> hinted(state, :check_hinted, &request_check/1)
       :find_master -> find_master(%{state | check: nil})
       {:unpark, ref} -> if match?({^ref, _}, state.parked), do: unpark(state), else: state
       _other -> state
@@ -181,13 +189,87 @@ defmodule Larder.Cache.Redis.ServerKeeper do
 
   # Subscribed: with tracking, every data connection is redirected to this
   # connection's (new) id first, so that the cache, which clears L1 on
-  # :connected, keeps nothing a write could have changed unreported.
+  # :connected, keeps nothing a write could have changed unreported; and
+  # the cache gets :connected only once one of them tracks (with BCAST one
+  # reports every write): if none does, because Redis refuses, it is told
+  # so, and keeps no L1 until check_tracking/1 finds one that tracks.
   @impl Keeper
-  def subscribed(%{tracking: nil} = state), do: state
+  def subscribed(%{tracking: nil} = state), do: {state, :up}
 
   def subscribed(%{tracking: tracking} = state) do
-    tracking = Tracking.enable_all(tracking, tracking.id, state.clients, state.opts[:timeout])
-    %{state | tracking: tracking}
+    {tracking, status} =
+      Tracking.enable_all(tracking, tracking.id, state.clients, state.opts[:timeout])
+
+    state = %{state | tracking: tracking}
+
+    case status do
+      :on -> {%{state | untracked: false}, :up}
+      {:refused, reply} -> {refused(state, "CLIENT TRACKING", reply), :hold}
+      :off -> {state, :hold}
+    end
+  end
+
+  # An error reply to the pub/sub handshake: with tracking, Redis refuses
+  # what it needs (CLIENT ID, the tracking channel, or AUTH itself).
+  @impl Keeper
+  def handshake_refused(%{tracking: nil} = state, _step, _reply), do: state
+
+  def handshake_refused(state, step, reply) do
+    command =
+      case step do
+        :auth -> "AUTH"
+        :client_id -> "CLIENT ID"
+        _subscribe -> "SUBSCRIBE"
+      end
+
+    refused(state, command, reply)
+  end
+
+  # The cache is told once (until tracking is on again) that Redis refuses
+  # tracking: it keeps no L1 meanwhile.
+  defp refused(%{untracked: true} = state, _command, _reply), do: state
+
+  defp refused(state, command, reply) do
+    Keeper.tell(state, {:tracking_refused, refusal(state, command, reply)})
+    %{state | untracked: true}
+  end
+
+  defp refusal(state, command, reply),
+    do:
+      Keeper.tracking_refused(
+        "#{state.host}:#{state.port}",
+        state.opts[:username],
+        command,
+        reply
+      )
+
+  # The first keeper of a cache with tracking tries the commands tracking
+  # needs before it starts anything: a server that refuses them (and
+  # answers) makes the cache's start_link/1 return that error. Later
+  # keepers report it to the running cache instead.
+  defp probe(%{tracking: nil}), do: :ok
+  defp probe(%{host: nil}), do: :ok
+
+  defp probe(state) do
+    if Keeper.first?(state) do
+      auth = Socket.handshake(Keyword.take(state.opts, [:username, :password]))
+
+      case Tracking.probe(
+             state.host,
+             state.port,
+             auth,
+             state.tracking.prefix,
+             state.opts[:timeout]
+           ) do
+        {:refused, command, reply} ->
+          Keeper.refuse_start(__MODULE__, state, refusal(state, command, reply))
+
+        _ok_or_unknown ->
+          :ok
+      end
+    end
+
+    :ok
   end
 
   # (the master may have moved: Sentinel is asked)
@@ -198,14 +280,34 @@ defmodule Larder.Cache.Redis.ServerKeeper do
   end
 
   # A data connection that replaced one that failed gets its tracking
-  # back; if none kept it meanwhile, the cache re-reads as on a resubscribe.
+  # back; if none kept it meanwhile (or Redis refused it), the cache
+  # re-reads as on a resubscribe once one has it. If none has it because
+  # Redis refuses it, the cache is told so.
   defp check_tracking(%{tracking: tracking, sub: %{expect: []}} = state) when tracking != nil do
-    {tracking, gap?} = Tracking.check(tracking, state.clients, state.opts[:timeout])
-    if gap?, do: Keeper.tell(state, :up)
-    %{state | tracking: tracking}
+    {tracking, event} = Tracking.check(tracking, state.clients, state.opts[:timeout])
+    state = %{state | tracking: tracking}
+
+    case event do
+      :up ->
+        Keeper.tell(state, :up)
+        %{state | untracked: false}
+
+      {:refused, reply} ->
+        refused(state, "CLIENT TRACKING", reply)
+
+      nil ->
+        state
+    end
   end
 
   defp check_tracking(state), do: state
+
+  # A caller's hint (one on its way at a time: see Larder.Cache.Redis), taken
+  # before it is acted on, so that a hint sent after this one is sent again.
+  defp hinted(state, row, fun) do
+    Keeper.delete(state.table, row)
+    fun.(state)
+  end
 
   ## Sentinel
 

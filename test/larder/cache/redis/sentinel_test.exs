@@ -200,6 +200,50 @@ defmodule Larder.Cache.RedisSentinelTest do
     end
   end
 
+  test "no master (a sentinel that never answers), writers in tight loops: the keeper's " <>
+         "mailbox stays bounded",
+       ctx do
+    # Every failed call hints the keeper to ask the sentinels again, and
+    # the keeper is held up meanwhile asking one that does not answer
+    # (:timeout each time): one hint on its way at a time, whatever the
+    # number of callers.
+    garbage = Larder.Test.GarbageServer.start(:silent)
+    on_exit(fn -> Larder.Test.GarbageServer.stop(garbage) end)
+    name = :"#{ctx.module}.#{ctx.test}"
+    sentinel = [sentinels: [{"127.0.0.1", garbage.port}], master: "m"]
+    l2 = {Cache.Redis, timeout: 300, reconnect_sleep: 10, sentinel: sentinel}
+    start_supervised!({Cache, name: name, l2: l2})
+    keeper = keeper(name)
+    stop = System.monotonic_time(:millisecond) + 2_000
+
+    writers =
+      for w <- 1..25 do
+        Task.async(fn -> put_until(name, {:w, w, 0}, stop) end)
+      end
+
+    peak = peak_queue(keeper, stop, 0)
+    Enum.each(writers, &Task.await(&1, 30_000))
+    assert peak <= 100, "the keeper held #{peak} messages"
+    assert keeper(name) == keeper
+  end
+
+  defp put_until(name, {:w, w, n}, stop) do
+    if System.monotonic_time(:millisecond) < stop do
+      {:error, %Larder.Error{}} = Cache.put(name, {:w, w, rem(n, 10)}, n)
+      put_until(name, {:w, w, n + 1}, stop)
+    end
+  end
+
+  defp peak_queue(pid, stop, peak) do
+    if System.monotonic_time(:millisecond) < stop do
+      {:message_queue_len, queue} = Process.info(pid, :message_queue_len)
+      Process.sleep(10)
+      peak_queue(pid, stop, max(peak, queue))
+    else
+      peak
+    end
+  end
+
   defp keeper(name) do
     {Cache.Redis, %{table: table}} = Larder.Cache.Runtime.get(name).l2
     [{:keeper, pid}] = :ets.lookup(table, :keeper)

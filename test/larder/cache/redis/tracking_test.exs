@@ -273,6 +273,177 @@ defmodule Larder.Cache.RedisTrackingTest do
     end
   end
 
+  describe "a Redis user that may not use tracking" do
+    # A user with every permission tracking needs, to take some away from
+    # mid-run, and the cache's options for it.
+    setup ctx do
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER app on >pw ~* &* +@all))
+
+      :ok
+    end
+
+    for {what, acl, needs} <- [
+          {"CLIENT at all", ~w(-client), "+client|tracking"},
+          {"CLIENT TRACKING", ~w(-client|tracking), "+client|tracking"},
+          {"the channel __redis__:invalidate", ~w(resetchannels &Elixir.*),
+           "&__redis__:invalidate"}
+        ] do
+      test "start_link/1 refuses to start without #{what}, naming the server, user and permission",
+           ctx do
+        "+OK\r\n" =
+          RedisServer.command(
+            ctx.server,
+            ~w(ACL SETUSER limited on >pw ~* &* +@all) ++ unquote(acl)
+          )
+
+        name = :"#{ctx.prefix}.limited"
+        parent = self()
+
+        # from a plain process that does not trap exits
+        {pid, ref} =
+          spawn_monitor(fn ->
+            send(parent, {:started, Cache.start_link(tracking_opts(ctx, name, "limited"))})
+          end)
+
+        assert_receive {:started, {:error, %Larder.Error{} = error}}, 10_000
+        assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
+        message = Exception.message(error)
+        assert message =~ "127.0.0.1:#{ctx.server.port}"
+        assert message =~ ~s(user "limited")
+        assert message =~ unquote(needs)
+        assert message =~ "invalidation: :pubsub"
+        assert Process.whereis(name) == nil
+      end
+    end
+
+    test "tracking refused mid-run (ACL changed, connections renewed): no old value, " <>
+           "L1 back once it is allowed again",
+         ctx do
+      name = :"#{ctx.prefix}.app"
+      start_supervised!({Cache, tracking_opts(ctx, name, "app")}, id: name)
+      await(fn -> Cache.stats(name).l2_errors == 0 end)
+      await_tracking(ctx, 2)
+      errors = Cache.stats(name).l2_errors
+
+      # The user loses CLIENT TRACKING, and every connection of the cache
+      # is renewed (a restart of the server, a failover, a network blip):
+      # the new ones cannot track.
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER app -client|tracking))
+      RedisServer.command(ctx.server, ~w(CLIENT KILL USER app))
+      assert_no_old_value(ctx, name, errors)
+
+      # allowed again: the data connections track again, and L1 is used
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER app +client|tracking))
+      await(fn -> l1_used?(name, {:again, System.unique_integer()}) end)
+      share_one(ctx, name, "again")
+    end
+
+    test "CLIENT refused mid-run (the subscription cannot start): no old value", ctx do
+      name = :"#{ctx.prefix}.app"
+      start_supervised!({Cache, tracking_opts(ctx, name, "app")}, id: name)
+      await(fn -> Cache.stats(name).l2_errors == 0 end)
+      await_tracking(ctx, 2)
+      errors = Cache.stats(name).l2_errors
+
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER app -client))
+      RedisServer.command(ctx.server, ~w(CLIENT KILL USER app))
+      assert_no_old_value(ctx, name, errors)
+    end
+
+    @tag timeout: 180_000
+    test "a cluster master that refuses tracking mid-run: no old value, from any master", ctx do
+      cluster = Larder.Test.RedisSetup.start(Larder.Test.RedisCluster)
+      name = :"#{ctx.prefix}.cluster"
+      l2 = {Cache.Redis, cluster: Larder.Test.RedisCluster.seeds(cluster), timeout: 500}
+      opts = [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking]
+      start_supervised!({Cache, opts}, id: name)
+      await(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+      errors = Cache.stats(name).l2_errors
+
+      # ACLs are each node's own: one master's default user loses CLIENT
+      # TRACKING, and its connections are renewed
+      [master | _] = Larder.Test.RedisCluster.masters(cluster)
+      "+OK\r\n" = RedisServer.command(master, ~w(ACL SETUSER default -client|tracking))
+      RedisServer.command(master, ~w(CLIENT KILL TYPE normal))
+      RedisServer.command(master, ~w(CLIENT KILL TYPE pubsub))
+      set = &cluster_set(cluster, name, &1, &2)
+
+      # a key loaded now, then written by another program: the new value
+      # is served (at once, once the cache has found tracking refused)
+      {:ok, _} = Cache.fetch(name, "k", fn -> {:ok, :old} end)
+      set.("k", :new)
+      await(fn -> Cache.get(name, "k") == :new end)
+      await(fn -> Cache.stats(name).l2_errors > errors end)
+
+      # keys on every master
+      for i <- 1..12 do
+        key = "k#{i}"
+        {:ok, :old} = Cache.fetch(name, key, fn -> {:ok, :old} end)
+        set.(key, :new)
+        for _ <- 1..5, do: assert(Cache.get(name, key) == :new)
+      end
+
+      assert Store.entries(config(name)) == 0
+    end
+  end
+
+  # Tracking was just refused (the connections are being renewed): a key
+  # loaded now, then written by another program, is served new (at once,
+  # once the cache has found the refusal, which it counts as an L2 error);
+  # from then on L1 holds nothing, and every read after a foreign SET, 50
+  # over a second, returns the new value.
+  defp assert_no_old_value(ctx, name, errors) do
+    {:ok, _} = Cache.fetch(name, "k", fn -> {:ok, :old} end)
+    foreign_set(ctx, name, "k", :new)
+    await(fn -> Cache.get(name, "k") == :new end)
+    await(fn -> Cache.stats(name).l2_errors > errors end)
+
+    assert {:ok, :old} = Cache.fetch(name, "k2", fn -> {:ok, :old} end)
+    assert Cache.get(name, "k2") == :old
+    assert Store.entries(config(name)) == 0
+    foreign_set(ctx, name, "k2", :new)
+
+    for _ <- 1..50 do
+      assert Cache.get(name, "k2") == :new
+      Process.sleep(20)
+    end
+
+    assert Store.entries(config(name)) == 0
+  end
+
+  # A value read twice is served from L1 (it is in the L1 table).
+  defp l1_used?(name, key) do
+    {:ok, 1} = Cache.fetch(name, key, fn -> {:ok, 1} end)
+    match?([_], :ets.lookup(config(name).data, key))
+  end
+
+  # L1 holds a key (read again once the report of the load's own L2 write
+  # has dropped it); a foreign write drops it.
+  defp share_one(ctx, name, key) do
+    {:ok, :old} = Cache.fetch(name, key, fn -> {:ok, :old} end)
+
+    await(fn ->
+      Cache.get(name, key) == :old and match?([_], :ets.lookup(config(name).data, key))
+    end)
+
+    foreign_set(ctx, name, key, :new)
+    await(fn -> Cache.get(name, key) == :new end)
+  end
+
+  defp tracking_opts(ctx, name, user) do
+    l2 = {Cache.Redis, port: ctx.server.port, timeout: 500, username: user, password: "pw"}
+    [name: name, l2: l2, namespace: ctx.prefix, invalidation: :tracking]
+  end
+
+  # A SET by another program, on the master of the key's slot.
+  defp cluster_set(cluster, name, key, value) do
+    l2_key = Remote.l2_key(config(name), key)
+    {Cache.Redis, %{table: table}} = config(name).l2
+    [{_slot, {_host, port}}] = :ets.lookup(table, Larder.Redis.Cluster.slot(l2_key))
+    node = Enum.find(cluster.nodes, &(&1.port == port))
+    "+OK\r\n" = RedisServer.command(node, ["SET", l2_key, :erlang.term_to_binary(value)])
+  end
+
   ## Helpers
 
   defp start_nodes(ctx, suffixes, cache_opts \\ []) do
