@@ -9,4 +9,4 @@
 # beside it): a message may take longer than ExUnit's default 100 ms to
 # arrive, and the PropEr properties longer than 60 s to run. These are
 # bounds on waiting, not on speed: no test asserts how fast anything is.
-ExUnit.start(assert_receive_timeout: 5_000, timeout: 300_000)
+ExUnit.start(assert_receive_timeout: 5_000, timeout: 300_000, capture_log: true)

@@ -107,11 +107,9 @@ defmodule Larder.Redis.Options do
   @url_keys [:host, :port, :username, :password, :database]
 
   # :url, taken apart into the keys it stands for.
-  defp url!(opts, what) when is_list(opts) do
-    case List.keytake(opts, :url, 0) do
-      nil ->
-        opts
-
+  # (anything but a keyword list is refused by Larder.Options, naming it)
+  defp url!(opts, what) do
+    case Keyword.keyword?(opts) && List.keytake(opts, :url, 0) do
       {{:url, url}, rest} ->
         for key <- @url_keys ++ [:sentinel, :cluster], Keyword.has_key?(rest, key) do
           raise ArgumentError,
@@ -120,10 +118,11 @@ defmodule Larder.Redis.Options do
         end
 
         parse_url(url, what) ++ rest
+
+      _ ->
+        opts
     end
   end
-
-  defp url!(opts, _what), do: opts
 
   defp parse_url(url, what) do
     uri = if is_binary(url), do: URI.parse(url), else: %URI{}

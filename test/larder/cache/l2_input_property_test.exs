@@ -261,7 +261,7 @@ defmodule Larder.Cache.L2InputPropertyTest do
     states = [state, state, state, :not_a_state, %{}, %{state | table: :x}]
 
     property =
-      :proper.forall(
+      PropEr.forall(
         {:proper_types.range(0, 6), :proper_types.oneof(states), term_gen(), term_gen(),
          term_gen(), term_gen()},
         fn {fun, st, a, b, c, d} ->
