@@ -442,8 +442,14 @@ defmodule Larder.Cache do
 
   require Larder.Instance
 
-  @typedoc "A cache, by the `:name` given to `start_link/1`."
-  @type cache :: atom()
+  @typedoc """
+  A cache's handle, from `handle/1`: the name resolved once, for a caller
+  to keep (see `handle/1`).
+  """
+  @opaque handle :: Runtime.t()
+
+  @typedoc "A cache: the `:name` given to `start_link/1`, or its `handle/1`."
+  @type cache :: atom() | handle()
   @type key :: term()
   @type value :: term()
   @type loader :: (() -> {:ok, value()} | {:error, term()})
@@ -544,6 +550,33 @@ defmodule Larder.Cache do
   end
 
   @doc """
+  The cache's handle: what `fetch/3` and `get/3` otherwise look up by
+  the cache's name on every call, resolved once. A call given the handle
+  skips that look-up (a `:persistent_term` read and a match), which is
+  part of an L1 hit's cost (`mix run bench/cache_bench.exs --only hits`
+  measures a hit by handle and by name against a raw ETS lookup). Every
+  function that takes the cache's name takes its handle.
+
+  A handle stays usable when its cache is restarted (by its supervisor,
+  with new tables): a read given a handle whose cache has stopped looks the
+  name up again and reads the running cache, so a handle costs a restart
+  one look-up per call until the caller takes a new one, never an error
+  while a cache of that name runs. Raises `ArgumentError` for a name that
+  runs no cache.
+
+      iex> {:ok, _} = Larder.Cache.start_link(name: :doc_handle)
+      iex> cache = Larder.Cache.handle(:doc_handle)
+      iex> Larder.Cache.fetch(cache, :k, fn -> {:ok, 1} end)
+      {:ok, 1}
+      iex> Larder.Cache.get(cache, :k)
+      1
+      iex> Larder.Cache.drop(:doc_handle)
+      :ok
+  """
+  @spec handle(cache()) :: handle()
+  def handle(cache), do: config!(cache)
+
+  @doc """
   Reads `key` through L1, L2 and `loader`.
 
   `loader` is called at most once for all the concurrent misses on `key` in
@@ -598,7 +631,7 @@ defmodule Larder.Cache do
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do
-    Writes.put(config!(cache), key, value, opts)
+    Writes.put(current!(cache), key, value, opts)
   rescue
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
@@ -611,7 +644,7 @@ defmodule Larder.Cache do
   """
   @spec delete(cache(), key()) :: :ok | {:error, Larder.Error.t()}
   def delete(cache, key) do
-    Writes.delete(config!(cache), key)
+    Writes.delete(current!(cache), key)
   rescue
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
@@ -633,7 +666,7 @@ defmodule Larder.Cache do
   moves), so the next reads load what Redis holds.
   """
   @spec invalidate_all(cache()) :: :ok | {:error, Larder.Error.t()}
-  def invalidate_all(cache), do: Writes.invalidate_all(config!(cache))
+  def invalidate_all(cache), do: Writes.invalidate_all(current!(cache))
 
   @doc """
   Counters since start: `:l1_hits`, `:l1_misses`, `:l2_hits`, `:l2_misses`,
@@ -646,7 +679,7 @@ defmodule Larder.Cache do
   """
   @spec stats(cache()) :: %{atom() => non_neg_integer()}
   def stats(cache) do
-    Stats.snapshot(config!(cache))
+    Stats.snapshot(current!(cache))
   rescue
     e in ArgumentError -> reraise_unknown(cache, e, __STACKTRACE__)
   end
@@ -681,16 +714,27 @@ defmodule Larder.Cache do
   end
 
   def drop(cache) when is_pid(cache), do: CacheSupervisor.drop(cache)
+  def drop(%Runtime{name: name}), do: drop(name)
   def drop(other), do: Instance.invalid!(__MODULE__, other)
 
   ## Internals
 
   @compile {:inline, config!: 1}
   defp config!(cache) when Instance.name?(cache), do: Instance.resolve(__MODULE__, cache)
+  defp config!(%Runtime{} = rt), do: rt
   defp config!(other), do: Instance.invalid!(__MODULE__, other)
+
+  # The running cache: a handle's own only for reads (see handle/1);
+  # writes, stats and invalidate_all/1 look its name up, so a handle of a
+  # restarted cache reaches the running one.
+  defp current!(%Runtime{name: name}), do: config!(name)
+  defp current!(cache), do: config!(cache)
 
   # A cache whose owner died leaves its config behind but not its tables;
   # one that stopped (or was dropped) during the call leaves neither.
+  defp reraise_unknown(%Runtime{name: name}, e, stacktrace),
+    do: reraise_unknown(name, e, stacktrace)
+
   defp reraise_unknown(cache, %ArgumentError{} = e, stacktrace) do
     if Instance.name?(cache) and gone?(Instance.lookup(__MODULE__, cache)),
       do: Instance.unknown!(__MODULE__, cache),

@@ -227,6 +227,64 @@ defmodule Larder.CacheTest do
     end
   end
 
+  describe "handle/1" do
+    test "every call takes the handle as it takes the name", ctx do
+      name = start_cache(ctx, l2: {MemoryL2, server: start_l2(ctx)})
+      cache = Cache.handle(name)
+
+      assert Cache.fetch(cache, :k, fn -> {:ok, 1} end) == {:ok, 1}
+      assert Cache.get(cache, :k) == 1
+      assert Cache.fetch!(cache, :k, fn -> {:error, :not_called} end) == 1
+      assert :ok = Cache.put(cache, :k, 2)
+      assert Cache.get(name, :k) == 2
+      assert :ok = Cache.delete(cache, :k)
+      assert Cache.get(cache, :k, :none) == :none
+      assert :ok = Cache.invalidate_all(cache)
+      assert %{l1_hits: hits} = Cache.stats(cache)
+      assert hits >= 2
+      assert Cache.handle(cache) == cache
+    end
+
+    test "a handle kept across a restart of its cache reads and writes the running one", ctx do
+      name = start_cache(ctx)
+      old = Cache.handle(name)
+      :ok = Cache.put(old, :k, :before)
+
+      :ok = stop_supervised(name)
+      start_supervised!({Cache, name: name}, id: {name, 2})
+      refute Cache.handle(name) == old
+
+      assert Cache.get(old, :k, :none) == :none
+      assert :ok = Cache.put(old, :k, :after)
+      assert Cache.get(name, :k) == :after
+      assert Cache.fetch(old, :k, fn -> {:error, :not_called} end) == {:ok, :after}
+      assert Cache.stats(old).l1_hits >= 1
+    end
+
+    test "a handle of a cache that is gone, a name that runs none, a bad term", ctx do
+      name = start_cache(ctx)
+      cache = Cache.handle(name)
+      :ok = Cache.drop(cache)
+
+      for call <- [
+            fn -> Cache.fetch(cache, :k, fn -> {:ok, 1} end) end,
+            fn -> Cache.get(cache, :k) end,
+            fn -> Cache.put(cache, :k, 1) end,
+            fn -> Cache.stats(cache) end
+          ] do
+        assert_raise ArgumentError, ~r/unknown Larder.Cache/, call
+      end
+
+      assert :ok = Cache.drop(cache)
+
+      assert_raise ArgumentError, ~r/unknown Larder.Cache :never_started/, fn ->
+        Cache.handle(:never_started)
+      end
+
+      assert_raise ArgumentError, ~r/Larder.Cache/, fn -> Cache.handle("cache") end
+    end
+  end
+
   describe "drop/1" do
     defp tree_pids(name) do
       owner = Process.whereis(name)

@@ -57,7 +57,7 @@ defmodule Larder.Cache.Loader do
         fetch(rt, key, fun)
     end
   rescue
-    e in ArgumentError -> reraise_unknown(rt, e, __STACKTRACE__)
+    e in ArgumentError -> stopped(rt, e, __STACKTRACE__, key, fun)
   end
 
   def read(rt, key, fun) do
@@ -68,13 +68,23 @@ defmodule Larder.Cache.Loader do
       {result, outcome(meta, source, result)}
     end)
   rescue
-    e in ArgumentError -> reraise_unknown(rt, e, __STACKTRACE__)
+    e in ArgumentError -> stopped(rt, e, __STACKTRACE__, key, fun)
   end
 
-  defp reraise_unknown(rt, e, stacktrace) do
-    if Runtime.stopped?(rt),
-      do: Instance.unknown!(Larder.Cache, rt.name),
-      else: reraise(e, stacktrace)
+  # A read whose cache stopped meanwhile: given a handle a caller kept
+  # (Larder.Cache.handle/1), the cache of that name may run again, with new
+  # tables: the read goes to it. Otherwise the unknown-cache error.
+  defp stopped(rt, e, stacktrace, key, fun) do
+    cond do
+      not Runtime.stopped?(rt) ->
+        reraise(e, stacktrace)
+
+      (current = Runtime.get(rt.name)) && current != rt && not Runtime.stopped?(current) ->
+        read(current, key, fun)
+
+      true ->
+        Instance.unknown!(Larder.Cache, rt.name)
+    end
   end
 
   defp outcome(meta, :error, {:error, error}),
