@@ -375,6 +375,7 @@ defmodule Larder.Replica do
 
   alias Larder.Instance
   alias Larder.Replica.Latest
+  alias Larder.Replica.Handle
   alias Larder.Replica.Server
   alias Larder.Replica.Target
 
@@ -439,13 +440,13 @@ defmodule Larder.Replica do
   """
   @spec drop(replica()) :: :ok
   def drop(replica) when is_pid(replica) do
-    if Instance.holds?(__MODULE__, replica), do: Server.drop(replica), else: :ok
+    if Instance.holds?(__MODULE__, replica), do: Handle.drop(replica), else: :ok
   end
 
   def drop(replica) when Instance.name?(replica) do
     case Instance.whereis(__MODULE__, replica) do
       nil -> :ok
-      pid -> Server.drop(pid)
+      pid -> Handle.drop(pid)
     end
   end
 
@@ -544,7 +545,7 @@ defmodule Larder.Replica do
       case position do
         :latest ->
           with {:ok, latest} <- Latest.fetch(handle, deadline) do
-            case Server.position(handle) do
+            case Handle.position(handle) do
               # An end that has not reached what the replica applied: the
               # log went backwards, and only a rebuild (the next epoch) can
               # reach it.
@@ -576,7 +577,7 @@ defmodule Larder.Replica do
           do: :infinity,
           else: max(0, deadline - System.monotonic_time(:millisecond))
 
-      Server.await(handle, target, epoch, left)
+      Handle.await(handle, target, epoch, left)
     end
   end
 
@@ -598,15 +599,15 @@ defmodule Larder.Replica do
     end
   end
 
-  # What the replica publishes for callers (see Larder.Replica.Server).
+  # What the replica publishes for callers (see Larder.Replica.Handle).
   defp handle!(replica) do
     if is_pid(replica) or Instance.name?(replica),
-      do: Server.handle(replica) || unknown!(replica),
+      do: Handle.lookup(replica) || unknown!(replica),
       else: Instance.invalid!(__MODULE__, replica)
   end
 
   defp position!(replica, handle \\ nil),
-    do: Server.position(handle || handle!(replica)) || unknown!(replica)
+    do: Handle.position(handle || handle!(replica)) || unknown!(replica)
 
   defp unknown!(replica), do: Instance.unknown!(__MODULE__, replica)
 
@@ -632,7 +633,7 @@ defmodule Larder.Replica do
         @what
       )
 
-    Target.validate!(opts[:into])
+    Target.new!(opts[:into])
     check_snapshot!(opts[:snapshot])
     {source, source_opts} = opts[:source]
     Keyword.put(opts, :source, {source, source.validate!(source_opts)})

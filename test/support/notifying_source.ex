@@ -16,6 +16,7 @@ defmodule Larder.Test.NotifyingSource do
   #   {:armed, pid}              a notice owed to pid
   #   {:reads, n}, {:last_read, pid, block_ms}
   #   {:hold_connect}            connect/1 waits while it is there
+  #   {{:connected, pid}}        pid called connect/1
 
   @doc "A new empty log of `partitions` partitions; returns its table."
   def new(partitions) do
@@ -64,9 +65,13 @@ defmodule Larder.Test.NotifyingSource do
 
   def release_connect(table), do: :ets.delete(table, :hold_connect)
 
+  @doc "The processes that called connect/1."
+  def connected(table), do: for([pid] <- :ets.match(table, {{:connected, :"$1"}}), do: pid)
+
   @impl true
   def connect(opts) do
     held(opts[:table], 3_000)
+    :ets.insert(opts[:table], {{:connected, self()}})
     Log.connect(opts)
   end
 
