@@ -16,7 +16,7 @@ defmodule Larder.Replica.SnapshotSchedule do
   #
   #   * :concurrent, a process of its own dumps the structure while the
   #     replica goes on applying. For a Table, its writer took a
-  #     consistent cut in constant time (Larder.Table.Dump), none of the
+  #     consistent cut in constant time (Replica.Target.Table), none of the
   #     later entries in it. For a deduplicating Bag fed by an arity-1
   #     :apply, the dump reads the bag as the replica writes it, so it
   #     holds every pair as of `offset` that no later entry changes, and

@@ -1,5 +1,5 @@
-# The structure a replica keeps, as a behaviour: a Larder.Table
-# (Larder.Replica.Target.Table) or a Larder.Bag (Larder.Replica.Target.Bag)
+# The structure a replica keeps, as a behaviour: a Table
+# (Larder.Replica.Target.Table) or a Bag (Larder.Replica.Target.Bag)
 # that the replica's process creates (empty, or from a snapshot's dump) and
 # owns, so it lives and dies with the replica. An implementation owns
 # everything that depends on the structure: its options, its identity in
@@ -17,7 +17,7 @@ defmodule Larder.Replica.Target do
   @typedoc "An implementation of this behaviour and the structure's options (from `:into`)."
   @type t :: %__MODULE__{module: module(), opts: keyword()}
 
-  @typedoc "The structure's handle (a `Larder.Table.t()`, a `Larder.Bag.t()`)."
+  @typedoc "The structure's handle (a table's, a bag's)."
   @type handle :: term()
 
   @typedoc "An op an apply function returns, in one of the target's shapes (see `c:check/2`)."
@@ -26,7 +26,7 @@ defmodule Larder.Replica.Target do
   @typedoc "What a concurrent dump's process is handed by `c:start_dump/3`."
   @type cut :: term()
 
-  @doc "The structure's module, as `:into` names it (`Larder.Table`)."
+  @doc "The structure's module, as `:into` names it (`{module, opts}`)."
   @callback structure() :: module()
 
   @doc """
