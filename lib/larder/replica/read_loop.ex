@@ -21,6 +21,8 @@ defmodule Larder.Replica.ReadLoop do
                 # the last committed position (Source.committed/2), and
                 # whether this connection has been told it
                 :committed,
+                # whether `conn` is a connection (a source's may be nil)
+                connected: false,
                 told: false,
                 wait: @min_wait_ms,
                 failing: false
@@ -34,6 +36,7 @@ defmodule Larder.Replica.ReadLoop do
           block_ms: non_neg_integer(),
           name: atom(),
           conn: term(),
+          connected: boolean(),
           committed: term(),
           told: boolean(),
           wait: pos_integer(),
@@ -89,9 +92,9 @@ defmodule Larder.Replica.ReadLoop do
   moves to the batch's `position_after`.
   """
   @spec step(t()) :: {event(), t()}
-  def step(%__MODULE__{conn: nil} = loop) do
+  def step(%__MODULE__{connected: false} = loop) do
     case call(loop, :connect, [loop.opts]) do
-      {:ok, conn} -> tell(%{loop | conn: conn, told: false}, :connected)
+      {:ok, conn} -> tell(%{loop | conn: conn, connected: true, told: false}, :connected)
       {:error, %Larder.Error{} = error} -> failed(loop, error)
       {:error, %Larder.Error{} = error, _raised} -> failed(loop, error)
       other -> failed(loop, bad_return(loop, :connect, other))
@@ -177,11 +180,11 @@ defmodule Larder.Replica.ReadLoop do
 
   @doc "Closes the connection, if any."
   @spec close(t()) :: t()
-  def close(%__MODULE__{conn: nil} = loop), do: loop
+  def close(%__MODULE__{connected: false} = loop), do: loop
 
   def close(loop) do
     _ = call(loop, :close, [loop.conn])
-    %{loop | conn: nil}
+    %{loop | conn: nil, connected: false}
   end
 
   defp closed(loop, error), do: failed(close(loop), error)
