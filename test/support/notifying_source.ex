@@ -88,25 +88,28 @@ defmodule Larder.Test.NotifyingSource do
   defdelegate latest(opts, timeout), to: Log
 
   @impl true
-  def read(table, position, count, block_ms) do
+  defdelegate committed(conn, position), to: Log
+
+  @impl true
+  def read(%{table: table} = conn, position, count, block_ms) do
     :ets.insert(table, [
       {:seen, :ets.lookup_element(table, :appended, 2)},
       {:last_read, self(), block_ms}
     ])
 
     :ets.update_counter(table, :reads, 1)
-    Log.read(table, position, count, block_ms)
+    Log.read(conn, position, count, block_ms)
   end
 
   @impl true
-  def notify(table, pid) do
+  def notify(%{table: table} = conn, pid) do
     :ets.insert(table, {:armed, pid})
 
     if :ets.lookup_element(table, :appended, 2) > :ets.lookup_element(table, :seen, 2) do
       :ets.delete(table, :armed)
-      {:ready, table}
+      {:ready, conn}
     else
-      {:armed, table}
+      {:armed, conn}
     end
   end
 end
