@@ -159,8 +159,11 @@ defmodule Larder.Replica.KafkaSourceTest do
 end
 
 defmodule Larder.Replica.KafkaSourceBrokerTest do
-  # Larder.Replica.Kafka's read/4 and latest/2 against a real broker.
+  # Larder.Replica.Kafka's read/4 and latest/2 against a real broker, and
+  # the Source contract's conformance suite (on a topic of three
+  # partitions per test; a trim is kafka-delete-records).
   use ExUnit.Case, async: false
+  use Larder.Test.SourceConformance, source: Larder.Replica.Kafka
 
   @moduletag :kafka
 
@@ -177,6 +180,49 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
 
   setup do
     %{topic: "src-#{System.unique_integer([:positive])}"}
+  end
+
+  # The conformance suite's log: a topic of its own, of three partitions,
+  # written to in turn.
+  setup ctx do
+    if ctx[:describe] == "Larder.Replica.Source conformance",
+      do: conformance(ctx),
+      else: :ok
+  end
+
+  defp conformance(ctx) do
+    topic = "conf-#{System.unique_integer([:positive])}"
+    :ok = Native.create_topic(ctx.admin, topic, 3, [], 60_000)
+    opts = [brokers: [ctx.bootstrap], topic: topic]
+    counter = :counters.new(1, [])
+
+    %{
+      source_opts: opts,
+      bad_opts: [
+        [brokers: [], topic: topic],
+        [brokers: [ctx.bootstrap], topic: "a topic"],
+        [topic: topic]
+      ],
+      append: fn values ->
+        records =
+          for value <- values do
+            :counters.add(counter, 1, 1)
+            {rem(:counters.get(counter, 1), 3), nil, value, []}
+          end
+
+        :ok = Native.produce_batch(ctx.producer, topic, records)
+        {:ok, _acks} = Native.producer_flush(ctx.producer, 60_000)
+        :ok
+      end,
+      value: fn fields -> fields["value"] end,
+      part: fn {partition, _offset} -> partition end,
+      trim: fn ->
+        {:ok, ends} = Kafka.latest(Kafka.validate!(opts), 30_000)
+        offsets = for {p, high} <- ends, is_integer(p), high > 0, do: {p, high - 1}
+        {:ok, _} = Native.delete_records(ctx.admin, topic, offsets, 60_000)
+        :ok
+      end
+    }
   end
 
   defp create!(ctx, partitions) do
