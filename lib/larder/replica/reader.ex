@@ -56,7 +56,8 @@ defmodule Larder.Replica.Reader do
       # {:stop, error}
       held: nil,
       # :read (a :read message is on its way), :notice (waiting for the
-      # source's notice, with `timer`), :retry (a :read after a wait),
+      # source's notice, with `timer`, {ref, timer} of the read after
+      # :block_ms), :retry (a :read after a wait),
       # :held, :resume (a trim sent, waiting for :replica_resume), :stopped
       phase: :read,
       timer: nil
@@ -85,8 +86,8 @@ defmodule Larder.Replica.Reader do
   def handle_info(:larder_source_ready, %{phase: :notice} = state),
     do: {:noreply, read_now(state)}
 
-  def handle_info({:replica_read_timer, ref}, %{phase: :notice, timer: ref} = state),
-    do: {:noreply, read_now(%{state | timer: nil})}
+  def handle_info({:replica_read_timer, ref}, %{phase: :notice, timer: {ref, _}} = state),
+    do: {:noreply, read_next(%{state | timer: nil})}
 
   def handle_info(:replica_ack, state),
     do: {:noreply, release(%{state | unacked: state.unacked - 1})}
@@ -138,8 +139,8 @@ defmodule Larder.Replica.Reader do
     case ReadLoop.await_notice(state.loop, self()) do
       {:armed, loop} ->
         ref = make_ref()
-        Process.send_after(self(), {:replica_read_timer, ref}, state.block_ms)
-        %{state | loop: loop, phase: :notice, timer: ref}
+        timer = Process.send_after(self(), {:replica_read_timer, ref}, state.block_ms)
+        %{state | loop: loop, phase: :notice, timer: {ref, timer}}
 
       {:ready, loop} ->
         read_next(%{state | loop: loop})
@@ -155,7 +156,11 @@ defmodule Larder.Replica.Reader do
     %{state | phase: :retry}
   end
 
-  defp read_now(state), do: read_next(%{state | timer: nil})
+  # Woken before the read after :block_ms: its timer goes.
+  defp read_now(%{timer: {_ref, timer}} = state) do
+    Process.cancel_timer(timer)
+    read_next(%{state | timer: nil})
+  end
 
   defp read_next(state) do
     send(self(), :read)
