@@ -373,8 +373,9 @@ defmodule Larder.Replica do
     * `[:larder, :replica, :trimmed]`: the log lost entries after the
       offset. Measurements: `:count` (1). Metadata: `:offset`,
       `:resume_after` (the position reading resumes from), `:action`.
-    * `[:larder, :replica, :source, :error]`: a connection, a read or a
-      reply failed, or the log cannot be followed (and the replica stops).
+    * `[:larder, :replica, :source, :error]`: a connection, a read, a
+      notice, a commit or a reply failed (a read too large for the source
+      included), or the log cannot be followed (and the replica stops).
       Measurements: `:count` (1). Metadata: `:error`.
   """
 

@@ -194,6 +194,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     topic = "conf-#{System.unique_integer([:positive])}"
     :ok = Native.create_topic(ctx.admin, topic, 3, [], 60_000)
     opts = [brokers: [ctx.bootstrap], topic: topic]
+    readable!(Kafka.validate!(opts), 100)
     counter = :counters.new(1, [])
 
     %{
@@ -233,6 +234,34 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     :ok = Native.produce_batch(ctx.producer, ctx.topic, records)
     {:ok, acks} = Native.producer_flush(ctx.producer, 60_000)
     acks
+  end
+
+  # A topic just created may not have its partitions' leaders yet (its
+  # metadata or watermarks then fail for a moment): waits until its end is
+  # read and a read from its start answers, as a replica's would after a
+  # retry.
+  defp readable!(opts, tries) do
+    ready =
+      with {:ok, ends} when map_size(ends) == 3 <- Kafka.latest(opts, 5_000),
+           {:ok, conn} <- Kafka.connect(opts) do
+        result = Kafka.read(conn, %{}, 1, 100)
+        Kafka.close(conn)
+        match?({:ok, _, _, _}, result)
+      else
+        _ -> false
+      end
+
+    cond do
+      ready ->
+        :ok
+
+      tries > 0 ->
+        Process.sleep(100)
+        readable!(opts, tries - 1)
+
+      true ->
+        flunk("the topic #{opts[:topic]} never became readable")
+    end
   end
 
   defp opts(ctx, extra \\ []),
