@@ -26,6 +26,11 @@ defmodule Larder.Replica.Source do
   `read/4` (which blocks up to `block_ms`), and `close/1` is not called
   then, so what a connection holds must go when its process exits (a
   socket or port it owns closes; a NIF resource's destructor frees it).
+  The reader takes no message meant for a source: a socket is read in
+  passive mode (`active: false`, within `read/4`), and a source told of
+  data by a message of its own (a NIF thread, an active socket) says so
+  through `notify/2`'s `:larder_source_ready`, the one message the reader
+  acts on; any other it drops.
   After a connect that failed, or a read, notice or commit that returned
   an error, the reader calls `close/1` (when it has a connection), waits
   100 ms, doubling up to 2 s, and connects again, reading on from where it
