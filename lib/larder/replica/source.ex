@@ -29,8 +29,8 @@ defmodule Larder.Replica.Source do
   The reader takes no message meant for a source: a socket is read in
   passive mode (`active: false`, within `read/4`), and a source told of
   data by a message of its own (a NIF thread, an active socket) says so
-  through `notify/2`'s `:larder_source_ready`, the one message the reader
-  acts on; any other it drops.
+  through `notify/2`'s `:larder_source_ready`; the reader drops any other
+  message it does not know.
   After a connect that failed, or a read, notice or commit that returned
   an error, the reader calls `close/1` (when it has a connection), waits
   100 ms, doubling up to 2 s, and connects again, reading on from where it
