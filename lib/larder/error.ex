@@ -56,6 +56,10 @@ defmodule Larder.Error do
     * `:source_unavailable`, `:source_failed`, `:source_bad_reply` - a
       `Larder.Replica.Source` could not be reached, answered with an error,
       or answered with something its protocol does not allow.
+    * `:batch_too_large` - a `Larder.Replica.Source`'s read would return
+      more than the source takes in one reply (for
+      `Larder.Replica.RedisStream`, above `:max_reply_bytes`); the replica
+      reads half as many entries per batch from then on.
     * `:timeout` - `Larder.Replica.await/3`: the position was not reached in time.
     * `:replica_stopped` - `Larder.Replica.await/3`: the replica stopped.
     * `:no_snapshot_path` - `Larder.Replica.dump/1` on a replica
@@ -88,6 +92,7 @@ defmodule Larder.Error do
           | :source_unavailable
           | :source_failed
           | :source_bad_reply
+          | :batch_too_large
           | :timeout
           | :replica_stopped
           | :no_snapshot_path

@@ -46,11 +46,10 @@ defmodule Larder.Replica do
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the
-      replica writes the previous one), or, for a source read by steps
-      (see Concurrency), in the step that read the batch: returns what to do,
-      one op or a list of them, which the replica writes in runs (the
-      inserts between two deletes as one `Larder.Table.insert_many/2` or
-      `Larder.Bag.insert_many/2`). For a Table: `{:insert, record}` (the
+      replica writes the previous one): returns what to do, one op or a
+      list of them, each checked there, which the replica writes in runs
+      (the inserts between two deletes as one write: a Table's records are
+      not checked a second time). For a Table: `{:insert, record}` (the
       record holds the key field) and `{:delete, key}`; for a Bag:
       `{:insert, key, value}`, `{:delete, key}` and `{:delete, key, value}`.
       `:ok` or `[]` does nothing.
@@ -64,8 +63,8 @@ defmodule Larder.Replica do
 
   The function never runs in the replica's own process, the one linked to
   the caller of `start_link/1` (or its supervisor): one that does not
-  return holds a reader or a step, which `drop/1` and a clean stop can end
-  without ending that caller (see "Failures"). Called from a step,
+  return holds the reader or a step, which `drop/1` and a clean stop can
+  end without ending that caller (see "Failures"). Called from a step,
   `drop/1` of its own replica does nothing, and `dump/1` returns
   `{:error, %Larder.Error{reason: :in_apply}}` (a snapshot begins after
   the batch).
@@ -112,7 +111,9 @@ defmodule Larder.Replica do
   replica's position and the dump. The manifest is written to a
   temporary file, fsynced and renamed (`Larder.SnapshotFile`): its rename
   is the snapshot's commit, and a dump is deleted only once a newer manifest
-  names another.
+  names another. Once it is committed the source is told
+  (`c:Larder.Replica.Source.committed/2`, for a source that keeps the
+  reader's place on its server).
 
   The replica goes on applying entries while a snapshot is written. The
   snapshot's position is the replica's offset when the snapshot begins
@@ -228,19 +229,20 @@ defmodule Larder.Replica do
 
   ## Concurrency
 
-  The reader (a process linked to the replica's) reads the next batch, and
-  runs an arity-1 `:apply` over it, while the replica writes the previous
-  one; at most one more batch waits in the replica's mailbox (with an
-  arity-2 `:apply`, batches wait in the replica's state while a step
-  applies the one before). A source that reads ahead in threads of its own
+  The reader (a process linked to the replica's, the one that connects to
+  the source and the only one that uses the connection, for every source)
+  reads the next batch, and runs an arity-1 `:apply` over it, while the
+  replica writes the previous one; at most one more batch waits in the
+  replica's mailbox (with an arity-2 `:apply`, batches wait in the
+  replica's state while a step applies the one before). A source that
+  blocks in its reads (`Larder.Replica.RedisStream`) is read again as
+  soon as a read comes back; one that reads ahead in threads of its own
   and implements `c:Larder.Replica.Source.notify/2`
-  (`Larder.Replica.Kafka`) has no reader process: each batch is read with
-  no wait by a step, which applies it too (no copy of the batch between
-  processes); the replica answers calls meanwhile, and once caught up
-  waits for the source's notice (and reads at least every `:block_ms`).
-  The
-  offset moves only after a whole batch is applied (or, on a stop, to the
-  position after the last entry applied before the rejected one). Readers of the structure see
+  (`Larder.Replica.Kafka`) is read with no wait, and once caught up the
+  reader waits for the source's notice (and reads at least every
+  `:block_ms`). The offset moves only after a whole batch is applied (or,
+  on a stop, to the position after the last entry applied before the
+  rejected one). Readers of the structure see
   each entry's writes as the structure's own writes show them (a Table
   write is whole, see `Larder.Table`); a batch is not atomic as a whole.
   `offset/1` and `target/1` read what the replica wrote after its last
@@ -272,8 +274,11 @@ defmodule Larder.Replica do
       left.
     * **The source is down** (Redis stopped, paused, restarted): the reader
       reports `[:larder, :replica, :source, :error]`, logs one warning per
-      outage, and connects again after 100 ms, doubling to 2 s; it reads on
-      from the last position it handed over. The structure keeps serving reads
+      outage (and one line once the source answers again), and connects
+      again after 100 ms, doubling to 2 s; it reads on from the last
+      position it handed over. A batch too large for the source (the
+      reason `:batch_too_large`, see `Larder.Replica.Source`) is read in
+      halves from then on. The structure keeps serving reads
       meanwhile. `await/3` waits through the outage up to its timeout
       (`:latest` asks the log's end again until it answers), and its
       `:timeout` error carries the source's last error
@@ -317,13 +322,13 @@ defmodule Larder.Replica do
     * **An `:apply` that does not return** holds the reader or the step
       it runs in, not the replica's process: no more batches are applied
       and `dump/1` waits, but `offset/1`, `target/1`, `await/3` (by its
-      timeout) and `drop/1` answer. In a step, `drop/1` lets the batch
-      being applied end for up to 5 s, then kills the step: the apply ends
-      mid-entry, no snapshot is written (a restart starts from the last
-      one), and the structure goes with the replica. In the reader (an
-      arity-1 function of a source with a reader), nothing of the
-      structure is mid-batch: the replica stops at once, with its last
-      snapshot, and kills the reader. Either way the replica's process
+      timeout) and `drop/1` answer. In a step (an arity-2 function),
+      `drop/1` lets the batch being applied end for up to 5 s, then kills
+      the step: the apply ends mid-entry, no snapshot is written (a
+      restart starts from the last one), and the structure goes with the
+      replica. In the reader (an arity-1 function), nothing of the
+      structure is mid-batch: the replica stops at once, with a last
+      snapshot of the batches before, and kills the reader. Either way the replica's process
       stops with reason `:normal`, so a process
       linked to it that does not trap exits (the one that called
       `start_link/1`) is not touched, and a supervisor does not restart it
@@ -368,13 +373,15 @@ defmodule Larder.Replica do
     * `[:larder, :replica, :trimmed]`: the log lost entries after the
       offset. Measurements: `:count` (1). Metadata: `:offset`,
       `:resume_after` (the position reading resumes from), `:action`.
-    * `[:larder, :replica, :source, :error]`: a connection, a read or a
-      reply failed, or the log cannot be followed (and the replica stops).
+    * `[:larder, :replica, :source, :error]`: a connection, a read, a
+      notice, a commit or a reply failed (a read too large for the source
+      included), or the log cannot be followed (and the replica stops).
       Measurements: `:count` (1). Metadata: `:error`.
   """
 
   alias Larder.Instance
   alias Larder.Replica.Latest
+  alias Larder.Replica.Handle
   alias Larder.Replica.Server
   alias Larder.Replica.Target
 
@@ -430,8 +437,8 @@ defmodule Larder.Replica do
   stops once the batch being applied is: an `:apply` that has not
   returned within 5 s is ended, its step killed mid-entry, and the
   replica stops without a snapshot (an arity-1 `:apply` stuck in the
-  reader is ended with the reader at once, and the snapshot written; see
-  "Failures"). Called from the replica's own `:apply` in a step (see
+  reader is ended with the reader at once, and the snapshot of the
+  batches before it written; see "Failures"). Called from the replica's own `:apply` in a step (see
   "Applying entries"), it does nothing. Idempotent: a
   name or pid that runs no replica (any more) is taken as one already
   dropped. Raises `ArgumentError` for a term that is neither a name nor a
@@ -439,13 +446,13 @@ defmodule Larder.Replica do
   """
   @spec drop(replica()) :: :ok
   def drop(replica) when is_pid(replica) do
-    if Instance.holds?(__MODULE__, replica), do: Server.drop(replica), else: :ok
+    if Instance.holds?(__MODULE__, replica), do: Handle.drop(replica), else: :ok
   end
 
   def drop(replica) when Instance.name?(replica) do
     case Instance.whereis(__MODULE__, replica) do
       nil -> :ok
-      pid -> Server.drop(pid)
+      pid -> Handle.drop(pid)
     end
   end
 
@@ -544,7 +551,7 @@ defmodule Larder.Replica do
       case position do
         :latest ->
           with {:ok, latest} <- Latest.fetch(handle, deadline) do
-            case Server.position(handle) do
+            case Handle.position(handle) do
               # An end that has not reached what the replica applied: the
               # log went backwards, and only a rebuild (the next epoch) can
               # reach it.
@@ -576,7 +583,7 @@ defmodule Larder.Replica do
           do: :infinity,
           else: max(0, deadline - System.monotonic_time(:millisecond))
 
-      Server.await(handle, target, epoch, left)
+      Handle.await(handle, target, epoch, left)
     end
   end
 
@@ -598,15 +605,15 @@ defmodule Larder.Replica do
     end
   end
 
-  # What the replica publishes for callers (see Larder.Replica.Server).
+  # What the replica publishes for callers (see Larder.Replica.Handle).
   defp handle!(replica) do
     if is_pid(replica) or Instance.name?(replica),
-      do: Server.handle(replica) || unknown!(replica),
+      do: Handle.lookup(replica) || unknown!(replica),
       else: Instance.invalid!(__MODULE__, replica)
   end
 
   defp position!(replica, handle \\ nil),
-    do: Server.position(handle || handle!(replica)) || unknown!(replica)
+    do: Handle.position(handle || handle!(replica)) || unknown!(replica)
 
   defp unknown!(replica), do: Instance.unknown!(__MODULE__, replica)
 
@@ -632,7 +639,7 @@ defmodule Larder.Replica do
         @what
       )
 
-    Target.validate!(opts[:into])
+    Target.new!(opts[:into])
     check_snapshot!(opts[:snapshot])
     {source, source_opts} = opts[:source]
     Keyword.put(opts, :source, {source, source.validate!(source_opts)})

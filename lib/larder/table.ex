@@ -244,10 +244,9 @@ defmodule Larder.Table do
 
   alias Larder.Index
   alias Larder.Instance
-  alias Larder.Table.Claim
   alias Larder.Table.Conditions
   alias Larder.Table.IndexFailure
-  alias Larder.Table.Records
+  alias Larder.Table.Requests
   alias Larder.Table.Writer
 
   import Larder.Table.Options, only: [config!: 2]
@@ -274,7 +273,6 @@ defmodule Larder.Table do
   @type conditions :: %{optional(term()) => term()} | [condition()]
 
   @direct_limit 0x80000000
-  @chunk 5_000
 
   ## Creating
 
@@ -479,112 +477,12 @@ defmodule Larder.Table do
     write_span(handle!(table), :insert_many, %{}, &write_many!(&1, records, "insert_many/2"))
   end
 
+  # Every record checked for the key field before anything is written.
   defp write_many!(table, records, op) do
-    live!(table)
+    Requests.live!(table)
     records!(table, records, records)
-    await!(table, write_chunks!(table, records, nil, {op, 0}))
-    :ok
+    Requests.insert!(table, records, op)
   end
-
-  # Takes the chunks of @chunk records one by one (Stream.chunk_every/2
-  # cost about 5% of a build). Returns the last chunk's request. `done`
-  # counts the records of the chunks before this one, for the error of an
-  # index function that fails (index_failed!/4).
-  defp write_chunks!(_table, [], pending, _progress), do: pending
-
-  defp write_chunks!(table, records, pending, {op, done}) do
-    {chunk, rest} = take_chunk(records, @chunk, [])
-
-    # The index functions run here, in the caller, which builds the rows
-    # and index ops (Records.write/2); the writer only applies them. One
-    # chunk is applied while the next is computed.
-    {rows, ops, keyed, span} =
-      try do
-        Records.write(table, last_per_key(chunk, table))
-      rescue
-        failure in IndexFailure ->
-          await!(table, pending)
-          index_failed!(table, op, failure, unwritten(op, done))
-      catch
-        kind, reason ->
-          await!(table, pending)
-          :erlang.raise(kind, reason, __STACKTRACE__)
-      end
-
-    pending = write_chunk!(table, {rows, ops, keyed, span}, pending)
-    write_chunks!(table, rest, pending, {op, done + length(chunk)})
-  end
-
-  # What became of an insert whose index function failed, `done` records
-  # of it written before.
-  defp unwritten("insert/2", _done), do: "the write was not applied"
-  defp unwritten(_op, 0), do: "the write was not applied (none of its records was written)"
-
-  defp unwritten(_op, done) do
-    "the write stopped there (its first #{done} records were written, in whole chunks " <>
-      "of #{@chunk}; none from record #{done + 1} on)"
-  end
-
-  defp take_chunk([record | rest], n, chunk) when n > 0,
-    do: take_chunk(rest, n - 1, [record | chunk])
-
-  defp take_chunk(rest, _n, chunk), do: {:lists.reverse(chunk), rest}
-
-  # Sends a chunk's write and awaits the previous one; returns the request
-  # to await for this chunk's outcome. A large chunk of fresh rows (as in a
-  # build) goes into ETS from the caller, under a claim (Larder.Table.Claim).
-  defp write_chunk!(table, {rows, ops, _keyed, span} = write, pending) do
-    case Claim.request(write) do
-      nil ->
-        request = send_write!(table, Tuple.insert_at(write, 0, :insert))
-        await!(table, pending)
-        request
-
-      claim ->
-        claim = send_write!(table, claim)
-        await!(table, pending)
-
-        case await!(table, claim) do
-          {:claimed, ref} ->
-            case Claim.fill(table, rows, ref) do
-              {:ok, release} ->
-                release
-
-              # The table is gone (await! says so), or else the insert's
-              # error is the caller's.
-              {{:raise, kind, reason, stack}, release} ->
-                await!(table, release)
-                :erlang.raise(kind, reason, stack)
-            end
-
-          :stale ->
-            send_write!(table, {:insert, rows, ops, [], span})
-        end
-    end
-  end
-
-  # Within one chunk a key given twice must be reduced to its last record.
-  # Keys in ascending order (as in a build) are distinct without a map.
-  defp last_per_key(chunk, table) do
-    if ascending?(chunk, table.key, nil) do
-      chunk
-    else
-      by_key = Map.new(chunk, &{:erlang.map_get(table.key, &1), &1})
-      if map_size(by_key) == length(chunk), do: chunk, else: Map.values(by_key)
-    end
-  end
-
-  defp ascending?([record | rest], field, previous) do
-    case :erlang.map_get(field, record) do
-      key when is_integer(key) and (previous == nil or key > previous) ->
-        ascending?(rest, field, key)
-
-      _ ->
-        false
-    end
-  end
-
-  defp ascending?([], _field, _previous), do: true
 
   @doc """
   Merges `changes` into the record under `key` (as `Map.merge/2`) and
@@ -684,27 +582,6 @@ defmodule Larder.Table do
     end)
   end
 
-  # The error of a write whose index function failed (raised, threw or
-  # exited): an ArgumentError that names the table, the index, the
-  # operation, the record's key and what became of the write (`outcome`),
-  # with the original's message; its stacktrace is the index function's.
-  defp index_failed!(table, op, %IndexFailure{} = failure, outcome) do
-    verb =
-      case failure.kind do
-        :error -> "raised"
-        :throw -> "threw"
-        :exit -> "exited"
-      end
-
-    message =
-      "#{Instance.describe(__MODULE__, table.name, table)}: the index function of " <>
-        "#{inspect(failure.index, limit: 10)} #{verb} on the record with key " <>
-        "#{inspect(failure.key, limit: 10)} in #{op}, and #{outcome}: " <>
-        IndexFailure.banner(failure)
-
-    reraise ArgumentError, message, failure.stacktrace
-  end
-
   @doc """
   Deletes the record under `key`, if any. Whole even if the caller is
   killed; the row id of a non-integer key is reused by a later insert.
@@ -713,18 +590,6 @@ defmodule Larder.Table do
   def delete(table, key) do
     write_span(handle!(table), :delete, %{key: key}, &write!(&1, {:delete, key}))
   end
-
-  # A write, in a [:larder, :table, :write] span when the table emits events.
-  defp write_span(%__MODULE__{telemetry: true} = table, op, meta, fun) do
-    meta = Map.merge(%{table: id(table), op: op}, meta)
-
-    Larder.Telemetry.span(true, [:larder, :table, :write], meta, fn ->
-      result = fun.(table)
-      {result, Map.put(meta, :result, if(result == :error, do: :not_found, else: :ok))}
-    end)
-  end
-
-  defp write_span(table, _op, _meta, fun), do: fun.(table)
 
   ## Reading
 
@@ -951,7 +816,7 @@ defmodule Larder.Table do
     # Only a live table's own writer is asked (valid?/1), never a pid a
     # forged handle names.
     if valid?(table) do
-      not_from_writer!()
+      Requests.not_from_writer!()
       Instance.drop(table.writer)
     else
       :ok
@@ -962,34 +827,15 @@ defmodule Larder.Table do
 
   def drop(other), do: handle!(other)
 
-  ## Writes go through the writer process
+  defp write!(table, request), do: Requests.write!(table, request)
+  defp write_span(table, op, meta, fun), do: Requests.span(table, op, meta, fun)
 
-  defp write!(table, request), do: await!(table, send_write!(table, request))
+  defp index_failed!(table, op, failure, outcome),
+    do: Requests.index_failed!(table, op, failure, outcome)
 
-  defp send_write!(table, request) do
-    live!(table)
-    not_from_writer!()
-    :gen_server.send_request(table.writer, request)
-  end
-
-  defp not_from_writer! do
-    if Writer.writer?() do
-      raise ArgumentError,
-            "Larder.Table writes cannot be made from a function that a table's writer runs " <>
-              "(an update/4 function or an index function): two such writes could wait " <>
-              "on each other for ever"
-    end
-  end
-
-  defp await!(_table, nil), do: :ok
-
-  defp await!(table, request) do
-    case :gen_server.receive_response(request, :infinity) do
-      {:reply, {:raise, kind, reason, stack}} -> :erlang.raise(kind, reason, stack)
-      {:reply, reply} -> reply
-      {:error, _} -> gone!(table)
-    end
-  end
+  defp live!(table), do: Requests.live!(table)
+  defp valid?(table), do: Requests.valid?(table)
+  defp gone!(table), do: Requests.gone!(table)
 
   ## Rows
 
@@ -1051,22 +897,6 @@ defmodule Larder.Table do
   defp handle!(%__MODULE__{} = table), do: table
   defp handle!(name) when Instance.name?(name), do: Instance.resolve(__MODULE__, name)
   defp handle!(other), do: Instance.invalid!(__MODULE__, other)
-
-  # The table exists and the handle is its own (its writer owns its rows).
-  defp live!(table) do
-    if valid?(table), do: true, else: gone!(table)
-  end
-
-  defp valid?(%__MODULE__{rows: rows, writer: writer}) when is_pid(writer) do
-    :ets.info(rows, :owner) == writer
-  rescue
-    ArgumentError -> false
-  end
-
-  defp valid?(_table), do: false
-
-  defp gone!(%__MODULE__{name: nil} = table), do: Instance.unknown!(__MODULE__, table)
-  defp gone!(%__MODULE__{name: name}), do: Instance.unknown!(__MODULE__, name)
 
   # Runs a read; an exception on a table that is gone (dropped, its owner
   # exited) or a handle that is not a table's turns into an ArgumentError

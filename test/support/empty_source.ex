@@ -6,7 +6,7 @@ defmodule Larder.Test.EmptySource do
   @behaviour Larder.Replica.Source
 
   @impl true
-  def validate!(opts) when is_list(opts), do: opts
+  def validate!(opts), do: Larder.Options.validate!(opts, [], inspect(__MODULE__))
 
   @impl true
   def identity(_opts), do: "empty"

@@ -16,6 +16,7 @@ defmodule Larder.Test.NotifyingSource do
   #   {:armed, pid}              a notice owed to pid
   #   {:reads, n}, {:last_read, pid, block_ms}
   #   {:hold_connect}            connect/1 waits while it is there
+  #   {{:connected, pid}}        pid called connect/1
 
   @doc "A new empty log of `partitions` partitions; returns its table."
   def new(partitions) do
@@ -64,9 +65,13 @@ defmodule Larder.Test.NotifyingSource do
 
   def release_connect(table), do: :ets.delete(table, :hold_connect)
 
+  @doc "The processes that called connect/1."
+  def connected(table), do: for([pid] <- :ets.match(table, {{:connected, :"$1"}}), do: pid)
+
   @impl true
   def connect(opts) do
     held(opts[:table], 3_000)
+    :ets.insert(opts[:table], {{:connected, self()}})
     Log.connect(opts)
   end
 
@@ -83,25 +88,28 @@ defmodule Larder.Test.NotifyingSource do
   defdelegate latest(opts, timeout), to: Log
 
   @impl true
-  def read(table, position, count, block_ms) do
+  defdelegate committed(conn, position), to: Log
+
+  @impl true
+  def read(%{table: table} = conn, position, count, block_ms) do
     :ets.insert(table, [
       {:seen, :ets.lookup_element(table, :appended, 2)},
       {:last_read, self(), block_ms}
     ])
 
     :ets.update_counter(table, :reads, 1)
-    Log.read(table, position, count, block_ms)
+    Log.read(conn, position, count, block_ms)
   end
 
   @impl true
-  def notify(table, pid) do
+  def notify(%{table: table} = conn, pid) do
     :ets.insert(table, {:armed, pid})
 
     if :ets.lookup_element(table, :appended, 2) > :ets.lookup_element(table, :seen, 2) do
       :ets.delete(table, :armed)
-      {:ready, table}
+      {:ready, conn}
     else
-      {:armed, table}
+      {:armed, conn}
     end
   end
 end

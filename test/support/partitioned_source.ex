@@ -3,7 +3,10 @@
 # partition, offsets with gaps (compaction), a partition whose end is past
 # its last entry (a gap at the tail, as a transaction marker leaves), and
 # partitions trimmed from their start. For the tests of the Source
-# contract (v2) without a broker; Larder.Replica.Kafka has the same shapes.
+# contract without a broker; Larder.Replica.Kafka has the same shapes. It
+# implements committed/2 (recording each position told), and its
+# connection raises when a process other than the one that made it uses
+# it (a socket owned by its process would fail).
 defmodule Larder.Test.PartitionedSource do
   @moduledoc false
 
@@ -16,6 +19,7 @@ defmodule Larder.Test.PartitionedSource do
   #   {{:end, partition}, next_offset}      (at or past the last entry's + 1)
   #   {{:start, partition}, log_start}      (entries below it are gone)
   #   {:partitions, n}
+  #   {{:committed, n}, pid, position}     (committed/2's calls)
 
   @doc "A new empty log of `partitions` partitions; returns its table."
   def new(partitions) do
@@ -109,14 +113,26 @@ defmodule Larder.Test.PartitionedSource do
     |> Enum.map(fn {{:entry, p, o}, fields} -> {{p, o}, fields} end)
   end
 
+  # Options: the log's table; the log's name; the most entries a read
+  # takes (a read of more is :batch_too_large, as a reply over a source's
+  # bound); a function called with each committed position, in
+  # committed/2.
   @impl true
   def validate!(opts) do
-    unless Keyword.has_key?(opts, :table), do: raise(ArgumentError, "expected :table")
-    opts
+    Larder.Options.validate!(
+      opts,
+      [
+        table: {{:custom, "the log's ETS table", &is_reference/1}, :required},
+        name: {{:string, 1, 100}, "partitioned"},
+        max_count: {{:or_nil, {:integer, 1, 100_000}}, nil},
+        on_committed: {{:or_nil, {:custom, "a function of arity 1", &is_function(&1, 1)}}, nil}
+      ],
+      inspect(__MODULE__)
+    )
   end
 
   @impl true
-  def identity(opts), do: Keyword.get(opts, :name, "partitioned")
+  def identity(opts), do: opts[:name]
 
   @impl true
   def origin(_opts), do: %{}
@@ -137,17 +153,53 @@ defmodule Larder.Test.PartitionedSource do
   def reached?(position, target),
     do: Enum.all?(target, fn {p, o} -> Map.get(position, p, 0) >= o end)
 
+  @doc "The committed positions told so far: `{pid, position}`, in order."
+  def committed(table) do
+    for [_, pid, position] <- :ets.match(table, {{:committed, :"$1"}, :"$2", :"$3"}),
+        do: {pid, position}
+  end
+
+  # The connection is the table and the options, and the process that
+  # made it, which alone may use it.
   @impl true
-  def connect(opts), do: {:ok, opts[:table]}
+  def connect(opts), do: {:ok, %{table: opts[:table], opts: opts, owner: self()}}
 
   @impl true
-  def close(_conn), do: :ok
+  def close(conn) do
+    owned!(conn)
+    :ok
+  end
+
+  @impl true
+  def committed(conn, position) do
+    owned!(conn)
+    n = :ets.update_counter(conn.table, :committed_count, 1, {:committed_count, 0})
+    :ets.insert(conn.table, {{:committed, n}, self(), position})
+    if conn.opts[:on_committed], do: conn.opts[:on_committed].(position)
+    {:ok, conn}
+  end
+
+  defp owned!(%{owner: owner}) when owner == self(), do: :ok
+
+  defp owned!(conn) do
+    raise "a connection of #{inspect(conn.owner)} used by #{inspect(self())}"
+  end
 
   # Up to `count` entries, taken from the partitions in turn (so a batch
   # interleaves them), and the position after them: a partition read to
   # its end moves to its end, past a gap at its tail.
   @impl true
-  def read(table, position, count, block_ms) do
+  def read(conn, position, count, block_ms) do
+    owned!(conn)
+
+    if conn.opts[:max_count] && count > conn.opts[:max_count] do
+      {:error, Larder.Error.new(:batch_too_large, "more than :max_count entries"), conn}
+    else
+      read_log(conn, position, count, block_ms)
+    end
+  end
+
+  defp read_log(%{table: table} = conn, position, count, block_ms) do
     n = :ets.lookup_element(table, :partitions, 2)
 
     trimmed =
@@ -157,24 +209,24 @@ defmodule Larder.Test.PartitionedSource do
 
     cond do
       match?([_], :ets.lookup(table, :stop)) ->
-        {:stop, :ets.lookup_element(table, :stop, 2), table}
+        {:stop, :ets.lookup_element(table, :stop, 2), conn}
 
       trimmed ->
-        {:trimmed, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:start, &1}, 2)}), table}
+        {:trimmed, Map.new(0..(n - 1), &{&1, :ets.lookup_element(table, {:start, &1}, 2)}), conn}
 
       true ->
-        read_entries(table, n, position, count, block_ms)
+        read_entries(conn, n, position, count, block_ms)
     end
   end
 
-  defp read_entries(table, n, position, count, block_ms) do
+  defp read_entries(%{table: table} = conn, n, position, count, block_ms) do
     {entries, position_after} = take(table, n, position, count)
 
     if entries == [] and position_after == position do
       Process.sleep(min(block_ms, 20))
-      {:ok, [], position, table}
+      {:ok, [], position, conn}
     else
-      {:ok, entries, position_after, table}
+      {:ok, entries, position_after, conn}
     end
   end
 

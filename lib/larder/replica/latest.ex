@@ -13,7 +13,7 @@ defmodule Larder.Replica.Latest do
   # killed. Between two failed asks the caller sleeps @min_wait_ms,
   # doubling up to @max_wait_ms, never past its deadline.
 
-  alias Larder.Replica.Server
+  alias Larder.Replica.Handle
 
   @min_wait_ms 50
   @max_wait_ms 1_000
@@ -29,7 +29,7 @@ defmodule Larder.Replica.Latest do
   error (and the message says it), or `:replica_stopped` when the
   replica is gone by the time an ask fails.
   """
-  @spec fetch(Server.Handle.t(), integer() | :infinity) ::
+  @spec fetch(Handle.t(), integer() | :infinity) ::
           {:ok, term()} | {:error, Larder.Error.t()}
   def fetch(handle, deadline), do: fetch(handle, deadline, @min_wait_ms, nil)
 
@@ -44,9 +44,9 @@ defmodule Larder.Replica.Latest do
             {:ok, latest}
 
           {:error, error} ->
-            case Server.position(handle) do
+            case Handle.position(handle) do
               nil ->
-                {:error, Server.stopped(:noproc)}
+                {:error, Handle.stopped(:noproc)}
 
               _ ->
                 Process.sleep(min(wait, left(deadline)))
@@ -129,7 +129,7 @@ defmodule Larder.Replica.Latest do
 
   defp timed_out(handle, source_error) do
     offset =
-      case Server.position(handle) do
+      case Handle.position(handle) do
         {offset, _epoch, _target} -> offset
         nil -> nil
       end

@@ -1,59 +1,66 @@
 # The reader of a replica: a process linked to the replica's server that
-# connects to the source, reads batches from the position it handed over last,
-# and hands each batch to the server, reading the next one (and running a
-# pure apply function over it) while the server applies the previous one
-# (at most one more batch waits in the server's mailbox). A source error closes
-# the connection and waits (100 ms doubling to 2 s) before connecting again.
-# A GenServer (see init/1) for a source that does not notify; a notifying
-# source (Larder.Replica.Source.notify/2) is read by the server itself.
+# runs the read loop (Larder.Replica.ReadLoop) for every kind of source, so
+# the process that connects is the one that reads, asks for notices,
+# tells the source what is committed and closes. It hands each batch to
+# the server and reads the next one (running a pure apply function over
+# it) while the server writes the previous one: at most one more batch
+# waits in the server's mailbox. A source that blocks in read/4 is read
+# again as soon as a read comes back empty; a source that notifies
+# (Larder.Replica.Source.notify/2) is read with no wait, and once a read
+# finds nothing the reader waits for its notice (and reads again after
+# :block_ms at the latest, which keeps a source's periodic checks going).
 defmodule Larder.Replica.Reader do
   @moduledoc false
 
   use GenServer
 
-  require Logger
-
-  @min_wait_ms 100
-  @max_wait_ms 2_000
+  alias Larder.Replica.ReadLoop
 
   @doc """
   Starts the reader, linked to the caller (the server), reading from
-  `position`. It sends the server `{:replica_batch, reader, entries,
-  position_after}` (`{id, fields}`, or `{id, prepare.(fields)}` given a
-  `prepare` function, called here while the server applies the previous
-  batch; a batch may have no entries when only the position moved, past a
-  gap of the log), `{:replica_trimmed, reader, resume_position}` (and then
-  waits for `{:replica_resume, position}`), `{:replica_source_error,
-  reader, error}` on each failed connect or read, `{:replica_source_ok,
-  reader}` once the source answers again after one, and
-  `{:replica_source_stop, reader, error}` when the source says the log
-  cannot be followed (then it reads no more).
+  `position` (which counts as committed). It sends the server
+  `{:replica_batch, reader, entries, position_after}` (`{id, fields}`, or
+  `{id, prepare.(fields)}` given a `prepare` function, called here while
+  the server applies the previous batch; a batch may have no entries when
+  only the position moved, past a gap of the log), `{:replica_trimmed,
+  reader, resume_position}` (and then waits for `{:replica_resume,
+  position}`), `{:replica_source_error, reader, error}` on each failed
+  connect, read or notice, `{:replica_source_ok, reader}` once the source
+  answers again after one, and `{:replica_source_stop, reader, error}` when
+  the source says the log cannot be followed (then it reads no more). The
+  server acknowledges each batch applied with `:replica_ack`, and tells of
+  a snapshot committed with `{:replica_committed, position}`.
   """
-  @spec start_link(
-          module(),
-          keyword(),
-          term(),
-          pos_integer(),
-          non_neg_integer(),
-          (map() -> term()) | nil
-        ) :: pid()
-  def start_link(source, opts, position, batch_size, block_ms, prepare \\ nil) do
+  @spec start_link(keyword()) :: pid()
+  def start_link(opts) do
+    loop =
+      ReadLoop.new(
+        opts[:source],
+        opts[:source_opts],
+        opts[:position],
+        opts[:batch_size],
+        if(ReadLoop.notifies?(opts[:source]), do: 0, else: opts[:block_ms]),
+        opts[:name]
+      )
+
     state = %{
       server: self(),
-      source: source,
-      opts: opts,
-      position: position,
-      count: batch_size,
-      block: block_ms,
-      prepare: prepare,
-      conn: nil,
-      wait: @min_wait_ms,
+      source: opts[:source],
+      loop: loop,
+      prepare: opts[:prepare],
+      notifies: ReadLoop.notifies?(opts[:source]),
+      block_ms: opts[:block_ms],
       unacked: 0,
       # what waits for acknowledgements before it is sent: nil,
       # {:batch, entries, position_after}, {:trimmed, resume_position} or
       # {:stop, error}
       held: nil,
-      failing: false
+      # :read (a :read message is on its way), :notice (waiting for the
+      # source's notice, with `timer`, {ref, timer} of the read after
+      # :block_ms), :retry (a :read after a wait),
+      # :held, :resume (a trim sent, waiting for :replica_resume), :stopped
+      phase: :read,
+      timer: nil
     }
 
     {:ok, pid} = GenServer.start_link(__MODULE__, state)
@@ -61,10 +68,10 @@ defmodule Larder.Replica.Reader do
   end
 
   # A GenServer, so that :sys.get_state/1 and crash reports work on it: each
-  # step (a connect, or one read of up to :block_ms) is one :read message
-  # it sends itself, so calls and system messages are answered between two
-  # reads. Exactly one :read is pending (a message or a timer) unless a
-  # batch is held for acknowledgements, or a trim waits for :replica_resume.
+  # step of the loop (a connect, or one read of up to :block_ms) is one
+  # :read message it sends itself, so calls and system messages are
+  # answered between two steps. Exactly one :read is on its way (a message
+  # or a timer) in phases :read and :retry, none in the others.
   @impl true
   def init(state) do
     send(self(), :read)
@@ -72,48 +79,92 @@ defmodule Larder.Replica.Reader do
   end
 
   @impl true
-  def handle_info(:read, %{conn: nil} = state) do
-    case state.source.connect(state.opts) do
-      {:ok, conn} -> {:noreply, next(%{state | conn: conn})}
-      {:error, error} -> {:noreply, failed(state, error)}
-    end
-  end
+  def handle_info(:read, state), do: {:noreply, step(state)}
 
-  def handle_info(:read, state) do
-    position = state.position
+  # The source's notice, or the read after :block_ms while waiting for it
+  # (a late one, from an earlier wait, is ignored).
+  def handle_info(:larder_source_ready, %{phase: :notice} = state),
+    do: {:noreply, read_now(state)}
 
-    case state.source.read(state.conn, position, state.count, state.block) do
-      {:ok, [], ^position, conn} ->
-        {:noreply, next(recovered(%{state | conn: conn}))}
-
-      {:ok, entries, position_after, conn} ->
-        entries = prepare(entries, state.prepare)
-        state = recovered(%{state | conn: conn, held: {:batch, entries, position_after}})
-        {:noreply, release(state)}
-
-      {:trimmed, resume_position, conn} ->
-        {:noreply, release(%{state | conn: conn, held: {:trimmed, resume_position}})}
-
-      {:stop, error, conn} ->
-        {:noreply, release(%{state | conn: conn, held: {:stop, error}})}
-
-      {:error, error, conn} ->
-        state.source.close(conn)
-        {:noreply, failed(%{state | conn: nil}, error)}
-    end
-  end
+  def handle_info({:replica_read_timer, ref}, %{phase: :notice, timer: {ref, _}} = state),
+    do: {:noreply, read_next(%{state | timer: nil})}
 
   def handle_info(:replica_ack, state),
     do: {:noreply, release(%{state | unacked: state.unacked - 1})}
 
-  def handle_info({:replica_resume, position}, state),
-    do: {:noreply, next(%{state | position: position})}
+  def handle_info({:replica_resume, position}, %{phase: :resume} = state),
+    do: {:noreply, read_next(%{state | loop: ReadLoop.resume(state.loop, position)})}
+
+  # Told at the next step; a reader waiting for a notice steps now.
+  def handle_info({:replica_committed, position}, state) do
+    state = %{state | loop: ReadLoop.committed(state.loop, position)}
+    {:noreply, if(state.phase == :notice, do: read_now(state), else: state)}
+  end
 
   def handle_info(_other, state), do: {:noreply, state}
 
-  defp next(state) do
+  defp step(state) do
+    failing = ReadLoop.failing?(state.loop)
+    {event, loop} = ReadLoop.step(state.loop)
+    state = %{state | loop: loop}
+
+    if failing and not ReadLoop.failing?(loop),
+      do: send(state.server, {:replica_source_ok, self()})
+
+    case event do
+      :connected ->
+        read_next(state)
+
+      {:batch, entries, position_after} ->
+        release(%{state | held: {:batch, prepare(entries, state.prepare), position_after}})
+
+      :empty when state.notifies ->
+        notice(state)
+
+      :empty ->
+        read_next(state)
+
+      {:trimmed, resume} ->
+        release(%{state | held: {:trimmed, resume}})
+
+      {:stop, error} ->
+        release(%{state | held: {:stop, error}})
+
+      {:error, error, wait} ->
+        retry(state, error, wait)
+    end
+  end
+
+  defp notice(state) do
+    case ReadLoop.await_notice(state.loop, self()) do
+      {:armed, loop} ->
+        ref = make_ref()
+        timer = Process.send_after(self(), {:replica_read_timer, ref}, state.block_ms)
+        %{state | loop: loop, phase: :notice, timer: {ref, timer}}
+
+      {:ready, loop} ->
+        read_next(%{state | loop: loop})
+
+      {{:error, error, wait}, loop} ->
+        retry(%{state | loop: loop}, error, wait)
+    end
+  end
+
+  defp retry(state, error, wait) do
+    send(state.server, {:replica_source_error, self(), error})
+    Process.send_after(self(), :read, wait)
+    %{state | phase: :retry}
+  end
+
+  # Woken before the read after :block_ms: its timer goes.
+  defp read_now(%{timer: {_ref, timer}} = state) do
+    Process.cancel_timer(timer)
+    read_next(%{state | timer: nil})
+  end
+
+  defp read_next(state) do
     send(self(), :read)
-    state
+    %{state | phase: :read}
   end
 
   # The server acknowledges each batch once applied; a batch is sent only
@@ -126,55 +177,22 @@ defmodule Larder.Replica.Reader do
   defp release(%{held: {:batch, entries, position_after}, unacked: unacked} = state)
        when unacked <= 1 do
     send(state.server, {:replica_batch, self(), entries, position_after})
-    next(%{state | held: nil, position: position_after, unacked: unacked + 1})
+    read_next(%{state | held: nil, unacked: unacked + 1})
   end
 
   defp release(%{held: {:trimmed, resume_position}, unacked: 0} = state) do
     send(state.server, {:replica_trimmed, self(), resume_position})
-    %{state | held: nil}
+    %{state | held: nil, phase: :resume}
   end
 
   defp release(%{held: {:stop, error}, unacked: 0} = state) do
     send(state.server, {:replica_source_stop, self(), error})
-    %{state | held: nil}
+    %{state | held: nil, phase: :stopped}
   end
 
-  defp release(state), do: state
+  defp release(%{held: nil} = state), do: state
+  defp release(state), do: %{state | phase: :held}
 
   defp prepare(entries, nil), do: entries
   defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})
-
-  defp failed(state, error) do
-    send(state.server, {:replica_source_error, self(), error})
-
-    # A batch too large for the source's reply bound is read in halves
-    # (entries of a legitimate log can be larger than the batch size assumed).
-    state =
-      case error do
-        %Larder.Error{reason: :source_bad_reply, details: %{max_reply_bytes: _}}
-        when state.count > 1 ->
-          %{state | count: div(state.count, 2)}
-
-        _ ->
-          state
-      end
-
-    unless state.failing do
-      Logger.warning(
-        "Larder.Replica: the source failed (#{Exception.message(error)}); " <>
-          "retrying every #{state.wait}..#{@max_wait_ms} ms from #{inspect(state.position)}"
-      )
-    end
-
-    Process.send_after(self(), :read, state.wait)
-    %{state | wait: min(state.wait * 2, @max_wait_ms), failing: true}
-  end
-
-  defp recovered(%{failing: true} = state) do
-    Logger.info("Larder.Replica: the source answers again")
-    send(state.server, {:replica_source_ok, self()})
-    %{state | failing: false, wait: @min_wait_ms}
-  end
-
-  defp recovered(state), do: state
 end

@@ -34,10 +34,10 @@ defmodule Larder.Replica.RedisStream do
       * `:timeout` - ms, `1..600_000`, default `5_000`: connecting, and
         waiting for a reply beyond the read's own block time;
       * `:max_reply_bytes` - the largest reply accepted, `1_024..2^32`,
-        default `67_108_864` (64 MiB); a larger one closes the connection
-        as a bad reply, and the replica reads half as many entries per
-        batch from then on (down to one), so a log of large entries is
-        still read.
+        default `67_108_864` (64 MiB); a larger reply to a read closes the
+        connection and is `:batch_too_large`, so the replica reads half as
+        many entries per batch from then on (down to one), and a log of
+        large entries is still read.
 
   Entry ids are the stream's ids as Redis writes them (`"1700000000000-0"`).
   The replica's position (`Larder.Replica.Source`) is the id of the last
@@ -104,11 +104,12 @@ defmodule Larder.Replica.RedisStream do
   the ones of the cache's connections (incremental: a large `XREAD` reply split
   over many packets is read once; bounded: a length above
   `:max_reply_bytes` is refused at its header, before its bytes are
-  buffered); it needs no eredis. Every reply is checked: the replies of
-  one round trip larger than `:max_reply_bytes` in all, bytes that are
-  not RESP, a reply of the wrong shape, an id that does not parse or does not increase, fields that are
-  not pairs of strings: each is `{:error, %Larder.Error{reason:
-  :source_bad_reply}}`. An error reply (`NOAUTH`, `WRONGTYPE`) is
+  buffered); it needs no eredis. Every reply is checked: bytes that are
+  not RESP, a reply of the wrong shape, an id that does not parse or does
+  not increase, fields that are not pairs of strings: each is `{:error,
+  %Larder.Error{reason: :source_bad_reply}}`; the replies of one read
+  larger than `:max_reply_bytes` in all are `{:error, %Larder.Error{reason:
+  :batch_too_large}}` (see the option). An error reply (`NOAUTH`, `WRONGTYPE`) is
   `:source_failed`; a refused connection, a closed one, a timeout, or no
   master from the sentinels or the cluster's seeds is
   `:source_unavailable`. None raises.
@@ -576,10 +577,21 @@ defmodule Larder.Replica.RedisStream do
     with {:ok, conn} <- connect(opts) do
       try do
         case request(conn, [["XINFO", "STREAM", conn.stream]], 0) do
-          {:ok, [{:error, "ERR no such key" <> _}]} -> {:ok, "0-0"}
-          {:ok, [{:ok, info}]} -> last_generated(info)
-          {:ok, [reply]} -> {:error, reply_error(reply, "XINFO")}
-          {:error, error} -> {:error, error}
+          {:ok, [{:error, "ERR no such key" <> _}]} ->
+            {:ok, "0-0"}
+
+          {:ok, [{:ok, info}]} ->
+            last_generated(info)
+
+          {:ok, [reply]} ->
+            {:error, reply_error(reply, "XINFO")}
+
+          # (its first and last entries, not a batch: no read makes it smaller)
+          {:error, %{reason: :batch_too_large} = error} ->
+            {:error, %{error | reason: :source_bad_reply}}
+
+          {:error, error} ->
+            {:error, error}
         end
       after
         close(conn)
@@ -619,9 +631,11 @@ defmodule Larder.Replica.RedisStream do
       {:ok, replies, _parser} ->
         {:ok, replies}
 
+      # The read's batch is too large: the replica reads fewer entries
+      # (Larder.Replica.Source, :batch_too_large).
       {:error, :reply_too_large} ->
         {:error,
-         Larder.Error.new(:source_bad_reply, "a reply above :max_reply_bytes",
+         Larder.Error.new(:batch_too_large, "a reply above :max_reply_bytes",
            max_reply_bytes: conn.max
          )}
 

@@ -6,10 +6,12 @@
 defmodule Larder.Replica.Snapshot do
   @moduledoc false
 
+  alias Larder.Replica.Target
+
   # A snapshot at `path` is two files:
   #
-  #   <path>.<stamp>.dump  the structure's own snapshot (Larder.Table.dump/2
-  #                        or Larder.Bag.dump/2), written first;
+  #   <path>.<stamp>.dump  the structure's own snapshot, written first by
+  #                        its target (Larder.Replica.Target);
   #   <path>               the manifest, written after it through
   #                        Larder.SnapshotFile.write/3 (temporary file, fsync,
   #                        rename, directory fsync).
@@ -40,10 +42,10 @@ defmodule Larder.Replica.Snapshot do
   # Nothing may follow the payload.
   #
   # The dump holds the structure as it was at `offset` and no later entry
-  # (a consistent cut, taken between two batches), or, for a deduplicating
-  # Bag fed by an arity-1 apply, every effect of the entries up to `offset`
+  # (a consistent cut, taken between two batches), or, for a target dumped
+  # while the replica writes it, every effect of the entries up to `offset`
   # and perhaps some of later ones, which are idempotent (see
-  # Larder.Replica.Server's snapshot path). A kill before the manifest's
+  # Larder.Replica.SnapshotSchedule). A kill before the manifest's
   # rename leaves the previous manifest, which names the previous dump, still
   # there: dumps are deleted only once a newer manifest names another one.
   # So a reader of `path` always finds a whole manifest and the dump it names.
@@ -78,32 +80,42 @@ defmodule Larder.Replica.Snapshot do
 
   @type manifest :: %{offset: term(), dump: Path.t()}
 
-  @doc """
-  Dumps `handle` and commits the manifest for `offset`, in the calling
-  process (which must not write `handle` meanwhile). Deletes the dumps no
-  manifest names any more.
+  @typedoc """
+  What a manifest names: the source module, its log's identity
+  (`c:Larder.Replica.Source.identity/1`) and the target's
+  (`Larder.Replica.Target.identity/2`).
   """
-  @spec write(Path.t(), map(), term(), term()) :: :ok | {:error, Larder.Error.t()}
-  def write(path, identity, target, offset) do
+  @type identity :: %{source: module(), log: binary(), target: term()}
+
+  @doc """
+  Dumps the structure `handle` of `target` and commits the manifest for
+  `offset`, in the calling process (which must not write `handle`
+  meanwhile). Deletes the dumps no manifest names any more.
+  """
+  @spec write(Path.t(), identity(), Target.t(), Target.handle(), term()) ::
+          :ok | {:error, Larder.Error.t()}
+  def write(path, identity, target, handle, offset) do
     dump = dump_path(path)
 
-    with :ok <- Larder.Replica.Target.dump(identity.spec, target, dump) do
+    with :ok <- Target.dump(target, handle, dump) do
       commit(path, identity, offset, dump)
     end
   end
 
   @doc """
-  Starts a snapshot of `target` at `offset` that the caller, the replica's
-  process, does not wait for: a process linked to it dumps the structure
-  and commits the manifest, and then sends the caller
-  `{Larder.Replica.Snapshot, pid, :ok | {:error, %Larder.Error{}}}`. For a
-  Table the cut is taken before this returns (Larder.Table.Dump), so the
-  dump holds the table as it is now whatever the caller writes next; for a
-  Bag the dump reads the bag while the caller writes it (see "Snapshots" in
-  Larder.Replica.Server for when that is allowed).
+  Starts a snapshot of the structure `handle` of `target` at `offset` that
+  the caller, the replica's process, does not wait for: a process linked to
+  it dumps the structure and commits the manifest, and then sends the
+  caller `{Larder.Replica.Snapshot, pid, :ok | {:error, %Larder.Error{}}}`.
+  The target begins the dump before this returns (`Target.start_dump/4`: a
+  Table's writer takes its cut then, so the dump holds the table as it is
+  now whatever the caller writes next) and the process finishes it
+  (`Target.finish_dump/4`: a Bag's dump reads the bag while the caller
+  writes it, see `c:Larder.Replica.Target.dump_mode/2` for when that is
+  allowed).
   """
-  @spec start(Path.t(), map(), term(), term()) :: pid()
-  def start(path, identity, target, offset) do
+  @spec start(Path.t(), identity(), Target.t(), Target.handle(), term()) :: pid()
+  def start(path, identity, target, handle, offset) do
     replica = self()
     dump = dump_path(path)
 
@@ -114,8 +126,7 @@ defmodule Larder.Replica.Snapshot do
 
         written =
           receive do
-            {:cut, {Larder.Table, writer, ref}} -> Larder.Table.Dump.await(writer, ref)
-            {:cut, Larder.Bag} -> Larder.Bag.dump(target, dump)
+            {:cut, {:ok, cut}} -> Target.finish_dump(target, handle, dump, cut)
             {:cut, :gone} -> :gone
           end
 
@@ -130,19 +141,7 @@ defmodule Larder.Replica.Snapshot do
         send(replica, {__MODULE__, self(), result})
       end)
 
-    cut =
-      case identity.spec do
-        {Larder.Table, _} ->
-          case Larder.Table.Dump.request(target, dump, pid) do
-            {:ok, ref} -> {Larder.Table, target.writer, ref}
-            :gone -> :gone
-          end
-
-        {Larder.Bag, _} ->
-          Larder.Bag
-      end
-
-    send(pid, {:cut, cut})
+    send(pid, {:cut, Target.start_dump(target, handle, dump, pid)})
     pid
   end
 
@@ -157,7 +156,7 @@ defmodule Larder.Replica.Snapshot do
   Commits the manifest naming the written `dump` at `offset`, then deletes
   the dumps no manifest names any more. On an error the dump is deleted.
   """
-  @spec commit(Path.t(), map(), term(), Path.t()) :: :ok | {:error, Larder.Error.t()}
+  @spec commit(Path.t(), identity(), term(), Path.t()) :: :ok | {:error, Larder.Error.t()}
   def commit(path, identity, offset, dump) do
     base = Path.basename(dump)
 
@@ -264,7 +263,7 @@ defmodule Larder.Replica.Snapshot do
   %{offset: position, dump: dump_path}}`, `:none` when there is no file, or an
   error (`:corrupt_snapshot`, `:snapshot_mismatch`, `:file_error`).
   """
-  @spec read(Path.t(), map()) :: {:ok, manifest()} | :none | {:error, Larder.Error.t()}
+  @spec read(Path.t(), identity()) :: {:ok, manifest()} | :none | {:error, Larder.Error.t()}
   def read(path, identity) do
     case Larder.SnapshotFile.read(path) do
       {:ok, data} -> parse(data, path, identity)

@@ -1,37 +1,61 @@
 defmodule Larder.Replica.Source do
   @moduledoc """
-  The behaviour of a log that a `Larder.Replica` follows: entries, each an
-  id and a map of fields, read in order from a *position*, the replica's
-  place in the log, which its snapshots store. `Larder.Replica.RedisStream`
-  (a Redis Stream, whose position is the id of the last entry applied) and
-  `Larder.Replica.Kafka` (a topic, whose position is the next offset to read
-  in each partition) implement it; a file of records or a database's change
-  feed fit the same callbacks.
+  The behaviour of a log that a `Larder.Replica` follows, version 3:
+  entries, each an id and a map of fields, read in order from a
+  *position*, the replica's place in the log, which its snapshots store.
+  `Larder.Replica.RedisStream` (a Redis Stream, whose position is the id of
+  the last entry applied) and `Larder.Replica.Kafka` (a topic, whose
+  position is the next offset to read in each partition) implement it; a
+  database's change feed (a Postgres logical replication slot), a message
+  broker's stream or a file of records fit the same callbacks.
+
+  `test/support/source_conformance.ex` is the contract as tests: every
+  source in this repository runs it.
+
+  ## Processes
 
   A source is given to the replica as `{module, options}`. The replica
   calls `validate!/1` when it is configured (so bad options raise
-  `ArgumentError` in the caller of `Larder.Replica.start_link/1`), then
-  `connect/1`, `read/4` in a loop and `close/1`: in a reader process of
-  its own, which blocks in `read/4` up to `:block_ms` and hands each batch
-  to the replica's process; or, for a source that implements the optional
-  `notify/2` (a client that reads ahead in threads of its own, such as
-  librdkafka), with `block_ms` 0 in a short-lived process of the
-  replica's per batch, which applies what it read (no copy of the batch
-  between processes): one such process at a time, each handed the
-  connection the one before returned. `latest/2` runs for
-  `Larder.Replica.await/3`, in a process of its own that the caller stops
-  waiting for (and kills) once its timeout is spent.
+  `ArgumentError` in the caller of `Larder.Replica.start_link/1`). Then
+  one process of the replica's, its *reader*, calls `connect/1`, and the
+  same process calls every callback that takes the connection: `read/4`
+  in a loop, `notify/2`, `committed/2` and `close/1`. A connection is
+  used only by the process that made it, so it may own a socket, a port
+  or a NIF resource bound to that process. The reader is linked to the
+  replica and ends with it: on a stop it is killed, possibly inside
+  `read/4` (which blocks up to `block_ms`), and `close/1` is not called
+  then, so what a connection holds must go when its process exits (a
+  socket or port it owns closes; a NIF resource's destructor frees it).
+  The reader takes no message meant for a source: a socket is read in
+  passive mode (`active: false`, within `read/4`), and a source told of
+  data by a message of its own (a NIF thread, an active socket) says so
+  through `notify/2`'s `:larder_source_ready`; the reader drops any other
+  message it does not know.
+  After a connect that failed, or a read, notice or commit that returned
+  an error, the reader calls `close/1` (when it has a connection), waits
+  100 ms, doubling up to 2 s, and connects again, reading on from where it
+  was. A `connect/1`, `read/4`, `notify/2`, `committed/2` or `close/1`
+  that raises, throws or exits, or returns something the contract does
+  not allow, is handled as an error of the source's (`:source_failed`,
+  `:source_bad_reply`): counted and retried, never a crash of the replica.
 
-  ## The contract
+  `latest/2` runs for `Larder.Replica.await/3`, in a process of its own
+  (per ask) that the caller stops waiting for, and kills, once its timeout
+  is spent: it opens and closes a connection of its own.
 
-    * A position may be made of several parts (one per partition of a
-      topic). `origin/1` is the position before every entry: reading from
-      it reads the whole log. `advance/2` gives the position after one
-      entry applied at a position; `reached?/2` says whether a position
-      includes everything up to a target position (every part at or past
-      the target's). Positions are plain terms (they are stored in
-      snapshots); `cast_position/1` checks one read from a snapshot or
-      given to `Larder.Replica.await/3`.
+  ## Positions
+
+  A position may be made of several parts (one per partition of a topic).
+  `origin/1` is the position before every entry: reading from it reads the
+  whole log. `advance/2` gives the position after one entry applied at a
+  position; `reached?/2` says whether a position includes everything up to
+  a target position (every part at or past the target's). Positions are
+  plain terms (they are stored in snapshots); `cast_position/1` checks one
+  read from a snapshot or given to `Larder.Replica.await/3`, and takes
+  every position the source returns.
+
+  ## Reading
+
     * `read(conn, position, count, block_ms)` returns `{:ok, entries,
       position_after, conn}`: up to `count` entries that follow `position`,
       in the order they are to be applied (within a part, increasing; the
@@ -47,39 +71,95 @@ defmodule Larder.Replica.Source do
       resume_position, conn}` instead: reading from `resume_position`
       reads what the log still holds, and skips nothing that is still
       there. A gap that is the log's normal shape (compaction) is not a
-      trim. A source must never skip entries silently.
+      trim. A source must never skip entries silently. The replica then
+      stops (`on_trimmed: :stop`) or rebuilds its structure and reads on
+      from `resume_position` (`:rebuild`).
     * When the log changed in a way that neither reading on nor a rebuild
       from what it holds can follow (a Kafka topic whose partitions were
       added: a key's records are then in two partitions whose relative
       order the log does not keep), `read/4` returns `{:stop,
       %Larder.Error{}, conn}`: the replica applies nothing more and stops
       with `{:shutdown, error}`, whatever its `:on_trimmed`.
-    * Everything read from the outside is untrusted: a reply of the wrong
-      shape or size is `{:error, %Larder.Error{reason: :source_bad_reply}}`,
-      a server that cannot be reached or does not answer in time
-      `{:error, %Larder.Error{reason: :source_unavailable}}`. Neither may
-      raise. After an error the replica calls `close/1` and, after a
-      pause, `connect/1` again and reads on from where it was.
-    * `latest(opts, timeout)` is the position the log's end has now: a
-      replica whose position has reached it has applied every entry the
-      log held when `latest/2` was called. A position that this one has
-      not reached (`reached?(latest, position)` is false) means the log
-      went backwards, below what the replica applied. An error is
-      returned at once: the caller asks again (after 50 ms, doubling up to
-      1 s) until the source answers or its own timeout is spent, so a
-      source needs no retry loop of its own.
-    * `notify(conn, pid)` (optional) is called when a read returned no
-      entries: `{:armed, conn}` means the source sends `pid` the message
-      `:larder_source_ready` once, when something may be read (a later
-      read may still find nothing: an end of partition, a spurious
-      notice); `{:ready, conn}` means there is something to read now. The
-      replica also reads every `:block_ms` while it waits, so a source's
-      periodic checks in `read/4` go on when the log is idle. An error is
-      `{:error, %Larder.Error{}, conn}`, handled as a read's. It must not
-      block: it is called in the replica's process.
-    * `identity/1` names the log (a stream's name, a topic): it is stored
-      in the replica's snapshots, and a snapshot of another log is
-      refused.
+    * `notify(conn, pid)` (optional) marks a source that reads ahead in
+      threads of its own (librdkafka): the reader then calls `read/4`
+      with `block_ms` 0, and when a read returned no entries it calls
+      `notify/2`. `{:armed, conn}` means the source sends `pid` (the
+      reader) the message `:larder_source_ready` once, when something may
+      be read (a later read may still find nothing: an end of partition, a
+      spurious notice); `{:ready, conn}` means there is something to read
+      now. The reader also reads every `:block_ms` while it waits, so a
+      source's periodic checks in `read/4` go on when the log is idle. It
+      must not block. Which kind a source is matters to the reader only.
+
+  ## Errors
+
+  Everything read from the outside is untrusted, and no callback may
+  raise. An error is `{:error, %Larder.Error{}, conn}` (`{:error,
+  %Larder.Error{}}` from `connect/1` and `latest/2`), whose reason tells
+  the replica what to do:
+
+    * `:batch_too_large` - the read's reply would be larger than the
+      source takes (`Larder.Replica.RedisStream`'s `:max_reply_bytes`):
+      the reader reads half as many entries per batch from then on, down
+      to one, after the pause above;
+    * `:source_unavailable` - a server that cannot be reached or does not
+      answer in time;
+    * `:source_bad_reply` - a reply of the wrong shape or size;
+    * `:source_failed` - a refusal (an error reply, a failed
+      authentication, a configuration the server rejects).
+
+  Each is reported by a `[:larder, :replica, :source, :error]` event and
+  kept as the source's last error (in `await/3`'s `:timeout` error) until
+  a read succeeds; the reader logs one warning per outage and one line
+  once the source answers again.
+
+  ## Commits
+
+  `committed(conn, position)` (optional) tells the source that a snapshot
+  holding `position` is durable: its manifest was renamed into place, so
+  the replica never needs the entries up to `position` again, and a
+  restart reads on from there. A source that keeps a consumer's place on
+  its server (a Postgres slot's flush position, a NATS acknowledgement)
+  confirms it here. The position a replica starts from (its snapshot's,
+  or the origin without one) counts as committed: after every
+  successful `connect/1`, before the first read on that connection, the
+  reader calls `committed/2` with the last committed position, so a
+  source learns it on each connection; then again, between two reads,
+  after each snapshot commits. Positions go back after a rebuild
+  (`on_trimmed: :rebuild`) or a restart from an older snapshot: each call
+  names where a restart would read from now. An error is handled as a
+  read's, and the next connection is told again. A replica without
+  `:snapshot` commits nothing past the position it started from.
+
+  ## The log's end
+
+  `latest(opts, timeout)` is the position the log's end has now: a
+  replica whose position has reached it has applied every entry the log
+  held when `latest/2` was called. A position that this one has not
+  reached (`reached?(latest, position)` is false) means the log went
+  backwards, below what the replica applied. An error is returned at
+  once: the caller asks again (after 50 ms, doubling up to 1 s) until the
+  source answers or its own timeout is spent, so a source needs no retry
+  loop of its own.
+
+  `identity/1` names the log (a stream's name, a topic): it is stored in
+  the replica's snapshots, and a snapshot of another log is refused.
+
+  ## Changes from version 2
+
+    * Every callback that takes a connection runs in the process that
+      made it, the reader, for every source (version 2 read a source that
+      implements `notify/2` in short-lived processes, one per batch, each
+      handed the connection the one before returned), and `notify/2`'s
+      notice goes to the reader.
+    * `committed/2`, optional, is new.
+    * `:batch_too_large` is the reason of a read too large for the source
+      (version 2 halved the batch on one source's error details).
+    * `{:stop, error, conn}` from `read/4` (added to version 2 late) is
+      part of the contract.
+    * A callback of the reader's (above) that raises or returns a value
+      the contract does not allow is an error of the source's, counted and
+      retried (version 2 crashed the reader, and the replica with it).
   """
 
   @typedoc """
@@ -94,12 +174,12 @@ defmodule Larder.Replica.Source do
   @typedoc "One entry of the log: its id and its fields."
   @type entry :: {entry_id(), map()}
 
-  @typedoc "The source's connection state, private to it."
+  @typedoc "The source's connection state, private to it and to the process that made it."
   @type conn :: term()
 
   @doc """
   Checks the source's options and returns them with their defaults.
-  Raises `ArgumentError` naming a bad option.
+  Raises `ArgumentError` naming a bad or unknown option.
   """
   @callback validate!(opts :: term()) :: keyword()
 
@@ -118,10 +198,13 @@ defmodule Larder.Replica.Source do
   @doc "Whether `position` includes every entry up to `target` (every part at or past it)."
   @callback reached?(position(), target :: position()) :: boolean()
 
-  @doc "Opens a connection. Must not raise."
+  @doc """
+  Opens a connection, in the process that will use it (see "Processes").
+  Must not raise.
+  """
   @callback connect(opts :: keyword()) :: {:ok, conn()} | {:error, Larder.Error.t()}
 
-  @doc "Reads the entries that follow `position` (see \"The contract\"). Must not raise."
+  @doc "Reads the entries that follow `position` (see \"Reading\"). Must not raise."
   @callback read(conn(), position(), count :: pos_integer(), block_ms :: non_neg_integer()) ::
               {:ok, [entry()], position_after :: position(), conn()}
               | {:trimmed, resume_position :: position(), conn()}
@@ -139,12 +222,18 @@ defmodule Larder.Replica.Source do
   @callback close(conn()) :: :ok
 
   @doc """
-  Asks for the message `:larder_source_ready` to `pid` once something can
-  be read (see "The contract"). Optional: a source that implements it is
-  read in the replica's own process. Must not raise nor block.
+  Asks for the message `:larder_source_ready` to `pid` (the reader) once
+  something can be read (see "Reading"). Optional: a source that
+  implements it is read with `block_ms` 0. Must not raise nor block.
   """
   @callback notify(conn(), pid()) ::
               {:armed, conn()} | {:ready, conn()} | {:error, Larder.Error.t(), conn()}
 
-  @optional_callbacks notify: 2
+  @doc """
+  A snapshot holding `position` is durable (see "Commits"). Optional.
+  Must not raise.
+  """
+  @callback committed(conn(), position()) :: {:ok, conn()} | {:error, Larder.Error.t(), conn()}
+
+  @optional_callbacks notify: 2, committed: 2
 end

@@ -1,10 +1,10 @@
 defmodule Larder.Replica.NotifyTest do
   # The Source contract's optional notify/2: a source that implements it
   # (a client that reads ahead in threads of its own, as librdkafka) is read
-  # in the replica's own process with no wait, so no batch is copied from a
-  # reader process, and the replica waits for the source's notice instead
-  # of blocking in read/4. On an in-memory log of several partitions
-  # (Larder.Test.NotifyingSource, Larder.Test.PartitionedSource's shapes).
+  # by the replica's reader with no wait, and the reader waits for the
+  # source's notice instead of blocking in read/4. On an in-memory log of
+  # several partitions (Larder.Test.NotifyingSource,
+  # Larder.Test.PartitionedSource's shapes).
   use ExUnit.Case, async: true
 
   alias Larder.Replica
@@ -46,21 +46,31 @@ defmodule Larder.Replica.NotifyTest do
   end
 
   defp produce(log, ops), do: PartitionedSource.produce(Log, log, ops)
+
+  # The offset of the snapshot at `path` of the replica of opts(ctx, _).
+  defp snapshot_offset(ctx, path) do
+    identity = %{source: Log, log: "partitioned", target: {:table, name(ctx, "t")}}
+
+    with {:ok, %{offset: offset}} <- Larder.Replica.Snapshot.read(path, identity),
+         do: {:ok, offset}
+  end
+
   defp model(log), do: PartitionedSource.model(log)
   defp ends(log), do: PartitionedSource.ends(log)
 
-  test "the replica reads with no wait and no reader process, and a waiting replica " <>
-         "reads again only on the source's notice",
+  test "the reader reads with no wait, and a waiting reader reads again only on the " <>
+         "source's notice",
        ctx do
     produce(ctx.log, for(k <- 1..50, do: {:put, k, k}))
     replica = start!(opts(ctx, []))
     assert Replica.await(replica, :latest, 30_000) == :ok
 
-    # read with no wait, by a step of the replica (no reader process)
+    # read with no wait, by the replica's reader, the process that connected
     {_reads, reader, block_ms} = Log.reads(ctx.log)
-    assert is_pid(reader) and reader != replica
+    assert reader == :sys.get_state(replica).reader
+    assert reader != replica
     assert block_ms == 0
-    assert :sys.get_state(replica).reader == nil
+    assert Log.connected(ctx.log) == [reader]
 
     # Caught up and waiting: no reads without a notice (no polling loop;
     # the fallback read comes after block_ms, 60 s here).
@@ -137,9 +147,13 @@ defmodule Larder.Replica.NotifyTest do
     assert Replica.offset(replica) == ends(ctx.log)
   end
 
-  # An apply that does not return holds the step that read its batch, not
-  # the replica's process: drop/1 ends it, and a process that started the
-  # replica (linked, not trapping exits) lives on.
+  # An apply that does not return holds the reader (arity 1) or the step
+  # that applies its batch (arity 2), not the replica's process: drop/1
+  # ends it, and a process that started the replica (linked, not trapping
+  # exits) lives on. A reader stuck in an arity-1 apply has written
+  # nothing: the replica stops with a last snapshot, of the entries before
+  # the stuck one. A step stuck in an arity-2 apply may be mid-entry: no
+  # snapshot.
   for arity <- [1, 2] do
     test "an arity-#{arity} apply stuck on an entry: drop/1 ends it, not the process that " <>
            "started the replica",
@@ -184,7 +198,7 @@ defmodule Larder.Replica.NotifyTest do
       assert_receive {:stuck, step}, 10_000
 
       # the replica answers meanwhile
-      assert %{} = Replica.offset(replica)
+      assert %{} = offset = Replica.offset(replica)
 
       assert {:error, %Larder.Error{reason: :timeout}} =
                Replica.await(replica, ends(ctx.log), 200)
@@ -195,7 +209,22 @@ defmodule Larder.Replica.NotifyTest do
       assert Process.alive?(starter)
       refute Process.alive?(replica)
       refute Process.alive?(step)
-      refute File.exists?(path)
+
+      case unquote(arity) do
+        1 ->
+          # every entry but the stuck one (key 3's): those the reader read
+          # before it, the last of them applied while it was stuck
+          but_stuck =
+            for {id, fields} <- Log.entries(ctx.log), fields["k"] != "3", reduce: %{} do
+              position -> Log.advance(position, id)
+            end
+
+          assert snapshot_offset(ctx, path) == {:ok, but_stuck}
+          assert Log.reached?(but_stuck, offset)
+
+        2 ->
+          refute File.exists?(path)
+      end
 
       send(starter, :exit)
       assert_receive {:DOWN, ^watch, :process, _, :normal}, 10_000

@@ -1,8 +1,11 @@
 defmodule Larder.Replica.RedisStreamTest do
   # The Redis Stream source on its own, against a real redis-server: the
-  # read it sends ahead after a full batch, taken when the next read asks
-  # for it and dropped when it asks for another position.
+  # Source contract's conformance suite, on a stream of its own per test
+  # (one part: ids increase; a trim is XTRIM), and the read it sends ahead
+  # after a full batch, taken when the next read asks for it and dropped
+  # when it asks for another position.
   use ExUnit.Case, async: true
+  use Larder.Test.SourceConformance, source: Larder.Replica.RedisStream
 
   alias Larder.Replica.RedisStream
   alias Larder.Test.RedisServer
@@ -18,7 +21,35 @@ defmodule Larder.Replica.RedisStreamTest do
     opts = RedisStream.validate!(stream: "s", redis: [port: server.port, timeout: 5_000])
     {:ok, conn} = RedisStream.connect(opts)
     on_exit(fn -> RedisStream.close(conn) end)
-    %{redis: redis, ids: ids, conn: conn}
+    %{redis: redis, ids: ids, conn: conn, server: server}
+  end
+
+  # The conformance suite's log: a stream of its own.
+  setup ctx do
+    stream = "conformance-#{System.unique_integer([:positive])}"
+    redis = ctx.redis
+
+    %{
+      source_opts: [stream: stream, redis: [port: ctx.server.port, timeout: 5_000]],
+      bad_opts: [
+        [stream: ""],
+        [stream: stream, redis: [port: 0]],
+        [stream: stream, redis: [port: 1, cluster: [{"127.0.0.1", 2}]]],
+        [redis: [port: ctx.server.port]]
+      ],
+      append: fn values ->
+        for value <- values,
+            do: {:ok, _id} = Log.command(redis, ["XADD", stream, "*", "v", value])
+
+        :ok
+      end,
+      value: fn fields -> fields["v"] end,
+      part: fn _id -> :stream end,
+      trim: fn ->
+        {:ok, _} = Log.command(redis, ["XTRIM", stream, "MAXLEN", "1"])
+        :ok
+      end
+    }
   end
 
   # The ids read, checking the position after them (Source contract v2):

@@ -9,7 +9,7 @@ defmodule Larder.Replica.SnapshotTest do
 
   alias Larder.Bag
   alias Larder.Replica
-  alias Larder.Replica.Server
+  alias Larder.Replica.Handle
   alias Larder.Table
   alias Larder.Test.Dumps
   alias Larder.Test.ReplicaLog, as: Log
@@ -98,8 +98,7 @@ defmodule Larder.Replica.SnapshotTest do
     %{
       source: source,
       log: source.identity(source_opts),
-      target: Larder.Replica.Target.identity(opts[:into], opts[:name]),
-      spec: opts[:into]
+      target: Larder.Replica.Target.identity(Larder.Replica.Target.new!(opts[:into]), opts[:name])
     }
   end
 
@@ -477,7 +476,7 @@ defmodule Larder.Replica.SnapshotTest do
     assert {:ok, offset1} = Task.await(first, 60_000)
     assert {:ok, ^id} = Task.await(second, 60_000)
     assert offset1 != id
-    assert Server.position(Server.handle(replica)) |> elem(0) == id
+    assert Handle.position(Handle.lookup(replica)) |> elem(0) == id
     :ok = GenServer.stop(replica)
   end
 end

@@ -25,7 +25,7 @@ defmodule Larder.Replica.TargetTest do
     # The table belongs to the task that creates it.
     task =
       Task.async(fn ->
-        table = Target.new({Table, key: :id, name: name})
+        table = Target.create(Target.new!({Table, key: :id, name: name}))
         {Table.size(name), Table.drop(table)}
       end)
 
@@ -47,7 +47,7 @@ defmodule Larder.Replica.TargetTest do
     :erlang.trace(self(), true, [:call, {:tracer, tracer}])
 
     try do
-      assert_raise ArgumentError, ~r/:dedup/, fn -> Target.new(spec) end
+      assert_raise ArgumentError, ~r/:dedup/, fn -> Target.create(Target.new!(spec)) end
     after
       :erlang.trace(self(), false, [:call])
       :erlang.trace_pattern({Bag, :new, 1}, false, [:global])

@@ -192,21 +192,19 @@ defmodule Larder.Replica.Kafka do
 
   ## Performance
 
-  The replica reads this source with no reader process (the source
-  implements `c:Larder.Replica.Source.notify/2`), in a short-lived process
-  of its own per batch that applies what it read: a read is one call into
+  The replica's reader reads this source with no wait (the source
+  implements `c:Larder.Replica.Source.notify/2`): a read is one call into
   the NIF on a dirty I/O scheduler that takes, with no wait, up to
   `batch_size` records from librdkafka's prefetch queue and builds the
-  entries there, so no batch is copied between processes; librdkafka
-  fetches from every broker in its own threads meanwhile. Once a read
-  comes back empty, librdkafka's queue callback wakes the replica (the
+  entries there; librdkafka fetches from every broker in its own threads
+  meanwhile. The reader connects, reads, and runs an arity-1 `:apply`
+  over each batch while the replica's process writes the batch before, so
+  the reads, the decoding and the writes of a catch-up overlap. Once a
+  read comes back empty, librdkafka's queue callback wakes the reader (the
   message `:larder_source_ready`, sent by a thread of the NIF's) when the
   next record, end of partition or error arrives: the lag from a record's
-  arrival is one message and one batch's apply, with no polling while
-  idle. In a catch-up the replica's apply and writes are most of the time
-  (the NIF and librdkafka's threads took under a tenth of the CPU of a
-  catch-up into an indexed Table), and they run one after the other in
-  that process. `mix run bench/replica_kafka_bench.exs` measures the
+  arrival is one message, one read and one batch's apply, with no polling
+  while idle. `mix run bench/replica_kafka_bench.exs` measures the
   catch-up from zero of the 487,200-price catalogue from 8 partitions
   against `Larder.Table.insert_many/2` of the same records.
   """
@@ -506,10 +504,9 @@ defmodule Larder.Replica.Kafka do
     :ok
   end
 
-  # librdkafka prefetches in its own threads: the replica reads with no
-  # wait (no reader process), and is told when the consumer queue gets
-  # something (a record, an end of partition, an error) after a read found
-  # it empty.
+  # librdkafka prefetches in its own threads: the replica's reader reads
+  # with no wait, and is told when the consumer queue gets something (a
+  # record, an end of partition, an error) after a read found it empty.
   @impl true
   def notify(conn, pid) do
     case Native.consumer_notify(conn.consumer, pid) do

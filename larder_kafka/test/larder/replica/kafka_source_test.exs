@@ -159,8 +159,11 @@ defmodule Larder.Replica.KafkaSourceTest do
 end
 
 defmodule Larder.Replica.KafkaSourceBrokerTest do
-  # Larder.Replica.Kafka's read/4 and latest/2 against a real broker.
+  # Larder.Replica.Kafka's read/4 and latest/2 against a real broker, and
+  # the Source contract's conformance suite (on a topic of three
+  # partitions per test; a trim is kafka-delete-records).
   use ExUnit.Case, async: false
+  use Larder.Test.SourceConformance, source: Larder.Replica.Kafka
 
   @moduletag :kafka
 
@@ -179,6 +182,50 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     %{topic: "src-#{System.unique_integer([:positive])}"}
   end
 
+  # The conformance suite's log: a topic of its own, of three partitions,
+  # written to in turn.
+  setup ctx do
+    if ctx[:describe] == "Larder.Replica.Source conformance",
+      do: conformance(ctx),
+      else: :ok
+  end
+
+  defp conformance(ctx) do
+    topic = "conf-#{System.unique_integer([:positive])}"
+    :ok = Native.create_topic(ctx.admin, topic, 3, [], 60_000)
+    opts = [brokers: [ctx.bootstrap], topic: topic]
+    readable!(Kafka.validate!(opts), 100)
+    counter = :counters.new(1, [])
+
+    %{
+      source_opts: opts,
+      bad_opts: [
+        [brokers: [], topic: topic],
+        [brokers: [ctx.bootstrap], topic: "a topic"],
+        [topic: topic]
+      ],
+      append: fn values ->
+        records =
+          for value <- values do
+            :counters.add(counter, 1, 1)
+            {rem(:counters.get(counter, 1), 3), nil, value, []}
+          end
+
+        :ok = Native.produce_batch(ctx.producer, topic, records)
+        {:ok, _acks} = Native.producer_flush(ctx.producer, 60_000)
+        :ok
+      end,
+      value: fn fields -> fields["value"] end,
+      part: fn {partition, _offset} -> partition end,
+      trim: fn ->
+        {:ok, ends} = Kafka.latest(Kafka.validate!(opts), 30_000)
+        offsets = for {p, high} <- ends, is_integer(p), high > 0, do: {p, high - 1}
+        {:ok, _} = Native.delete_records(ctx.admin, topic, offsets, 60_000)
+        :ok
+      end
+    }
+  end
+
   defp create!(ctx, partitions) do
     :ok = Native.create_topic(ctx.admin, ctx.topic, partitions, [], 60_000)
   end
@@ -187,6 +234,34 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     :ok = Native.produce_batch(ctx.producer, ctx.topic, records)
     {:ok, acks} = Native.producer_flush(ctx.producer, 60_000)
     acks
+  end
+
+  # A topic just created may not have its partitions' leaders yet (its
+  # metadata or watermarks then fail for a moment): waits until its end is
+  # read and a read from its start answers, as a replica's would after a
+  # retry.
+  defp readable!(opts, tries) do
+    ready =
+      with {:ok, ends} when map_size(ends) == 3 <- Kafka.latest(opts, 5_000),
+           {:ok, conn} <- Kafka.connect(opts) do
+        result = Kafka.read(conn, %{}, 1, 100)
+        Kafka.close(conn)
+        match?({:ok, _, _, _}, result)
+      else
+        _ -> false
+      end
+
+    cond do
+      ready ->
+        :ok
+
+      tries > 0 ->
+        Process.sleep(100)
+        readable!(opts, tries - 1)
+
+      true ->
+        flunk("the topic #{opts[:topic]} never became readable")
+    end
   end
 
   defp opts(ctx, extra \\ []),
