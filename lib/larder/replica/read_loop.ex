@@ -178,6 +178,10 @@ defmodule Larder.Replica.ReadLoop do
   @spec resume(t(), term()) :: t()
   def resume(loop, position), do: %{loop | position: position}
 
+  @doc "The position the next read reads from."
+  @spec position(t()) :: term()
+  def position(loop), do: loop.position
+
   @doc "Closes the connection, if any."
   @spec close(t()) :: t()
   def close(%__MODULE__{connected: false} = loop), do: loop

@@ -60,7 +60,8 @@ defmodule Larder.Replica.Reader do
       # :block_ms), :retry (a :read after a wait),
       # :held, :resume (a trim sent, waiting for :replica_resume), :stopped
       phase: :read,
-      timer: nil
+      timer: nil,
+      caught_up: false
     }
 
     {:ok, pid} = GenServer.start_link(__MODULE__, state)
@@ -118,11 +119,9 @@ defmodule Larder.Replica.Reader do
       {:batch, entries, position_after} ->
         release(%{state | held: {:batch, prepare(entries, state.prepare), position_after}})
 
-      :empty when state.notifies ->
-        notice(state)
-
       :empty ->
-        read_next(state)
+        state = caught_up(state)
+        if state.notifies, do: notice(state), else: read_next(state)
 
       {:trimmed, resume} ->
         release(%{state | held: {:trimmed, resume}})
@@ -192,6 +191,15 @@ defmodule Larder.Replica.Reader do
 
   defp release(%{held: nil} = state), do: state
   defp release(state), do: %{state | phase: :held}
+
+  # The first read that finds nothing tells the server where the log's
+  # end was (once: the replica's info line, see Larder.Replica.Server).
+  defp caught_up(%{caught_up: false} = state) do
+    send(state.server, {:replica_caught_up, self(), ReadLoop.position(state.loop)})
+    %{state | caught_up: true}
+  end
+
+  defp caught_up(state), do: state
 
   defp prepare(entries, nil), do: entries
   defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})

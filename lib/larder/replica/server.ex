@@ -56,7 +56,13 @@ defmodule Larder.Replica.Server do
     queue: :queue.new(),
     waiters: [],
     # whether the row holds a source error
-    source_failing: false
+    source_failing: false,
+    # for the info line once caught up: when the replica started, the
+    # entries applied since, and the log's end the reader first met
+    # (nil once logged)
+    started: nil,
+    applied: 0,
+    caught_up: :waiting
   ]
 
   # How long a drop (or a clean stop) waits for the step running to end
@@ -152,7 +158,8 @@ defmodule Larder.Replica.Server do
         handle: Handle.new(name, source, source_opts),
         path_lock: lock,
         snapshots: snapshots,
-        offset: offset
+        offset: offset,
+        started: System.monotonic_time(:millisecond)
       }
 
       write_row(state)
@@ -185,7 +192,7 @@ defmodule Larder.Replica.Server do
 
     result =
       try do
-        start_target(target, identity, opts[:snapshot], source.origin(source_opts))
+        start_target(target, identity, opts[:snapshot], source.origin(source_opts), opts[:name])
       rescue
         error in ArgumentError -> {:error, error}
       end
@@ -194,15 +201,26 @@ defmodule Larder.Replica.Server do
     result
   end
 
-  defp start_target(target, _identity, nil, origin), do: {:ok, Target.create(target), origin}
+  defp start_target(target, _identity, nil, origin, _name),
+    do: {:ok, Target.create(target), origin}
 
-  defp start_target(target, identity, path, origin) do
+  defp start_target(target, identity, path, origin, name) do
     case Snapshot.read(path, identity) do
       :none ->
         {:ok, Target.create(target), origin}
 
       {:ok, %{offset: offset, dump: dump}} ->
-        with {:ok, structure} <- Target.load(target, dump), do: {:ok, structure, offset}
+        started = System.monotonic_time(:millisecond)
+
+        with {:ok, structure} <- Target.load(target, dump) do
+          Logger.info(
+            "Larder.Replica #{inspect(name)} loaded its snapshot #{path} " <>
+              "in #{System.monotonic_time(:millisecond) - started} ms; reading the log from " <>
+              inspect(offset, limit: 8)
+          )
+
+          {:ok, structure, offset}
+        end
 
       {:error, error} ->
         {:error, error}
@@ -323,6 +341,9 @@ defmodule Larder.Replica.Server do
 
   def handle_info({:replica_source_ok, reader}, %{reader: reader} = state),
     do: {:noreply, source_answers(state)}
+
+  def handle_info({:replica_caught_up, reader, position}, %{reader: reader} = state),
+    do: {:noreply, log_caught_up(%{state | caught_up: position})}
 
   def handle_info({:replica_step, pid, outcome}, %{step: %{pid: pid, started: started}} = state) do
     case batch_done(%{state | step: nil}, outcome, started) do
@@ -453,7 +474,7 @@ defmodule Larder.Replica.Server do
           offset: offset
         })
 
-        {:noreply, advance(state, offset)}
+        {:noreply, advance(%{state | applied: state.applied + applied}, offset)}
 
       {:stop, error, offset} ->
         stop(advance(state, offset), error)
@@ -564,8 +585,32 @@ defmodule Larder.Replica.Server do
       GenServer.reply(from, :ok)
     end
 
-    write_row(%{state | offset: offset, waiters: waiting})
+    write_row(log_caught_up(%{state | offset: offset, waiters: waiting}))
   end
+
+  # One info line, the first time the replica has applied everything up to
+  # the log's end the reader first met (a boot that would be silent for
+  # the length of the catch-up otherwise): what it applied and how long
+  # it took since the replica started. Logger.put_application_level(:larder,
+  # :warning) turns it off.
+  defp log_caught_up(%{caught_up: position} = state) when position not in [:waiting, :done] do
+    if state.source.reached?(state.offset, position) do
+      ms = System.monotonic_time(:millisecond) - state.started
+
+      Logger.info(
+        "Larder.Replica #{inspect(state.name)} caught up with #{inspect(state.source)} " <>
+          "#{inspect(state.source.identity(state.handle.source_opts))}: " <>
+          "#{state.applied} #{if state.applied == 1, do: "entry", else: "entries"} applied " <>
+          "in #{ms} ms since it started, at #{inspect(state.offset, limit: 8)}"
+      )
+
+      %{state | caught_up: :done}
+    else
+      state
+    end
+  end
+
+  defp log_caught_up(state), do: state
 
   defp write_row(state) do
     Handle.put_position(state.handle, state.offset, state.epoch, state.structure)
