@@ -89,6 +89,26 @@ defmodule PriceCatalogue.Columns do
   defp bad!(price, why), do: raise(ArgumentError, "price: #{why}: #{inspect(price)}")
 
   @doc """
+  The price of its columns, the characteristics already read (by
+  `chars!/2`, or shared by the caller): idx, offering, group, spec,
+  characteristics, value, isDefault, currency. Raises `ArgumentError`
+  naming the column for an integer or boolean that is not one.
+  """
+  @spec decode!([binary() | [map()]]) :: PriceCatalogue.price()
+  def decode!([idx, offering, group, spec, chars, value, default, currency]) do
+    %{
+      idx: count!(idx, "idx"),
+      offering_id: offering,
+      group_id: group,
+      spec: spec,
+      chars: chars,
+      value: count!(value, "value"),
+      is_default: boolean!(default),
+      currency: currency
+    }
+  end
+
+  @doc """
   `text`, a text column; raises `ArgumentError` naming `column` when it
   holds a separator (which `encode!/1` would refuse to write).
   """

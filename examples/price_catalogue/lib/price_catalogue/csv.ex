@@ -97,18 +97,7 @@ defmodule PriceCatalogue.CSV do
         {chars, cache} = intern_chars(span, chars, values, cache)
         {currency, cache} = if currency == "", do: {"", cache}, else: intern(currency, cache)
 
-        price = %{
-          idx: Columns.count!(idx, "idx"),
-          offering_id: offering,
-          group_id: group,
-          spec: spec,
-          chars: chars,
-          value: Columns.count!(value, "value"),
-          is_default: Columns.boolean!(default),
-          currency: currency
-        }
-
-        {price, cache}
+        {Columns.decode!([idx, offering, group, spec, chars, value, default, currency]), cache}
 
       fields ->
         {:error,

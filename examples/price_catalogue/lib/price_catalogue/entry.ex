@@ -66,18 +66,7 @@ defmodule PriceCatalogue.Entry do
     case :binary.split(payload, "\t", [:global]) do
       [idx, offering, group, spec, chars, values, value, default, currency] ->
         chars = Columns.chars!(chars, values)
-
-        {:insert,
-         %{
-           idx: Columns.count!(idx, "idx"),
-           offering_id: offering,
-           group_id: group,
-           spec: spec,
-           chars: chars,
-           value: Columns.count!(value, "value"),
-           is_default: Columns.boolean!(default),
-           currency: currency
-         }}
+        {:insert, Columns.decode!([idx, offering, group, spec, chars, value, default, currency])}
 
       parts ->
         raise ArgumentError,
