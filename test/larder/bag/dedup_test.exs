@@ -5,8 +5,6 @@ defmodule Larder.Bag.DedupTest do
   # a slot's shard is rebuilt from the table by repair/4.
   use ExUnit.Case, async: true
 
-  import Bitwise, only: [<<<: 2]
-
   alias Larder.Bag
   alias Larder.Bag.{Dedup, Fingerprint, Order}
   alias Larder.Native
