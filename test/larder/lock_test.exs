@@ -1,7 +1,6 @@
 defmodule Larder.LockTest do
   use ExUnit.Case, async: true
 
-  import Larder.Test.Eventually
   import Larder.Test.Scheduler, only: [yields: 1]
 
   alias Larder.Lock
