@@ -51,11 +51,14 @@ defmodule Larder.Native.CargoTest do
   } do
     crate = crate!(root, "cargo_test_bad", "this is not rust\n")
 
+    # cargo's output goes to stderr, the "Building" line to stdout.
     out =
       capture_io(:stderr, fn ->
-        error = assert_raise Mix.Error, fn -> Cargo.build!(root, crate, "cargo_test_bad") end
-        assert error.message =~ "cargo could not build the NIF crate #{Path.join(root, crate)}"
-        assert error.message =~ "exit status"
+        capture_io(fn ->
+          error = assert_raise Mix.Error, fn -> Cargo.build!(root, crate, "cargo_test_bad") end
+          assert error.message =~ "cargo could not build the NIF crate #{Path.join(root, crate)}"
+          assert error.message =~ "exit status"
+        end)
       end)
 
     assert out =~ "error"
@@ -64,9 +67,11 @@ defmodule Larder.Native.CargoTest do
 
   test "a crate that is not there is a Mix error too", %{tmp_dir: root} do
     capture_io(:stderr, fn ->
-      assert_raise Mix.Error, ~r/cargo could not build the NIF crate/, fn ->
-        Cargo.build!(root, "native/none", "none")
-      end
+      capture_io(fn ->
+        assert_raise Mix.Error, ~r/cargo could not build the NIF crate/, fn ->
+          Cargo.build!(root, "native/none", "none")
+        end
+      end)
     end)
   end
 end
