@@ -1,8 +1,10 @@
 # Larder: `make demo` and `make test` are the two set-up commands.
 # Both install what a fresh machine lacks first (scripts/setup, idempotent).
-# Three Mix projects: the core (this folder), the Kafka adapter
-# (larder_kafka/) and the Postgres client (larder_postgres/), which depend
-# on the core by path.
+# Mix projects: the core (this folder), the Kafka adapter (larder_kafka/)
+# and the Postgres client (larder_postgres/), which depend on the core by
+# path, the price catalogue (examples/price_catalogue/, which the core's
+# benches, demo and tests and the price search example depend on by path)
+# and the price search example (examples/price_search/).
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 KAFKA := larder_kafka
@@ -13,6 +15,7 @@ BENCH_ARGS ?=
 .PHONY: setup demo test bench bench-quick bench-http bench-startup serve check format release-check report
 
 PRICE_SEARCH := examples/price_search
+PRICE_CATALOGUE := examples/price_catalogue
 
 setup:
 	@scripts/setup
@@ -27,6 +30,7 @@ test: setup
 	mix test
 	cd $(KAFKA) && mix test
 	cd larder_postgres && mix test
+	cd $(PRICE_CATALOGUE) && mix test
 	cd $(PRICE_SEARCH) && mix test
 
 # The price search service on port 8091, or PORT. It is compiled by mix
@@ -42,8 +46,8 @@ test: setup
 # load about 1.5 s slower (every heap growth a fresh mapping to fault in).
 PS_ENV := $(or $(MIX_ENV),dev)
 PS_BUILD := $(PRICE_SEARCH)/_build/$(PS_ENV)
-PS_SOURCES := $(shell find $(PRICE_SEARCH)/lib $(PRICE_SEARCH)/config lib config native/larder_native/src -type f 2>/dev/null) \
-  $(wildcard $(PRICE_SEARCH)/mix.exs $(PRICE_SEARCH)/mix.lock mix.exs mix.lock native/larder_native/Cargo.toml native/larder_native/Cargo.lock)
+PS_SOURCES := $(shell find $(PRICE_SEARCH)/lib $(PRICE_SEARCH)/config $(PRICE_CATALOGUE)/lib lib config native/larder_native/src -type f 2>/dev/null) \
+  $(wildcard $(PRICE_SEARCH)/mix.exs $(PRICE_SEARCH)/mix.lock $(PRICE_CATALOGUE)/mix.exs mix.exs mix.lock native/larder_native/Cargo.toml native/larder_native/Cargo.lock)
 
 $(PS_BUILD)/.compiled: $(PS_SOURCES)
 	cd $(PRICE_SEARCH) && MIX_ENV=$(PS_ENV) mix compile
@@ -112,6 +116,7 @@ check: setup
 	mix compile --warnings-as-errors --force
 	cd $(KAFKA) && mix format --check-formatted && mix compile --warnings-as-errors --force
 	cd larder_postgres && mix format --check-formatted && mix compile --warnings-as-errors --force
+	cd $(PRICE_CATALOGUE) && mix format --check-formatted && mix compile --warnings-as-errors --force
 	cd $(PRICE_SEARCH) && mix compile --warnings-as-errors --force
 	cd native/larder_native && cargo fmt --check && cargo clippy --release -- -D warnings
 	cd $(KAFKA)/native/larder_kafka && cargo fmt --check && cargo clippy --release -- -D warnings

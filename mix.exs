@@ -13,16 +13,23 @@ defmodule Larder.MixProject do
       # The session registry example's test lives beside it (it has no Mix
       # project of its own); `mix test` runs it with the library's.
       test_paths: ["test", "examples/session_registry"],
-      deps: [],
-      # The price catalogue fixture (test/support/catalogue.ex and
-      # price_stream.ex), which the benches and the demo use, reads the
-      # reference requests with jiffy and XADDs prices with eredis (Debian's
-      # erlang-jiffy and erlang-redis-client); the library calls neither.
-      xref: [exclude: [:eredis, :jiffy]],
+      deps: deps(),
+      # The price catalogue's producer (test/support/prices.ex), which the
+      # benches and the demo use, XADDs prices with eredis (Debian's
+      # erlang-redis-client); the library does not call it.
+      xref: [exclude: [:eredis]],
       name: "Larder",
       description: "Fast in-memory state for BEAM services: ETS without the sharp edges.",
       docs: [main: "Larder"]
     ]
+  end
+
+  # The price catalogue (examples/price_catalogue: plain Elixir, nothing of
+  # Larder) for the benches, the demo and the tests, which search it. Only
+  # in :dev and :test: a project that depends on Larder never fetches it
+  # (test/dependency_test.exs checks what such a project builds).
+  defp deps do
+    [{:price_catalogue, path: "examples/price_catalogue", only: [:dev, :test]}]
   end
 
   # Libraries come from OTP and Debian's erlang-* packages, never from Hex.
@@ -42,10 +49,11 @@ defmodule Larder.MixProject do
   # from one tree by another. The tests get all of it, and the benchmark
   # harness and report they test. The benchmarks and the demo (`mix run`, in
   # :dev) get the harness and, of test/support, the servers they start, the
-  # free port and the price catalogue fixture: not ExUnit's case templates,
-  # nor the :telemetry stand-in, which would turn telemetry events on in
-  # every benchmark. A dependency's build (:prod) is the library alone.
-  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel catalogue price_stream)
+  # free port and the price catalogue's table, replica and producer: not
+  # ExUnit's case templates, nor the :telemetry stand-in, which would turn
+  # telemetry events on in every benchmark. A dependency's build (:prod) is
+  # the library alone.
+  @shared_support ~w(free_port redis_server redis_cluster redis_sentinel prices)
 
   defp elixirc_paths(:test), do: ["lib", "test/support", "bench/support", "bench/report"]
 

@@ -4,25 +4,27 @@
 # expected price computed by a plain filter over the loaded catalogue.
 #
 #   mix run bench/index_bench.exs [--quick] [--json PATH]
-# The catalogue fixture is Larder.Test.Catalogue (test/support, compiled
-# for :dev); jiffy (Debian's erlang-jiffy) is on the code path and loads its
+# The catalogue and the map index are PriceCatalogue's
+# (examples/price_catalogue, a :dev dependency), the table's options
+# Larder.Test.Prices' (test/support, compiled for :dev); jiffy (Debian's erlang-jiffy) is on the code path and loads its
 # NIF on first use.
 alias Larder.{Bench, Table}
-alias Larder.Test.Catalogue
+alias Larder.Test.Prices
+alias PriceCatalogue.MapIndex
 
 # The timed loops live in a compiled module: a closure written at the top
 # level of a script is interpreted, which would add microseconds per call.
 defmodule IndexBench.Loops do
-  alias Larder.Test.Catalogue
+  alias PriceCatalogue.MapIndex
 
   def table_searches(table, requests), do: Enum.each(requests, &Larder.Table.search(table, &1))
 
   # Go's FindPriceBy takes the request's fields, already decoded: so does
   # this row (map_args/1 splits the conditions before the timing).
   def map_searches(map_index, args),
-    do: Enum.each(args, fn {o, g, s, chars} -> Catalogue.map_find(map_index, o, g, s, chars) end)
+    do: Enum.each(args, fn {o, g, s, chars} -> MapIndex.find(map_index, o, g, s, chars) end)
 
-  def map_args(requests), do: Enum.map(requests, &Catalogue.map_args/1)
+  def map_args(requests), do: Enum.map(requests, &MapIndex.args/1)
 
   def ets_searches(tab, requests), do: Enum.each(requests, &ets_search(tab, &1))
 
@@ -39,7 +41,7 @@ defmodule IndexBench.Loops do
 
     fn ->
       {o, g, s, chars} = elem(tuple, rem(:erlang.unique_integer([:positive]), n))
-      Catalogue.map_find(map_index, o, g, s, chars)
+      MapIndex.find(map_index, o, g, s, chars)
     end
   end
 
@@ -60,7 +62,7 @@ end
 alias IndexBench.Loops
 
 bench = Bench.start("Larder.Table: price search on the catalogue")
-{source, prices, requests} = Catalogue.reference_or_generated()
+{source, prices, requests} = PriceCatalogue.reference_or_generated()
 
 # The catalogue and the map index live off this process's heap
 # (Bench.off_heap/2): with 487k prices on the heap, the collection before
@@ -73,7 +75,7 @@ IO.puts("# catalogue: #{source}: #{length(prices)} prices, #{length(requests)} r
 # Expected answers by a plain filter: each request matches exactly one price.
 expected =
   Enum.map(requests, fn conditions ->
-    case Catalogue.filter(prices, conditions) do
+    case PriceCatalogue.filter(prices, conditions) do
       [price] -> price.value
       other -> raise "request #{inspect(conditions)} matches #{length(other)} prices, not one"
     end
@@ -82,13 +84,13 @@ expected =
 ## The contenders
 
 # Go's map variant: offering -> its prices; a search scans that list.
-build_map_index = fn -> Catalogue.map_index(prices) end
-map_search = &Catalogue.map_search/2
+build_map_index = fn -> MapIndex.new(prices) end
+map_search = &MapIndex.search/2
 
 store = [:idx, :spec, :value, :currency]
 
 build_table = fn opts ->
-  table = Table.new(Catalogue.table_opts(opts))
+  table = Table.new(Prices.table_opts(opts))
   :ok = Table.insert_many(table, prices)
   table
 end
@@ -182,7 +184,7 @@ mb = fn bytes -> Bench.value(Float.round(bytes / 1_000_000, 1), "MB") end
 words = :erlang.system_info(:wordsize)
 
 # The map index's live heap, like the Go figure.
-map_heap = Catalogue.map_index_heap_bytes()
+map_heap = MapIndex.heap_bytes()
 
 bench =
   bench

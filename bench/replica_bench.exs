@@ -29,7 +29,8 @@ defmodule Larder.ReplicaBench do
   alias Larder.Replica
   alias Larder.Test.RedisServer
   alias Larder.Table
-  alias Larder.Test.{Catalogue, PriceStream}
+  alias Larder.Test.Prices
+  alias PriceCatalogue.Changes
 
   @store [:idx, :spec, :value, :currency, :is_default]
   @stream "prices"
@@ -48,10 +49,10 @@ defmodule Larder.ReplicaBench do
       File.mkdir_p!(dir)
 
       try do
-        {source, prices, _requests} = Catalogue.reference_or_generated()
+        {source, prices, _requests} = PriceCatalogue.reference_or_generated()
         prices = Enum.take(prices, Bench.pick(bench, 50_000, length(prices)))
-        client = PriceStream.connect(port: redis.port)
-        {us, _} = :timer.tc(fn -> PriceStream.fill(client, @stream, prices) end)
+        client = Prices.connect(port: redis.port)
+        {us, _} = :timer.tc(fn -> Prices.fill(client, @stream, prices) end)
 
         IO.puts(
           "\n#{length(prices)} prices of #{source} XADDed in #{Bench.fmt_us(us)} " <>
@@ -82,7 +83,7 @@ defmodule Larder.ReplicaBench do
   end
 
   defp opts(ctx, extra \\ []) do
-    PriceStream.replica_opts(
+    Prices.replica_opts(
       :bench_replica,
       :bench_prices,
       [port: ctx.redis.port],
@@ -110,7 +111,7 @@ defmodule Larder.ReplicaBench do
     col = "Replica, XREAD to await(:latest)"
 
     insert_many = fn ->
-      table = Table.new(Catalogue.table_opts(store: @store))
+      table = Table.new(Prices.table_opts(store: @store))
       :ok = Table.insert_many(table, ctx.prices)
       Table.drop(table)
     end
@@ -156,7 +157,7 @@ defmodule Larder.ReplicaBench do
       :ok = Replica.await(pid, :latest, :infinity)
       {:ok, _} = Replica.dump(pid)
       kill(pid)
-      PriceStream.add(ctx.client, @stream, for(_ <- 1..10_000, do: PriceStream.change(prices)))
+      Prices.add(ctx.client, @stream, for(_ <- 1..10_000, do: Changes.random(prices)))
       :ok
     end
 
@@ -199,17 +200,17 @@ defmodule Larder.ReplicaBench do
     {prices, markers} = {List.to_tuple(prices), List.to_tuple(markers)}
     pid = start!(opts(ctx))
     :ok = Replica.await(pid, :latest, :infinity)
-    producer_client = PriceStream.connect(port: ctx.redis.port)
+    producer_client = Prices.connect(port: ctx.redis.port)
 
     producer =
-      Task.async(fn -> PriceStream.produce(producer_client, @stream, prices, rate, duration) end)
+      Task.async(fn -> Prices.produce(producer_client, @stream, prices, rate, duration) end)
 
     deadline = System.monotonic_time(:millisecond) + duration
     client = ctx.client
 
     probe =
       Task.async(fn ->
-        PriceStream.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
+        Prices.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
       end)
 
     samples = Task.await(probe, duration + 60_000)
@@ -236,11 +237,11 @@ defmodule Larder.ReplicaBench do
     pid = start!(opts(ctx, snapshot: path, snapshot_every: every))
     :ok = Replica.await(pid, :latest, :infinity)
 
-    producer_client = PriceStream.connect(port: ctx.redis.port)
+    producer_client = Prices.connect(port: ctx.redis.port)
     deadline = System.monotonic_time(:millisecond) + duration
 
     producer =
-      Task.async(fn -> PriceStream.produce(producer_client, @stream, prices, rate, duration) end)
+      Task.async(fn -> Prices.produce(producer_client, @stream, prices, rate, duration) end)
 
     client = ctx.client
 
@@ -251,7 +252,7 @@ defmodule Larder.ReplicaBench do
     probe =
       Task.async(fn ->
         Process.sleep(@settle)
-        PriceStream.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
+        Prices.marker_lags(client, @stream, pid, :bench_prices, markers, deadline)
       end)
 
     Process.sleep(@settle)

@@ -16,7 +16,7 @@ defmodule Demo.Kafka do
   alias Larder.{Bag, Bench, Replica, Table}
   alias Larder.Bench.KafkaLoad
   alias Larder.Test.KafkaBroker
-  alias Larder.Test.Catalogue
+  alias Larder.Test.Prices
 
   @records 1_000_000
   @keys 10_000
@@ -125,7 +125,7 @@ defmodule Demo.Kafka do
   defp price_opts(bootstrap, dir) do
     [
       name: :demo_kafka_replica,
-      into: {Table, Catalogue.table_opts(name: :demo_kafka_prices, store: @store)},
+      into: {Table, Prices.table_opts(name: :demo_kafka_prices, store: @store)},
       source: {Larder.Replica.Kafka, brokers: [bootstrap], topic: "prices"},
       apply: &KafkaLoad.price_apply/1,
       snapshot: Path.join(dir, "prices.snap"),
@@ -140,7 +140,7 @@ defmodule Demo.Kafka do
   end
 
   defp prices(bootstrap, admin, producer, dir) do
-    {source, prices, requests} = Catalogue.reference_or_generated()
+    {source, prices, requests} = PriceCatalogue.reference_or_generated()
     n = length(prices)
     KafkaLoad.create_topic!(admin, "prices", @partitions)
 
@@ -160,7 +160,7 @@ defmodule Demo.Kafka do
     col = "Replica, from zero"
 
     insert_many = fn ->
-      table = Table.new(Catalogue.table_opts(store: @store))
+      table = Table.new(Prices.table_opts(store: @store))
       :ok = Table.insert_many(table, prices)
       Table.drop(table)
     end
@@ -181,7 +181,7 @@ defmodule Demo.Kafka do
     # Its answers are the catalogue's.
     conditions = hd(requests)
     [answer] = Table.search(:demo_kafka_prices, conditions)
-    [expected] = Catalogue.filter(prices, conditions)
+    [expected] = PriceCatalogue.filter(prices, conditions)
     true = answer.value == expected.value
 
     IO.puts(

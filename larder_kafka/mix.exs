@@ -15,10 +15,11 @@ defmodule LarderKafka.MixProject do
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
       elixirc_paths: elixirc_paths(Mix.env()),
-      deps: [larder()],
-      # The benchmark and the tests read the price catalogue's reference
-      # requests with jiffy (Debian's erlang-jiffy); the library does not.
-      xref: [exclude: [:jiffy, :eredis]],
+      deps: [larder() | price_catalogue()],
+      # The core's test support (compiled here for the bench and the tests)
+      # XADDs prices with eredis (Debian's erlang-redis-client); the library
+      # does not.
+      xref: [exclude: [:eredis]],
       name: "LarderKafka",
       description: "Larder.Replica.Kafka: a Larder replica of a Kafka topic, over librdkafka.",
       docs: [main: "Larder.Replica.Kafka"]
@@ -40,13 +41,23 @@ defmodule LarderKafka.MixProject do
       else: {:larder, path: "../../larder"}
   end
 
+  # The price catalogue (examples/price_catalogue) for the benchmark, the
+  # Kafka demo and the core's test support: only in :dev and :test, so a
+  # service that depends on larder_kafka never fetches it
+  # (test/dependency_test.exs checks what such a project builds), and not
+  # declared where it is absent (this folder fetched alone, sparse).
+  defp price_catalogue do
+    path = Path.expand("../examples/price_catalogue", __DIR__)
+    if File.dir?(path), do: [{:price_catalogue, path: path, only: [:dev, :test]}], else: []
+  end
+
   defp extra_applications(:test), do: [:proper]
   defp extra_applications(_), do: []
 
-  # The core's test support (its servers, free ports, the price catalogue
-  # fixture) and bench harness are compiled here too, with this package's
-  # own (the Kafka broker, the Kafka load): one support folder per
-  # package, nothing loaded from one tree by another.
+  # The core's test support (its servers, free ports, the price catalogue's
+  # table, replica and producer) and bench harness are compiled here too,
+  # with this package's own (the Kafka broker, the Kafka load): one support
+  # folder per package, nothing loaded from one tree by another.
   defp elixirc_paths(:test),
     do: [
       "lib",
@@ -57,8 +68,7 @@ defmodule LarderKafka.MixProject do
     ]
 
   defp elixirc_paths(:dev) do
-    core =
-      Enum.map(~w(free_port redis_server catalogue price_stream), &core("test/support/#{&1}.ex"))
+    core = Enum.map(~w(free_port redis_server prices), &core("test/support/#{&1}.ex"))
 
     ["lib", "test/support/kafka_broker.ex", "bench/support", core("bench/support/bench.ex")] ++
       core

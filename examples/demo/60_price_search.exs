@@ -1,8 +1,8 @@
 # The price search service (examples/price_search) over HTTP: started as its
 # own OS process (as `make serve` does), sent the single request and a
 # 1,000-line bulk request with OTP's httpc, then stopped with SIGTERM.
-# The requests come from the catalogue fixture, Larder.Test.Catalogue.
-alias Larder.Test.Catalogue
+# The requests come from the price catalogue (PriceCatalogue,
+# examples/price_catalogue).
 
 defmodule Demo.PriceSearch do
   def post(port, path, body, type) do
@@ -38,8 +38,8 @@ IO.puts(
 
 {:ok, _} = Application.ensure_all_started(:inets)
 
-{source, prices, requests} = Catalogue.reference_or_generated()
-single = Catalogue.single_request(prices, source)
+{source, prices, requests} = PriceCatalogue.reference_or_generated()
+single = PriceCatalogue.single_request(prices, source)
 _ = prices
 {:ok, socket} = :gen_tcp.listen(0, ip: {127, 0, 0, 1})
 {:ok, port} = :inet.port(socket)
@@ -65,7 +65,7 @@ IO.puts(
     "#{System.monotonic_time(:millisecond) - started} ms (VM start included)"
 )
 
-single_body = :jiffy.encode(Catalogue.request_json(single))
+single_body = :jiffy.encode(PriceCatalogue.request_json(single))
 
 {status, answer} =
   Demo.PriceSearch.post(port, "/v1/search/bitmap/prices", single_body, 'application/json')
@@ -78,7 +78,7 @@ bulk_body =
   |> Enum.take(1000)
   |> Enum.with_index()
   |> Enum.map(fn {conditions, id} ->
-    [:jiffy.encode(Map.put(Catalogue.request_json(conditions), "id", id)), "\n"]
+    [:jiffy.encode(Map.put(PriceCatalogue.request_json(conditions), "id", id)), "\n"]
   end)
   |> IO.iodata_to_binary()
 

@@ -2,12 +2,14 @@
 # 487,200-price file, read from ../shared/data, or the generated catalogue),
 # followed into a `store:` Table by a replica: a fresh node catching up from
 # zero, a restarted node catching up from its snapshot, and the lag under a
-# steady producer. Stream code: the catalogue fixture, Larder.Test.PriceStream
-# (test/support).
+# steady producer. The catalogue and its entries' encoding: PriceCatalogue
+# (examples/price_catalogue); the replica's options and the producer:
+# Larder.Test.Prices (test/support).
 
 defmodule Demo.Replica do
   alias Larder.{Bench, Replica, Table}
-  alias Larder.Test.{Catalogue, PriceStream, RedisServer}
+  alias Larder.Test.{Prices, RedisServer}
+  alias PriceCatalogue.Changes
 
   @stream "prices"
   @rate 5_000
@@ -32,7 +34,7 @@ defmodule Demo.Replica do
   end
 
   defp opts(redis, dir) do
-    PriceStream.replica_opts(:demo_replica, :demo_prices, [port: redis.port], @stream,
+    Prices.replica_opts(:demo_replica, :demo_prices, [port: redis.port], @stream,
       snapshot: Path.join(dir, "prices.snap"),
       snapshot_every: 86_400_000
     )
@@ -56,11 +58,11 @@ defmodule Demo.Replica do
   defp rate(n, us), do: "#{round(n * 1_000_000 / max(us, 1))} entries/s"
 
   defp demo(redis, dir) do
-    {source, prices, requests} = Catalogue.reference_or_generated()
+    {source, prices, requests} = PriceCatalogue.reference_or_generated()
     n = length(prices)
-    client = PriceStream.connect(port: redis.port)
+    client = Prices.connect(port: redis.port)
 
-    {us, _} = :timer.tc(fn -> PriceStream.fill(client, @stream, prices) end)
+    {us, _} = :timer.tc(fn -> Prices.fill(client, @stream, prices) end)
 
     IO.puts(
       "stream #{inspect(@stream)} filled with #{n} prices of #{source}: #{ms(us)} (#{rate(n, us)})"
@@ -76,7 +78,7 @@ defmodule Demo.Replica do
     # Its answers are the catalogue's.
     conditions = hd(requests)
     [answer] = Table.search(:demo_prices, conditions)
-    [expected] = Catalogue.filter(prices, conditions)
+    [expected] = PriceCatalogue.filter(prices, conditions)
     true = answer.value == expected.value
 
     IO.puts(
@@ -88,7 +90,7 @@ defmodule Demo.Replica do
     Process.exit(pid, :kill)
     IO.puts("snapshot written in #{ms(snap_us)}; the node is killed")
     table = List.to_tuple(prices)
-    PriceStream.add(client, @stream, for(_ <- 1..10_000, do: PriceStream.change(table)))
+    Prices.add(client, @stream, for(_ <- 1..10_000, do: Changes.random(table)))
 
     {us, pid} = :timer.tc(fn -> ready!(redis, dir) end)
 
@@ -96,7 +98,7 @@ defmodule Demo.Replica do
 
     # Lag under a steady producer.
     seconds = 3
-    producer_client = PriceStream.connect(port: redis.port)
+    producer_client = Prices.connect(port: redis.port)
     # Two disjoint samples, the producer's and the markers': a process
     # holding the whole catalogue would stall a scheduler at each of its
     # garbage collections, and a change to a marker's price would hide it.
@@ -105,14 +107,14 @@ defmodule Demo.Replica do
 
     producer =
       Task.async(fn ->
-        PriceStream.produce(producer_client, @stream, sample, @rate, seconds * 1_000)
+        Prices.produce(producer_client, @stream, sample, @rate, seconds * 1_000)
       end)
 
     deadline = System.monotonic_time(:millisecond) + seconds * 1_000
 
     lags =
       Task.async(fn ->
-        PriceStream.marker_lags(client, @stream, pid, :demo_prices, markers, deadline)
+        Prices.marker_lags(client, @stream, pid, :demo_prices, markers, deadline)
       end)
       |> Task.await(seconds * 1_000 + 60_000)
 

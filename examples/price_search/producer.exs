@@ -8,7 +8,7 @@
 # --fill XADDs the catalogue (the shared CSV, or the generated one; --limit
 # takes its first N prices); --rate/--seconds then add changes of random
 # prices (a new value each) at that rate, for that long (0: none).
-alias PriceSearch.{Catalogue, PriceStream}
+alias PriceSearch.PriceStream
 
 {opts, _, _} =
   OptionParser.parse(System.argv(),
@@ -31,7 +31,7 @@ client =
     port: Keyword.get(opts, :port, 6379)
   )
 
-{source, prices, _requests} = Catalogue.reference_or_generated()
+{source, prices, _requests} = PriceCatalogue.reference_or_generated()
 prices = if opts[:limit], do: Enum.take(prices, opts[:limit]), else: prices
 
 if opts[:fill] do

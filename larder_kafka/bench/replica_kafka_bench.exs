@@ -5,8 +5,8 @@
 # the Kafka NIF's producer (lz4 batches, acks=all), see
 # bench/support/kafka_load.ex for the record encodings:
 #   * a price: key = its idx as text, value = its CSV columns joined by tabs
-#     (Larder.Test.PriceStream's payload, as the core's bench/replica_bench.exs sends it
-#     to Redis); the apply decodes it with PriceStream.apply_entry/1;
+#     (PriceCatalogue.Entry's payload, as the core's bench/replica_bench.exs sends it
+#     to Redis); the apply decodes it with PriceCatalogue.Entry.decode/1;
 #   * the story: key = <<key::32>>, value = <<n::64>> (the record's number),
 #     decoded to integers by the apply and by the anchors' loop alike.
 #
@@ -57,7 +57,7 @@ defmodule Larder.ReplicaKafkaBench do
   alias Larder.{Bag, Bench, Replica, Table}
   alias Larder.Bench.KafkaLoad
   alias Larder.Test.KafkaBroker
-  alias Larder.Test.Catalogue
+  alias Larder.Test.Prices
 
   @store [:idx, :spec, :value, :currency, :is_default]
   @prices "prices"
@@ -97,7 +97,7 @@ defmodule Larder.ReplicaKafkaBench do
     admin = KafkaLoad.admin!(bootstrap)
     producer = KafkaLoad.producer!(bootstrap)
 
-    {source, prices, _requests} = Catalogue.reference_or_generated()
+    {source, prices, _requests} = PriceCatalogue.reference_or_generated()
     prices = Enum.take(prices, Bench.pick(bench, 50_000, length(prices)))
     KafkaLoad.create_topic!(admin, @prices, @partitions)
 
@@ -154,7 +154,7 @@ defmodule Larder.ReplicaKafkaBench do
     Keyword.merge(
       [
         name: :bench_replica,
-        into: {Table, Catalogue.table_opts(name: :bench_prices, store: @store)},
+        into: {Table, Prices.table_opts(name: :bench_prices, store: @store)},
         source: source(ctx, @prices),
         apply: &KafkaLoad.price_apply/1
       ],
@@ -181,7 +181,7 @@ defmodule Larder.ReplicaKafkaBench do
     col = "Replica, start to await(:latest)"
 
     insert_many = fn ->
-      table = Table.new(Catalogue.table_opts(store: @store))
+      table = Table.new(Prices.table_opts(store: @store))
       :ok = Table.insert_many(table, ctx.prices)
       Table.drop(table)
     end

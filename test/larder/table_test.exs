@@ -188,22 +188,6 @@ defmodule Larder.TableTest do
   end
 
   describe "bad input" do
-    test "a condition on a field without an index names it and lists the indexed ones" do
-      table = catalogue_like()
-
-      assert_raise ArgumentError,
-                   ~r/no index named :group_id.*\[:offering_id, :spec, :char\]/,
-                   fn ->
-                     Table.search(table, group_id: "g1")
-                   end
-
-      assert_raise ArgumentError, ~r/no index named :nope/, fn ->
-        Table.count(table, %{nope: 1})
-      end
-
-      assert_raise ArgumentError, ~r/each condition/, fn -> Table.search(table, [:spec]) end
-    end
-
     test "a record without the key raises, and nothing is written" do
       table = catalogue_like()
 
@@ -223,31 +207,6 @@ defmodule Larder.TableTest do
 
       assert Table.size(table) == 0
       assert Table.search(table, n: 1) == []
-    end
-
-    test "options are validated" do
-      assert_raise ArgumentError,
-                   ~r/unknown Larder.Table options \[:keys\]; valid options are: \[:key, :index, :store, :name, :telemetry\]/,
-                   fn ->
-                     Table.new(keys: :id)
-                   end
-
-      assert_raise ArgumentError,
-                   ~r/expected Larder.Table option :key to be a field name, got nothing \(it is required\)/,
-                   fn -> Table.new(index: []) end
-
-      assert_raise ArgumentError, ~r/reserved/, fn -> Table.new(key: :id, index: [:and]) end
-      assert_raise ArgumentError, ~r/:index entry/, fn -> Table.new(key: :id, index: ["s"]) end
-    end
-
-    test "duplicate index names raise, naming the duplicate" do
-      assert_raise ArgumentError, ~r/option :index names :a more than once/, fn ->
-        Table.new(key: :id, index: [:a, {:a, & &1.b}])
-      end
-
-      assert_raise ArgumentError, ~r/option :index names :b more than once/, fn ->
-        Table.new(key: :id, index: [:b, :c, :b])
-      end
     end
 
     test "improper lists, non-map records and bad options name the argument" do

@@ -40,7 +40,7 @@
 #   GO_BIN=... DURATION=2s ROUNDS=3 mix run --no-start bench/http_bench.exs [--json PATH]
 #   IDLE=2000 DURATION=1s ...           # a quick check
 #   CORES=2 ...                         # only the 2-core runs (CORES=1: only 1 core)
-alias PriceSearch.Catalogue
+alias PriceCatalogue, as: Catalogue
 
 # One scheduler; no scheduler spins waiting for work, as the dirty
 # schedulers' spinning would take the one core from the scheduler serving.

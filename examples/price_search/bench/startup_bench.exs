@@ -11,7 +11,6 @@
 #   make bench-startup                   # from the Larder root
 #   RUNS=3 mix run --no-start bench/startup_bench.exs [--json PATH]
 alias Larder.Table
-alias PriceSearch.Catalogue
 
 defmodule StartupBench do
   @root Path.expand("../../..", __DIR__)
@@ -118,7 +117,7 @@ end
 {opts, _, _} = OptionParser.parse(System.argv(), strict: [json: :string])
 runs = String.to_integer(System.get_env("RUNS", "3"))
 dir = Path.join(System.tmp_dir!(), "price_search_startup_bench_#{System.pid()}")
-csv = Path.join(Catalogue.default_dir(), "prices-487k.csv.gz")
+csv = Path.join(PriceCatalogue.default_dir(), "prices-487k.csv.gz")
 unless File.exists?(csv), do: raise("the reference catalogue #{csv} is needed")
 
 IO.puts("start-up of `make serve` to the first 200 on /health (#{runs} runs each)")
@@ -140,8 +139,8 @@ warm =
 
 # Table.load/2 in this VM, against inserting the same prices.
 [table_file] = Path.wildcard(Path.join(dir, "*.table"))
-table_opts = Catalogue.table_opts(store: [:idx, :spec, :value, :currency, :is_default])
-{:ok, prices} = Catalogue.load(csv)
+table_opts = PriceSearch.Store.table_opts()
+{:ok, prices} = PriceCatalogue.load(csv)
 
 time = fn fun ->
   for _ <- 1..runs do

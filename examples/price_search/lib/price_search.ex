@@ -3,7 +3,7 @@ defmodule PriceSearch do
   A price search service on `Larder.Table`, compatible with the Go reference
   service: same routes, status codes and bodies (see `PriceSearch.HTTP`).
 
-    * `PriceSearch.Store` loads the catalogue (`PriceSearch.Catalogue`) at
+    * `PriceSearch.Store` loads the catalogue (`PriceCatalogue`) at
       start and holds the table and the map index.
     * `PriceSearch.Request` reads request bodies as the Go service does.
     * `PriceSearch.Search` is the reference's search semantics.

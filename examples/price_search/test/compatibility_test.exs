@@ -19,7 +19,7 @@ defmodule PriceSearch.CompatibilityTest do
   # (it is not copied) and our limits, with the rule each follows.
   use ExUnit.Case
 
-  alias PriceSearch.Catalogue
+  alias PriceCatalogue, as: Catalogue
   alias PriceSearch.TestClient, as: C
 
   @bitmap ~c"/v1/search/bitmap/prices"

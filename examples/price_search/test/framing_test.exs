@@ -7,7 +7,7 @@ defmodule PriceSearch.FramingTest do
   # listener.
   use ExUnit.Case
 
-  alias PriceSearch.Catalogue
+  alias PriceCatalogue, as: Catalogue
   alias PriceSearch.TestClient, as: C
 
   @single "/v1/search/bitmap/prices"

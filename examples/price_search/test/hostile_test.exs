@@ -14,9 +14,9 @@ defmodule PriceSearch.HostileTest do
   setup_all do
     :ok = C.await_loaded(PriceSearch.port())
     # The reference's single request, on the catalogue the service loaded.
-    {source, prices, _} = PriceSearch.Catalogue.reference_or_generated()
-    single = PriceSearch.Catalogue.single_request(prices, source)
-    request = :jiffy.encode(PriceSearch.Catalogue.request_json(single))
+    {source, prices, _} = PriceCatalogue.reference_or_generated()
+    single = PriceCatalogue.single_request(prices, source)
+    request = :jiffy.encode(PriceCatalogue.request_json(single))
 
     %{request: request}
   end

@@ -2,7 +2,7 @@ defmodule PriceSearch.HTTPTest do
   # Not async: every test talks to the application's one listener.
   use ExUnit.Case
 
-  alias PriceSearch.Catalogue
+  alias PriceCatalogue, as: Catalogue
   alias PriceSearch.TestClient, as: C
 
   @bitmap '/v1/search/bitmap/prices'

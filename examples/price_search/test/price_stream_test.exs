@@ -1,36 +1,23 @@
 defmodule PriceSearch.PriceStreamTest do
-  # The prices stream: a price survives its trip through the stream's
-  # fields, and a store that follows a stream (through a Larder.Replica on
-  # a real redis-server) answers with the stream's latest prices.
+  # The prices stream: a store that follows a stream (through a
+  # Larder.Replica on a real redis-server, with the replica options and
+  # the producer of PriceSearch.PriceStream) answers with the stream's
+  # latest prices, deletions included. (The entries' encoding is
+  # PriceCatalogue.Entry's, tested there.)
   use ExUnit.Case, async: true
 
   alias Larder.Replica
   alias Larder.Table
-  alias PriceSearch.{Catalogue, PriceStream, Store, TestRedis}
+  alias Larder.Test.RedisServer
+  alias PriceCatalogue.Entry
+  alias PriceSearch.{PriceStream, Store}
 
   @moduletag :redis
 
-  test "a price as stream fields and back" do
-    for price <- Enum.take(Catalogue.generate(), 50) do
-      fields =
-        price |> PriceStream.fields() |> Enum.chunk_every(2) |> Map.new(fn [k, v] -> {k, v} end)
-
-      assert PriceStream.apply_entry(fields) == {:insert, price}
-    end
-
-    assert PriceStream.apply_entry(Map.new([PriceStream.delete_fields(7) |> List.to_tuple()])) ==
-             {:delete, 7}
-
-    assert_raise ArgumentError, fn -> PriceStream.apply_entry(%{"price" => "1\t2"}) end
-
-    price = hd(Catalogue.generate())
-    assert_raise ArgumentError, fn -> PriceStream.fields(%{price | spec: "a\tb"}) end
-  end
-
   test "a store that follows a stream answers with its latest prices", ctx do
-    redis = TestRedis.start()
-    on_exit(fn -> TestRedis.stop(redis) end)
-    prices = Enum.take(Catalogue.generate(), 500)
+    redis = RedisServer.start()
+    on_exit(fn -> RedisServer.stop(redis) end)
+    prices = Enum.take(PriceCatalogue.generate(offerings: 1), 500)
     client = PriceStream.connect(port: redis.port)
     PriceStream.fill(client, "prices", prices)
 
@@ -51,7 +38,7 @@ defmodule PriceSearch.PriceStreamTest do
     )
 
     loaded =
-      TestRedis.wait_until(30_000, "the store", fn ->
+      RedisServer.wait_until(30_000, "the store", fn ->
         match?({:ok, _}, Store.fetch(store)) and Store.fetch(store)
       end)
 
@@ -68,6 +55,10 @@ defmodule PriceSearch.PriceStreamTest do
     PriceStream.add(client, "prices", [%{price | value: 4_242}])
     assert Replica.await(replica, :latest, 10_000) == :ok
     assert [%{idx: 42, value: 4_242}] = Table.search(table, conditions)
+
+    {:ok, _id} = :eredis.q(client, ["XADD", "prices", "*" | Entry.delete_fields(42)])
+    assert Replica.await(replica, :latest, 10_000) == :ok
+    assert Table.search(table, conditions) == []
     :eredis.stop(client)
   end
 end

@@ -1,7 +1,8 @@
 defmodule PriceSearch.SearchTest do
   use ExUnit.Case, async: true
 
-  alias PriceSearch.{Catalogue, Search}
+  alias PriceCatalogue.MapIndex
+  alias PriceSearch.Search
 
   test "conditions/1 of a request: offering, group, spec, then its characteristics" do
     request = %{
@@ -27,7 +28,7 @@ defmodule PriceSearch.SearchTest do
   # spec, group; with more than 64 characteristics they are checked first.
   test "the bitmap search names the first unknown value in Go's order" do
     name = :"#{__MODULE__}.order"
-    prices = PriceSearch.Catalogue.generate(offerings: 1)
+    prices = PriceCatalogue.generate(offerings: 1)
     start_supervised!({PriceSearch.Store, name: name, load: fn -> {"test", prices} end})
     {:ok, store} = await(name)
     [p | _] = prices
@@ -85,7 +86,7 @@ defmodule PriceSearch.SearchTest do
     end
 
     index =
-      Catalogue.map_index([
+      MapIndex.new([
         price.(0, "g1", [{"A", "1"}, {"A", "2"}], false),
         price.(1, "g1", [{"A", "3"}, {"B", "1"}], false),
         price.(2, "g1", [{"A", "3"}, {"B", "2"}], false),
@@ -94,7 +95,7 @@ defmodule PriceSearch.SearchTest do
         price.(5, "g2", [{"A", "4"}], false)
       ])
 
-    find = fn group, chars -> Catalogue.map_find(index, "o", group, "MRC", chars) end
+    find = fn group, chars -> MapIndex.find(index, "o", group, "MRC", chars) end
 
     # Only the first "A" counts: its value is "1", so "2" matches nothing.
     assert {:ok, %{idx: 0}} = find.("g1", [{"A", "1"}])
@@ -105,9 +106,9 @@ defmodule PriceSearch.SearchTest do
     # Two matches, no default.
     assert find.("g2", []) == {:error, :no_default}
     assert find.("g3", []) == {:error, :no_price}
-    assert Catalogue.map_find(index, "p", "g1", "MRC", []) == {:error, :no_price}
+    assert MapIndex.find(index, "p", "g1", "MRC", []) == {:error, :no_price}
 
-    assert Catalogue.map_search(index,
+    assert MapIndex.search(index,
              offering_id: "o",
              group_id: "g1",
              spec: "MRC",
@@ -151,7 +152,7 @@ defmodule PriceSearch.SearchTest do
   test "a store loads the records its :load gives, and fetch/1 answers :loading before" do
     name = :"#{__MODULE__}.store"
     assert PriceSearch.Store.fetch(name) == :loading
-    prices = PriceSearch.Catalogue.generate(offerings: 1)
+    prices = PriceCatalogue.generate(offerings: 1)
     start_supervised!({PriceSearch.Store, name: name, load: fn -> {"test", prices} end})
     assert {:ok, store} = await(name)
     assert store.size == length(prices)

@@ -7,41 +7,12 @@ defmodule PriceSearch.SnapshotTest do
   import ExUnit.CaptureLog
 
   alias Larder.Table
-  alias PriceSearch.{Catalogue, Snapshot, Store}
+  alias PriceCatalogue.{CSV, MapIndex}
+  alias PriceSearch.{Snapshot, Store}
 
   @moduletag :tmp_dir
 
-  defp write_csv(path, prices) do
-    lines =
-      for p <- prices do
-        chars = Enum.map_join(p.chars, "|", & &1.char)
-        values = Enum.map_join(p.chars, "|", & &1.value)
-
-        Enum.join(
-          [
-            p.idx,
-            p.offering_id,
-            p.group_id,
-            p.spec,
-            chars,
-            values,
-            p.value,
-            p.is_default,
-            p.currency
-          ],
-          ","
-        )
-      end
-
-    File.write!(
-      path,
-      :zlib.gzip([
-        "idx,offeringId,groupId,spec,chars,values,value,isDefault,currency\n",
-        Enum.join(lines, "\n"),
-        "\n"
-      ])
-    )
-  end
+  defp write_csv(path, prices), do: File.write!(path, :zlib.gzip(CSV.encode(prices)))
 
   # Starts a store on `csv`, waits until it has loaded and written its
   # snapshot (the save runs in the continue after publishing), stops it.
@@ -69,12 +40,12 @@ defmodule PriceSearch.SnapshotTest do
 
   defp answers(store, requests) do
     for conditions <- requests do
-      {Table.search(store.table, conditions), Catalogue.map_search(store.map_index, conditions)}
+      {Table.search(store.table, conditions), MapIndex.search(store.map_index, conditions)}
     end
   end
 
   setup %{tmp_dir: dir} do
-    prices = Catalogue.generate(offerings: 1)
+    prices = PriceCatalogue.generate(offerings: 1)
     csv = Path.join(dir, "prices.csv.gz")
     write_csv(csv, prices)
 
@@ -82,7 +53,7 @@ defmodule PriceSearch.SnapshotTest do
       csv: csv,
       prices: prices,
       snapshots: Path.join(dir, "snapshots"),
-      requests: Catalogue.sample_requests(prices, 30)
+      requests: PriceCatalogue.sample_requests(prices, 30)
     }
   end
 

@@ -3,14 +3,15 @@
 # admin client (Larder.Kafka.Native), the story's records and its anchors
 # (the same NIF consumer into an ETS :bag or :duplicate_bag), the price
 # catalogue's record encoding and the replica's apply, a steady producer
-# and the marker lags. Depends on Larder, and for prices on the catalogue
-# fixture's Larder.Test.PriceStream (the core's test/support).
+# and the marker lags. Depends on Larder, and for prices on PriceCatalogue
+# (examples/price_catalogue, a :dev and :test dependency) and
+# Larder.Test.Prices (the core's test/support).
 #
 # Record encodings:
-#   * a price: key = its idx as decimal text, value = Larder.Test.PriceStream's
+#   * a price: key = its idx as decimal text, value = PriceCatalogue.Entry's
 #     payload (the price's CSV columns joined by tabs, as the Redis Stream
 #     replica's bench sends it); a nil value deletes the idx. The apply
-#     decodes it with PriceStream.apply_entry/1 and checks the key.
+#     decodes it with PriceCatalogue.Entry.decode/1 and checks the key.
 #   * the story: key = <<key::32>> (10,000 keys), value = <<n::64>> where n is
 #     the record's number (1M distinct values, about 100 per key); the apply
 #     decodes both to integers, as does the ETS anchors' loop.
@@ -172,24 +173,24 @@ defmodule Larder.Bench.KafkaLoad do
 
   @doc """
   A price as a record: key = its idx as text, value = the payload of
-  Larder.Test.PriceStream (the CSV columns joined by tabs), the encoding
+  PriceCatalogue.Entry.fields/1 (the CSV columns joined by tabs), the encoding
   the Redis Stream replica's bench uses: 171 bytes a price on average
   against 418 for :erlang.term_to_binary/1, and no slower to decode.
   """
   def price_record(price) do
-    ["price", payload] = Larder.Test.PriceStream.fields(price)
+    ["price", payload] = PriceCatalogue.Entry.fields(price)
     {Integer.to_string(price.idx), payload}
   end
 
   @doc """
   The replica's apply for prices: a tombstone deletes the key's idx;
-  otherwise Larder.Test.PriceStream.apply_entry/1 decodes the payload
+  otherwise PriceCatalogue.Entry.decode/1 decodes the payload
   (raising on a payload of another shape) and the key must be its idx.
   """
   def price_apply(%{"key" => key, "value" => nil}), do: {:delete, String.to_integer(key)}
 
   def price_apply(%{"key" => key, "value" => value}) do
-    {:insert, price} = op = Larder.Test.PriceStream.apply_entry(%{"price" => value})
+    {:insert, price} = op = PriceCatalogue.Entry.decode(%{"price" => value})
 
     if Integer.to_string(price.idx) != key,
       do: raise(ArgumentError, "price: key #{inspect(key)} is not its idx #{price.idx}")
@@ -198,7 +199,7 @@ defmodule Larder.Bench.KafkaLoad do
   end
 
   @doc "A random price of `prices` (a tuple) with a new value."
-  defdelegate change(prices), to: Larder.Test.PriceStream
+  defdelegate change(prices), to: PriceCatalogue.Changes, as: :random
 
   @doc """
   A steady producer: price changes of `prices` (a tuple) at `rate` records
@@ -208,7 +209,7 @@ defmodule Larder.Bench.KafkaLoad do
   to 100 ms, see `await_ack/2`, and it fell behind its rate.)
   """
   def produce_steadily(producer, topic, prices, rate, duration_ms) do
-    Larder.Test.PriceStream.paced(rate, duration_ms, fn n ->
+    PriceCatalogue.Changes.paced(rate, duration_ms, fn n ->
       records = for _ <- 1..n, do: price_record(change(prices))
 
       :ok =
@@ -225,7 +226,7 @@ defmodule Larder.Bench.KafkaLoad do
   with a value no price has is produced and flushed (`producer`, no
   linger), its acknowledgement waited for (`await_ack/2`), then the record
   waited for with `Larder.Replica.await/3` on its partition's offset and
-  searched for (`Larder.Test.PriceStream.visible/3`; retried every
+  searched for (`Larder.Test.Prices.visible/3`; retried every
   millisecond if not found yet). Returns `[{from_produce_us,
   from_ack_us}]`: from before the produce call, and from the broker's
   acknowledgement, to the search that found it.
@@ -241,7 +242,7 @@ defmodule Larder.Bench.KafkaLoad do
       :ok = Native.produce(producer, topic, -1, key, value, [])
       {{p, o}, acked} = await_ack(producer, started + 60_000_000)
       :ok = Larder.Replica.await(replica, %{p => o + 1}, 60_000)
-      Larder.Test.PriceStream.visible(table, marker, started)
+      Larder.Test.Prices.visible(table, marker, started)
       done = System.monotonic_time(:microsecond)
       Process.sleep(5)
 

@@ -703,44 +703,6 @@ defmodule Larder.Table.SnapshotTest do
   end
 
   describe "concurrency" do
-    # A dump is one state of the table. One
-    # process inserts records 1, 2, 3, ... one write each (up to 50,000, a
-    # pause of a millisecond every 100: writes no longer wait for dumps, and
-    # an unpaced writer would grow the table faster than it is loaded);
-    # every snapshot must hold exactly 1..k for some k, indexed alike.
-    test "dumps during writes are consistent cuts", %{tmp_dir: dir} do
-      table = Table.new(key: :id, index: [:even, {:tag, &[&1.id, :all]}], store: [:even])
-      parent = self()
-
-      writer =
-        spawn_link(fn ->
-          Enum.each(1..50_000, fn i ->
-            if rem(i, 50) == 0, do: send(parent, {:at, i})
-            if rem(i, 100) == 0, do: Process.sleep(1)
-            Table.insert(table, %{id: i, even: rem(i, 2) == 0})
-          end)
-        end)
-
-      assert_receive {:at, 50}, 5_000
-
-      for round <- 1..30 do
-        path = Path.join(dir, "cut#{round}")
-        :ok = Table.dump(table, path)
-        copy = Table.load!(path, key: :id, index: [:even, {:tag, &[&1.id, :all]}], store: [:even])
-        k = Table.size(copy)
-        assert Table.search_keys(copy, tag: :all) == Enum.to_list(1..k//1)
-        assert Table.count(copy, even: true) == div(k, 2)
-
-        assert Enum.sort(Larder.Index.terms_of(copy.index, k)) ==
-                 Enum.sort([{:tag, k}, {:tag, :all}, {:even, rem(k, 2) == 0}])
-
-        Table.drop(copy)
-      end
-
-      Process.unlink(writer)
-      Process.exit(writer, :kill)
-    end
-
     # The writer takes the cut and a process of its own writes the file:
     # writes of every kind go on while that process is held in the middle,
     # and the file is the table as it was when the dump began.

@@ -6,37 +6,9 @@ defmodule Larder.Table.WriterTest do
   alias Larder.Table
   alias Larder.Test.Isolated
 
-  import Larder.Test.Eventually
+  import Larder.Test.TableCheck
 
   @direct_limit 0x80000000
-
-  defp table(opts \\ []),
-    do: Table.new([key: :id, index: [:a, {:m, &Map.get(&1, :tags, [])}]] ++ opts)
-
-  # Every search agrees with a plain filter over the records the table holds.
-  # Runs `writes` in a process killed after a varying amount of work (by
-  # `round`), often mid-write. The kill is a signal: this waits until it
-  # has landed, so that nothing the process sends can arrive after a
-  # barrier the test writes next.
-  defp killed_midway(round, writes) do
-    {pid, ref} = spawn_monitor(writes)
-    for _ <- 1..rem(round * 7, 40), do: :erlang.yield()
-    Process.exit(pid, :kill)
-    assert_receive {:DOWN, ^ref, :process, ^pid, _}
-  end
-
-  defp consistent?(table, values) do
-    records = table |> Table.stream() |> Enum.to_list()
-
-    Enum.all?(values, fn v ->
-      expect_a = records |> Enum.filter(&(&1.a === v)) |> Enum.map(& &1.id) |> Enum.sort()
-      expect_m = records |> Enum.filter(&(v in &1.tags)) |> Enum.map(& &1.id) |> Enum.sort()
-
-      Enum.sort(Enum.map(Table.search(table, a: v), & &1.id)) == expect_a and
-        Enum.sort(Table.search_keys(table, m: v)) == expect_m and
-        Table.count(table, a: v) == length(expect_a)
-    end)
-  end
 
   describe "kill-safety" do
     # A caller killed at a random point of insert_many/2, update/3 or
@@ -64,141 +36,6 @@ defmodule Larder.Table.WriterTest do
         :ok = Table.delete(table, :barrier)
         assert consistent?(table, Enum.to_list(0..4) ++ [10, 11, 12, 100, 101, 102, 103, 104])
       end
-    end
-
-    # A build's chunks of fresh integer keys go into ETS from the caller,
-    # under a claim the writer holds: a caller killed while holding it
-    # leaves its chunk all there (and indexed) or not there at all.
-    test "callers killed mid-build leave each chunk whole" do
-      table = table()
-
-      for round <- 1..60 do
-        killed_midway(round, fn ->
-          records = for i <- 0..299, do: %{id: round * 1000 + i, a: round, tags: [round]}
-          Table.insert_many(table, records)
-        end)
-      end
-
-      :ok = Table.delete(table, :barrier)
-      records = table |> Table.stream() |> Enum.to_list()
-
-      for round <- 1..60 do
-        held = Enum.count(records, &(&1.a == round))
-        assert held in [0, 300]
-        assert Table.count(table, a: round) == held
-        assert length(Table.search_keys(table, m: round)) == held
-      end
-    end
-
-    test "the writer completes a claim whose rows are in ETS and drops one whose are not" do
-      table = table()
-      ops = fn ids -> [{:add, {:a, :claimed}, ids}] end
-
-      for {ids, insert?} <- [{[10, 11], true}, {[20, 21], false}] do
-        {pid, ref} =
-          spawn_monitor(fn ->
-            span = {hd(ids), List.last(ids)}
-            {:claimed, _} = GenServer.call(table.writer, {:claim, span, ops.(ids), ids})
-
-            if insert?,
-              do:
-                :ets.insert(
-                  table.rows,
-                  for(id <- ids, do: {id, %{id: id, a: :claimed, tags: []}})
-                )
-
-            # Dies holding the claim, without releasing it.
-          end)
-
-        assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
-      end
-
-      :ok = Table.delete(table, :barrier)
-      assert Table.search_keys(table, a: :claimed) == [10, 11]
-      assert Table.size(table) == 2
-      assert consistent?(table, [:claimed])
-    end
-
-    test "writes sent during a claim wait for its release, then run in order" do
-      table = table()
-      test = self()
-
-      claimant =
-        spawn_link(fn ->
-          {:claimed, ref} =
-            GenServer.call(
-              table.writer,
-              {:claim, {10, 11}, [{:add, {:a, 1}, [10, 11]}], [10, 11]}
-            )
-
-          send(test, :claimed)
-          receive do: (:fill -> :ok)
-          :ets.insert(table.rows, for(id <- [10, 11], do: {id, %{id: id, a: 1, tags: []}}))
-          send(test, {:released, GenServer.call(table.writer, {:release, ref})})
-        end)
-
-      assert_receive :claimed
-
-      # The writer is not blocked in the claim: it answers system messages
-      # and holds each write back (key 10 has no row before the release).
-      held = fn -> :queue.len(:sys.get_state(table.writer).held) end
-
-      writes =
-        for n <- 2..4 do
-          task = Task.async(fn -> Table.merge(table, 10, %{a: n}) end)
-          eventually(fn -> held.() == n - 1 end)
-          task
-        end
-
-      send(claimant, :fill)
-      assert_receive {:released, :ok}
-      assert [{:ok, %{a: 2}}, {:ok, %{a: 3}}, {:ok, %{a: 4}}] = Enum.map(writes, &Task.await/1)
-      assert Table.search_keys(table, a: 4) == [10] and Table.search_keys(table, a: 1) == [11]
-      assert held.() == 0 and consistent?(table, [1, 2, 3, 4])
-    end
-
-    # The owner's exit deletes the table while a build may hold a claim: the
-    # caller's own insert into ETS then fails, and must say the table is
-    # gone rather than let ETS's bare badarg out.
-    test "a build whose table's owner exits raises unknown Larder.Table, never a bare badarg" do
-      for round <- 1..300 do
-        parent = self()
-
-        owner =
-          spawn(fn ->
-            send(parent, {:table, table()})
-            receive do: (:never -> :ok)
-          end)
-
-        table = receive do: ({:table, table} -> table)
-        records = for i <- 0..2_999, do: %{id: i, a: rem(i, 3), tags: []}
-
-        caller =
-          Task.async(fn ->
-            try do
-              Table.insert_many(table, records)
-            rescue
-              e -> e
-            end
-          end)
-
-        for _ <- 1..rem(round * 37, 400), do: :erlang.yield()
-        Process.exit(owner, :kill)
-
-        case Task.await(caller) do
-          :ok -> :ok
-          %ArgumentError{} = e -> assert Exception.message(e) =~ "unknown Larder.Table"
-        end
-      end
-    end
-
-    test "a claim below the highest key the table has held is refused, and the rows are sent" do
-      table = table()
-      :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 1, tags: []}))
-      :stale = GenServer.call(table.writer, {:claim, {0, 1}, [], [0, 1]})
-      :ok = Table.insert_many(table, for(i <- 0..299, do: %{id: i, a: 2, tags: []}))
-      assert Table.count(table, a: 1) == 0
-      assert Table.count(table, a: 2) == 300
     end
   end
 
@@ -240,55 +77,6 @@ defmodule Larder.Table.WriterTest do
       assert after_ <= before + 4_096
       assert {next, _free} = :sys.get_state(table.writer) |> then(&{&1.next, &1.free})
       assert next - @direct_limit <= 8
-    end
-  end
-
-  describe "row ids" do
-    test "ids of deleted records are reused, so distinct keys do not exhaust them" do
-      table = table()
-
-      for i <- 1..20_000 do
-        :ok = Table.insert(table, %{id: "key #{i}", a: i, tags: []})
-        :ok = Table.delete(table, "key #{i}")
-      end
-
-      state = :sys.get_state(table.writer)
-      assert state.next - @direct_limit <= 1
-      assert Table.size(table) == 0
-    end
-
-    test "an exhausted id space fails the insert whole, and deletes make room" do
-      table = table()
-      # Four ids left for non-integer keys: the writer's next fresh id is
-      # moved to four below the end of the u32 id space.
-      :sys.replace_state(table.writer, &%{&1 | next: 0xFFFFFFFF - 3})
-
-      for round <- 1..50 do
-        :ok = Table.insert_many(table, for(i <- 1..4, do: %{id: {round, i}, a: i, tags: []}))
-
-        assert_raise ArgumentError, ~r/out of row ids/, fn ->
-          Table.insert_many(table, [
-            %{id: 1, a: 9, tags: []},
-            %{id: {:extra, round}, a: 9, tags: []}
-          ])
-        end
-
-        # Nothing of the failed chunk was written, not even its integer key.
-        assert Table.get(table, 1) == nil
-        assert Table.search_keys(table, a: 9) == []
-        for i <- 1..4, do: :ok = Table.delete(table, {round, i})
-      end
-
-      assert Table.size(table) == 0
-    end
-
-    test "get/3 never answers with a record of another key whose row took the id" do
-      table = table()
-      :ok = Table.insert(table, %{id: "a", a: 1, tags: []})
-      :ok = Table.delete(table, "a")
-      :ok = Table.insert(table, %{id: "b", a: 2, tags: []})
-      assert Table.get(table, "a") == nil
-      assert Table.get(table, "b").a == 2
     end
   end
 
@@ -409,22 +197,6 @@ defmodule Larder.Table.WriterTest do
   end
 
   describe "update/4" do
-    test "an absent key takes the default as it is, as Map.update/4 does" do
-      table = table()
-      default = %{id: "k", a: 10, tags: [:new]}
-      # A function that cannot take the default: it must not run on it.
-      fun = fn %{a: n, tags: []} = r -> %{r | a: n + 1} end
-
-      :ok = Table.update(table, "k", default, fun)
-      assert Table.get(table, "k") == Map.update(%{}, "k", default, fun)["k"]
-      assert Table.search_keys(table, m: :new) == ["k"]
-
-      {:ok, _} = Table.merge(table, "k", %{tags: []})
-      :ok = Table.update(table, "k", default, fun)
-      assert Table.get(table, "k") == %{id: "k", a: 11, tags: []}
-      assert consistent?(table, [10, 11, :new])
-    end
-
     test "a raising fun raises in the caller and writes nothing; nested writes raise" do
       table = table()
       :ok = Table.insert(table, %{id: 1, a: 1, tags: []})

@@ -1,127 +1,40 @@
 defmodule PriceSearch.PriceStream do
   @moduledoc """
   The `prices` Redis Stream that a price search service can follow through a
-  `Larder.Replica`: a price as the fields of a stream entry, the replica's
-  apply function, the replica's options, and a producer that `XADD`s prices
-  (eredis, from Debian's erlang-redis-client).
+  `Larder.Replica`: the replica's options, and a producer that `XADD`s
+  prices (eredis, from Debian's erlang-redis-client).
 
-  An entry carries one field, as a Kafka message carries one value: a
-  price is `price` => its CSV columns joined by tabs,
-
-      idx offeringId groupId spec chars values value isDefault currency
-
-  (`chars` and `values` joined by `|`, as in the CSV), and a deletion is
-  `del` => the idx. One payload field rather than a field per column: the
-  stream's reply then holds 5 RESP values per entry instead of 21, which
-  is what a replica's catch-up spends most of its time reading (the
+  An entry is a price change as `PriceCatalogue.Entry` encodes it (one
+  field, `price` => the price's CSV columns joined by tabs, or `del` => an
+  idx); the replica decodes it with `PriceCatalogue.Entry.decode/1` (the
   replica itself takes any fields; the encoding is the producer's choice).
-  The producer side (`connect/1`, `fill/4`, `produce/5`) serves
+  The producer side (`connect/1`, `fill/4`, `add/3`, `produce/5`) serves
   `producer.exs`; the service's replica reads the stream with Larder's own
   client.
   """
 
-  @columns 9
+  alias PriceCatalogue.{Changes, Entry}
 
   @doc """
-  The fields of a stream entry that sets `price`. Raises `ArgumentError`
-  for a price whose text holds a tab (it would not read back).
-  """
-  @spec fields(map()) :: [binary()]
-  def fields(price) do
-    texts = [price.offering_id, price.group_id, price.spec, price.currency]
-    chars = Enum.map_join(price.chars, "|", & &1.char)
-    values = Enum.map_join(price.chars, "|", & &1.value)
-
-    if Enum.any?([chars, values | texts], &String.contains?(&1, "\t")) do
-      raise ArgumentError, "price: a tab in its text cannot be sent: #{inspect(price)}"
-    end
-
-    payload =
-      Enum.join(
-        [
-          Integer.to_string(price.idx),
-          price.offering_id,
-          price.group_id,
-          price.spec,
-          chars,
-          values,
-          Integer.to_string(price.value),
-          if(price.is_default, do: "true", else: "false"),
-          price.currency
-        ],
-        "\t"
-      )
-
-    ["price", payload]
-  end
-
-  @doc "The fields of a stream entry that deletes the price `idx`."
-  @spec delete_fields(integer()) :: [binary()]
-  def delete_fields(idx), do: ["del", Integer.to_string(idx)]
-
-  @doc """
-  The replica's apply function: an entry's fields to `{:insert, price}` or
-  `{:delete, idx}`. Raises on an entry of another shape (the replica then
-  stops or skips it, by its `:on_error`). Each entry's characteristics
-  are decoded anew: a cache of shared lists (as the CSV loader shares
-  them) would sit in the process dictionary of the replica's reader, which
-  every garbage collection scans, and the lists are copied to the
-  replica's process anyway (a `store:` table keeps none of them); without
-  it, catch-up is about 15% faster.
-  """
-  @spec apply_entry(%{binary() => binary()}) :: {:insert, map()} | {:delete, integer()}
-  def apply_entry(%{"del" => idx}), do: {:delete, String.to_integer(idx)}
-
-  def apply_entry(%{"price" => payload}) do
-    [idx, offering, group, spec, chars, values, value, default, currency] = split(payload)
-
-    {:insert,
-     %{
-       idx: String.to_integer(idx),
-       offering_id: offering,
-       group_id: group,
-       spec: spec,
-       chars: chars(chars, values),
-       value: String.to_integer(value),
-       is_default: default == "true",
-       currency: currency
-     }}
-  end
-
-  defp split(payload) do
-    case :binary.split(payload, "\t", [:global]) do
-      parts when length(parts) == @columns -> parts
-      _ -> raise ArgumentError, "price: not #{@columns} tab-separated columns"
-    end
-  end
-
-  defp chars(chars, values) do
-    zip(:binary.split(chars, "|", [:global]), :binary.split(values, "|", [:global]))
-  end
-
-  defp zip([c | cs], [v | vs]), do: [%{char: c, value: v} | zip(cs, vs)]
-  defp zip(_, _), do: []
-
-  @doc """
-  The options of a replica that keeps the table `table` (the catalogue's
-  indexes, `store:` the fields the service answers with) equal to `stream`.
+  The options of a replica that keeps the table `table` (the store's
+  table, `PriceSearch.Store.table_opts/1`) equal to `stream` on the Redis
+  server `redis` (`Larder.Replica.RedisStream`'s `:redis`), plus `extra`
+  (`:snapshot`, `:snapshot_every`...).
   """
   @spec replica_opts(atom(), atom(), keyword(), String.t(), keyword()) :: keyword()
   def replica_opts(name, table, redis, stream, extra \\ []) do
-    store = [:idx, :spec, :value, :currency, :is_default]
-
     Keyword.merge(
       [
         name: name,
-        into: {Larder.Table, PriceSearch.Catalogue.table_opts(name: table, store: store)},
+        into: {Larder.Table, PriceSearch.Store.table_opts(name: table)},
         source: {Larder.Replica.RedisStream, redis: redis, stream: stream},
-        apply: &__MODULE__.apply_entry/1
+        apply: &Entry.decode/1
       ],
       extra
     )
   end
 
-  @doc "Connects to Redis (eredis)."
+  @doc "Connects to Redis (eredis): `redis` has `:host` (default 127.0.0.1) and `:port` (6379)."
   @spec connect(keyword()) :: pid()
   def connect(redis) do
     host = redis |> Keyword.get(:host, "127.0.0.1") |> to_charlist()
@@ -138,51 +51,24 @@ defmodule PriceSearch.PriceStream do
   end
 
   @doc "XADDs `prices` in one pipeline; returns the last id."
-  @spec add(pid(), String.t(), [map()]) :: binary()
+  @spec add(pid(), String.t(), [PriceCatalogue.price()]) :: binary()
   def add(client, stream, prices) do
     client
-    |> :eredis.qp(Enum.map(prices, &["XADD", stream, "*" | fields(&1)]), 60_000)
+    |> :eredis.qp(Enum.map(prices, &["XADD", stream, "*" | Entry.fields(&1)]), 60_000)
     |> List.last()
     |> then(fn {:ok, id} -> id end)
   end
 
   @doc """
-  A steady producer: XADDs price changes (a price of `prices` with a new
-  value) at `rate` entries per second, in a batch every 10 ms, for
-  `duration_ms`. Returns the number of entries added.
+  A steady producer: XADDs price changes (a price of `prices`, a tuple,
+  with a new value) at `rate` entries per second, in a batch about every
+  10 ms, for `duration_ms` (`PriceCatalogue.Changes`). Returns the number
+  of entries added.
   """
   @spec produce(pid(), String.t(), tuple(), pos_integer(), pos_integer()) :: non_neg_integer()
   def produce(client, stream, prices, rate, duration_ms) do
-    started = System.monotonic_time(:millisecond)
-    produce(client, stream, prices, rate, started, started + duration_ms, 0)
-  end
-
-  defp produce(client, stream, prices, rate, started, deadline, sent) do
-    now = System.monotonic_time(:millisecond)
-
-    if now >= deadline do
-      sent
-    else
-      due = div((now - started) * rate, 1_000)
-
-      sent =
-        if due > sent do
-          batch = for _ <- 1..(due - sent), do: change(prices)
-          add(client, stream, batch)
-          due
-        else
-          sent
-        end
-
-      Process.sleep(min(10, max(0, deadline - now)))
-      produce(client, stream, prices, rate, started, deadline, sent)
-    end
-  end
-
-  @doc "A random price of `prices` (a tuple) with a new value."
-  @spec change(tuple()) :: map()
-  def change(prices) do
-    price = elem(prices, :rand.uniform(tuple_size(prices)) - 1)
-    %{price | value: :rand.uniform(1_000_000)}
+    Changes.paced(rate, duration_ms, fn n ->
+      add(client, stream, for(_ <- 1..n, do: Changes.random(prices)))
+    end)
   end
 end

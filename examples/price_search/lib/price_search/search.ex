@@ -33,7 +33,8 @@ defmodule PriceSearch.Search do
   """
 
   alias Larder.Table
-  alias PriceSearch.{Catalogue, Request, Store}
+  alias PriceCatalogue.MapIndex
+  alias PriceSearch.{Request, Store}
 
   @typedoc "An answer: the price's stored fields, or a message saying why none."
   @type answer :: {:ok, map()} | {:error, String.t()}
@@ -81,10 +82,10 @@ defmodule PriceSearch.Search do
   defp answer_many([error | prepared], [_ | requests], found, store, acc),
     do: answer_many(prepared, requests, found, store, [error | acc])
 
-  @doc "Searches the Go-style map index (`PriceSearch.Catalogue.map_find/5`)."
+  @doc "Searches the Go-style map index (`PriceCatalogue.MapIndex.find/5`)."
   @spec map(Store.t(), Request.t()) :: answer()
   def map(store, %{offering: offering, group: group, spec: spec, chars: chars}) do
-    case Catalogue.map_find(store.map_index, offering, group, spec, chars) do
+    case MapIndex.find(store.map_index, offering, group, spec, chars) do
       {:ok, price} -> {:ok, price}
       {:error, :no_price} -> {:error, @no_price}
       {:error, :no_default} -> {:error, @no_default}

@@ -2,7 +2,7 @@ defmodule PriceSearch.Snapshot do
   @moduledoc """
   The catalogue's snapshot, so that a restart does not parse and index the
   CSV again: the `Larder.Table` (`Larder.Table.dump/2`) and the Go-style
-  map index (`PriceSearch.Catalogue.map_index/1`), in two files named by
+  map index (`PriceCatalogue.MapIndex`), in two files named by
   the CSV's SHA-256, in a directory of their own:
 
       <dir>/prices-<sha256 of the CSV file>.table
@@ -34,7 +34,7 @@ defmodule PriceSearch.Snapshot do
   """
 
   alias Larder.Table
-  alias PriceSearch.Catalogue
+  alias PriceCatalogue.{MapIndex, RawFile}
 
   @magic "PSMAPIDX"
   @version 1
@@ -60,7 +60,7 @@ defmodule PriceSearch.Snapshot do
   """
   @spec checksum(Path.t()) :: {:ok, String.t()} | {:error, File.posix()}
   def checksum(csv) do
-    with {:ok, data} <- Catalogue.read_file(csv) do
+    with {:ok, data} <- RawFile.read(csv) do
       {:ok, Base.encode16(:crypto.hash(:sha256, data), case: :lower)}
     end
   end
@@ -85,10 +85,10 @@ defmodule PriceSearch.Snapshot do
   is published (as `PriceSearch.Store` does).
   """
   @spec load_map(Path.t(), non_neg_integer()) ::
-          {:ok, Catalogue.map_index()} | {:error, Larder.Error.t()}
+          {:ok, MapIndex.t()} | {:error, Larder.Error.t()}
   def load_map(base, size) do
     with {:ok, index} <- read_map(base <> ".map") do
-      if Catalogue.map_index_size(index) == size,
+      if MapIndex.size(index) == size,
         do: {:ok, index},
         else: corrupt(base, "the table and the map index hold different counts")
     end
@@ -98,7 +98,7 @@ defmodule PriceSearch.Snapshot do
   Writes the snapshot of `table` and `map_index` at `base`, then deletes the
   other snapshots in its directory (of CSV files that changed).
   """
-  @spec save(Path.t(), Table.t(), Catalogue.map_index()) :: :ok | {:error, term()}
+  @spec save(Path.t(), Table.t(), MapIndex.t()) :: :ok | {:error, term()}
   def save(base, table, map_index) do
     dir = Path.dirname(base)
 
@@ -142,7 +142,7 @@ defmodule PriceSearch.Snapshot do
   end
 
   defp read_map(path) do
-    with {:ok, data} <- Catalogue.read_file(path),
+    with {:ok, data} <- RawFile.read(path),
          <<@magic, @version, crc::32, payload::binary>> <- data,
          true <- :erlang.crc32(payload) == crc,
          {:ok, index} <- decode(payload) do
@@ -162,7 +162,7 @@ defmodule PriceSearch.Snapshot do
     Process.flag(:min_heap_size, div(byte_size(payload), 2))
     :erlang.garbage_collect()
     index = :erlang.binary_to_term(payload, [:safe])
-    if Catalogue.map_index?(index), do: {:ok, index}, else: :error
+    if MapIndex.valid?(index), do: {:ok, index}, else: :error
   rescue
     _ -> :error
   end

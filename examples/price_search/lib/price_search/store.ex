@@ -33,7 +33,7 @@ defmodule PriceSearch.Store do
   ## Failures
 
   A catalogue that cannot be read makes the store fall back to the generated
-  one, as `PriceSearch.Catalogue.reference_or_generated/1` does. A missing
+  one, as `PriceCatalogue.reference_or_generated/1` does. A missing
   snapshot (or one of the earlier format, without a `.map` file) is made
   quietly; a damaged or foreign one is logged as a warning and
   the CSV is loaded (and snapshotted again); a snapshot that cannot be
@@ -46,7 +46,8 @@ defmodule PriceSearch.Store do
   require Logger
 
   alias Larder.Table
-  alias PriceSearch.{Catalogue, Options, Snapshot}
+  alias PriceCatalogue.MapIndex
+  alias PriceSearch.{Options, Snapshot}
 
   @enforce_keys [
     :name,
@@ -66,7 +67,7 @@ defmodule PriceSearch.Store do
   @type t :: %__MODULE__{
           name: atom(),
           table: Table.table(),
-          map_index: Catalogue.map_index(),
+          map_index: MapIndex.t(),
           offerings: %{String.t() => true},
           groups: %{String.t() => true},
           specs: %{String.t() => true},
@@ -98,7 +99,7 @@ defmodule PriceSearch.Store do
     * `:load` - instead of `:csv`, a zero-arity function returning
       `{source, prices}`; no snapshot is kept.
       Default: the shared CSV when present (as `:csv`), the generated
-      catalogue otherwise (`PriceSearch.Catalogue.reference_or_generated/0`).
+      catalogue otherwise (`PriceCatalogue.reference_or_generated/0`).
     * `:follow` - `{replica, table}`: search `table` (a name), which the
       `Larder.Replica` `replica` keeps equal to a `prices` stream
       (`PriceSearch.PriceStream`), instead of a table of the store's own;
@@ -151,16 +152,34 @@ defmodule PriceSearch.Store do
   # The shared CSV when present, through its snapshot; else the generated
   # catalogue.
   defp default_load do
-    csv = Path.join(Catalogue.default_dir(), "prices-487k.csv.gz")
+    csv = Path.join(PriceCatalogue.default_dir(), "prices-487k.csv.gz")
 
     if File.exists?(csv) do
       {:csv, csv}
     else
       fn ->
-        {source, prices, _requests} = Catalogue.reference_or_generated()
+        {source, prices, _requests} = PriceCatalogue.reference_or_generated()
         {source, prices}
       end
     end
+  end
+
+  @doc """
+  The `Larder.Table.new/1` options of the table a store searches: keyed by
+  `idx`, the Go service's indexes (offering, group, spec, one term per
+  characteristic value), `store:` the fields a search answers with; plus
+  `extra` (`name:`, for a replica's table).
+  """
+  @spec table_opts(keyword()) :: keyword()
+  def table_opts(extra \\ []) do
+    Keyword.merge(
+      [
+        key: :idx,
+        index: [:offering_id, :group_id, :spec, {:char, &PriceCatalogue.char_terms/1}],
+        store: @store
+      ],
+      extra
+    )
   end
 
   @doc "Where the loaded catalogue of the store `name` came from, or `:loading`."
@@ -232,9 +251,9 @@ defmodule PriceSearch.Store do
         {source, prices} =
           case load do
             {:csv, csv} ->
-              case Catalogue.load(csv) do
+              case PriceCatalogue.load(csv) do
                 {:ok, prices} -> {csv, prices}
-                {:error, _} -> {"generated (seed 1)", Catalogue.generate()}
+                {:error, _} -> {"generated (seed 1)", PriceCatalogue.generate()}
               end
 
             load ->
@@ -243,7 +262,7 @@ defmodule PriceSearch.Store do
 
         await_replica(replica)
         source = "#{source}, searched in the stream's replica"
-        store(name, table, Catalogue.map_index(prices), source, :stream)
+        store(name, table, MapIndex.new(prices), source, :stream)
       end)
 
     {table, nil}
@@ -316,7 +335,7 @@ defmodule PriceSearch.Store do
 
     :ok =
       publish(fn ->
-        case Catalogue.load(csv) do
+        case PriceCatalogue.load(csv) do
           {:ok, prices} ->
             store(name, table, build(table, prices), csv, :csv)
 
@@ -326,7 +345,7 @@ defmodule PriceSearch.Store do
             )
 
             # Nothing was inserted: the table is still empty.
-            prices = Catalogue.generate()
+            prices = PriceCatalogue.generate()
             store(name, table, build(table, prices), "generated (seed 1)", :load)
         end
       end)
@@ -391,12 +410,10 @@ defmodule PriceSearch.Store do
     end
   end
 
-  defp table_opts, do: Catalogue.table_opts(store: @store)
-
   # Inserts the prices; their map index.
   defp build(table, prices) do
     :ok = Table.insert_many(table, prices)
-    Catalogue.map_index(prices)
+    MapIndex.new(prices)
   end
 
   # Offerings, groups, specs and each characteristic's values, as sets.
