@@ -18,9 +18,6 @@ defmodule LarderPostgres.MixProject do
       start_permanent: Mix.env() == :prod,
       elixirc_paths: elixirc_paths(Mix.env()),
       deps: [larder()],
-      # The core's test support reads the price catalogue's reference
-      # requests with jiffy (Debian's erlang-jiffy); nothing here does.
-      xref: [exclude: [:jiffy, :eredis]],
       name: "LarderPostgres",
       description:
         "The Postgres logical replication client under a Larder replica of Postgres tables."
@@ -45,10 +42,15 @@ defmodule LarderPostgres.MixProject do
   defp extra_applications(:test), do: [:proper]
   defp extra_applications(_), do: []
 
-  # The core's test support (free ports, PropEr, hostile terms) is
-  # compiled here too, with this package's own (the Postgres server): one
-  # support folder per package, nothing loaded from one tree by another.
-  defp elixirc_paths(:test), do: ["lib", "test/support", core("test/support")]
+  # Of the core's test support, what these tests use (free ports, the
+  # PropEr runner, polling) is compiled here too, with this package's own
+  # (the Postgres server): one support folder per package, nothing loaded
+  # from one tree by another.
+  @core_support ~w(free_port proper eventually)
+
+  defp elixirc_paths(:test),
+    do: ["lib", "test/support"] ++ Enum.map(@core_support, &core("test/support/#{&1}.ex"))
+
   defp elixirc_paths(_), do: ["lib"]
 
   defp core(path), do: Path.expand(Path.join("..", path), __DIR__)
