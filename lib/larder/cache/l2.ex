@@ -36,7 +36,8 @@ defmodule Larder.Cache.L2 do
   process of it) exits, the cache stops them all, counts an `:l2_errors`,
   emits `[:larder, :cache, :l2, :disconnected]` (reason `:process_died`)
   and starts the child again after 100 ms, doubling up to 5 s while it
-  keeps stopping within 5 s of its start; L1 keeps serving throughout,
+  keeps stopping within 5 s of its start (each wait +-25% at random: the
+  backoff the Redis client's connections use too); L1 keeps serving throughout,
   L2 calls fail with an error meanwhile, and the owner (with its tables)
   is never restarted for it. An L2 caught in a crash loop therefore costs
   a log line and one restart per backoff period, never the cache. A child
