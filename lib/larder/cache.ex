@@ -536,11 +536,12 @@ defmodule Larder.Cache do
   def child_spec(opts) do
     opts = Config.validate!(opts)
 
-    %{
-      id: {__MODULE__, opts[:name]},
-      start: {CacheSupervisor, :start_link, [opts]},
-      type: :supervisor
-    }
+    # (through Instance's child spec, which records the supervisor that
+    # starts it: drop/1 terminates it through that supervisor)
+    Instance.child_spec(__MODULE__, opts[:name], {CacheSupervisor, :start_link, [opts]},
+      type: :supervisor,
+      restart: :permanent
+    )
   end
 
   @doc """
