@@ -349,7 +349,7 @@ defmodule Larder.Cache do
       in a loop (Redis down, refusing connections) leave the cache's
       mailbox with at most a message or two for them, and the cache's
       memory flat. The same holds for the hints callers give the Redis
-      L2's keeper (`Larder.Cache.Redis`): one on its way at a time. Pending
+      L2's topology manager (`Larder.Cache.Redis`): one on its way at a time. Pending
       work lives in the cache's process and is lost if that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the

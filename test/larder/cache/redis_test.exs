@@ -5,6 +5,7 @@ defmodule Larder.Cache.RedisTest do
   alias Larder.Cache
   alias Larder.Test.{RedisCluster, RedisServer, TcpProxy}
 
+  import ExUnit.CaptureLog
   import Larder.Test.Eventually
 
   @moduletag :redis
@@ -47,6 +48,44 @@ defmodule Larder.Cache.RedisTest do
              Larder.Cache.Redis.put(state, "k", "v", :infinity, :always)
 
     Larder.Cache.Redis.stop(state)
+  end
+
+  describe "every warning names the server, says what failed and what comes next" do
+    # A cache whose Redis refuses connections, or whose host name does not
+    # resolve: the pub/sub connection's warning names the server (and the
+    # channel), says what failed in words and what it does next.
+    test "a server that refuses connections", ctx do
+      port = RedisServer.free_port()
+      name = :"#{ctx.module}.#{ctx.test}"
+
+      log =
+        capture_log(fn ->
+          start_supervised!({Cache, name: name, l2: {Larder.Cache.Redis, port: port}})
+          # a call, so that the start's warnings are in
+          {:error, _} = Cache.put(name, :k, 1)
+          Process.sleep(300)
+        end)
+
+      channel = Regex.escape(inspect(Larder.Cache.Remote.channel(Larder.Cache.Runtime.get(name))))
+
+      assert log =~
+               ~r/the pub\/sub connection of channel #{channel} failed at 127\.0\.0\.1:#{port} \(connection refused\); connecting again in \d+ ms, backing off to 2000 ms, until it subscribes/
+    end
+
+    test "a host name that does not resolve", ctx do
+      name = :"#{ctx.module}.#{ctx.test}"
+
+      log =
+        capture_log(fn ->
+          l2 = {Larder.Cache.Redis, host: "no-such-host.invalid", port: 6390}
+          start_supervised!({Cache, name: name, l2: l2})
+          {:error, _} = Cache.put(name, :k, 1)
+          Process.sleep(300)
+        end)
+
+      assert log =~
+               ~r/the pub\/sub connection of channel "[^"]+" failed at no-such-host\.invalid:6390 \(the host name does not resolve\); connecting again in \d+ ms/
+    end
   end
 
   describe "Larder.Cache on a real Redis" do

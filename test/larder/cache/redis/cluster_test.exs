@@ -11,8 +11,7 @@ defmodule Larder.Cache.RedisClusterTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.Redis.ClusterKeeper
-  alias Larder.Redis.Cluster
+  alias Larder.Redis.{Cluster, Topology}
   alias Larder.Test.{RedisCluster, RedisServer}
   alias Larder.Test.GarbageServer
 
@@ -133,7 +132,7 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, "garbage:k") == {:ok, "v"}
     # :random, :wrong_types (1 to 3 each), the error reply and the bad
     # range; a close mid-reply is a lost connection, not a bad answer
-    assert ClusterKeeper.bad_replies(state) >= 4
+    assert Topology.bad_replies(state) >= 4
   end
 
   test "only garbage seeds: the L2 starts, its calls fail with documented errors", ctx do
@@ -286,11 +285,11 @@ defmodule Larder.Cache.RedisClusterTest do
     :ok = Cache.put(a, :k, 1)
     cfg = Larder.Cache.Runtime.get(a)
     {Cache.Redis, state} = cfg.l2
-    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    [{:manager, keeper}] = :ets.lookup(state.table, :manager)
     Process.exit(keeper, :kill)
 
     eventually(fn ->
-      match?([{:keeper, pid}] when pid != keeper, :ets.lookup(state.table, :keeper))
+      match?([{:manager, pid}] when pid != keeper, :ets.lookup(state.table, :manager))
     end)
 
     eventually(fn -> Cache.put(a, :k, 2) == :ok end)
