@@ -89,8 +89,9 @@ defmodule Larder.Cache.Redis do
     * a failover that begins, or a move to another master (Sentinel):
       `{:larder_cache_l2, :invalidated, :all}`, and `{:larder_cache_l2,
       :replaced}` (see "Sentinel");
-    * Redis refusing tracking: `{:larder_cache_l2, :tracking_refused,
-      error}` (see "Tracking").
+    * Redis refusing what the invalidation needs (tracking, or the
+      subscription): `{:larder_cache_l2, :refused, error}` (see "Tracking"
+      and "Redis refusing the subscription").
 
   Replies that are not messages on the channel are ignored once
   subscribed.
@@ -344,8 +345,8 @@ defmodule Larder.Cache.Redis do
       failover to a server with another ACL, a cluster master with its own
       ACL), when the pub/sub handshake gets an error reply, or no command
       connection of a server (of any master) tracks and Redis refused
-      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2,
-      :tracking_refused, error}`, the same error: it logs it (once),
+      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2, :refused,
+      error}`, the same error: it logs it (once),
       counts it in `:l2_errors`, clears its L1 and keeps nothing in it,
       every read going to Redis or the loader, and reads the generation
       every second (its subscription may be refused too). The manager
@@ -354,6 +355,35 @@ defmodule Larder.Cache.Redis do
       `:connected` and uses its L1 again, from empty. Tested with an ACL
       user that loses `client|tracking`, or all of `client`, mid-run, and
       with one cluster master whose default user loses it.
+
+  ## Redis refusing the subscription
+
+  With the cache's default `invalidation: :pubsub`, a node hears the
+  other nodes' writes only through its subscription to the cache's
+  channel (`SUBSCRIBE`; `SSUBSCRIBE` on a cluster). Redis may refuse it
+  while the command connections work: a user whose ACL lacks the command
+  (`-subscribe`) or the channel (`resetchannels`, or a pattern such as
+  `&other:*`), which Redis answers with `NOPERM`. Such a node's L1 would
+  keep what other nodes replaced, for ever, so:
+
+    * At the cache's start, the manager tries the subscription on a
+      connection of its own (on the master of the channel's slot on a
+      cluster): a `NOPERM` makes `Larder.Cache.start_link/1` return
+      `{:error, %Larder.Error{reason: :l2_failed}}` whose message names the
+      server, the user, the command and Redis's reply and the grant that
+      fixes it (`ACL SETUSER <user> +subscribe &<channel>`), with the same
+      `:details` as above. A server that does not answer, or refuses
+      `AUTH` (the command connections fail too: an outage, L1 serves),
+      does not stop the start.
+    * Later (the ACL changed and the connections were renewed, a failover
+      to a server with another ACL), a `NOPERM` to the subscription makes
+      the cache get `{:larder_cache_l2, :refused, error}`, the same error:
+      as with tracking, it logs it, counts it in `:l2_errors`, clears its
+      L1 and keeps nothing in it until the subscription is up again
+      (`:connected`), every read going to Redis or the loader. The
+      connection keeps trying with its backoff. Tested with an ACL user
+      that loses `SUBSCRIBE` mid-run and gets it back, and users without
+      the command or the channel at start.
 
   ## Cluster
 

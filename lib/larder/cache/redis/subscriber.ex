@@ -10,8 +10,8 @@ defmodule Larder.Cache.Redis.Subscriber do
   # start_link/1 returns once the topology's manager has started (its
   # first connections opened, each within :timeout; see
   # Larder.Redis.Topology.start_link/3), or {:error, %Larder.Error{}} when
-  # the server refused tracking at the first start (see refused/1), with
-  # nothing left running.
+  # the server refused the subscription at the first start (tracking, or
+  # an ACL without the channel: see refused/1), with nothing left running.
   #
   # The topology's processes exit only when killed or on a bug, and then
   # take the manager, and this process, with them (the same reason): the
@@ -28,7 +28,7 @@ defmodule Larder.Cache.Redis.Subscriber do
   #   :failover     => {:larder_cache_l2, :invalidated, :all}
   #   :bad_event    => {:larder_cache_l2, :invalidated, :bad}
   #   :moved        => {:larder_cache_l2, :replaced}
-  #   :refused      => {:larder_cache_l2, :tracking_refused, %Larder.Error{}}
+  #   :refused      => {:larder_cache_l2, :refused, %Larder.Error{}}
 
   use GenServer
 
@@ -103,7 +103,7 @@ defmodule Larder.Cache.Redis.Subscriber do
   defp message(:failover, _props), do: {:larder_cache_l2, :invalidated, :all}
   defp message(:bad_event, _props), do: {:larder_cache_l2, :invalidated, :bad}
   defp message(:moved, _props), do: {:larder_cache_l2, :replaced}
-  defp message(:refused, props), do: {:larder_cache_l2, :tracking_refused, refused(props)}
+  defp message(:refused, props), do: {:larder_cache_l2, :refused, refused(props)}
   defp message(_kind, _props), do: nil
 
   defp error({:refused, props}), do: refused(props)
@@ -112,7 +112,8 @@ defmodule Larder.Cache.Redis.Subscriber do
     do: Larder.Error.new(:l2_failed, "the Redis client did not start", reason: reason)
 
   @doc """
-  The error of a server that refuses tracking (the topology's :refused): it names the server, the user (`"default"`
+  The error of a server that refuses what the cache's invalidation needs
+  (the topology's :refused): it names the server, the user (`"default"`
   without `:username`), the command and Redis's reply, what to grant, and
   the other way out.
   """
@@ -130,7 +131,7 @@ defmodule Larder.Cache.Redis.Subscriber do
           details
         )
 
-      true ->
+      props.tracking ->
         tracking = Larder.Redis.Tracking.channel()
         needs = "+client|id +client|tracking +subscribe &#{tracking} &#{props.channel}"
 
@@ -140,6 +141,18 @@ defmodule Larder.Cache.Redis.Subscriber do
             "invalidation: :tracking needs the commands CLIENT ID, CLIENT TRACKING and " <>
             "SUBSCRIBE and the channels #{tracking} and #{props.channel}: grant them with " <>
             "`ACL SETUSER #{user} #{needs}`, or use invalidation: :pubsub",
+          details ++ [needs: needs]
+        )
+
+      true ->
+        needs = "+#{String.downcase(command)} &#{props.channel}"
+
+        Larder.Error.new(
+          :l2_failed,
+          "Redis at #{server} refused #{command} to user #{inspect(user)} (#{reply}). " <>
+            "The cache hears the other nodes' writes on the channel #{props.channel}, " <>
+            "which needs the command #{command} and that channel: grant them with " <>
+            "`ACL SETUSER #{user} #{needs}`",
           details ++ [needs: needs]
         )
     end

@@ -166,7 +166,9 @@ defmodule Larder.Redis.Topology.Cluster do
       tsubs: %{},
       tsub_nodes: %{},
       # masters that refuse tracking (no :subscribed while any does)
-      untracked: MapSet.new()
+      untracked: MapSet.new(),
+      # the subscriber was told the subscription is refused (no tracking)
+      refused: false
     }
 
     budget = @init_budget_ms + state.pool_size * state.timeout - state.timeout
@@ -183,11 +185,10 @@ defmodule Larder.Redis.Topology.Cluster do
     end
   end
 
-  # The first start of a topology with tracking tries, on every master,
-  # what the subscription needs: a refusal stops the start. A server that
-  # does not answer does not.
+  # The first start of a topology with a subscription tries, on every
+  # master (tracking) or on the channel's, what the subscription needs:
+  # a refusal stops the start. A server that does not answer does not.
   defp probe(_state, false), do: :ok
-  defp probe(%{tracking: nil}, _first?), do: :ok
   defp probe(%{channel: nil}, _first?), do: :ok
   defp probe(%{map: nil}, _first?), do: :ok
 
@@ -232,7 +233,9 @@ defmodule Larder.Redis.Topology.Cluster do
     end)
   end
 
-  defp refusal?(%{tracking: nil}, _command, _reply), do: false
+  defp refusal?(%{tracking: nil}, command, reply),
+    do: command == "SSUBSCRIBE" and String.starts_with?(reply, "NOPERM")
+
   defp refusal?(_state, _command, _reply), do: true
 
   defp refusal(state, {host, port}, command, reply) do
@@ -536,7 +539,7 @@ defmodule Larder.Redis.Topology.Cluster do
   defp channel_master(state), do: Cluster.master(state.map, Cluster.slot(state.channel))
 
   defp channel_event(:subscribed, _props, state) do
-    state = %{state | chan_up: true}
+    state = %{state | chan_up: true, refused: false}
     # (held back while a master refuses tracking: the subscriber keeps
     # nothing until all track)
     if MapSet.size(state.untracked) == 0, do: tell(state, :subscribed, %{})
@@ -561,7 +564,26 @@ defmodule Larder.Redis.Topology.Cluster do
     state
   end
 
-  defp channel_event(:failed, _props, state), do: follow_channel(request_refresh(state))
+  defp channel_event(:failed, %{reason: reason}, state) do
+    state =
+      case reason do
+        {:refused, command, reply} -> channel_refused(state, command, reply)
+        _other -> state
+      end
+
+    follow_channel(request_refresh(state))
+  end
+
+  defp channel_refused(%{refused: true} = state, _command, _reply), do: state
+
+  defp channel_refused(state, command, reply) do
+    if state.tracking == nil and refusal?(state, command, reply) do
+      tell(state, :refused, refusal(state, state.chan_node, command, reply))
+      %{state | refused: true}
+    else
+      state
+    end
+  end
 
   # After a new map: a subscription on a master that no longer serves the
   # channel's slot hears nothing more; it moves.

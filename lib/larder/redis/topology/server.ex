@@ -329,8 +329,13 @@ defmodule Larder.Redis.Topology.Server do
     end
   end
 
-  # With tracking, any error reply to the handshake or to CLIENT TRACKING.
-  defp refusal?(%{tracking: nil}, _command, _reply), do: false
+  # With tracking, any error reply to the handshake or to CLIENT TRACKING;
+  # without, a NOPERM to SUBSCRIBE (an ACL without the command or the
+  # channel: the data connections may still work). A refused AUTH without
+  # tracking is an outage like any other: the data connections fail too.
+  defp refusal?(%{tracking: nil}, command, reply),
+    do: command == "SUBSCRIBE" and String.starts_with?(reply, "NOPERM")
+
   defp refusal?(_state, _command, _reply), do: true
 
   defp refusal(%{node: {host, port}} = state, command, reply) do
@@ -344,11 +349,10 @@ defmodule Larder.Redis.Topology.Server do
     }
   end
 
-  # The first start of a topology with tracking tries, on a connection of
-  # its own, what the subscription needs: a refusal stops the start. A
-  # server that does not answer does not.
+  # The first start of a topology with a subscription tries, on a
+  # connection of its own, what the subscription needs: a refusal stops
+  # the start. A server that does not answer does not.
   defp probe(_state, false), do: :ok
-  defp probe(%{tracking: nil}, _first?), do: :ok
   defp probe(%{channel: nil}, _first?), do: :ok
   defp probe(%{node: nil}, _first?), do: :ok
 
