@@ -106,9 +106,14 @@ defmodule Larder.Redis.Options do
 
   @url_keys [:host, :port, :username, :password, :database]
 
-  # :url, taken apart into the keys it stands for.
+  # :url, taken apart into the keys it stands for. (Options that are not a
+  # keyword list, an improper list say, are left to Larder.Options, which
+  # refuses them with an ArgumentError.)
   defp url!(opts, what) when is_list(opts) do
-    case List.keytake(opts, :url, 0) do
+    case Keyword.keyword?(opts) && List.keytake(opts, :url, 0) do
+      false ->
+        opts
+
       nil ->
         opts
 
