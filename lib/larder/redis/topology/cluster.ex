@@ -61,6 +61,8 @@ defmodule Larder.Redis.Topology.Cluster do
   @max_follow_ms 500
   @sub_max_wait_ms 2_000
   @watch_ms 100
+  # The longest a process of the manager takes to stop before it is killed.
+  @stop_ms 5_000
 
   @doc """
   The master of `key`'s slot, from the `CLUSTER SLOTS` of the first of
@@ -299,12 +301,33 @@ defmodule Larder.Redis.Topology.Cluster do
   @impl true
   def terminate(_reason, state), do: stop_all(state)
 
+  # Stops the manager's processes and returns once they are gone (a pool
+  # once its connections are).
   defp stop_all(state) do
     pids = [state.chan | Map.keys(state.pool_nodes) ++ Map.keys(state.tsub_nodes)]
+    stop_linked(for pid <- pids, is_pid(pid), do: pid)
+  end
 
-    for pid <- pids, is_pid(pid) do
-      Process.unlink(pid)
-      Process.exit(pid, :shutdown)
+  # Stops the processes the manager started (linked) and returns once they
+  # are gone: a pool once its connections are (a pub/sub connection at
+  # once), within @stop_ms, then killed.
+  defp stop_linked(pids) do
+    refs =
+      for pid <- pids do
+        Process.unlink(pid)
+        ref = Process.monitor(pid)
+        Process.exit(pid, :shutdown)
+        {pid, ref}
+      end
+
+    for {pid, ref} <- refs do
+      receive do
+        {:DOWN, ^ref, :process, _, _} -> :ok
+      after
+        @stop_ms ->
+          Process.exit(pid, :kill)
+          receive do: ({:DOWN, ^ref, :process, _, _} -> :ok)
+      end
     end
 
     :ok

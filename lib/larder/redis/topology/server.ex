@@ -45,6 +45,8 @@ defmodule Larder.Redis.Topology.Server do
   alias Larder.Redis.{Pool, PubSub, Sentinel, Socket, Table, Tracking}
 
   @watch_ms 100
+  # The longest a process of the manager takes to stop before it is killed.
+  @stop_ms 5_000
   @park_ms 5_000
   @sub_max_wait_ms 2_000
 
@@ -213,9 +215,30 @@ defmodule Larder.Redis.Topology.Server do
 
   @impl true
   def terminate(_reason, state) do
-    for pid <- [state.pubsub, state.pool | Map.keys(state.watchers)], is_pid(pid) do
-      Process.unlink(pid)
-      Process.exit(pid, :shutdown)
+    pids = [state.pubsub, state.pool | Map.keys(state.watchers)]
+    stop_linked(for pid <- pids, is_pid(pid), do: pid)
+  end
+
+  # Stops the processes the manager started (linked) and returns once they
+  # are gone: a pool once its connections are (a pub/sub connection at
+  # once), within @stop_ms, then killed.
+  defp stop_linked(pids) do
+    refs =
+      for pid <- pids do
+        Process.unlink(pid)
+        ref = Process.monitor(pid)
+        Process.exit(pid, :shutdown)
+        {pid, ref}
+      end
+
+    for {pid, ref} <- refs do
+      receive do
+        {:DOWN, ^ref, :process, _, _} -> :ok
+      after
+        @stop_ms ->
+          Process.exit(pid, :kill)
+          receive do: ({:DOWN, ^ref, :process, _, _} -> :ok)
+      end
     end
 
     :ok
