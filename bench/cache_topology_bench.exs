@@ -413,7 +413,7 @@ defmodule Larder.CacheTopologyBench do
             topo_lc: [cluster: RedisCluster.seeds(cluster)]
           ] do
         {:ok, state, spec} = Cache.Redis.init([timeout: 1_000] ++ port_opts, self(), "bench:#{n}")
-        {:ok, _keeper} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
+        {:ok, _l2} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
 
         :ok =
           Cache.Redis.put(state, "bench:l2hit", :erlang.term_to_binary(value), :infinity, :always)
@@ -464,7 +464,7 @@ defmodule Larder.CacheTopologyBench do
   # value (or one whose put failed since, which may have reached Redis).
   def reshard(bench, cluster) do
     {:ok, state, spec} = Cache.Redis.init([cluster: RedisCluster.seeds(cluster)], self(), "rs")
-    {:ok, _keeper} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
+    {:ok, _l2} = apply(elem(spec.start, 0), elem(spec.start, 1), elem(spec.start, 2))
     parent = self()
 
     runners =
@@ -574,7 +574,7 @@ defmodule Larder.CacheTopologyBench do
       :ok = RedisCluster.reshard(cluster, from, to, 300)
 
       # a master that serves neither the channel nor the generation key
-      # (losing the subscription would make the keeper read the map anyway)
+      # (losing the subscription would make the manager read the map anyway)
       cfg = Runtime.get(hd(caches))
       map = slot_map(hd(seeds))
       busy = Enum.map([Remote.channel(cfg), Remote.generation_key(cfg)], &master(map, &1))

@@ -64,11 +64,12 @@ defmodule Larder.Cache do
   the L2 answers). A bad option raises `ArgumentError` in the caller; an L2
   whose `init/3` raises or whose processes cannot start gives `{:error,
   %Larder.Error{reason: :l2_failed}}` (the L2's own error when it gives one:
-  Redis refusing `invalidation: :tracking`, say); a name in use gives
-  `{:error, {:already_started, pid}}` with the owner's pid (or that of the
-  process that holds the name). None of these errors harms the caller,
-  trapping exits or not: what was started of the tree is stopped before
-  `start_link/1` returns, and no exit signal or message reaches the caller.
+  Redis refusing `invalidation: :tracking`, or the cache's channel, say); a
+  name in use gives `{:error, {:already_started, pid}}` with the owner's pid
+  (or that of the process that holds the name). None of these errors harms
+  the caller, trapping exits or not: what was started of the tree is
+  stopped before `start_link/1` returns, and no exit signal or message
+  reaches the caller.
   Of any number of processes starting one name at once, exactly one gets
   `{:ok, pid}`. Stopping the supervisor (`Supervisor.stop/1`, or the
   application's supervisor) stops the clock, then the L2's processes, then
@@ -207,6 +208,14 @@ defmodule Larder.Cache do
       to the L2 (or the loader) meanwhile, so no old value is kept, and a
       `put/4` leaves no copy in L1. Once tracking is back the L1 is used
       again, from empty.
+    * **Redis refusing the subscription** (`invalidation: :pubsub`). A
+      Redis whose ACL lets a node read and write but not subscribe to the
+      cache's channel (no `SUBSCRIBE`, or not that channel: `NOPERM`)
+      would let it keep what other nodes replaced for ever: the same
+      holds, at start (`start_link/1` returns the error, naming the
+      server, the user and the grant) and later (the L1 is off until the
+      subscription is back). See "Redis refusing the subscription" in
+      `Larder.Cache.Redis`.
     * **`invalidate_all/1` with `codec: :raw`** clears every node's L1 and
       leaves the data in Redis alone: the keys under `:key_prefix` belong
       to whichever program writes them. It still increments the cache's
@@ -349,7 +358,7 @@ defmodule Larder.Cache do
       in a loop (Redis down, refusing connections) leave the cache's
       mailbox with at most a message or two for them, and the cache's
       memory flat. The same holds for the hints callers give the Redis
-      L2's keeper (`Larder.Cache.Redis`): one on its way at a time. Pending
+      L2's topology manager (`Larder.Cache.Redis`): one on its way at a time. Pending
       work lives in the cache's process and is lost if that process stops.
     * L2 values are checked before they are decoded: the bytes, a
       compressed value's declared uncompressed size and the memory the
@@ -495,7 +504,9 @@ defmodule Larder.Cache do
       starts; see `Larder.Telemetry`).
     * `:invalidation` - how a node learns that a key changed in the L2:
       `:pubsub` (default), the invalidations that Larder nodes publish on
-      the cache's channel; or `:tracking`, those plus Redis's own report of
+      the cache's channel (a Redis that refuses the subscription stops the
+      start, or turns the L1 off, the same way: see "Redis refusing the
+      subscription" under Concurrency); or `:tracking`, those plus Redis's own report of
       every write to the cache's keys by any program (server-assisted
       client-side caching, `CLIENT TRACKING ... BCAST`), so that a key
       another service writes, deletes, expires or flushes is dropped from
@@ -542,11 +553,12 @@ defmodule Larder.Cache do
   def child_spec(opts) do
     opts = Config.validate!(opts)
 
-    %{
-      id: {__MODULE__, opts[:name]},
-      start: {CacheSupervisor, :start_link, [opts]},
-      type: :supervisor
-    }
+    # (through Instance's child spec, which records the supervisor that
+    # starts it: drop/1 terminates it through that supervisor)
+    Instance.child_spec(__MODULE__, opts[:name], {CacheSupervisor, :start_link, [opts]},
+      type: :supervisor,
+      restart: :permanent
+    )
   end
 
   @doc """
@@ -627,7 +639,8 @@ defmodule Larder.Cache do
   Options: `:ttl` - milliseconds, at most 3_153_600_000_000 (100 years), or
   `:infinity` (default: the cache's `:ttl`). Returns `:ok`, or `{:error,
   %Larder.Error{}}` if the L2 write failed (L1 holds the value either way,
-  unless its L1 is off: see "Redis refusing tracking" under Concurrency).
+  unless its L1 is off: see "Redis refusing tracking" and "Redis refusing
+  the subscription" under Concurrency).
   """
   @spec put(cache(), key(), value(), keyword()) :: :ok | {:error, Larder.Error.t()}
   def put(cache, key, value, opts \\ []) do

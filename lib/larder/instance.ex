@@ -339,15 +339,63 @@ defmodule Larder.Instance do
 
   @doc """
   Every structure's child spec: id `{kind, name}`, `:transient` (a dropped
-  structure stays dropped, a crashed one is restarted).
+  structure stays dropped, a crashed one is restarted). Its start goes
+  through start_child/3, which records the supervisor that started it
+  (see terminate/2).
   """
   @spec child_spec(kind(), name(), {module(), atom(), list()}, keyword()) ::
           Supervisor.child_spec()
   def child_spec(kind, name, start, extra \\ []) do
     Map.merge(
-      %{id: {kind, name}, start: start, type: :worker, restart: :transient},
+      %{
+        id: {kind, name},
+        start: {__MODULE__, :start_child, [kind, name, start]},
+        # (the code it runs is the start's module's, not this one's)
+        modules: [elem(start, 0)],
+        type: :worker,
+        restart: :transient
+      },
       Map.new(extra)
     )
+  end
+
+  @doc """
+  The start of a child spec of child_spec/4: runs `start` (in the
+  supervisor, which calls it) and records, in the claims table, that the
+  process it started is the supervisor's child: `{{:supervised, kind,
+  name}, pid, supervisor}` (one row per name, the last start's).
+  """
+  @spec start_child(kind(), name(), {module(), atom(), list()}) :: Supervisor.on_start_child()
+  def start_child(kind, name, {module, fun, args}) do
+    case apply(module, fun, args) do
+      {:ok, pid} = started when is_pid(pid) ->
+        :ets.insert(@table, {{:supervised, kind, name}, pid, self()})
+        started
+
+      {:ok, pid, _info} = started when is_pid(pid) ->
+        :ets.insert(@table, {{:supervised, kind, name}, pid, self()})
+        started
+
+      other ->
+        other
+    end
+  end
+
+  # The supervisor that started `pid` through child_spec/4, if it is still
+  # its parent.
+  defp supervisor_of(pid) do
+    with [[parent] | _] <- :ets.match(@table, {{:supervised, :_, :_}, pid, :"$1"}),
+         {:parent, ^parent} <- Process.info(pid, :parent) do
+      parent
+    else
+      _ -> nil
+    end
+  end
+
+  @doc "The live processes that hold a name of `kind`."
+  @spec holders(kind()) :: [pid()]
+  def holders(kind) do
+    for [pid] <- :ets.match(@table, {{kind, :_}, :"$1"}), Process.alive?(pid), do: pid
   end
 
   ## Death
@@ -380,8 +428,9 @@ defmodule Larder.Instance do
   Stops `pid`, the top process of a structure (a Cache's supervisor, a
   Replica's process), so that it stays stopped, and returns once it is gone.
 
-  Under a `Supervisor` or a `DynamicSupervisor` that has it as a child, it
-  is terminated through that supervisor (`terminate_child`): the supervisor
+  Under a `Supervisor` or a `DynamicSupervisor` that started it from its
+  child spec (`child_spec/4`, which records it) and still has it as a
+  child, it is terminated through that supervisor (`terminate_child`): the supervisor
   does not take the exit for a crash, so it neither restarts the child nor
   counts it against its restart intensity. `how` is `:shutdown` (the
   child's own shutdown, as the supervisor's shutdown of it would be) or
@@ -412,14 +461,15 @@ defmodule Larder.Instance do
     :exit, _ -> :ok
   end
 
-  # Asks `pid`'s parent to terminate it, if the parent is a supervisor (a
-  # DynamicSupervisor's initial call is a Supervisor's too) that has it as
-  # a child: by id for a Supervisor, by pid for a DynamicSupervisor (whose
-  # children have no id). Whether the supervisor did.
+  # Asks `pid`'s parent to terminate it, if the parent is the supervisor
+  # (a Supervisor or a DynamicSupervisor) that started it through a child
+  # spec of child_spec/4 (start_child/3 recorded it) and still has it as a
+  # child: by id for a Supervisor, by pid for a DynamicSupervisor (whose
+  # children have no id). Whether the supervisor did. A parent that is not
+  # known to be a supervisor is never asked: a call it does not expect
+  # could crash it.
   defp terminated_by_parent?(pid, how) do
-    with {:parent, parent} when is_pid(parent) and parent != self() <-
-           Process.info(pid, :parent),
-         {:supervisor, _, _} <- :proc_lib.initial_call(parent),
+    with parent when is_pid(parent) and parent != self() <- supervisor_of(pid),
          {id, ^pid, _, _} <- List.keyfind(:supervisor.which_children(parent), pid, 1) do
       child = if id == :undefined, do: pid, else: id
 

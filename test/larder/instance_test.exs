@@ -328,5 +328,41 @@ defmodule Larder.InstanceTest do
       assert Replica.drop(self()) == :ok
       refute_received _
     end
+
+    test "a cache and a replica started by a process that is not a supervisor: drop/1 " <>
+           "stops them and never calls that process",
+         ctx do
+      parent = self()
+
+      # a GenServer that answers only its own calls: a supervisor's call
+      # would crash it
+      {:ok, starter} =
+        Agent.start(fn ->
+          {:ok, cache} = Cache.start_link(name: :"#{ctx.test}.cache")
+          {:ok, replica} = Replica.start_link(replica_opts(:"#{ctx.test}.replica"))
+          send(parent, {:started, cache, replica})
+          :ok
+        end)
+
+      assert_receive {:started, cache, replica}
+      refs = for pid <- [cache, replica], do: Process.monitor(pid)
+      assert Cache.drop(:"#{ctx.test}.cache") == :ok
+      assert Replica.drop(:"#{ctx.test}.replica") == :ok
+      for ref <- refs, do: assert_receive({:DOWN, ^ref, _, _, :normal})
+      assert Process.alive?(starter)
+      Agent.stop(starter)
+    end
+
+    test "no module of lib/ tells processes apart by how they were started " <>
+           "(their :proc_lib initial call, their ancestors)" do
+      files = Path.wildcard(Path.expand("../../lib/**/*.ex", __DIR__))
+      assert files != []
+
+      for file <- files,
+          text = File.read!(file),
+          probe <- ["initial_call", "$initial_call", "$ancestors"] do
+        refute String.contains?(text, probe), "#{Path.relative_to_cwd(file)} uses #{probe}"
+      end
+    end
   end
 end

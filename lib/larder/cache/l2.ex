@@ -25,7 +25,7 @@ defmodule Larder.Cache.L2 do
   only names that stay valid when those processes restart: a process that
   restarts publishes what callers need (its pid, a connection's pid) where
   the state points (`Larder.Cache.Redis` keeps its clients' pids in an ETS
-  table that its keeper fills again when it restarts), so callers never
+  table that its pools fill again when they restart), so callers never
   see a stale state and the state is never replaced. An L2 with no process
   of its own (an in-memory one, in tests) returns `{:ok, state}`.
 
@@ -36,7 +36,8 @@ defmodule Larder.Cache.L2 do
   process of it) exits, the cache stops them all, counts an `:l2_errors`,
   emits `[:larder, :cache, :l2, :disconnected]` (reason `:process_died`)
   and starts the child again after 100 ms, doubling up to 5 s while it
-  keeps stopping within 5 s of its start; L1 keeps serving throughout,
+  keeps stopping within 5 s of its start (each wait +-25% at random: the
+  backoff the Redis client's connections use too); L1 keeps serving throughout,
   L2 calls fail with an error meanwhile, and the owner (with its tables)
   is never restarted for it. An L2 caught in a crash loop therefore costs
   a log line and one restart per backoff period, never the cache. A child
@@ -75,16 +76,19 @@ defmodule Larder.Cache.L2 do
       generation there (an `c:incr/2` of its generation key, retried
       until it succeeds), so that no node reads what the keys of the old
       generation hold.
-    * `{:larder_cache_l2, :tracking_refused, error}` (with tracking) when
-      the backend answers but refuses to report changes (an ACL without
-      the commands, a server without the feature), `error` a
-      `Larder.Error` that says what to grant: the cache clears its L1 and
-      keeps nothing in it (every read goes to the L2 or the loader) until
-      the next `:connected`, which the implementation sends once the
-      backend reports changes again. An implementation that can tell at
-      start (its child's start) that the backend refuses returns that
-      error from the start instead, which `Larder.Cache.start_link/1`
-      returns.
+    * `{:larder_cache_l2, :refused, error}` when the backend answers but
+      refuses what the invalidation needs: to report changes (with
+      tracking: an ACL without the commands, a server without the
+      feature), or the subscription itself (an ACL without the channel),
+      while its other commands may work; `error` is a `Larder.Error` that
+      says what to grant. The cache clears its L1 and keeps nothing in it
+      (every read goes to the L2 or the loader) until the next
+      `:connected`, which the implementation sends once the backend
+      reports changes (or delivers the channel's messages) again. An
+      implementation that can tell at start (its child's start) that the
+      backend refuses returns that error from the start instead, which
+      `Larder.Cache.start_link/1` returns. (`:tracking_refused` is taken
+      as an older name of `:refused`.)
     * `{:larder_cache_l2, :disconnected}` (optional) each time the
       subscription's connection is lost, or the L2 moves to another server
       (a Sentinel failover) whether or not it was subscribed: the cache

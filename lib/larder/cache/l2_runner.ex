@@ -1,7 +1,7 @@
-# Runs the L2's processes (the child spec its init/3 returned)
-# under a supervisor of their own, and starts them again, after a backoff,
-# when they stop: the piece of the cache's tree that makes an L2 in a crash
-# loop cost L1 nothing.
+# Runs the L2's processes (the child spec its init/3 returned) under a
+# supervisor of their own, and starts them again, after the one backoff
+# (Larder.Backoff), when they stop: the piece of the cache's tree that
+# makes an L2 in a crash loop cost L1 nothing.
 defmodule Larder.Cache.L2Runner do
   @moduledoc false
 
@@ -9,10 +9,18 @@ defmodule Larder.Cache.L2Runner do
 
   require Logger
 
+  alias Larder.Backoff
   alias Larder.Cache.{Owner, Remote, Runtime}
 
-  # Backoff between two starts of the L2's processes: doubles up to the max
-  # while they keep stopping (or failing to start), back to the min once
+  # Why not a supervisor's own restarts: an L2's processes stop when they
+  # hit a bug or are killed (a server that refuses or is down costs them
+  # nothing: Larder.Cache.L2, "Lifecycle"), but one that keeps stopping at
+  # once would spend any supervisor's intensity, and the cache with it. So
+  # the supervisor below only runs the child spec (starting it, shutting
+  # it down within its :shutdown), with no restart of its own; this
+  # process tells the cache of each stop (Remote.process_died/1) and starts
+  # the child again after the backoff: @min_ms, doubling up to @max_ms
+  # while they keep stopping (or failing to start), back to @min_ms once
   # they stayed up for @max_ms.
   @min_ms 100
   @max_ms 5_000
@@ -33,7 +41,8 @@ defmodule Larder.Cache.L2Runner do
         case start_l2(spec) do
           {:ok, sup} ->
             :ok = Owner.l2_started(rt, false)
-            {:ok, %{name: name, spec: spec, sup: sup, wait: @min_ms, started: now()}}
+            backoff = Backoff.new(@min_ms, @max_ms)
+            {:ok, %{name: name, spec: spec, sup: sup, backoff: backoff, started: now()}}
 
           # the L2's own error, as it is (Redis refusing tracking, say)
           {:error, {:shutdown, {:failed_to_start_child, _id, %Larder.Error{} = error}}} ->
@@ -64,9 +73,11 @@ defmodule Larder.Cache.L2Runner do
     )
 
     Remote.process_died(rt)
-    wait = if now() - state.started >= @max_ms, do: @min_ms, else: state.wait
-    Process.send_after(self(), :restart, wait)
-    {:noreply, %{state | sup: nil, wait: min(wait * 2, @max_ms)}}
+
+    backoff =
+      if now() - state.started >= @max_ms, do: Backoff.reset(state.backoff), else: state.backoff
+
+    {:noreply, restart_later(%{state | sup: nil, backoff: backoff})}
   end
 
   def handle_info(:restart, %{sup: nil} = state) do
@@ -78,15 +89,21 @@ defmodule Larder.Cache.L2Runner do
       {:error, reason} ->
         Logger.warning(
           "Larder.Cache #{inspect(state.name)}: the L2 did not start " <>
-            "(#{inspect(reason, limit: 10, printable_limit: 200)}); trying again in #{state.wait} ms"
+            "(#{inspect(reason, limit: 10, printable_limit: 200)}); trying again in " <>
+            "#{Backoff.peek(state.backoff)} ms"
         )
 
-        Process.send_after(self(), :restart, state.wait)
-        {:noreply, %{state | wait: min(state.wait * 2, @max_ms)}}
+        {:noreply, restart_later(state)}
     end
   end
 
   def handle_info(_other, state), do: {:noreply, state}
+
+  defp restart_later(state) do
+    {wait, backoff} = Backoff.wait(state.backoff)
+    Process.send_after(self(), :restart, wait)
+    %{state | backoff: backoff}
+  end
 
   @impl true
   def terminate(_reason, %{sup: sup}) when is_pid(sup) do

@@ -17,9 +17,9 @@ defmodule Larder.Cache.Owner do
   # Longest wait between two reads of a generation that keep failing.
   @generation_retry_max_ms 5_000
   @generation_retry_min_ms 100
-  # While the L2 refuses tracking (no L1), the generation is read this often:
-  # the subscription may be refused too, so other nodes' invalidate_all/1
-  # may not reach this one.
+  # While the L2 refuses tracking or the subscription (no L1), the
+  # generation is read this often: the subscription may be refused too, so
+  # other nodes' invalidate_all/1 may not reach this one.
   @untracked_read_ms 1_000
 
   # The state: %{rt: %Runtime{} (also published, for callers),
@@ -28,7 +28,7 @@ defmodule Larder.Cache.Owner do
   # (true while a :verify_generation message is on its way to us),
   # retry_timer and retry_wait (a failed generation read, read again),
   # untracked (the %Larder.Error{} of an L2 that refuses to report
-  # changes, with invalidation: :tracking, while the L1 is off; nil)}.
+  # changes, or the subscription, while the L1 is off; nil)}.
   #
   # The owner makes no L2 call of its own (but once at start, for an L2
   # without processes): what needs one runs in another process (the
@@ -184,14 +184,14 @@ defmodule Larder.Cache.Owner do
     {:noreply, %{state | reader: Generation.sync(state.reader, rt, nil, :advance)}}
   end
 
-  # With invalidation: :tracking, the L2 says that Redis refuses to report
-  # changes (an ACL without CLIENT TRACKING, a server that lacks it): what
-  # L1 holds would never be invalidated, so it holds nothing until the L2
-  # says tracking is on (:connected).
-  def handle_info(
-        {:larder_cache_l2, :tracking_refused, error},
-        %{rt: %{invalidation: :tracking} = rt} = state
-      ) do
+  # The L2 says that Redis refuses to report changes (with invalidation:
+  # :tracking, an ACL without CLIENT TRACKING, a server that lacks it) or
+  # to deliver the other nodes' invalidations (an ACL without the channel
+  # or SUBSCRIBE): what L1 holds would never be invalidated, so it holds
+  # nothing until the L2 says it reports again (:connected).
+  # (:tracking_refused is the older name of :refused.)
+  def handle_info({:larder_cache_l2, why, error}, %{rt: rt} = state)
+      when why in [:refused, :tracking_refused] do
     if state.untracked == nil do
       Store.off(rt)
       Remote.tracking_refused(rt, error)
@@ -199,8 +199,8 @@ defmodule Larder.Cache.Owner do
       Logger.error(
         "Larder.Cache #{inspect(rt.name)}: " <>
           message(error) <>
-          ". Until tracking is on, the cache keeps nothing in its L1: every read goes " <>
-          "to Redis or the loader"
+          ". Until Redis allows it again, the cache keeps nothing in its L1: every read " <>
+          "goes to Redis or the loader"
       )
 
       Process.send_after(self(), :untracked_read, @untracked_read_ms)

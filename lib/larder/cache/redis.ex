@@ -28,21 +28,48 @@ defmodule Larder.Cache.Redis do
   with the client's reason as the error's `:error` detail (`:closed`,
   `:timeout`, `:bad_reply`, `:reply_too_large`, `:no_connection`...).
 
-  A keeper process, the child spec `init/3` returns (run by the cache's
-  supervision tree, see "Processes" in `Larder.Cache`), owns the
-  connections: it keeps their pids in the table of the state, which the
-  cache's process owns and callers read, and opens a connection that
-  could not be opened, or that ended, again after `:reconnect_sleep` ms:
-  meanwhile calls on its slot of the pool return `:l2_unavailable` at
-  once. If the keeper itself dies, the cache starts another, which fills
-  the same table: the state callers hold stays valid.
+  ## Processes
+
+  The adapter is a thin layer over the client's topology (a single
+  server, the master a Sentinel set names, or a Redis Cluster), whose
+  processes are the child spec `init/3` returns, run by the cache's
+  supervision tree (see "Processes" in `Larder.Cache`):
+
+    * the L2's process, which starts the topology linked to it and turns
+      its messages into the cache's (below);
+    * the topology's manager (it finds the master, reads the cluster's
+      slot map, hears the sentinels, redirects tracking);
+    * a pool of `:pool_size` command connections per master, whose pids
+      are in the table of the state (which the cache's process owns and
+      callers read);
+    * a pub/sub connection on the cache's channel (and, with Sentinel, one
+      per sentinel; on a cluster with tracking, one per master).
+
+  Every connection reconnects on its own, with one backoff: a connection
+  that could not be opened, or that failed, is tried again after
+  `:reconnect_sleep` ms, the wait doubling after each failure up to 2 s
+  (or `:reconnect_sleep`, if longer), each wait +-25% at random, back to
+  `:reconnect_sleep` once it is up. A pool whose server refuses (or
+  closes connections as they open) tries one connection per wait, and
+  opens the others once it connects; meanwhile calls on its connections
+  return `:l2_unavailable` at once. A server that is down, refuses or
+  answers garbage never makes a process exit: they exit only when killed
+  or on a bug, and any of them that exits takes the others with it, so
+  that the cache starts them again (after its own backoff, see
+  `Larder.Cache.L2`) and the new ones fill the same table: the state
+  callers hold stays valid.
+
+  Every warning names the server (`host:port`, the Sentinel master and
+  its sentinels, or the cluster's nodes), says what failed in words
+  ("connection refused", "the host name does not resolve", "Redis refused
+  SUBSCRIBE: NOPERM ...") and what comes next; a failing pub/sub
+  connection logs the first failure of a run, a pool the first ended
+  connection and then at most one line per 30 s.
 
   ## Messages
 
-  The keeper runs the pub/sub connection on the cache's channel (and,
-  with `:tracking_prefix`, on Redis's tracking channel) and turns what
-  the client reports into the messages of `Larder.Cache.L2`, sent to the
-  cache's process:
+  The L2's process turns what the topology reports into the messages of
+  `Larder.Cache.L2`, sent to the cache's process:
 
     * a payload published on the channel: `{:larder_cache_l2, :message,
       payload}`;
@@ -55,16 +82,16 @@ defmodule Larder.Cache.Redis do
       `:timeout`, a closed connection): `{:larder_cache_l2,
       :disconnected}` if it was subscribed (the cache reports the
       `[:larder, :cache, :l2, :disconnected]` event, and clears its L1 at
-      the next `:connected`); the first failure of a run is
-      logged as one warning, and the keeper subscribes again after
-      `:reconnect_sleep` ms, doubling the wait after each failure up to
-      2 s (or `:reconnect_sleep`, if longer), back to `:reconnect_sleep`
-      once subscribed;
+      the next `:connected`); the first failure of a run is logged as one
+      warning, and the connection subscribes again with the backoff above;
     * keys Redis reports changed (tracking): `{:larder_cache_l2,
       :invalidated, keys | :all | :bad}` (see "Tracking");
     * a failover that begins, or a move to another master (Sentinel):
       `{:larder_cache_l2, :invalidated, :all}`, and `{:larder_cache_l2,
-      :replaced}` (see "Sentinel").
+      :replaced}` (see "Sentinel");
+    * Redis refusing what the invalidation needs (tracking, or the
+      subscription): `{:larder_cache_l2, :refused, error}` (see "Tracking"
+      and "Redis refusing the subscription").
 
   Replies that are not messages on the channel are ignored once
   subscribed.
@@ -95,11 +122,13 @@ defmodule Larder.Cache.Redis do
       `1000`): one call of the cache (a `fetch/3`, `put/4`, `delete/2`,
       `invalidate_all/1`) waits at most this for Redis in all, across every
       command, redirect and retry it makes (`deadline/2`), whatever state
-      Redis is in. The keeper's own steps (a connection's connect and
+      Redis is in. The topology's own steps (a connection's connect and
       handshake, a question to a sentinel, a `CLUSTER SLOTS`) are each
       bounded by it too; callers never wait for them.
-    * `:reconnect_sleep` - milliseconds between reconnection attempts and
-      before a dead client is replaced, 1 to 60,000 (default `100`).
+    * `:reconnect_sleep` - the first wait before a connection that failed
+      or ended is opened again, 1 to 60,000 ms (default `100`): the wait
+      doubles while it keeps failing, up to 2 s or `:reconnect_sleep`, if
+      longer (see "Processes").
     * `:pool_size` - connections for commands, 1 to 64 (default `2`);
       callers are spread over them by scheduler. Pub/sub uses one more
       connection.
@@ -133,12 +162,12 @@ defmodule Larder.Cache.Redis do
 
   ## Sentinel
 
-  With `:sentinel`, the keeper asks the sentinels in turn for the master
-  (`SENTINEL get-master-addr-by-name`), each within `:timeout`, and uses
-  the first address whose node answers `ROLE` with `master`. On every
-  sentinel it can reach (one it cannot reach is tried again every second)
-  it subscribes to `+switch-master` and to the events that say a failover
-  is under way (`+try-failover`, `+elected-leader`,
+  With `:sentinel`, the topology's manager asks the sentinels in turn for
+  the master (`SENTINEL get-master-addr-by-name`), each within `:timeout`,
+  and uses the first address whose node answers `ROLE` with `master`. On
+  every sentinel it can reach (one it cannot reach is tried again with the
+  backoff of "Processes") it subscribes to `+switch-master` and to the
+  events that say a failover is under way (`+try-failover`, `+elected-leader`,
   `+failover-state-select-slave`, `+selected-slave`,
   `+failover-state-send-slaveof-noone`, `+failover-state-wait-promotion`,
   `+promoted-slave`, `+failover-state-reconf-slaves`). Each of those that
@@ -151,22 +180,23 @@ defmodule Larder.Cache.Redis do
   `+failover-state-send-slaveof-noone` (the leading sentinel sends the
   replica `REPLICAOF NO ONE` one of its ticks later),
   `+failover-state-wait-promotion`, `+promoted-slave` and
-  `+failover-state-reconf-slaves` that names its master, the keeper
+  `+failover-state-reconf-slaves` that names its master, the manager
   sends the old master nothing more, since whatever it acknowledges from
   then on is lost: its command connections are closed, and L2 calls fail
   with `:l2_unavailable` at once (L1 hits are served, misses call the
-  loader, writes are repaired on the new master), until the keeper moves,
+  loader, writes are repaired on the new master), until the manager moves,
   a sentinel publishes `-failover-abort-not-elected`,
   `-failover-abort-no-good-slave` or `-failover-abort-slave-timeout` for
   its master (it subscribes to those too), or 5 s have passed (a
   failover that takes longer: the connections to the master in use are
   opened again). Its subscription stays, so the other nodes' writes are
-  still heard. The keeper asks the sentinels again on a `+switch-master`
+  still heard. The manager asks the sentinels again on a `+switch-master`
   for its master, when a command gets `READONLY` or finds its connection
-  lost, when the pub/sub connection fails, and every 100 ms while it
-  knows no master or a promotion is under way; at most once per
-  `:reconnect_sleep` however many callers hint it. What a sentinel or a node says is checked
-  (a reply that is not RESP, is larger than 64 KB, or has the wrong shape
+  lost, when the pub/sub connection fails or the master refuses the
+  pool's connections, and every 100 ms while it knows no master or a
+  promotion is under way; at most once per `:reconnect_sleep` however
+  many callers hint it. What a sentinel or a node says is checked (a
+  reply that is not RESP, is larger than 64 KB, or has the wrong shape
   counts as no answer). A master other than the one in use moves every
   connection: the command clients are replaced, the cache gets
   `{:larder_cache_l2, :replaced}`, and the pub/sub connection connects to
@@ -189,7 +219,7 @@ defmodule Larder.Cache.Redis do
 
   What a failover costs a caller: from the old master's death until the
   sentinels elect a new one (their `down-after-milliseconds` plus the
-  election) and the keeper hears of it, L2 calls fail with
+  election) and the manager hears of it, L2 calls fail with
   `:l2_unavailable` (L1 hits are served, misses call the loader, and
   writes are repaired once the L2 answers, as in any outage); every
   node's L1 is cleared when the failover begins and again when the node
@@ -197,12 +227,12 @@ defmodule Larder.Cache.Redis do
   gone (each node that moves renews the generation on the new master),
   and with it every write the old master acknowledged but had not
   replicated: a miss, never an older value. The check runs in the
-  keeper, which relays pub/sub messages too: while it asks the sentinels
-  (each within `:timeout`), messages wait.
+  manager, which relays the subscription's messages too: while it asks
+  the sentinels (each within `:timeout`), messages wait.
 
   What a node serves across a failover (the contract):
 
-    * Each node moves on its own: when its keeper hears `+switch-master`
+    * Each node moves on its own: when its manager hears `+switch-master`
       from any sentinel, or, if it heard none, at its next check (one
       follows every failed attempt to subscribe again, so within
       `max(2 s, :reconnect_sleep) + :reconnect_sleep` of the sentinels
@@ -239,7 +269,7 @@ defmodule Larder.Cache.Redis do
       (so no node can move there and write) before the leader has seen
       the promotion in the replica's `INFO`, which it polls every second
       during a failover. So a node subscribed to the leading sentinel
-      whose keeper reads those messages within that margin (at least
+      whose manager reads those messages within that margin (at least
       ~150 ms) holds nothing from before the failover once the first put
       on the new master has returned, whether or not it has moved. That
       is as far as Redis lets a client go: nothing orders messages across
@@ -279,7 +309,7 @@ defmodule Larder.Cache.Redis do
 
   With `:tracking_prefix` (the cache's `invalidation: :tracking`), every
   command connection has `CLIENT TRACKING` on in BCAST mode for the
-  prefix, redirected to the keeper's pub/sub connection, so that Redis
+  prefix, redirected to the manager's pub/sub connection, so that Redis
   reports there every key under the prefix that any client changes, or a
   flush (`FLUSHDB`/`FLUSHALL`). The cache gets `{:larder_cache_l2,
   :invalidated, keys | :all}`, or `:bad` in place of the keys when the
@@ -296,39 +326,68 @@ defmodule Larder.Cache.Redis do
   fails is tried again every 100 ms.
 
   Redis may refuse tracking: a user whose ACL lacks `CLIENT ID`, `CLIENT
-  TRACKING` or the channel `__redis__:invalidate` (`-client`,
-  `-client|tracking`, `resetchannels`), a Redis before 6.0, or `AUTH`
-  itself refused. Nothing would then invalidate what the cache's L1
-  holds, so:
+  TRACKING`, `SUBSCRIBE` or the channels `__redis__:invalidate` and the
+  cache's (`-client`, `-client|tracking`, `resetchannels`), a Redis before
+  6.0, or `AUTH` itself refused. Nothing would then invalidate what the
+  cache's L1 holds, so:
 
-    * At the cache's start, the keeper first tries those commands on a
+    * At the cache's start, the manager first tries those commands on a
       connection of its own (on every master of a cluster): if Redis
       answers with a refusal, `Larder.Cache.start_link/1` returns `{:error,
       %Larder.Error{reason: :l2_failed}}` whose message names the server,
       the user (`"default"` without `:username`), the command refused and
       Redis's reply, the grant that fixes it (`ACL SETUSER <user>
-      +client|id +client|tracking &__redis__:invalidate`) and the other
-      way out (`invalidation: :pubsub`); its `:details` hold `:server`,
-      `:user`, `:command`, `:reply` and `:needs`. A server that does not
-      answer does not stop the start.
+      +client|id +client|tracking +subscribe &__redis__:invalidate
+      &<channel>`) and the other way out (`invalidation: :pubsub`); its
+      `:details` hold `:server`, `:user`, `:command`, `:reply` and
+      `:needs`. A server that does not answer does not stop the start.
     * Later (the ACL changed and the connections were renewed, a Sentinel
       failover to a server with another ACL, a cluster master with its own
       ACL), when the pub/sub handshake gets an error reply, or no command
       connection of a server (of any master) tracks and Redis refused
-      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2,
-      :tracking_refused, error}`, the same error: it logs it (once),
+      `CLIENT TRACKING`, the cache gets `{:larder_cache_l2, :refused,
+      error}`, the same error: it logs it (once),
       counts it in `:l2_errors`, clears its L1 and keeps nothing in it,
       every read going to Redis or the loader, and reads the generation
-      every second (its subscription may be refused too). The keeper
+      every second (its subscription may be refused too). The manager
       keeps trying (the subscription with its backoff, `CLIENT TRACKING`
       every 100 ms); once tracking is on on every master, the cache gets
       `:connected` and uses its L1 again, from empty. Tested with an ACL
       user that loses `client|tracking`, or all of `client`, mid-run, and
       with one cluster master whose default user loses it.
 
+  ## Redis refusing the subscription
+
+  With the cache's default `invalidation: :pubsub`, a node hears the
+  other nodes' writes only through its subscription to the cache's
+  channel (`SUBSCRIBE`; `SSUBSCRIBE` on a cluster). Redis may refuse it
+  while the command connections work: a user whose ACL lacks the command
+  (`-subscribe`) or the channel (`resetchannels`, or a pattern such as
+  `&other:*`), which Redis answers with `NOPERM`. Such a node's L1 would
+  keep what other nodes replaced, for ever, so:
+
+    * At the cache's start, the manager tries the subscription on a
+      connection of its own (on the master of the channel's slot on a
+      cluster): a `NOPERM` makes `Larder.Cache.start_link/1` return
+      `{:error, %Larder.Error{reason: :l2_failed}}` whose message names the
+      server, the user, the command and Redis's reply and the grant that
+      fixes it (`ACL SETUSER <user> +subscribe &<channel>`), with the same
+      `:details` as above. A server that does not answer, or refuses
+      `AUTH` (the command connections fail too: an outage, L1 serves),
+      does not stop the start.
+    * Later (the ACL changed and the connections were renewed, a failover
+      to a server with another ACL), a `NOPERM` to the subscription makes
+      the cache get `{:larder_cache_l2, :refused, error}`, the same error:
+      as with tracking, it logs it, counts it in `:l2_errors`, clears its
+      L1 and keeps nothing in it until the subscription is up again
+      (`:connected`), every read going to Redis or the loader. The
+      connection keeps trying with its backoff. Tested with an ACL user
+      that loses `SUBSCRIBE` mid-run and gets it back, and users without
+      the command or the channel at start.
+
   ## Cluster
 
-  With `:cluster`, the keeper asks the masters it knows, then the seeds,
+  With `:cluster`, the manager asks the masters it knows, then the seeds,
   in turn (each within `:timeout`) for `CLUSTER SLOTS`, and keeps one pool
   of `:pool_size` connections per master. A command goes to the pool of
   the master that serves its key's slot: CRC16 of the key, or of its hash
@@ -349,8 +408,8 @@ defmodule Larder.Cache.Redis do
 
     * `MOVED` (a slot moved: a finished reshard, a failover): the command
       is sent again to the named master, one more round trip, and the
-      keeper reads `CLUSTER SLOTS` again, at most once per
-      `:reconnect_sleep` however many callers hint it. A master the keeper
+      manager reads `CLUSTER SLOTS` again, at most once per
+      `:reconnect_sleep` however many callers hint it. A master the manager
       has no pool for yet (a promoted replica) is waited for, polling the
       map every 5 ms doubling to 100 ms.
     * `ASK` (a slot halfway through a migration): `ASKING` and the command,
@@ -361,11 +420,11 @@ defmodule Larder.Cache.Redis do
     * At most 5 `MOVED` or `ASK` are followed per command; the 6th is
       `:l2_unavailable`.
     * A lost connection (a master killed): `:l2_unavailable` at once, and
-      the keeper reads the map again. Until the cluster promotes a replica
+      the manager reads the map again. Until the cluster promotes a replica
       (its `cluster-node-timeout` plus the election) the keys of that
       master's slots fail as in any outage (L1 serves, misses call the
       loader, writes are repaired once the L2 answers). A dead master
-      answers no `MOVED`, so the keeper follows the promotion itself: a
+      answers no `MOVED`, so the manager follows the promotion itself: a
       master it cannot connect to again (refused, or not within
       `:timeout`) makes it read `CLUSTER SLOTS` from the other nodes (the
       other masters of its map and the seeds, the masters it finds down
@@ -380,7 +439,7 @@ defmodule Larder.Cache.Redis do
       doubles from `:reconnect_sleep` up to 2 s (or `:reconnect_sleep`, if
       longer), each wait +-25% at random, and the rest of the pool is
       started once one connects: a map naming many dead masters costs the
-      keeper one connection attempt per master per wait, and two `CLUSTER
+      topology one connection attempt per master per wait, and two `CLUSTER
       SLOTS` a second. Replication is asynchronous: a write the dead
       master acknowledged but had not sent its replica is lost, and the
       key then reads as the replica had it.
@@ -450,23 +509,21 @@ defmodule Larder.Cache.Redis do
 
   @behaviour Larder.Cache.L2
 
-  alias Larder.Cache.Redis.{ClusterKeeper, ServerKeeper}
-  alias Larder.Redis.{ClusterRouter, Connection}
+  alias Larder.Cache.Redis.Subscriber
   alias Larder.Redis.Options, as: RedisOptions
+  alias Larder.Redis.Topology
 
   # Upper bounds of the numeric options (documented in the moduledoc).
   @max_reconnect_sleep 60_000
   @max_pool_size 64
   @max_max_reply_bytes 4_294_967_296
-  # Longest wait for the keeper to start the clients, beyond their connect
-  # timeouts.
-  @init_timeout 5_000
 
   @doc """
-  Checks `opts` and builds the state: the table of client pids (owned by
-  the caller, public, filled by the keeper) and the options, with the child
-  spec of the keeper process (see "Client"), which the cache runs under its
-  supervision tree. A keeper that restarts fills the same table, so the
+  Checks `opts` and builds the state: the topology's handle (its table of
+  connection pids, owned by the caller, which the topology's processes
+  fill; see Larder.Redis.Topology) and the options, with the child spec of
+  the L2's process (see "Contract"), which the cache runs under its
+  supervision tree. Processes that restart fill the same table, so the
   state never changes. Starts no process. Raises `ArgumentError` for a bad
   option.
   """
@@ -474,42 +531,13 @@ defmodule Larder.Cache.Redis do
   @spec init(keyword(), pid(), binary()) :: {:ok, map(), Supervisor.child_spec()}
   def init(opts, subscriber, channel) do
     opts = validate_opts!(opts)
-    table = :ets.new(:larder_cache_redis, [:set, :public, read_concurrency: true])
 
-    unless opts[:cluster],
-      do: for(slot <- 0..(opts[:pool_size] - 1), do: :ets.insert(table, {slot, :none}))
+    state =
+      opts
+      |> Topology.new()
+      |> Map.merge(%{subscriber: subscriber, channel: channel})
 
-    state = %{
-      table: table,
-      pool_size: opts[:pool_size],
-      timeout: opts[:timeout],
-      opts: opts,
-      # only then can a failed command mean the master moved
-      sentinel?: opts[:sentinel] != nil,
-      cluster?: opts[:cluster] != nil,
-      subscriber: subscriber,
-      channel: channel
-    }
-
-    {:ok, state, %{id: __MODULE__, start: {__MODULE__, :start_link, [state]}}}
-  end
-
-  # The start of init/3's child spec: the keeper, linked to the caller (a
-  # supervisor). It starts the command connections (each connecting within
-  # :timeout) and the pub/sub connection; it succeeds while Redis is down
-  # or not Redis.
-  @doc false
-  @spec start_link(map()) :: {:ok, pid()} | {:error, term()}
-  def start_link(state) do
-    check_args!(state, [])
-    keeper = if state.cluster?, do: ClusterKeeper, else: ServerKeeper
-    # (with tracking, the first keeper also probes the servers)
-    timeout = @init_timeout + (state.pool_size + 1) * state.timeout
-
-    # (a keeper that does not report ready in time is killed by proc_lib)
-    # (a keeper that refuses to start answers {:error, %Larder.Error{}}:
-    # Redis refuses tracking)
-    :proc_lib.start_link(keeper, :init, [self(), state], timeout)
+    {:ok, state, %{id: __MODULE__, start: {Subscriber, :start_link, [state]}}}
   end
 
   @doc "`GET key`: `{:ok, binary}`, `:miss` or an error, within the timeout."
@@ -612,8 +640,9 @@ defmodule Larder.Cache.Redis do
   end
 
   @doc """
-  Nothing to release: the keeper is stopped by its supervisor, and the
-  table goes with the process that called `init/3`.
+  Nothing to release: the L2's process is stopped by the cache's
+  supervision tree, and the table goes with the process that called
+  `init/3`.
   """
   @impl true
   @spec stop(map()) :: :ok
@@ -623,13 +652,11 @@ defmodule Larder.Cache.Redis do
   end
 
   # Commands on one connection are answered in order, so a large value
-  # holds up whatever was sent after it: spread callers over the pool by
-  # scheduler. A caller waits for each reply, so its own commands stay in
-  # order whichever connection they take. The keeper replaces a client that
-  # died, and its pid is looked up in the keeper's table. On a cluster, the
-  # router sends it to the pool of the master of the key's slot.
-  defp query(%{cluster?: true} = state, [name | _] = command) do
-    case ClusterRouter.query(state, command) do
+  # holds up whatever was sent after it: the topology spreads callers over
+  # the pool by scheduler. A caller waits for each reply, so its own
+  # commands stay in order whichever connection they take.
+  defp query(state, [name | _] = command) do
+    case Topology.query(state, command) do
       {:ok, value} ->
         {:ok, value}
 
@@ -637,67 +664,16 @@ defmodule Larder.Cache.Redis do
         {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: text)}
 
       {:error, {:unavailable, reason}} ->
-        {:error, unavailable(reason)}
+        {:error, Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)}
 
       {:error, {:bad_reply, reply}} ->
         bad_reply(name, reply)
     end
   end
 
-  defp query(%{table: table, pool_size: size} = state, command) do
-    case time_left(state) do
-      left when left > 0 ->
-        slot = rem(:erlang.system_info(:scheduler_id), size)
-        [{_, client}] = :ets.lookup(table, slot)
-        command_reply(state, Connection.q(client, command, left))
-
-      _passed ->
-        {:error, unavailable(:timeout)}
-    end
-  catch
-    # the keeper (and its table) is gone
-    :error, _ -> {:error, unavailable(:no_client)}
-  end
-
-  # What is left of the call's deadline (deadline/2), or the whole timeout.
-  defp time_left(%{deadline: deadline}), do: deadline - System.monotonic_time(:millisecond)
-  defp time_left(%{timeout: timeout}), do: timeout
-
-  defp command_reply(state, reply) do
-    case reply do
-      {:ok, value} ->
-        {:ok, value}
-
-      {:error, reason} when is_binary(reason) ->
-        if match?("READONLY" <> _, reason), do: master_moved?(state)
-        {:error, Larder.Error.new(:l2_failed, "Redis replied with an error", error: reason)}
-
-      {:error, reason} ->
-        master_moved?(state)
-        {:error, unavailable(reason)}
-    end
-  end
-
-  # A READONLY reply or a lost connection: with Sentinel, the master may
-  # have moved; the keeper asks the sentinels (at most once per
-  # :reconnect_sleep, whatever the number of callers that hint it). One
-  # hint on its way at a time (a row the keeper deletes as it takes it), so
-  # callers failing in a loop add nothing to the keeper's mailbox.
-  defp master_moved?(%{sentinel?: false}), do: :ok
-
-  defp master_moved?(%{table: table}) do
-    case :ets.lookup(table, :sentinel) do
-      [{:sentinel, keeper}] ->
-        if :ets.insert_new(table, {:check_hinted, true}), do: send(keeper, :check_master)
-
-      [] ->
-        :ok
-    end
-  end
-
   defp check_args!(state, binaries) do
     unless match?(
-             %{table: table, pool_size: size, timeout: _, opts: _, subscriber: sub, channel: _}
+             %{table: table, pool_size: size, timeout: _, kind: _, subscriber: sub, channel: _}
              when is_reference(table) and is_integer(size) and size > 0 and is_pid(sub),
              state
            ) do
@@ -752,24 +728,6 @@ defmodule Larder.Cache.Redis do
 
   defp ok({:ok, _reply}), do: :ok
   defp ok({:error, _} = error), do: error
-
-  defp unavailable(reason),
-    do: Larder.Error.new(:l2_unavailable, "Redis is unreachable", error: reason)
-
-  # What the keepers report (Keeper.tell/2, in the client's terms) as the
-  # cache's messages (Larder.Cache.L2, "Messages"): a published payload;
-  # the subscription up (again), or tracking back after a gap; the
-  # subscription lost; keys Redis reports changed, or :all (a flush, a
-  # Sentinel failover under way), or :bad; a move to another master;
-  # tracking refused by Redis.
-  @doc false
-  @spec message(term()) :: tuple()
-  def message({:message, payload}), do: {:larder_cache_l2, :message, payload}
-  def message(:up), do: {:larder_cache_l2, :connected}
-  def message(:down), do: {:larder_cache_l2, :disconnected}
-  def message({:invalidate, keys}), do: {:larder_cache_l2, :invalidated, keys}
-  def message(:moved), do: {:larder_cache_l2, :replaced}
-  def message({:tracking_refused, error}), do: {:larder_cache_l2, :tracking_refused, error}
 
   @doc "Checks the options above; raises `ArgumentError` naming a bad one."
   @impl true

@@ -119,12 +119,13 @@ defmodule Larder.Cache.Supervisor do
   end
 
   # The supervisor of the cache that `pid` is the owner or the supervisor
-  # of, or nil.
+  # of, or nil: told by what the owners registered (their claim of the
+  # cache's name), and the owner's parent, its supervisor.
   defp tree(pid) do
     cond do
       node(pid) != node() -> nil
       Instance.holds?(Larder.Cache, pid) -> parent(pid)
-      :proc_lib.initial_call(pid) == {:supervisor, __MODULE__, [:Argument__1]} -> pid
+      Enum.any?(Instance.holders(Larder.Cache), &(parent(&1) == pid)) -> pid
       true -> nil
     end
   end
@@ -136,11 +137,15 @@ defmodule Larder.Cache.Supervisor do
     end
   end
 
-  @doc "The pid of a cache's child (`:owner`, `:l2`, `:clock`), or nil."
+  @doc """
+  The pid of a cache's child (`:owner`, `:l2`, `:clock`), or nil: by its
+  child id in the cache's supervisor, the parent of the owner registered
+  under the cache's name.
+  """
   def child(cache, id) do
     with owner when is_pid(owner) <- Process.whereis(cache),
-         {:dictionary, dict} <- Process.info(owner, :dictionary),
-         [sup | _] when is_pid(sup) <- Keyword.get(dict, :"$ancestors"),
+         true <- Instance.holds?(Larder.Cache, owner),
+         sup when is_pid(sup) <- parent(owner),
          {^id, pid, _, _} <- List.keyfind(:supervisor.which_children(sup), id, 0),
          true <- is_pid(pid) do
       pid

@@ -34,7 +34,7 @@ defmodule Larder.Redis.Cluster do
   # is one per slot).
   @max_entries @slots
   # The most masters a map may name: Redis Cluster is designed for up to
-  # 1,000 nodes. Each master costs the keeper a pool of connections (and
+  # 1,000 nodes. Each master costs the topology a pool of connections (and
   # their reconnects while it is down): a reply naming more is refused.
   @max_masters 1_000
 

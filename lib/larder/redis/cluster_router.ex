@@ -1,29 +1,29 @@
 # Cluster slot routing of the Redis client, the callers' side: a command
-# goes to the pool of the master that serves its key's slot (the keeper's
-# table), and follows MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the
+# goes to the pool of the master that serves its key's slot (the
+# topology's table), and follows MOVED, ASK, TRYAGAIN and CLUSTERDOWN within the
 # caller's :timeout.
 defmodule Larder.Redis.ClusterRouter do
   @moduledoc false
 
   # Contract (internal).
   #
-  # query/2 takes a map with :table (the keeper's ETS table), :pool_size
+  # query/2 takes a map with :table (the topology's table), :pool_size
   # and :timeout (ms), and optionally :deadline (a monotonic time in ms,
   # shared by every query of one call of its user: each query then ends
   # by it instead of :timeout from its start). The table (written by the
-  # cluster keeper, but for the hint row) holds
+  # cluster's manager and the masters' pools, but for the hint row) holds
   # `{slot, {host, port}}` for every slot a master serves and
   # `{{host, port, i}, pid | :none}` for the i-th client of each master's
   # pool, and `{:refresh_hinted, true}` while a caller's hint to refresh
   # the map is on its way (a caller sends one only when it inserts that
-  # row; the keeper deletes it as it takes the hint). A command costs one
+  # row; the manager deletes it as it takes the hint). A command costs one
   # CRC16 of its key and two ETS lookups.
   #
-  # Redirects: MOVED hints the keeper to refresh its map (it does so at most
+  # Redirects: MOVED hints the manager to refresh its map (it does so at most
   # once per :reconnect_sleep) and sends the command to the named node; ASK
   # sends `ASKING` then the command, pipelined on one connection of the named
   # node; TRYAGAIN, CLUSTERDOWN, a slot no master serves yet and a named node
-  # the keeper has no pool for yet are retried after a wait (5 ms, doubling
+  # the manager has no pool for yet are retried after a wait (5 ms, doubling
   # to 100 ms) while the caller's deadline allows. At most @max_hops MOVED
   # or ASK are followed. Every wait and every call is bounded by what is
   # left of the caller's :timeout (or :deadline), so no caller waits longer
@@ -34,7 +34,7 @@ defmodule Larder.Redis.ClusterRouter do
   # an error reply that is not a redirect (as Connection.q/3's
   # {:error, text} on one server); {:error, {:unavailable, reason}} for a
   # lost connection, a call past the deadline, a redirect loop
-  # ({:too_many_redirects, text}), no keeper (:no_client) or a cluster
+  # ({:too_many_redirects, text}), no table (:no_client) or a cluster
   # still down when the deadline comes (the last TRYAGAIN/CLUSTERDOWN
   # text, :no_master or :unknown_node); {:error, {:bad_reply, reply}} for
   # a reply to ASKING then the command that is not what Redis sends.
@@ -73,7 +73,7 @@ defmodule Larder.Redis.ClusterRouter do
       [] -> wait(state, command, slot, deadline, hops, waits, :no_master)
     end
   catch
-    # the keeper (and its table) is gone
+    # the table is gone (its owner stopped)
     :error, _ -> {:error, {:unavailable, :no_client}}
   end
 
@@ -92,11 +92,11 @@ defmodule Larder.Redis.ClusterRouter do
         end
 
       [{_, :none}] ->
-        # the keeper is replacing that client
+        # the pool is replacing that connection
         {:error, {:unavailable, :no_connection}}
 
       [] ->
-        # a node the keeper does not know yet (a new master): it learns it
+        # a node the manager does not know yet (a new master): it learns it
         # from its next CLUSTER SLOTS
         hint(state)
         wait(state, command, slot, deadline, hops, waits, :unknown_node)
@@ -166,14 +166,14 @@ defmodule Larder.Redis.ClusterRouter do
     end
   end
 
-  # The keeper refreshes its slot map, at most once per :reconnect_sleep
+  # The manager refreshes its slot map, at most once per :reconnect_sleep
   # however many callers hint it; one hint is on its way at a time (a row
-  # the keeper deletes as it takes it), so callers failing in a loop add
+  # the manager deletes as it takes it), so callers failing in a loop add
   # nothing to its mailbox.
   defp hint(%{table: table}) do
-    case :ets.lookup(table, :keeper) do
-      [{:keeper, keeper}] ->
-        if :ets.insert_new(table, {:refresh_hinted, true}), do: send(keeper, :refresh)
+    case :ets.lookup(table, :manager) do
+      [{:manager, manager}] ->
+        if :ets.insert_new(table, {:refresh_hinted, true}), do: send(manager, :refresh)
 
       [] ->
         :ok

@@ -1,7 +1,7 @@
 # One command connection of the Redis client: a process that owns a TCP
 # socket to a data node, pipelines its callers' commands and answers them
 # in order; it exits when the connection fails, and its owner (the process
-# that started it, linked: a keeper of a pool) replaces it.
+# that started it, linked: a Larder.Redis.Pool) replaces it.
 defmodule Larder.Redis.Connection do
   @moduledoc false
 

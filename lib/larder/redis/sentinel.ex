@@ -1,15 +1,16 @@
 # Sentinel discovery for Larder's Redis client: the :sentinel option's
 # check, finding the master (SENTINEL get-master-addr-by-name, then the
-# node's own ROLE), and the subscriptions a keeper holds on every sentinel (+switch-master and
-# the events that say a failover is under way).
+# node's own ROLE), and what the messages a topology hears on every
+# sentinel (+switch-master and the events that say a failover is under
+# way) say.
 # Everything a sentinel or a node says is untrusted: checked, bounded, and
 # a bad answer is an answer from nobody.
 defmodule Larder.Redis.Sentinel do
   @moduledoc false
 
-  alias Larder.Redis.{RESP, Socket}
+  alias Larder.Redis.Socket
 
-  # The most sentinels one cache asks, and the largest reply read from one.
+  # The most sentinels one topology asks, and the largest reply read from one.
   @max_sentinels 16
   @max_reply_bytes 65_536
 
@@ -77,24 +78,43 @@ defmodule Larder.Redis.Sentinel do
 
   @doc """
   The master the sentinels name, checked with its own `ROLE`:
-  `{:ok, {host, port}}` or `{:error, reason}`. Sentinels are asked in turn
-  (each within `timeout`); the first whose master says it is one wins.
-  `auth` is the data nodes' AUTH command (`[]` for none).
+  `{:ok, {host, port}}` or `{:error, {where, reason}}`, where is the
+  server that failed (`"sentinel 127.0.0.1:26379"`, or `"master ..."` for
+  the address a sentinel named) and reason what went wrong there (see
+  describe/1). Sentinels are asked in turn (each within `timeout`); the
+  first whose master says it is one wins. `auth` is the data nodes' AUTH
+  command (`[]` for none).
   """
+  @spec master(keyword(), [[binary()]], pos_integer()) ::
+          {:ok, {binary(), 1..65_535}} | {:error, {binary(), term()}}
   def master(sentinel, auth, timeout) do
-    Enum.reduce_while(sentinel[:sentinels], {:error, :no_sentinel}, fn {host, port}, acc ->
+    Enum.reduce_while(sentinel[:sentinels], {:error, {"no sentinel", :none}}, fn {host, port},
+                                                                                 _acc ->
       command = ["SENTINEL", "get-master-addr-by-name", sentinel[:master]]
+      where = "sentinel " <> Socket.address(host, port)
 
       with {:ok, reply} <- request(host, port, auth(sentinel), command, timeout),
            {:ok, addr} <- parse_addr(reply),
            :ok <- check_role(addr, auth, timeout) do
         {:halt, {:ok, addr}}
       else
-        {:error, reason} -> {:cont, {:error, reason}}
-        _other -> {:cont, acc}
+        {:error, {"master " <> _, _reason} = error} -> {:cont, {:error, error}}
+        {:error, reason} -> {:cont, {:error, {where, reason}}}
       end
     end)
   end
+
+  @doc "An error of master/3 in words, for a log line."
+  @spec describe({binary(), term()}) :: binary()
+  def describe({where, :unknown_master}), do: "#{where} knows no such master"
+  def describe({where, :bad_master_address}), do: "#{where} named no valid address"
+  def describe({where, {:not_master, role}}), do: "#{where} says it is a #{role}, not a master"
+  def describe({where, :bad_role_reply}), do: "#{where} answered ROLE with no role"
+
+  def describe({where, {:error_reply, text}}),
+    do: "#{where} replied with an error: #{binary_part(text, 0, min(byte_size(text), 200))}"
+
+  def describe({where, reason}), do: "#{where}: #{Socket.describe(reason)}"
 
   defp parse_addr([host, port]) when is_binary(host) and is_binary(port) do
     case Integer.parse(port) do
@@ -107,75 +127,54 @@ defmodule Larder.Redis.Sentinel do
   defp parse_addr(_), do: {:error, :bad_master_address}
 
   defp check_role({host, port}, auth, timeout) do
+    where = "master " <> Socket.address(host, port)
+
     case request(host, port, auth, ["ROLE"], timeout) do
       {:ok, ["master" | _]} -> :ok
-      {:ok, [role | _]} when is_binary(role) -> {:error, {:not_master, role}}
-      {:ok, _} -> {:error, :bad_role_reply}
-      {:error, _} = error -> error
+      {:ok, [role | _]} when is_binary(role) -> {:error, {where, {:not_master, role}}}
+      {:ok, _} -> {:error, {where, :bad_role_reply}}
+      {:error, reason} -> {:error, {where, reason}}
     end
   end
 
-  # A sentinel's AUTH: only with a password.
-  defp auth(sentinel) do
+  @doc "A sentinel's AUTH (with the :sentinel option's password only): the handshake's commands."
+  @spec auth(keyword()) :: [[binary()]]
+  def auth(sentinel) do
     if sentinel[:password],
       do: Socket.handshake(username: sentinel[:username], password: sentinel[:password]),
       else: []
   end
 
   @doc """
-  Connects to one sentinel and subscribes to `+switch-master` and the
-  failover events: `{:ok, socket}` (active once; the keeper reads it) or
-  `{:error, reason}`. The replies to AUTH and SUBSCRIBE come first, on the
-  socket.
+  The channels a sentinel publishes the events of a failover on, which a
+  topology subscribes to on every sentinel: `+switch-master`, the events
+  that say a failover is under way, and those that say it was given up.
   """
-  def subscribe({host, port}, sentinel, timeout) do
-    with {:ok, socket} <- Socket.connect(host, port, timeout: timeout) do
-      channels = ["+switch-master" | @failover_channels] ++ @abort_channels
-      commands = auth(sentinel) ++ [["SUBSCRIBE" | channels]]
+  @spec channels() :: [binary()]
+  def channels, do: ["+switch-master" | @failover_channels] ++ @abort_channels
 
-      with :ok <- Socket.send(socket, commands),
-           :ok <- :inet.setopts(socket, active: :once) do
-        {:ok, socket}
-      else
-        error ->
-          Socket.close(socket)
-          error
-      end
-    end
-  end
-
-  @doc "The parser for a sentinel's replies (each at most 64 KB)."
-  def parser, do: RESP.new(@max_reply_bytes)
+  @doc "The largest reply read from a sentinel."
+  @spec max_reply_bytes() :: pos_integer()
+  def max_reply_bytes, do: @max_reply_bytes
 
   @doc """
-  Reads `data` from a sentinel's subscription: `{:ok, events, parser}`,
-  where events are `{:switch, master_name}` for each `+switch-master`
-  message (the addresses in it are not used: the master is asked again),
-  `{:failover, master_name}` for each failover event, followed by
+  What a message a sentinel published on `channel` says (untrusted: the
+  payload may be anything): `{:switch, master_name}` for `+switch-master`
+  (the addresses in it are not used: the master is asked again);
+  `{:failover, master_name}` for a failover event, followed by
   `{:promoting, master_name, {host, port} | nil}` (the address of the
-  master being replaced) for one that says the replica is being promoted, `{:aborted, master_name}` for each `-failover-abort-*`, and
-  `:bad` for a failover or abort event whose payload names no master; or
-  `:error` for bytes that are not RESP, an error reply or a reply too
-  large (the parser bounds it).
+  master being replaced) for one that says the replica is being promoted;
+  `{:aborted, master_name}` for a `-failover-abort-*`; `:bad` for a
+  failover or abort event whose payload names no master; nothing for
+  anything else.
   """
-  def read(parser, data) do
-    case RESP.parse(parser, data) do
-      {:ok, replies, parser} ->
-        events = Enum.flat_map(replies, &event/1)
-        errors = for {:error, _} <- replies, do: :error
-        if errors == [], do: {:ok, events, parser}, else: :error
-
-      {:error, _reason} ->
-        :error
-    end
-  end
-
-  defp event({:ok, ["message", "+switch-master", payload]}) when is_binary(payload) do
+  @spec event(term(), term()) :: [tuple() | :bad]
+  def event("+switch-master", payload) when is_binary(payload) do
     [name | _] = String.split(payload, " ", parts: 2)
     [{:switch, name}]
   end
 
-  defp event({:ok, ["message", channel, payload]}) when channel in @failover_channels do
+  def event(channel, payload) when channel in @failover_channels do
     case master_named(payload) do
       nil ->
         [:bad]
@@ -188,14 +187,14 @@ defmodule Larder.Redis.Sentinel do
     end
   end
 
-  defp event({:ok, ["message", channel, payload]}) when channel in @abort_channels do
+  def event(channel, payload) when channel in @abort_channels do
     case master_named(payload) do
       nil -> [:bad]
       {name, _address} -> [{:aborted, name}]
     end
   end
 
-  defp event(_other), do: []
+  def event(_channel, _payload), do: []
 
   # The master an event names, and its address ({host, port}, or nil when
   # the payload does not give one): "master <name> <ip> <port>" or, for

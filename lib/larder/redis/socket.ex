@@ -229,5 +229,47 @@ defmodule Larder.Redis.Socket do
   @spec close(:gen_tcp.socket()) :: :ok
   def close(socket), do: :gen_tcp.close(socket)
 
+  @doc """
+  A server's address as a log line or an error names it: `"host:port"`
+  (`"[host]:port"` for an IPv6 address).
+  """
+  @spec address(String.t() | charlist(), 1..65_535) :: String.t()
+  def address(host, port) do
+    host = to_string(host)
+    if String.contains?(host, ":"), do: "[#{host}]:#{port}", else: "#{host}:#{port}"
+  end
+
+  @doc """
+  A failure's `reason` (this module's vocabulary, or `:no_connection`) in
+  words, for a log line: `{:tcp_error, :econnrefused}` is "connection
+  refused", `{:tcp_error, :nxdomain}` "the host name does not resolve".
+  """
+  @spec describe(term()) :: String.t()
+  def describe(:timeout), do: "no answer within the timeout"
+  def describe(:closed), do: "the server closed the connection"
+  def describe(:no_connection), do: "no connection"
+  def describe({:tcp_error, :econnrefused}), do: "connection refused"
+  def describe({:tcp_error, :nxdomain}), do: "the host name does not resolve"
+  def describe({:tcp_error, :einval}), do: "the host is not a valid host name or address"
+  def describe({:tcp_error, :ehostunreach}), do: "the host is unreachable"
+  def describe({:tcp_error, :enetunreach}), do: "the network is unreachable"
+  def describe({:tcp_error, :econnreset}), do: "the connection was reset by the server"
+  def describe({:tcp_error, :etimedout}), do: "the connection timed out"
+
+  def describe({:tcp_error, posix}) when is_atom(posix),
+    do: "a TCP error (#{:inet.format_error(posix)})"
+
+  def describe(:bad_reply),
+    do: "bytes that are not a Redis reply (not RESP, or a reply nobody asked for)"
+
+  def describe(:reply_too_large), do: "a reply above its size bound"
+
+  def describe({:handshake, text}) when is_binary(text),
+    do: "the server refused the handshake: #{bounded(text)}"
+
+  def describe(other), do: inspect(other, limit: 10, printable_limit: 200)
+
+  defp bounded(text), do: binary_part(text, 0, min(byte_size(text), 200))
+
   defp now, do: System.monotonic_time(:millisecond)
 end

@@ -1,5 +1,5 @@
 # Server-assisted invalidation (CLIENT TRACKING in BCAST mode, RESP2
-# redirect) as a client feature: the pub/sub connection's extra handshake,
+# redirect) as a client feature: the tracking channel and the client id,
 # CLIENT TRACKING on every command connection, redirected to the pub/sub
 # connection, the keys of an invalidation message, the check that finds a
 # command connection that replaced one that failed, whether tracking is on
@@ -9,11 +9,12 @@ defmodule Larder.Redis.Tracking do
 
   # Contract (internal).
   #
-  # The owner of a pool of Larder.Redis.Connection processes and of one
-  # Larder.Redis.Subscription keeps the t() of new/1 in its state. Its
-  # subscription sends handshake/2's commands; parse_id/1 checks the
-  # CLIENT ID reply; enable_all/4 then turns tracking on for every command
-  # connection, redirected to that id, and check/3 (called on a timer)
+  # The manager of a pool of Larder.Redis.Connection processes (a
+  # Larder.Redis.Pool) and of one Larder.Redis.PubSub keeps the t() of
+  # new/1 in its state. Its subscription sends CLIENT ID and subscribes to
+  # channel/0 too; parse_id/1 checks the CLIENT ID reply; enable_all/4 then
+  # turns tracking on for every command connection, redirected to that
+  # id, and check/3 (called on a timer)
   # turns it on for the connections that replaced failed ones, telling the
   # owner when none kept it (writes of that time may have gone unreported).
   # Tracking is on (on?/1) while at least one command connection tracks,
@@ -21,8 +22,9 @@ defmodule Larder.Redis.Tracking do
   # write under the prefix. It is refused when no connection tracks and
   # Redis answered CLIENT TRACKING with an error (an ACL without it, a
   # Redis before 6): enable_all/4 and check/3 say so, so that the owner
-  # keeps nothing nobody invalidates. probe/5 tries the commands tracking
-  # needs on a connection of its own (at the owner's first start).
+  # keeps nothing nobody invalidates. probe/6 tries the commands tracking
+  # and the subscription need on a connection of its own (at the owner's
+  # first start).
   #
   # Untrusted: anyone may PUBLISH on the tracking channel. keys/1 turns a
   # message's payload into the invalidated keys, :all (Redis's nil after
@@ -59,18 +61,6 @@ defmodule Larder.Redis.Tracking do
 
   def new(prefix) when is_binary(prefix),
     do: %{prefix: prefix, id: nil, ports: %{}, refused: nil}
-
-  @doc """
-  What the pub/sub connection sends besides AUTH, and the replies it
-  expects: `CLIENT ID` before the subscription, and a subscription to the
-  tracking channel along with the owner's `channel`.
-  """
-  @spec handshake(t(), binary()) :: {[[binary()]], [atom()]}
-  def handshake(nil, channel), do: {[["SUBSCRIBE", channel]], [:subscribe]}
-
-  def handshake(_tracking, channel),
-    do:
-      {[["CLIENT", "ID"], ["SUBSCRIBE", channel, @channel]], [:client_id, :subscribe, :tracking]}
 
   @doc "The `CLIENT ID` reply: `{:ok, id}` (decimal digits) or `:error`."
   @spec parse_id(term()) :: {:ok, binary()} | :error
@@ -168,23 +158,40 @@ defmodule Larder.Redis.Tracking do
 
   @doc """
   Tries, on a connection of its own to `host` and `port` (with the
-  handshake `auth`), the commands tracking needs: `CLIENT ID`, `CLIENT
-  TRACKING on BCAST` with the prefix (then off again) and `SUBSCRIBE` to
-  the tracking channel, all within `timeout` ms. `:ok`, `{:refused,
-  command, reply}` for the first that Redis refused, or `{:error, reason}`
-  when it could not tell (no connection, a refused AUTH, no answer).
+  handshake `auth`), what a subscriber's invalidation needs, all within
+  `timeout` ms: with a tracking `prefix`, `CLIENT ID` and `CLIENT
+  TRACKING on BCAST` with the prefix (then off again); then `subscribe`,
+  the subscription's commands (each of one channel: one reply each).
+  `:ok`, `{:refused, command, reply}` for the first that Redis refused
+  (its first two words), or `{:error, reason}` when it could not tell (no
+  connection, a refused AUTH, no answer).
   """
-  @spec probe(charlist() | binary(), 1..65_535, [[binary()]], binary(), pos_integer()) ::
+  @spec probe(
+          String.t() | charlist(),
+          1..65_535,
+          [[binary()]],
+          binary() | nil,
+          [[binary()]],
+          pos_integer()
+        ) ::
           :ok | {:refused, binary(), binary()} | {:error, term()}
-  def probe(host, port, auth, prefix, timeout) do
-    prefix = if prefix == "", do: [], else: ["PREFIX", prefix]
+  def probe(host, port, auth, prefix, subscribe, timeout) do
+    tracking =
+      case prefix do
+        nil ->
+          []
 
-    commands = [
-      ["CLIENT", "ID"],
-      ["CLIENT", "TRACKING", "on", "BCAST" | prefix],
-      ["CLIENT", "TRACKING", "off"],
-      ["SUBSCRIBE", @channel]
-    ]
+        prefix ->
+          prefix = if prefix == "", do: [], else: ["PREFIX", prefix]
+
+          [
+            ["CLIENT", "ID"],
+            ["CLIENT", "TRACKING", "on", "BCAST" | prefix],
+            ["CLIENT", "TRACKING", "off"]
+          ]
+      end
+
+    commands = tracking ++ subscribe
 
     case Socket.request(host, port, commands, timeout: timeout, handshake: auth) do
       {:ok, replies} ->
@@ -194,13 +201,16 @@ defmodule Larder.Redis.Tracking do
 
         case refused do
           nil -> :ok
-          {command, {:error, text}} -> {:refused, Enum.join(Enum.take(command, 2), " "), text}
+          {command, {:error, text}} -> {:refused, command_name(command), text}
         end
 
       {:error, reason} ->
         {:error, reason}
     end
   end
+
+  defp command_name(["CLIENT", sub | _]), do: "CLIENT " <> sub
+  defp command_name([name | _]), do: name
 
   defp enable(tracking, pids, timeout) do
     # (an empty prefix: every key)

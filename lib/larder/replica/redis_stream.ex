@@ -24,13 +24,13 @@ defmodule Larder.Replica.RedisStream do
       * `:sentinel` - read from the master a Sentinel set names, as
         `Larder.Cache.Redis`'s `:sentinel` (`sentinels:`, `master:`, and
         the sentinels' own `username:`/`password:`), used instead of
-        `:host` and `:port`. The master is asked for on
-        every connect, so after a failover the replica reconnects to the
-        promoted replica;
+        `:host` and `:port`. The master is asked for (and checked with
+        `ROLE`) on every connect, so after a failover the replica
+        reconnects to the promoted replica;
       * `:cluster` - `{host, port}` seeds of a Redis Cluster: the stream
         (one key, one slot) is read from its slot's master, found with
-        `CLUSTER SLOTS` on every connect; excludes `:host`, `:port` and
-        `:sentinel`, and needs `:database` 0;
+        `CLUSTER SLOTS` on every connect (and again after a `MOVED`);
+        excludes `:host`, `:port` and `:sentinel`, and needs `:database` 0;
       * `:timeout` - ms, `1..600_000`, default `5_000`: connecting, and
         waiting for a reply beyond the read's own block time;
       * `:max_reply_bytes` - the largest reply accepted, `1_024..2^32`,
@@ -110,12 +110,16 @@ defmodule Larder.Replica.RedisStream do
   %Larder.Error{reason: :source_bad_reply}}`; the replies of one read
   larger than `:max_reply_bytes` in all are `{:error, %Larder.Error{reason:
   :batch_too_large}}` (see the option). An error reply (`NOAUTH`, `WRONGTYPE`) is
-  `:source_failed`; a refused connection, a closed one, a timeout, or no
-  master from the sentinels or the cluster's seeds is
-  `:source_unavailable`. None raises.
+  `:source_failed`; a refused connection, a closed one, a timeout, no
+  master from the sentinels or the cluster's seeds, or an error reply that
+  says the stream is served elsewhere now (`MOVED`, `ASK`, `TRYAGAIN`,
+  `CLUSTERDOWN`, `READONLY`, `MASTERDOWN`) is `:source_unavailable`. None
+  raises.
 
-  With `:sentinel` or `:cluster`, a failover is a failed read followed by
-  a connect to the new master. A promoted replica may lack entries the
+  With `:sentinel` or `:cluster`, the server is found through the Redis
+  client's topology layer, the one `Larder.Cache.Redis` uses: a failover,
+  or a slot that moved, is a failed read followed by a connect to the new
+  master. A promoted replica may lack entries the
   replica read from the old master: that is a stream that went
   backwards (see "Trimming"), and the replica rebuilds from what the new
   master holds.
@@ -123,12 +127,10 @@ defmodule Larder.Replica.RedisStream do
 
   @behaviour Larder.Replica.Source
 
-  alias Larder.Redis.{Cluster, RESP, Sentinel, Socket}
+  alias Larder.Redis.{RESP, Socket, Topology}
   alias Larder.Redis.Options, as: RedisOptions
 
   @what "Larder.Replica.RedisStream"
-  # The largest CLUSTER SLOTS reply read (as the cache's).
-  @max_slots_reply_bytes 4_194_304
   @max_u64 18_446_744_073_709_551_615
 
   @impl true
@@ -265,44 +267,13 @@ defmodule Larder.Replica.RedisStream do
   # The server to read: the one named, the master the sentinels name
   # (asked on every connect, so a replica follows a failover: a read that
   # fails reconnects), or the master of the stream's slot on a cluster (a
-  # stream is one key; MOVED fails the read, and the reconnect asks again).
+  # stream is one key; MOVED fails the read, and the reconnect locates it
+  # again). Larder.Redis.Topology resolves both, as it does for the cache.
   defp address(redis, stream) do
-    auth = Socket.handshake(Keyword.take(redis, [:username, :password]))
-
-    cond do
-      redis[:sentinel] ->
-        case Sentinel.master(redis[:sentinel], auth, redis[:timeout]) do
-          {:ok, address} -> {:ok, address}
-          {:error, reason} -> {:error, unavailable({:sentinel, reason})}
-        end
-
-      redis[:cluster] ->
-        slot = Cluster.slot(stream)
-
-        Enum.reduce_while(redis[:cluster], {:error, unavailable(:no_seed)}, fn seed, acc ->
-          case slot_master(seed, slot, auth, redis[:timeout]) do
-            {:ok, address} -> {:halt, {:ok, address}}
-            {:error, reason} -> {:cont, {:error, unavailable({:cluster, reason})}}
-            :none -> {:cont, acc}
-          end
-        end)
-
-      true ->
-        {:ok, {redis[:host], redis[:port]}}
-    end
-  end
-
-  defp slot_master({host, port}, slot, auth, timeout) do
-    opts = [timeout: timeout, handshake: auth, max_reply_bytes: @max_slots_reply_bytes]
-
-    with {:ok, [{:ok, reply}]} <- Socket.request(host, port, [["CLUSTER", "SLOTS"]], opts),
-         {:ok, map} <- Cluster.slot_map(reply, host),
-         {_host, _port} = address <- Cluster.master(map, slot) do
-      {:ok, address}
-    else
-      {:ok, [{:error, message}]} -> {:error, {:error_reply, truncate(message)}}
-      {:error, reason} -> {:error, reason}
-      nil -> :none
+    case Topology.locate(redis, stream, redis[:timeout]) do
+      {:ok, address} -> {:ok, address}
+      {:error, {:cluster, :no_seed}} -> {:error, unavailable(:no_seed)}
+      {:error, reason} -> {:error, unavailable(reason)}
     end
   end
 
@@ -657,8 +628,13 @@ defmodule Larder.Replica.RedisStream do
     )
   end
 
-  defp reply_error({:error, message}, command) when is_binary(message),
-    do: Larder.Error.new(:source_failed, "#{command}: #{truncate(message)}")
+  defp reply_error({:error, message}, command) when is_binary(message) do
+    # (MOVED, READONLY...: the stream is served elsewhere now; the
+    # reconnect locates it again)
+    if Topology.relocate?(message),
+      do: unavailable({:relocated, truncate(message)}),
+      else: Larder.Error.new(:source_failed, "#{command}: #{truncate(message)}")
+  end
 
   defp reply_error(reply, command), do: bad_reply(command, reply)
 

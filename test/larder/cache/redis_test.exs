@@ -5,6 +5,7 @@ defmodule Larder.Cache.RedisTest do
   alias Larder.Cache
   alias Larder.Test.{RedisCluster, RedisServer, TcpProxy}
 
+  import ExUnit.CaptureLog
   import Larder.Test.Eventually
 
   @moduletag :redis
@@ -47,6 +48,127 @@ defmodule Larder.Cache.RedisTest do
              Larder.Cache.Redis.put(state, "k", "v", :infinity, :always)
 
     Larder.Cache.Redis.stop(state)
+  end
+
+  describe "every warning names the server, says what failed and what comes next" do
+    # A cache whose Redis refuses connections, or whose host name does not
+    # resolve: the pub/sub connection's warning names the server (and the
+    # channel), says what failed in words and what it does next.
+    test "a server that refuses connections", ctx do
+      port = RedisServer.free_port()
+      name = :"#{ctx.module}.#{ctx.test}"
+
+      log =
+        capture_log(fn ->
+          start_supervised!({Cache, name: name, l2: {Larder.Cache.Redis, port: port}})
+          # a call, so that the start's warnings are in
+          {:error, _} = Cache.put(name, :k, 1)
+          Process.sleep(300)
+        end)
+
+      channel = Regex.escape(inspect(Larder.Cache.Remote.channel(Larder.Cache.Runtime.get(name))))
+
+      assert log =~
+               ~r/the pub\/sub connection of channel #{channel} failed at 127\.0\.0\.1:#{port} \(connection refused\); connecting again in \d+ ms, backing off to 2000 ms, until it subscribes/
+    end
+
+    test "a host name that does not resolve", ctx do
+      name = :"#{ctx.module}.#{ctx.test}"
+
+      log =
+        capture_log(fn ->
+          l2 = {Larder.Cache.Redis, host: "no-such-host.invalid", port: 6390}
+          start_supervised!({Cache, name: name, l2: l2})
+          {:error, _} = Cache.put(name, :k, 1)
+          Process.sleep(300)
+        end)
+
+      assert log =~
+               ~r/the pub\/sub connection of channel "[^"]+" failed at no-such-host\.invalid:6390 \(the host name does not resolve\); connecting again in \d+ ms/
+    end
+  end
+
+  describe "a Redis user that may not subscribe (invalidation: :pubsub)" do
+    # Node a logs in as a user that loses the subscription (an ACL without
+    # SUBSCRIBE, or without the cache's channel) while its data
+    # connections still work; node b's user may do everything.
+    setup ctx do
+      user = "u#{System.unique_integer([:positive])}"
+      full = ~w(ACL SETUSER #{user} on >pw ~* &* +@all)
+      "+OK\r\n" = RedisServer.command(ctx.server, full)
+      prefix = "#{ctx.module}.#{ctx.test}"
+      %{user: user, cache_opts: [namespace: prefix]}
+    end
+
+    for {what, acl, command, needs} <- [
+          {"SUBSCRIBE", ~w(-subscribe), "SUBSCRIBE", "+subscribe"},
+          {"the cache's channel", ~w(resetchannels), "SUBSCRIBE", "&"}
+        ] do
+      test "start_link/1 refuses to start without #{what}, naming the server, user and grant",
+           ctx do
+        "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER #{ctx.user}) ++ unquote(acl))
+        name = :"#{ctx.module}.#{ctx.test}"
+        l2 = {Larder.Cache.Redis, port: ctx.server.port, username: ctx.user, password: "pw"}
+        parent = self()
+
+        # from a plain process that does not trap exits
+        {pid, ref} =
+          spawn_monitor(fn ->
+            send(parent, {:started, Cache.start_link([name: name, l2: l2] ++ ctx.cache_opts)})
+          end)
+
+        assert_receive {:started, {:error, %Larder.Error{reason: :l2_failed} = error}}, 10_000
+        assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
+        message = Exception.message(error)
+        assert message =~ "127.0.0.1:#{ctx.server.port}"
+        assert message =~ ~s(user "#{ctx.user}")
+        assert message =~ "refused #{unquote(command)}"
+        assert message =~ "ACL SETUSER #{ctx.user} "
+        assert message =~ unquote(needs)
+        assert error.details.needs =~ ":invalidate"
+        assert Process.whereis(name) == nil
+      end
+    end
+
+    @tag :capture_log
+    test "the subscription refused mid-run: no old value in L1, which is back once allowed",
+         ctx do
+      a = start_cache(ctx, :a, ctx.server.port, username: ctx.user, password: "pw")
+      b = start_cache(ctx, :b, ctx.server.port)
+      await_subscribed([a, b])
+      errors = Cache.stats(a).l2_errors
+
+      # a's user loses SUBSCRIBE, and its connections are renewed (a
+      # restart of the server, a failover, a network blip): its data
+      # connections work, its subscription is refused
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER #{ctx.user} -subscribe))
+      RedisServer.command(ctx.server, ~w(CLIENT KILL USER #{ctx.user}))
+      eventually(fn -> Cache.stats(a).l2_errors > errors end, 250)
+
+      # what b writes, a reads: a keeps nothing in its L1
+      for round <- 1..20 do
+        :ok = Cache.put(b, :k, round)
+        eventually(fn -> Cache.put(a, :probe, round) == :ok end)
+        assert Cache.get(a, :k) == round
+        assert Cache.fetch(a, {:loaded, round}, fn -> {:ok, round} end) == {:ok, round}
+        assert Cache.stats(a).entries == 0
+      end
+
+      # allowed again: a subscribes, and uses its L1 from empty
+      "+OK\r\n" = RedisServer.command(ctx.server, ~w(ACL SETUSER #{ctx.user} +subscribe))
+
+      eventually(
+        fn ->
+          {:ok, 1} = Cache.fetch(a, :again, fn -> {:ok, 1} end)
+          Cache.stats(a).entries > 0
+        end,
+        250
+      )
+
+      await_subscribed([a, b])
+      :ok = Cache.put(b, :k, :last)
+      eventually(fn -> Cache.get(a, :k) == :last end)
+    end
   end
 
   describe "Larder.Cache on a real Redis" do

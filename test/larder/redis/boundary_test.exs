@@ -1,9 +1,9 @@
 defmodule Larder.Redis.BoundaryTest do
   # lib/larder/redis/ is the Redis client under the Cache's L2 and the
   # Replica's stream source: it names neither of them, nor their messages
-  # or error reasons, and of Larder it uses only Larder.Options and
-  # Larder.Error (and itself). Checked on the source and on the compiled
-  # modules' references.
+  # or error reasons, and of Larder it uses only Larder.Options,
+  # Larder.Error and Larder.Backoff (and itself). Checked on the source and
+  # on the compiled modules' references.
   use ExUnit.Case, async: true
 
   @dir Path.expand("../../../lib/larder/redis", __DIR__)
@@ -31,7 +31,8 @@ defmodule Larder.Redis.BoundaryTest do
     end
   end
 
-  test "the client's modules call nothing of Larder but the client, Larder.Options and Larder.Error" do
+  test "the client's modules call nothing of Larder but the client, Larder.Options, " <>
+         "Larder.Error and Larder.Backoff" do
     modules = client_modules()
 
     # the client's pieces, each checked here
@@ -39,11 +40,16 @@ defmodule Larder.Redis.BoundaryTest do
           Larder.Redis.Socket,
           Larder.Redis.Options,
           Larder.Redis.Connection,
-          Larder.Redis.Subscription,
+          Larder.Redis.Pool,
+          Larder.Redis.PubSub,
+          Larder.Redis.Table,
           Larder.Redis.Sentinel,
           Larder.Redis.Cluster,
           Larder.Redis.ClusterRouter,
-          Larder.Redis.Tracking
+          Larder.Redis.Tracking,
+          Larder.Redis.Topology,
+          Larder.Redis.Topology.Server,
+          Larder.Redis.Topology.Cluster
         ] do
       assert mod in modules, "#{inspect(mod)} is not under lib/larder/redis/"
     end
@@ -57,7 +63,7 @@ defmodule Larder.Redis.BoundaryTest do
           name = Atom.to_string(callee),
           String.starts_with?(name, "Elixir.Larder.") do
         assert String.starts_with?(name, "Elixir.Larder.Redis.") or
-                 callee in [Larder.Options, Larder.Error],
+                 callee in [Larder.Options, Larder.Error, Larder.Backoff],
                "#{inspect(mod)} calls #{inspect(callee)}"
       end
     end

@@ -83,6 +83,14 @@ defmodule Larder.Redis.OptionsTest do
     end
   end
 
+  test "options that are not a keyword list (improper, not pairs) are an ArgumentError" do
+    for bad <- [[1, 2 | :improper], [{:url, "redis://h"} | :improper], [:url], [{"url", 1}]] do
+      assert_raise ArgumentError, ~r/Larder.Test options to be a keyword list/, fn ->
+        validate!(bad)
+      end
+    end
+  end
+
   describe "a real server" do
     @describetag :redis
     @describetag :capture_log

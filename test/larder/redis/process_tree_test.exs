@@ -1,6 +1,6 @@
 defmodule Larder.Redis.ProcessTreeTest do
-  # Every process of a Cache's Redis L2 (the keeper, its command and pub/sub
-  # connections) is an OTP process: :sys.get_state/1 answers for each, on a
+  # Every process of a Cache's Redis L2 (the topology's manager, its pools
+  # of command connections and its pub/sub connections) is an OTP process: :sys.get_state/1 answers for each, on a
   # single server, a Sentinel set and a Cluster. The tree is walked from the
   # Cache's supervisor down, and from each process to the processes linked
   # to it.
@@ -24,7 +24,8 @@ defmodule Larder.Redis.ProcessTreeTest do
 
   # The Redis processes of the tree under `top`: supervisors' children,
   # and the processes linked to Larder's own processes (the L2 runner
-  # starts the L2's supervisor linked, the keeper its connections).
+  # starts the L2's supervisor linked, the topology's manager its pools and
+  # pub/sub connections, a pool its connections).
   defp redis_processes(top), do: top |> walk(MapSet.new()) |> Enum.filter(&redis?/1)
 
   defp walk(pid, seen) do
@@ -71,8 +72,8 @@ defmodule Larder.Redis.ProcessTreeTest do
   defp assert_all_answer(top) do
     pids = redis_processes(top)
     initial = Enum.map(pids, &initial_call/1)
-    # the keeper and its command connections at least
-    keepers = [Cache.Redis.ServerKeeper, Cache.Redis.ClusterKeeper]
+    # the topology's manager and its command connections at least
+    keepers = [Larder.Redis.Topology.Server, Larder.Redis.Topology.Cluster]
     assert Enum.any?(initial, fn {mod, _, _} -> mod in keepers end), inspect(initial)
     assert {Larder.Redis.Connection, :init, 1} in initial, inspect(initial)
 

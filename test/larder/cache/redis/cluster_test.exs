@@ -11,8 +11,7 @@ defmodule Larder.Cache.RedisClusterTest do
   import Larder.Test.Eventually
 
   alias Larder.Cache
-  alias Larder.Cache.Redis.ClusterKeeper
-  alias Larder.Redis.Cluster
+  alias Larder.Redis.{Cluster, Topology}
   alias Larder.Test.{RedisCluster, RedisServer}
   alias Larder.Test.GarbageServer
 
@@ -133,7 +132,7 @@ defmodule Larder.Cache.RedisClusterTest do
     assert Cache.Redis.get(state, "garbage:k") == {:ok, "v"}
     # :random, :wrong_types (1 to 3 each), the error reply and the bad
     # range; a close mid-reply is a lost connection, not a bad answer
-    assert ClusterKeeper.bad_replies(state) >= 4
+    assert Topology.bad_replies(state) >= 4
   end
 
   test "only garbage seeds: the L2 starts, its calls fail with documented errors", ctx do
@@ -286,11 +285,11 @@ defmodule Larder.Cache.RedisClusterTest do
     :ok = Cache.put(a, :k, 1)
     cfg = Larder.Cache.Runtime.get(a)
     {Cache.Redis, state} = cfg.l2
-    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    [{:manager, keeper}] = :ets.lookup(state.table, :manager)
     Process.exit(keeper, :kill)
 
     eventually(fn ->
-      match?([{:keeper, pid}] when pid != keeper, :ets.lookup(state.table, :keeper))
+      match?([{:manager, pid}] when pid != keeper, :ets.lookup(state.table, :manager))
     end)
 
     eventually(fn -> Cache.put(a, :k, 2) == :ok end)
@@ -321,6 +320,76 @@ defmodule Larder.Cache.RedisClusterTest do
 
     # each master: its pool (2), and one of them the sharded subscriber too
     assert Enum.sort(users) == [2, 2, 3]
+  end
+
+  describe "a user that may not SSUBSCRIBE on the channel's master (invalidation: :pubsub)" do
+    # A user of its own, allowed everything on every node but SSUBSCRIBE on
+    # the master of the cache's channel (ACLs are each node's own).
+    setup ctx do
+      user = "larder_sub_#{System.unique_integer([:positive])}"
+
+      for node <- ctx.cluster.nodes do
+        "+OK\r\n" = RedisServer.command(node, ~w(ACL SETUSER #{user} on >pw ~* &* +@all))
+      end
+
+      namespace = "#{ctx.test}"
+      channel = namespace <> ":1:invalidate"
+
+      {:ok, {_host, port}} =
+        Larder.Redis.Topology.locate([cluster: RedisCluster.seeds(ctx.cluster)], channel, 2_000)
+
+      master = Enum.find(ctx.cluster.nodes, &(&1.port == port))
+      l2 = {Cache.Redis, timeout: 500, cluster: RedisCluster.seeds(ctx.cluster)}
+      %{user: user, master: master, namespace: namespace, l2: l2}
+    end
+
+    test "start_link/1 refuses to start, naming the master, the user and the grant", ctx do
+      "+OK\r\n" = RedisServer.command(ctx.master, ~w(ACL SETUSER #{ctx.user} -ssubscribe))
+      {mod, opts} = ctx.l2
+      l2 = {mod, opts ++ [username: ctx.user, password: "pw"]}
+      name = :"#{ctx.module}.#{ctx.test}"
+
+      assert {:error, %Larder.Error{reason: :l2_failed} = error} =
+               Cache.start_link(name: name, l2: l2, namespace: ctx.namespace)
+
+      message = Exception.message(error)
+      assert message =~ "127.0.0.1:#{ctx.master.port}"
+      assert message =~ "refused SSUBSCRIBE"
+      assert message =~ "ACL SETUSER #{ctx.user} +ssubscribe &#{ctx.namespace}:1:invalidate"
+      assert Process.whereis(name) == nil
+    end
+
+    test "refused mid-run: no old value in L1, which is back once allowed", ctx do
+      {mod, opts} = ctx.l2
+      name = :"#{ctx.module}.#{ctx.test}.a"
+      l2 = {mod, opts ++ [username: ctx.user, password: "pw"]}
+      start_supervised!({Cache, name: name, l2: l2, namespace: ctx.namespace}, id: name)
+      eventually(fn -> :sys.get_state(Process.whereis(name)).subscribed_before end)
+      [b] = start_nodes(ctx, [:b])
+      errors = Cache.stats(name).l2_errors
+
+      "+OK\r\n" = RedisServer.command(ctx.master, ~w(ACL SETUSER #{ctx.user} -ssubscribe))
+      RedisServer.command(ctx.master, ~w(CLIENT KILL USER #{ctx.user}))
+      eventually(fn -> Cache.stats(name).l2_errors > errors end, 250)
+
+      # what b writes, the refused node reads: it keeps nothing in its L1
+      for round <- 1..10 do
+        eventually(fn -> Cache.put(b, :k, round) == :ok end)
+        eventually(fn -> Cache.get(name, :k) == round end)
+        assert Cache.get(name, :k) == round
+        assert Cache.stats(name).entries == 0
+      end
+
+      "+OK\r\n" = RedisServer.command(ctx.master, ~w(ACL SETUSER #{ctx.user} +ssubscribe))
+
+      eventually(
+        fn ->
+          {:ok, 1} = Cache.fetch(name, :again, fn -> {:ok, 1} end)
+          Cache.stats(name).entries > 0
+        end,
+        250
+      )
+    end
   end
 
   describe "a node that answers every command with" do

@@ -583,8 +583,8 @@ defmodule Larder.Cache.RedisFaultTest do
   defp keeper(name) do
     {Cache.Redis, %{table: table}} = config(name).l2
 
-    case :ets.lookup(table, :keeper) do
-      [{:keeper, pid}] -> if Process.alive?(pid), do: pid
+    case :ets.lookup(table, :manager) do
+      [{:manager, pid}] -> if Process.alive?(pid), do: pid
       [] -> nil
     end
   end

@@ -246,7 +246,7 @@ defmodule Larder.Cache.RedisSentinelTest do
 
   defp keeper(name) do
     {Cache.Redis, %{table: table}} = Larder.Cache.Runtime.get(name).l2
-    [{:keeper, pid}] = :ets.lookup(table, :keeper)
+    [{:manager, pid}] = :ets.lookup(table, :manager)
     pid
   end
 end

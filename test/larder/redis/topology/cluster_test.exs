@@ -1,18 +1,17 @@
-defmodule Larder.Cache.Redis.ClusterKeeperTest do
-  # The cluster keeper against a hostile seed (a fake node whose CLUSTER
+defmodule Larder.Redis.Topology.ClusterTest do
+  # A cluster topology (through Larder.Cache.Redis) against a hostile seed (a fake node whose CLUSTER
   # SLOTS names masters on ports nothing listens on): a map naming more
   # than Cluster.max_masters/0 masters is refused and counted, and one
   # under that bound whose masters are all dead costs a bounded number of
-  # connection attempts per master (a backoff per node), not one per pool
-  # connection every :reconnect_sleep.
+  # connection attempts per master (a backoff per node, in each master's
+  # pool), not one per pool connection every :reconnect_sleep.
   #
-  # Not async: it traces the keeper's calls to Connection.start_link/3
-  # (a global trace pattern).
+  # Not async: it traces every process's calls to Connection.start_link/3
+  # (the pools').
   use ExUnit.Case, async: false
 
   alias Larder.Cache.Redis
-  alias Larder.Cache.Redis.ClusterKeeper
-  alias Larder.Redis.Connection
+  alias Larder.Redis.{Connection, Topology}
   alias Larder.Test.RedisServer
   alias Larder.Test.GarbageServer
 
@@ -29,7 +28,7 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
         "ch"
       )
 
-    assert ClusterKeeper.bad_replies(state) >= 1
+    assert Topology.bad_replies(state) >= 1
     assert :counters.get(slots_calls, 1) >= 1
     # no slot is served, and no pool was started
     assert :ets.lookup(state.table, 0) == []
@@ -51,13 +50,13 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
         "ch"
       )
 
-    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
+    [{:manager, manager}] = :ets.lookup(state.table, :manager)
     calls_before = :counters.get(slots_calls, 1)
-    {:reductions, reductions_before} = Process.info(keeper, :reductions)
-    counter = trace_connects(keeper)
+    {:reductions, reductions_before} = Process.info(manager, :reductions)
+    counter = trace_connects()
     Process.sleep(3_000)
-    attempts = stop_trace(keeper, counter)
-    {:reductions, reductions_after} = Process.info(keeper, :reductions)
+    attempts = stop_trace(counter)
+    {:reductions, reductions_after} = Process.info(manager, :reductions)
     slots = :counters.get(slots_calls, 1) - calls_before
 
     total = attempts |> Map.values() |> Enum.sum()
@@ -85,7 +84,7 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
     listeners = for _ <- 1..10, do: accept_and_close()
     {seed, _slots_calls} = hostile_seed(Enum.map(listeners, &elem(&1, 0)))
 
-    {:ok, state} =
+    {:ok, _state} =
       Larder.Test.L2Process.start(
         Redis,
         [timeout: 300, pool_size: 2, reconnect_sleep: 100, cluster: [{"127.0.0.1", seed.port}]],
@@ -93,10 +92,9 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
         "ch"
       )
 
-    [{:keeper, keeper}] = :ets.lookup(state.table, :keeper)
-    counter = trace_connects(keeper)
+    counter = trace_connects()
     Process.sleep(3_000)
-    attempts = stop_trace(keeper, counter)
+    attempts = stop_trace(counter)
 
     total = attempts |> Map.values() |> Enum.sum()
     worst = attempts |> Map.values() |> Enum.max(fn -> 0 end)
@@ -179,13 +177,13 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
       else: closed_ports(n, MapSet.put(acc, RedisServer.free_port()))
   end
 
-  # Counts the keeper's calls to Connection.start_link/3, by port.
-  defp trace_connects(keeper) do
+  # Counts every process's calls to Connection.start_link/3, by port.
+  defp trace_connects do
     counter =
       spawn_link(fn ->
         count = fn count, acc ->
           receive do
-            {:trace, ^keeper, :call, {Connection, :start_link, [_host, port, _opts]}} ->
+            {:trace, _pid, :call, {Connection, :start_link, [_host, port, _opts]}} ->
               count.(count, Map.update(acc, port, 1, &(&1 + 1)))
 
             {:get, from} ->
@@ -197,19 +195,23 @@ defmodule Larder.Cache.Redis.ClusterKeeperTest do
       end)
 
     :erlang.trace_pattern({Connection, :start_link, 3}, true, [:local])
-    1 = :erlang.trace(keeper, true, [:call, {:tracer, counter}])
+    :erlang.trace(:all, true, [:call, {:tracer, counter}])
 
-    on_exit(fn -> :erlang.trace_pattern({Connection, :start_link, 3}, false, [:local]) end)
+    on_exit(fn ->
+      :erlang.trace(:all, false, [:call])
+      :erlang.trace_pattern({Connection, :start_link, 3}, false, [:local])
+    end)
+
     counter
   end
 
-  defp stop_trace(keeper, counter) do
-    :erlang.trace(keeper, false, [:call])
+  defp stop_trace(counter) do
+    :erlang.trace(:all, false, [:call])
     # every trace message is in the counter's mailbox before the question
-    ref = :erlang.trace_delivered(keeper)
+    ref = :erlang.trace_delivered(:all)
 
     receive do
-      {:trace_delivered, ^keeper, ^ref} -> :ok
+      {:trace_delivered, :all, ^ref} -> :ok
     end
 
     send(counter, {:get, self()})
