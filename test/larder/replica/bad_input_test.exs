@@ -67,10 +67,18 @@ defmodule Larder.Replica.BadInputTest do
         {Larder.Table, name: :"#{ctx.test}-other", key: :id, index: [:v]}
       )
 
-    opts = Keyword.put(base, key, Hostile.build(value))
+    opts = Keyword.put(base, key, in_dir(ctx, key, Hostile.build(value)))
     opts = Keyword.put(opts, :name, if(key == :name, do: value, else: :"#{ctx.test}-other"))
     run(ctx, {fun, {opts}})
   end
+
+  # A relative :snapshot path that happens to be valid would write in the
+  # project's folder: it goes in the test's own.
+  defp in_dir(ctx, :snapshot, path) when is_binary(path) do
+    if Path.type(path) == :relative, do: Path.join(ctx.dir, path), else: path
+  end
+
+  defp in_dir(_ctx, _key, value), do: value
 
   defp run(ctx, {fun, args}) do
     args =
@@ -101,7 +109,10 @@ defmodule Larder.Replica.BadInputTest do
     base = Log.opts(:"#{ctx.test}", table, server.port, stream)
     replica = start_supervised!({Replica, base})
     :ok = Replica.await(replica, :latest, 10_000)
-    ctx = Map.merge(ctx, %{base: base, replica: replica})
+    dir = Path.join(System.tmp_dir!(), "larder-replica-bad-#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf(dir) end)
+    ctx = Map.merge(ctx, %{base: base, replica: replica, dir: dir})
 
     property =
       :proper.forall(list(call()), fn calls ->
