@@ -230,6 +230,12 @@ defmodule Larder.Test.SourceConformance do
       end)
     end
 
+    # (a log with nothing to read answers await/3 before the reader may
+    # have connected)
+    Larder.Test.Eventually.eventually(fn ->
+      Enum.any?(Recorder.calls(table), &match?({:connect, _, _}, &1))
+    end)
+
     :ok = Larder.Replica.drop(replica)
     calls = Recorder.calls(table)
     assert [{:connect, ^reader} | _] = for({call, pid, _arg} <- calls, do: {call, pid})
