@@ -14,9 +14,15 @@ defmodule Larder.Replica.ReadLoopTest do
 
   @moduletag :capture_log
 
+  # the log is global (other async tests' replicas log too): a name of
+  # this module's own, and each line matched with it
+  @name __MODULE__
+  @failed "Larder.Replica #{inspect(@name)}: the source failed"
+  @answers "Larder.Replica #{inspect(@name)}: the source answers again"
+
   setup do
     script = S.new()
-    %{script: script, loop: ReadLoop.new(S, S.validate!(script: script), 0, 8, 50, :loop)}
+    %{script: script, loop: ReadLoop.new(S, S.validate!(script: script), 0, 8, 50, @name)}
   end
 
   defp unavailable, do: Larder.Error.new(:source_unavailable, "down")
@@ -70,7 +76,7 @@ defmodule Larder.Replica.ReadLoopTest do
     {waits, loop} = waits
     assert waits == [100, 200, 400, 800, 1_600, 2_000]
     assert ReadLoop.failing?(loop)
-    assert length(String.split(log, "the source failed")) == 2
+    assert length(String.split(log, @failed)) == 2
 
     # a read error closes the connection, still one outage
     S.script(ctx.script, :read, [{:error, unavailable(), ctx.script}])
@@ -86,15 +92,15 @@ defmodule Larder.Replica.ReadLoopTest do
         send(self(), {:loop, loop})
       end)
 
-    refute log =~ "the source failed"
-    assert length(String.split(log, "the source answers again")) == 2
+    refute log =~ @failed
+    assert length(String.split(log, @answers)) == 2
     assert [_] = S.calls(ctx.script, :close)
 
     # a new outage warns again, and waits from 100 ms again
     assert_received {:loop, loop}
     S.script(ctx.script, :read, [{:error, unavailable(), ctx.script}])
     log = capture_log(fn -> assert {{:error, _, 100}, _} = ReadLoop.step(loop) end)
-    assert log =~ "the source failed"
+    assert log =~ @failed
   end
 
   test ":batch_too_large halves the batch, down to one entry", ctx do
