@@ -118,4 +118,289 @@ defmodule Larder.Replica.PostgresTest do
     applied = MapSet.new(:ets.tab2list(ctx.applied))
     assert Enum.reject(during, &MapSet.member?(applied, &1)) == []
   end
+
+  defp slot_confirmed(ctx) do
+    text =
+      sql!(
+        ctx,
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '#{ctx.name}'"
+      )
+
+    {:ok, lsn} = Larder.Postgres.Protocol.parse_lsn(text)
+    lsn
+  end
+
+  test "a restart from a snapshot reads on from its LSN: no copy again, the changes made " <>
+         "meanwhile applied once; the slot told only what a durable snapshot holds",
+       ctx do
+    sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 1000) g")
+    replica = start!(replica_opts(ctx, []))
+    assert Replica.await(replica, :latest, 60_000) == :ok
+    created = slot_confirmed(ctx)
+
+    # applied, not yet in a snapshot: the slot keeps its consistent point
+    sql!(ctx, "UPDATE #{ctx.name} SET v = 'u' || k WHERE k <= 5")
+    assert Replica.await(replica, :latest, 60_000) == :ok
+    Process.sleep(300)
+    assert slot_confirmed(ctx) == created
+
+    {:ok, {lsn, _} = position} = Replica.dump(replica)
+    assert lsn > created
+
+    PostgresServer.wait_until(10_000, "the flush", fn ->
+      slot_confirmed(ctx) == Larder.Postgres.Replication.flush_lsn(position)
+    end)
+
+    :ok = Replica.drop(replica)
+    :ets.delete_all_objects(ctx.applied)
+
+    sql!(ctx, """
+    UPDATE #{ctx.name} SET v = 'changed-' || k WHERE k <= 10;
+    DELETE FROM #{ctx.name} WHERE k > 990;
+    """)
+
+    replica = start!(replica_opts(ctx, []))
+    # from the snapshot, at once
+    assert {_, _} = Replica.offset(replica)
+    assert Replica.offset(replica) >= position
+    assert Replica.await(replica, :latest, 60_000) == :ok
+    assert equal?(ctx, replica)
+
+    # the 20 changes, not the 1,000 rows again
+    assert length(:ets.tab2list(ctx.applied)) == 20
+    {twice, _} = PostgresWriters.check(ctx.acked, ctx.applied)
+    assert twice == []
+  end
+
+  test "await(:latest): every transaction committed before the call applied", ctx do
+    replica = start!(replica_opts(ctx, []))
+    assert Replica.await(replica, :latest, 60_000) == :ok
+    assert PostgresWriters.contents(Replica.target(replica)) == %{}
+
+    for i <- 1..20 do
+      sql!(ctx, "INSERT INTO #{ctx.name} VALUES (#{i}, 'x#{i}')")
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert Larder.Table.get(Replica.target(replica), i) == %{k: i, v: "x#{i}"}
+    end
+
+    # a position of the source
+    assert {lsn, _} = Replica.offset(replica)
+    assert Replica.await(replica, {lsn, 0}, 1_000) == :ok
+  end
+
+  describe "trims" do
+    test "a slot dropped while the replica was stopped: :stop stops it, :rebuild copies again",
+         ctx do
+      sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 100) g")
+      replica = start!(replica_opts(ctx, []))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      :ok = Replica.drop(replica)
+      PostgresSetup.await_slot_free(ctx.server, ctx.name)
+
+      sql!(ctx, """
+      SELECT pg_drop_replication_slot('#{ctx.name}');
+      DELETE FROM #{ctx.name} WHERE k <= 50;
+      """)
+
+      Process.flag(:trap_exit, true)
+      replica = start!(replica_opts(ctx, on_trimmed: :stop))
+
+      assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}},
+                     60_000
+
+      replica = start!(replica_opts(ctx, on_trimmed: :rebuild))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert equal?(ctx, replica)
+      assert map_size(PostgresWriters.contents(Replica.target(replica))) == 50
+    end
+
+    test "a snapshot older than the slot's confirmed position: a trim, and a rebuild", ctx do
+      sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 100) g")
+      replica = start!(replica_opts(ctx, []))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      {:ok, _} = Replica.dump(replica)
+      old = Path.join(ctx.dir, "old")
+      File.mkdir_p!(old)
+
+      for file <- File.ls!(ctx.dir),
+          file != "old",
+          do: File.cp!(Path.join(ctx.dir, file), Path.join(old, file))
+
+      sql!(ctx, "UPDATE #{ctx.name} SET v = 'later' WHERE k <= 10")
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      {:ok, later} = Replica.dump(replica)
+
+      PostgresServer.wait_until(10_000, "the flush", fn ->
+        slot_confirmed(ctx) >= Larder.Postgres.Replication.flush_lsn(later)
+      end)
+
+      :ok = Replica.drop(replica)
+
+      # the older snapshot put back
+      for file <- File.ls!(ctx.dir), file != "old", do: File.rm!(Path.join(ctx.dir, file))
+      for file <- File.ls!(old), do: File.cp!(Path.join(old, file), Path.join(ctx.dir, file))
+      File.rm_rf!(old)
+
+      replica = start!(replica_opts(ctx, on_trimmed: :rebuild))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert equal?(ctx, replica)
+      assert Larder.Table.get(Replica.target(replica), 1) == %{k: 1, v: "later"}
+    end
+
+    test "a slot invalidated (wal_status lost): a trim, and a rebuild", ctx do
+      # a slot that holds back more than 1 MB of WAL is invalidated at the
+      # next checkpoint
+      server = PostgresSetup.start(config: [{"max_slot_wal_keep_size", "'1MB'"}])
+      ctx = %{ctx | server: server}
+
+      sql!(ctx, """
+      CREATE TABLE #{ctx.name} (k int PRIMARY KEY, v text);
+      CREATE PUBLICATION #{ctx.name} FOR TABLE #{ctx.name};
+      INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 100) g;
+      """)
+
+      replica = start!(replica_opts(ctx, on_trimmed: :rebuild))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      :ok = Replica.drop(replica)
+      PostgresSetup.await_slot_free(server, ctx.name)
+
+      for _ <- 1..3 do
+        sql!(ctx, """
+        CREATE TABLE IF NOT EXISTS filler (v text);
+        INSERT INTO filler SELECT repeat('x', 100) FROM generate_series(1, 1000);
+        UPDATE #{ctx.name} SET v = v || '+';
+        SELECT pg_switch_wal();
+        """)
+      end
+
+      sql!(ctx, "CHECKPOINT")
+
+      assert sql!(
+               ctx,
+               "SELECT wal_status FROM pg_replication_slots WHERE slot_name = '#{ctx.name}'"
+             ) == "lost"
+
+      replica = start!(replica_opts(ctx, on_trimmed: :rebuild))
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert equal?(ctx, replica)
+      assert Larder.Table.get(Replica.target(replica), 1) == %{k: 1, v: "v1+++"}
+    end
+
+    test "a copy whose connection is cut: :stop stops the replica, :rebuild copies again", ctx do
+      sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 5000) g")
+      Process.flag(:trap_exit, true)
+
+      for on_trimmed <- [:stop, :rebuild] do
+        # the 1,000th row applied: the copy's connection is terminated
+        apply = PostgresWriters.apply(ctx.applied)
+        calls = :counters.new(1, [])
+
+        cut = fn fields ->
+          :counters.add(calls, 1, 1)
+
+          if :counters.get(calls, 1) == 1_000 do
+            sql!(ctx, """
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE query LIKE 'COPY%' AND pid <> pg_backend_pid()
+            """)
+          end
+
+          apply.(fields)
+        end
+
+        replica =
+          start!(
+            replica_opts(ctx, apply: cut, batch_size: 50, on_trimmed: on_trimmed, snapshot: nil)
+          )
+
+        case on_trimmed do
+          :stop ->
+            assert_receive {:EXIT, ^replica, {:shutdown, %Larder.Error{reason: :offset_trimmed}}},
+                           60_000
+
+          :rebuild ->
+            assert Replica.await(replica, :latest, 60_000) == :ok
+            assert equal?(ctx, replica)
+            :ok = Replica.drop(replica)
+        end
+      end
+    end
+  end
+
+  describe "a bad configuration, seen through await/3" do
+    test "bad credentials: :timeout, with the source's error naming the option", ctx do
+      source = PostgresSetup.source_opts(ctx.server, ctx.name, password: "wrong")
+      replica = start!(replica_opts(ctx, source: {Replica.Postgres, source}))
+
+      assert {:error, %Larder.Error{reason: :timeout} = error} =
+               Replica.await(replica, :latest, 1_000)
+
+      assert %Larder.Error{reason: :source_failed, details: %{option: :password}} =
+               error.details.source_error
+
+      assert Exception.message(error) =~ ":username and :password"
+    end
+
+    test "a missing publication", ctx do
+      source = PostgresSetup.source_opts(ctx.server, ctx.name, publication: "no_such_pub")
+      replica = start!(replica_opts(ctx, source: {Replica.Postgres, source}))
+
+      assert {:error, %Larder.Error{reason: :timeout} = error} =
+               Replica.await(replica, :latest, 1_000)
+
+      assert error.details.source_error.details.option == :publication
+      assert Exception.message(error) =~ "CREATE PUBLICATION"
+    end
+  end
+
+  test "two replicas side by side in one directory, each on its slot; a third on a slot in " <>
+         "use is refused, naming it",
+       ctx do
+    sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    other = ctx.name <> "_b"
+    source_b = PostgresSetup.source_opts(ctx.server, ctx.name, slot: other)
+
+    a = start!(replica_opts(ctx, []))
+
+    b =
+      start!(
+        replica_opts(ctx,
+          name: :"#{other} replica",
+          into: {Larder.Table, name: :"#{other} table", key: :k},
+          source: {Replica.Postgres, source_b},
+          snapshot: Path.join(ctx.dir, "r.snap.b")
+        )
+      )
+
+    on_exit(fn -> Replica.drop(:"#{other} replica") end)
+    sql!(ctx, "UPDATE #{ctx.name} SET v = 'both' WHERE k <= 100")
+
+    for replica <- [a, b] do
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert equal?(ctx, replica)
+      assert {:ok, _} = Replica.dump(replica)
+    end
+
+    # a's slot, taken by a third
+    c =
+      start!(
+        replica_opts(ctx,
+          name: :"#{other} c",
+          into: {Larder.Table, name: :"#{other} c table", key: :k},
+          snapshot: nil
+        )
+      )
+
+    assert {:error, %Larder.Error{reason: :timeout} = error} = Replica.await(c, {1, 0}, 8_000)
+    assert %{reason: :source_unavailable, details: %{option: :slot}} = error.details.source_error
+    :ok = Replica.drop(c)
+
+    # a and b go on
+    sql!(ctx, "DELETE FROM #{ctx.name} WHERE k > 400")
+
+    for replica <- [a, b] do
+      assert Replica.await(replica, :latest, 60_000) == :ok
+      assert equal?(ctx, replica)
+    end
+  end
 end
