@@ -43,10 +43,12 @@ defmodule LarderPostgres.MixProject do
   defp extra_applications(_), do: []
 
   # Of the core's test support, what these tests use (free ports, the
-  # PropEr runner, polling) is compiled here too, with this package's own
-  # (the Postgres server): one support folder per package, nothing loaded
-  # from one tree by another.
-  @core_support ~w(free_port proper eventually)
+  # PropEr runner, polling, the Source conformance suite and the log it
+  # runs on by default, the generated dependent project) is compiled here
+  # too, with this package's own (the Postgres server): one support folder
+  # per package, nothing loaded from one tree by another.
+  @core_support ~w(free_port proper eventually source_conformance partitioned_source replica_log
+                   dependent_app)
 
   defp elixirc_paths(:test),
     do: ["lib", "test/support"] ++ Enum.map(@core_support, &core("test/support/#{&1}.ex"))

@@ -144,6 +144,13 @@ defmodule Larder.Replica do
   time: a timer that fires meanwhile is skipped, and `dump/1` called
   meanwhile waits for the one after it.
 
+  Nor does a snapshot name a position a restart cannot read on from (the
+  source's `c:Larder.Replica.Source.resumable?/1`: the rows of
+  `Larder.Replica.Postgres`'s initial copy, which a new connection cannot
+  go on with). A snapshot due there (the timer's, `dump/1`'s) waits for
+  the first batch that ends past it, and a clean stop there writes none:
+  a restart then reads from the last snapshot, or from the origin.
+
   A replica writes these files, all in the directory of its `:snapshot`
   path, and no other:
 
@@ -489,7 +496,9 @@ defmodule Larder.Replica do
   replica's own `:apply`). A call to the replica's process: the
   snapshot begins between batches, and the call returns once it is
   committed, while the replica goes on applying (see "Snapshots"); a call
-  made while a snapshot is being written gets the next one.
+  made while a snapshot is being written gets the next one, and one made
+  while the replica is at a position a restart cannot read on from (inside
+  a source's initial copy) waits for the first batch that ends past it.
   """
   @spec dump(replica()) :: {:ok, Larder.Replica.Source.position()} | {:error, Larder.Error.t()}
   def dump(replica), do: call!(replica, :snapshot)

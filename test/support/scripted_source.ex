@@ -4,7 +4,9 @@
 # committed/2 or close/1 takes the next reply queued for that callback (a
 # term, or a function of the call's arguments), or else a default, and
 # every call is recorded with the process that made it. Positions are
-# integers: an entry's id is the position after it.
+# integers: an entry's id is the position after it. Larder.Test.
+# ScriptedSource.Copying's log begins with positions a restart cannot read
+# on from (1 to 99).
 defmodule Larder.Test.ScriptedSource do
   @moduledoc false
 
@@ -102,6 +104,42 @@ defmodule Larder.Test.ScriptedSource do
 
   @impl true
   def latest(_opts, _timeout), do: {:ok, 0}
+
+  defmodule Copying do
+    @moduledoc false
+    # Larder.Test.ScriptedSource whose positions 1 to 99 are not resumable
+    # (a copy's, as Larder.Replica.Postgres's initial copy): its log begins
+    # with 99 entries that a restart cannot read on from.
+
+    @behaviour Larder.Replica.Source
+
+    alias Larder.Test.ScriptedSource, as: S
+
+    @impl true
+    defdelegate validate!(opts), to: S
+    @impl true
+    def identity(_opts), do: "scripted, copying"
+    @impl true
+    defdelegate origin(opts), to: S
+    @impl true
+    defdelegate cast_position(position), to: S
+    @impl true
+    defdelegate advance(position, id), to: S
+    @impl true
+    defdelegate reached?(position, target), to: S
+    @impl true
+    def resumable?(position), do: position not in 1..99
+    @impl true
+    defdelegate connect(opts), to: S
+    @impl true
+    defdelegate read(conn, position, count, block_ms), to: S
+    @impl true
+    defdelegate committed(conn, position), to: S
+    @impl true
+    defdelegate close(conn), to: S
+    @impl true
+    defdelegate latest(opts, timeout), to: S
+  end
 
   defmodule Notifying do
     @moduledoc false

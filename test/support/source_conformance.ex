@@ -4,8 +4,11 @@
 #     use Larder.Test.SourceConformance, source: Module, writes: true, trims: true
 #
 # (`writes: false` for a log the test cannot write, which then skips the
-# tests that need entries; `trims: false` for one it cannot trim), and its
-# setup provides in the test context:
+# tests that need entries; `trims: false` for one it cannot trim;
+# `idle_moves: true` for a log whose end moves past records that are not
+# entries, written by others than the test: a database's WAL, where other
+# tables and the server itself write), and its setup provides in the test
+# context:
 #
 #   :source_opts  options of a fresh, empty log of its own (not validated)
 #   :bad_opts     option lists validate!/1 must refuse (besides an unknown key)
@@ -20,7 +23,10 @@
 # The tests that read call the source's callbacks in a process of their
 # own (the contract's reader); one starts a Larder.Replica over the source,
 # through Larder.Test.SourceConformance.Recorder, and checks that every
-# call on a connection is made by the reader that made it.
+# call on a connection is made by the reader that made it. For a source
+# with resumable?/1, a position a test reconnects at (or commits) is a
+# resumable one, and a position that is not, read on a new connection, is
+# a trim.
 defmodule Larder.Test.SourceConformance do
   @moduledoc false
 
@@ -32,10 +38,12 @@ defmodule Larder.Test.SourceConformance do
     source = Keyword.fetch!(opts, :source)
     writes = Keyword.get(opts, :writes, true)
     trims = Keyword.get(opts, :trims, writes)
+    idle_moves = Keyword.get(opts, :idle_moves, false)
     source_module = Macro.expand(source, __CALLER__)
     Code.ensure_loaded!(source_module)
     notifies = function_exported?(source_module, :notify, 2)
     commits = function_exported?(source_module, :committed, 2)
+    resumable = function_exported?(source_module, :resumable?, 1)
 
     quote do
       alias Larder.Test.SourceConformance, as: C
@@ -65,6 +73,12 @@ defmodule Larder.Test.SourceConformance do
         def reached?(position, target), do: @source.reached?(position, target)
         @impl true
         def latest(opts, timeout), do: @source.latest(opts[:opts], timeout)
+
+        if unquote(resumable) do
+          @impl true
+          def resumable?(position), do: @source.resumable?(position)
+        end
+
         @impl true
         def connect(opts), do: R.connect(@source, opts)
         @impl true
@@ -92,7 +106,7 @@ defmodule Larder.Test.SourceConformance do
         end
 
         test "an empty log: reads nothing, and latest/2 is where reading stops", ctx do
-          C.empty(unquote(source), ctx)
+          C.empty(unquote(source), ctx, unquote(idle_moves))
         end
 
         test "a replica: connect/1 and every call on the connection in its reader", ctx do
@@ -103,7 +117,7 @@ defmodule Larder.Test.SourceConformance do
           test "reads every entry from the origin once, in order, up to latest/2; " <>
                  "positions consistent",
                ctx do
-            C.read_all(unquote(source), ctx)
+            C.read_all(unquote(source), ctx, unquote(idle_moves))
           end
 
           test "reads from a middle position what follows it, on a new connection", ctx do
@@ -120,6 +134,12 @@ defmodule Larder.Test.SourceConformance do
                  "what is left",
                ctx do
             C.trim(unquote(source), ctx)
+          end
+        end
+
+        if unquote(resumable and writes) do
+          test "a position that is not resumable, read on a new connection, is a trim", ctx do
+            C.not_resumable(unquote(source), ctx)
           end
         end
 
@@ -178,7 +198,7 @@ defmodule Larder.Test.SourceConformance do
   end
 
   @doc false
-  def empty(source, ctx) do
+  def empty(source, ctx, idle_moves) do
     opts = source.validate!(ctx.source_opts)
     origin = source.origin(opts)
     {:ok, latest} = source.latest(opts, 30_000)
@@ -189,7 +209,7 @@ defmodule Larder.Test.SourceConformance do
       {entries, position, conn} = read_to(source, conn, origin, latest, 5)
       assert entries == []
       assert source.reached?(position, origin)
-      conn = at_end(source, conn, position)
+      conn = at_end(source, conn, position, idle_moves && opts)
       assert source.close(conn) == :ok
     end)
   end
@@ -248,7 +268,7 @@ defmodule Larder.Test.SourceConformance do
   end
 
   @doc false
-  def read_all(source, ctx) do
+  def read_all(source, ctx, idle_moves) do
     opts = source.validate!(ctx.source_opts)
     values = for i <- 1..25, do: value(i)
     :ok = ctx.append.(values)
@@ -261,7 +281,7 @@ defmodule Larder.Test.SourceConformance do
       {entries, position, conn} = read_to(source, conn, origin, latest, 7)
       assert source.reached?(position, latest)
       check_order(ctx, entries, values)
-      conn = at_end(source, conn, position)
+      conn = at_end(source, conn, position, idle_moves && opts)
       source.close(conn)
     end)
   end
@@ -275,7 +295,7 @@ defmodule Larder.Test.SourceConformance do
 
     in_reader(fn ->
       {:ok, conn} = source.connect(opts)
-      {first, middle, conn} = read_some(source, conn, source.origin(opts), 5)
+      {first, middle, conn} = read_resumable(source, conn, source.origin(opts), 5)
       source.close(conn)
       assert first != []
 
@@ -317,7 +337,7 @@ defmodule Larder.Test.SourceConformance do
         |> Enum.map(fn {_, e} -> ctx.value.(elem(List.last(e), 1)) end)
 
       {:ok, conn} = source.connect(opts)
-      {[_ | _], after_first, conn} = read_some(source, conn, origin, 1)
+      {[_ | _], after_first, conn} = read_resumable(source, conn, origin, 1)
       source.close(conn)
 
       :ok = ctx.trim.()
@@ -327,6 +347,37 @@ defmodule Larder.Test.SourceConformance do
       {rest, _position, conn} = read_to(source, conn, resume, latest, 12)
       assert Enum.sort(Enum.map(rest, &ctx.value.(elem(&1, 1)))) == Enum.sort(left)
       source.close(conn)
+    end)
+  end
+
+  @doc false
+  def not_resumable(source, ctx) do
+    opts = source.validate!(ctx.source_opts)
+    values = for i <- 1..12, do: value(i)
+    :ok = ctx.append.(values)
+    {:ok, latest} = source.latest(opts, 30_000)
+
+    in_reader(fn ->
+      {:ok, conn} = source.connect(opts)
+      origin = source.origin(opts)
+      {read, position, conn} = read_some(source, conn, origin, 5)
+
+      # a log whose entries are all at resumable positions (a source that
+      # copies nothing first) has nothing to show here
+      if source.resumable?(position) do
+        source.close(conn)
+      else
+        source.close(conn)
+        {:ok, conn} = source.connect(opts)
+        assert {:trimmed, resume, conn} = read_past_empty(source, conn, stored(position))
+        assert source.cast_position(stored(resume)) == {:ok, resume}
+        assert source.resumable?(resume)
+        refute read == []
+        # reading from where it resumes reads every entry again
+        {all, _position, conn} = read_to(source, conn, resume, latest, 5)
+        check_order(ctx, all, values)
+        source.close(conn)
+      end
     end)
   end
 
@@ -356,7 +407,7 @@ defmodule Larder.Test.SourceConformance do
       {:ok, conn} = source.connect(opts)
       origin = source.origin(opts)
       assert {:ok, conn} = source.committed(conn, origin)
-      {first, middle, conn} = read_some(source, conn, origin, 3)
+      {first, middle, conn} = read_resumable(source, conn, origin, 3)
       assert {:ok, conn} = source.committed(conn, middle)
       {rest, position, conn} = read_to(source, conn, middle, latest, 3)
       assert source.reached?(position, latest)
@@ -408,10 +459,20 @@ defmodule Larder.Test.SourceConformance do
 
   # At the log's end a read returns nothing, and a position equal to the
   # one given (each reached by the other: a source may fill in parts it
-  # had left out, as Kafka's first read puts every partition in).
-  defp at_end(source, conn, position) do
+  # had left out, as Kafka's first read puts every partition in). With
+  # `idle_moves` (the source's options), a log whose end moves past
+  # records that are not entries: a position at or past the one given,
+  # and not past the log's end.
+  defp at_end(source, conn, position, false) do
     assert {:ok, [], after_end, conn} = source.read(conn, position, 5, 100)
     assert source.reached?(after_end, position) and source.reached?(position, after_end)
+    conn
+  end
+
+  defp at_end(source, conn, position, opts) do
+    assert {:ok, [], after_end, conn} = source.read(conn, position, 5, 100)
+    {:ok, latest} = source.latest(opts, 30_000)
+    assert source.reached?(after_end, position) and source.reached?(latest, after_end)
     conn
   end
 
@@ -430,6 +491,32 @@ defmodule Larder.Test.SourceConformance do
 
       other ->
         flunk("read/4 from #{inspect(position)} returned #{inspect(other, limit: 10)}")
+    end
+  end
+
+  # Reads from `position` until some entries came and the position is
+  # one a new connection can read on from (every position, for a source
+  # without resumable?/1): {entries, position_after, conn}.
+  defp read_resumable(source, conn, position, count) do
+    {entries, position, conn} = read_some(source, conn, position, count)
+    resumable_after(source, conn, position, count, Enum.reverse(entries), @max_reads)
+  end
+
+  defp resumable_after(source, conn, position, count, acc, tries) do
+    if not function_exported?(source, :resumable?, 1) or source.resumable?(position) do
+      {Enum.reverse(acc), position, conn}
+    else
+      assert tries > 0, "the position never became resumable: #{inspect(position)}"
+
+      case source.read(conn, position, count, 100) do
+        {:ok, entries, position_after, conn} ->
+          check_batch(source, position, entries, position_after, count)
+          acc = Enum.reverse(entries, acc)
+          resumable_after(source, conn, position_after, count, acc, tries - 1)
+
+        other ->
+          flunk("read/4 from #{inspect(position)} returned #{inspect(other, limit: 10)}")
+      end
     end
   end
 

@@ -474,7 +474,8 @@ defmodule Larder.Replica.Server do
           offset: offset
         })
 
-        {:noreply, advance(%{state | applied: state.applied + applied}, offset)}
+        state = advance(%{state | applied: state.applied + applied}, offset)
+        {:noreply, snapshot_due(state)}
 
       {:stop, error, offset} ->
         stop(advance(state, offset), error)
@@ -505,10 +506,13 @@ defmodule Larder.Replica.Server do
     {:stop, :normal, %{state | dropping: nil}}
   end
 
-  defp between_batches(state) do
-    snapshots = SnapshotSchedule.between_batches(state.snapshots, now(state))
-    next_queued(%{state | snapshots: snapshots})
-  end
+  defp between_batches(state), do: next_queued(snapshot_due(state))
+
+  # A snapshot that waited for a step, or for a position a restart can
+  # read on from (see Larder.Replica.SnapshotSchedule), begins between two
+  # batches.
+  defp snapshot_due(state),
+    do: %{state | snapshots: SnapshotSchedule.between_batches(state.snapshots, now(state))}
 
   # The reader's next message that waited for a step, if no step runs.
   defp next_queued(%{step: nil, dropping: nil} = state) do

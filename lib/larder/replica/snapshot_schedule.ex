@@ -30,6 +30,11 @@ defmodule Larder.Replica.SnapshotSchedule do
   #     it writes): the replica dumps it itself and applies nothing
   #     meanwhile.
   #
+  # A snapshot names only a position a restart can read on from (the
+  # source's resumable?/1, Larder.Replica.Source): one due at another (the
+  # rows of a Postgres source's initial copy) waits for the first batch
+  # that ends at a resumable one, and a clean stop there writes none.
+  #
   # One snapshot at a time: a timer that fires meanwhile is skipped, and a
   # dump/1 call waits for the next one. The snapshot's process is linked
   # to the replica: a kill of the replica takes it down mid-dump, leaving
@@ -116,31 +121,52 @@ defmodule Larder.Replica.SnapshotSchedule do
     s
   end
 
-  # A batch in a step: the snapshot begins once it is applied.
-  def request(s, callers, %{busy: true}), do: %{s | deferred: (s.deferred || []) ++ callers}
-
-  def request(%__MODULE__{mode: :concurrent} = s, callers, now) do
-    pid = Snapshot.start(s.path, s.identity, s.target, now.handle, now.offset)
-    running = %{pid: pid, offset: now.offset, started: System.monotonic_time(), callers: callers}
-    %{s | running: running}
-  end
+  # A batch in a step: the snapshot begins once it is applied; at a
+  # position a restart cannot read on from, once a batch ends at one that
+  # it can.
+  def request(s, callers, %{busy: true}), do: defer(s, callers)
 
   def request(s, callers, now) do
-    {reply, s} =
-      case write(s, now) do
-        {:ok, s} -> {{:ok, now.offset}, s}
-        {:error, error, s} -> {{:error, error}, s}
-      end
+    cond do
+      not resumable?(s, now.offset) ->
+        defer(s, callers)
 
-    for from <- callers, do: GenServer.reply(from, reply)
-    s
+      s.mode == :concurrent ->
+        pid = Snapshot.start(s.path, s.identity, s.target, now.handle, now.offset)
+        started = System.monotonic_time()
+        %{s | running: %{pid: pid, offset: now.offset, started: started, callers: callers}}
+
+      true ->
+        {reply, s} =
+          case write(s, now) do
+            {:ok, s} -> {{:ok, now.offset}, s}
+            {:error, error, s} -> {{:error, error}, s}
+          end
+
+        for from <- callers, do: GenServer.reply(from, reply)
+        s
+    end
+  end
+
+  defp defer(s, callers), do: %{s | deferred: (s.deferred || []) ++ callers}
+
+  # Whether a restart can read on from `offset` (the source's optional
+  # resumable?/1, a pure function of its positions, as advance/2 is).
+  defp resumable?(s, offset) do
+    source = s.identity.source
+
+    not (Code.ensure_loaded?(source) and function_exported?(source, :resumable?, 1)) or
+      source.resumable?(offset) == true
   end
 
   @doc "The timer fired: a snapshot (unless one is running), and the next timer."
   @spec timer(t(), now()) :: t()
   def timer(s, now), do: s |> request([], now) |> start(s.reader)
 
-  @doc "Between two batches: a snapshot that waited for the step begins."
+  @doc """
+  Between two batches: a snapshot that waited for the step, or for a
+  resumable position, begins (or waits on).
+  """
   @spec between_batches(t(), now()) :: t()
   def between_batches(%__MODULE__{deferred: nil} = s, _now), do: s
   def between_batches(s, now), do: request(%{s | deferred: nil}, s.deferred, now)
@@ -208,10 +234,25 @@ defmodule Larder.Replica.SnapshotSchedule do
   end
 
   # A snapshot in the replica's process: it applies nothing until it is
-  # committed.
+  # committed. None at a position a restart cannot read on from (a clean
+  # stop inside a source's copy): the last one stays.
   defp write(%__MODULE__{committed: offset} = s, %{offset: offset}), do: {:ok, s}
 
   defp write(s, now) do
+    if resumable?(s, now.offset) do
+      write_now(s, now)
+    else
+      Logger.info(
+        "Larder.Replica #{inspect(s.name)}: no snapshot at #{inspect(now.offset, limit: 8)}, " <>
+          "which a restart cannot read on from (the source's copy is not complete); " <>
+          "the last one stays"
+      )
+
+      {:ok, s}
+    end
+  end
+
+  defp write_now(s, now) do
     started = System.monotonic_time()
     result = Snapshot.write(s.path, s.identity, s.target, now.handle, now.offset)
 

@@ -4,10 +4,12 @@ defmodule Larder.Replica.Source do
   entries, each an id and a map of fields, read in order from a
   *position*, the replica's place in the log, which its snapshots store.
   `Larder.Replica.RedisStream` (a Redis Stream, whose position is the id of
-  the last entry applied) and `Larder.Replica.Kafka` (a topic, whose
-  position is the next offset to read in each partition) implement it; a
-  database's change feed (a Postgres logical replication slot), a message
-  broker's stream or a file of records fit the same callbacks.
+  the last entry applied), `Larder.Replica.Kafka` (a topic, whose
+  position is the next offset to read in each partition) and
+  `Larder.Replica.Postgres` (the tables of a Postgres publication, copied
+  and then followed through a logical replication slot, whose position is
+  a WAL position) implement it; a message broker's stream or a file of
+  records fit the same callbacks.
 
   `test/support/source_conformance.ex` is the contract as tests: every
   source in this repository runs it.
@@ -53,6 +55,22 @@ defmodule Larder.Replica.Source do
   plain terms (they are stored in snapshots); `cast_position/1` checks one
   read from a snapshot or given to `Larder.Replica.await/3`, and takes
   every position the source returns.
+
+  `resumable?(position)` (optional: without it every position is) says
+  whether a read can go on from `position` on another connection than the
+  one that returned it. A log that begins with something that lives only
+  as long as one connection returns false for the positions inside it:
+  `Larder.Replica.Postgres` copies a database's tables inside a snapshot
+  that its replication connection exported, and the positions of the
+  copied rows, once that connection is gone, lead nowhere. The replica
+  commits no snapshot at a position that is not resumable: a snapshot
+  that is due then (its timer's, a `Larder.Replica.dump/1` call's) waits
+  for the first batch that ends at a resumable one, and a clean stop there
+  writes none (a restart reads from the last snapshot, or from the
+  origin). A `read/4` from such a position on a connection that cannot go
+  on from it returns `{:trimmed, resume_position, conn}` (see "Reading"):
+  the replica's structure holds a part of what the log began with, and
+  only a rebuild gives it the rest.
 
   ## Reading
 
@@ -152,7 +170,9 @@ defmodule Larder.Replica.Source do
       implements `notify/2` in short-lived processes, one per batch, each
       handed the connection the one before returned), and `notify/2`'s
       notice goes to the reader.
-    * `committed/2`, optional, is new.
+    * `committed/2`, optional, is new; so is `resumable?/1`, optional,
+      for a log whose first positions cannot be read from on another
+      connection.
     * `:batch_too_large` is the reason of a read too large for the source
       (version 2 halved the batch on one source's error details).
     * `{:stop, error, conn}` from `read/4` (added to version 2 late) is
@@ -195,6 +215,12 @@ defmodule Larder.Replica.Source do
   @doc "The position after the entry `entry_id`, applied at `position`."
   @callback advance(position(), entry_id()) :: position()
 
+  @doc """
+  Whether a read can go on from `position` on another connection (see
+  "Positions"). Optional: without it every position is. Must not raise.
+  """
+  @callback resumable?(position()) :: boolean()
+
   @doc "Whether `position` includes every entry up to `target` (every part at or past it)."
   @callback reached?(position(), target :: position()) :: boolean()
 
@@ -235,5 +261,5 @@ defmodule Larder.Replica.Source do
   """
   @callback committed(conn(), position()) :: {:ok, conn()} | {:error, Larder.Error.t(), conn()}
 
-  @optional_callbacks notify: 2, committed: 2
+  @optional_callbacks notify: 2, committed: 2, resumable?: 1
 end

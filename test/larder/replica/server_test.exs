@@ -3,7 +3,9 @@ defmodule Larder.Replica.ServerTest do
   # used by the process that made it only, whatever the kind of source;
   # committed/2 told the start position first and each snapshot once its
   # manifest is in place; :batch_too_large halving the batch whatever the
-  # source; a source that raises counted and retried, not a crash.
+  # source; a source that raises counted and retried, not a crash; no
+  # snapshot at a position a restart cannot read on from (a source's
+  # copy), for arity-1 and arity-2 apply functions.
   use ExUnit.Case, async: true
 
   alias Larder.Replica
@@ -164,5 +166,67 @@ defmodule Larder.Replica.ServerTest do
              reported(ctx)
 
     assert ReplicaLog.contents(name(ctx, "t")) == %{1 => 1}
+  end
+
+  for arity <- [1, 2] do
+    test "arity #{arity}: no snapshot inside a source's copy; dump/1 waits for its end, and a " <>
+           "clean stop inside it leaves none, so a restart reads from the origin",
+         ctx do
+      me = self()
+      path = Path.join(ctx.dir, "copy.snap")
+      put = fn id -> {id, %{"op" => "put", "k" => "#{id}", "v" => "#{id}"}} end
+      # positions 1 to 99 are the copy's
+      source = ScriptedSource.Copying
+
+      apply =
+        if unquote(arity) == 1, do: &ReplicaLog.apply_entry/1, else: &ReplicaLog.apply_entry/2
+
+      script = ScriptedSource.new()
+
+      ScriptedSource.script(script, :read, [
+        fn conn, 0, _, _ -> {:ok, Enum.map(1..10, put), 10, conn} end,
+        fn conn, 10, _, _ ->
+          send(me, {:reading, self()})
+
+          receive do
+            :go -> {:ok, Enum.map(11..99, put), 99, conn}
+          end
+        end,
+        fn conn, 99, _, _ -> {:ok, [put.(100)], 100, conn} end
+      ])
+
+      replica =
+        start!(opts(ctx, {source, script: script}, snapshot: path, batch_size: 100, apply: apply))
+
+      assert_receive {:reading, reader}, 10_000
+      Larder.Test.Eventually.eventually(fn -> Replica.offset(replica) == 10 end)
+
+      dump = Task.async(fn -> Replica.dump(replica) end)
+      assert Task.yield(dump, 300) == nil
+      refute File.exists?(path)
+
+      send(reader, :go)
+      assert Task.await(dump, 10_000) == {:ok, 100}
+      identity = %{source: source, log: "scripted, copying", target: {:table, name(ctx, "t")}}
+      assert {:ok, %{offset: 100}} = Snapshot.read(path, identity)
+      :ok = Replica.drop(replica)
+
+      # a clean stop at 10, inside the copy, writes none
+      File.rm!(path)
+      fresh = ScriptedSource.new()
+
+      ScriptedSource.script(fresh, :read, [
+        fn conn, 0, _, _ -> {:ok, Enum.map(1..10, put), 10, conn} end
+      ])
+
+      replica = start!(opts(ctx, {source, script: fresh}, snapshot: path, apply: apply))
+      Larder.Test.Eventually.eventually(fn -> Replica.offset(replica) == 10 end)
+      :ok = GenServer.stop(replica)
+      refute File.exists?(path)
+
+      replica = start!(opts(ctx, {source, script: fresh}, snapshot: path, apply: apply))
+      assert Replica.offset(replica) == 0
+      assert ReplicaLog.contents(name(ctx, "t")) == %{}
+    end
   end
 end

@@ -2,7 +2,8 @@ defmodule Larder.Replica.SnapshotScheduleTest do
   # When snapshots are written, with this process as the replica and as
   # its reader: in a process of their own or in the caller by the target's
   # dump mode, one at a time, none while a step applies a batch, none when
-  # the offset has not moved; the reader told of each commit once the
+  # the offset has not moved, none at a position a restart cannot read on
+  # from (a source's copy); the reader told of each commit once the
   # manifest names it, and of no failed one; on a stop, the running one
   # awaited and a last one written, or killed.
   use ExUnit.Case, async: true
@@ -23,9 +24,10 @@ defmodule Larder.Replica.SnapshotScheduleTest do
 
   defp schedule(ctx, into, arity, extra \\ []) do
     target = Target.new!(into)
+    {source, extra} = Keyword.pop(extra, :source, Larder.Test.EmptySource)
 
     identity = %{
-      source: Larder.Test.EmptySource,
+      source: source,
       log: "empty",
       target: Target.identity(target, ctx.name)
     }
@@ -111,6 +113,50 @@ defmodule Larder.Replica.SnapshotScheduleTest do
     _s = SnapshotSchedule.between_batches(s, now(bag, 4))
     assert_received {^tag, {:ok, 4}}
     assert_received {:replica_committed, 4}
+  end
+
+  test "none at a position a restart cannot read on from: the timer's and dump/1's wait for " <>
+         "a batch that ends at one it can; a clean stop there writes none",
+       ctx do
+    # positions 1 to 99 are a copy's
+    source = Larder.Test.ScriptedSource.Copying
+
+    for into <- [{Larder.Table, key: :id}, {Larder.Bag, []}] do
+      File.rm_rf!(ctx.path)
+      {s, _target, handle, identity} = schedule(ctx, into, 1, source: source)
+      {_, tag} = from = caller()
+
+      s = SnapshotSchedule.request(s, [from], now(handle, 5))
+      s = SnapshotSchedule.timer(s, now(handle, 6))
+      s = SnapshotSchedule.between_batches(s, now(handle, 99))
+      assert s.running == nil
+      refute_received {^tag, _}
+      refute_received {:replica_committed, _}
+      assert manifest_offset(ctx, identity) == :none
+
+      # a clean stop inside the copy: none
+      assert SnapshotSchedule.stop(s, now(handle, 42), true).running == nil
+      assert manifest_offset(ctx, identity) == :none
+
+      # the first batch past the copy: one snapshot, for both
+      s = SnapshotSchedule.between_batches(s, now(handle, 100))
+
+      s =
+        case s.running do
+          %{pid: pid} ->
+            assert_receive {Larder.Replica.Snapshot, ^pid, :ok}
+            SnapshotSchedule.done(s, :ok, now(handle, 101))
+
+          nil ->
+            s
+        end
+
+      assert_received {^tag, {:ok, 100}}
+      assert_received {:replica_committed, 100}
+      refute_received {:replica_committed, _}
+      assert manifest_offset(ctx, identity) == 100
+      assert s.deferred == nil
+    end
   end
 
   test "a failed snapshot: its callers get the error, the reader is told nothing", ctx do

@@ -15,7 +15,9 @@ defmodule Larder.Postgres.Catalog do
   #   wal_level(conn, timeout)           "replica" | "logical" | ...
   #   slot(conn, name, timeout)          nil | %{slot: name, plugin:,
   #                                        type: "logical" | "physical",
-  #                                        database:, active:, restart_lsn:,
+  #                                        database:, active:, active_pid:
+  #                                        (the backend using it, or nil),
+  #                                        restart_lsn:,
   #                                        confirmed_flush_lsn:, wal_status:}
   #                                      LSNs as integers or nil; wal_status
   #                                      "reserved" | "extended" |
@@ -62,7 +64,7 @@ defmodule Larder.Postgres.Catalog do
           {:ok, map() | nil, Connection.t()} | {:error, Larder.Error.t(), Connection.t()}
   def slot(conn, name, timeout) do
     sql =
-      "SELECT slot_name, plugin, slot_type, database, active, restart_lsn, " <>
+      "SELECT slot_name, plugin, slot_type, database, active, active_pid, restart_lsn, " <>
         "confirmed_flush_lsn, wal_status FROM pg_replication_slots WHERE slot_name = " <>
         literal(name)
 
@@ -70,11 +72,16 @@ defmodule Larder.Postgres.Catalog do
       {:ok, [%{rows: []}], conn} ->
         {:ok, nil, conn}
 
-      {:ok, [%{rows: [[slot, plugin, type, database, active, restart, confirmed, wal_status]]}],
-       conn}
+      {:ok,
+       [
+         %{
+           rows: [[slot, plugin, type, database, active, pid, restart, confirmed, wal_status]]
+         }
+       ], conn}
       when slot == name and active in ["t", "f"] ->
         with {:ok, restart} <- lsn_or_nil(restart),
-             {:ok, confirmed} <- lsn_or_nil(confirmed) do
+             {:ok, confirmed} <- lsn_or_nil(confirmed),
+             {:ok, pid} <- pid_or_nil(pid) do
           {:ok,
            %{
              slot: slot,
@@ -82,6 +89,7 @@ defmodule Larder.Postgres.Catalog do
              type: type,
              database: database,
              active: active == "t",
+             active_pid: pid,
              restart_lsn: restart,
              confirmed_flush_lsn: confirmed,
              wal_status: wal_status
@@ -199,6 +207,15 @@ defmodule Larder.Postgres.Catalog do
   end
 
   defp bytes(_), do: :error
+
+  defp pid_or_nil(nil), do: {:ok, nil}
+
+  defp pid_or_nil(text) do
+    case Integer.parse(text) do
+      {pid, ""} when pid > 0 -> {:ok, pid}
+      _ -> :error
+    end
+  end
 
   defp lsn_or_nil(nil), do: {:ok, nil}
   defp lsn_or_nil(text), do: Protocol.parse_lsn(text)

@@ -43,6 +43,7 @@ defmodule Larder.Postgres.CatalogTest do
              type: "logical",
              database: "postgres",
              active: false,
+             active_pid: nil,
              wal_status: "reserved"
            } = state
 
@@ -50,7 +51,11 @@ defmodule Larder.Postgres.CatalogTest do
     assert state.restart_lsn <= created.consistent_point
 
     {:ok, repl} = Replication.start(repl, "catalog_slot", ["any"], 0)
-    assert {:ok, %{active: true}, conn} = Catalog.slot(conn, "catalog_slot", 10_000)
+
+    assert {:ok, %{active: true, active_pid: pid}, conn} =
+             Catalog.slot(conn, "catalog_slot", 10_000)
+
+    assert pid == repl.conn.backend_pid
     Replication.close(repl)
 
     PostgresServer.wait_until(30_000, "the slot inactive", fn ->
