@@ -20,6 +20,12 @@
 # one going first alternating, and the round's ratio is Ane's time over
 # the Register's (above 1: the Register is faster). Each row prints every
 # round, the median ratio and its spread (the lowest and highest round).
+#
+# Two tables: "runners" replay in one process each (the Register's copies
+# live across the runner's replays), "fresh runners" replay each time in a
+# new process (the copies start empty at every replay, as Ane's handle
+# does). The targets are the issue's: the Register at least 1.2x Ane on
+# every row of both.
 
 alias Larder.Bench
 alias Larder.Register
@@ -74,15 +80,17 @@ rows = [
 ]
 
 columns = if ane?, do: ["Ane", "Register"], else: ["Register"]
-title = "#{runners} runners, 100-integer values, #{n_ops} operations x #{reps} per runner"
-bench = Bench.table(bench, title, columns, anchor: hd(columns), per_op: true)
 
 # One sample: all runners replay the list `reps` times.
 measure = fn run ->
   Bench.measure(run, runs: 1, warmup: 0, parallel: runners, ops: n_ops * reps)
 end
 
-{bench, summary} =
+# One table: every row, Register and Ane in interleaved rounds; returns the
+# bench and, per row, {label, median ratio, lowest, highest}.
+run_table = fn bench, title, run_opts ->
+  bench = Bench.table(bench, title, columns, anchor: hd(columns), per_op: true)
+
   Enum.reduce(rows, {bench, []}, fn {label, size, read_percent}, {bench, summary} ->
     ops =
       Bench.off_heap(
@@ -94,14 +102,14 @@ end
     Work.seed_register(reg, size)
 
     runs = %{
-      "Register" => fn _state, _i -> Work.run_register(reg, ops, reps) end
+      "Register" => fn _state, _i -> Work.run_register(reg, ops, reps, run_opts) end
     }
 
     runs =
       if ane? do
         a = Ane.new(size, read_concurrency: true, write_concurrency: true)
         Work.seed_ane(a, size)
-        Map.put(runs, "Ane", fn _state, _i -> Work.run_ane(a, ops, reps) end)
+        Map.put(runs, "Ane", fn _state, _i -> Work.run_ane(a, ops, reps, run_opts) end)
       else
         runs
       end
@@ -153,26 +161,50 @@ end
 
     {bench, summary}
   end)
-
-IO.puts("\n## Register speed over Ane's (Ane's time / Register's time, per round)")
-
-if ane? do
-  for {label, median, lo, hi} <- summary do
-    IO.puts(
-      "  #{String.pad_trailing(label, 20)} median #{Bench.fmt_ratio(median)}x  " <>
-        "(rounds #{Bench.fmt_ratio(lo)}x-#{Bench.fmt_ratio(hi)}x)"
-    )
-  end
-else
-  IO.puts("  Ane was not measured (no ANE_PATH): only the Register's times above.")
 end
 
+each = "#{runners} runners, 100-integer values, #{n_ops} operations x #{reps} per runner"
+{bench, summary} = run_table.(bench, each, [])
+
+fresh_title =
+  "fresh runners: #{runners} runners, 100-integer values, #{n_ops} operations x #{reps}, " <>
+    "each replay in a new process"
+
+{bench, fresh_summary} = run_table.(bench, fresh_title, fresh: true)
+
+print_summary = fn title, summary ->
+  IO.puts("\n## #{title}: Register speed over Ane's (Ane's time / Register's time, per round)")
+
+  if ane? do
+    for {label, median, lo, hi} <- summary do
+      IO.puts(
+        "  #{String.pad_trailing(label, 20)} median #{Bench.fmt_ratio(median)}x  " <>
+          "(rounds #{Bench.fmt_ratio(lo)}x-#{Bench.fmt_ratio(hi)}x)"
+      )
+    end
+  else
+    IO.puts("  Ane was not measured (no ANE_PATH): only the Register's times above.")
+  end
+end
+
+print_summary.("runners", summary)
+print_summary.("fresh runners", fresh_summary)
 IO.puts("# #{loadavg.()}")
 
 bench =
-  Enum.reduce(summary, bench, fn {label, median, _lo, _hi}, bench ->
-    Bench.target(bench, "#{label}: Register speed over Ane's (median)", median, :>=, 1.0)
-  end)
+  Enum.reduce(
+    Enum.map(summary, &{"", &1}) ++ Enum.map(fresh_summary, &{"fresh runners, ", &1}),
+    bench,
+    fn {table, {label, median, _lo, _hi}}, bench ->
+      Bench.target(
+        bench,
+        "#{table}#{label}: Register speed over Ane's (median)",
+        median,
+        :>=,
+        1.2
+      )
+    end
+  )
 
 Bench.finish(bench)
 Bench.release_off_heap()

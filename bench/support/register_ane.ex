@@ -42,10 +42,32 @@ defmodule Larder.RegisterBench.Ane do
   # the same, so its process-dictionary copies live across replays as
   # Ane's would in a handle kept by the runner. Reads' results are
   # discarded, as in Ane's benchmark.
+  #
+  # With `fresh: true` every replay runs in a new process (started and
+  # awaited by the runner), so the Register's copies start empty at every
+  # replay, as Ane's handle does, and each replay pays a first read of
+  # every key in that process.
 
-  def run_ane(a, ops, reps), do: for(_ <- 1..reps, do: ane_loop(ops, a))
+  def run_ane(a, ops, reps, opts \\ []),
+    do: replays(reps, opts, fn -> ane_loop(ops, a) end)
 
-  def run_register(reg, ops, reps), do: for(_ <- 1..reps, do: register_loop(ops, reg))
+  def run_register(reg, ops, reps, opts \\ []),
+    do: replays(reps, opts, fn -> register_loop(ops, reg) end)
+
+  defp replays(reps, opts, replay) do
+    if Keyword.get(opts, :fresh, false),
+      do: for(_ <- 1..reps, do: in_fresh_process(replay)),
+      else: for(_ <- 1..reps, do: replay.())
+  end
+
+  defp in_fresh_process(fun) do
+    {pid, ref} = spawn_monitor(fun)
+
+    receive do
+      {:DOWN, ^ref, :process, ^pid, :normal} -> :ok
+      {:DOWN, ^ref, :process, ^pid, reason} -> exit(reason)
+    end
+  end
 
   defp ane_loop([{:get, i} | rest], a) do
     {a, _value} = Ane.get(a, i)
