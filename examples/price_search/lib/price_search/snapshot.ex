@@ -157,8 +157,13 @@ defmodule PriceSearch.Snapshot do
   # shape, or raises in binary_to_term: an error like any other bad file.
   # The heap is made big enough for the index first (about a word per two
   # bytes of payload: small integers), so binary_to_term decodes into it
-  # and no collection copies the index to a second heap.
+  # and no collection copies the index to a second heap. `:safe` decodes
+  # only atoms that exist: the index's keys are MapIndex's, which a VM in
+  # interactive mode (`make serve`, `mix run`) has not loaded before its
+  # first call, so it is loaded first; without it every warm start found
+  # its snapshot "damaged" and parsed the CSV again.
   defp decode(payload) do
+    {:module, MapIndex} = Code.ensure_loaded(MapIndex)
     Process.flag(:min_heap_size, div(byte_size(payload), 2))
     :erlang.garbage_collect()
     index = :erlang.binary_to_term(payload, [:safe])
