@@ -77,8 +77,15 @@ defmodule Larder.Replica.Server do
 
     case Larder.Instance.start_link(__MODULE__, args, Larder.Replica, opts[:name]) do
       :ignore ->
+        # The process exits (normal) just after its :ignore reached us:
+        # returned once it is gone, so that its name is free again.
         receive do
-          {^ref, error} -> {:error, error}
+          {^ref, pid, error} ->
+            monitor = Process.monitor(pid)
+
+            receive do
+              {:DOWN, ^monitor, :process, _, _} -> {:error, error}
+            end
         end
 
       other ->
@@ -181,7 +188,7 @@ defmodule Larder.Replica.Server do
   # also send the exit to a linked caller that does not trap).
   defp fail(opts, error) do
     {caller, ref} = opts[:reply_to]
-    send(caller, {ref, error})
+    send(caller, {ref, self(), error})
     :ignore
   end
 
