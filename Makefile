@@ -10,6 +10,8 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 KAFKA := larder_kafka
 BENCHES := $(sort $(wildcard bench/*_bench.exs)) examples/session_registry/sessions_bench.exs
 KAFKA_BENCHES := $(sort $(wildcard $(KAFKA)/bench/*_bench.exs))
+POSTGRES := larder_postgres
+POSTGRES_BENCHES := $(sort $(wildcard $(POSTGRES)/bench/*_bench.exs))
 BENCH_ARGS ?=
 
 .PHONY: setup demo test bench bench-quick bench-http bench-startup serve check format release-check report
@@ -25,11 +27,12 @@ demo: setup
 	cd $(PRICE_SEARCH) && mix compile
 	mix run examples/demo.exs
 	cd $(KAFKA) && mix run ../examples/kafka_demo.exs
+	cd $(POSTGRES) && mix run ../examples/postgres_demo.exs
 
 test: setup
 	mix test
 	cd $(KAFKA) && mix test
-	cd larder_postgres && mix test
+	cd $(POSTGRES) && mix test
 	cd $(PRICE_CATALOGUE) && mix test
 	cd $(PRICE_SEARCH) && mix test
 
@@ -97,6 +100,11 @@ bench: setup
 	  name=$$(basename $$f .exs); \
 	  echo "### $$f"; \
 	  (cd $(KAFKA) && mix run $${f#$(KAFKA)/} --json ../bench/results/$$name.json $(BENCH_ARGS)); \
+	done; \
+	for f in $(POSTGRES_BENCHES); do \
+	  name=$$(basename $$f .exs); \
+	  echo "### $$f"; \
+	  (cd $(POSTGRES) && mix run $${f#$(POSTGRES)/} --json ../bench/results/$$name.json $(BENCH_ARGS)); \
 	done
 
 bench-quick:

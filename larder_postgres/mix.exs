@@ -17,7 +17,11 @@ defmodule LarderPostgres.MixProject do
       elixir: "~> 1.14",
       start_permanent: Mix.env() == :prod,
       elixirc_paths: elixirc_paths(Mix.env()),
-      deps: [larder()],
+      deps: [larder() | price_catalogue()],
+      # The core's test support (compiled here for the bench and the demo)
+      # XADDs prices with eredis (Debian's erlang-redis-client); the library
+      # does not.
+      xref: [exclude: [:eredis]],
       name: "LarderPostgres",
       description:
         "The Postgres logical replication client under a Larder replica of Postgres tables."
@@ -39,6 +43,16 @@ defmodule LarderPostgres.MixProject do
       else: {:larder, path: "../../larder"}
   end
 
+  # The price catalogue (examples/price_catalogue) for the benchmark and
+  # the Postgres demo: only in :dev and :test, so a service that depends on
+  # larder_postgres never fetches it (test/dependency_test.exs checks what
+  # such a project builds), and not declared where it is absent (this
+  # folder fetched alone, sparse).
+  defp price_catalogue do
+    path = Path.expand("../examples/price_catalogue", __DIR__)
+    if File.dir?(path), do: [{:price_catalogue, path: path, only: [:dev, :test]}], else: []
+  end
+
   defp extra_applications(:test), do: [:proper]
   defp extra_applications(_), do: []
 
@@ -48,10 +62,20 @@ defmodule LarderPostgres.MixProject do
   # too, with this package's own (the Postgres server): one support folder
   # per package, nothing loaded from one tree by another.
   @core_support ~w(free_port proper eventually source_conformance partitioned_source replica_log
-                   dependent_app)
+                   dependent_app prices)
 
+  # The bench and the demo (:dev) run on the Postgres server of the test
+  # support, the core's bench harness and price catalogue table, and their
+  # own load (bench/support); :test compiles them too, so that they build.
   defp elixirc_paths(:test),
-    do: ["lib", "test/support"] ++ Enum.map(@core_support, &core("test/support/#{&1}.ex"))
+    do:
+      ["lib", "test/support", "bench/support", core("bench/support/bench.ex")] ++
+        Enum.map(@core_support, &core("test/support/#{&1}.ex"))
+
+  defp elixirc_paths(:dev),
+    do:
+      ["lib", "test/support/postgres_server.ex", "bench/support", core("bench/support/bench.ex")] ++
+        Enum.map(~w(free_port prices), &core("test/support/#{&1}.ex"))
 
   defp elixirc_paths(_), do: ["lib"]
 
