@@ -40,9 +40,10 @@ defmodule Larder.Replica do
 
   ## Applying entries
 
-  `:apply` is called on each entry's fields (a map: for a Redis Stream
-  `%{binary => binary}`, for Kafka see `Larder.Replica.Kafka`), in the
-  log's order (for a topic, each partition's entries in offset order):
+  `:apply` is called on each entry's fields (a term of the source's: for
+  a Redis Stream a map `%{binary => binary}`, for Kafka a `kafka_record`
+  tuple, see `Larder.Replica.Kafka`), in the log's order (for a topic,
+  each partition's entries in offset order):
 
     * `(fields -> ops)`, arity 1 (pure; the fast path), called in the
       replica's reader process, on each batch as it is read (while the

@@ -97,7 +97,8 @@ defmodule Larder.Bench.KafkaLoad do
   end
 
   @doc "The story's apply for a replica into a Larder.Bag."
-  def story_apply(%{"key" => <<k::32>>, "value" => <<v::64>>}), do: {:insert, k, v}
+  def story_apply({:kafka_record, <<k::32>>, <<v::64>>, _headers, _ts, _p, _o}),
+    do: {:insert, k, v}
 
   @doc """
   The consumer's librdkafka configuration: the one Larder.Replica.Kafka
@@ -164,7 +165,9 @@ defmodule Larder.Bench.KafkaLoad do
   @doc "The anchors' insert: each entry decoded as the story's apply does, into an ETS table."
   def ets_insert(tab) do
     fn entries ->
-      rows = for {_id, %{"key" => <<k::32>>, "value" => <<v::64>>}} <- entries, do: {k, v}
+      rows =
+        for {_id, {:kafka_record, <<k::32>>, <<v::64>>, _h, _ts, _p, _o}} <- entries, do: {k, v}
+
       :ets.insert(tab, rows)
     end
   end
@@ -187,9 +190,10 @@ defmodule Larder.Bench.KafkaLoad do
   otherwise PriceCatalogue.Entry.decode/1 decodes the payload
   (raising on a payload of another shape) and the key must be its idx.
   """
-  def price_apply(%{"key" => key, "value" => nil}), do: {:delete, String.to_integer(key)}
+  def price_apply({:kafka_record, key, nil, _headers, _ts, _p, _o}),
+    do: {:delete, String.to_integer(key)}
 
-  def price_apply(%{"key" => key, "value" => value}) do
+  def price_apply({:kafka_record, key, value, _headers, _ts, _p, _o}) do
     {:insert, price} = op = PriceCatalogue.Entry.decode(%{"price" => value})
 
     if Integer.to_string(price.idx) != key,

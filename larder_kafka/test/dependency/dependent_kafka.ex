@@ -5,6 +5,8 @@
 defmodule DependentKafka do
   @moduledoc false
 
+  import Larder.Replica.Kafka, only: [kafka_record: 1]
+
   def run(brokers, topic) do
     children = [
       {Larder.Replica,
@@ -24,9 +26,9 @@ defmodule DependentKafka do
   end
 
   # A record's value is "<currency> <cents>"; no value deletes the key.
-  defp price(%{"key" => sku, "value" => nil}), do: {:delete, sku}
+  defp price(kafka_record(key: sku, value: nil)), do: {:delete, sku}
 
-  defp price(%{"key" => sku, "value" => value}) do
+  defp price(kafka_record(key: sku, value: value)) do
     [currency, cents] = String.split(value, " ")
     {:insert, %{sku: sku, currency: currency, cents: String.to_integer(cents)}}
   end

@@ -19,7 +19,7 @@ defmodule Larder.Replica.Apply do
   the replica's name and telemetry switch for the `:rejected` event.
   """
   @type t :: %__MODULE__{
-          fun: (map() -> term()) | (map(), term() -> term()),
+          fun: (term() -> term()) | (term(), term() -> term()),
           target: Target.t(),
           handle: Target.handle() | nil,
           source: module(),
@@ -40,43 +40,87 @@ defmodule Larder.Replica.Apply do
           {:ok, term(), non_neg_integer(), non_neg_integer()}
           | {:stop, Larder.Error.t(), term()}
 
-  @doc """
-  The reader's work for an arity-1 function: a function from an entry's
-  fields to its `t:result/0` (pure: it runs beside the replica's writes),
-  or nil for an arity-2 function, which runs in a step with the handle.
+  @typedoc """
+  A batch as the reader leaves it for `batch/5` (an arity-1 function ran
+  there): `{:single, ids, ops}` when every entry gave exactly one op (the
+  common case: the ops alone are written, in one go), else `{:entries,
+  [{id, result}]}`.
   """
-  @spec prepare(t()) :: (map() -> result()) | nil
+  @type prepared :: {:single, [term()], [Target.op()]} | {:entries, [{term(), result()}]}
+
+  @doc """
+  The reader's work for an arity-1 function: a function from a batch's
+  entries to its `t:prepared/0` form (pure: it runs beside the replica's
+  writes), or nil for an arity-2 function, which runs in a step with the
+  handle.
+  """
+  @spec prepare(t()) :: ([{term(), term()}] -> prepared()) | nil
   def prepare(%__MODULE__{fun: fun} = apply) when is_function(fun, 1) do
     apply = %{apply | handle: nil}
-    fn fields -> run(apply, fields) end
+    fn entries -> single(entries, apply, [], []) end
   end
 
   def prepare(_apply), do: nil
 
-  @doc """
-  Applies `entries` in order, from `position`: `prepared` entries come
-  from the reader as `{id, result}` (an arity-1 function ran there),
-  others as `{id, fields}`. The position moves by the source's advance/2
-  over each entry done; a whole batch moves it to `position_after`, which
-  may be past the last entry (past a gap of the log: a compacted offset, a
-  transaction marker). An arity-1 function's ops are queued and written in
-  runs; an arity-2 function may write the structure itself, so what is
-  queued is written before each call. If a write raises (an index
-  function), the entries are written again one by one and the one that
-  raises is rejected (an entry whose write raised wrote nothing: a Table
-  write is whole or not done).
-  """
-  @spec batch(t(), [{term(), term()}], term(), term(), boolean()) :: outcome()
-  def batch(apply, entries, position, position_after, prepared) do
-    ctx = %{
-      apply: apply,
-      prepared: prepared,
-      pending: [],
-      done: position,
-      applied: 0,
-      rejected: 0
-    }
+  # While every entry gives one op: the ids and the ops, in two lists (what
+  # the replica's process copies and walks is then the ops alone). At the
+  # first entry that does not, the batch takes the general form.
+  defp single([{id, fields} | rest], apply, ids, ops) do
+    case run(apply, fields) do
+      {:ops, [op]} -> single(rest, apply, [id | ids], [op | ops])
+      result -> {:entries, zip_back(ids, ops, [{id, result} | general(rest, apply)])}
+    end
+  end
 
+  defp single([], _apply, ids, ops), do: {:single, :lists.reverse(ids), :lists.reverse(ops)}
+
+  defp general(entries, apply), do: for({id, fields} <- entries, do: {id, run(apply, fields)})
+
+  defp zip_back([id | ids], [op | ops], acc), do: zip_back(ids, ops, [{id, {:ops, [op]}} | acc])
+  defp zip_back([], [], acc), do: acc
+
+  @doc """
+  Applies `entries` in order, from `position`: a `t:prepared/0` batch
+  when `prepared` (an arity-1 function ran in the reader), else `[{id,
+  fields}]`. The position moves by the source's advance/2 over each entry
+  done; a whole batch moves it to `position_after`, which may be past the
+  last entry (past a gap of the log: a compacted offset, a transaction
+  marker). An arity-1 function's ops are written in runs (a `{:single,
+  ids, ops}` batch in one `Target.write/3`); an arity-2 function may write
+  the structure itself, so what is queued is written before each call. If
+  a write raises (an index function), the entries are written again one
+  by one and the one that raises is rejected (an entry whose write raised
+  wrote nothing: a Table write is whole or not done).
+  """
+  @spec batch(t(), prepared() | [{term(), term()}], term(), term(), boolean()) :: outcome()
+  def batch(apply, {:single, ids, ops}, position, position_after, true) do
+    Target.write(apply.target, apply.handle, ops)
+    {:ok, position_after, length(ids), 0}
+  rescue
+    _ ->
+      queued = zip_single(ids, ops, [])
+      ctx = context(apply, true, position)
+
+      case flush_one_by_one(ctx, queued) do
+        {:ok, ctx} -> {:ok, position_after, ctx.applied, ctx.rejected}
+        stop -> stop
+      end
+  end
+
+  def batch(apply, {:entries, entries}, position, position_after, true),
+    do: batch_entries(apply, entries, position, position_after, true)
+
+  def batch(apply, entries, position, position_after, false),
+    do: batch_entries(apply, entries, position, position_after, false)
+
+  defp zip_single([id | ids], [op | ops], acc), do: zip_single(ids, ops, [{id, [op]} | acc])
+  defp zip_single([], [], acc), do: :lists.reverse(acc)
+
+  defp context(apply, prepared, position),
+    do: %{apply: apply, prepared: prepared, pending: [], done: position, applied: 0, rejected: 0}
+
+  defp batch_entries(apply, entries, position, position_after, prepared) do
+    ctx = context(apply, prepared, position)
     pure = is_function(apply.fun, 1)
 
     result =

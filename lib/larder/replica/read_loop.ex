@@ -52,7 +52,7 @@ defmodule Larder.Replica.ReadLoop do
   """
   @type event ::
           :connected
-          | {:batch, [{term(), map()}], term()}
+          | {:batch, [{term(), term()}], term()}
           | :empty
           | {:trimmed, term()}
           | {:stop, Larder.Error.t()}

@@ -19,9 +19,9 @@ defmodule Larder.Replica.Reader do
   @doc """
   Starts the reader, linked to the caller (the server), reading from
   `position` (which counts as committed). It sends the server
-  `{:replica_batch, reader, entries, position_after}` (`{id, fields}`, or
-  `{id, prepare.(fields)}` given a `prepare` function, called here while
-  the server applies the previous batch; a batch may have no entries when
+  `{:replica_batch, reader, entries, position_after}` (`[{id, fields}]`,
+  or `prepare.(entries)` given a `prepare` function, called here while the
+  server applies the previous batch; a batch may have no entries when
   only the position moved, past a gap of the log), `{:replica_trimmed,
   reader, resume_position}` (and then waits for `{:replica_resume,
   position}`), `{:replica_source_error, reader, error}` on each failed
@@ -202,5 +202,5 @@ defmodule Larder.Replica.Reader do
   defp caught_up(state), do: state
 
   defp prepare(entries, nil), do: entries
-  defp prepare(entries, fun), do: for({id, fields} <- entries, do: {id, fun.(fields)})
+  defp prepare(entries, fun), do: fun.(entries)
 end

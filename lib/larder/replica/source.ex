@@ -1,7 +1,9 @@
 defmodule Larder.Replica.Source do
   @moduledoc """
   The behaviour of a log that a `Larder.Replica` follows, version 3:
-  entries, each an id and a map of fields, read in order from a
+  entries, each an id and its fields (a term of the source's: a map for
+  `Larder.Replica.RedisStream`, a `kafka_record` tuple for
+  `Larder.Replica.Kafka`), read in order from a
   *position*, the replica's place in the log, which its snapshots store.
   `Larder.Replica.RedisStream` (a Redis Stream, whose position is the id of
   the last entry applied), `Larder.Replica.Kafka` (a topic, whose
@@ -180,6 +182,8 @@ defmodule Larder.Replica.Source do
     * A callback of the reader's (above) that raises or returns a value
       the contract does not allow is an error of the source's, counted and
       retried (version 2 crashed the reader, and the replica with it).
+    * An entry's fields are a term of the source's, not necessarily a map
+      (`Larder.Replica.Kafka`'s are `kafka_record` tuples).
   """
 
   @typedoc """
@@ -191,8 +195,14 @@ defmodule Larder.Replica.Source do
   @typedoc "The id of one entry (a stream id; `{partition, offset}`)."
   @type entry_id :: term()
 
+  @typedoc """
+  What `:apply` gets of an entry: a term of the source's, documented by
+  it (a map for a Redis Stream; a `kafka_record` tuple for Kafka).
+  """
+  @type fields :: term()
+
   @typedoc "One entry of the log: its id and its fields."
-  @type entry :: {entry_id(), map()}
+  @type entry :: {entry_id(), fields()}
 
   @typedoc "The source's connection state, private to it and to the process that made it."
   @type conn :: term()

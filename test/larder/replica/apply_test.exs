@@ -43,9 +43,12 @@ defmodule Larder.Replica.ApplyTest do
     prepare = Apply.prepare(apply)
 
     entries =
-      for {id, ops} <- [{1, [put(1, 1), put(2, 2)]}, {2, {:delete, 1}}, {3, :ok}, {4, put(1, 5)}],
-          do: {id, prepare.(%{"ops" => ops})}
+      prepare.(
+        for {id, ops} <- [{1, [put(1, 1), put(2, 2)]}, {2, {:delete, 1}}, {3, :ok}, {4, put(1, 5)}],
+            do: {id, %{"ops" => ops}}
+      )
 
+    assert {:entries, [_, _, _, _]} = entries
     assert Apply.batch(apply, entries, 0, 9, true) == {:ok, 9, 4, 0}
     assert contents(ctx.table) == %{1 => 5, 2 => 2}
   end
@@ -84,7 +87,7 @@ defmodule Larder.Replica.ApplyTest do
 
     apply = %{ctx.apply | fun: fun, on_error: :skip}
     prepare = Apply.prepare(apply)
-    entries = for k <- 1..5, do: {k, prepare.(%{"k" => k})}
+    entries = prepare.(for k <- 1..5, do: {k, %{"k" => k}})
 
     assert Apply.batch(apply, entries, 0, 5, true) == {:ok, 5, 2, 3}
     assert contents(ctx.table) == %{1 => 1, 5 => 5}
@@ -107,7 +110,7 @@ defmodule Larder.Replica.ApplyTest do
 
     apply = %{ctx.apply | fun: fun}
     prepare = Apply.prepare(apply)
-    entries = for k <- 1..5, do: {k, prepare.(%{"k" => k})}
+    entries = prepare.(for k <- 1..5, do: {k, %{"k" => k}})
 
     assert {:stop, %Larder.Error{reason: :apply_failed, details: %{id: 3}}, 2} =
              Apply.batch(apply, entries, 0, 5, true)
@@ -118,9 +121,30 @@ defmodule Larder.Replica.ApplyTest do
   test "a write that raises rejects its entry alone: the others are written", ctx do
     apply = %{ctx.apply | fun: fn %{"k" => k, "v" => v} -> put(k, v) end, on_error: :skip}
     prepare = Apply.prepare(apply)
-    entries = for {k, v} <- [{1, 1}, {2, :bad}, {3, 3}], do: {k, prepare.(%{"k" => k, "v" => v})}
+    entries = prepare.(for {k, v} <- [{1, 1}, {2, :bad}, {3, 3}], do: {k, %{"k" => k, "v" => v}})
 
+    # one op each: the batch's ops are written in one go, then one by one
+    assert {:single, [1, 2, 3], [_, _, _]} = entries
     assert Apply.batch(apply, entries, 0, 3, true) == {:ok, 3, 2, 1}
     assert contents(ctx.table) == %{1 => 1, 3 => 3}
+  end
+
+  test "with on_error: :stop a write that raises stops the batch at its entry", ctx do
+    apply = %{ctx.apply | fun: fn %{"k" => k, "v" => v} -> put(k, v) end}
+    prepare = Apply.prepare(apply)
+    entries = prepare.(for {k, v} <- [{1, 1}, {2, :bad}, {3, 3}], do: {k, %{"k" => k, "v" => v}})
+
+    assert {:stop, %Larder.Error{reason: :apply_failed, details: %{id: 2}}, 1} =
+             Apply.batch(apply, entries, 0, 3, true)
+  end
+
+  test "a batch whose entries give one op each is prepared as its ids and ops", ctx do
+    prepare = Apply.prepare(%{ctx.apply | fun: fn %{"k" => k} -> put(k, k) end})
+
+    assert prepare.(for k <- 1..3, do: {k, %{"k" => k}}) ==
+             {:single, [1, 2, 3], [put(1, 1), put(2, 2), put(3, 3)]}
+
+    assert prepare.([]) == {:single, [], []}
+    assert Apply.batch(ctx.apply, prepare.([]), 0, 7, true) == {:ok, 7, 0, 0}
   end
 end

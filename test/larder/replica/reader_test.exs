@@ -64,10 +64,13 @@ defmodule Larder.Replica.ReaderTest do
   test "a prepare function runs in the reader over each batch" do
     script = S.new()
     S.script(script, :read, [fn conn, 0, _, _ -> {:ok, S.entries(0, 2), 2, conn} end])
-    reader = start(script, prepare: fn fields -> {:prepared, self(), fields["n"]} end)
+    reader =
+      start(script,
+        prepare: fn entries -> {:prepared, self(), for({id, f} <- entries, do: {id, f["n"]})} end
+      )
 
-    assert_receive {:replica_batch, ^reader, entries, 2}
-    assert entries == [{1, {:prepared, reader, 1}}, {2, {:prepared, reader, 2}}]
+    assert_receive {:replica_batch, ^reader, prepared, 2}
+    assert prepared == {:prepared, reader, [{1, 1}, {2, 2}]}
   end
 
   test "a notifying source is read with no wait; once empty, on its notice or after block_ms" do

@@ -4,11 +4,13 @@ defmodule Larder.Replica.Kafka do
   through librdkafka (the `rdkafka` crate's bundled build, in a NIF library
   of its own that is loaded the first time a Kafka source is used).
 
+      import Larder.Replica.Kafka, only: [kafka_record: 1]
+
       {Larder.Replica,
        name: :prices_replica,
        into: {Larder.Table, name: :prices, key: :k, index: [:product]},
        source: {Larder.Replica.Kafka, brokers: ["127.0.0.1:9092"], topic: "prices"},
-       apply: fn %{"key" => k, "value" => v} ->
+       apply: fn kafka_record(key: k, value: v) ->
          if v, do: {:insert, decode(k, v)}, else: {:delete, k}
        end,
        snapshot: "/var/lib/app/prices.snap"}
@@ -55,6 +57,16 @@ defmodule Larder.Replica.Kafka do
       in KiB, `64..1_048_576`, default `16_384`: what the source holds in
       memory ahead of the replica is at most about this times the number
       of partitions.
+    * `:queued_min_messages` - `1..10_000_000`, default `100_000`, and
+      `:fetch_queue_backoff_ms` - `1..1_000`, default `10`: librdkafka
+      fetches a partition again only while its prefetch queue holds fewer
+      than `:queued_min_messages` records (and less than
+      `:queued_max_kbytes`); otherwise it waits `:fetch_queue_backoff_ms`
+      before it looks again. librdkafka's own default wait is 1,000 ms,
+      which idles a catch-up for most of a second each time a partition's
+      queue fills (about half of a 1M-record topic's drain); 10 ms keeps
+      fetching as soon as the replica has taken records, and costs a
+      little CPU when idle.
     * `:max_record_bytes` - the largest record (key, value and headers)
       handed to the replica, `1_024..1_073_741_824`, default `16_777_216`.
       A larger record is not copied: it is skipped and reported by a
@@ -68,16 +80,33 @@ defmodule Larder.Replica.Kafka do
 
   ## Entries
 
-  Each record is an entry `{{partition, offset}, fields}`, with `fields`:
+  Each record is an entry `{{partition, offset}, record}`, and `:apply`
+  gets the `record`, a `kafka_record` (an Erlang record, a tagged tuple):
 
-      %{
-        "key" => binary | nil,
-        "value" => binary | nil,          # nil: a tombstone
-        "headers" => [{name :: binary, binary | nil}],
-        "partition" => non_neg_integer,
-        "offset" => non_neg_integer,
-        "timestamp" => integer | nil      # ms since the epoch
-      }
+      {:kafka_record, key, value, headers, timestamp, partition, offset}
+
+    * `key` - `binary | nil`;
+    * `value` - `binary | nil` (`nil`: a tombstone);
+    * `headers` - `[{name :: binary, binary | nil}]`, `[]` when none;
+    * `timestamp` - `integer | nil`, ms since the epoch;
+    * `partition`, `offset` - non-negative integers.
+
+  Match it with the `kafka_record/1` macro (`import Larder.Replica.Kafka,
+  only: [kafka_record: 1]`), which names the fields you want and leaves
+  out the others, or as the tuple:
+
+      fn kafka_record(key: k, value: nil) -> {:delete, k}
+         kafka_record(key: k, value: v) -> {:insert, decode(k, v)}
+      end
+
+      fn {:kafka_record, k, v, _headers, _timestamp, _partition, _offset} -> ... end
+
+  A tuple rather than a map: the NIF builds one per record, and a map
+  (its keys sorted and checked on every record) cost a catch-up more than
+  reading the record did. A key or value of up to 64 bytes is copied into
+  the reading process's heap, a larger one is a binary of its own: never a
+  part of a larger binary that a value kept in the structure would keep
+  alive.
 
   Records of one partition come in offset order; records of different
   partitions are interleaved as the brokers send them (Kafka orders
@@ -211,7 +240,35 @@ defmodule Larder.Replica.Kafka do
 
   @behaviour Larder.Replica.Source
 
+  require Record
+
   alias Larder.Kafka.Native
+
+  @doc """
+  The record `:apply` gets (see "Entries"): `kafka_record(key: k, value:
+  v)` in a pattern matches `{:kafka_record, k, v, _, _, _, _}`. The fields
+  and their defaults (for building one, in a test): `key: nil, value: nil,
+  headers: [], timestamp: nil, partition: 0, offset: 0`.
+  """
+  Record.defrecord(:kafka_record,
+    key: nil,
+    value: nil,
+    headers: [],
+    timestamp: nil,
+    partition: 0,
+    offset: 0
+  )
+
+  @typedoc "A record of the topic, as `:apply` gets it (see \"Entries\")."
+  @type kafka_record ::
+          record(:kafka_record,
+            key: binary() | nil,
+            value: binary() | nil,
+            headers: [{binary(), binary() | nil}],
+            timestamp: integer() | nil,
+            partition: non_neg_integer(),
+            offset: non_neg_integer()
+          )
 
   @what "Larder.Replica.Kafka"
   @recheck_ms 30_000
@@ -242,6 +299,8 @@ defmodule Larder.Replica.Kafka do
           fetch_max_bytes: {{:integer, 1_048_576, 268_435_456}, 52_428_800},
           max_partition_fetch_bytes: {{:integer, 1_024, 268_435_456}, 4_194_304},
           queued_max_kbytes: {{:integer, 64, 1_048_576}, 16_384},
+          queued_min_messages: {{:integer, 1, 10_000_000}, 100_000},
+          fetch_queue_backoff_ms: {{:integer, 1, 1_000}, 10},
           max_record_bytes: {{:integer, 1_024, 1_073_741_824}, 16_777_216},
           timeout: {{:integer, 100, 600_000}, 10_000}
         ],
@@ -382,6 +441,8 @@ defmodule Larder.Replica.Kafka do
       {"receive.message.max.bytes", Integer.to_string(fetch_max + 1_048_576)},
       {"max.partition.fetch.bytes", Integer.to_string(opts[:max_partition_fetch_bytes])},
       {"queued.max.messages.kbytes", Integer.to_string(opts[:queued_max_kbytes])},
+      {"queued.min.messages", Integer.to_string(opts[:queued_min_messages])},
+      {"fetch.queue.backoff.ms", Integer.to_string(opts[:fetch_queue_backoff_ms])},
       {"fetch.wait.max.ms", "100"},
       {"fetch.error.backoff.ms", "100"},
       {"reconnect.backoff.ms", "50"},

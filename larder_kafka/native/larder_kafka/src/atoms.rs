@@ -19,4 +19,5 @@ rustler::atoms! {
     begin,
     commit,
     abort,
+    kafka_record,
 }

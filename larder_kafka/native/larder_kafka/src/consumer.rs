@@ -3,7 +3,9 @@
 //! commits), polled in batches by `consumer_poll/4` on a dirty I/O
 //! scheduler. The batch is read from librdkafka's consumer queue (every
 //! assigned partition's fetch queue forwards to it) and turned into
-//! Erlang terms here, one `{{partition, offset}, fields}` per record.
+//! Erlang terms here, one `{{partition, offset}, {:kafka_record, key,
+//! value, headers, timestamp, partition, offset}}` per record: tuples, no
+//! map (a map per record was most of a poll's cost).
 //!
 //! Positions are tracked here rather than asked of librdkafka: the next
 //! offset of a partition is the offset after its last record handed out,
@@ -22,6 +24,7 @@ use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use rdkafka::types::RDKafkaRespErr;
+use rustler::types::tuple::make_tuple;
 use rustler::{Binary, Encoder, Env, LocalPid, NewBinary, ResourceArc, Term};
 use std::collections::BTreeMap;
 use std::ffi::CStr;
@@ -548,23 +551,22 @@ fn nif_consumer_logs<'a>(env: Env<'a>, consumer: ResourceArc<Consumer>) -> Term<
     })
 }
 
-struct Keys<'a> {
-    list: [Term<'a>; 6],
+/// The terms every record of a poll shares, made once per poll.
+struct Shared<'a> {
+    /// The record's tag, `:kafka_record`.
+    tag: Term<'a>,
+    nil: Term<'a>,
+    /// `[]`, the headers of a record without any.
+    no_headers: Term<'a>,
 }
 
-/// The fields' keys, made once per poll and shared by every record's map,
-/// in Erlang's term order (so building a map finds them sorted).
-fn key_terms(env: Env) -> Keys {
-    let make = |s: &str| binary(env, s.as_bytes());
-    Keys {
-        list: [
-            make("headers"),
-            make("key"),
-            make("offset"),
-            make("partition"),
-            make("timestamp"),
-            make("value"),
-        ],
+impl<'a> Shared<'a> {
+    fn new(env: Env<'a>) -> Self {
+        Shared {
+            tag: atoms::kafka_record().encode(env),
+            nil: atoms::nil().encode(env),
+            no_headers: Term::list_new_empty(env),
+        }
     }
 }
 
@@ -611,8 +613,7 @@ fn poll<'a>(
     block: Duration,
     cap: usize,
 ) -> Result<Term<'a>, NifError> {
-    let keys = key_terms(env);
-    let nil = atoms::nil().encode(env);
+    let shared = Shared::new(env);
     let deadline = Instant::now() + block;
     let mut entries: Vec<Term<'a>> = Vec::with_capacity(max.min(4096));
     let mut oversize: Vec<(i32, i64, usize)> = Vec::new();
@@ -636,7 +637,7 @@ fn poll<'a>(
         for &m in first.0.iter().chain(rest.0.iter()) {
             // SAFETY: `m` is a live message until `first` and `rest` drop.
             let outcome =
-                unsafe { message(env, state, m, &keys, nil, cap, &mut entries, &mut oversize) };
+                unsafe { message(env, state, m, &shared, cap, &mut entries, &mut oversize) };
             if let Err(err) = outcome {
                 // The records before the error are returned and the error
                 // comes with the next poll.
@@ -668,8 +669,7 @@ unsafe fn message<'a>(
     env: Env<'a>,
     state: &mut State,
     m: *mut rdsys::rd_kafka_message_t,
-    keys: &Keys<'a>,
-    nil: Term<'a>,
+    shared: &Shared<'a>,
     cap: usize,
     entries: &mut Vec<Term<'a>>,
     oversize: &mut Vec<(i32, i64, usize)>,
@@ -677,7 +677,7 @@ unsafe fn message<'a>(
     let msg = &*m;
     match msg.err {
         RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
-            record(env, state, m, keys, nil, cap, entries, oversize);
+            record(env, state, m, shared, cap, entries, oversize);
             Ok(())
         }
         RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
@@ -715,17 +715,19 @@ unsafe fn message<'a>(
     }
 }
 
-/// Copies one record into `{{partition, offset}, fields}`.
+/// Copies one record into `{{partition, offset}, {:kafka_record, key,
+/// value, headers, timestamp, partition, offset}}`: tuples and binaries
+/// only (a key or value of up to 64 bytes is a heap binary, made in the
+/// reading process's heap; a larger one a binary of its own, never a part
+/// of a larger one that it would keep alive).
 ///
 /// # Safety
 /// `message` must be a live message of a live event.
-#[allow(clippy::too_many_arguments)]
 unsafe fn record<'a>(
     env: Env<'a>,
     state: &mut State,
     message: *const rdsys::rd_kafka_message_t,
-    keys: &Keys<'a>,
-    nil: Term<'a>,
+    shared: &Shared<'a>,
     cap: usize,
     entries: &mut Vec<Term<'a>>,
     oversize: &mut Vec<(i32, i64, usize)>,
@@ -767,6 +769,7 @@ unsafe fn record<'a>(
         oversize.push((partition, offset, size));
         return;
     }
+    let nil = shared.nil;
     let mut tstype = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
     let ts = rdsys::rd_kafka_message_timestamp(message, &mut tstype);
     let ts_term = if ts >= 0
@@ -776,23 +779,30 @@ unsafe fn record<'a>(
     } else {
         nil
     };
-    let header_terms: Vec<Term<'a>> = headers
-        .iter()
-        .map(|(n, v)| (binary(env, n), opt_binary(env, *v, nil)).encode(env))
-        .collect();
-    // In the order of `keys`.
-    let values = [
-        header_terms.encode(env),
-        opt_binary(env, key, nil),
-        offset.encode(env),
-        partition.encode(env),
-        ts_term,
-        opt_binary(env, value, nil),
-    ];
-    // The six keys are distinct binaries, so this cannot fail.
-    if let Ok(fields) = Term::map_from_term_arrays(env, &keys.list, &values) {
-        entries.push(((partition, offset), fields).encode(env));
-    }
+    let headers_term = if headers.is_empty() {
+        shared.no_headers
+    } else {
+        let terms: Vec<Term<'a>> = headers
+            .iter()
+            .map(|(n, v)| make_tuple(env, &[binary(env, n), opt_binary(env, *v, nil)]))
+            .collect();
+        terms.encode(env)
+    };
+    let (partition_term, offset_term) = (partition.encode(env), offset.encode(env));
+    let fields = make_tuple(
+        env,
+        &[
+            shared.tag,
+            opt_binary(env, key, nil),
+            opt_binary(env, value, nil),
+            headers_term,
+            ts_term,
+            partition_term,
+            offset_term,
+        ],
+    );
+    let id = make_tuple(env, &[partition_term, offset_term]);
+    entries.push(make_tuple(env, &[id, fields]));
 }
 
 /// The bytes at `ptr`, or None for a null pointer (a null key or value).

@@ -88,15 +88,11 @@ defmodule Larder.Kafka.NativeTest do
     {entries, _} = poll_n(consumer, 30)
     assert length(entries) == 30
 
-    for {{p, o}, fields} <- entries do
+    for {{p, o}, record} <- entries do
       i = o * 3 + p
       {^p, key, value, headers} = Enum.at(records, i)
-      assert fields["partition"] == p and fields["offset"] == o
-      assert fields["key"] == key
-      assert fields["value"] == value
-      assert fields["headers"] == headers
-      assert is_integer(fields["timestamp"])
-      assert map_size(fields) == 6
+      assert {:kafka_record, ^key, ^value, ^headers, timestamp, ^p, ^o} = record
+      assert is_integer(timestamp)
     end
 
     # Records of one partition come in offset order.
@@ -177,7 +173,7 @@ defmodule Larder.Kafka.NativeTest do
     # Not read yet: the queue holds the record, so no wait.
     assert Native.consumer_notify(consumer, self()) == :ready
     {entries, _} = poll_n(consumer, 1)
-    assert [{{1, 0}, %{"value" => "v"}}] = entries
+    assert [{{1, 0}, {:kafka_record, "k", "v", [], _, 1, 0}}] = entries
 
     # A closed consumer is an error value; a remote-looking pid an ArgumentError.
     :ok = Native.consumer_close(consumer)

@@ -215,7 +215,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
         {:ok, _acks} = Native.producer_flush(ctx.producer, 60_000)
         :ok
       end,
-      value: fn fields -> fields["value"] end,
+      value: fn {:kafka_record, _key, value, _headers, _ts, _p, _o} -> value end,
       part: fn {partition, _offset} -> partition end,
       trim: fn ->
         {:ok, ends} = Kafka.latest(Kafka.validate!(opts), 30_000)

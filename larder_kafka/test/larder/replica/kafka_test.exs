@@ -12,6 +12,8 @@ defmodule Larder.Replica.KafkaTest do
   # idempotent: a retry does not reorder).
   use ExUnit.Case, async: false
 
+  import Larder.Replica.Kafka, only: [kafka_record: 1]
+
   alias Larder.Kafka.Native
   alias Larder.Replica
   alias Larder.Test.KafkaBroker
@@ -127,12 +129,12 @@ defmodule Larder.Replica.KafkaTest do
     end)
   end
 
-  def apply_record(%{"key" => k, "value" => nil}), do: {:delete, k}
-  def apply_record(%{"key" => _k, "value" => "poison"}), do: raise("poisoned record")
-  def apply_record(%{"key" => k, "value" => v}), do: {:insert, %{id: k, v: v}}
+  def apply_record(kafka_record(key: k, value: nil)), do: {:delete, k}
+  def apply_record(kafka_record(value: "poison")), do: raise("poisoned record")
+  def apply_record(kafka_record(key: k, value: v)), do: {:insert, %{id: k, v: v}}
 
   # An increment per record: an entry applied twice, or lost, shows.
-  def apply_increment(%{"key" => k, "value" => v}, table) do
+  def apply_increment(kafka_record(key: k, value: v), table) do
     n = String.to_integer(v)
     Table.update(table, k, %{id: k, v: n}, &%{&1 | v: &1.v + n})
   end
