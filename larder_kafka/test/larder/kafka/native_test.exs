@@ -3,6 +3,8 @@ defmodule Larder.Kafka.NativeTest do
   # hostile arguments, and the schedulers its calls run on.
   use ExUnit.Case, async: false
 
+  import Larder.Replica.Kafka, only: [kafka_record: 2]
+
   @moduletag :kafka
 
   alias Larder.Kafka.Native
@@ -117,7 +119,7 @@ defmodule Larder.Kafka.NativeTest do
       consumer = consumer!(ctx)
       :ok = Native.consumer_assign(consumer, topic, [{0, -1}])
       {entries, _} = poll_n(consumer, 500)
-      assert Enum.map(entries, fn {_, f} -> f["value"] end) == values
+      assert Enum.map(entries, fn {_, f} -> kafka_record(f, :value) end) == values
     end
   end
 
@@ -139,7 +141,7 @@ defmodule Larder.Kafka.NativeTest do
     :ok = Native.consumer_assign(consumer, topic, [{0, 6}, {1, 0}])
     {entries, _} = poll_n(consumer, 4)
 
-    assert Enum.map(entries, fn {id, f} -> {id, f["value"]} end) ==
+    assert Enum.map(entries, fn {id, f} -> {id, kafka_record(f, :value)} end) ==
              for(o <- 6..9, do: {{0, o}, "#{o}"})
 
     # The empty partition's position is known from its end-of-partition event.

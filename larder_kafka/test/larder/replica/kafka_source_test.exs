@@ -163,6 +163,8 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
   # the Source contract's conformance suite (on a topic of three
   # partitions per test; a trim is kafka-delete-records).
   use ExUnit.Case, async: false
+
+  import Larder.Replica.Kafka, only: [kafka_record: 2]
   use Larder.Test.SourceConformance, source: Larder.Replica.Kafka
 
   @moduletag :kafka
@@ -300,7 +302,8 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     assert Map.delete(position, :topic_id) == latest
 
     assert Enum.all?(entries, fn {{p, o}, f} ->
-             f["partition"] == p and f["offset"] == o and f["value"] =~ "v"
+             kafka_record(f, :partition) == p and kafka_record(f, :offset) == o and
+               kafka_record(f, :value) =~ "v"
            end)
 
     # Folding advance/2 over the entries reaches the same position.
@@ -340,7 +343,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     # The reader stops at the last stable offset, the transaction's first.
     {:ok, conn} = Kafka.connect(opts)
     {entries, position, conn} = read_to(conn, %{}, %{0 => 1, 1 => 1})
-    assert Enum.map(entries, fn {_, f} -> f["value"] end) == ["before", "before"]
+    assert Enum.map(entries, fn {_, f} -> kafka_record(f, :value) end) == ["before", "before"]
     assert {:ok, [], ^position, conn} = Kafka.read(conn, position, 10, 500)
     refute Kafka.reached?(position, %{0 => 5, 1 => 5})
 
@@ -348,7 +351,7 @@ defmodule Larder.Replica.KafkaSourceBrokerTest do
     :ok = Native.producer_transaction(txn, :commit, 60_000)
     {rest, position, conn} = read_to(conn, position, %{0 => 6, 1 => 6})
 
-    assert Enum.frequencies(Enum.map(rest, fn {_, f} -> f["value"] end)) == %{
+    assert Enum.frequencies(Enum.map(rest, fn {_, f} -> kafka_record(f, :value) end)) == %{
              "txn" => 2,
              "after" => 6
            }
