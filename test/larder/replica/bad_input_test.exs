@@ -72,14 +72,6 @@ defmodule Larder.Replica.BadInputTest do
     run(ctx, {fun, {opts}})
   end
 
-  # A relative :snapshot path that happens to be valid would write in the
-  # project's folder: it goes in the test's own.
-  defp in_dir(ctx, :snapshot, path) when is_binary(path) do
-    if Path.type(path) == :relative, do: Path.join(ctx.dir, path), else: path
-  end
-
-  defp in_dir(_ctx, _key, value), do: value
-
   defp run(ctx, {fun, args}) do
     args =
       args
@@ -126,4 +118,12 @@ defmodule Larder.Replica.BadInputTest do
 
     PropEr.check(property, numtests: 200)
   end
+
+  # A relative :snapshot path that happens to be valid would write in the
+  # project's folder: it goes in the test's own.
+  defp in_dir(ctx, :snapshot, path) when is_binary(path) do
+    if Path.type(path) == :relative, do: Path.join(ctx.dir, path), else: path
+  end
+
+  defp in_dir(_ctx, _key, value), do: value
 end
