@@ -49,8 +49,7 @@ defmodule Demo.Postgres do
       name: :demo_pg_replica,
       into: {Table, Prices.table_opts(name: :demo_pg_prices, store: @store)},
       source:
-        {Replica.Postgres,
-         PostgresServer.options(server, publication: "prices", slot: "demo")},
+        {Replica.Postgres, PostgresServer.options(server, publication: "prices", slot: "demo")},
       apply: &PostgresLoad.apply/1,
       snapshot: Path.join(dir, "prices.snap"),
       snapshot_every: 86_400_000

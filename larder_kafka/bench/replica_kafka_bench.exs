@@ -255,7 +255,10 @@ defmodule Larder.ReplicaKafkaBench do
          insert = fn entries ->
            Bag.insert_many(
              b,
-             for({_id, {:kafka_record, <<k::32>>, <<v::64>>, _h, _ts, _p, _o}} <- entries, do: {k, v})
+             for(
+               {_id, {:kafka_record, <<k::32>>, <<v::64>>, _h, _ts, _p, _o}} <- entries,
+               do: {k, v}
+             )
            )
          end
 

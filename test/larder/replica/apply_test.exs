@@ -44,7 +44,12 @@ defmodule Larder.Replica.ApplyTest do
 
     entries =
       prepare.(
-        for {id, ops} <- [{1, [put(1, 1), put(2, 2)]}, {2, {:delete, 1}}, {3, :ok}, {4, put(1, 5)}],
+        for {id, ops} <- [
+              {1, [put(1, 1), put(2, 2)]},
+              {2, {:delete, 1}},
+              {3, :ok},
+              {4, put(1, 5)}
+            ],
             do: {id, %{"ops" => ops}}
       )
 

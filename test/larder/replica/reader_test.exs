@@ -64,6 +64,7 @@ defmodule Larder.Replica.ReaderTest do
   test "a prepare function runs in the reader over each batch" do
     script = S.new()
     S.script(script, :read, [fn conn, 0, _, _ -> {:ok, S.entries(0, 2), 2, conn} end])
+
     reader =
       start(script,
         prepare: fn entries -> {:prepared, self(), for({id, f} <- entries, do: {id, f["n"]})} end
