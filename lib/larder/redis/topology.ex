@@ -74,6 +74,8 @@ defmodule Larder.Redis.Topology do
 
   # Longest wait for a manager to start, beyond its connections' timeouts.
   @init_timeout 5_000
+  # How long stop_linked/1 waits for each process before it kills it.
+  @stop_ms 5_000
 
   @type t :: %{
           required(:table) => :ets.tid(),
@@ -225,6 +227,35 @@ defmodule Larder.Redis.Topology do
   end
 
   def relocate?(_other), do: false
+
+  @doc """
+  Stops processes a topology's manager started (linked) and returns once
+  they are gone: each is unlinked and sent a `:shutdown` exit (a pool
+  stops its connections first, a pub/sub connection at once), and killed
+  if it is still alive 5 s (`@stop_ms`) later.
+  """
+  @spec stop_linked([pid()]) :: :ok
+  def stop_linked(pids) do
+    refs =
+      for pid <- pids do
+        Process.unlink(pid)
+        ref = Process.monitor(pid)
+        Process.exit(pid, :shutdown)
+        {pid, ref}
+      end
+
+    for {pid, ref} <- refs do
+      receive do
+        {:DOWN, ^ref, :process, _, _} -> :ok
+      after
+        @stop_ms ->
+          Process.exit(pid, :kill)
+          receive do: ({:DOWN, ^ref, :process, _, _} -> :ok)
+      end
+    end
+
+    :ok
+  end
 
   @doc "How many command connections of the topology have ended."
   @spec ended_connections(t()) :: non_neg_integer()

@@ -49,7 +49,7 @@ defmodule Larder.Redis.Topology.Cluster do
   require Logger
 
   alias Larder.Backoff
-  alias Larder.Redis.{Cluster, Pool, PubSub, Socket, Table, Tracking}
+  alias Larder.Redis.{Cluster, Pool, PubSub, Socket, Table, Topology, Tracking}
 
   # The largest CLUSTER SLOTS reply read (16,384 one-slot ranges with a
   # few replicas each fit).
@@ -62,7 +62,6 @@ defmodule Larder.Redis.Topology.Cluster do
   @sub_max_wait_ms 2_000
   @watch_ms 100
   # The longest a process of the manager takes to stop before it is killed.
-  @stop_ms 5_000
 
   @doc """
   The master of `key`'s slot, from the `CLUSTER SLOTS` of the first of
@@ -305,32 +304,7 @@ defmodule Larder.Redis.Topology.Cluster do
   # once its connections are).
   defp stop_all(state) do
     pids = [state.chan | Map.keys(state.pool_nodes) ++ Map.keys(state.tsub_nodes)]
-    stop_linked(for pid <- pids, is_pid(pid), do: pid)
-  end
-
-  # Stops the processes the manager started (linked) and returns once they
-  # are gone: a pool once its connections are (a pub/sub connection at
-  # once), within @stop_ms, then killed.
-  defp stop_linked(pids) do
-    refs =
-      for pid <- pids do
-        Process.unlink(pid)
-        ref = Process.monitor(pid)
-        Process.exit(pid, :shutdown)
-        {pid, ref}
-      end
-
-    for {pid, ref} <- refs do
-      receive do
-        {:DOWN, ^ref, :process, _, _} -> :ok
-      after
-        @stop_ms ->
-          Process.exit(pid, :kill)
-          receive do: ({:DOWN, ^ref, :process, _, _} -> :ok)
-      end
-    end
-
-    :ok
+    Topology.stop_linked(for pid <- pids, is_pid(pid), do: pid)
   end
 
   ## The slot map

@@ -42,11 +42,10 @@ defmodule Larder.Redis.Topology.Server do
 
   require Logger
 
-  alias Larder.Redis.{Pool, PubSub, Sentinel, Socket, Table, Tracking}
+  alias Larder.Redis.{Pool, PubSub, Sentinel, Socket, Table, Topology, Tracking}
 
   @watch_ms 100
   # The longest a process of the manager takes to stop before it is killed.
-  @stop_ms 5_000
   @park_ms 5_000
   @sub_max_wait_ms 2_000
 
@@ -216,32 +215,7 @@ defmodule Larder.Redis.Topology.Server do
   @impl true
   def terminate(_reason, state) do
     pids = [state.pubsub, state.pool | Map.keys(state.watchers)]
-    stop_linked(for pid <- pids, is_pid(pid), do: pid)
-  end
-
-  # Stops the processes the manager started (linked) and returns once they
-  # are gone: a pool once its connections are (a pub/sub connection at
-  # once), within @stop_ms, then killed.
-  defp stop_linked(pids) do
-    refs =
-      for pid <- pids do
-        Process.unlink(pid)
-        ref = Process.monitor(pid)
-        Process.exit(pid, :shutdown)
-        {pid, ref}
-      end
-
-    for {pid, ref} <- refs do
-      receive do
-        {:DOWN, ^ref, :process, _, _} -> :ok
-      after
-        @stop_ms ->
-          Process.exit(pid, :kill)
-          receive do: ({:DOWN, ^ref, :process, _, _} -> :ok)
-      end
-    end
-
-    :ok
+    Topology.stop_linked(for pid <- pids, is_pid(pid), do: pid)
   end
 
   defp role(pid, state) do
