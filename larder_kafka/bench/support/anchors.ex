@@ -29,6 +29,7 @@ defmodule Larder.Bench.Anchors do
   # target/ (the NIF links these two static libraries).
   @rdkafka "target/release/build/rdkafka-sys-*/out/src/librdkafka.a"
   @zstd "target/release/build/zstd-sys-*/out/libzstd.a"
+  @build_hint "build the NIF crate first: mix compile"
 
   @typedoc """
   What a drain reports: records read, what it kept (the C drain and Java's
@@ -55,8 +56,8 @@ defmodule Larder.Bench.Anchors do
     out = Path.join([@crate, "target", "bench", "librdkafka_drain"])
 
     with {:ok, cc} <- executable("cc"),
-         {:ok, rdkafka} <- newest(Path.join(@crate, @rdkafka)),
-         {:ok, zstd} <- newest(Path.join(@crate, @zstd)) do
+         {:ok, rdkafka} <- newest(Path.join(@crate, @rdkafka), @build_hint),
+         {:ok, zstd} <- newest(Path.join(@crate, @zstd), @build_hint) do
       if stale?(out, [@c_source, rdkafka, zstd]) do
         File.mkdir_p!(Path.dirname(out))
         # Built beside, then renamed: never a half-written executable.
@@ -93,7 +94,7 @@ defmodule Larder.Bench.Anchors do
 
     with {:ok, javac} <- executable("javac"),
          {:ok, java} <- executable("java"),
-         {:ok, _jar} <- newest(Path.join(libs, "kafka-clients-*.jar")) do
+         {:ok, _jar} <- newest(Path.join(libs, "kafka-clients-*.jar"), "run scripts/setup") do
       drain = %{java: java, classpath: "#{classes}:#{libs}/*"}
       class = Path.join(classes, "KafkaDrain.class")
 
@@ -207,9 +208,9 @@ defmodule Larder.Bench.Anchors do
     end
   end
 
-  defp newest(pattern) do
+  defp newest(pattern, hint) do
     case Path.wildcard(pattern) do
-      [] -> {:error, "nothing matches #{pattern} (build the NIF crate first: mix compile)"}
+      [] -> {:error, "nothing matches #{pattern} (#{hint})"}
       paths -> {:ok, Enum.max_by(paths, &File.stat!(&1, time: :posix).mtime)}
     end
   end
