@@ -12,37 +12,53 @@
 #
 # Every reader of a topic here reads at the replica's fetch settings (its
 # default options' librdkafka configuration, Larder.Replica.Kafka's
-# librdkafka_config/1; Java's consumer at the same fetch sizes, wait and
-# isolation level, see bench/support/anchors.ex). Each section runs its
-# contenders in interleaved rounds (round i starts with the i-th column, so
-# a change of the machine's load hits every column alike) and prints the
-# load average before and after. Measured, each against anchors of the
-# same run:
+# librdkafka_config/1, which KafkaLoad.consumer_config/1 returns; Java's
+# consumer at the same fetch sizes, wait and isolation level, see
+# bench/support/anchors.ex). Each section runs its contenders in
+# interleaved rounds (round i starts with the i-th column, so a change of
+# the machine's load hits every column alike) and prints the load average
+# before and after. A contender that opens a consumer (the NIF loops, C,
+# Java) is timed from the consumer's creation to its last record, the
+# close excluded (the C and Java programs time themselves: a JVM's start
+# is not counted, its class loading and JIT warm-up are, a fresh JVM each
+# round); a replica from start_link/1 to await(:latest); the floors from
+# memory; setup and teardown (an empty table's creation before a floor or
+# insert_many/2, its drop, the replica's kill) are not timed. Each timed
+# call runs in a process of its own, whose heap holds only its own work.
+# Each table has a second row, the CPU time over the same span: the OS
+# process's, every thread (the VM's: its schedulers, their busy wait, and
+# librdkafka's threads; the JVM's: its compiler and collector). Measured,
+# each against anchors of the same run:
 #   * the story's sync at start-up: 1M records over 10k keys (about 100
 #     distinct values per key) from an 8-partition topic.
 #       - Drained, no structure: librdkafka alone (a C program built from
-#         the NIF crate's own librdkafka, bench/support/librdkafka_drain.c),
-#         Larder's NIF consumer polled 1,000 records at a time (the raw
-#         loop: the replica's read, no apply, no structure), Java's
-#         KafkaConsumer (bench/support/KafkaDrain.java). Target: the raw
-#         loop within 1.3x of C.
-#       - Into a structure: the floor, decoding the records already in
-#         memory (as the NIF read them) and inserting them with
-#         Larder.Bag.insert_many/2 in batches of 1,000; the NIF loop into
-#         an ETS :duplicate_bag and an ETS :bag; Java's KafkaConsumer into
-#         a HashMap of lists; the replica into a Larder.Bag, start_link/1 to
-#         await(:latest). Targets: the replica within 1.25x of the floor,
-#         at least 684k records/s (4x the 171k/s of a Kafka Streams
-#         GlobalKTable restore measured for issue 37), within 1.5x of the
-#         :duplicate_bag loop, at least 5x faster than the :bag loop;
+#         the NIF crate's own librdkafka, bench/support/librdkafka_drain.c:
+#         each record's bytes summed), Larder's NIF consumer polled 1,000
+#         records at a time (the raw loop: the replica's read, no apply,
+#         no structure), Java's KafkaConsumer (bench/support/KafkaDrain.java:
+#         each record's bytes summed). Target: the raw loop within 1.3x of
+#         C.
+#       - Into a structure: the floor, the records already in memory
+#         exactly as the NIF hands them to the apply (read once with the
+#         NIF consumer before the rounds), decoded by the story's apply and
+#         inserted with Larder.Bag.insert_many/2 in batches of 1,000; the
+#         NIF loop into an ETS :duplicate_bag and an ETS :bag; Java's
+#         KafkaConsumer into a HashMap of lists; the replica into a
+#         Larder.Bag, start_link/1 to await(:latest). Targets: the replica
+#         within 1.25x of the floor, at least 684k records/s (4x the
+#         171k/s of a Kafka Streams GlobalKTable restore measured for issue
+#         37), within 1.5x of the :duplicate_bag loop, at least 5x faster
+#         than the :bag loop;
 #   * catch-up from zero: the 487,200-price catalogue (../shared/data, or
 #     CATALOGUE_DIR; the generated catalogue of the same shape when absent)
 #     from an 8-partition topic into a `store:` Table, start_link/1 to
-#     await(:latest), against the floor (the records in memory as read,
-#     decoded, then one Larder.Table.insert_many/2), insert_many/2 of the
-#     catalogue's prices (already decoded, in idx order), librdkafka alone
-#     and Java's KafkaConsumer into a HashMap. Targets: within 1.3x of the
-#     floor, within 1.5x of insert_many/2, at least 300k records/s;
+#     await(:latest), against the floor (the records in memory as the NIF
+#     read them, decoded by the same KafkaLoad.price_apply/1, then one
+#     Larder.Table.insert_many/2), insert_many/2 of the catalogue's prices
+#     (already decoded, in idx order), librdkafka alone and Java's
+#     KafkaConsumer into a HashMap (key text to value bytes, not decoded).
+#     Targets: within 1.3x of the floor, within 1.5x of insert_many/2, at
+#     least 300k records/s;
 #   * restart from a snapshot of the whole catalogue, then 10,000 new
 #     records: start_link/1 to await(:latest). Target: 0.5 s;
 #   * lag under a producer of 10,000 records/s (a batch every 10 ms, each
@@ -70,11 +86,12 @@
 # SECTIONs (story, catch_up, restart, lag, kill) run only those (the topics
 # are filled all the same); without any, all of them.
 # --quick: 50,000 prices, a 200,000-record story over 2,000 keys, one round
-# each (no ETS :bag loop), a 2 s producer.
+# each, a 2 s producer. Where cc, javac or the Kafka jars are missing, the
+# C or Java anchor is left out, with a line saying why.
 
 defmodule Larder.ReplicaKafkaBench do
   alias Larder.{Bag, Bench, Replica, Table}
-  alias Larder.Bench.KafkaLoad
+  alias Larder.Bench.{Anchors, KafkaLoad}
   alias Larder.Test.KafkaBroker
   alias Larder.Test.Prices
 
@@ -141,6 +158,8 @@ defmodule Larder.ReplicaKafkaBench do
     )
 
     ctx = %{
+      c_drain: anchor(Anchors.c_drain(), "librdkafka alone (C)"),
+      java_drain: anchor(Anchors.java_drain(), "Java's KafkaConsumer"),
       bootstrap: bootstrap,
       producer: producer,
       prices: prices,
@@ -165,6 +184,15 @@ defmodule Larder.ReplicaKafkaBench do
     |> Enum.filter(fn {name, _} -> only == [] or name in only end)
     |> Enum.reduce(bench, fn {_name, section}, bench -> section.(bench, ctx) end)
     |> Bench.finish()
+  end
+
+  # An outside anchor's program, or nil: its columns are left out, with a
+  # line saying why.
+  defp anchor({:ok, drain}, _what), do: drain
+
+  defp anchor({:error, why}, what) do
+    IO.puts("#{what}: anchor skipped (#{why})")
+    nil
   end
 
   defp source(ctx, topic), do: {Larder.Replica.Kafka, brokers: [ctx.bootstrap], topic: topic}
@@ -196,40 +224,79 @@ defmodule Larder.ReplicaKafkaBench do
   def catch_up(bench, ctx) do
     n = length(ctx.prices)
     title = "Catch-up from zero: #{n} prices from #{@partitions} partitions into a store: Table"
+    label = "#{n} records"
+    floor = "floor: decode + insert_many/2"
     anchor = "Table.insert_many/2"
+    c = "librdkafka alone (C)"
+    java = "Java into a HashMap"
     col = "Replica, start to await(:latest)"
 
-    insert_many = fn ->
-      table = Table.new(Prices.table_opts(store: @store))
-      :ok = Table.insert_many(table, ctx.prices)
-      Table.drop(table)
-    end
+    # The records as the NIF hands them to the apply, read once. The
+    # columns' functions hold nothing larger than a few terms: each runs in
+    # a process of its own, spawned within its time, and a term held in
+    # :persistent_term is not copied there.
+    records = Bench.off_heap(:prices_floor, read_records(ctx, @prices, n))
+    prices = Bench.off_heap(:prices, ctx.prices)
+    opts = price_opts(ctx)
 
-    replica = fn ->
-      pid = start!(price_opts(ctx))
-      :ok = Replica.await(pid, :latest, :infinity)
-      n = Table.size(:bench_prices)
-      kill(pid)
-      n
-    end
+    columns = [
+      {floor,
+       %{
+         setup: fn -> Table.new(Prices.table_opts(store: @store)) end,
+         run: fn table ->
+           prices =
+             Enum.map(records, fn record ->
+               {:insert, price} = KafkaLoad.price_apply(record)
+               price
+             end)
+
+           :ok = Table.insert_many(table, prices)
+         end,
+         teardown: fn table, _ -> Table.drop(table) end
+       }},
+      {anchor,
+       %{
+         setup: fn -> Table.new(Prices.table_opts(store: @store)) end,
+         run: fn table -> :ok = Table.insert_many(table, prices) end,
+         teardown: fn table, _ -> Table.drop(table) end
+       }},
+      c_column(ctx, c, @prices, n),
+      java_column(ctx, java, "map", @prices, n),
+      {col,
+       %{
+         run: fn _ ->
+           pid = start!(opts)
+           :ok = Replica.await(pid, :latest, :infinity)
+           ^n = Table.size(:bench_prices)
+           pid
+         end,
+         teardown: fn _, pid -> kill(pid) end
+       }}
+    ]
+
+    results = rounds(columns, Bench.pick(bench, 1, 3), n)
+    Bench.release_off_heap()
 
     bench =
       bench
-      |> Bench.table(title, [anchor, col], per_op: true)
-      |> Bench.row("#{n} records", %{anchor => insert_many, col => replica},
-        runs: Bench.pick(bench, 1, 3),
-        warmup: 0,
-        ops: n,
-        interleave: true
-      )
+      |> Bench.table(title, [floor, anchor, c, java, col], per_op: true)
+      |> Bench.row(label, walls(results))
+      |> Bench.row("CPU time", cpus(results))
 
-    result = Bench.result(bench, title, "#{n} records", col)
+    result = Bench.result(bench, title, label, col)
+    insert_many = Bench.result(bench, title, label, anchor)
 
     bench
     |> Bench.target("catch-up from zero (records/s)", result.ops_per_s, :>=, 300_000)
     |> Bench.target(
+      "catch-up / floor: decode + one insert_many/2 (x)",
+      Bench.ratio(bench, title, label, col),
+      :<=,
+      1.3
+    )
+    |> Bench.target(
       "catch-up / insert_many/2 of the same records (x)",
-      Bench.ratio(bench, title, "#{n} records", col),
+      result.median_us / insert_many.median_us,
       :<=,
       1.5
     )
@@ -237,75 +304,235 @@ defmodule Larder.ReplicaKafkaBench do
 
   def story_sync(bench, ctx) do
     n = length(ctx.story)
+    drained = "The story drained: #{n} records from #{@partitions} partitions, no structure"
     title = "The story's sync: #{n} records over #{ctx.keys} keys from #{@partitions} partitions"
+    c = "librdkafka alone (C)"
+    raw = "NIF loop, no apply"
+    java = "Java KafkaConsumer"
+    floor = "floor: decode + Bag.insert_many"
     dup = "ETS :duplicate_bag"
     bag = "ETS :bag"
-    loop = "Larder.Bag, same loop"
+    java_map = "Java into a HashMap of lists"
     col = "Replica into a Larder.Bag"
     label = "start to every partition's end"
 
+    # The records as the NIF hands them to the apply, read once, in
+    # batches of 1,000 (off the heap, as in catch_up/2).
+    chunks =
+      Bench.off_heap(:story_floor, ctx |> read_records(@story, n) |> Enum.chunk_every(1_000))
+
+    bootstrap = ctx.bootstrap
+    source = source(ctx, @story)
+
     ets = fn type ->
-      {fn tab ->
-         ^n = KafkaLoad.consume_all(ctx.bootstrap, @story, 1_000, KafkaLoad.ets_insert(tab))
-       end, setup: fn -> :ets.new(:story, [type, :public]) end, teardown: &:ets.delete/1}
+      %{
+        setup: fn -> :ets.new(:story, [type, :public]) end,
+        run: fn tab ->
+          %{records: ^n} = report = KafkaLoad.drain(bootstrap, @story, 1_000, nil, ets_fold(tab))
+
+          report
+        end,
+        teardown: fn tab, _ -> :ets.delete(tab) end
+      }
     end
 
-    bag_loop =
-      {fn b ->
-         insert = fn entries ->
-           Bag.insert_many(
-             b,
-             for(
-               {_id, {:kafka_record, <<k::32>>, <<v::64>>, _h, _ts, _p, _o}} <- entries,
-               do: {k, v}
-             )
-           )
+    columns = [
+      c_column(ctx, c, @story, n),
+      {raw,
+       %{
+         run: fn _ ->
+           %{records: ^n} =
+             report = KafkaLoad.drain(bootstrap, @story, 1_000, nil, fn _, nil -> nil end)
+
+           report
          end
+       }},
+      java_column(ctx, java, "drain", @story, n),
+      {floor,
+       %{
+         setup: fn -> Bag.new() end,
+         run: fn b ->
+           Enum.each(chunks, fn chunk ->
+             Bag.insert_many(
+               b,
+               Enum.map(chunk, fn record ->
+                 {:insert, k, v} = KafkaLoad.story_apply(record)
+                 {k, v}
+               end)
+             )
+           end)
 
-         ^n = KafkaLoad.consume_all(ctx.bootstrap, @story, 1_000, insert)
-       end, setup: fn -> Bag.new() end, teardown: &Bag.drop/1}
+           ^n = Bag.size(b)
+         end,
+         teardown: fn b, _ -> Bag.drop(b) end
+       }},
+      {dup, ets.(:duplicate_bag)},
+      {bag, ets.(:bag)},
+      java_column(ctx, java_map, "story", @story, n),
+      {col,
+       %{
+         run: fn _ ->
+           pid =
+             start!(
+               name: :bench_story,
+               into: {Bag, name: :bench_story_bag},
+               source: source,
+               apply: &KafkaLoad.story_apply/1
+             )
 
-    replica = fn ->
-      pid =
-        start!(
-          name: :bench_story,
-          into: {Bag, name: :bench_story_bag},
-          source: source(ctx, @story),
-          apply: &KafkaLoad.story_apply/1
-        )
+           :ok = Replica.await(pid, :latest, :infinity)
+           ^n = Bag.size(:bench_story_bag)
+           pid
+         end,
+         teardown: fn _, pid -> kill(pid) end
+       }}
+    ]
 
-      :ok = Replica.await(pid, :latest, :infinity)
-      ^n = Bag.size(:bench_story_bag)
-      kill(pid)
-    end
+    results = rounds(columns, Bench.pick(bench, 1, 3), n)
+    Bench.release_off_heap()
 
     bench =
       bench
-      |> Bench.table(title, [dup, bag, loop, col], anchor: dup)
-      |> Bench.row(
-        label,
-        %{dup => ets.(:duplicate_bag), bag => ets.(:bag), loop => bag_loop, col => replica},
-        runs: Bench.pick(bench, 1, 3),
-        warmup: 0,
-        interleave: true
-      )
+      |> Bench.table(drained, [c, raw, java])
+      |> Bench.row(label, walls(results))
+      |> Bench.row("CPU time", cpus(results))
+      |> Bench.table(title, [floor, dup, bag, java_map, col])
+      |> Bench.row(label, walls(results))
+      |> Bench.row("CPU time", cpus(results))
 
-    replica_us = Bench.result(bench, title, label, col).median_us
+    replica = Bench.result(bench, title, label, col)
+    dup_us = Bench.result(bench, title, label, dup).median_us
     bag_us = Bench.result(bench, title, label, bag).median_us
 
     bench
     |> Bench.target(
+      "story drain: NIF loop / librdkafka alone (x)",
+      Bench.ratio(bench, drained, label, raw),
+      :<=,
+      1.3
+    )
+    |> Bench.target(
+      "story sync: Replica into a Bag / floor (x)",
+      Bench.ratio(bench, title, label, col),
+      :<=,
+      1.25
+    )
+    |> Bench.target("story sync (records/s)", replica.ops_per_s, :>=, 684_000)
+    |> Bench.target(
       "story sync: ETS :bag / Replica into a Bag (x faster)",
-      bag_us / replica_us,
+      bag_us / replica.median_us,
       :>=,
       5
     )
     |> Bench.target(
       "story sync: Replica into a Bag / ETS :duplicate_bag (x)",
-      Bench.ratio(bench, title, label, col),
+      replica.median_us / dup_us,
       :<=,
       1.5
     )
+  end
+
+  # The story's decode into an ETS table, as the NIF loop's fold.
+  defp ets_fold(tab) do
+    insert = KafkaLoad.ets_insert(tab)
+
+    fn entries, nil ->
+      insert.(entries)
+      nil
+    end
+  end
+
+  # Every record of `topic` (n of them) as the NIF consumer hands them to
+  # an apply, read once before the timed rounds.
+  defp read_records(ctx, topic, n) do
+    %{records: ^n, acc: polls} =
+      KafkaLoad.drain(ctx.bootstrap, topic, 1_000, [], fn entries, acc ->
+        [Enum.map(entries, fn {_id, record} -> record end) | acc]
+      end)
+
+    polls |> Enum.reverse() |> Enum.concat()
+  end
+
+  # The C drain of `topic` as a column, or nothing (the anchor skipped,
+  # said once when the run started).
+  defp c_column(%{c_drain: nil}, _name, _topic, _n), do: []
+
+  defp c_column(ctx, name, topic, n) do
+    exe = ctx.c_drain
+    config = KafkaLoad.consumer_config(ctx.bootstrap)
+    {name, %{run: fn _ -> drained(Anchors.run_c(exe, topic, config), name, n) end}}
+  end
+
+  defp java_column(%{java_drain: nil}, _name, _mode, _topic, _n), do: []
+
+  defp java_column(ctx, name, mode, topic, n) do
+    java = ctx.java_drain
+    config = KafkaLoad.consumer_config(ctx.bootstrap)
+    {name, %{run: fn _ -> drained(Anchors.run_java(java, mode, topic, config), name, n) end}}
+  end
+
+  defp drained(%{records: n} = report, _name, n), do: report
+  defp drained(%{records: read}, name, n), do: raise("#{name} read #{read} of #{n} records")
+
+  # Runs `columns` ([{name, column}], nested lists flattened) in `runs`
+  # interleaved rounds (round i starts with the i-th column) and returns
+  # `%{name => {wall, cpu}}`, each summarized over `ops` records. A column
+  # is a map: `:run` (`state -> returned`), timed; `:setup` (`-> state`)
+  # and `:teardown` (`state, returned -> any`), untimed. A `:run` that
+  # returns a report (`%{wall_us:, cpu_us:}`: a contender that times
+  # itself, from its consumer's creation to its last record) is taken at
+  # its word; otherwise the call's wall time, and the VM's CPU time over
+  # it, are the sample. `:run` runs in a process of its own: in this one,
+  # each collection would copy the topics' records that it holds.
+  defp rounds(columns, runs, ops) do
+    columns = List.flatten(columns)
+    IO.puts("\nload average before: #{load_average()}")
+
+    samples =
+      for round <- 0..(runs - 1), {name, column} <- rotate(columns, round) do
+        {name, sample(column)}
+      end
+
+    IO.puts("load average after: #{load_average()}")
+
+    Map.new(columns, fn {name, _} ->
+      mine = for {^name, sample} <- samples, do: sample
+
+      {name,
+       {Bench.summarize(Enum.map(mine, & &1.wall_us), ops, 1),
+        Bench.summarize(Enum.map(mine, & &1.cpu_us), ops, 1)}}
+    end)
+  end
+
+  defp sample(column) do
+    state = if setup = column[:setup], do: setup.()
+    :erlang.garbage_collect()
+    cpu0 = KafkaLoad.cpu_us()
+    t0 = System.monotonic_time(:microsecond)
+    returned = Task.await(Task.async(fn -> column.run.(state) end), :infinity)
+    wall = System.monotonic_time(:microsecond) - t0
+    cpu = KafkaLoad.cpu_us() - cpu0
+    if teardown = column[:teardown], do: teardown.(state, returned)
+
+    case returned do
+      %{wall_us: wall, cpu_us: cpu} -> %{wall_us: wall, cpu_us: cpu}
+      _ -> %{wall_us: wall, cpu_us: cpu}
+    end
+  end
+
+  defp rotate(list, n) do
+    {front, back} = Enum.split(list, rem(n, length(list)))
+    back ++ front
+  end
+
+  defp walls(results), do: Map.new(results, fn {name, {wall, _cpu}} -> {name, wall} end)
+  defp cpus(results), do: Map.new(results, fn {name, {_wall, cpu}} -> {name, cpu} end)
+
+  defp load_average do
+    case File.read("/proc/loadavg") do
+      {:ok, text} -> text |> String.split(" ") |> Enum.take(3) |> Enum.join(" ")
+      {:error, _} -> "unknown"
+    end
   end
 
   def restart(bench, ctx) do

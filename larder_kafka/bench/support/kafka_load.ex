@@ -102,27 +102,16 @@ defmodule Larder.Bench.KafkaLoad do
 
   @doc """
   The consumer's librdkafka configuration: the one Larder.Replica.Kafka
-  builds from its default options (read committed, 50 MB fetches, 4 MB per
-  partition, 16 MB prefetch per partition, 100 ms fetch wait), so that the
-  ETS anchors read exactly as the replica does.
+  builds from its default options (`librdkafka_config/1` of the validated
+  `brokers: [bootstrap]`), so that every anchor reads exactly as the
+  replica does (read committed, 50 MB fetches, 4 MB per partition, 16 MB
+  prefetch per partition refilled below 100,000 records with a 10 ms
+  backoff, 100 ms fetch wait).
   """
   def consumer_config(bootstrap) do
-    [
-      {"bootstrap.servers", bootstrap},
-      {"client.id", "larder"},
-      {"isolation.level", "read_committed"},
-      {"fetch.max.bytes", "52428800"},
-      {"receive.message.max.bytes", "53477376"},
-      {"max.partition.fetch.bytes", "4194304"},
-      {"queued.max.messages.kbytes", "16384"},
-      {"fetch.wait.max.ms", "100"},
-      {"fetch.error.backoff.ms", "100"},
-      {"reconnect.backoff.ms", "50"},
-      {"reconnect.backoff.max.ms", "1000"},
-      {"socket.keepalive.enable", "true"},
-      {"log_level", "3"},
-      {"security.protocol", "plaintext"}
-    ]
+    [brokers: [bootstrap], topic: "anchor"]
+    |> Larder.Replica.Kafka.validate!()
+    |> Larder.Replica.Kafka.librdkafka_config()
   end
 
   @doc """
@@ -133,6 +122,24 @@ defmodule Larder.Bench.KafkaLoad do
   Returns the number of entries read.
   """
   def consume_all(bootstrap, topic, batch, insert) do
+    drain(bootstrap, topic, batch, nil, fn entries, nil ->
+      insert.(entries)
+      nil
+    end).records
+  end
+
+  @doc """
+  `consume_all/4` as a fold: each poll's entries go to `fun.(entries,
+  acc)`. Returns `%{records: n, acc: acc, wall_us: w, cpu_us: c}`: `w` is
+  the time from the consumer's opening to the last poll's `fun` returning
+  (the close is not counted, as in the C and Java drains of
+  bench/support/anchors.ex), `c` the VM's CPU time over the same span
+  (every thread of the OS process: schedulers, their busy wait, and
+  librdkafka's threads).
+  """
+  def drain(bootstrap, topic, batch, acc, fun) do
+    cpu0 = cpu_us()
+    t0 = System.monotonic_time(:microsecond)
     {:ok, consumer} = Native.consumer_open(consumer_config(bootstrap))
 
     try do
@@ -145,20 +152,35 @@ defmodule Larder.Bench.KafkaLoad do
         end)
 
       :ok = Native.consumer_assign(consumer, topic, Enum.map(partitions, &{&1, -1}))
-      poll_until(consumer, ends, batch, insert, Map.new(partitions, &{&1, 0}), 0)
+
+      {read, acc} =
+        poll_until(consumer, ends, batch, fun, Map.new(partitions, &{&1, 0}), {0, acc})
+
+      %{
+        records: read,
+        acc: acc,
+        wall_us: System.monotonic_time(:microsecond) - t0,
+        cpu_us: cpu_us() - cpu0
+      }
     after
       Native.consumer_close(consumer)
     end
   end
 
-  defp poll_until(consumer, ends, batch, insert, at, read) do
+  @doc "The VM's CPU time (every thread of the OS process, user and system), in us."
+  def cpu_us do
+    {ms, _} = :erlang.statistics(:runtime)
+    ms * 1_000
+  end
+
+  defp poll_until(consumer, ends, batch, fun, at, {read, acc}) do
     if Enum.all?(ends, fn {p, e} -> at[p] >= e end) do
-      read
+      {read, acc}
     else
       {:ok, entries, positions, []} = Native.consumer_poll(consumer, batch, 100, 16_777_216)
-      insert.(entries)
+      acc = fun.(entries, acc)
       at = Enum.reduce(positions, at, fn {p, o}, acc -> Map.put(acc, p, o) end)
-      poll_until(consumer, ends, batch, insert, at, read + length(entries))
+      poll_until(consumer, ends, batch, fun, at, {read + length(entries), acc})
     end
   end
 
