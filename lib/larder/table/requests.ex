@@ -42,7 +42,7 @@ defmodule Larder.Table.Requests do
   defp write_chunks!(_table, [], pending, _progress), do: pending
 
   defp write_chunks!(table, records, pending, {op, done}) do
-    {chunk, rest} = take_chunk(records, @chunk, [])
+    {chunk, rest} = take_chunk(records, :persistent_term.get(:larder_chunk, @chunk), [])
 
     # The index functions run here, in the caller, which builds the rows
     # and index ops (Records.write/2); the writer only applies them. One
