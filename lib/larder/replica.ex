@@ -356,7 +356,9 @@ defmodule Larder.Replica do
   table of a full run. Catch-up costs about 1.7-2.3x
   `insert_many/2` of the same records: the stream's replies are read and
   parsed, and `apply` runs once per entry, besides the same Table writes.
-  A restart costs `load/2` of the snapshot plus the entries after it; the
+  A restart costs `load/2` of the snapshot plus the writes of the entries
+  after it: the reader connects, reads and runs an arity-1 `apply` over
+  its first batch while the snapshot loads. The
   lag is a wake-up of the blocked `XREAD` plus one batch's apply. A
   snapshot of a Table stops the replica for the cut only (constant time:
   two ETS tables made, the index's snapshot kept); the dump's process then

@@ -866,6 +866,9 @@ defmodule Larder.ReplicaTest do
         Keyword.put(ctx.opts, :into, {Larder.Table, name: name(ctx, "t"), key: :id, index: [:w]})
 
       assert {:error, %Larder.Error{reason: :definition_mismatch}} = Replica.start_link(opts)
+      # The reader, started while the snapshot loaded, is gone with its
+      # connection by the time start_link/1 returns.
+      assert started_by_me() == []
     end
 
     test "that is damaged is refused", ctx do
@@ -1119,5 +1122,15 @@ defmodule Larder.ReplicaTest do
     assert_raise ArgumentError, ~r/:key/, fn ->
       Replica.start_link(Keyword.put(opts, :into, {Larder.Table, name: name(ctx, "t")}))
     end
+  end
+
+  # The live processes this test started, through any number of start_links.
+  defp started_by_me do
+    me = self()
+
+    for pid <- Process.list(),
+        {:dictionary, dict} <- [Process.info(pid, :dictionary)],
+        me in Keyword.get(dict, :"$ancestors", []),
+        do: pid
   end
 end

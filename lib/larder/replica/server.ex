@@ -1,6 +1,8 @@
 # The process of a replica: it owns the structure (through its target,
 # Larder.Replica.Target), starts the reader (Larder.Replica.Reader, which
-# connects to the source and reads it, whatever the source), applies the
+# connects to the source and reads it, whatever the source; started
+# before the structure is made or loaded from a snapshot, so that both go
+# on at once), applies the
 # batches the reader hands over, moves the offset after each and writes it
 # in the row callers read (Larder.Replica.Handle), answers await calls,
 # and has its snapshots written (Larder.Replica.SnapshotSchedule).
@@ -114,20 +116,22 @@ defmodule Larder.Replica.Server do
       target: Target.identity(target, name)
     }
 
+    telemetry = Larder.Instance.telemetry?(opts[:telemetry])
+
+    apply = %Apply{
+      fun: opts[:apply],
+      target: target,
+      source: source,
+      on_error: opts[:on_error],
+      name: name,
+      telemetry: telemetry
+    }
+
     with {:ok, lock} <- claim_path(opts[:snapshot], name),
-         {:ok, structure, offset} <- safe_start_target(target, identity, opts, lock) do
-      telemetry = Larder.Instance.telemetry?(opts[:telemetry])
-
-      apply = %Apply{
-        fun: opts[:apply],
-        target: target,
-        handle: structure,
-        source: source,
-        on_error: opts[:on_error],
-        name: name,
-        telemetry: telemetry
-      }
-
+         {:ok, found, offset} <- find_snapshot(identity, opts, lock) do
+      # The reader connects, reads and runs a pure apply over its first
+      # batch while the structure loads: a restart waits for the longer of
+      # the two, not for both. Its batches wait in this process's mailbox.
       reader =
         Reader.start_link(
           source: source,
@@ -139,41 +143,66 @@ defmodule Larder.Replica.Server do
           name: name
         )
 
-      snapshots =
-        [
-          path: opts[:snapshot],
-          every: opts[:snapshot_every],
-          identity: identity,
-          target: target,
-          arity: if(is_function(opts[:apply], 1), do: 1, else: 2),
-          name: name,
-          telemetry: telemetry,
-          committed: offset
-        ]
-        |> SnapshotSchedule.new()
-        |> SnapshotSchedule.start(reader)
+      case safe_start_target(target, found, opts, lock) do
+        {:ok, structure} ->
+          started(opts, %{apply | handle: structure}, identity, lock, reader, offset)
 
-      state = %__MODULE__{
-        name: name,
-        source: source,
-        target: target,
-        structure: structure,
-        apply: apply,
-        on_trimmed: opts[:on_trimmed],
-        telemetry: telemetry,
-        reader: reader,
-        handle: Handle.new(name, source, source_opts),
-        path_lock: lock,
-        snapshots: snapshots,
-        offset: offset,
-        started: System.monotonic_time(:millisecond)
-      }
-
-      write_row(state)
-      Larder.Instance.publish(Larder.Replica, name, state.handle)
-      {:ok, state}
+        {:error, error} ->
+          stop_reader(reader)
+          fail(opts, error)
+      end
     else
       {:error, error} -> fail(opts, error)
+    end
+  end
+
+  defp started(opts, apply, identity, lock, reader, offset) do
+    {source, source_opts} = opts[:source]
+    name = opts[:name]
+
+    snapshots =
+      [
+        path: opts[:snapshot],
+        every: opts[:snapshot_every],
+        identity: identity,
+        target: apply.target,
+        arity: if(is_function(opts[:apply], 1), do: 1, else: 2),
+        name: name,
+        telemetry: apply.telemetry,
+        committed: offset
+      ]
+      |> SnapshotSchedule.new()
+      |> SnapshotSchedule.start(reader)
+
+    state = %__MODULE__{
+      name: name,
+      source: source,
+      target: apply.target,
+      structure: apply.handle,
+      apply: apply,
+      on_trimmed: opts[:on_trimmed],
+      telemetry: apply.telemetry,
+      reader: reader,
+      handle: Handle.new(name, source, source_opts),
+      path_lock: lock,
+      snapshots: snapshots,
+      offset: offset,
+      started: System.monotonic_time(:millisecond)
+    }
+
+    write_row(state)
+    Larder.Instance.publish(Larder.Replica, name, state.handle)
+    {:ok, state}
+  end
+
+  # A reader started for a structure that could not be made: gone before
+  # start_link/1 returns, with what it sent.
+  defp stop_reader(reader) do
+    monitor = Process.monitor(reader)
+    kill(reader)
+
+    receive do
+      {:DOWN, ^monitor, :process, _, _} -> :ok
     end
   end
 
@@ -192,14 +221,34 @@ defmodule Larder.Replica.Server do
     :ignore
   end
 
-  # The structure, empty or from the snapshot, and the offset to read
-  # from. Bad options of the structure raise in start_link/1's caller.
-  defp safe_start_target(target, identity, opts, lock) do
+  # The snapshot to start from (:none, or its dump) and the offset to read
+  # from.
+  defp find_snapshot(identity, opts, lock) do
     {source, source_opts} = opts[:source]
 
     result =
+      case opts[:snapshot] do
+        nil ->
+          {:ok, :none, source.origin(source_opts)}
+
+        path ->
+          case Snapshot.read(path, identity) do
+            :none -> {:ok, :none, source.origin(source_opts)}
+            {:ok, %{offset: offset, dump: dump}} -> {:ok, {path, dump, offset}, offset}
+            {:error, error} -> {:error, error}
+          end
+      end
+
+    with {:error, _} <- result, do: release_path(lock)
+    result
+  end
+
+  # The structure, empty or from the snapshot's dump. Bad options of the
+  # structure raise in start_link/1's caller.
+  defp safe_start_target(target, found, opts, lock) do
+    result =
       try do
-        start_target(target, identity, opts[:snapshot], source.origin(source_opts), opts[:name])
+        start_target(target, found, opts[:name])
       rescue
         error in ArgumentError -> {:error, error}
       end
@@ -208,29 +257,19 @@ defmodule Larder.Replica.Server do
     result
   end
 
-  defp start_target(target, _identity, nil, origin, _name),
-    do: {:ok, Target.create(target), origin}
+  defp start_target(target, :none, _name), do: {:ok, Target.create(target)}
 
-  defp start_target(target, identity, path, origin, name) do
-    case Snapshot.read(path, identity) do
-      :none ->
-        {:ok, Target.create(target), origin}
+  defp start_target(target, {path, dump, offset}, name) do
+    started = System.monotonic_time(:millisecond)
 
-      {:ok, %{offset: offset, dump: dump}} ->
-        started = System.monotonic_time(:millisecond)
+    with {:ok, structure} <- Target.load(target, dump) do
+      Logger.info(
+        "Larder.Replica #{inspect(name)} loaded its snapshot #{path} " <>
+          "in #{System.monotonic_time(:millisecond) - started} ms; reading the log from " <>
+          inspect(offset, limit: 8)
+      )
 
-        with {:ok, structure} <- Target.load(target, dump) do
-          Logger.info(
-            "Larder.Replica #{inspect(name)} loaded its snapshot #{path} " <>
-              "in #{System.monotonic_time(:millisecond) - started} ms; reading the log from " <>
-              inspect(offset, limit: 8)
-          )
-
-          {:ok, structure, offset}
-        end
-
-      {:error, error} ->
-        {:error, error}
+      {:ok, structure}
     end
   end
 
