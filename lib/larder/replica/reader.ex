@@ -16,6 +16,9 @@ defmodule Larder.Replica.Reader do
 
   alias Larder.Replica.ReadLoop
 
+  # How long the log's end is asked for the caught-up line (caught_up/1).
+  @latest_timeout_ms 5_000
+
   @doc """
   Starts the reader, linked to the caller (the server), reading from
   `position` (which counts as committed). It sends the server
@@ -46,6 +49,7 @@ defmodule Larder.Replica.Reader do
     state = %{
       server: self(),
       source: opts[:source],
+      source_opts: opts[:source_opts],
       loop: loop,
       prepare: opts[:prepare],
       notifies: ReadLoop.notifies?(opts[:source]),
@@ -193,9 +197,30 @@ defmodule Larder.Replica.Reader do
   defp release(state), do: %{state | phase: :held}
 
   # The first read that finds nothing tells the server where the log's
-  # end was (once: the replica's info line, see Larder.Replica.Server).
+  # end is (once: the replica's info line, see Larder.Replica.Server). A
+  # read can find nothing before the log's end (a Kafka poll before the
+  # first fetch came back): the end is the source's latest/2, asked by a
+  # process of its own so that reading goes on meanwhile (this position,
+  # if the source does not answer).
   defp caught_up(%{caught_up: false} = state) do
-    send(state.server, {:replica_caught_up, self(), ReadLoop.position(state.loop)})
+    %{server: server, source: source, source_opts: opts} = state
+    reader = self()
+    position = ReadLoop.position(state.loop)
+
+    spawn(fn ->
+      end_position =
+        try do
+          case source.latest(opts, @latest_timeout_ms) do
+            {:ok, latest} -> latest
+            _ -> position
+          end
+        catch
+          _kind, _reason -> position
+        end
+
+      send(server, {:replica_caught_up, reader, end_position})
+    end)
+
     %{state | caught_up: true}
   end
 

@@ -65,6 +65,53 @@ defmodule Larder.Replica.ServerLoggingTest do
     assert again =~ ~r/caught up with .*: 5 entries applied/
   end
 
+  # A source whose first read finds nothing though the log holds entries,
+  # as a Kafka poll does before the first fetch came back.
+  defmodule LateSource do
+    @moduledoc false
+    @behaviour Larder.Replica.Source
+
+    alias Larder.Test.PartitionedSource, as: Log
+
+    @impl true
+    def read(conn, position, count, block_ms) do
+      if Process.get(:late_source_read) do
+        Log.read(conn, position, count, block_ms)
+      else
+        Process.put(:late_source_read, true)
+        {:ok, [], position, conn}
+      end
+    end
+
+    @impl true
+    defdelegate validate!(opts), to: Log
+    @impl true
+    defdelegate identity(opts), to: Log
+    @impl true
+    defdelegate origin(opts), to: Log
+    @impl true
+    defdelegate cast_position(term), to: Log
+    @impl true
+    defdelegate advance(position, id), to: Log
+    @impl true
+    defdelegate reached?(position, target), to: Log
+    @impl true
+    defdelegate connect(opts), to: Log
+    @impl true
+    defdelegate latest(opts, timeout), to: Log
+    @impl true
+    defdelegate close(conn), to: Log
+  end
+
+  test "a first read that finds nothing before the log's end is not caught up", ctx do
+    opts =
+      Keyword.update!(ctx.opts, :source, fn {_, source_opts} -> {LateSource, source_opts} end)
+
+    out = run(opts, fn -> :ok = Replica.await(opts[:name], :latest, 10_000) end)
+    assert out =~ ~r/caught up with .*"the-log": 25 entries applied/
+    assert length(String.split(out, "entries applied")) == 2
+  end
+
   test "Logger.put_application_level(:larder, :warning) turns them off", ctx do
     Logger.put_application_level(:larder, :warning)
     on_exit(fn -> Logger.delete_application_level(:larder) end)
