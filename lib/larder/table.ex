@@ -241,7 +241,7 @@ defmodule Larder.Table do
       id-to-terms map included) takes about what the map index's heap
       takes, and a quarter of a table of full records. Full records cost
       about 1.1x per search and 1.5x per build.
-    * `load/2` of a snapshot of that catalogue takes about 0.35x of
+    * `load/2` of a snapshot of that catalogue takes about 0.25x of
       rebuilding it with `insert_many/2`: measured by `make bench-startup`
       (`examples/price_search/bench/startup_bench.exs`), in the same run.
   """

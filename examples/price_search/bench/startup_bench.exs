@@ -137,7 +137,10 @@ warm =
     {ms, rss}
   end
 
-# Table.load/2 in this VM, against inserting the same prices.
+# Table.load/2 in this VM, against inserting the same prices. The script
+# runs with --no-start (the service under test is another OS process):
+# Larder's tables need its application.
+{:ok, _} = Application.ensure_all_started(:larder)
 [table_file] = Path.wildcard(Path.join(dir, "*.table"))
 table_opts = PriceSearch.Store.table_opts()
 {:ok, prices} = PriceCatalogue.load(csv)
