@@ -971,6 +971,10 @@ defmodule Larder.Postgres.Connection do
   defp describe({:result_too_large, max}), do: "a query result above #{max} bytes"
   defp describe({:row_too_large, max}), do: "a COPY row above #{max} bytes"
   defp describe(:bad_copy_row), do: "a COPY row that is not COPY's text format"
+
+  defp describe({:copy_columns, count}),
+    do: "a COPY row whose field count is not the statement's #{count} columns"
+
   defp describe({:ssl_answer, byte}), do: "#{inspect(byte)} as the answer to an SSLRequest"
   defp describe({:scram, text}), do: "SCRAM: " <> text
   defp describe(other), do: inspect(other, limit: 10)
