@@ -25,7 +25,14 @@
 #   * the server SIGKILLed and restarted under 3 writers (each committing
 #     one change at a time, a value no other change gives): the changes
 #     acknowledged and never applied, those applied twice, and the time
-#     from the restarted server answering to the replica applying again.
+#     from the restarted server answering to the replica applying again:
+#     from the first connection of a prober (connecting every ms from the
+#     SIGKILL on) that completes its startup and authentication, to the
+#     first call of the replica's apply on a change after that instant
+#     (the apply records each call's monotonic time; the changes read
+#     before the kill were applied long before the server came back). It
+#     holds the reader's reconnect backoff, the slot checks and the
+#     stream's start, and the first change's way to the apply.
 #
 #   mix run bench/replica_postgres_bench.exs [--quick] [--json PATH] [SECTION...]
 #
@@ -265,12 +272,13 @@ defmodule Larder.ReplicaPostgresBench do
     prices = List.to_tuple(Enum.take(ctx.prices, 20_000))
     acked = :ets.new(:acked, [:public, :duplicate_bag])
     applied = :ets.new(:applied, [:public, :duplicate_bag])
+    times = :ets.new(:applied_at, [:public, :ordered_set])
 
     pid =
       start!(
         price_opts(
           source: source(timeout: 5_000),
-          apply: PostgresLoad.recording_apply(applied),
+          apply: PostgresLoad.recording_apply(applied, times),
           snapshot: Path.join(ctx.dir, "kill.snap"),
           snapshot_every: 1_000
         )
@@ -279,11 +287,14 @@ defmodule Larder.ReplicaPostgresBench do
     :ok = Replica.await(pid, :latest, :infinity)
     writers = PostgresLoad.writers(server(), prices, 3, acked)
     wait_until(fn -> :ets.info(applied, :size) >= 2_000 end)
+    PostgresServer.kill(server())
     killed_at = :ets.info(applied, :size)
-    restarted = PostgresServer.restart(server())
-    Process.put(:server, restarted)
-    answered = System.monotonic_time(:microsecond)
-    resumed_us = wait_until(fn -> :ets.info(applied, :size) > killed_at end) - answered
+    prober = PostgresLoad.first_answer(server())
+    # restart/1 kills again (a no-op now) and starts the server
+    Process.put(:server, PostgresServer.restart(server()))
+    answered = Task.await(prober, 120_000)
+    wait_until(fn -> :ets.next(times, answered) != :"$end_of_table" end)
+    resumed_us = :ets.next(times, answered) - answered
     wait_until(fn -> :ets.info(acked, :size) >= killed_at + 2_000 end)
     PostgresLoad.stop(writers)
     :ok = Replica.await(pid, :latest, 120_000)

@@ -515,8 +515,10 @@ defmodule Larder.Replica do
   `timeout` ms (`0..3_600_000` or `:infinity`) have passed, whatever the
   replica is doing (an `:apply` that does not return included).
 
-  With `:latest`, a log whose end is below the replica's offset went
-  backwards (see "Failures"): the wait is for the replica to have rebuilt
+  With `:latest`, a log whose end is below the offset the replica had
+  when the call began went backwards (see "Failures"; an offset that
+  passes the end while it is asked is a log that grew, and is `:ok`): the
+  wait is for the replica to have rebuilt
   from the log (`on_trimmed: :rebuild`) and applied its last entry; with
   `on_trimmed: :stop` the replica stops and the caller gets
   `:offset_trimmed`. Never `:ok` on the strength of entries the log no
@@ -562,11 +564,15 @@ defmodule Larder.Replica do
     target =
       case position do
         :latest ->
+          # What the replica had applied before the log's end was asked: an
+          # end read after it that has not reached it means the log went
+          # backwards, and only a rebuild (the next epoch) can reach it. (The
+          # position after the answer may be past the end legitimately: the
+          # log grew, and the replica with it, while the end was asked.)
+          before = Handle.position(handle)
+
           with {:ok, latest} <- Latest.fetch(handle, deadline) do
-            case Handle.position(handle) do
-              # An end that has not reached what the replica applied: the
-              # log went backwards, and only a rebuild (the next epoch) can
-              # reach it.
+            case before do
               {offset, epoch, _target} ->
                 if source.reached?(latest, offset),
                   do: {:ok, latest, epoch},

@@ -1134,3 +1134,53 @@ defmodule Larder.ReplicaTest do
         do: pid
   end
 end
+
+defmodule Larder.ReplicaAwaitLatestTest do
+  # await(replica, :latest) on a scripted source (no server): the log's
+  # end is compared with what the replica had applied before it was asked.
+  use ExUnit.Case, async: true
+
+  alias Larder.Replica
+  alias Larder.Test.ScriptedSource, as: S
+
+  @moduletag :capture_log
+
+  defp wait(fun) do
+    if fun.(), do: :ok, else: Process.sleep(5) && wait(fun)
+  end
+
+  test "a replica that moves past the log's end while it is asked is not taken for a log " <>
+         "that went backwards",
+       ctx do
+    script = S.new()
+    name = :"#{ctx.test} r"
+
+    # The end is read as 3; the log then grows to 5, and the replica
+    # applies 1..5, before the end's answer arrives.
+    S.script(script, :latest, [
+      fn _opts, _timeout ->
+        :ets.insert(script, {:asked})
+        wait(fn -> Replica.offset(name) == 5 end)
+        {:ok, 3}
+      end
+    ])
+
+    S.script(script, :read, [
+      fn conn, 0, _count, _block_ms ->
+        wait(fn -> :ets.member(script, :asked) end)
+        {:ok, S.entries(0, 5), 5, conn}
+      end
+    ])
+
+    {:ok, replica} =
+      Replica.start_link(
+        name: name,
+        into: {Larder.Table, name: :"#{ctx.test} t", key: :id},
+        source: {S, script: script},
+        apply: fn %{"n" => n} -> {:insert, %{id: n}} end,
+        block_ms: 50
+      )
+
+    assert Replica.await(replica, :latest, 10_000) == :ok
+  end
+end

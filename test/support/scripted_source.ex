@@ -103,7 +103,8 @@ defmodule Larder.Test.ScriptedSource do
   def close(table), do: reply(table, :close, [table], fn _ -> :ok end)
 
   @impl true
-  def latest(_opts, _timeout), do: {:ok, 0}
+  def latest(opts, timeout),
+    do: reply(opts[:script], :latest, [opts, timeout], fn _, _ -> {:ok, 0} end)
 
   defmodule Copying do
     @moduledoc false

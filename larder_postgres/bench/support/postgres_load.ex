@@ -232,16 +232,44 @@ defmodule Larder.Bench.PostgresLoad do
 
   @doc """
   An apply that records the `{idx, value}` of each update in `applied` (a
-  public ETS :duplicate_bag) before decoding it as `apply/1` does.
+  public ETS :duplicate_bag), and the monotonic time (us) of the call as
+  a key of `times` (a public ETS :ordered_set) when given, before decoding
+  it as `apply/1` does.
   """
-  def recording_apply(applied) do
+  def recording_apply(applied, times \\ nil) do
     fn
       %{"op" => "update", "new" => %{"idx" => idx, "value" => value}} = entry ->
+        if times, do: :ets.insert(times, {System.monotonic_time(:microsecond)})
         :ets.insert(applied, {String.to_integer(idx), String.to_integer(value)})
         apply(entry)
 
       entry ->
         apply(entry)
+    end
+  end
+
+  @doc """
+  A prober (a Task) that connects to `server` every millisecond until a
+  connection completes its startup and authentication (the server ready
+  for a query), closes it and returns the monotonic time (us) at which
+  it completed. Started after a SIGKILL, it gives when the restarted
+  server first answered.
+  """
+  def first_answer(server) do
+    opts = Options.validate!(PostgresServer.options(server, timeout: 1_000), "bench")
+    Task.async(fn -> probe(opts) end)
+  end
+
+  defp probe(opts) do
+    case Connection.connect(opts) do
+      {:ok, conn} ->
+        answered = System.monotonic_time(:microsecond)
+        Connection.close(conn)
+        answered
+
+      {:error, _} ->
+        Process.sleep(1)
+        probe(opts)
     end
   end
 end

@@ -54,7 +54,8 @@ defmodule Larder.Postgres.Connection do
   #
   # Memory: the receive buffer holds at most one message (its length is
   # checked against :max_message_bytes from its 5-byte header, before its
-  # body is read) and what one read of the socket returned; a query's
+  # body is read) and what one read of the socket returned (at most
+  # @socket_buffer bytes, or the rest of a larger message); a query's
   # result is bounded by :max_message_bytes in all; a COPY is read in
   # batches of the caller's size; at most @max_parameters ParameterStatus
   # names are kept.
@@ -68,6 +69,12 @@ defmodule Larder.Postgres.Connection do
   # One receive of a known length reads at most this much at a time
   # (inet's driver refuses a single recv above 64 MiB).
   @recv_chunk 8_388_608
+
+  # The socket driver's buffer: the most one read of whatever is there
+  # returns (inet's default, 1,460 bytes, makes a read of a few rows).
+  # The rest of a message shorter than this is read the same way, with
+  # what follows it, rather than by a read of exactly its length.
+  @socket_buffer 65_536
 
   @type state :: :ready | :copy_out | :copy_both | :closed
   @type result :: %{command: binary(), columns: [binary()], rows: [[binary() | nil]]}
@@ -173,6 +180,7 @@ defmodule Larder.Postgres.Connection do
           packet: :raw,
           nodelay: true,
           keepalive: true,
+          buffer: @socket_buffer,
           send_timeout: timeout,
           send_timeout_close: true
         ]
@@ -567,39 +575,49 @@ defmodule Larder.Postgres.Connection do
           "expected max_rows to be a positive integer, got: #{inspect(max_rows, limit: 10)}"
   end
 
-  # `acc` holds `n` rows, in reverse.
+  # `acc` holds `n` rows, in reverse; `copy.pending`, the parsed rows of
+  # a CopyData past the last batch's end (a server sends each row in a
+  # CopyData of its own, so there are seldom any).
   defp copy_collect(%{copy: copy} = conn, max_rows, deadline, {acc, n}) do
-    {taken, pending} = Enum.split(copy.pending, max_rows - n)
-    acc = Enum.reverse(taken, acc)
-    n = n + length(taken)
+    {acc, n, pending} = take(copy.pending, acc, n, max_rows)
     conn = %{conn | copy: %{copy | pending: pending}}
 
     cond do
-      n == max_rows or (copy.done and n > 0) -> {:ok, Enum.reverse(acc), conn}
+      n == max_rows or (copy.done and n > 0) -> {:ok, :lists.reverse(acc), conn}
       copy.done -> {:done, %{conn | state: :ready, copy: nil}}
       true -> copy_receive(conn, max_rows, deadline, {acc, n})
     end
   end
 
-  defp copy_receive(%{copy: copy} = conn, max_rows, deadline, acc) do
+  # CopyData after CopyData, each row parsed as it comes, until the batch
+  # is full.
+  defp copy_receive(%{copy: copy} = conn, max_rows, deadline, {acc, n}) do
     case next(conn, deadline) do
       {:ok, {:copy_data, data}, conn} ->
-        {rows, rest} = CopyText.split_rows(copy.rest <> data)
+        {rows, rest} = CopyText.split_rows(if copy.rest == "", do: data, else: copy.rest <> data)
 
         with true <- byte_size(rest) <= conn.max_message_bytes || :too_large,
              {:ok, rows} <- parse_rows(rows, copy.columns, []) do
-          copy = %{copy | pending: rows, rest: rest}
-          copy_collect(%{conn | copy: copy}, max_rows, deadline, acc)
+          {acc, n, pending} = take(rows, acc, n, max_rows)
+
+          conn =
+            if pending == [] and rest == "" and copy.rest == "",
+              do: conn,
+              else: %{conn | copy: %{copy | pending: pending, rest: rest}}
+
+          if n == max_rows,
+            do: {:ok, :lists.reverse(acc), conn},
+            else: copy_receive(conn, max_rows, deadline, {acc, n})
         else
           :too_large -> bad_reply(conn, {:row_too_large, conn.max_message_bytes})
           :error -> bad_reply(conn, :bad_copy_row)
         end
 
       {:ok, :copy_done, conn} when copy.rest == "" ->
-        copy_finish(conn, max_rows, deadline, acc, :copy_done)
+        copy_finish(conn, max_rows, deadline, {acc, n}, :copy_done)
 
       {:ok, {:error_response, fields}, conn} ->
-        copy_finish(conn, max_rows, deadline, acc, {:error, server_error(conn, fields, "")})
+        copy_finish(conn, max_rows, deadline, {acc, n}, {:error, server_error(conn, fields, "")})
 
       {:ok, message, conn} ->
         bad_reply(conn, {:unexpected, kind(message), :copy})
@@ -639,7 +657,12 @@ defmodule Larder.Postgres.Connection do
     end
   end
 
-  defp parse_rows([], _columns, acc), do: {:ok, Enum.reverse(acc)}
+  # Up to `max` rows in `acc` (reversed, holding `n`); the rest of `rows`.
+  defp take(rows, acc, max, max), do: {acc, max, rows}
+  defp take([row | rows], acc, n, max), do: take(rows, [row | acc], n + 1, max)
+  defp take([], acc, n, _max), do: {acc, n, []}
+
+  defp parse_rows([], _columns, acc), do: {:ok, :lists.reverse(acc)}
 
   defp parse_rows([row | rows], columns, acc) do
     case CopyText.parse_row(row, columns) do
@@ -790,8 +813,9 @@ defmodule Larder.Postgres.Connection do
   end
 
   # Appends what the socket has to the buffer: whatever one read returns
-  # (want 0), or exactly `want` bytes, in chunks.
-  defp receive_bytes(conn, 0, deadline) do
+  # (want 0, or the rest of a message that one read can hold), or exactly
+  # `want` bytes, in chunks.
+  defp receive_bytes(conn, want, deadline) when want < @socket_buffer do
     case conn.transport.recv(conn.socket, 0, remaining(deadline)) do
       {:ok, data} -> {:ok, %{conn | buffer: conn.buffer <> data}}
       {:error, reason} -> socket_error(conn, reason)
@@ -947,6 +971,10 @@ defmodule Larder.Postgres.Connection do
   defp describe({:result_too_large, max}), do: "a query result above #{max} bytes"
   defp describe({:row_too_large, max}), do: "a COPY row above #{max} bytes"
   defp describe(:bad_copy_row), do: "a COPY row that is not COPY's text format"
+
+  defp describe({:copy_columns, count}),
+    do: "a COPY row whose field count is not the statement's #{count} columns"
+
   defp describe({:ssl_answer, byte}), do: "#{inspect(byte)} as the answer to an SSLRequest"
   defp describe({:scram, text}), do: "SCRAM: " <> text
   defp describe(other), do: inspect(other, limit: 10)

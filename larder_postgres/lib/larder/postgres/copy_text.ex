@@ -30,11 +30,18 @@ defmodule Larder.Postgres.CopyText do
   """
   @spec split_rows(binary()) :: {[binary()], binary()}
   def split_rows(buffer) do
-    case :binary.split(buffer, "\n", [:global]) do
-      [rest] -> {[], rest}
-      parts -> {Enum.drop(parts, -1), List.last(parts)}
+    last = byte_size(buffer) - 1
+
+    # A server sends each row in a CopyData of its own: one match finds it.
+    case :binary.match(buffer, "\n") do
+      :nomatch -> {[], buffer}
+      {^last, 1} -> {[binary_part(buffer, 0, last)], ""}
+      _ -> split_all(:binary.split(buffer, "\n", [:global]), [])
     end
   end
+
+  defp split_all([rest], rows), do: {:lists.reverse(rows), rest}
+  defp split_all([row | parts], rows), do: split_all(parts, [row | rows])
 
   @doc """
   The fields of one row (without its newline): `{:ok, [binary | nil]}`
@@ -45,22 +52,33 @@ defmodule Larder.Postgres.CopyText do
   def parse_row(row, count) do
     fields = :binary.split(row, "\t", [:global])
 
-    if count == nil or length(fields) == count do
-      fields(fields, [])
-    else
-      :error
+    cond do
+      count != nil and length(fields) != count -> :error
+      # most rows: no NULL and nothing escaped, so the fields are the values
+      plain?(row) -> {:ok, fields}
+      true -> fields(fields, [])
     end
   end
 
-  defp fields([], acc), do: {:ok, Enum.reverse(acc)}
+  # Whether `binary` holds no backslash and no carriage return: two
+  # single-byte searches (a list of patterns is compiled at each call,
+  # which costs more than the search).
+  defp plain?(binary),
+    do: :binary.match(binary, "\\") == :nomatch and :binary.match(binary, "\r") == :nomatch
+
+  defp fields([], acc), do: {:ok, :lists.reverse(acc)}
   defp fields(["\\N" | rest], acc), do: fields(rest, [nil | acc])
 
+  # A raw carriage return, alone or after a backslash, is refused.
   defp fields([field | rest], acc) do
-    case :binary.match(field, ["\\", "\r"]) do
-      :nomatch ->
+    cond do
+      plain?(field) ->
         fields(rest, [field | acc])
 
-      _ ->
+      :binary.match(field, "\r") != :nomatch ->
+        :error
+
+      true ->
         case unescape(field, 0, []) do
           {:ok, value} -> fields(rest, [value | acc])
           :error -> :error
@@ -68,13 +86,13 @@ defmodule Larder.Postgres.CopyText do
     end
   end
 
-  # Walks `field` from `at`, collecting the plain run since the last
-  # escape; `acc` is iodata in reverse.
+  # Walks `field` (without a raw carriage return) from `at`, collecting
+  # the plain run since the last escape; `acc` is iodata in reverse.
   defp unescape(field, at, acc) when at == byte_size(field),
     do: {:ok, acc |> Enum.reverse() |> IO.iodata_to_binary()}
 
   defp unescape(field, start, acc) do
-    case :binary.match(field, ["\\", "\r"], scope: {start, byte_size(field) - start}) do
+    case :binary.match(field, "\\", scope: {start, byte_size(field) - start}) do
       :nomatch ->
         unescape(field, byte_size(field), [
           binary_part(field, start, byte_size(field) - start) | acc
@@ -82,16 +100,11 @@ defmodule Larder.Postgres.CopyText do
 
       {at, 1} ->
         plain = binary_part(field, start, at - start)
+        "\\" <> escaped = binary_part(field, at, byte_size(field) - at)
 
-        case binary_part(field, at, byte_size(field) - at) do
-          "\r" <> _ ->
-            :error
-
-          "\\" <> escaped ->
-            case escape(escaped) do
-              {:ok, byte, used} -> unescape(field, at + 1 + used, [byte, plain | acc])
-              :error -> :error
-            end
+        case escape(escaped) do
+          {:ok, byte, used} -> unescape(field, at + 1 + used, [byte, plain | acc])
+          :error -> :error
         end
     end
   end
@@ -118,9 +131,8 @@ defmodule Larder.Postgres.CopyText do
     {:ok, <<String.to_integer(digits, 16)>>, 1 + byte_size(digits)}
   end
 
-  # A raw newline never reaches here (it ends a row); a raw carriage
-  # return after a backslash is refused like any raw one.
-  defp escape(<<?\r, _::binary>>), do: :error
+  # A raw newline never reaches here (it ends a row), nor a raw carriage
+  # return (refused before).
   defp escape(<<c, _::binary>>), do: {:ok, <<c>>, 1}
   defp escape(<<>>), do: :error
 

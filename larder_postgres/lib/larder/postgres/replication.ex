@@ -394,8 +394,12 @@ defmodule Larder.Postgres.Replication do
   Up to `count` entries of committed transactions (see "Whole
   transactions"), waiting up to `timeout` ms for the first: `{:ok, [],
   repl}` when none came. Answers keepalives and sends status updates
-  while it waits. Once some entries are at hand it returns without
-  waiting for more.
+  while it waits. Once some entries are at hand, or the position moved
+  past a stretch of the log without any (a keepalive's WAL end, a
+  transaction with nothing published), it returns with what the socket
+  already holds, without waiting for more: a caller that waits for the
+  position to reach the server's WAL end sees it move as soon as the
+  server says so.
   """
   @spec read(t(), pos_integer(), non_neg_integer()) ::
           {:ok, [entry()], t()} | {:error, Larder.Error.t(), t()}
@@ -407,7 +411,7 @@ defmodule Larder.Postgres.Replication do
     deadline = now() + timeout
 
     with {:ok, repl} <- status_if_due(repl) do
-      read_loop(repl, count, deadline)
+      read_loop(repl, count, deadline, repl.position)
     end
   end
 
@@ -417,26 +421,27 @@ defmodule Larder.Postgres.Replication do
             "got: #{inspect(count, limit: 10)} and #{inspect(timeout, limit: 10)}"
   end
 
-  defp read_loop(repl, count, deadline) do
+  # `from` is the position the read started at.
+  defp read_loop(repl, count, deadline, from) do
     cond do
       repl.queued >= count ->
         {entries, repl} = take(repl, count)
         {:ok, entries, repl}
 
-      repl.queued > 0 ->
+      repl.queued > 0 or repl.position != from ->
         # more only if it is already there
-        receive_one(repl, count, deadline, now())
+        receive_one(repl, count, deadline, from, now())
 
       true ->
-        receive_one(repl, count, deadline, min(deadline, repl.next_status_at))
+        receive_one(repl, count, deadline, from, min(deadline, repl.next_status_at))
     end
   end
 
-  defp receive_one(repl, count, deadline, wait_until) do
+  defp receive_one(repl, count, deadline, from, wait_until) do
     case Connection.copy_both_recv(repl.conn, wait_until) do
       {:ok, data, conn} ->
         with {:ok, repl} <- handle_data(%{repl | conn: conn}, data) do
-          read_loop(repl, count, deadline)
+          read_loop(repl, count, deadline, from)
         end
 
       {:timeout, conn} ->
@@ -447,11 +452,11 @@ defmodule Larder.Postgres.Replication do
             {entries, repl} = take(repl, count)
             {:ok, entries, repl}
 
-          now() >= deadline ->
+          repl.position != from or now() >= deadline ->
             with {:ok, repl} <- status_if_due(repl), do: {:ok, [], repl}
 
           true ->
-            with {:ok, repl} <- status_if_due(repl), do: read_loop(repl, count, deadline)
+            with {:ok, repl} <- status_if_due(repl), do: read_loop(repl, count, deadline, from)
         end
 
       {:error, error, conn} ->

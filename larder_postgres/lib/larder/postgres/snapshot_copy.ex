@@ -27,7 +27,9 @@ defmodule Larder.Postgres.SnapshotCopy do
   # (the snapshot no longer exists: :source_failed, code 22023) means the
   # copy cannot be made in it. The COPY reads the columns and rows the
   # publication sends (its column list, its row filter), so the copy and
-  # the stream describe the same rows. TRUNCATE is not MVCC-safe: one
+  # the stream describe the same rows; a row of another field count than
+  # the columns asked for (a server that announced another count) is a
+  # :source_bad_reply, the connection closed. TRUNCATE is not MVCC-safe: one
   # committed after the snapshot makes its table look empty to the copy;
   # the stream then holds that TRUNCATE and every row written after it, so
   # a replica that applies the copy, then the stream, still ends equal to
@@ -83,17 +85,36 @@ defmodule Larder.Postgres.SnapshotCopy do
 
     case Connection.copy_read(conn, count, timeout) do
       {:ok, rows, conn} ->
-        entries =
-          Enum.map(rows, fn values ->
-            %{"op" => "insert", "table" => name, "new" => Map.new(Enum.zip(columns, values))}
-          end)
-
-        {:ok, entries, conn}
+        case entries(rows, name, columns, []) do
+          :error -> Connection.bad_reply(conn, {:copy_columns, length(columns)})
+          entries -> {:ok, entries, conn}
+        end
 
       other ->
         other
     end
   end
+
+  # Each row as an entry (one pass, no intermediate list), or :error when
+  # a row's field count is not the statement's column count (a server
+  # whose CopyOutResponse announced another count).
+  defp entries([values | rows], name, columns, acc) do
+    case row(columns, values, []) do
+      :error ->
+        :error
+
+      new ->
+        entries(rows, name, columns, [%{"op" => "insert", "table" => name, "new" => new} | acc])
+    end
+  end
+
+  defp entries([], _name, _columns, acc), do: :lists.reverse(acc)
+
+  defp row([column | columns], [value | values], pairs),
+    do: row(columns, values, [{column, value} | pairs])
+
+  defp row([], [], pairs), do: :maps.from_list(pairs)
+  defp row(_columns, _values, _pairs), do: :error
 
   @doc "Ends the snapshot's transaction."
   @spec finish(Connection.t(), timeout()) ::

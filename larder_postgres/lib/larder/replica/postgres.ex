@@ -172,8 +172,12 @@ defmodule Larder.Replica.Postgres do
   `Larder.Replica.await(r, :latest, t)` reads the server's WAL insert
   position when it is called and returns once the replica's position
   reached it: every transaction committed before the call is applied
-  (one that commits after is not waited for). While the slot does not
-  exist and every published table is empty, the log's end is the origin.
+  (one that commits after is not waited for). A read of the stream
+  returns as soon as the position moved, with or without changes (the
+  copy's end, a transaction with nothing published, the WAL end the
+  server reports when it has sent everything), so reaching the log's end
+  never waits for a read's `:block_ms`. While the slot does not exist and
+  every published table is empty, the log's end is the origin.
   `await(r, {lsn, index}, t)` waits for a position of the source.
 
   ## Trims
@@ -432,9 +436,9 @@ defmodule Larder.Replica.Postgres do
   @impl true
   def read(%__MODULE__{} = conn, position, count, block_ms) do
     cond do
-      copying_at?(conn, position) -> copy_batch(conn, count, block_ms)
+      copying_at?(conn, position) -> copy_batch(conn, count)
       streaming_at?(conn, position) -> stream_batch(conn, count, block_ms)
-      position == {0, 0} -> start_copy(conn, count, block_ms)
+      position == {0, 0} -> start_copy(conn, count)
       match?({0, _}, position) -> copy_lost(conn, position)
       true -> start_stream(conn, position, count, block_ms)
     end
@@ -480,7 +484,7 @@ defmodule Larder.Replica.Postgres do
   # A new slot (the old one dropped) whose exported snapshot a second,
   # normal connection imports, then each published table read through
   # COPY in it (Larder.Postgres.SnapshotCopy).
-  defp start_copy(conn, count, block_ms) do
+  defp start_copy(conn, count) do
     with {:ok, conn} <- idle(conn),
          {:ok, conn} <- drop_slot(conn),
          {:ok, conn} <- open_copy(conn),
@@ -501,7 +505,7 @@ defmodule Larder.Replica.Postgres do
         started: System.monotonic_time(:millisecond)
       }
 
-      copy_batch(%{conn | phase: {:copying, state}}, count, block_ms)
+      copy_batch(%{conn | phase: {:copying, state}}, count)
     else
       {:error, error, conn} -> {:error, explain(error, conn.opts), conn}
     end
@@ -539,7 +543,7 @@ defmodule Larder.Replica.Postgres do
 
   # Up to `count` rows of the copy, the next table's when one is done;
   # once every table is, the stream from the slot's consistent point.
-  defp copy_batch(%{phase: {:copying, state}} = conn, count, block_ms) do
+  defp copy_batch(%{phase: {:copying, state}} = conn, count) do
     timeout = conn.opts[:timeout]
 
     case state do
@@ -547,14 +551,14 @@ defmodule Larder.Replica.Postgres do
         case SnapshotCopy.start_table(conn.copy, table, timeout) do
           {:ok, copy} ->
             state = %{state | table: table, tables: tables}
-            copy_batch(%{conn | copy: copy, phase: {:copying, state}}, count, block_ms)
+            copy_batch(%{conn | copy: copy, phase: {:copying, state}}, count)
 
           {:error, error, copy} ->
             {:error, explain(error, conn.opts), %{conn | copy: copy}}
         end
 
       %{table: nil, tables: []} ->
-        finish_copy(conn, state, count, block_ms)
+        finish_copy(conn, state, count)
 
       %{table: table, copied: copied} ->
         case SnapshotCopy.read(conn.copy, table, count, timeout) do
@@ -567,7 +571,7 @@ defmodule Larder.Replica.Postgres do
 
           {:done, copy} ->
             state = %{state | table: nil}
-            copy_batch(%{conn | copy: copy, phase: {:copying, state}}, count, block_ms)
+            copy_batch(%{conn | copy: copy, phase: {:copying, state}}, count)
 
           {:error, error, copy} ->
             {:error, explain(error, conn.opts), %{conn | copy: copy}}
@@ -575,7 +579,7 @@ defmodule Larder.Replica.Postgres do
     end
   end
 
-  defp finish_copy(conn, state, count, block_ms) do
+  defp finish_copy(conn, state, count) do
     opts = conn.opts
 
     case SnapshotCopy.finish(conn.copy, opts[:timeout]) do
@@ -591,8 +595,10 @@ defmodule Larder.Replica.Postgres do
             format_lsn(state.consistent_point)
         )
 
+        # No wait: the batch moves the position from the copy's last row
+        # to the consistent point even when no change is there yet.
         with {:ok, conn} <- stream_from(conn, from, state.consistent_point) do
-          stream_batch(conn, count, block_ms)
+          stream_batch(conn, count, 0)
         end
 
       {:error, error, copy} ->

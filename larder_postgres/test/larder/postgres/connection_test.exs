@@ -638,6 +638,37 @@ defmodule Larder.Postgres.ConnectionHostileTest do
               _} = Connection.copy_read(conn, 10, 5_000)
     end
 
+    test "COPY rows however the CopyData messages cut them: each once, in order" do
+      fake =
+        fake(fn socket ->
+          FakePostgres.recv_startup(socket)
+          :gen_tcp.send(socket, FakePostgres.ready())
+          {?Q, _} = FakePostgres.recv_message(socket)
+
+          # several rows in one message, a row over three, a NULL, an escape
+          :gen_tcp.send(
+            socket,
+            msg(?H, <<0, 2::16, 0::16, 0::16>>) <>
+              msg(?d, "a\t1\nb\t2\nc") <>
+              msg(?d, "\t3") <>
+              msg(?d, "\n") <>
+              msg(?d, "d\t\\N\n") <>
+              msg(?d, "e\\tf\t5\n") <>
+              msg(?c, "") <> msg(?C, "COPY 5\0") <> msg(?Z, "I")
+          )
+
+          Process.sleep(:infinity)
+        end)
+
+      {:ok, conn} = Connection.connect(fake_options(fake))
+      {:ok, conn} = Connection.copy_out(conn, "COPY t TO STDOUT", 5_000)
+      assert {:ok, [["a", "1"], ["b", "2"]], conn} = Connection.copy_read(conn, 2, 5_000)
+      assert {:ok, [["c", "3"], ["d", nil]], conn} = Connection.copy_read(conn, 2, 5_000)
+      assert {:ok, [["e\tf", "5"]], conn} = Connection.copy_read(conn, 2, 5_000)
+      assert {:done, conn} = Connection.copy_read(conn, 2, 5_000)
+      assert conn.state == :ready
+    end
+
     test "nothing listening: :source_unavailable naming the server" do
       port = Larder.Test.FreePort.get()
 

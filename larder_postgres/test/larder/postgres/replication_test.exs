@@ -605,6 +605,37 @@ defmodule Larder.Postgres.ReplicationHostileTest do
     end
   end
 
+  # Timeouts far past the test's own: only a read that returns once the
+  # position moved, rather than at its timeout, passes.
+  @tag timeout: 30_000
+  test "a keepalive, or a transaction with nothing published, ends a read at once" do
+    parent = self()
+
+    repl =
+      walsender(fn socket ->
+        send(parent, {:fake, self()})
+        :gen_tcp.send(socket, keepalive(9_000, false))
+
+        receive do
+          :next ->
+            :gen_tcp.send(
+              socket,
+              xlog(begin(9_500), 9_500) <> xlog(<<?C, 0, 9_500::64, 9_600::64, 0::64>>, 9_500)
+            )
+        end
+
+        Process.sleep(:infinity)
+      end)
+
+    assert_receive {:fake, fake}
+    assert {:ok, [], repl} = Replication.read(repl, 10, 600_000)
+    assert Replication.position(repl) == {9_000, 0}
+
+    send(fake, :next)
+    assert {:ok, [], repl} = Replication.read(repl, 10, 600_000)
+    assert Replication.position(repl) == {9_600, 0}
+  end
+
   test "status updates go every :status_interval while read/3 waits" do
     parent = self()
     repl = walsender(fn socket -> forward_status(socket, parent) end, status_interval: 100)

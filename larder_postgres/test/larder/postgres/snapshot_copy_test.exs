@@ -147,3 +147,43 @@ defmodule Larder.Postgres.SnapshotCopyTest do
            }) == ~s[COPY (SELECT "a", "b c" FROM "s"."t""x" WHERE (a > 1)) TO STDOUT]
   end
 end
+
+defmodule Larder.Postgres.SnapshotCopyHostileTest do
+  # Larder.Postgres.SnapshotCopy against a fake server: what it announces
+  # is checked against what was asked. No real server needed.
+  use ExUnit.Case, async: true
+
+  alias Larder.Postgres.{Connection, Options, SnapshotCopy}
+  alias Larder.Test.FakePostgres
+
+  import FakePostgres, only: [msg: 2]
+
+  test "a COPY of another column count than the table's is a bad reply, not a short row" do
+    fake =
+      FakePostgres.start(fn socket ->
+        FakePostgres.recv_startup(socket)
+        :gen_tcp.send(socket, FakePostgres.ready())
+        {?Q, _} = FakePostgres.recv_message(socket)
+        # two columns announced and sent, for a table of three
+        :gen_tcp.send(
+          socket,
+          msg(?H, <<0, 2::16, 0::16, 0::16>>) <>
+            msg(?d, "1\tx\n") <> msg(?c, "") <> msg(?C, "COPY 1\0") <> msg(?Z, "I")
+        )
+
+        Process.sleep(:infinity)
+      end)
+
+    on_exit(fn -> FakePostgres.stop(fake) end)
+    table = %{schema: "public", table: "t", columns: ["id", "a", "b"]}
+    opts = Options.validate!([port: fake.port, username: "u", timeout: 5_000], "test")
+    {:ok, conn} = Connection.connect(opts)
+    {:ok, conn} = SnapshotCopy.start_table(conn, table, 5_000)
+
+    assert {:error, %Larder.Error{reason: :source_bad_reply, details: %{cause: cause}}, conn} =
+             SnapshotCopy.read(conn, table, 10, 5_000)
+
+    assert cause == {:copy_columns, 3}
+    assert conn.state == :closed
+  end
+end

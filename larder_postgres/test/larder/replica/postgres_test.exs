@@ -66,6 +66,17 @@ defmodule Larder.Replica.PostgresTest do
       PostgresWriters.rows(ctx.server, ctx.name)
   end
 
+  # A :block_ms past await/3's timeout: only a replica whose copy's end
+  # moves it to the slot's consistent point at once (not after the first
+  # read of the stream has waited its :block_ms) passes.
+  test "the copy's end takes the replica to the log's end at once, not after a read's :block_ms",
+       ctx do
+    sql!(ctx, "INSERT INTO #{ctx.name} SELECT g, 'v-' || g FROM generate_series(1, 100) g")
+    replica = start!(replica_opts(ctx, block_ms: 60_000))
+    assert Replica.await(replica, :latest, 20_000) == :ok
+    assert equal?(ctx, replica)
+  end
+
   test "the initial copy, with writers before, during and after it, then the stream: the " <>
          "table equal to Postgres's, every write made during the copy applied, none twice",
        ctx do
