@@ -201,6 +201,47 @@ defmodule Larder.Bench do
     :ok
   end
 
+  @doc """
+  Runs `fun` in a process of its own, spawned with `spawn_opts` (for
+  example `min_heap_size:` for a floor that builds one large list, so it
+  pays for no copying collections as its heap grows), and returns its
+  result; a raise there is raised here. What `fun` reads is copied into
+  that process unless it is held off the heap (`off_heap/2`).
+  """
+  @spec in_process((() -> result), keyword()) :: result when result: term()
+  def in_process(fun, spawn_opts \\ []) do
+    parent = self()
+    ref = make_ref()
+
+    {pid, monitor} =
+      :erlang.spawn_opt(
+        fn ->
+          result =
+            try do
+              {:ok, fun.()}
+            catch
+              kind, reason -> {:raise, kind, reason, __STACKTRACE__}
+            end
+
+          send(parent, {ref, result})
+        end,
+        [:monitor | spawn_opts]
+      )
+
+    receive do
+      {^ref, result} ->
+        Process.demonitor(monitor, [:flush])
+
+        case result do
+          {:ok, value} -> value
+          {:raise, kind, reason, stack} -> :erlang.raise(kind, reason, stack)
+        end
+
+      {:DOWN, ^monitor, :process, ^pid, reason} ->
+        exit(reason)
+    end
+  end
+
   @doc "Records a figure that is not a time, such as memory in words."
   @spec value(number(), String.t()) :: result()
   def value(number, unit), do: %{kind: :value, value: number, unit: unit}

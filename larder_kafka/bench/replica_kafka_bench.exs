@@ -246,10 +246,10 @@ defmodule Larder.ReplicaKafkaBench do
        %{
          setup: fn -> Table.new(Prices.table_opts(store: @store)) end,
          # A floor: its process starts with a heap that holds the decoded
-         # catalogue (about 80 words a price), so it does not pay for
-         # growing its heap by copying collections, which the replica,
-         # working in batches of 1,000, never does.
-         spawn_opts: [min_heap_size: 100 * n],
+         # catalogue (about 80 words a price) and the binaries it refers to,
+         # so it does not pay for growing its heap by copying collections,
+         # which the replica, working in batches of 1,000, never does.
+         spawn_opts: [min_heap_size: 100 * n, min_bin_vheap_size: 100_000_000],
          run: fn table ->
            prices =
              Enum.map(records, fn record ->
@@ -516,7 +516,7 @@ defmodule Larder.ReplicaKafkaBench do
     :erlang.garbage_collect()
     cpu0 = KafkaLoad.cpu_us()
     t0 = System.monotonic_time(:microsecond)
-    returned = run_in_process(fn -> column.run.(state) end, column[:spawn_opts] || [])
+    returned = Bench.in_process(fn -> column.run.(state) end, column[:spawn_opts] || [])
     wall = System.monotonic_time(:microsecond) - t0
     cpu = KafkaLoad.cpu_us() - cpu0
     if teardown = column[:teardown], do: teardown.(state, returned)
@@ -524,41 +524,6 @@ defmodule Larder.ReplicaKafkaBench do
     case returned do
       %{wall_us: wall, cpu_us: cpu} -> %{wall_us: wall, cpu_us: cpu}
       _ -> %{wall_us: wall, cpu_us: cpu}
-    end
-  end
-
-  # Runs `fun` in a process of its own, spawned with `spawn_opts`, and
-  # returns its result (a raise there is raised here).
-  defp run_in_process(fun, spawn_opts) do
-    parent = self()
-    ref = make_ref()
-
-    {pid, monitor} =
-      :erlang.spawn_opt(
-        fn ->
-          result =
-            try do
-              {:ok, fun.()}
-            catch
-              kind, reason -> {:raise, kind, reason, __STACKTRACE__}
-            end
-
-          send(parent, {ref, result})
-        end,
-        [:monitor | spawn_opts]
-      )
-
-    receive do
-      {^ref, result} ->
-        Process.demonitor(monitor, [:flush])
-
-        case result do
-          {:ok, value} -> value
-          {:raise, kind, reason, stack} -> :erlang.raise(kind, reason, stack)
-        end
-
-      {:DOWN, ^monitor, :process, ^pid, reason} ->
-        exit(reason)
     end
   end
 
