@@ -283,7 +283,7 @@ defmodule Larder.Replica do
     * **The source is down** (Redis stopped, paused, restarted): the reader
       reports `[:larder, :replica, :source, :error]`, logs one warning per
       outage (and one line once the source answers again), and connects
-      again after 100 ms, doubling to 2 s; it reads on from the last
+      again after 100 ms, doubling to 1 s; it reads on from the last
       position it handed over. A batch too large for the source (the
       reason `:batch_too_large`, see `Larder.Replica.Source`) is read in
       halves from then on. The structure keeps serving reads

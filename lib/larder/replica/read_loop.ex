@@ -1,7 +1,7 @@
 # The read loop of a replica, the same for every source: connect, tell the
 # source what is committed, read, and classify what came back (a batch,
 # nothing, a trim, a stop, an error); after an error close the connection
-# and wait 100 ms, doubling up to 2 s, before connecting again; a warning
+# and wait 100 ms, doubling up to 1 s, before connecting again; a warning
 # once per outage and an info line once the source answers again; a batch
 # too large for the source (`:batch_too_large`) read in halves from then on.
 # A data structure, no process: the reader (Larder.Replica.Reader) runs it,
@@ -12,7 +12,8 @@ defmodule Larder.Replica.ReadLoop do
   require Logger
 
   @min_wait_ms 100
-  @max_wait_ms 2_000
+  # A source back up is met within a second (plus a connect).
+  @max_wait_ms 1_000
 
   @enforce_keys [:source, :opts, :position, :count, :block_ms, :name]
   defstruct @enforce_keys ++

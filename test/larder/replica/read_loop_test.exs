@@ -60,7 +60,7 @@ defmodule Larder.Replica.ReadLoopTest do
            ] = S.calls(ctx.script)
   end
 
-  test "after an error: the connection closed, waits of 100 ms doubling to 2 s, " <>
+  test "after an error: the connection closed, waits of 100 ms doubling to 1 s, " <>
          "one warning per outage and one line once the source answers",
        ctx do
     S.script(ctx.script, :connect, List.duplicate({:error, unavailable()}, 6))
@@ -74,7 +74,7 @@ defmodule Larder.Replica.ReadLoopTest do
       end)
 
     {waits, loop} = waits
-    assert waits == [100, 200, 400, 800, 1_600, 2_000]
+    assert waits == [100, 200, 400, 800, 1_000, 1_000]
     assert ReadLoop.failing?(loop)
     assert length(String.split(log, @failed)) == 2
 
@@ -84,7 +84,7 @@ defmodule Larder.Replica.ReadLoopTest do
     log =
       capture_log(fn ->
         assert {:connected, loop} = ReadLoop.step(loop)
-        assert {{:error, _, 2_000}, loop} = ReadLoop.step(loop)
+        assert {{:error, _, 1_000}, loop} = ReadLoop.step(loop)
         refute loop.connected
         assert {:connected, loop} = ReadLoop.step(loop)
         assert {:empty, loop} = ReadLoop.step(loop)

@@ -207,7 +207,7 @@ defmodule Larder.Replica.Postgres do
 
   The server restarted, killed (SIGKILL) or unreachable, or a connection
   cut: the read fails with `:source_unavailable`, and the replica's reader
-  connects again after 100 ms, doubling up to 2 s, and streams from the
+  connects again after 100 ms, doubling up to 1 s, and streams from the
   position of the last entry it handed over, so nothing is lost or applied
   twice (a copy under way is a trim, above). A server that is down when
   the replica starts is the same: `await(r, :latest, t)` waits up to `t`,
