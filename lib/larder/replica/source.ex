@@ -37,7 +37,7 @@ defmodule Larder.Replica.Source do
   message it does not know.
   After a connect that failed, or a read, notice or commit that returned
   an error, the reader calls `close/1` (when it has a connection), waits
-  100 ms, doubling up to 2 s, and connects again, reading on from where it
+  100 ms, doubling up to 1 s, and connects again, reading on from where it
   was. A `connect/1`, `read/4`, `notify/2`, `committed/2` or `close/1`
   that raises, throws or exits, or returns something the contract does
   not allow, is handled as an error of the source's (`:source_failed`,
