@@ -4,6 +4,8 @@
 defmodule Larder.Postgres.CopyText do
   @moduledoc false
 
+  alias Larder.Postgres.Protocol
+
   # Contract (internal).
   #
   # The format (PostgreSQL's "COPY", File Formats, Text Format): a row
@@ -22,7 +24,8 @@ defmodule Larder.Postgres.CopyText do
   # last newline; parse_row/2 gives a row's fields, checking their count.
   # Neither raises on any bytes. The values are binaries as the server
   # sent them (UTF-8, the client_encoding the client asks for), escapes
-  # undone; nothing else is interpreted.
+  # undone, each larger than 64 bytes a binary of its own
+  # (Protocol.detach/1); nothing else is interpreted.
 
   @doc """
   The whole rows of `buffer` (without their newlines) and the bytes after
@@ -55,7 +58,7 @@ defmodule Larder.Postgres.CopyText do
     cond do
       count != nil and length(fields) != count -> :error
       # most rows: no NULL and nothing escaped, so the fields are the values
-      plain?(row) -> {:ok, fields}
+      plain?(row) -> {:ok, Enum.map(fields, &Protocol.detach/1)}
       true -> fields(fields, [])
     end
   end
@@ -73,14 +76,14 @@ defmodule Larder.Postgres.CopyText do
   defp fields([field | rest], acc) do
     cond do
       plain?(field) ->
-        fields(rest, [field | acc])
+        fields(rest, [Protocol.detach(field) | acc])
 
       :binary.match(field, "\r") != :nomatch ->
         :error
 
       true ->
         case unescape(field, 0, []) do
-          {:ok, value} -> fields(rest, [value | acc])
+          {:ok, value} -> fields(rest, [Protocol.detach(value) | acc])
           :error -> :error
         end
     end

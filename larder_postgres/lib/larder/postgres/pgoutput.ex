@@ -5,6 +5,8 @@
 defmodule Larder.Postgres.Pgoutput do
   @moduledoc false
 
+  alias Larder.Postgres.Protocol
+
   # Contract (internal).
   #
   # decode/1 parses one message, never raising: {:ok, message} or
@@ -214,7 +216,7 @@ defmodule Larder.Postgres.Pgoutput do
 
   defp tuple_values(<<?t, length::32, rest::binary>>, n, acc) when byte_size(rest) >= length do
     <<value::binary-size(length), rest::binary>> = rest
-    tuple_values(rest, n - 1, [value | acc])
+    tuple_values(rest, n - 1, [Protocol.detach(value) | acc])
   end
 
   defp tuple_values(_rest, _n, _acc), do: :error

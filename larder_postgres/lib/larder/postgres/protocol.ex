@@ -88,6 +88,24 @@ defmodule Larder.Postgres.Protocol do
 
   ## Frontend messages
 
+  @doc """
+  `value` (a column's bytes, a part of a buffer read from the socket) as a
+  binary of its own when it is larger than 64 bytes and its buffer is
+  more than twice its size; `value` itself otherwise. A value kept in an
+  ETS table or a process holds the whole buffer it is part of (a read
+  takes up to 64 KiB): one long value kept per buffer would hold memory
+  many times the data. A value of 64 bytes or less is copied by ETS when
+  it is stored.
+  """
+  @spec detach(binary()) :: binary()
+  def detach(value) when byte_size(value) > 64 do
+    if :binary.referenced_byte_size(value) > 2 * byte_size(value),
+      do: :binary.copy(value),
+      else: value
+  end
+
+  def detach(value), do: value
+
   @doc "The StartupMessage: protocol 3.0 and `params` (`{name, value}` strings)."
   @spec startup([{String.t(), String.t()}]) :: iodata()
   def startup(params) do

@@ -20,6 +20,22 @@ defmodule Larder.Postgres.CopyTextTest do
     assert CopyText.parse_row("ünï\tcødé 🎉", 2) == {:ok, ["ünï", "cødé 🎉"]}
   end
 
+  # A row is part of a 64 KiB read: a value kept from it must not hold the
+  # whole read in memory.
+  test "a value over 64 bytes is a binary of its own; smaller ones may share the row" do
+    long = String.duplicate("x", 100)
+    escaped = String.duplicate("y", 99) <> "\\t"
+    buffer = "1\t" <> long <> "\t" <> escaped <> "\t" <> String.duplicate("z", 65_536)
+    row = binary_part(buffer, 0, 2 + 100 + 1 + byte_size(escaped))
+
+    assert {:ok, ["1", ^long, value]} = CopyText.parse_row(row, 3)
+    assert value == String.duplicate("y", 99) <> "\t"
+    assert :binary.referenced_byte_size(long_of(CopyText.parse_row(row, 3))) == 100
+    assert :binary.referenced_byte_size(value) == 100
+  end
+
+  defp long_of({:ok, [_, long, _]}), do: long
+
   test "rows of the wrong shape are errors" do
     assert CopyText.parse_row("a\tb", 3) == :error
     assert CopyText.parse_row("a\\", 1) == :error

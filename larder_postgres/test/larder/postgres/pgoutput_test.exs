@@ -43,6 +43,18 @@ defmodule Larder.Postgres.PgoutputTest do
   defp items,
     do: relation(16_390, "public", "items", ?d, [{true, "id"}, {false, "name"}, {false, "body"}])
 
+  # A message is part of a 64 KiB read: a value kept from it must not
+  # hold the whole read in memory.
+  test "a value over 64 bytes is a binary of its own" do
+    long = String.duplicate("x", 100)
+    insert = <<?I, 16_390::32, ?N>> <> tuple(["1", long, "short"])
+    bytes = binary_part(insert <> :binary.copy("z", 65_536), 0, byte_size(insert))
+    assert {:ok, message} = Pgoutput.decode(bytes)
+    values = message |> Tuple.to_list() |> List.last()
+    assert [_, ^long, "short"] = values
+    assert :binary.referenced_byte_size(Enum.at(values, 1)) == 100
+  end
+
   test "a transaction's changes become entries of the documented shape" do
     out =
       fold([
