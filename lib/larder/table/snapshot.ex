@@ -125,13 +125,25 @@ defmodule Larder.Table.Snapshot do
     fields = Enum.sort(fields)
 
     for {id, stored} = item <- items do
-      if map_size(stored) == n,
-        do: {id, List.to_tuple(for(field <- fields, do: :erlang.map_get(field, stored)))},
-        else: item
+      case map_size(stored) == n and values(fields, stored, []) do
+        values when is_list(values) -> {id, List.to_tuple(values)}
+        _ -> item
+      end
     end
   end
 
   defp compact(items, _fields), do: items
+
+  # The values of `fields` in `stored`, or false when one is missing (a
+  # record of a file forged with other keys, loaded as it was).
+  defp values([field | rest], stored, acc) do
+    case stored do
+      %{^field => value} -> values(rest, stored, [value | acc])
+      _ -> false
+    end
+  end
+
+  defp values([], _stored, acc), do: :lists.reverse(acc)
 
   defp chunk(kind, items) do
     payload = :erlang.term_to_binary(items)

@@ -247,6 +247,25 @@ defmodule Larder.Table.SnapshotTest do
       assert same?(table, copy, 5)
     end
 
+    # A forged row may hold as many keys as the stored fields but other
+    # ones (a row is checked for its key only): its table still dumps, and
+    # the dump loads.
+    test "a loaded record of other keys dumps and loads again", %{good: good, dir: dir} do
+      <<"LARDERTAB", 2, rest::binary>> = good
+      [definition, {2, n, p} | others] = parse(rest)
+      [{id, _values} | rows] = :erlang.binary_to_term(p)
+      forged = [{id, %{id: id, a: 1, other: 2}} | rows]
+      chunks = [definition, {2, n, :erlang.term_to_binary(forged)} | others]
+
+      assert {:ok, table} = load_file(dir, frame(chunks))
+      assert Table.get(table, id) == %{id: id, a: 1, other: 2}
+      path = Path.join(dir, "again")
+      assert :ok = Table.dump(table, path)
+      assert {:ok, again} = Table.load(path, opts([:a, :tags]))
+      assert Table.get(again, id) == %{id: id, a: 1, other: 2}
+      assert same?(table, again, 5)
+    end
+
     test "a file of another definition is refused", %{good: good, dir: dir} do
       for other <- [
             opts(nil),
