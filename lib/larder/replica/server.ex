@@ -195,8 +195,8 @@ defmodule Larder.Replica.Server do
     {:ok, state}
   end
 
-  # A reader started for a structure that could not be made: gone before
-  # start_link/1 returns, with what it sent.
+  # A reader started for a structure that could not be made: gone, and its
+  # connection with it, before start_link/1 returns.
   defp stop_reader(reader) do
     monitor = Process.monitor(reader)
     kill(reader)
@@ -222,21 +222,26 @@ defmodule Larder.Replica.Server do
   end
 
   # The snapshot to start from (:none, or its dump) and the offset to read
-  # from.
+  # from. An ArgumentError (of the source's options) is raised in
+  # start_link/1's caller.
   defp find_snapshot(identity, opts, lock) do
     {source, source_opts} = opts[:source]
 
     result =
-      case opts[:snapshot] do
-        nil ->
-          {:ok, :none, source.origin(source_opts)}
+      try do
+        case opts[:snapshot] do
+          nil ->
+            {:ok, :none, source.origin(source_opts)}
 
-        path ->
-          case Snapshot.read(path, identity) do
-            :none -> {:ok, :none, source.origin(source_opts)}
-            {:ok, %{offset: offset, dump: dump}} -> {:ok, {path, dump, offset}, offset}
-            {:error, error} -> {:error, error}
-          end
+          path ->
+            case Snapshot.read(path, identity) do
+              :none -> {:ok, :none, source.origin(source_opts)}
+              {:ok, %{offset: offset, dump: dump}} -> {:ok, {path, dump, offset}, offset}
+              {:error, error} -> {:error, error}
+            end
+        end
+      rescue
+        error in ArgumentError -> {:error, error}
       end
 
     with {:error, _} <- result, do: release_path(lock)
