@@ -485,7 +485,7 @@ defmodule Larder.Cache.Redis do
 
   Every call of the cache returns within `:timeout` ms of Redis time in
   all (see `deadline/2`: tested with a server that answers every command
-  480 ms late, under `timeout: 500`); an unreachable, slow or failing
+  960 ms late, under `timeout: 1000`); an unreachable, slow or failing
   server gives `{:error, %Larder.Error{reason: :l2_unavailable}}`, an error
   reply gives `:l2_failed`, and a reply that is not what Redis sends for
   that command gives `:l2_bad_reply`: `GET` must return a binary or nil,
