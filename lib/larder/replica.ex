@@ -358,8 +358,8 @@ defmodule Larder.Replica do
   parsed, and `apply` runs once per entry, besides the same Table writes.
   A restart costs `load/2` of the snapshot plus the writes of the entries
   after it: the reader connects, reads and runs an arity-1 `apply` over
-  its first batch while the snapshot loads. The
-  lag is a wake-up of the blocked `XREAD` plus one batch's apply. A
+  its first batch while the snapshot loads. The lag is a wake-up of the
+  blocked `XREAD` plus one batch's apply. A
   snapshot of a Table stops the replica for the cut only (constant time:
   two ETS tables made, the index's snapshot kept); the dump's process then
   runs beside it at low priority (the replica's and the table's processes
