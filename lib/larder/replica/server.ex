@@ -128,7 +128,7 @@ defmodule Larder.Replica.Server do
     }
 
     with {:ok, lock} <- claim_path(opts[:snapshot], name),
-         {:ok, found, offset} <- find_snapshot(identity, opts, lock) do
+         {:ok, found, offset} <- releasing_on_error(lock, fn -> find_snapshot(identity, opts) end) do
       # The reader connects, reads and runs a pure apply over its first
       # batch while the structure loads: a restart waits for the longer of
       # the two, not for both. Its batches wait in this process's mailbox.
@@ -143,7 +143,7 @@ defmodule Larder.Replica.Server do
           name: name
         )
 
-      case safe_start_target(target, found, opts, lock) do
+      case releasing_on_error(lock, fn -> start_target(target, found, name) end) do
         {:ok, structure} ->
           started(opts, %{apply | handle: structure}, identity, lock, reader, offset)
 
@@ -221,47 +221,35 @@ defmodule Larder.Replica.Server do
     :ignore
   end
 
-  # The snapshot to start from (:none, or its dump) and the offset to read
-  # from. An ArgumentError (of the source's options) is raised in
-  # start_link/1's caller.
-  defp find_snapshot(identity, opts, lock) do
+  # Runs a step of the start, `fun`: an ArgumentError there (bad options
+  # of the source or the structure) becomes an error, which start_link/1
+  # raises in its caller; on any error the snapshot path is released.
+  defp releasing_on_error(lock, fun) do
+    result =
+      try do
+        fun.()
+      rescue
+        error in ArgumentError -> {:error, error}
+      end
+
+    with {:error, _} <- result, do: release_path(lock)
+    result
+  end
+
+  # The snapshot to start from (:none, or its path, dump and offset) and
+  # the offset to read from.
+  defp find_snapshot(identity, opts) do
     {source, source_opts} = opts[:source]
+    path = opts[:snapshot]
 
-    result =
-      try do
-        case opts[:snapshot] do
-          nil ->
-            {:ok, :none, source.origin(source_opts)}
-
-          path ->
-            case Snapshot.read(path, identity) do
-              :none -> {:ok, :none, source.origin(source_opts)}
-              {:ok, %{offset: offset, dump: dump}} -> {:ok, {path, dump, offset}, offset}
-              {:error, error} -> {:error, error}
-            end
-        end
-      rescue
-        error in ArgumentError -> {:error, error}
-      end
-
-    with {:error, _} <- result, do: release_path(lock)
-    result
+    case if(path, do: Snapshot.read(path, identity), else: :none) do
+      :none -> {:ok, :none, source.origin(source_opts)}
+      {:ok, %{offset: offset, dump: dump}} -> {:ok, {path, dump, offset}, offset}
+      {:error, error} -> {:error, error}
+    end
   end
 
-  # The structure, empty or from the snapshot's dump. Bad options of the
-  # structure raise in start_link/1's caller.
-  defp safe_start_target(target, found, opts, lock) do
-    result =
-      try do
-        start_target(target, found, opts[:name])
-      rescue
-        error in ArgumentError -> {:error, error}
-      end
-
-    with {:error, _} <- result, do: release_path(lock)
-    result
-  end
-
+  # The structure, empty or from the snapshot's dump.
   defp start_target(target, :none, _name), do: {:ok, Target.create(target)}
 
   defp start_target(target, {path, dump, offset}, name) do
