@@ -99,6 +99,7 @@ defmodule Larder.Table.Snapshot do
           :ok | {:error, Larder.Error.t()}
   def dump(table, cut, index, path, walk) do
     names = Enum.map(table.entries, &elem(&1, 0))
+    fields = value_fields(table)
 
     Larder.SnapshotFile.write(path, "Larder.Table.dump/2", fn write ->
       definition = [{table.key, table.store, names, cut.next, cut.free}]
@@ -106,7 +107,7 @@ defmodule Larder.Table.Snapshot do
       with :ok <- write.([@magic, @version]),
            :ok <- write.(chunk(@definition, definition)),
            {:ok, rows} <-
-             walk.(table.rows, :rows, cut, &write.(chunk(@rows, compact(&1, table.store)))),
+             walk.(table.rows, :rows, cut, &write.(chunk(@rows, compact(&1, fields)))),
            {:ok, keys} <- walk.(table.keys, :keys, cut, &write.(chunk(@keys, &1))),
            {:ok, count} <- write_list(write, @index, Native.index_export(index), 0) do
         write.(<<0, rows::64, keys::64, count::64>>)
@@ -114,15 +115,23 @@ defmodule Larder.Table.Snapshot do
     end)
   end
 
-  # With :store, each stored record that holds every stored field becomes
-  # {id, values}: load/2 decodes values about five times faster than maps
+  # The stored fields whose values a version 2 file writes instead of the
+  # record (with :store, at most @max_compact of them), in term order, the
+  # order a map keeps its keys in, so the NIF builds each map without
+  # sorting them; nil when records are written whole.
+  defp value_fields(%{store: fields}) when is_list(fields) and length(fields) <= @max_compact,
+    do: Enum.sort(fields)
+
+  defp value_fields(_table), do: nil
+
+  # Each stored record that holds every one of `fields` becomes {id,
+  # values}: load/2 decodes values about five times faster than maps
   # (binary_to_term/2 with :safe), and builds the maps in the NIF with the
   # keys it knows (Native.table_rows_expand/2).
-  defp compact(items, fields) when is_list(fields) and length(fields) <= @max_compact do
+  defp compact(items, nil), do: items
+
+  defp compact(items, fields) do
     n = length(fields)
-    # In term order, the order a map keeps its keys in: the NIF then builds
-    # each map without sorting them.
-    fields = Enum.sort(fields)
 
     for {id, stored} = item <- items do
       case map_size(stored) == n and values(fields, stored, []) do
@@ -131,8 +140,6 @@ defmodule Larder.Table.Snapshot do
       end
     end
   end
-
-  defp compact(items, _fields), do: items
 
   # The values of `fields` in `stored`, or false when one is missing (a
   # record of a file forged with other keys, loaded as it was).
@@ -320,10 +327,10 @@ defmodule Larder.Table.Snapshot do
   # Each process's garbage goes with it. Each chunk's row ids come back as
   # one binary of 32-bit ids, for the NIF to check the index against.
   defp fill_rows(table, chunks, version) do
-    expand = version >= 2 and is_list(table.store) and length(table.store) <= @max_compact
+    fields = if version >= 2, do: value_fields(table)
 
     chunks
-    |> Task.async_stream(&fill_chunk(table, &1, expand),
+    |> Task.async_stream(&fill_chunk(table, &1, fields),
       max_concurrency: System.schedulers_online(),
       ordered: false,
       timeout: :infinity
@@ -334,9 +341,9 @@ defmodule Larder.Table.Snapshot do
     end)
   end
 
-  defp fill_chunk(table, {_kind, count, payload}, expand) do
+  defp fill_chunk(table, {_kind, count, payload}, fields) do
     with {:ok, items, ^count} <- decode(payload),
-         {:ok, items, ids} <- expand_rows(items, count, table.store, expand),
+         {:ok, items, ids} <- expand_rows(items, count, fields),
          {:ok, top} <- rows(items, table.key, 0) do
       :ets.insert(table.rows, items)
       {:ok, top, ids}
@@ -421,15 +428,14 @@ defmodule Larder.Table.Snapshot do
     end
   end
 
-  # A version 2 chunk of a :store table: the rows as maps again, and their
-  # ids packed in a binary (see row_ids/2), in one pass of the NIF.
-  defp expand_rows(items, count, _fields, false) do
+  # A chunk's rows and their ids packed in a binary (see row_ids/2); in a
+  # version 2 file with value fields (value_fields/1), the rows as maps
+  # again and the ids, in one pass of the NIF.
+  defp expand_rows(items, count, nil) do
     with {:ok, ids} <- row_ids(items, count), do: {:ok, items, ids}
   end
 
-  defp expand_rows(items, count, fields, true) do
-    fields = Enum.sort(fields)
-
+  defp expand_rows(items, count, fields) do
     expanded =
       if count <= @normal_expand,
         do: Native.table_rows_expand(fields, items),
