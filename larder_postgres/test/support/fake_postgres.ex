@@ -99,6 +99,20 @@ defmodule Larder.Test.FakePostgres do
     msg(?T, <<1::16, column::binary, 0, 0::32, 0::16, 25::32, -1::16, -1::32, 0::16>>)
   end
 
+  @doc """
+  A handler for `start/1`: accepts the startup, answers ready, waits for
+  one query and sends `answer` to it, then holds the connection open.
+  """
+  def answering(answer) do
+    fn socket ->
+      recv_startup(socket)
+      :gen_tcp.send(socket, ready())
+      {?Q, _} = recv_message(socket)
+      :gen_tcp.send(socket, answer)
+      Process.sleep(:infinity)
+    end
+  end
+
   @doc "Sends `data` until the client goes away."
   def send_forever(socket, data) do
     case :gen_tcp.send(socket, data) do

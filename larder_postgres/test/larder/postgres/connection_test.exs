@@ -547,14 +547,7 @@ defmodule Larder.Postgres.ConnectionHostileTest do
             # a message type that does not exist
             msg(?!, "")
           ] do
-        fake =
-          fake(fn socket ->
-            FakePostgres.recv_startup(socket)
-            :gen_tcp.send(socket, FakePostgres.ready())
-            {?Q, _} = FakePostgres.recv_message(socket)
-            :gen_tcp.send(socket, answer)
-            Process.sleep(:infinity)
-          end)
+        fake = fake(FakePostgres.answering(answer))
 
         {:ok, conn} = Connection.connect(fake_options(fake))
 
@@ -618,18 +611,11 @@ defmodule Larder.Postgres.ConnectionHostileTest do
 
     test "a COPY row that is not the text format is refused" do
       fake =
-        fake(fn socket ->
-          FakePostgres.recv_startup(socket)
-          :gen_tcp.send(socket, FakePostgres.ready())
-          {?Q, _} = FakePostgres.recv_message(socket)
-
-          :gen_tcp.send(
-            socket,
+        fake(
+          FakePostgres.answering(
             msg(?H, <<0, 2::16, 0::16, 0::16>>) <> msg(?d, "only one field\n")
           )
-
-          Process.sleep(:infinity)
-        end)
+        )
 
       {:ok, conn} = Connection.connect(fake_options(fake))
       {:ok, conn} = Connection.copy_out(conn, "COPY t TO STDOUT", 5_000)
@@ -639,15 +625,10 @@ defmodule Larder.Postgres.ConnectionHostileTest do
     end
 
     test "COPY rows however the CopyData messages cut them: each once, in order" do
+      # several rows in one message, a row over three, a NULL, an escape
       fake =
-        fake(fn socket ->
-          FakePostgres.recv_startup(socket)
-          :gen_tcp.send(socket, FakePostgres.ready())
-          {?Q, _} = FakePostgres.recv_message(socket)
-
-          # several rows in one message, a row over three, a NULL, an escape
-          :gen_tcp.send(
-            socket,
+        fake(
+          FakePostgres.answering(
             msg(?H, <<0, 2::16, 0::16, 0::16>>) <>
               msg(?d, "a\t1\nb\t2\nc") <>
               msg(?d, "\t3") <>
@@ -656,9 +637,7 @@ defmodule Larder.Postgres.ConnectionHostileTest do
               msg(?d, "e\\tf\t5\n") <>
               msg(?c, "") <> msg(?C, "COPY 5\0") <> msg(?Z, "I")
           )
-
-          Process.sleep(:infinity)
-        end)
+        )
 
       {:ok, conn} = Connection.connect(fake_options(fake))
       {:ok, conn} = Connection.copy_out(conn, "COPY t TO STDOUT", 5_000)

@@ -159,20 +159,14 @@ defmodule Larder.Postgres.SnapshotCopyHostileTest do
   import FakePostgres, only: [msg: 2]
 
   test "a COPY of another column count than the table's is a bad reply, not a short row" do
+    # two columns announced and sent, for a table of three
     fake =
-      FakePostgres.start(fn socket ->
-        FakePostgres.recv_startup(socket)
-        :gen_tcp.send(socket, FakePostgres.ready())
-        {?Q, _} = FakePostgres.recv_message(socket)
-        # two columns announced and sent, for a table of three
-        :gen_tcp.send(
-          socket,
+      FakePostgres.start(
+        FakePostgres.answering(
           msg(?H, <<0, 2::16, 0::16, 0::16>>) <>
             msg(?d, "1\tx\n") <> msg(?c, "") <> msg(?C, "COPY 1\0") <> msg(?Z, "I")
         )
-
-        Process.sleep(:infinity)
-      end)
+      )
 
     on_exit(fn -> FakePostgres.stop(fake) end)
     table = %{schema: "public", table: "t", columns: ["id", "a", "b"]}
