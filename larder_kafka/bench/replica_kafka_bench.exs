@@ -217,6 +217,21 @@ defmodule Larder.ReplicaKafkaBench do
     pid
   end
 
+  # The replica as a column: started, awaited to the log's end, its
+  # structure's size (`size.()`) checked against `n`; killed after the
+  # timed run.
+  defp replica_column(opts, size, n) do
+    %{
+      run: fn _ ->
+        pid = start!(opts)
+        :ok = Replica.await(pid, :latest, :infinity)
+        ^n = size.()
+        pid
+      end,
+      teardown: fn _, pid -> kill(pid) end
+    }
+  end
+
   defp kill(pid) do
     ref = Process.monitor(pid)
     Process.exit(pid, :kill)
@@ -269,16 +284,7 @@ defmodule Larder.ReplicaKafkaBench do
        }},
       c_column(ctx, c, @prices, n),
       java_column(ctx, java, "map", @prices, n),
-      {col,
-       %{
-         run: fn _ ->
-           pid = start!(opts)
-           :ok = Replica.await(pid, :latest, :infinity)
-           ^n = Table.size(:bench_prices)
-           pid
-         end,
-         teardown: fn _, pid -> kill(pid) end
-       }}
+      {col, replica_column(opts, fn -> Table.size(:bench_prices) end, n)}
     ]
 
     results = rounds(columns, Bench.pick(bench, 1, 3), n)
@@ -377,22 +383,16 @@ defmodule Larder.ReplicaKafkaBench do
       {bag, ets.(:bag)},
       java_column(ctx, java_map, "story", @story, n),
       {col,
-       %{
-         run: fn _ ->
-           pid =
-             start!(
-               name: :bench_story,
-               into: {Bag, name: :bench_story_bag},
-               source: source,
-               apply: &KafkaLoad.story_apply/1
-             )
-
-           :ok = Replica.await(pid, :latest, :infinity)
-           ^n = Bag.size(:bench_story_bag)
-           pid
-         end,
-         teardown: fn _, pid -> kill(pid) end
-       }}
+       replica_column(
+         [
+           name: :bench_story,
+           into: {Bag, name: :bench_story_bag},
+           source: source,
+           apply: &KafkaLoad.story_apply/1
+         ],
+         fn -> Bag.size(:bench_story_bag) end,
+         n
+       )}
     ]
 
     results = rounds(columns, Bench.pick(bench, 1, 3), n)
