@@ -310,53 +310,126 @@ defmodule Larder.Table.Snapshot do
   def fill(table, %{chunks: [_definition | chunks], next: next, free: free} = read, path) do
     names = Map.new(table.entries, fn {name, _} -> {name, true} end)
     {rows, others} = Enum.split_with(chunks, &(elem(&1, 0) == @rows))
+    {keys, index} = Enum.split_with(others, &(elem(&1, 0) == @keys))
+    fillers = start_fillers(table, rows, read.version)
 
-    with {:ok, top, ids} <- fill_rows(table, rows, read.version),
-         {:ok, {keyed, terms}} <- fill_others(table, names, others),
-         :ok <- check_ids(table, keyed, free, next, path),
-         :ok <- import(table, terms, ids, path) do
-      {:ok, {next, free, top}}
-    else
+    # The index is imported while the fillers insert the rows they
+    # decoded: it needs only their ids. Keys are checked against the
+    # inserted rows.
+    result =
+      with {:ok, top, ids} <- await_fillers(fillers, :decoded, {0, []}),
+           {:ok, terms} <- decode_chunks(index, [], &take_index(&1, names, &2)),
+           :ok <- import(table, Enum.concat(terms), ids, path),
+           {:ok, _} <- await_fillers(fillers, :inserted, nil),
+           {:ok, keyed} <- decode_chunks(keys, [], &take_keys(&1, table, &2)),
+           :ok <- check_ids(table, keyed, free, next, path) do
+        {:ok, {next, free, top}}
+      end
+
+    Enum.each(fillers, &Task.shutdown(&1, :brutal_kill))
+
+    case result do
+      {:ok, _} = ok -> ok
       {:error, %Larder.Error{}} = error -> error
       {:error, why} -> corrupt("a chunk #{why}", path)
     end
   end
 
   # Rows are decoded and inserted (the rows table is public) by as many
-  # processes as there are schedulers: decoding records is most of a load.
-  # Each process's garbage goes with it. Each chunk's row ids come back as
-  # one binary of 32-bit ids, for the NIF to check the index against.
-  defp fill_rows(table, chunks, version) do
+  # processes as there are schedulers, the fillers, each with its share of
+  # the chunks: decoding and inserting records is most of a load. A filler
+  # decodes all of its chunks first and sends the parent their row ids
+  # (one binary of 32-bit ids per chunk, for the NIF to check the index
+  # against) and its top direct id, then inserts them, while the parent
+  # imports the index (which needs every id) beside the inserts. A
+  # filler's garbage goes with it.
+  defp start_fillers(table, chunks, version) do
     fields = if version >= 2, do: value_fields(table)
+    parent = self()
+    n = max(1, min(System.schedulers_online(), length(chunks)))
 
     chunks
-    |> Task.async_stream(&fill_chunk(table, &1, fields),
-      max_concurrency: System.schedulers_online(),
-      ordered: false,
-      timeout: :infinity
-    )
-    |> Enum.reduce_while({:ok, 0, []}, fn
-      {:ok, {:ok, top, ids}}, {:ok, max, all} -> {:cont, {:ok, max(top, max), [ids | all]}}
-      {:ok, {:error, _} = error}, _ -> {:halt, error}
+    |> Enum.with_index()
+    |> Enum.group_by(fn {_chunk, i} -> rem(i, n) end, &elem(&1, 0))
+    |> Enum.map(fn {_, share} ->
+      Task.async(fn -> fill_share(table, share, fields, parent) end)
     end)
   end
 
-  defp fill_chunk(table, {_kind, count, payload}, fields) do
+  defp fill_share(table, share, fields, parent) do
+    case decode_share(share, table.key, fields, {0, [], []}) do
+      {:ok, {top, ids, decoded}} ->
+        send(parent, {:decoded, self(), {:ok, top, ids}})
+        Enum.each(decoded, &:ets.insert(table.rows, &1))
+        :inserted
+
+      {:error, _} = error ->
+        send(parent, {:decoded, self(), error})
+        error
+    end
+  end
+
+  defp decode_share([{_kind, count, payload} | rest], key, fields, {top, ids, decoded}) do
     with {:ok, items, ^count} <- decode(payload),
-         {:ok, items, ids} <- expand_rows(items, count, fields),
-         {:ok, top} <- rows(items, table.key, 0) do
-      :ets.insert(table.rows, items)
-      {:ok, top, ids}
+         {:ok, items, chunk_ids} <- expand_rows(items, count, fields),
+         {:ok, chunk_top} <- rows(items, key, 0) do
+      if decoded == [], do: reserve(items, count, rest)
+      acc = {max(top, chunk_top), [chunk_ids | ids], [items | decoded]}
+      decode_share(rest, key, fields, acc)
     else
       {:ok, _items, n} -> {:error, "holds #{n} items, its header says #{count}"}
       {:error, _} = error -> error
     end
   end
 
-  defp fill_others(table, names, chunks) do
-    Enum.reduce_while(chunks, {:ok, {[], []}}, fn {kind, count, payload}, {:ok, acc} ->
+  defp decode_share([], _key, _fields, acc), do: {:ok, acc}
+
+  # A filler holds every record of its share until it inserts them: a
+  # heap that grows to that size by collections would copy them about
+  # three times (a third of a load's time). So, once the first chunk is
+  # decoded, its heap is made the share's size at once: the first chunk's
+  # words a row, times the rows to come, at most a word for each byte of
+  # the share's payload (a header's count is checked only on decoding).
+  defp reserve(items, count, rest) do
+    per_row = div(3 * :erts_debug.flat_size(items), 2 * count) + 1
+
+    {rows, bytes} =
+      Enum.reduce(rest, {count, 0}, fn {_kind, n, payload}, {rows, bytes} ->
+        {rows + min(n, byte_size(payload)), bytes + byte_size(payload)}
+      end)
+
+    words = min(per_row * rows, max(bytes, per_row * count))
+    Process.flag(:min_heap_size, words)
+    :erlang.garbage_collect()
+  end
+
+  # Waits for every filler's `stage`: :decoded gathers their tops and ids.
+  defp await_fillers([], :decoded, {top, ids}), do: {:ok, top, ids}
+  defp await_fillers([], :inserted, acc), do: {:ok, acc}
+
+  defp await_fillers(fillers, :decoded, {top, ids}) do
+    receive do
+      {:decoded, pid, reply} ->
+        case reply do
+          {:ok, share_top, share_ids} ->
+            rest = Enum.reject(fillers, &(&1.pid == pid))
+            await_fillers(rest, :decoded, {max(top, share_top), share_ids ++ ids})
+
+          {:error, _} = error ->
+            error
+        end
+    end
+  end
+
+  defp await_fillers([filler | rest], :inserted, acc) do
+    :inserted = Task.await(filler, :infinity)
+    await_fillers(rest, :inserted, acc)
+  end
+
+  defp decode_chunks(chunks, acc, take) do
+    Enum.reduce_while(chunks, {:ok, acc}, fn {_kind, count, payload}, {:ok, acc} ->
       with {:ok, items, ^count} <- decode(payload),
-           {:ok, acc} <- take(kind, items, table, names, acc) do
+           {:ok, acc} <- take.(items, acc) do
         {:cont, {:ok, acc}}
       else
         {:ok, _items, n} -> {:halt, {:error, "holds #{n} items, its header says #{count}"}}
@@ -365,23 +438,23 @@ defmodule Larder.Table.Snapshot do
     end)
   end
 
-  defp take(@keys, items, table, _names, {keyed, terms}) do
+  defp take_keys(items, table, keyed) do
     case keys(items, table, keyed) do
       {:ok, keyed} ->
         :ets.insert(table.keys, items)
-        {:ok, {keyed, terms}}
+        {:ok, keyed}
 
       error ->
         error
     end
   end
 
-  defp take(@index, items, _table, names, {keyed, terms}) do
+  defp take_index(items, names, terms) do
     if Enum.all?(
          items,
          &match?({{name, _}, bin} when is_map_key(names, name) and is_binary(bin), &1)
        ),
-       do: {:ok, {keyed, [items | terms]}},
+       do: {:ok, [items | terms]},
        else: {:error, "holds an index entry of the wrong shape"}
   end
 
@@ -463,7 +536,7 @@ defmodule Larder.Table.Snapshot do
   end
 
   defp import(table, terms, ids, path) do
-    case Native.index_import(table.index.ref, Enum.concat(terms), ids) do
+    case Native.index_import(table.index.ref, terms, ids) do
       {:ok, 0} ->
         :ok
 
