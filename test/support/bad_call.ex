@@ -7,20 +7,48 @@ defmodule Larder.Test.BadCall do
   `apply(mod, fun, args)`: its result; `:argument_error` when it raises an
   `ArgumentError`; `{:raised, exception, stacktrace}` for any other
   exception. A `start_link` that started a process (the options happened
-  to be valid) has it stopped, and gives `:ok`.
+  to be valid) has it stopped, and gives `:ok`; exits are trapped
+  meanwhile, as a supervisor traps them: such a process may stop on its
+  own first, with a reason that would end the caller (a replica whose
+  arbitrary `:apply` fails on an entry stops with `{:shutdown, error}`).
   """
-  def run(mod, fun, args) do
+  def run(mod, :start_link, args) do
+    trapping = Process.flag(:trap_exit, true)
+
+    try do
+      call(mod, :start_link, args)
+    after
+      Process.flag(:trap_exit, trapping)
+    end
+  end
+
+  def run(mod, fun, args), do: call(mod, fun, args)
+
+  defp call(mod, fun, args) do
     apply(mod, fun, args)
   rescue
     ArgumentError -> :argument_error
     other -> {:raised, other, __STACKTRACE__}
   else
     {:ok, pid} when fun == :start_link and is_pid(pid) ->
-      GenServer.stop(pid)
+      stop(pid)
       :ok
 
     result ->
       result
+  end
+
+  defp stop(pid) do
+    GenServer.stop(pid)
+  catch
+    # it stopped on its own first
+    :exit, _ -> :ok
+  after
+    receive do
+      {:EXIT, ^pid, _} -> :ok
+    after
+      0 -> :ok
+    end
   end
 
   @doc """
