@@ -74,6 +74,8 @@ defmodule Larder.Native do
   def index_export(_index), do: not_loaded()
   def index_import(_index, _entries, _rows), do: not_loaded()
   def table_row_ids(_items), do: not_loaded()
+  def table_payload_row_ids(_payload), do: not_loaded()
+  def table_payload_row_ids_dirty(_payload), do: not_loaded()
   def table_row_ids_dirty(_items), do: not_loaded()
   def table_rows_expand(_fields, _items), do: not_loaded()
   def table_rows_expand_dirty(_fields, _items), do: not_loaded()

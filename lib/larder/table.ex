@@ -84,10 +84,8 @@ defmodule Larder.Table do
   which it bounds (see "Failures"); `load/2` decodes the records' chunks
   in as many processes as there are schedulers, and checks and builds the
   index (and its id-to-terms map, with `:store`) in one NIF call on a
-  dirty scheduler while they insert the records. Each of those processes
-  holds its decoded records until the index call can start, so a load
-  briefly takes, besides the file and the new table, about 1.5 times the
-  records' size on the process heap.
+  dirty scheduler while they decode and insert the records (it needs
+  their row ids, which the NIF reads from the records' bytes first).
 
   ## Concurrency
 

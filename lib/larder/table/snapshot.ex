@@ -46,7 +46,9 @@ defmodule Larder.Table.Snapshot do
   # deserialisation, chunk ranges, distinct terms), and its ids are cut
   # down to the rows: checksums catch damage, not forgery, and a few bytes
   # of run container name 65,536 ids. fill/3 hands the NIF the row ids of
-  # the file (one binary of 32-bit ids per rows chunk); every chunk of
+  # the file (one binary of 32-bit ids per rows chunk, read from the
+  # chunk's bytes by the NIF and checked against its decoded rows, see
+  # scan_ids/1); every chunk of
   # every posting is ANDed with the rows of its 64Ki range before it is
   # kept, at a cost of its bytes (and a constant), so a posting names at
   # most as many ids as there are rows and a search finds only rows. The
@@ -78,6 +80,9 @@ defmodule Larder.Table.Snapshot do
   # each, so well under a millisecond): a dump's chunk of rows (Dump's
   # walk), not a forged larger one.
   @normal_expand 2_048
+  # The largest payload whose row ids are scanned on a normal scheduler
+  # (a few hundred us).
+  @normal_scan 262_144
   @chunk 4_096
   @max_chunk_count 65_536
   @direct_limit 0x80000000
@@ -311,120 +316,90 @@ defmodule Larder.Table.Snapshot do
     names = Map.new(table.entries, fn {name, _} -> {name, true} end)
     {rows, others} = Enum.split_with(chunks, &(elem(&1, 0) == @rows))
     {keys, index} = Enum.split_with(others, &(elem(&1, 0) == @keys))
-    fillers = start_fillers(table, rows, read.version)
 
-    # The index is imported while the fillers insert the rows they
-    # decoded: it needs only their ids. Keys are checked against the
-    # inserted rows.
-    result =
-      with {:ok, top, ids} <- await_fillers(fillers, :decoded, {0, []}),
-           {:ok, terms} <- decode_chunks(index, [], &take_index(&1, names, &2)),
-           :ok <- import(table, Enum.concat(terms), ids, path),
-           {:ok, _} <- await_fillers(fillers, :inserted, nil),
-           {:ok, keyed} <- decode_chunks(keys, [], &take_keys(&1, table, &2)),
-           :ok <- check_ids(table, keyed, free, next, path) do
-        {:ok, {next, free, top}}
-      end
+    with {:ok, terms} <- decode_chunks(index, [], &take_index(&1, names, &2)) do
+      # The index is imported beside the rows' decoding and inserts when
+      # the rows' bytes show their ids (see scan_ids/1), else after them.
+      scanned = scan_ids(rows)
+      importing = scanned && Task.async(fn -> import(table, terms, scanned, path) end)
 
-    Enum.each(fillers, &Task.shutdown(&1, :brutal_kill))
+      result =
+        with {:ok, top, ids} <- fill_rows(table, rows, read.version, scanned),
+             {:ok, keyed} <- decode_chunks(keys, [], &take_keys(&1, table, &2)),
+             :ok <- check_ids(table, keyed, free, next, path),
+             :ok <-
+               if(importing,
+                 do: Task.await(importing, :infinity),
+                 else: import(table, terms, ids, path)
+               ) do
+          {:ok, {next, free, top}}
+        end
 
-    case result do
+      if importing, do: Task.shutdown(importing, :brutal_kill)
+      result
+    end
+    |> case do
       {:ok, _} = ok -> ok
       {:error, %Larder.Error{}} = error -> error
       {:error, why} -> corrupt("a chunk #{why}", path)
     end
   end
 
+  # The row ids of each rows chunk (a binary of 32-bit ids), read from its
+  # bytes by the NIF without decoding it, so that the index's import (which
+  # needs every id, and is about a quarter of a load's work) starts at once
+  # instead of after every row is decoded and inserted. nil when a chunk's
+  # bytes are not what the scan knows (a record holding a pid, say): its
+  # ids then come from the decoded rows. A filler checks that its chunk's
+  # decoded rows have exactly the scanned ids.
+  defp scan_ids(chunks) do
+    Enum.reduce_while(chunks, [], fn {_kind, _count, payload}, acc ->
+      ids =
+        if byte_size(payload) <= @normal_scan,
+          do: Native.table_payload_row_ids(payload),
+          else: Native.table_payload_row_ids_dirty(payload)
+
+      if is_binary(ids), do: {:cont, [ids | acc]}, else: {:halt, nil}
+    end)
+    |> then(&(&1 && Enum.reverse(&1)))
+  end
+
   # Rows are decoded and inserted (the rows table is public) by as many
-  # processes as there are schedulers, the fillers, each with its share of
-  # the chunks: decoding and inserting records is most of a load. A filler
-  # decodes all of its chunks first and sends the parent their row ids
-  # (one binary of 32-bit ids per chunk, for the NIF to check the index
-  # against) and its top direct id, then inserts them, while the parent
-  # imports the index (which needs every id) beside the inserts. A
-  # filler's garbage goes with it.
-  defp start_fillers(table, chunks, version) do
+  # processes as there are schedulers: decoding records is most of a load.
+  # Each process's garbage goes with it. Each chunk's row ids come back as
+  # one binary of 32-bit ids, for the NIF to check the index against.
+  defp fill_rows(table, chunks, version, scanned) do
     fields = if version >= 2, do: value_fields(table)
-    parent = self()
-    n = max(1, min(System.schedulers_online(), length(chunks)))
 
     chunks
-    |> Enum.with_index()
-    |> Enum.group_by(fn {_chunk, i} -> rem(i, n) end, &elem(&1, 0))
-    |> Enum.map(fn {_, share} ->
-      Task.async(fn -> fill_share(table, share, fields, parent) end)
+    |> Enum.zip(scanned || Stream.repeatedly(fn -> nil end))
+    |> Task.async_stream(fn {chunk, ids} -> fill_chunk(table, chunk, fields, ids) end,
+      max_concurrency: System.schedulers_online(),
+      ordered: false,
+      timeout: :infinity
+    )
+    |> Enum.reduce_while({:ok, 0, []}, fn
+      {:ok, {:ok, top, ids}}, {:ok, max, all} -> {:cont, {:ok, max(top, max), [ids | all]}}
+      {:ok, {:error, _} = error}, _ -> {:halt, error}
     end)
   end
 
-  defp fill_share(table, share, fields, parent) do
-    case decode_share(share, table.key, fields, {0, [], []}) do
-      {:ok, {top, ids, decoded}} ->
-        send(parent, {:decoded, self(), {:ok, top, ids}})
-        Enum.each(decoded, &:ets.insert(table.rows, &1))
-        :inserted
-
-      {:error, _} = error ->
-        send(parent, {:decoded, self(), error})
-        error
-    end
-  end
-
-  defp decode_share([{_kind, count, payload} | rest], key, fields, {top, ids, decoded}) do
+  defp fill_chunk(table, {_kind, count, payload}, fields, scanned) do
     with {:ok, items, ^count} <- decode(payload),
-         {:ok, items, chunk_ids} <- expand_rows(items, count, fields),
-         {:ok, chunk_top} <- rows(items, key, 0) do
-      if decoded == [], do: reserve(items, count, rest)
-      acc = {max(top, chunk_top), [chunk_ids | ids], [items | decoded]}
-      decode_share(rest, key, fields, acc)
+         {:ok, items, ids} <- expand_rows(items, count, fields),
+         :ok <- same_ids(scanned, ids),
+         {:ok, top} <- rows(items, table.key, 0) do
+      :ets.insert(table.rows, items)
+      {:ok, top, ids}
     else
       {:ok, _items, n} -> {:error, "holds #{n} items, its header says #{count}"}
       {:error, _} = error -> error
     end
   end
 
-  defp decode_share([], _key, _fields, acc), do: {:ok, acc}
-
-  # A filler holds every record of its share until it inserts them: a
-  # heap that grows to that size by collections would copy them about
-  # three times (a third of a load's time). So, once the first chunk is
-  # decoded, its heap is made the share's size at once: the first chunk's
-  # words a row, times the rows to come, at most a word for each byte of
-  # the share's payload (a header's count is checked only on decoding).
-  defp reserve(items, count, rest) do
-    per_row = div(3 * :erts_debug.flat_size(items), 2 * count) + 1
-
-    {rows, bytes} =
-      Enum.reduce(rest, {count, 0}, fn {_kind, n, payload}, {rows, bytes} ->
-        {rows + min(n, byte_size(payload)), bytes + byte_size(payload)}
-      end)
-
-    words = min(per_row * rows, max(bytes, per_row * count))
-    Process.flag(:min_heap_size, words)
-    :erlang.garbage_collect()
-  end
-
-  # Waits for every filler's `stage`: :decoded gathers their tops and ids.
-  defp await_fillers([], :decoded, {top, ids}), do: {:ok, top, ids}
-  defp await_fillers([], :inserted, acc), do: {:ok, acc}
-
-  defp await_fillers(fillers, :decoded, {top, ids}) do
-    receive do
-      {:decoded, pid, reply} ->
-        case reply do
-          {:ok, share_top, share_ids} ->
-            rest = Enum.reject(fillers, &(&1.pid == pid))
-            await_fillers(rest, :decoded, {max(top, share_top), share_ids ++ ids})
-
-          {:error, _} = error ->
-            error
-        end
-    end
-  end
-
-  defp await_fillers([filler | rest], :inserted, acc) do
-    :inserted = Task.await(filler, :infinity)
-    await_fillers(rest, :inserted, acc)
-  end
+  defp same_ids(nil, _ids), do: :ok
+  defp same_ids(ids, ids), do: :ok
+  defp same_ids(_scanned, _ids), do: {:error, "decodes to other row ids than its bytes show"}
 
   defp decode_chunks(chunks, acc, take) do
     Enum.reduce_while(chunks, {:ok, acc}, fn {_kind, count, payload}, {:ok, acc} ->
@@ -536,7 +511,7 @@ defmodule Larder.Table.Snapshot do
   end
 
   defp import(table, terms, ids, path) do
-    case Native.index_import(table.index.ref, terms, ids) do
+    case Native.index_import(table.index.ref, Enum.concat(terms), ids) do
       {:ok, 0} ->
         :ok
 

@@ -21,4 +21,5 @@ rustler::atoms! {
     too_deep,
     internal,
     bad_snapshot,
+    unsupported,
 }
