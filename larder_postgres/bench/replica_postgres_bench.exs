@@ -137,27 +137,8 @@ defmodule Larder.ReplicaPostgresBench do
     col = "Replica, start to await(:latest)"
     # Held off the heap: the anchor runs in a process of its own, which
     # reads them without a copy.
-    rows =
-      Bench.off_heap(
-        :copy_rows,
-        Enum.map(ctx.prices, &%{"op" => "insert", "new" => PostgresLoad.row(&1)})
-      )
-
-    # A floor: its process starts with a heap that holds the decoded
-    # catalogue (about 80 words a price) and the binaries it refers to, so
-    # it pays for no copying collections as one list of 487,200 prices
-    # grows, which the replica, working in batches, never does.
-    insert_many = fn ->
-      Bench.in_process(
-        fn ->
-          table = Table.new(Prices.table_opts(store: @store))
-          :ok = Table.insert_many(table, Enum.map(rows, &elem(PostgresLoad.apply(&1), 1)))
-          Table.drop(table)
-        end,
-        min_heap_size: 100 * n,
-        min_bin_vheap_size: 100_000_000
-      )
-    end
+    rows = Bench.off_heap(:copy_rows, PostgresLoad.copy_entries(ctx.prices))
+    insert_many = fn -> PostgresLoad.copy_floor(rows, n, Prices.table_opts(store: @store)) end
 
     replica = fn ->
       pid = start!(price_opts([]))

@@ -66,6 +66,32 @@ defmodule Larder.Bench.PostgresLoad do
   @doc "A price as the source's `\"new\"` row: column name to text."
   def row(price), do: Map.new(Enum.zip(@columns, columns(price)))
 
+  @doc "The initial copy of `prices` as the source hands it over: one \"insert\" entry a price."
+  def copy_entries(prices), do: Enum.map(prices, &%{"op" => "insert", "new" => row(&1)})
+
+  @doc """
+  The copy's floor: `entries` (from `copy_entries/1`, `count` of them,
+  best held off the heap with `Larder.Bench.off_heap/2`) decoded and
+  inserted with one `Larder.Table.insert_many/2` into a new Table of
+  `table_opts`. It runs in a process of its own whose heap holds the
+  decoded catalogue from the start (about 80 words a price) and the
+  binaries it refers to, so it pays for no copying collections as one
+  list of every price grows, which the replica, working in batches, never
+  does; a process that holds the catalogue already (a bench's, a demo's)
+  would also copy that at each collection.
+  """
+  def copy_floor(entries, count, table_opts) do
+    Larder.Bench.in_process(
+      fn ->
+        table = Larder.Table.new(table_opts)
+        :ok = Larder.Table.insert_many(table, Enum.map(entries, &elem(apply(&1), 1)))
+        Larder.Table.drop(table)
+      end,
+      min_heap_size: 100 * count,
+      min_bin_vheap_size: 100_000_000
+    )
+  end
+
   @doc "The replica's apply: a row inserted or updated is the price, a deletion its idx."
   def apply(%{"op" => op, "new" => row}) when op in ["insert", "update"],
     do: {:insert, decode(row)}
