@@ -10,6 +10,7 @@ defmodule Larder.Table.RowIdScanTest do
   alias Larder.Table
   alias Larder.Test.Hostile
   alias Larder.Test.PropEr
+  alias Larder.Test.TableSnapshotFile
 
   @moduletag :tmp_dir
 
@@ -118,13 +119,18 @@ defmodule Larder.Table.RowIdScanTest do
     :ok = Table.dump(table, path)
 
     # a bit string's used bits set to 0 in one row of the last rows chunk
-    chunks = parse(File.read!(path))
+    <<"LARDERTAB", 2, rest::binary>> = File.read!(path)
+    chunks = TableSnapshotFile.parse(rest)
     last = chunks |> Enum.filter(&(elem(&1, 0) == 2)) |> List.last()
     {2, n, payload} = last
     [head, tail] = :binary.split(payload, <<77, 1::32, 1>>)
     forged = {2, n, head <> <<77, 1::32, 0>> <> tail}
     assert is_binary(scan(elem(forged, 2)))
-    File.write!(path, frame(Enum.map(chunks, &if(&1 == last, do: forged, else: &1))))
+
+    File.write!(
+      path,
+      TableSnapshotFile.frame(Enum.map(chunks, &if(&1 == last, do: forged, else: &1)))
+    )
 
     before = length(Process.list())
 
@@ -132,32 +138,6 @@ defmodule Larder.Table.RowIdScanTest do
              Table.load(path, key: :id, index: [:kind])
 
     Larder.Test.Eventually.eventually(fn -> length(Process.list()) <= before end)
-  end
-
-  defp parse(<<"LARDERTAB", 2, rest::binary>>), do: parse(rest)
-  defp parse(<<0, _::binary-size(24)>>), do: []
-
-  defp parse(<<kind, size::32, n::32, _::32, p::binary-size(size), rest::binary>>),
-    do: [{kind, n, p} | parse(rest)]
-
-  defp frame(chunks) do
-    {r, k, t} =
-      Enum.reduce(chunks, {0, 0, 0}, fn
-        {2, n, _}, {r, k, t} -> {r + n, k, t}
-        {3, n, _}, {r, k, t} -> {r, k + n, t}
-        {4, n, _}, {r, k, t} -> {r, k, t + n}
-        _, acc -> acc
-      end)
-
-    IO.iodata_to_binary([
-      "LARDERTAB",
-      2,
-      for(
-        {kind, n, p} <- chunks,
-        do: [<<kind, byte_size(p)::32, n::32, :erlang.crc32(p)::32>>, p]
-      ),
-      <<0, r::64, k::64, t::64>>
-    ])
   end
 
   test "a table whose records hold references loads (the rows decoded first)", %{tmp_dir: dir} do

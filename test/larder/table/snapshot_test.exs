@@ -9,6 +9,8 @@ defmodule Larder.Table.SnapshotTest do
   alias Larder.Table
   alias Larder.Test.Isolated
 
+  import Larder.Test.TableSnapshotFile, only: [parse: 1, frame: 1, frame: 2]
+
   # Each load logs a line at info (see "a load's log line").
   @moduletag :tmp_dir
   @moduletag :capture_log
@@ -360,30 +362,6 @@ defmodule Larder.Table.SnapshotTest do
                "forgery #{i}: #{inspect(r)}"
       end
     end
-
-    # Chunks (from parse/1) framed as a file: valid lengths, checksums and
-    # trailer, as a forger would write them.
-    defp frame(chunks, version \\ 2) do
-      {r, k, t} = Enum.reduce(chunks, {0, 0, 0}, &count/2)
-
-      ["LARDERTAB", version]
-      |> Kernel.++(
-        for {kind, n, p} <- chunks,
-            do: [<<kind, byte_size(p)::32, n::32, :erlang.crc32(p)::32>>, p]
-      )
-      |> Kernel.++([<<0, r::64, k::64, t::64>>])
-      |> IO.iodata_to_binary()
-    end
-
-    defp parse(<<0, _::binary-size(24)>>), do: []
-
-    defp parse(<<kind, size::32, n::32, _::32, p::binary-size(size), rest::binary>>),
-      do: [{kind, n, p} | parse(rest)]
-
-    defp count({2, n, _}, {r, k, t}), do: {r + n, k, t}
-    defp count({3, n, _}, {r, k, t}), do: {r, k + n, t}
-    defp count({4, n, _}, {r, k, t}), do: {r, k, t + n}
-    defp count(_, acc), do: acc
   end
 
   describe "forged postings (isolated VM)" do
