@@ -152,31 +152,35 @@ defmodule Larder.Test.RedisCluster do
     :ok
   end
 
-  @doc "Moves every key of `slot` from `from` to `to` (`MIGRATE`); returns how many."
+  @doc """
+  Moves every key of `slot` from `from` to `to` (`MIGRATE ... KEYS`);
+  returns how many. Spoken in RESP, not through `redis-cli`: the tests
+  write keys with any bytes (NUL, CR LF), which a command line or
+  `redis-cli`'s line-per-key output would mangle into keys of other slots.
+  """
   def migrate_keys(%__MODULE__{}, slot, %RedisServer{} = from, %RedisServer{} = to) do
-    case cli(from, ~w(CLUSTER GETKEYSINSLOT #{slot} 100000)) do
+    case RedisServer.request(from, ~w(CLUSTER GETKEYSINSLOT #{slot} 100000)) do
       {:ok, []} ->
         0
 
       {:ok, keys} ->
-        {:ok, ["OK"]} =
-          cli(
-            from,
-            ["MIGRATE", "127.0.0.1", Integer.to_string(to.port), "", "0", "5000", "KEYS"] ++ keys
-          )
-
+        port = Integer.to_string(to.port)
+        migrate = ["MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS" | keys]
+        {:ok, "OK"} = RedisServer.request(from, migrate)
         length(keys)
     end
   end
 
   @doc """
   Gives `slot` to master `to` on every master (`CLUSTER SETSLOT ... NODE`),
-  which ends a migration, and waits until the cluster is ok.
+  `to` first as the Redis Cluster spec orders it (so `to` bumps its config
+  epoch before any other node hears of the move), which ends a migration,
+  and waits until the cluster is ok.
   """
   def finish_migration(%__MODULE__{} = cluster, slot, %RedisServer{} = to) do
     id = node_id(to)
 
-    for master <- masters(cluster) do
+    for master <- [to | List.delete(masters(cluster), to)] do
       {:ok, ["OK"]} = cli(master, ~w(CLUSTER SETSLOT #{slot} NODE #{id}))
     end
 

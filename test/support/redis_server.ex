@@ -5,6 +5,10 @@
 defmodule Larder.Test.RedisServer do
   @moduledoc false
 
+  import Bitwise
+
+  alias Larder.Redis.{RESP, Socket}
+
   defstruct [:port, :dir, :os_pid, :erl_port, config: nil, args: []]
 
   @doc "True when a redis-server binary is on the PATH."
@@ -138,6 +142,24 @@ defmodule Larder.Test.RedisServer do
     {:ok, reply} = :gen_tcp.recv(socket, 0, @command_timeout_ms)
     :gen_tcp.close(socket)
     reply
+  end
+
+  @doc """
+  Sends one command over a fresh connection and returns its whole reply,
+  parsed (`{:ok, value}` or `{:error, text}`, as `Larder.Redis.RESP` reads
+  them). Binary-safe both ways, unlike `redis-cli`'s arguments and output.
+  """
+  def request(%__MODULE__{port: port}, args) do
+    {:ok, socket} = Socket.connect("127.0.0.1", port, timeout: @command_timeout_ms)
+
+    try do
+      :ok = Socket.send(socket, [args])
+      deadline = System.monotonic_time(:millisecond) + @command_timeout_ms
+      {:ok, [reply], _parser} = Socket.recv(socket, RESP.new(1 <<< 30), 1, deadline)
+      reply
+    after
+      Socket.close(socket)
+    end
   end
 
   defp tmp_dir(port) do
