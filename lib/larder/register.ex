@@ -36,12 +36,17 @@ defmodule Larder.Register do
   Larder's one internal lock: a compare-and-swap of the writer's holder id (a
   small integer handed to each process once, on its first write, by a
   registry of the `:larder` application that deletes it when the process
-  exits) into an atomics array. A slot whose holder has died is taken over,
-  by the next writer of the slot or by the first reader that meets the dead
-  holder's uncommitted record, and the new holder bumps the counter before
-  anything else, which commits that record. A tombstone left by a killed
-  `delete/2` is dropped by the next reader of its key. Writes to one slot are
-  serialised; writes to different slots run in parallel. A `put/3` that
+  exits) into an atomics array. Readers never wait on a writer: a reader
+  that meets an uncommitted record yields once, then commits it itself
+  (one compare-and-swap of the counter from just below the record's
+  version to it, which only that uncommitted write can match), then reads
+  it, so a write becomes visible either at its writer's bump or at a
+  reader's, both between its insert and its return. A dead writer's
+  record is committed the same way. A slot whose holder has died is taken
+  over by the next writer of the slot, which bumps the counter before
+  anything else. A tombstone left by a killed `delete/2` is dropped by the
+  next reader of its key. Writes to one slot are serialised; writes to
+  different slots run in parallel. A `put/3` that
   finds its slot held needs no turn once another process's write of the
   same key has committed since the put began: last writer wins, so the put
   is ordered just before that write and returns without writing (its value
@@ -59,7 +64,9 @@ defmodule Larder.Register do
 
     * `get/3`, `fetch/2`, `version/2`: O(1). Unchanged key: no ETS access, no
       copy. Changed key (or first read in this process): one ETS lookup, which
-      copies the value into the caller's heap.
+      copies the value into the caller's heap; a record being written adds
+      one yield, one compare-and-swap and a second lookup, never a wait
+      for its writer.
     * `put/3`, `delete/2`: O(1): two atomics
       compare-and-swaps (lock, unlock) around one ETS insert and the bump.
       A writer that finds its slot locked retries at once a few times, then

@@ -36,13 +36,21 @@ defmodule Larder.RegisterTelemetryTest do
     :ok = Register.drop(reg)
   end
 
-  test "a reader that commits a dead writer's record emits it too; unnamed: the handle" do
+  test "a reader commits a dead writer's record without taking its slot; unnamed: the handle" do
     reg = Register.new(slots: 1)
     :ok = Register.put(reg, :a, :old)
     leave_dead_holder(reg)
 
+    # readers never take a lock: the record is committed, the slot is still
+    # the dead holder's, and no event is emitted until a writer takes it
     assert Task.await(Task.async(fn -> Register.get(reg, :a) end)) == :new
+    assert Register.get(reg, :a) == :new
+    refute_received {:event, @takeover, _, %{register: ^reg}}
+    assert Larder.Lock.holder(reg.lock, 1) == :dead
+
+    :ok = Register.put(reg, :b, 1)
     assert_receive {:event, @takeover, %{count: 1}, %{register: ^reg, slot: 1}}
+    assert Register.get(reg, :a) == :new
     :ok = Register.drop(reg)
   end
 

@@ -152,6 +152,45 @@ defmodule Larder.RegisterTest do
       end
     end
 
+    # White box: a live writer stopped between its insert and its commit
+    # (it holds the slot and never bumps). Readers used to wait for it; now
+    # a reader commits the record itself, at once, and the writer's own
+    # commit then finds the counter at its version.
+    test "a reader never waits for a live writer stopped mid-write" do
+      reg = Register.new(slots: 1)
+      :ok = Register.put(reg, :k, :old)
+      %{tab: tab, lock: lock, versions: versions} = reg
+      parent = self()
+
+      writer =
+        spawn_link(fn ->
+          :acquired = Larder.Lock.acquire(lock, 1)
+          tag = :atomics.get(versions, 1)
+          :ets.insert(tab, {:k, tag + 1, :new})
+          send(parent, {:inserted, tag})
+
+          receive do
+            :commit ->
+              send(parent, {:commit, :atomics.compare_exchange(versions, 1, tag, tag + 1)})
+              Larder.Lock.release(lock, 1)
+          end
+        end)
+
+      assert_receive {:inserted, tag}
+      assert Larder.Lock.holder(lock, 1) == :alive
+      # a fresh reader (no copy) and this process (a copy of :old)
+      assert Task.await(Task.async(fn -> Register.get(reg, :k) end), 5_000) == :new
+      assert Register.get(reg, :k) == :new
+      assert Register.version(reg, :k) == tag + 1
+
+      send(writer, :commit)
+      assert_receive {:commit, helped}
+      assert helped == tag + 1
+      :ok = Register.put(reg, :k, :newer)
+      assert Register.get(reg, :k) == :newer
+      :ok = Register.drop(reg)
+    end
+
     test "a deleted register raises ArgumentError naming it", %{reg: reg} do
       :ok = Register.put(reg, :k, 1)
       assert Register.get(reg, :k) == 1
