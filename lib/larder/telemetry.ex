@@ -157,9 +157,9 @@ defmodule Larder.Telemetry do
 
   ## Register events
 
-    * `[:larder, :register, :lock, :takeover]`: a writer (or a reader that
-      met an uncommitted record) took over a slot whose holder died while
-      holding it, and committed what that holder left. Measurements:
+    * `[:larder, :register, :lock, :takeover]`: a writer took over a slot
+      whose holder died while holding it, and committed what that holder
+      left (unless a reader had committed it already). Measurements:
       `:count` (1). Metadata: `:register`, `:slot` (1-based).
   """
 
