@@ -67,9 +67,6 @@ defmodule Larder.Register.Store do
   # insert, which costs many reductions, and a yield lets it run and commit),
   # then commits it itself (it helps), with the same compare-and-swap of the
   # counter from the record's version - 1 to its version, and reads again.
-  # Committing at once without the yield measured slower on a hot key under
-  # 50% writes (bench/register_vs_ane_bench.exs), as the readers then ran
-  # ahead of the descheduled writer that held the slot's other writers.
   # That is safe because such a record can only be the last write of the
   # slot's holder, inserted when the counter was exactly version - 1 (the
   # holder's tag), so the swap succeeds only while that write is uncommitted
@@ -77,7 +74,10 @@ defmodule Larder.Register.Store do
   # swap, between the writer's insert and its return; the writer's own swap
   # finds the counter already at its version and goes on (commit/4). A dead
   # writer's record is committed the same way, by the first reader that
-  # meets it, and the next writer takes its lock over.
+  # meets it, and the next writer takes its lock over. (Committing without
+  # the yield measured slower on a hot key under 50% writes,
+  # bench/register_vs_ane_bench.exs: the readers ran ahead of the
+  # descheduled writer that held up the slot's other writers.)
 
   @doc """
   Writes `key`; returns its slot and new version, or `:overtaken` when a
