@@ -792,6 +792,60 @@ defmodule Larder.RegisterTest do
     end
   end
 
+  describe "suspended writers" do
+    # Writers put without end; the test suspends them all at once, at
+    # whatever point each has reached (erlang:suspend_process/1, as a
+    # debugger or an overloaded node may leave one), then a fresh reader
+    # must return. A writer suspended between its insert and its commit
+    # leaves its record uncommitted and the slot held by a live process:
+    # readers used to wait for it for as long as it stayed suspended. The
+    # test goes on until it has caught 20 such writers (about 1 suspension
+    # in 20 does), so it cannot pass without meeting the case.
+    test "a writer suspended mid-write never holds up a reader" do
+      reg = Register.new(slots: 1)
+      %{tab: tab, versions: versions} = reg
+      value = Enum.to_list(1..100)
+      :ok = Register.put(reg, :k, {0, 0, value})
+
+      writers =
+        for w <- 1..4 do
+          spawn(fn ->
+            Enum.each(Stream.iterate(1, &(&1 + 1)), &Register.put(reg, :k, {w, &1, value}))
+          end)
+        end
+
+      try do
+        caught = suspend_and_read(reg, writers, {tab, versions}, 0, 50_000)
+        assert caught >= 20
+      after
+        Enum.each(writers, &Process.exit(&1, :kill))
+      end
+    end
+  end
+
+  # Suspends every writer, notes whether the key's record is uncommitted,
+  # reads it from a fresh process (which must answer within 5 s, with the
+  # writers still suspended), resumes them; until 20 were caught mid-write
+  # or `left` rounds are done. Returns how many were caught.
+  defp suspend_and_read(_reg, _writers, _record, caught, left) when caught >= 20 or left == 0,
+    do: caught
+
+  defp suspend_and_read(reg, writers, {tab, versions} = record, caught, left) do
+    Enum.each(writers, &:erlang.suspend_process/1)
+    [{:k, version, _}] = :ets.lookup(tab, :k)
+    uncommitted = version > :atomics.get(versions, 1)
+    task = Task.async(fn -> Register.get(reg, :k) end)
+    result = Task.yield(task, 5_000) || Task.shutdown(task, :brutal_kill)
+    Enum.each(writers, &:erlang.resume_process/1)
+
+    assert match?({:ok, {_w, _n, _value}}, result),
+           "a fresh reader did not return while the writers were suspended" <>
+             if(uncommitted, do: " (one of them mid-write)", else: "")
+
+    caught = if uncommitted, do: caught + 1, else: caught
+    suspend_and_read(reg, writers, record, caught, left - 1)
+  end
+
   defp read_per_writer(reg, last, reads) do
     case Register.get(reg, :k) do
       :done ->
