@@ -7,7 +7,7 @@ defmodule Larder.Test.RedisServer do
 
   import Bitwise
 
-  alias Larder.Redis.{RESP, Socket}
+  alias Larder.Redis.Socket
 
   defstruct [:port, :dir, :os_pid, :erl_port, config: nil, args: []]
 
@@ -147,19 +147,13 @@ defmodule Larder.Test.RedisServer do
   @doc """
   Sends one command over a fresh connection and returns its whole reply,
   parsed (`{:ok, value}` or `{:error, text}`, as `Larder.Redis.RESP` reads
-  them). Binary-safe both ways, unlike `redis-cli`'s arguments and output.
+  them), with `Larder.Redis.Socket.request/4`. Binary-safe both ways,
+  unlike `redis-cli`'s arguments and output.
   """
   def request(%__MODULE__{port: port}, args) do
-    {:ok, socket} = Socket.connect("127.0.0.1", port, timeout: @command_timeout_ms)
-
-    try do
-      :ok = Socket.send(socket, [args])
-      deadline = System.monotonic_time(:millisecond) + @command_timeout_ms
-      {:ok, [reply], _parser} = Socket.recv(socket, RESP.new(1 <<< 30), 1, deadline)
-      reply
-    after
-      Socket.close(socket)
-    end
+    opts = [timeout: @command_timeout_ms, max_reply_bytes: 1 <<< 30]
+    {:ok, [reply]} = Socket.request("127.0.0.1", port, [args], opts)
+    reply
   end
 
   defp tmp_dir(port) do
