@@ -205,9 +205,7 @@ fn index_export<'a>(env: Env<'a>, index_term: Term<'a>) -> NifResult<Term<'a>> {
         let mut list = Term::list_new_empty(env);
         for (key, posting) in state.bitmaps.iter() {
             let bytes = posting_bytes(posting)?;
-            let mut bin = OwnedBinary::new(bytes.len()).ok_or(NativeError::Internal)?;
-            bin.as_mut_slice().copy_from_slice(&bytes);
-            let pair = (key_term(env, key)?, bin.release(env)).encode(env);
+            let pair = (key_term(env, key)?, new_binary(env, &bytes)?).encode(env);
             list = list.list_prepend(pair);
         }
         Ok(list)
@@ -467,6 +465,13 @@ fn build_reverse(state: &State, reverse: &mut Reverse) {
     }
 }
 
+/// A binary of the caller's bytes, copied once into a new off-heap binary.
+fn new_binary<'a>(env: Env<'a>, bytes: &[u8]) -> Result<Binary<'a>, NativeError> {
+    let mut bin = OwnedBinary::new(bytes.len()).ok_or(NativeError::Internal)?;
+    bin.as_mut_slice().copy_from_slice(bytes);
+    Ok(bin.release(env))
+}
+
 /// The row ids of one rows chunk of a file read from its bytes, before it
 /// is decoded: `payload` is the external term format of `[{id, record}]`
 /// (uncompressed, as `Larder.Table.Snapshot` writes it), and the answer
@@ -620,11 +625,7 @@ impl<'b> Bytes<'b> {
 
 fn payload_row_ids<'a>(env: Env<'a>, payload: &[u8]) -> Result<Term<'a>, NativeError> {
     match scan_row_ids(payload) {
-        Ok(out) => {
-            let mut bin = OwnedBinary::new(out.len()).ok_or(NativeError::Internal)?;
-            bin.as_mut_slice().copy_from_slice(&out);
-            Ok(bin.release(env).encode(env))
-        }
+        Ok(out) => Ok(new_binary(env, &out)?.encode(env)),
         Err(Scan::Unsupported) => Ok(atoms::unsupported().encode(env)),
         Err(Scan::Bad) => Err(NativeError::BadSnapshot),
     }
@@ -695,9 +696,7 @@ fn row_ids<'a>(env: Env<'a>, items: Term<'a>) -> Result<Term<'a>, NativeError> {
         };
         out.extend_from_slice(&id.to_be_bytes());
     }
-    let mut bin = OwnedBinary::new(out.len()).ok_or(NativeError::Internal)?;
-    bin.as_mut_slice().copy_from_slice(&out);
-    Ok(bin.release(env).encode(env))
+    Ok(new_binary(env, &out)?.encode(env))
 }
 
 /// A `store:` table's rows chunk of a version 2 snapshot, made whole:
@@ -789,9 +788,7 @@ fn rows_expand<'a>(
             enif_make_list_from_array(raw_env, rows.as_ptr(), rows.len() as u32),
         )
     };
-    let mut bin = OwnedBinary::new(ids.len()).ok_or(NativeError::Internal)?;
-    bin.as_mut_slice().copy_from_slice(&ids);
-    Ok((list, bin.release(env)).encode(env))
+    Ok((list, new_binary(env, &ids)?).encode(env))
 }
 
 /// Loads exported postings into an empty index, keeping only the ids that
