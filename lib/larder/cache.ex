@@ -418,17 +418,23 @@ defmodule Larder.Cache do
   medians to an anchor in the same run, the columns taking turns (it
   starts its own `redis-server`); the README has the table of a full run.
 
-    * An L1 hit of a 1 KB map costs 1.15-1.35x a raw `:ets.lookup/2` of the
-      same value, with 1 or 16 runners and with Redis down; with a ttl,
-      at the top of that range (up to 1.5x with 16 runners). The difference is
-      resolving the cache's name (one `:persistent_term.get/2`), the expiry
+    * An L1 hit of a 1 KB map by handle costs 1.0-1.2x a raw
+      `:ets.lookup/2` of the same value, with 1 or 16 runners, with or
+      without a ttl; by name, up to 1.25x. The difference is resolving the
+      cache's name (one `:persistent_term.get/2`, by name only), the expiry
       check (one atomic read, only for a value with a ttl) and the hit
-      counter (one `:counters.add/3`) around the same ETS read, plus two
-      small tuples on the caller's heap (the name's key and the result).
-      Those words bring the caller's garbage collections sooner, each of
-      which copies the value last read: the bench's loop of hits (which
-      also makes a loader fun per call) collects about 1.4x as often as
-      its loop of bare lookups, a count it prints.
+      counter (one `:counters.add/3`) around the same ETS read, plus the
+      row's three extra fields and the result tuple on the caller's heap.
+      The bench's loop of hits collects garbage about 1.2x as often as its
+      loop of bare lookups, a count it prints.
+    * The loader is the caller's cost. A remote capture
+      (`&MyApp.Prices.load/0`) is a constant, while a closure or a local
+      capture (`&load/0`) is built on every call. On OTP 25 building one
+      also bumps a reference count that every scheduler shares. With 16
+      runners on 2 cores, a local capture made each hit about 10% dearer.
+      The bench passes a remote capture. Where the loader needs the key,
+      read with `get/3` first, and call `fetch/3` with a closure only when
+      it returns the default.
     * An L1 hit of a large term (60k maps, 8.75 MB) costs what a raw ETS
       lookup of the term costs, since the copy out of ETS is the floor:
       6-12x faster than a Redis `GET` plus `binary_to_term/2`.
