@@ -346,9 +346,25 @@ defmodule Larder.IndexTest do
         Index.query_many(index, [{:and, [:a | :b]}])
       end
 
+      # A batch long enough to go to the dirty scheduler at once: the same
+      # errors.
+      long = for id <- 1..600, do: {:add, :d, id}
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, long ++ [{:add, :d, 601} | :x])
+      end
+
+      assert_raise ArgumentError, ~r/^ops must be/, fn ->
+        Index.batch(index, long ++ [{:add_terms, [:d | :e], 1}])
+      end
+
       # Nothing was applied by the failed writes.
       assert Index.terms(index) == [:a]
       assert Index.query(index, :a) == [1, 2]
+
+      :ok = Index.batch(index, long ++ [{:remove, :a, 1}])
+      assert Index.query(index, :d) == Enum.to_list(1..600)
+      assert Index.query(index, :a) == [2]
     end
 
     test "ids outside the u32 range raise ArgumentError" do
