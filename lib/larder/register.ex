@@ -347,10 +347,16 @@ defmodule Larder.Register do
   def get(%__MODULE__{versions: versions, local: local} = reg, key, default) do
     case :erlang.get(local) do
       %{^key => {slot, tag, _version, value}} ->
-        if :atomics.get(versions, slot) == tag, do: value, else: fresh_get(reg, key, default)
+        case :atomics.get(versions, slot) do
+          ^tag -> value
+          now -> stale_get(reg, key, default, slot, now)
+        end
 
       %{^key => {slot, tag}} ->
-        if :atomics.get(versions, slot) == tag, do: default, else: fresh_get(reg, key, default)
+        case :atomics.get(versions, slot) do
+          ^tag -> default
+          now -> stale_get(reg, key, default, slot, now)
+        end
 
       _ ->
         fresh_get(reg, key, default)
@@ -412,6 +418,15 @@ defmodule Larder.Register do
 
   defp fresh_get(reg, key, default) do
     case Store.read(resolve(reg), key) do
+      {:ok, _version, value} -> value
+      :error -> default
+    end
+  end
+
+  # A copy gone stale: its slot, and the counter just read, serve the read
+  # again (no second hash of the key, no second read of the counter).
+  defp stale_get(reg, key, default, slot, counter) do
+    case Store.read(reg, key, slot, counter) do
       {:ok, _version, value} -> value
       :error -> default
     end

@@ -275,15 +275,28 @@ defmodule Larder.Register.Store do
   def read(reg, key) do
     LocalCopies.reclaim(reg.deaths)
     slot = slot(reg, key)
-    read(reg, key, slot, counter(reg, slot))
+    read_at(reg, key, slot, counter(reg, slot))
   rescue
     # A forged handle's counters are not atomics of its size.
     ArgumentError -> unknown!(reg)
   end
 
-  defp read(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
+  @doc """
+  read/2 of a key whose slot (`slot(reg, key)`) and counter (`tag`, read
+  before this call) the caller already has: a local copy gone stale.
+  """
+  @spec read(Register.t(), term(), pos_integer(), integer()) ::
+          {:ok, pos_integer(), term()} | :error
+  def read(reg, key, slot, tag) do
+    LocalCopies.reclaim(reg.deaths)
+    read_at(reg, key, slot, tag)
+  rescue
+    ArgumentError -> unknown!(reg)
+  end
 
-  defp read(%Register{tab: tab} = reg, key, slot, tag) do
+  defp read_at(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
+
+  defp read_at(%Register{tab: tab} = reg, key, slot, tag) do
     # inside read/2's rescue: a table gone with its register raises there
     case :ets.lookup(tab, key) do
       [{_, version, value}] when version <= tag ->
@@ -304,7 +317,7 @@ defmodule Larder.Register.Store do
       [uncommitted] ->
         :erlang.yield()
         help(reg, slot, :erlang.element(2, uncommitted))
-        read(reg, key, slot, counter(reg, slot))
+        read_at(reg, key, slot, counter(reg, slot))
     end
   end
 
