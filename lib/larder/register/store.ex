@@ -297,7 +297,7 @@ defmodule Larder.Register.Store do
   defp read_at(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
 
   defp read_at(%Register{tab: tab} = reg, key, slot, tag) do
-    # inside read/2's rescue: a table gone with its register raises there
+    # inside read/2's and read/4's rescue: a table gone with its register raises there
     case :ets.lookup(tab, key) do
       [{_, version, value}] when version <= tag ->
         Local.remember(reg, key, {slot, tag, version, value})
