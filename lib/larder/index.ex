@@ -220,12 +220,13 @@ defmodule Larder.Index do
   """
   @spec batch(t(), [op()]) :: :ok
   def batch(index, ops) when is_list(ops) do
-    ref = ref!(index)
+    first =
+      if longer?(ops, @dirty_ops), do: &Native.index_apply_dirty/2, else: &Native.index_apply/2
 
-    if longer?(ops, @dirty_ops),
-      do: ref |> Native.index_apply_dirty(ops) |> check(ops),
-      else:
-        ref |> dirty_retry(&Native.index_apply/2, &Native.index_apply_dirty/2, ops) |> check(ops)
+    index
+    |> ref!()
+    |> dirty_retry(first, &Native.index_apply_dirty/2, ops)
+    |> check(ops)
   end
 
   def batch(_index, ops), do: raise(ArgumentError, "ops must be a list, got: #{inspect(ops)}")
