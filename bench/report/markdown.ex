@@ -94,7 +94,7 @@ defmodule Larder.Report.Markdown do
       "|---|---:|---:|---|\n",
       Enum.map(targets, fn t ->
         measured = if t.measured, do: num(t.measured), else: "-"
-        # The limit as the bench states it, not rounded; op is <= or >=.
+        # The limit as the bench states it, not rounded; op is <=, >=, < or >.
         row([text(t.what), measured, "#{t.op} #{exact(t.limit)}", text(t.status)])
       end)
     ]

@@ -146,7 +146,8 @@ defmodule Larder.Report.Results do
   # The harness's target checks; entries of another shape are left out.
   defp targets(list) when is_list(list) do
     for %{"what" => what, "op" => op, "limit" => limit, "status" => status} = t <- list,
-        is_binary(what) and op in ["<=", ">="] and is_number(limit) and is_binary(status) do
+        is_binary(what) and op in ["<=", ">=", "<", ">"] and is_number(limit) and
+          is_binary(status) do
       %{
         what: what,
         measured: if(is_number(t["measured"]), do: t["measured"]),

@@ -214,7 +214,9 @@ defmodule Larder.ReportTest do
       "command" => ["mix", "run"],
       "machine" => %{"cpu" => 5, "cores_online" => -1, "memory_bytes" => "lots", "os" => "X OS"},
       "targets" => [
-        %{"what" => "a|b", "measured" => nil, "op" => "<=", "limit" => 2, "status" => "n/a"}
+        %{"what" => "a|b", "measured" => nil, "op" => "<=", "limit" => 2, "status" => "n/a"},
+        # a strict bound (the HTTP bench's p99 ratios) is shown as well
+        %{"what" => "p99 ratio", "measured" => 0.025, "op" => "<", "limit" => 1, "status" => "ok"}
       ],
       "tables" => [
         %{
@@ -256,6 +258,7 @@ defmodule Larder.ReportTest do
       "- Machine: CPU unknown, cores unknown, memory unknown, X OS\n",
       "- Date: unknown\n",
       "| a\\|b | - | <= 2 | n/a |\n",
+      "| p99 ratio | 0.0250 | < 1 | ok |\n",
       "|  | base (anchor) | x\\|y |\n",
       "| line break \\| pipe \\`tick\\` \\[link\\](http://e) | 1.00 ms | 54.3 ns x0.0000543 |\n",
       "| long | 1.23 s | 2.47 s x2.00 |\n",
