@@ -147,8 +147,8 @@ defmodule Larder.Bag do
 
     * Filling with `insert/3` costs 1.6-2.2x an ETS `:duplicate_bag` fill
       (which compares nothing) and is 7-9x faster than an ETS `:bag` fill;
-      with `insert_many/2` in batches of 1,000, 1.3-1.6x `:duplicate_bag`
-      (the anchor, which compares nothing, moves most between machines).
+      with `insert_many/2` in batches of 1,000, 1.3-1.8x `:duplicate_bag`
+      (the anchor, which compares nothing, moves most between runs).
     * An insert into a bag of 1M pairs costs about 2x a `:duplicate_bag`
       insert. What deduplication adds is two `phash2` calls, the key's lock
       slot (two atomics operations) and one NIF call whose read of the
@@ -157,11 +157,12 @@ defmodule Larder.Bag do
     * `lookup/2` costs about 0.85x `:ets.lookup/2` on an ETS `:bag`.
     * Memory: about 1.1x an ETS `:bag` holding the same pairs, the
       fingerprint set included (`memory/1` counts it).
-    * `load/2` of a snapshot is 3.3-5x faster than re-inserting its pairs
-      with `insert/3`: it decodes, fingerprints and inserts each chunk in
-      bulk. Decoding and the ETS insert alone (a `dedup: false` load, in
-      the same bench) take about 0.8x of it, which bounds the speed-up
-      near 5x.
+    * `load/2` of a snapshot is 2.8-5x faster than re-inserting its pairs
+      with `insert/3` (2.8x in the run in `docs/benchmarks.md`): it
+      decodes, fingerprints and inserts each chunk in bulk. Decoding and
+      the ETS insert alone (a `dedup: false` load, in the same bench) take
+      about three quarters of it: a cheaper fingerprint step could win
+      back at most the rest.
     * `dedup: false` makes the ETS calls of a `:duplicate_bag` and costs
       what it costs (0.95-1.1x).
     * `dump/2` waits for two fsyncs (the file, then its directory), whose

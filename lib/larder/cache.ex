@@ -430,11 +430,11 @@ defmodule Larder.Cache do
     * The loader is the caller's cost. A remote capture
       (`&MyApp.Prices.load/0`) is a constant, while a closure or a local
       capture (`&load/0`) is built on every call. On OTP 25 building one
-      also bumps a reference count that every scheduler shares. With 16
-      runners on 2 cores, a local capture made each hit about 10% dearer.
-      The bench passes a remote capture. Where the loader needs the key,
-      read with `get/3` first, and call `fetch/3` with a closure only when
-      it returns the default.
+      also bumps a reference count that every scheduler shares, which
+      many processes hitting at once contend for. The bench passes a
+      remote capture. Where the loader needs the key, read with `get/3`
+      first, and call `fetch/3` with a closure only when it returns the
+      default.
     * An L1 hit of a large term (60k maps, 8.75 MB) costs what a raw ETS
       lookup of the term costs, since the copy out of ETS is the floor:
       6-12x faster than a Redis `GET` plus `binary_to_term/2`.

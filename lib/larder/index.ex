@@ -111,11 +111,11 @@ defmodule Larder.Index do
   The index is measured through `Larder.Table` by
   `mix run bench/index_bench.exs` (see `Larder.Table`'s "Performance"): a
   search there intersects 8 terms of 9,744 to 243,600 ids each on the
-  487,200-price catalogue, 50x or more faster than a Go-style map index
+  487,200-price catalogue, about 24x faster than a Go-style map index
   scanning the same data in the same run. Writes pay for readers never
   waiting: a write copies each chunk (at most one Roaring container, about
-  8 KB) it changes. `reverse: true` (the id-to-terms map) adds about a
-  fifth to the memory of that bench's table (ETS and NIF together).
+  8 KB) it changes. `reverse: true` (the id-to-terms map) keeps, besides
+  the bitmaps, 4 bytes for each (id, term) pair and about 4 for each id.
   """
 
   alias Larder.Native

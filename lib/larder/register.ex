@@ -173,15 +173,18 @@ defmodule Larder.Register do
   ETS median over the Register's (a speed-up). The README has the table of
   a full run.
 
-    * One process re-reading an unchanged 100-integer list: about 5x
-      faster than `:ets.lookup/2`, and no garbage collection over 100,000
-      reads with a 10k-word heap, where the ETS reads collect about 1,800
-      times: the copy is returned as is, so nothing is copied.
-    * Read-mostly workloads are faster than ETS: 90% get / 10% put 1.3-3x
-      (one hot key, or 16 keys), 99/1 3-4.7x.
-    * Write-heavy workloads spread over many keys are slower than ETS:
-      16 keys at 50/50 0.55-0.85x. Each write takes its slot's lock and
-      bumps its counter besides the ETS insert.
+    * One process re-reading an unchanged 100-integer list: about 7x
+      faster than `:ets.lookup/2` (5x when each read is timed alone), and
+      no garbage collection over 100,000 reads with a 10k-word heap, where
+      the ETS reads collect about 1,800 times: the copy is returned as is,
+      so nothing is copied.
+    * Read-mostly workloads are faster than ETS. In the run in
+      `docs/benchmarks.md`: 90% get / 10% put 3.15x on one hot key and
+      2.1x over 16 keys; 99/1 6.8x and 3.3x. Runs on a busier machine
+      have measured down to 1.3x (90/10) and 3x (99/1).
+    * Write-heavy workloads spread over many keys are about as fast as
+      ETS or slower: 16 keys at 50/50 0.55-0.93x across runs. Each write
+      takes its slot's lock and bumps its counter besides the ETS insert.
     * Writers of one slot take turns on a spin-then-yield lock, so a writer
       whose scheduler thread the operating system deschedules while it
       holds the lock stalls the slot's other writers: on a machine shared

@@ -353,7 +353,7 @@ defmodule Larder.Replica do
   the lag from `XADD` to a search under a producer of 10,000 entries/s,
   without snapshots and through snapshots of the whole table every 3 s
   (with the longest gap between two applied batches); the README has the
-  table of a full run. Catch-up costs about 1.7-2.3x
+  table of a full run. Catch-up costs about 1.7-2.4x
   `insert_many/2` of the same records: the stream's replies are read and
   parsed, and `apply` runs once per entry, besides the same Table writes.
   A restart costs `load/2` of the snapshot plus the writes of the entries
@@ -363,8 +363,8 @@ defmodule Larder.Replica do
   snapshot of a Table stops the replica for the cut only (constant time:
   two ETS tables made, the index's snapshot kept); the dump's process then
   runs beside it at low priority (the replica's and the table's processes
-  are scheduled first) for the length of the dump, 0.3-0.5 s of CPU at
-  487,200 records, which is what the lag through snapshots pays.
+  are scheduled first) for the length of the dump, which is what the lag
+  through snapshots pays.
 
   ## Telemetry
 

@@ -58,13 +58,13 @@ defmodule Larder.Table do
   ids), in CRC-checked chunks, written to a temporary file, fsynced and
   renamed, as `Larder.Bag`'s snapshots are. With `:store` (up to 32
   fields), a stored record that holds every stored field is written as its
-  values alone, and `load/2` builds its map again in the NIF: the file is
-  about half as large and its records decode several times faster. Loading
-  inserts the records in lists and rebuilds the index from its bytes: no
-  record is re-indexed, no index function runs. `load/2` reads the files
-  of earlier Larder versions too. Index functions cannot be stored, so `load/2` takes
-  the options of `new/1` and refuses a file whose definition differs; the
-  caller must pass the same functions as the dumped table had.
+  values alone, and `load/2` builds its map again in the NIF: no map keys
+  are written or decoded per record. Loading inserts the records in lists
+  and rebuilds the index from its bytes: no record is re-indexed, no index
+  function runs. `load/2` reads the files of earlier Larder versions too.
+  Index functions cannot be stored, so `load/2` takes the options of
+  `new/1` and refuses a file whose definition differs; the caller must
+  pass the same functions as the dumped table had.
 
   ## Complexity
 
@@ -212,7 +212,7 @@ defmodule Larder.Table do
   name, or its handle), the path, the records, the file's bytes and the
   time the load took:
 
-      [info] Larder.Table :prices loaded from "/var/lib/app/prices.table": 487200 records, 31245678 bytes, in 843.1 ms
+      [info] Larder.Table :prices loaded from "/var/lib/app/prices.table": 487200 records, 22628241 bytes, in 397.0 ms
 
   A load that fails logs nothing (it returns the error). Larder's log calls
   carry the `application: :larder` metadata, so Logger's own settings turn
@@ -232,16 +232,18 @@ defmodule Larder.Table do
   of a full run.
 
     * A search of 8 conditions intersects bitmaps of 9,744 to 243,600 ids
-      and looks up the one matching row: 50x or more faster than the map
-      index's scan of the offering's 9,744 prices. Its tail stays within
-      about 2x of its median.
-    * `search_many/2` of 1,000 searches costs 0.85-1.2x a single search
-      per search: each answer is a list built for the caller, and the
-      calls into the NIF are amortised.
+      and looks up the one matching row: about 24x faster than the map
+      index's scan of the offering's 9,744 prices (25x with each search
+      timed alone). Timed alone, a search's p99 is 2.4x its median (3.4x
+      with full records).
+    * `search_many/2` of 1,000 searches costs about 0.6x per search what
+      the same searches cost one call at a time, about what one search
+      timed alone costs: each answer is a list built for the caller, and
+      the calls into the NIF are amortised.
     * With `store:` four fields, the table (ETS and the NIF, the
-      id-to-terms map included) takes about what the map index's heap
-      takes, and a quarter of a table of full records. Full records cost
-      about 1.1x per search and 1.5x per build.
+      id-to-terms map included) takes about 1.4x the map index's heap,
+      and a quarter of a table of full records. Full records cost about
+      1.2x per search and 1.3x per build.
     * `load/2` of a snapshot of that catalogue takes about 0.25x of
       rebuilding it with `insert_many/2`: measured by `make bench-startup`
       (`examples/price_search/bench/startup_bench.exs`), in the same run.

@@ -432,8 +432,8 @@ defmodule Larder.Cache.Redis do
       `:reconnect_sleep` up to 500 ms (or `:reconnect_sleep`, if longer),
       for as long as the map still names that master: the keys come back
       within about half a second of the promotion (the first successful
-      put on its slots came 1.12x the cluster's own promotion time after
-      the kill, median of 5, at most 0.46 s after the promotion; `mix run
+      put on its slots came 1.11x the cluster's own promotion time after
+      the kill, median of 5, at most 0.54 s after the promotion; `mix run
       bench/cache_topology_bench.exs --only cluster_kill`). Meanwhile the dead
       master's pool is tried one connection at a time, after a wait that
       doubles from `:reconnect_sleep` up to 2 s (or `:reconnect_sleep`, if
@@ -502,7 +502,7 @@ defmodule Larder.Cache.Redis do
   redirect costs one more round trip. `mix run bench/cache_topology_bench.exs` measures, in
   the same run, an L1 hit and an L2 hit on a Sentinel or cluster cache
   against a single-server one (the L1 path is the same code; an L2 hit on
-  a cluster is about 1.1x one on a single server), the failover times
+  a cluster is about 1.05x one on a single server), the failover times
   above (Sentinel, and a cluster master SIGKILLed), and a reshard under
   load; the README has the table of a full run.
   """
