@@ -64,9 +64,8 @@ defmodule Larder.Replica.Kafka do
       `:queued_max_kbytes`); otherwise it waits `:fetch_queue_backoff_ms`
       before it looks again. librdkafka's own default wait is 1,000 ms,
       which idles a catch-up for most of a second each time a partition's
-      queue fills (about half of a 1M-record topic's drain); 10 ms keeps
-      fetching as soon as the replica has taken records, and costs a
-      little CPU when idle.
+      queue fills; 10 ms keeps fetching as soon as the replica has taken
+      records, and costs a little CPU when idle.
     * `:max_record_bytes` - the largest record (key, value and headers)
       handed to the replica, `1_024..1_073_741_824`, default `16_777_216`.
       A larger record is not copied: it is skipped and reported by a
