@@ -273,9 +273,8 @@ defmodule Larder.Register.Store do
   """
   @spec read(Register.t(), term()) :: {:ok, pos_integer(), term()} | :error
   def read(reg, key) do
-    LocalCopies.reclaim(reg.deaths)
     slot = slot(reg, key)
-    read_at(reg, key, slot, counter(reg, slot))
+    read(reg, key, slot, counter(reg, slot))
   rescue
     # A forged handle's counters are not atomics of its size.
     ArgumentError -> unknown!(reg)
@@ -291,13 +290,14 @@ defmodule Larder.Register.Store do
     LocalCopies.reclaim(reg.deaths)
     read_at(reg, key, slot, tag)
   rescue
+    # A table gone with its register.
     ArgumentError -> unknown!(reg)
   end
 
   defp read_at(reg, _key, _slot, tag) when tag < 0, do: unknown!(reg)
 
   defp read_at(%Register{tab: tab} = reg, key, slot, tag) do
-    # inside read/2's and read/4's rescue: a table gone with its register raises there
+    # inside read/4's rescue: a table gone with its register raises there
     case :ets.lookup(tab, key) do
       [{_, version, value}] when version <= tag ->
         Local.remember(reg, key, {slot, tag, version, value})
